@@ -1,0 +1,50 @@
+//! The `Broker` contract (DESIGN §4). Every broker plugin implements it and passes the Broker
+//! conformance suite in `timer-conformance`.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use uuid::Uuid;
+
+use crate::error::Result;
+use crate::model::TimerKey;
+
+/// One inbound command. `tag` is the plugin's handle for acknowledging it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Delivery {
+    pub tag: u64,
+    pub body: Vec<u8>,
+}
+
+/// One outbound event. `id` is the envelope id: it goes into the broker's de-duplication slot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutboundEvent {
+    pub id: Uuid,
+    pub key: TimerKey,
+    pub body: Vec<u8>,
+}
+
+#[async_trait]
+pub trait Broker: Send + Sync + 'static {
+    /// The plugin's name: `memory`, `nats`, `kafka`, `rabbitmq`.
+    fn name(&self) -> &'static str;
+
+    /// Waits up to `wait` for commands and returns at most `max` (empty on timeout). A delivery
+    /// not acknowledged is delivered again (after the plugin's ack wait, or to the next consumer
+    /// once this one is gone). Several instances share the stream.
+    async fn receive(&self, max: usize, wait: Duration) -> Result<Vec<Delivery>>;
+
+    /// Acknowledges deliveries after the store committed them.
+    async fn ack(&self, tags: &[u64]) -> Result<()>;
+
+    /// Returns Ok only when the broker durably accepted every event (pipelined, not one round
+    /// trip each). On Err some events may have gone out: the caller treats the whole batch as
+    /// unpublished and fires it again later (a duplicate, never a loss).
+    async fn publish(&self, events: &[OutboundEvent]) -> Result<()>;
+
+    /// Sends a command that cannot be processed to the dead-letter destination with the reason.
+    async fn dead_letter(&self, body: &[u8], reason: &str) -> Result<()>;
+
+    /// Ok when the broker is reachable.
+    async fn health(&self) -> Result<()>;
+}

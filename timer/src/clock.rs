@@ -1,0 +1,105 @@
+//! Time as the engine sees it. Engine logic never reads the system clock directly, so tests drive
+//! it with [`ManualClock`] (tokio's paused time does not move `SystemTime`).
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::sync::watch;
+
+use crate::model::Timestamp;
+
+#[async_trait]
+pub trait Clock: Send + Sync + 'static {
+    fn now(&self) -> Timestamp;
+    /// Returns once `now() >= at`.
+    async fn sleep_until(&self, at: Timestamp);
+}
+
+/// Wall-clock time; sleeps on tokio's timer.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct SystemClock;
+
+#[async_trait]
+impl Clock for SystemClock {
+    fn now(&self) -> Timestamp {
+        Timestamp::from_millis(chrono::Utc::now().timestamp_millis())
+    }
+
+    async fn sleep_until(&self, at: Timestamp) {
+        // Sleep in one piece; loop only if the wall clock lags the monotonic timer.
+        loop {
+            let now = self.now();
+            if now >= at {
+                return;
+            }
+            tokio::time::sleep(at.duration_since(now)).await;
+        }
+    }
+}
+
+/// A clock that moves only when told to. Sleepers wake as soon as it passes their time.
+#[derive(Debug)]
+pub struct ManualClock {
+    now: watch::Sender<Timestamp>,
+}
+
+impl ManualClock {
+    pub fn new(start: Timestamp) -> Self {
+        ManualClock {
+            now: watch::Sender::new(start),
+        }
+    }
+
+    pub fn set(&self, at: Timestamp) {
+        self.now.send_replace(at);
+    }
+
+    pub fn advance(&self, by: Duration) {
+        self.now.send_modify(|t| *t = t.saturating_add(by));
+    }
+}
+
+#[async_trait]
+impl Clock for ManualClock {
+    fn now(&self) -> Timestamp {
+        *self.now.borrow()
+    }
+
+    async fn sleep_until(&self, at: Timestamp) {
+        let mut rx = self.now.subscribe();
+        // The sender lives as long as `self`, which outlives this borrow.
+        let _ = rx.wait_for(|now| *now >= at).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    #[tokio::test]
+    async fn manual_clock_wakes_sleepers_when_advanced() {
+        let clock = Arc::new(ManualClock::new(Timestamp::from_millis(1_000)));
+        let sleeper = {
+            let clock = clock.clone();
+            tokio::spawn(async move { clock.sleep_until(Timestamp::from_millis(1_050)).await })
+        };
+        clock.advance(Duration::from_millis(49));
+        tokio::task::yield_now().await;
+        assert!(!sleeper.is_finished());
+        clock.advance(Duration::from_millis(1));
+        tokio::time::timeout(Duration::from_secs(5), sleeper)
+            .await
+            .expect("sleeper woke")
+            .expect("no panic");
+        assert_eq!(clock.now().as_millis(), 1_050);
+    }
+
+    #[tokio::test]
+    async fn system_clock_sleeps_until_the_time() {
+        let clock = SystemClock;
+        let at = clock.now().saturating_add(Duration::from_millis(20));
+        clock.sleep_until(at).await;
+        assert!(clock.now() >= at);
+    }
+}

@@ -1,0 +1,115 @@
+//! Settings the engine and the wire decoder take, with their defaults, plus the serde form of
+//! durations used by every config section (`"250ms"`, `"5s"`, or a bare number of milliseconds).
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// Limits applied to every inbound command, on the broker path and the HTTP path alike.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Limits {
+    /// Largest command accepted, in bytes.
+    pub max_message_bytes: usize,
+    /// Longest `tenantId`, `serviceCallId` or `correlationId`, in bytes.
+    pub max_id_bytes: usize,
+    /// Largest opaque `payload`, in bytes of JSON text.
+    pub max_payload_bytes: usize,
+    /// How far in the future a due time may lie.
+    #[serde(with = "duration")]
+    pub max_horizon: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_message_bytes: 256 * 1024,
+            max_id_bytes: 128,
+            max_payload_bytes: 64 * 1024,
+            max_horizon: Duration::from_secs(10 * 366 * 24 * 3600),
+        }
+    }
+}
+
+/// How the engine runs its ingest and firing tasks.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EngineConfig {
+    /// The longest the firing task sleeps without looking at the store. Exact wake-ups make
+    /// timers fire on time regardless; polling finds timers other instances inserted.
+    #[serde(with = "duration")]
+    pub poll_interval: Duration,
+    /// Most timers claimed (and commands read) in one batch.
+    pub batch_size: usize,
+    /// How long a claim holds a timer; a crashed instance's timers fire after it expires.
+    #[serde(with = "duration")]
+    pub lease: Duration,
+    /// First retry delay after a failed publish; doubled per attempt up to `retry_max`.
+    #[serde(with = "duration")]
+    pub retry_base: Duration,
+    #[serde(with = "duration")]
+    pub retry_max: Duration,
+    /// How long shutdown waits for an in-flight publish before releasing its claims.
+    #[serde(with = "duration")]
+    pub shutdown_grace: Duration,
+    /// How long the ingest task waits for a batch to fill before taking what arrived.
+    #[serde(with = "duration")]
+    pub ingest_wait: Duration,
+    /// Name of this instance in leases; empty means `hostname-pid-random`.
+    pub instance_id: String,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            poll_interval: Duration::from_secs(5),
+            batch_size: 500,
+            lease: Duration::from_secs(30),
+            retry_base: Duration::from_millis(500),
+            retry_max: Duration::from_secs(60),
+            shutdown_grace: Duration::from_secs(5),
+            ingest_wait: Duration::from_millis(5),
+            instance_id: String::new(),
+        }
+    }
+}
+
+/// Serde form of a [`Duration`]: a humantime string (`"1m 30s"`, `"250ms"`) or an integer of
+/// milliseconds (the seed's `TIMER_POLLING_INTERVAL=5000`). Serialized as a humantime string.
+pub mod duration {
+    use std::time::Duration;
+
+    use serde::de::{self, Visitor};
+    use serde::{Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&humantime::format_duration(*d).to_string())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = Duration;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a duration such as \"250ms\" or \"5s\", or a number of milliseconds")
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Duration, E> {
+                Ok(Duration::from_millis(v))
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Duration, E> {
+                u64::try_from(v)
+                    .map(Duration::from_millis)
+                    .map_err(|_| E::custom(format!("a duration cannot be negative: {v}")))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Duration, E> {
+                let v = v.trim();
+                if let Ok(ms) = v.parse::<u64>() {
+                    return Ok(Duration::from_millis(ms));
+                }
+                humantime::parse_duration(v)
+                    .map_err(|e| E::custom(format!("invalid duration {v:?}: {e}")))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}

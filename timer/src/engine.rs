@@ -1,0 +1,387 @@
+//! The engine: an ingest task (commands → store → ack) and a firing task (claim → publish →
+//! mark), DESIGN §5. Publish comes before mark: a crash between them repeats an event, it never
+//! loses one.
+
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::{broadcast, Notify};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, error, info, warn};
+
+use crate::broker::{Broker, Delivery, OutboundEvent};
+use crate::clock::Clock;
+use crate::config::{EngineConfig, Limits};
+use crate::error::Result;
+use crate::model::{ClaimedTimer, Lease, NewTimer, ScheduleOutcome, Timestamp};
+use crate::store::Store;
+use crate::wire::{decode_command, DueTimeReachedEnvelope};
+
+/// Metric names (seed 000 §"Observability" plus ours). The binary installs the exporter.
+pub mod metric {
+    pub const COMMANDS_RECEIVED: &str = "timer.commands.received";
+    pub const COMMANDS_REJECTED: &str = "timer.commands.rejected";
+    pub const SCHEDULES_PROCESSED: &str = "timer.schedules.processed";
+    pub const POLLING_DURATION: &str = "timer.polling.duration";
+    pub const TIMERS_FIRED: &str = "timer.timers.fired";
+    pub const PUBLISH_FAILURES: &str = "timer.publish.failures";
+    pub const FIRE_LATENESS: &str = "timer.fire.lateness";
+    pub const PENDING: &str = "timer.pending";
+}
+
+/// A `DueTimeReached` the broker confirmed, as the HTTP event stream shows it.
+#[derive(Debug, Clone)]
+pub struct FiredEvent {
+    pub tenant_id: String,
+    pub json: String,
+}
+
+/// Shared handle on a running engine: the HTTP API schedules through it and streams its events.
+#[derive(Clone)]
+pub struct Engine {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    store: Arc<dyn Store>,
+    broker: Arc<dyn Broker>,
+    clock: Arc<dyn Clock>,
+    config: EngineConfig,
+    limits: Limits,
+    owner: String,
+    /// Wakes the firing task early when a sooner timer arrives.
+    wake: Notify,
+    /// When the firing task plans to look next (ms); `i64::MAX` while it is busy or planning,
+    /// so every schedule wakes it then (a stored permit makes it plan again at once).
+    planned: AtomicI64,
+    fired: broadcast::Sender<Arc<FiredEvent>>,
+}
+
+impl Engine {
+    pub fn new(
+        store: Arc<dyn Store>,
+        broker: Arc<dyn Broker>,
+        clock: Arc<dyn Clock>,
+        config: EngineConfig,
+        limits: Limits,
+    ) -> Self {
+        let owner = if config.instance_id.is_empty() {
+            let id = uuid::Uuid::now_v7().simple().to_string();
+            format!("{}-{}", std::process::id(), &id[id.len() - 8..])
+        } else {
+            config.instance_id.clone()
+        };
+        let (fired, _) = broadcast::channel(4096);
+        Engine {
+            inner: Arc::new(Inner {
+                store,
+                broker,
+                clock,
+                config,
+                limits,
+                owner,
+                wake: Notify::new(),
+                planned: AtomicI64::new(i64::MAX),
+                fired,
+            }),
+        }
+    }
+
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.inner.store
+    }
+
+    pub fn broker(&self) -> &Arc<dyn Broker> {
+        &self.inner.broker
+    }
+
+    pub fn clock(&self) -> &Arc<dyn Clock> {
+        &self.inner.clock
+    }
+
+    pub fn limits(&self) -> &Limits {
+        &self.inner.limits
+    }
+
+    /// The lease owner name of this instance.
+    pub fn instance_id(&self) -> &str {
+        &self.inner.owner
+    }
+
+    /// Events as they fire (after the broker confirmed them). Slow receivers lag and skip.
+    pub fn subscribe(&self) -> broadcast::Receiver<Arc<FiredEvent>> {
+        self.inner.fired.subscribe()
+    }
+
+    /// Starts the ingest and firing tasks; the returned task ends once `shutdown` is cancelled
+    /// and both have stopped (claims finished or released).
+    pub fn start(&self, shutdown: CancellationToken) -> tokio::task::JoinHandle<()> {
+        let ingest = tokio::spawn(self.clone().ingest_loop(shutdown.clone()));
+        let firing = tokio::spawn(self.clone().fire_loop(shutdown));
+        tokio::spawn(async move {
+            for (name, task) in [("ingest", ingest), ("firing", firing)] {
+                if let Err(e) = task.await {
+                    error!(task = name, error = %e, "engine task panicked");
+                }
+            }
+        })
+    }
+
+    /// Stores a batch (one transaction) and wakes the firing task if a timer is due sooner than
+    /// it planned to look. The broker path and the HTTP API both schedule through here.
+    pub async fn schedule(&self, timers: &[NewTimer]) -> Result<Vec<ScheduleOutcome>> {
+        if timers.is_empty() {
+            return Ok(Vec::new());
+        }
+        let inner = &self.inner;
+        let outcomes = inner.store.schedule(timers, inner.clock.now()).await?;
+        let mut soonest = i64::MAX;
+        let mut changed = 0u64;
+        for (timer, outcome) in timers.iter().zip(&outcomes) {
+            if matches!(outcome, ScheduleOutcome::Created | ScheduleOutcome::Updated) {
+                changed += 1;
+                soonest = soonest.min(timer.due_at.as_millis());
+            }
+        }
+        metrics::counter!(metric::SCHEDULES_PROCESSED).increment(changed);
+        if soonest < inner.planned.load(Ordering::SeqCst) {
+            inner.wake.notify_one();
+        }
+        Ok(outcomes)
+    }
+
+    async fn ingest_loop(self, shutdown: CancellationToken) {
+        let mut failures = 0u32;
+        loop {
+            let received = tokio::select! {
+                _ = shutdown.cancelled() => break,
+                r = self.inner.broker.receive(self.inner.config.batch_size, Duration::from_secs(1)) => r,
+            };
+            match received {
+                Ok(deliveries) if deliveries.is_empty() => {}
+                Ok(deliveries) => {
+                    failures = 0;
+                    self.ingest_batch(deliveries, &shutdown).await;
+                }
+                Err(e) => {
+                    failures += 1;
+                    warn!(broker = self.inner.broker.name(), error = %e.chain(), "receiving commands failed; retrying");
+                    if !pause(&shutdown, backoff(&self.inner.config, failures)).await {
+                        break;
+                    }
+                }
+            }
+        }
+        debug!("ingest task stopped");
+    }
+
+    async fn ingest_batch(&self, deliveries: Vec<Delivery>, shutdown: &CancellationToken) {
+        let inner = &self.inner;
+        metrics::counter!(metric::COMMANDS_RECEIVED).increment(deliveries.len() as u64);
+        let now = inner.clock.now();
+        let mut timers = Vec::with_capacity(deliveries.len());
+        let mut acks = Vec::with_capacity(deliveries.len());
+        for delivery in &deliveries {
+            match decode_command(&delivery.body, &inner.limits, now) {
+                Ok(timer) => {
+                    timers.push(timer);
+                    acks.push(delivery.tag);
+                }
+                Err(rejection) => {
+                    metrics::counter!(metric::COMMANDS_REJECTED, "reason" => rejection.reason)
+                        .increment(1);
+                    warn!(reason = rejection.reason, error = %rejection, "command rejected; dead-lettering it");
+                    let reason = rejection.to_string();
+                    match inner.broker.dead_letter(&delivery.body, &reason).await {
+                        Ok(()) => acks.push(delivery.tag),
+                        // Not acked: it comes back and is rejected again, never silently lost.
+                        Err(e) => error!(error = %e.chain(), "dead-lettering failed; the command will be redelivered"),
+                    }
+                }
+            }
+        }
+        let mut failures = 0u32;
+        while let Err(e) = self.schedule(&timers).await {
+            failures += 1;
+            error!(store = inner.store.name(), error = %e.chain(), batch = timers.len(), "storing commands failed; retrying (not acknowledged)");
+            if !pause(shutdown, backoff(&inner.config, failures)).await {
+                return; // unacknowledged: the broker delivers the batch again
+            }
+        }
+        if let Err(e) = inner.broker.ack(&acks).await {
+            // Stored but not acked: redelivery upserts the same timers again, which is harmless.
+            warn!(error = %e.chain(), "acknowledging commands failed; they will be redelivered");
+        }
+    }
+
+    async fn fire_loop(self, shutdown: CancellationToken) {
+        let inner = &self.inner;
+        let mut failures = 0u32;
+        while !shutdown.is_cancelled() {
+            inner.planned.store(i64::MAX, Ordering::SeqCst);
+            let now = inner.clock.now();
+            let lease = Lease {
+                owner: inner.owner.clone(),
+                until: now.saturating_add(inner.config.lease),
+            };
+            let started = Instant::now();
+            let claimed = inner
+                .store
+                .claim_due(now, inner.config.batch_size, &lease)
+                .await;
+            metrics::histogram!(metric::POLLING_DURATION).record(started.elapsed().as_secs_f64());
+            match claimed {
+                Ok(claimed) if !claimed.is_empty() => {
+                    failures = 0;
+                    self.fire(claimed, &shutdown).await;
+                    continue;
+                }
+                Ok(_) => failures = 0,
+                Err(e) => {
+                    failures += 1;
+                    warn!(store = inner.store.name(), error = %e.chain(), "claiming due timers failed; retrying");
+                    if !pause(&shutdown, backoff(&inner.config, failures)).await {
+                        break;
+                    }
+                    continue;
+                }
+            }
+            let next = match inner.store.next_due_at().await {
+                Ok(next) => next.unwrap_or(Timestamp::MAX),
+                Err(e) => {
+                    warn!(error = %e.chain(), "reading the next due time failed; polling");
+                    Timestamp::MAX
+                }
+            };
+            let wake_at = next.min(now.saturating_add(inner.config.poll_interval));
+            inner.planned.store(wake_at.as_millis(), Ordering::SeqCst);
+            tokio::select! {
+                _ = shutdown.cancelled() => break,
+                _ = inner.clock.sleep_until(wake_at) => {}
+                _ = inner.wake.notified() => {}
+            }
+        }
+        debug!("firing task stopped");
+    }
+
+    /// Publishes a claimed batch, then marks it Reached; on failure releases it with backoff.
+    async fn fire(&self, claimed: Vec<ClaimedTimer>, shutdown: &CancellationToken) {
+        let inner = &self.inner;
+        let reached_at = inner.clock.now();
+        let envelopes: Vec<DueTimeReachedEnvelope> = claimed
+            .iter()
+            .map(|t| DueTimeReachedEnvelope::for_timer(t, reached_at))
+            .collect();
+        let events: Vec<OutboundEvent> = claimed
+            .iter()
+            .zip(&envelopes)
+            .map(|(t, e)| OutboundEvent {
+                id: e.id,
+                key: t.key.clone(),
+                body: e.to_json(),
+            })
+            .collect();
+        let grace = inner.config.shutdown_grace;
+        let published = tokio::select! {
+            r = inner.broker.publish(&events) => Some(r),
+            _ = async { shutdown.cancelled().await; tokio::time::sleep(grace).await } => None,
+        };
+        match published {
+            Some(Ok(())) => self.confirmed(&claimed, events, reached_at, shutdown).await,
+            Some(Err(e)) => {
+                metrics::counter!(metric::PUBLISH_FAILURES).increment(claimed.len() as u64);
+                let message = e.chain();
+                warn!(broker = inner.broker.name(), error = %message, timers = claimed.len(), "publishing events failed; releasing the timers for a retry");
+                self.release_with_backoff(&claimed, &message).await;
+            }
+            None => {
+                info!(timers = claimed.len(), "shutdown while publishing; releasing claims");
+                if let Err(e) = inner.store.release(&claimed, &inner.owner, inner.clock.now(), None).await {
+                    warn!(error = %e.chain(), "releasing claims at shutdown failed; they return when the lease expires");
+                }
+            }
+        }
+    }
+
+    async fn confirmed(
+        &self,
+        claimed: &[ClaimedTimer],
+        events: Vec<OutboundEvent>,
+        reached_at: Timestamp,
+        shutdown: &CancellationToken,
+    ) {
+        let inner = &self.inner;
+        metrics::counter!(metric::TIMERS_FIRED).increment(claimed.len() as u64);
+        for timer in claimed {
+            let late = reached_at.as_millis() - timer.due_at.as_millis();
+            metrics::histogram!(metric::FIRE_LATENESS).record(late.max(0) as f64 / 1000.0);
+        }
+        for (timer, event) in claimed.iter().zip(events) {
+            // No receivers is fine: the stream is for whoever watches.
+            let _ = inner.fired.send(Arc::new(FiredEvent {
+                tenant_id: timer.key.tenant_id.clone(),
+                json: String::from_utf8(event.body).unwrap_or_default(),
+            }));
+        }
+        let mut failures = 0u32;
+        while let Err(e) = inner.store.mark_reached(claimed, &inner.owner, reached_at).await {
+            failures += 1;
+            // Unmarked rows fire again when the lease expires: a duplicate, not a loss.
+            error!(error = %e.chain(), timers = claimed.len(), "marking fired timers failed; retrying");
+            if failures >= 5 || !pause(shutdown, backoff(&inner.config, failures)).await {
+                break;
+            }
+        }
+    }
+
+    async fn release_with_backoff(&self, claimed: &[ClaimedTimer], error: &str) {
+        let inner = &self.inner;
+        let now = inner.clock.now();
+        // Timers of one batch usually share their attempt count; release each group at once.
+        let mut attempts: Vec<u32> = claimed.iter().map(|t| t.attempts).collect();
+        attempts.sort_unstable();
+        attempts.dedup();
+        for n in attempts {
+            let group: Vec<ClaimedTimer> = claimed.iter().filter(|t| t.attempts == n).cloned().collect();
+            let retry_at = now.saturating_add(backoff(&inner.config, n + 1));
+            if let Err(e) = inner.store.release(&group, &inner.owner, retry_at, Some(error)).await {
+                warn!(error = %e.chain(), "releasing timers failed; they return when the lease expires");
+            }
+        }
+    }
+}
+
+/// Exponential backoff: `retry_base * 2^(attempt-1)`, capped at `retry_max`.
+pub fn backoff(config: &EngineConfig, attempt: u32) -> Duration {
+    let exp = attempt.saturating_sub(1).min(30);
+    config
+        .retry_base
+        .saturating_mul(1u32 << exp)
+        .min(config.retry_max)
+}
+
+/// Waits `d` unless shutdown comes first; false when shutting down.
+async fn pause(shutdown: &CancellationToken, d: Duration) -> bool {
+    tokio::select! {
+        _ = shutdown.cancelled() => false,
+        _ = tokio::time::sleep(d) => true,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_and_caps() {
+        let config = EngineConfig {
+            retry_base: Duration::from_millis(100),
+            retry_max: Duration::from_secs(1),
+            ..EngineConfig::default()
+        };
+        let got: Vec<u128> = (1..=6).map(|a| backoff(&config, a).as_millis()).collect();
+        assert_eq!(got, vec![100, 200, 400, 800, 1000, 1000]);
+        assert_eq!(backoff(&config, u32::MAX), Duration::from_secs(1));
+    }
+}

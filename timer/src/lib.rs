@@ -1,0 +1,23 @@
+//! timer-core: the domain, the wire contract, the `Store`/`Broker`/`Clock` traits and the engine
+//! of timer-service. It knows no plugin and no SDK; plugins depend on it, never the reverse.
+
+pub mod broker;
+pub mod clock;
+pub mod config;
+pub mod engine;
+pub mod error;
+pub mod model;
+pub mod store;
+pub mod wire;
+
+pub use broker::{Broker, Delivery, OutboundEvent};
+pub use clock::{Clock, ManualClock, SystemClock};
+pub use config::{EngineConfig, Limits};
+pub use engine::{Engine, FiredEvent};
+pub use error::{Error, ErrorKind, Result};
+pub use model::{
+    CancelOutcome, ClaimedTimer, Lease, NewTimer, ScheduleOutcome, Timer, TimerKey, TimerState,
+    Timestamp,
+};
+pub use store::Store;
+pub use wire::{decode_command, DueTimeReachedEnvelope, Rejection};

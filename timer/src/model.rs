@@ -1,0 +1,216 @@
+//! Domain types: timers, their keys and states, and time in UTC milliseconds.
+
+use std::fmt;
+use std::time::Duration;
+
+use chrono::{DateTime, SecondsFormat, TimeZone, Utc};
+use serde::{Deserialize, Serialize};
+
+/// A point in time: UTC milliseconds since the Unix epoch. Every store keeps time in this form,
+/// so comparisons are exact to the millisecond whatever offset a command was written in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Timestamp(i64);
+
+impl Timestamp {
+    /// The latest instant the service accepts (year 9999): RFC 3339 can still print it.
+    pub const MAX: Timestamp = Timestamp(253_402_300_799_999);
+    pub const EPOCH: Timestamp = Timestamp(0);
+
+    pub const fn from_millis(ms: i64) -> Self {
+        Timestamp(ms)
+    }
+
+    pub const fn as_millis(self) -> i64 {
+        self.0
+    }
+
+    pub fn from_datetime<Tz: TimeZone>(at: &DateTime<Tz>) -> Self {
+        Timestamp(at.timestamp_millis())
+    }
+
+    pub fn to_datetime(self) -> DateTime<Utc> {
+        DateTime::<Utc>::from_timestamp_millis(self.0).unwrap_or(DateTime::<Utc>::MAX_UTC)
+    }
+
+    /// RFC 3339 in UTC with milliseconds, e.g. `2026-11-23T12:00:00.250Z`.
+    pub fn to_rfc3339(self) -> String {
+        self.to_datetime()
+            .to_rfc3339_opts(SecondsFormat::Millis, true)
+    }
+
+    pub fn saturating_add(self, d: Duration) -> Self {
+        let ms = i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
+        Timestamp(self.0.saturating_add(ms))
+    }
+
+    /// How far `self` lies after `earlier`; zero when it does not.
+    pub fn duration_since(self, earlier: Timestamp) -> Duration {
+        Duration::from_millis(u64::try_from(self.0.saturating_sub(earlier.0)).unwrap_or(0))
+    }
+}
+
+impl fmt::Display for Timestamp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.to_rfc3339())
+    }
+}
+
+/// The identity of a timer: one per `(tenantId, serviceCallId)`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct TimerKey {
+    pub tenant_id: String,
+    pub service_call_id: String,
+}
+
+impl TimerKey {
+    pub fn new(tenant_id: impl Into<String>, service_call_id: impl Into<String>) -> Self {
+        TimerKey {
+            tenant_id: tenant_id.into(),
+            service_call_id: service_call_id.into(),
+        }
+    }
+}
+
+impl fmt::Display for TimerKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.tenant_id, self.service_call_id)
+    }
+}
+
+/// The states a user sees. A claim is a lease on a `Scheduled` row, not a state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum TimerState {
+    Scheduled,
+    Reached,
+    Cancelled,
+}
+
+impl TimerState {
+    /// The stable small integer stores keep on disk.
+    pub const fn code(self) -> i64 {
+        match self {
+            TimerState::Scheduled => 0,
+            TimerState::Reached => 1,
+            TimerState::Cancelled => 2,
+        }
+    }
+
+    pub fn from_code(code: i64) -> Option<Self> {
+        match code {
+            0 => Some(TimerState::Scheduled),
+            1 => Some(TimerState::Reached),
+            2 => Some(TimerState::Cancelled),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TimerState::Scheduled => "Scheduled",
+            TimerState::Reached => "Reached",
+            TimerState::Cancelled => "Cancelled",
+        }
+    }
+}
+
+/// A validated request to schedule (or reschedule) a timer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewTimer {
+    pub key: TimerKey,
+    pub due_at: Timestamp,
+    pub correlation_id: Option<String>,
+    /// Opaque JSON text given by the caller, echoed back in the event.
+    pub payload: Option<String>,
+}
+
+/// A timer as a store holds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Timer {
+    pub key: TimerKey,
+    pub due_at: Timestamp,
+    pub state: TimerState,
+    pub registered_at: Timestamp,
+    pub reached_at: Option<Timestamp>,
+    pub correlation_id: Option<String>,
+    pub payload: Option<String>,
+    /// Failed publish attempts so far.
+    pub attempts: u32,
+    pub last_error: Option<String>,
+    /// Owner of the live or last lease, if any.
+    pub lease_owner: Option<String>,
+    /// When the row may next be claimed (lease expiry or retry time); at or after `due_at`.
+    pub available_at: Timestamp,
+}
+
+/// A row leased to this instance by [`crate::Store::claim_due`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaimedTimer {
+    pub key: TimerKey,
+    pub due_at: Timestamp,
+    pub registered_at: Timestamp,
+    pub correlation_id: Option<String>,
+    pub payload: Option<String>,
+    pub attempts: u32,
+    /// Bumped by every reschedule: `mark_reached` only marks the revision that was fired.
+    pub revision: i64,
+}
+
+/// What `schedule` did with one timer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+pub enum ScheduleOutcome {
+    /// A new timer.
+    Created,
+    /// An existing Scheduled timer got the new due time (reschedule).
+    Updated,
+    /// The timer already fired; nothing changed.
+    AlreadyReached,
+    /// The timer was cancelled; nothing changed.
+    AlreadyCancelled,
+}
+
+/// What `cancel` did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+pub enum CancelOutcome {
+    Cancelled,
+    AlreadyReached,
+    AlreadyCancelled,
+    NotFound,
+}
+
+/// A lease on claimed rows: who holds them and until when.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    pub owner: String,
+    pub until: Timestamp,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rfc3339_keeps_milliseconds_in_utc() {
+        let t = Timestamp::from_millis(1_700_000_000_123);
+        assert_eq!(t.to_rfc3339(), "2023-11-14T22:13:20.123Z");
+        assert_eq!(Timestamp::MAX.to_rfc3339(), "9999-12-31T23:59:59.999Z");
+    }
+
+    #[test]
+    fn arithmetic_saturates() {
+        let t = Timestamp::from_millis(i64::MAX - 1);
+        assert_eq!(t.saturating_add(Duration::from_secs(5)).as_millis(), i64::MAX);
+        assert_eq!(
+            Timestamp::from_millis(5).duration_since(Timestamp::from_millis(9)),
+            Duration::ZERO
+        );
+    }
+
+    #[test]
+    fn state_codes_round_trip() {
+        for s in [TimerState::Scheduled, TimerState::Reached, TimerState::Cancelled] {
+            assert_eq!(TimerState::from_code(s.code()), Some(s));
+        }
+        assert_eq!(TimerState::from_code(7), None);
+    }
+}

@@ -1,0 +1,68 @@
+//! The `Store` contract (DESIGN §3). Every store plugin implements it and passes the Store
+//! conformance suite in `timer-conformance`.
+
+use async_trait::async_trait;
+
+use crate::error::Result;
+use crate::model::{
+    CancelOutcome, ClaimedTimer, Lease, NewTimer, ScheduleOutcome, Timer, TimerKey, Timestamp,
+};
+
+/// Durable timer storage.
+///
+/// A row is claimable when it is `Scheduled` and its `available_at` (the due time, or the end
+/// of a lease or retry backoff) is at or before `now`. Claiming sets a lease; an expired lease
+/// makes the row claimable again, which is how a crashed instance's timers are recovered.
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    /// The plugin's name: `memory`, `sqlite`, `postgres`.
+    fn name(&self) -> &'static str;
+
+    /// Upserts a batch in one transaction, all or nothing. New key → `Created`; existing
+    /// Scheduled → due time, correlation id and payload replaced (`Updated`; a changed due time
+    /// bumps the revision and resets attempts); Reached or Cancelled → unchanged. One outcome per
+    /// input, in order. A key given twice in a batch is applied in order.
+    async fn schedule(&self, timers: &[NewTimer], now: Timestamp) -> Result<Vec<ScheduleOutcome>>;
+
+    /// Atomically leases up to `limit` claimable rows to `lease.owner` until `lease.until`,
+    /// earliest `available_at` first. Two callers never hold the same row at once.
+    async fn claim_due(
+        &self,
+        now: Timestamp,
+        limit: usize,
+        lease: &Lease,
+    ) -> Result<Vec<ClaimedTimer>>;
+
+    /// Marks fired timers Reached. Only rows still leased by `owner` at the claimed revision
+    /// change (a timer rescheduled while it fired stays Scheduled). Returns how many changed.
+    async fn mark_reached(&self, timers: &[ClaimedTimer], owner: &str, at: Timestamp)
+        -> Result<u64>;
+
+    /// Gives claims back: the rows stay Scheduled and become claimable at `retry_at`. With an
+    /// `error`, `attempts` is incremented and `last_error` set (a failed publish); without
+    /// (shutdown), attempts are unchanged.
+    async fn release(
+        &self,
+        timers: &[ClaimedTimer],
+        owner: &str,
+        retry_at: Timestamp,
+        error: Option<&str>,
+    ) -> Result<()>;
+
+    /// The earliest `available_at` of any Scheduled row: when the next claim can succeed.
+    async fn next_due_at(&self) -> Result<Option<Timestamp>>;
+
+    async fn get(&self, key: &TimerKey) -> Result<Option<Timer>>;
+
+    /// Scheduled → Cancelled (also while leased: an in-flight fire may still publish once).
+    async fn cancel(&self, key: &TimerKey, now: Timestamp) -> Result<CancelOutcome>;
+
+    /// Deletes up to `limit` Reached or Cancelled rows finished before `older_than`.
+    async fn purge(&self, older_than: Timestamp, limit: usize) -> Result<u64>;
+
+    /// How many timers are Scheduled.
+    async fn pending(&self) -> Result<u64>;
+
+    /// Ok when the store answers a trivial query.
+    async fn health(&self) -> Result<()>;
+}

@@ -1,0 +1,515 @@
+//! The wire contract: decoding `ScheduleTimer` commands and encoding `DueTimeReached` events.
+//!
+//! A command is accepted bare (`{"tenantId", "serviceCallId", "dueAt"}`) or inside an envelope
+//! whose `type` is `ScheduleTimer` and whose `payload` holds the command. The event is always an
+//! envelope (seed 002): UUIDv7 id, `causationId` null because time, not a message, caused it.
+
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+use uuid::Uuid;
+
+use crate::config::Limits;
+use crate::model::{ClaimedTimer, NewTimer, TimerKey, Timestamp};
+
+pub const SCHEDULE_TIMER: &str = "ScheduleTimer";
+pub const DUE_TIME_REACHED: &str = "DueTimeReached";
+
+/// Why a command was refused: a stable `reason` code (used as a metric label and in dead
+/// letters), the offending field when there is one, and a message for humans.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Rejection {
+    pub reason: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub field: Option<String>,
+    pub message: String,
+}
+
+impl Rejection {
+    fn new(reason: &'static str, field: Option<&str>, message: impl Into<String>) -> Self {
+        Rejection {
+            reason,
+            field: field.map(str::to_owned),
+            message: message.into(),
+        }
+    }
+}
+
+impl std::fmt::Display for Rejection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.field {
+            Some(field) => write!(f, "{} ({}): {}", field, self.reason, self.message),
+            None => write!(f, "{}: {}", self.reason, self.message),
+        }
+    }
+}
+
+impl std::error::Error for Rejection {}
+
+/// Every reason code [`decode_command`] can give, for dashboards and docs.
+pub const REJECTION_REASONS: &[&str] = &[
+    "too_large",
+    "invalid_json",
+    "unknown_type",
+    "missing_field",
+    "invalid_id",
+    "invalid_time",
+    "too_far",
+    "payload_too_large",
+];
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct WireCommand<'a> {
+    #[serde(rename = "type", default)]
+    kind: Option<String>,
+    #[serde(default)]
+    tenant_id: Option<String>,
+    #[serde(default)]
+    service_call_id: Option<String>,
+    #[serde(default)]
+    due_at: Option<String>,
+    #[serde(default)]
+    due_time_ms: Option<i64>,
+    #[serde(default)]
+    correlation_id: Option<String>,
+    #[serde(borrow, default)]
+    payload: Option<&'a RawValue>,
+}
+
+fn parse<'a>(bytes: &'a [u8], prefix: &str) -> Result<WireCommand<'a>, Rejection> {
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    let cmd: WireCommand<'a> = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let path = e.path().to_string();
+        let field = (path != ".").then(|| format!("{prefix}{path}"));
+        Rejection {
+            reason: "invalid_json",
+            field,
+            message: e.into_inner().to_string(),
+        }
+    })?;
+    de.end()
+        .map_err(|e| Rejection::new("invalid_json", None, e.to_string()))?;
+    Ok(cmd)
+}
+
+/// Decodes and validates one `ScheduleTimer` command. `now` bounds the due-time horizon.
+pub fn decode_command(
+    bytes: &[u8],
+    limits: &Limits,
+    now: Timestamp,
+) -> Result<NewTimer, Rejection> {
+    if bytes.len() > limits.max_message_bytes {
+        return Err(Rejection::new(
+            "too_large",
+            None,
+            format!(
+                "command is {} bytes, the limit is {} (limits.max_message_bytes)",
+                bytes.len(),
+                limits.max_message_bytes
+            ),
+        ));
+    }
+    let outer = parse(bytes, "")?;
+    if let Some(kind) = outer.kind.as_deref() {
+        if kind != SCHEDULE_TIMER {
+            return Err(Rejection::new(
+                "unknown_type",
+                Some("type"),
+                format!("unknown command type {kind:?} (known: {SCHEDULE_TIMER})"),
+            ));
+        }
+    }
+    // An envelope: `type` given and the command inside `payload`.
+    let is_envelope = outer.kind.is_some() && outer.service_call_id.is_none();
+    if !is_envelope {
+        return validate(outer, "", limits, now);
+    }
+    let Some(inner_raw) = outer.payload else {
+        return Err(Rejection::new(
+            "missing_field",
+            Some("payload"),
+            "an envelope of type ScheduleTimer needs the command in `payload` \
+             (or give `serviceCallId` at the top level)",
+        ));
+    };
+    let mut inner = parse(inner_raw.get().as_bytes(), "payload")?;
+    match (&outer.tenant_id, &inner.tenant_id) {
+        (Some(a), Some(b)) if a != b => {
+            return Err(Rejection::new(
+                "invalid_id",
+                Some("payload.tenantId"),
+                format!("tenantId {b:?} differs from the envelope's {a:?}"),
+            ))
+        }
+        (Some(a), None) => inner.tenant_id = Some(a.clone()),
+        _ => {}
+    }
+    if inner.correlation_id.is_none() {
+        inner.correlation_id = outer.correlation_id;
+    }
+    validate(inner, "payload.", limits, now)
+}
+
+fn validate(
+    cmd: WireCommand<'_>,
+    prefix: &str,
+    limits: &Limits,
+    now: Timestamp,
+) -> Result<NewTimer, Rejection> {
+    let field = |name: &str| format!("{prefix}{name}");
+    let tenant_id = required_id(cmd.tenant_id, &field("tenantId"), limits)?;
+    let service_call_id = required_id(cmd.service_call_id, &field("serviceCallId"), limits)?;
+    let correlation_id = match cmd.correlation_id {
+        Some(id) => Some(check_id(id, &field("correlationId"), limits)?),
+        None => None,
+    };
+    let due_at = match (cmd.due_at, cmd.due_time_ms) {
+        (Some(_), Some(_)) => {
+            return Err(Rejection::new(
+                "invalid_time",
+                Some(&field("dueAt")),
+                "give either dueAt or dueTimeMs, not both",
+            ))
+        }
+        (None, None) => {
+            return Err(Rejection::new(
+                "missing_field",
+                Some(&field("dueAt")),
+                "dueAt (RFC 3339 with offset) or dueTimeMs (epoch milliseconds) is required",
+            ))
+        }
+        (Some(text), None) => {
+            let parsed = chrono::DateTime::parse_from_rfc3339(&text).map_err(|e| {
+                Rejection::new(
+                    "invalid_time",
+                    Some(&field("dueAt")),
+                    format!(
+                        "{:?} is not an RFC 3339 timestamp with offset ({e})",
+                        truncate(&text, 64)
+                    ),
+                )
+            })?;
+            (Timestamp::from_datetime(&parsed), field("dueAt"))
+        }
+        (None, Some(ms)) => (Timestamp::from_millis(ms), field("dueTimeMs")),
+    };
+    let (due_at, due_field) = due_at;
+    if due_at < Timestamp::EPOCH {
+        return Err(Rejection::new(
+            "invalid_time",
+            Some(&due_field),
+            format!("due time {} ms lies before 1970-01-01T00:00:00Z", due_at.as_millis()),
+        ));
+    }
+    let horizon = now.saturating_add(limits.max_horizon).min(Timestamp::MAX);
+    if due_at > horizon {
+        return Err(Rejection::new(
+            "too_far",
+            Some(&due_field),
+            format!(
+                "due time lies after {} (limits.max_horizon = {})",
+                horizon,
+                humantime::format_duration(limits.max_horizon)
+            ),
+        ));
+    }
+    let payload = match cmd.payload {
+        Some(raw) if raw.get().len() > limits.max_payload_bytes => {
+            return Err(Rejection::new(
+                "payload_too_large",
+                Some(&field("payload")),
+                format!(
+                    "payload is {} bytes, the limit is {} (limits.max_payload_bytes)",
+                    raw.get().len(),
+                    limits.max_payload_bytes
+                ),
+            ))
+        }
+        Some(raw) => {
+            // Raw values skip serde_json's nesting limit; consumers parsing the echoed payload
+            // would hit it, so apply one here.
+            if json_depth(raw.get()) > MAX_PAYLOAD_DEPTH {
+                return Err(Rejection::new(
+                    "invalid_json",
+                    Some(&field("payload")),
+                    format!("payload nests deeper than {MAX_PAYLOAD_DEPTH} levels"),
+                ));
+            }
+            Some(raw.get().to_owned())
+        }
+        None => None,
+    };
+    Ok(NewTimer {
+        key: TimerKey {
+            tenant_id,
+            service_call_id,
+        },
+        due_at,
+        correlation_id,
+        payload,
+    })
+}
+
+fn required_id(value: Option<String>, field: &str, limits: &Limits) -> Result<String, Rejection> {
+    match value {
+        Some(v) => check_id(v, field, limits),
+        None => Err(Rejection::new(
+            "missing_field",
+            Some(field),
+            "is required",
+        )),
+    }
+}
+
+/// Ids are non-empty, at most `max_id_bytes` long, and free of control characters (they end up
+/// in logs, subjects and routing keys).
+fn check_id(value: String, field: &str, limits: &Limits) -> Result<String, Rejection> {
+    if value.is_empty() {
+        return Err(Rejection::new("invalid_id", Some(field), "must not be empty"));
+    }
+    if value.len() > limits.max_id_bytes {
+        return Err(Rejection::new(
+            "invalid_id",
+            Some(field),
+            format!(
+                "is {} bytes, the limit is {} (limits.max_id_bytes)",
+                value.len(),
+                limits.max_id_bytes
+            ),
+        ));
+    }
+    if let Some(pos) = value.chars().position(char::is_control) {
+        return Err(Rejection::new(
+            "invalid_id",
+            Some(field),
+            format!("contains a control character at position {pos}"),
+        ));
+    }
+    Ok(value)
+}
+
+/// Deepest nesting of arrays and objects a payload may have.
+pub const MAX_PAYLOAD_DEPTH: usize = 64;
+
+/// Nesting depth of valid JSON text (brackets inside strings do not count).
+fn json_depth(json: &str) -> usize {
+    let (mut depth, mut max, mut in_string, mut escaped) = (0usize, 0usize, false, false);
+    for b in json.bytes() {
+        if in_string {
+            match (escaped, b) {
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                max = max.max(depth);
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    max
+}
+
+fn truncate(s: &str, max: usize) -> &str {
+    match s.char_indices().nth(max) {
+        Some((i, _)) => &s[..i],
+        None => s,
+    }
+}
+
+/// The `DueTimeReached` envelope, as published and as consumers read it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DueTimeReachedEnvelope {
+    pub id: Uuid,
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub tenant_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub correlation_id: Option<String>,
+    /// Always null: time, not a message, caused this event.
+    pub causation_id: Option<String>,
+    pub aggregate_id: String,
+    pub timestamp_ms: i64,
+    pub payload: DueTimeReached,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DueTimeReached {
+    pub tenant_id: String,
+    pub service_call_id: String,
+    pub due_at: String,
+    pub reached_at: String,
+    /// The command's opaque payload, echoed back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub payload: Option<Box<RawValue>>,
+}
+
+impl DueTimeReachedEnvelope {
+    /// The event for a claimed timer, with a fresh UUIDv7 id.
+    pub fn for_timer(timer: &ClaimedTimer, reached_at: Timestamp) -> Self {
+        // A payload was valid JSON when accepted; a store that hands back something else is
+        // corrupt, and the event still goes out without it rather than not at all.
+        let payload = timer.payload.as_ref().and_then(|p| {
+            RawValue::from_string(p.clone())
+                .map_err(|e| tracing::error!(timer = %timer.key, error = %e, "stored payload is not JSON; dropped from event"))
+                .ok()
+        });
+        DueTimeReachedEnvelope {
+            id: Uuid::now_v7(),
+            kind: DUE_TIME_REACHED.to_owned(),
+            tenant_id: timer.key.tenant_id.clone(),
+            correlation_id: timer.correlation_id.clone(),
+            causation_id: None,
+            aggregate_id: timer.key.service_call_id.clone(),
+            timestamp_ms: reached_at.as_millis(),
+            payload: DueTimeReached {
+                tenant_id: timer.key.tenant_id.clone(),
+                service_call_id: timer.key.service_call_id.clone(),
+                due_at: timer.due_at.to_rfc3339(),
+                reached_at: reached_at.to_rfc3339(),
+                payload,
+            },
+        }
+    }
+
+    pub fn to_json(&self) -> Vec<u8> {
+        // Serializing owned strings, numbers and valid raw JSON cannot fail.
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    const NOW: Timestamp = Timestamp::from_millis(1_800_000_000_000);
+
+    fn decode(s: &str) -> Result<NewTimer, Rejection> {
+        decode_command(s.as_bytes(), &Limits::default(), NOW)
+    }
+
+    #[test]
+    fn bare_command_with_offset() {
+        let t = decode(r#"{"tenantId":"t1","serviceCallId":"c1","dueAt":"2027-01-15T10:00:00.250+02:00"}"#).unwrap();
+        assert_eq!(t.key, TimerKey::new("t1", "c1"));
+        assert_eq!(t.due_at.to_rfc3339(), "2027-01-15T08:00:00.250Z");
+        assert_eq!(t.correlation_id, None);
+        assert_eq!(t.payload, None);
+    }
+
+    #[test]
+    fn due_time_ms_and_payload() {
+        let t = decode(r#"{"tenantId":"t","serviceCallId":"c","dueTimeMs":1800000000500,"correlationId":"corr","payload":{"a":[1,2]}}"#).unwrap();
+        assert_eq!(t.due_at.as_millis(), 1_800_000_000_500);
+        assert_eq!(t.correlation_id.as_deref(), Some("corr"));
+        assert_eq!(t.payload.as_deref(), Some(r#"{"a":[1,2]}"#));
+    }
+
+    #[test]
+    fn envelope_form() {
+        let t = decode(r#"{"id":"x","type":"ScheduleTimer","tenantId":"t","correlationId":"k","timestampMs":1,"payload":{"serviceCallId":"c","dueTimeMs":5,"payload":"opaque"}}"#).unwrap();
+        assert_eq!(t.key, TimerKey::new("t", "c"));
+        assert_eq!(t.correlation_id.as_deref(), Some("k"));
+        assert_eq!(t.payload.as_deref(), Some(r#""opaque""#));
+    }
+
+    #[test]
+    fn envelope_tenant_mismatch() {
+        let e = decode(r#"{"type":"ScheduleTimer","tenantId":"a","payload":{"tenantId":"b","serviceCallId":"c","dueTimeMs":5}}"#).unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("payload.tenantId"));
+    }
+
+    #[test]
+    fn rejections_name_the_field() {
+        let cases = [
+            (r#"{"tenantId":"t","dueTimeMs":5}"#, "missing_field", Some("serviceCallId")),
+            (r#"{"tenantId":"","serviceCallId":"c","dueTimeMs":5}"#, "invalid_id", Some("tenantId")),
+            (r#"{"tenantId":"t\u0007","serviceCallId":"c","dueTimeMs":5}"#, "invalid_id", Some("tenantId")),
+            (r#"{"tenantId":"t","serviceCallId":"c"}"#, "missing_field", Some("dueAt")),
+            (r#"{"tenantId":"t","serviceCallId":"c","dueAt":"tomorrow"}"#, "invalid_time", Some("dueAt")),
+            (r#"{"tenantId":"t","serviceCallId":"c","dueAt":"2027-01-15T10:00:00"}"#, "invalid_time", Some("dueAt")),
+            (r#"{"tenantId":"t","serviceCallId":"c","dueTimeMs":-1}"#, "invalid_time", Some("dueTimeMs")),
+            (r#"{"tenantId":"t","serviceCallId":"c","dueTimeMs":99999999999999999}"#, "too_far", Some("dueTimeMs")),
+            (r#"{"tenantId":"t","serviceCallId":"c","dueTimeMs":1e30}"#, "invalid_json", Some("dueTimeMs")),
+            (r#"{"tenantId":5,"serviceCallId":"c","dueTimeMs":5}"#, "invalid_json", Some("tenantId")),
+            (r#"{"type":"CancelEverything","tenantId":"t"}"#, "unknown_type", Some("type")),
+            (r#"{"type":"ScheduleTimer","tenantId":"t"}"#, "missing_field", Some("payload")),
+            // serde reports a duplicate at the object, naming the key in the message.
+            (r#"{"tenantId":"t","tenantId":"u","serviceCallId":"c","dueTimeMs":5}"#, "invalid_json", None),
+            (r#"{"tenantId":"t","serviceCallId":"c","dueTimeMs":5} trailing"#, "invalid_json", None),
+            ("not json", "invalid_json", None),
+            ("", "invalid_json", None),
+        ];
+        for (input, reason, field) in cases {
+            let e = decode(input).expect_err(input);
+            assert_eq!(e.reason, reason, "{input}: {e}");
+            assert_eq!(e.field.as_deref(), field, "{input}: {e}");
+            assert!(REJECTION_REASONS.contains(&e.reason));
+        }
+    }
+
+    #[test]
+    fn limits_apply() {
+        let limits = Limits {
+            max_message_bytes: 200,
+            max_id_bytes: 4,
+            max_payload_bytes: 8,
+            max_horizon: Duration::from_secs(60),
+        };
+        let d = |s: &str| decode_command(s.as_bytes(), &limits, NOW).unwrap_err();
+        assert_eq!(d(r#"{"tenantId":"toolong","serviceCallId":"c","dueTimeMs":5}"#).reason, "invalid_id");
+        assert_eq!(d(r#"{"tenantId":"t","serviceCallId":"c","dueTimeMs":5,"payload":"123456789"}"#).reason, "payload_too_large");
+        assert_eq!(d(&format!(r#"{{"tenantId":"t","serviceCallId":"c","dueTimeMs":{}}}"#, NOW.as_millis() + 61_000)).reason, "too_far");
+        assert_eq!(d(&" ".repeat(201)).reason, "too_large");
+    }
+
+    #[test]
+    fn invalid_utf8_and_deep_json_are_rejected() {
+        assert_eq!(decode_command(b"{\"tenantId\":\"\xff\"}", &Limits::default(), NOW).unwrap_err().reason, "invalid_json");
+        let deep = format!(r#"{{"tenantId":"t","serviceCallId":"c","dueTimeMs":5,"payload":{}{}}}"#, "[".repeat(10_000), "]".repeat(10_000));
+        assert_eq!(decode(&deep).unwrap_err().reason, "invalid_json");
+    }
+
+    #[test]
+    fn json_depth_ignores_strings() {
+        assert_eq!(json_depth(r#"{"a":[1,{"b":"[[[{"}],"c":"\\\"]"}"#), 3);
+        assert_eq!(json_depth("5"), 0);
+    }
+
+    #[test]
+    fn event_envelope_shape() {
+        let timer = ClaimedTimer {
+            key: TimerKey::new("t", "c"),
+            due_at: Timestamp::from_millis(1_000),
+            registered_at: Timestamp::from_millis(0),
+            correlation_id: Some("corr".into()),
+            payload: Some(r#"{"x":1}"#.into()),
+            attempts: 0,
+            revision: 0,
+        };
+        let ev = DueTimeReachedEnvelope::for_timer(&timer, Timestamp::from_millis(1_005));
+        let v: serde_json::Value = serde_json::from_slice(&ev.to_json()).unwrap();
+        assert_eq!(v["type"], "DueTimeReached");
+        assert_eq!(v["id"].as_str().unwrap(), ev.id.to_string());
+        assert_eq!(ev.id.get_version_num(), 7);
+        assert_eq!(v["tenantId"], "t");
+        assert_eq!(v["aggregateId"], "c");
+        assert_eq!(v["correlationId"], "corr");
+        assert!(v["causationId"].is_null());
+        assert_eq!(v["timestampMs"], 1_005);
+        assert_eq!(v["payload"]["dueAt"], "1970-01-01T00:00:01.000Z");
+        assert_eq!(v["payload"]["reachedAt"], "1970-01-01T00:00:01.005Z");
+        assert_eq!(v["payload"]["serviceCallId"], "c");
+        assert_eq!(v["payload"]["payload"]["x"], 1);
+    }
+}
