@@ -1,1 +1,5 @@
+//! Broker plugins of timer-service, one module per broker behind its cargo feature. Each knows its
+//! SDK and `timer-core`, nothing of other plugins or of HTTP.
 
+#[cfg(feature = "memory")]
+pub mod memory;

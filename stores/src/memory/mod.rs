@@ -1,0 +1,267 @@
+//! `memory`: timers in process memory. Lost at exit; for tests and trying things out.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Mutex;
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+use timer_core::{
+    CancelOutcome, ClaimedTimer, Error, Lease, NewTimer, Result, ScheduleOutcome, Store, Timer,
+    TimerKey, TimerState, Timestamp,
+};
+
+/// Config section of `store.kind = "memory"`: nothing to set.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MemoryConfig {
+    /// Always `memory`; checked by the binary.
+    pub kind: String,
+}
+
+#[derive(Debug, Default)]
+pub struct MemoryStore {
+    state: Mutex<State>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    rows: HashMap<TimerKey, Row>,
+    /// Scheduled rows by `available_at`: what `claim_due` and `next_due_at` read.
+    ready: BTreeSet<(Timestamp, TimerKey)>,
+}
+
+#[derive(Debug, Clone)]
+struct Row {
+    timer: Timer,
+    revision: i64,
+    finished_at: Option<Timestamp>,
+}
+
+impl MemoryStore {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn lock(&self) -> Result<std::sync::MutexGuard<'_, State>> {
+        self.state
+            .lock()
+            .map_err(|_| Error::internal("memory store: a thread panicked while holding its lock"))
+    }
+}
+
+impl State {
+    /// Moves a Scheduled row to a new `available_at`, keeping the ready index in step.
+    fn set_available(&mut self, key: &TimerKey, at: Timestamp) {
+        if let Some(row) = self.rows.get_mut(key) {
+            self.ready.remove(&(row.timer.available_at, key.clone()));
+            row.timer.available_at = at;
+            self.ready.insert((at, key.clone()));
+        }
+    }
+
+    fn finish(&mut self, key: &TimerKey, state: TimerState, at: Timestamp) {
+        if let Some(row) = self.rows.get_mut(key) {
+            self.ready.remove(&(row.timer.available_at, key.clone()));
+            row.timer.state = state;
+            row.finished_at = Some(at);
+            if state == TimerState::Reached {
+                row.timer.reached_at = Some(at);
+            }
+        }
+    }
+
+    fn leased_by(&self, claim: &ClaimedTimer, owner: &str) -> bool {
+        self.rows.get(&claim.key).is_some_and(|row| {
+            row.timer.state == TimerState::Scheduled
+                && row.timer.lease_owner.as_deref() == Some(owner)
+        })
+    }
+}
+
+#[async_trait]
+impl Store for MemoryStore {
+    fn name(&self) -> &'static str {
+        "memory"
+    }
+
+    async fn schedule(&self, timers: &[NewTimer], now: Timestamp) -> Result<Vec<ScheduleOutcome>> {
+        let mut state = self.lock()?;
+        let mut outcomes = Vec::with_capacity(timers.len());
+        for new in timers {
+            let Some(row) = state.rows.get_mut(&new.key) else {
+                let timer = Timer {
+                    key: new.key.clone(),
+                    due_at: new.due_at,
+                    state: TimerState::Scheduled,
+                    registered_at: now,
+                    reached_at: None,
+                    correlation_id: new.correlation_id.clone(),
+                    payload: new.payload.clone(),
+                    attempts: 0,
+                    last_error: None,
+                    lease_owner: None,
+                    available_at: new.due_at,
+                };
+                state.ready.insert((new.due_at, new.key.clone()));
+                state.rows.insert(
+                    new.key.clone(),
+                    Row {
+                        timer,
+                        revision: 0,
+                        finished_at: None,
+                    },
+                );
+                outcomes.push(ScheduleOutcome::Created);
+                continue;
+            };
+            match row.timer.state {
+                TimerState::Reached => outcomes.push(ScheduleOutcome::AlreadyReached),
+                TimerState::Cancelled => outcomes.push(ScheduleOutcome::AlreadyCancelled),
+                TimerState::Scheduled => {
+                    if row.timer.due_at != new.due_at {
+                        row.revision += 1;
+                        row.timer.attempts = 0;
+                    }
+                    let leased = row.timer.lease_owner.is_some() && row.timer.available_at > now;
+                    let available = if leased {
+                        row.timer.available_at.max(new.due_at)
+                    } else {
+                        new.due_at
+                    };
+                    row.timer.due_at = new.due_at;
+                    row.timer.correlation_id = new.correlation_id.clone();
+                    row.timer.payload = new.payload.clone();
+                    state.set_available(&new.key, available);
+                    outcomes.push(ScheduleOutcome::Updated);
+                }
+            }
+        }
+        Ok(outcomes)
+    }
+
+    async fn claim_due(
+        &self,
+        now: Timestamp,
+        limit: usize,
+        lease: &Lease,
+    ) -> Result<Vec<ClaimedTimer>> {
+        let mut state = self.lock()?;
+        let keys: Vec<TimerKey> = state
+            .ready
+            .iter()
+            .take_while(|(at, _)| *at <= now)
+            .take(limit)
+            .map(|(_, key)| key.clone())
+            .collect();
+        let mut claimed = Vec::with_capacity(keys.len());
+        for key in keys {
+            state.set_available(&key, lease.until);
+            if let Some(row) = state.rows.get_mut(&key) {
+                row.timer.lease_owner = Some(lease.owner.clone());
+                claimed.push(ClaimedTimer {
+                    key,
+                    due_at: row.timer.due_at,
+                    registered_at: row.timer.registered_at,
+                    correlation_id: row.timer.correlation_id.clone(),
+                    payload: row.timer.payload.clone(),
+                    attempts: row.timer.attempts,
+                    revision: row.revision,
+                });
+            }
+        }
+        Ok(claimed)
+    }
+
+    async fn mark_reached(
+        &self,
+        timers: &[ClaimedTimer],
+        owner: &str,
+        at: Timestamp,
+    ) -> Result<u64> {
+        let mut state = self.lock()?;
+        let mut marked = 0;
+        for claim in timers {
+            let same_revision = state
+                .rows
+                .get(&claim.key)
+                .is_some_and(|row| row.revision == claim.revision);
+            if state.leased_by(claim, owner) && same_revision {
+                state.finish(&claim.key, TimerState::Reached, at);
+                marked += 1;
+            }
+        }
+        Ok(marked)
+    }
+
+    async fn release(
+        &self,
+        timers: &[ClaimedTimer],
+        owner: &str,
+        retry_at: Timestamp,
+        error: Option<&str>,
+    ) -> Result<()> {
+        let mut state = self.lock()?;
+        for claim in timers {
+            if !state.leased_by(claim, owner) {
+                continue;
+            }
+            let Some(row) = state.rows.get_mut(&claim.key) else {
+                continue;
+            };
+            row.timer.lease_owner = None;
+            if let Some(error) = error {
+                row.timer.attempts += 1;
+                row.timer.last_error = Some(error.to_owned());
+            }
+            let at = retry_at.max(row.timer.due_at);
+            state.set_available(&claim.key, at);
+        }
+        Ok(())
+    }
+
+    async fn next_due_at(&self) -> Result<Option<Timestamp>> {
+        Ok(self.lock()?.ready.first().map(|(at, _)| *at))
+    }
+
+    async fn get(&self, key: &TimerKey) -> Result<Option<Timer>> {
+        Ok(self.lock()?.rows.get(key).map(|row| row.timer.clone()))
+    }
+
+    async fn cancel(&self, key: &TimerKey, now: Timestamp) -> Result<CancelOutcome> {
+        let mut state = self.lock()?;
+        let Some(row) = state.rows.get(key) else {
+            return Ok(CancelOutcome::NotFound);
+        };
+        Ok(match row.timer.state {
+            TimerState::Reached => CancelOutcome::AlreadyReached,
+            TimerState::Cancelled => CancelOutcome::AlreadyCancelled,
+            TimerState::Scheduled => {
+                state.finish(key, TimerState::Cancelled, now);
+                CancelOutcome::Cancelled
+            }
+        })
+    }
+
+    async fn purge(&self, older_than: Timestamp, limit: usize) -> Result<u64> {
+        let mut state = self.lock()?;
+        let old: Vec<TimerKey> = state
+            .rows
+            .iter()
+            .filter(|(_, row)| row.finished_at.is_some_and(|at| at < older_than))
+            .map(|(key, _)| key.clone())
+            .take(limit)
+            .collect();
+        for key in &old {
+            state.rows.remove(key);
+        }
+        Ok(old.len() as u64)
+    }
+
+    async fn pending(&self) -> Result<u64> {
+        Ok(self.lock()?.ready.len() as u64)
+    }
+
+    async fn health(&self) -> Result<()> {
+        self.lock().map(|_| ())
+    }
+}

@@ -1,0 +1,365 @@
+//! `sqlite`: timers in one SQLite file (sqlx, WAL). Writes go through a single connection, so
+//! they never contend inside the process; reads use a small pool.
+
+mod config;
+
+use std::str::FromStr;
+
+use async_trait::async_trait;
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
+    SqliteSynchronous,
+};
+use sqlx::Row;
+use timer_core::{
+    CancelOutcome, ClaimedTimer, Error, Lease, NewTimer, Result, ScheduleOutcome, Store, Timer,
+    TimerKey, TimerState, Timestamp,
+};
+
+pub use config::{SqliteConfig, Synchronous};
+
+pub struct SqliteStore {
+    write: SqlitePool,
+    read: SqlitePool,
+}
+
+fn db_err(op: &str, e: sqlx::Error) -> Error {
+    let retryable = !matches!(
+        e,
+        sqlx::Error::ColumnDecode { .. } | sqlx::Error::ColumnNotFound(_) | sqlx::Error::Decode(_)
+    );
+    let kind = if retryable {
+        timer_core::ErrorKind::Unavailable
+    } else {
+        timer_core::ErrorKind::Internal
+    };
+    Error::new(kind, format!("sqlite store: {op} failed"))
+        .with_retryable(retryable)
+        .with_source(e)
+}
+
+impl SqliteStore {
+    /// Opens (creating if missing) the database and runs pending migrations.
+    pub async fn open(config: &SqliteConfig) -> Result<Self> {
+        let path = config.path();
+        if path.is_empty() || path.starts_with(":memory:") {
+            return Err(Error::config(format!(
+                "store.url {:?}: the sqlite store needs a file path (an in-memory database is \
+                 not durable; use store.kind = \"memory\" for that)",
+                config.url
+            )));
+        }
+        let options = SqliteConnectOptions::from_str(&format!("sqlite://{path}"))
+            .map_err(|e| Error::config(format!("store.url {:?} is not a valid sqlite URL", config.url)).with_source(e))?
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(match config.synchronous {
+                Synchronous::Full => SqliteSynchronous::Full,
+                Synchronous::Normal => SqliteSynchronous::Normal,
+            })
+            .busy_timeout(config.busy_timeout);
+        let open_err = |e: sqlx::Error| {
+            Error::unavailable(format!("sqlite store: cannot open database file {path:?}"))
+                .with_source(e)
+        };
+        let write = SqlitePoolOptions::new()
+            .max_connections(1)
+            .connect_with(options.clone())
+            .await
+            .map_err(open_err)?;
+        sqlx::migrate!("./migrations/sqlite")
+            .run(&write)
+            .await
+            .map_err(|e| {
+                Error::unavailable(format!("sqlite store: migrating {path:?} failed")).with_source(e)
+            })?;
+        let read = SqlitePoolOptions::new()
+            .max_connections(config.read_connections.max(1))
+            .connect_with(options.read_only(true))
+            .await
+            .map_err(open_err)?;
+        Ok(SqliteStore { write, read })
+    }
+}
+
+const TIMER_COLUMNS: &str = "tenant_id, service_call_id, due_at, state, registered_at, \
+    reached_at, correlation_id, payload, attempts, last_error, lease_owner, available_at";
+
+fn timer_from_row(row: &SqliteRow) -> Result<Timer> {
+    let code: i64 = row.try_get("state").map_err(|e| db_err("reading a timer", e))?;
+    let state = TimerState::from_code(code)
+        .ok_or_else(|| Error::internal(format!("sqlite store: unknown state code {code}")))?;
+    let get = |e| db_err("reading a timer", e);
+    Ok(Timer {
+        key: TimerKey {
+            tenant_id: row.try_get("tenant_id").map_err(get)?,
+            service_call_id: row.try_get("service_call_id").map_err(get)?,
+        },
+        due_at: Timestamp::from_millis(row.try_get("due_at").map_err(get)?),
+        state,
+        registered_at: Timestamp::from_millis(row.try_get("registered_at").map_err(get)?),
+        reached_at: row
+            .try_get::<Option<i64>, _>("reached_at")
+            .map_err(get)?
+            .map(Timestamp::from_millis),
+        correlation_id: row.try_get("correlation_id").map_err(get)?,
+        payload: row.try_get("payload").map_err(get)?,
+        attempts: row.try_get::<i64, _>("attempts").map_err(get)?.try_into().unwrap_or(u32::MAX),
+        last_error: row.try_get("last_error").map_err(get)?,
+        lease_owner: row.try_get("lease_owner").map_err(get)?,
+        available_at: Timestamp::from_millis(row.try_get("available_at").map_err(get)?),
+    })
+}
+
+fn claimed_from_row(row: &SqliteRow) -> Result<ClaimedTimer> {
+    let get = |e| db_err("reading a claimed timer", e);
+    Ok(ClaimedTimer {
+        key: TimerKey {
+            tenant_id: row.try_get("tenant_id").map_err(get)?,
+            service_call_id: row.try_get("service_call_id").map_err(get)?,
+        },
+        due_at: Timestamp::from_millis(row.try_get("due_at").map_err(get)?),
+        registered_at: Timestamp::from_millis(row.try_get("registered_at").map_err(get)?),
+        correlation_id: row.try_get("correlation_id").map_err(get)?,
+        payload: row.try_get("payload").map_err(get)?,
+        attempts: row.try_get::<i64, _>("attempts").map_err(get)?.try_into().unwrap_or(u32::MAX),
+        revision: row.try_get("revision").map_err(get)?,
+    })
+}
+
+#[async_trait]
+impl Store for SqliteStore {
+    fn name(&self) -> &'static str {
+        "sqlite"
+    }
+
+    async fn schedule(&self, timers: &[NewTimer], now: Timestamp) -> Result<Vec<ScheduleOutcome>> {
+        let op = "scheduling timers";
+        let mut tx = self.write.begin().await.map_err(|e| db_err(op, e))?;
+        let mut outcomes = Vec::with_capacity(timers.len());
+        for t in timers {
+            let existing: Option<i64> = sqlx::query_scalar(
+                "SELECT state FROM timers WHERE tenant_id = ?1 AND service_call_id = ?2",
+            )
+            .bind(&t.key.tenant_id)
+            .bind(&t.key.service_call_id)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(|e| db_err(op, e))?;
+            let outcome = match existing.and_then(TimerState::from_code) {
+                None => {
+                    sqlx::query(
+                        "INSERT INTO timers (tenant_id, service_call_id, due_at, registered_at, \
+                         correlation_id, payload, available_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?3)",
+                    )
+                    .bind(&t.key.tenant_id)
+                    .bind(&t.key.service_call_id)
+                    .bind(t.due_at.as_millis())
+                    .bind(now.as_millis())
+                    .bind(&t.correlation_id)
+                    .bind(&t.payload)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(|e| db_err(op, e))?;
+                    ScheduleOutcome::Created
+                }
+                Some(TimerState::Scheduled) => {
+                    // Unqualified columns on the right-hand side are the old values.
+                    sqlx::query(
+                        "UPDATE timers SET \
+                           revision = revision + (due_at <> ?3), \
+                           attempts = CASE WHEN due_at <> ?3 THEN 0 ELSE attempts END, \
+                           available_at = CASE WHEN lease_owner IS NOT NULL AND available_at > ?4 \
+                                          THEN MAX(available_at, ?3) ELSE ?3 END, \
+                           due_at = ?3, correlation_id = ?5, payload = ?6 \
+                         WHERE tenant_id = ?1 AND service_call_id = ?2",
+                    )
+                    .bind(&t.key.tenant_id)
+                    .bind(&t.key.service_call_id)
+                    .bind(t.due_at.as_millis())
+                    .bind(now.as_millis())
+                    .bind(&t.correlation_id)
+                    .bind(&t.payload)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(|e| db_err(op, e))?;
+                    ScheduleOutcome::Updated
+                }
+                Some(TimerState::Reached) => ScheduleOutcome::AlreadyReached,
+                Some(TimerState::Cancelled) => ScheduleOutcome::AlreadyCancelled,
+            };
+            outcomes.push(outcome);
+        }
+        tx.commit().await.map_err(|e| db_err(op, e))?;
+        Ok(outcomes)
+    }
+
+    async fn claim_due(
+        &self,
+        now: Timestamp,
+        limit: usize,
+        lease: &Lease,
+    ) -> Result<Vec<ClaimedTimer>> {
+        // One statement, so one implicit transaction: the select and the lease are atomic.
+        let rows = sqlx::query(
+            "UPDATE timers SET lease_owner = ?1, available_at = ?2 \
+             WHERE rowid IN (SELECT rowid FROM timers WHERE state = 0 AND available_at <= ?3 \
+                             ORDER BY available_at LIMIT ?4) \
+             RETURNING tenant_id, service_call_id, due_at, registered_at, correlation_id, \
+                       payload, attempts, revision",
+        )
+        .bind(&lease.owner)
+        .bind(lease.until.as_millis())
+        .bind(now.as_millis())
+        .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+        .fetch_all(&self.write)
+        .await
+        .map_err(|e| db_err("claiming due timers", e))?;
+        let mut claimed = rows
+            .iter()
+            .map(claimed_from_row)
+            .collect::<Result<Vec<_>>>()?;
+        claimed.sort_by_key(|c| c.due_at);
+        Ok(claimed)
+    }
+
+    async fn mark_reached(
+        &self,
+        timers: &[ClaimedTimer],
+        owner: &str,
+        at: Timestamp,
+    ) -> Result<u64> {
+        let op = "marking timers reached";
+        let mut tx = self.write.begin().await.map_err(|e| db_err(op, e))?;
+        let mut marked = 0;
+        for t in timers {
+            marked += sqlx::query(
+                "UPDATE timers SET state = 1, reached_at = ?3, finished_at = ?3 \
+                 WHERE tenant_id = ?1 AND service_call_id = ?2 AND state = 0 \
+                   AND lease_owner = ?4 AND revision = ?5",
+            )
+            .bind(&t.key.tenant_id)
+            .bind(&t.key.service_call_id)
+            .bind(at.as_millis())
+            .bind(owner)
+            .bind(t.revision)
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| db_err(op, e))?
+            .rows_affected();
+        }
+        tx.commit().await.map_err(|e| db_err(op, e))?;
+        Ok(marked)
+    }
+
+    async fn release(
+        &self,
+        timers: &[ClaimedTimer],
+        owner: &str,
+        retry_at: Timestamp,
+        error: Option<&str>,
+    ) -> Result<()> {
+        let op = "releasing timers";
+        let mut tx = self.write.begin().await.map_err(|e| db_err(op, e))?;
+        for t in timers {
+            sqlx::query(
+                "UPDATE timers SET lease_owner = NULL, available_at = MAX(?3, due_at), \
+                   attempts = attempts + ?4, last_error = COALESCE(?5, last_error) \
+                 WHERE tenant_id = ?1 AND service_call_id = ?2 AND state = 0 AND lease_owner = ?6",
+            )
+            .bind(&t.key.tenant_id)
+            .bind(&t.key.service_call_id)
+            .bind(retry_at.as_millis())
+            .bind(i64::from(error.is_some()))
+            .bind(error)
+            .bind(owner)
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| db_err(op, e))?;
+        }
+        tx.commit().await.map_err(|e| db_err(op, e))
+    }
+
+    async fn next_due_at(&self) -> Result<Option<Timestamp>> {
+        let next: Option<i64> =
+            sqlx::query_scalar("SELECT MIN(available_at) FROM timers WHERE state = 0")
+                .fetch_one(&self.read)
+                .await
+                .map_err(|e| db_err("reading the next due time", e))?;
+        Ok(next.map(Timestamp::from_millis))
+    }
+
+    async fn get(&self, key: &TimerKey) -> Result<Option<Timer>> {
+        let row = sqlx::query(&format!(
+            "SELECT {TIMER_COLUMNS} FROM timers WHERE tenant_id = ?1 AND service_call_id = ?2"
+        ))
+        .bind(&key.tenant_id)
+        .bind(&key.service_call_id)
+        .fetch_optional(&self.read)
+        .await
+        .map_err(|e| db_err("reading a timer", e))?;
+        row.as_ref().map(timer_from_row).transpose()
+    }
+
+    async fn cancel(&self, key: &TimerKey, now: Timestamp) -> Result<CancelOutcome> {
+        let op = "cancelling a timer";
+        let mut tx = self.write.begin().await.map_err(|e| db_err(op, e))?;
+        let state: Option<i64> = sqlx::query_scalar(
+            "SELECT state FROM timers WHERE tenant_id = ?1 AND service_call_id = ?2",
+        )
+        .bind(&key.tenant_id)
+        .bind(&key.service_call_id)
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(|e| db_err(op, e))?;
+        let outcome = match state.and_then(TimerState::from_code) {
+            None => CancelOutcome::NotFound,
+            Some(TimerState::Reached) => CancelOutcome::AlreadyReached,
+            Some(TimerState::Cancelled) => CancelOutcome::AlreadyCancelled,
+            Some(TimerState::Scheduled) => {
+                sqlx::query(
+                    "UPDATE timers SET state = 2, finished_at = ?3 \
+                     WHERE tenant_id = ?1 AND service_call_id = ?2",
+                )
+                .bind(&key.tenant_id)
+                .bind(&key.service_call_id)
+                .bind(now.as_millis())
+                .execute(&mut *tx)
+                .await
+                .map_err(|e| db_err(op, e))?;
+                CancelOutcome::Cancelled
+            }
+        };
+        tx.commit().await.map_err(|e| db_err(op, e))?;
+        Ok(outcome)
+    }
+
+    async fn purge(&self, older_than: Timestamp, limit: usize) -> Result<u64> {
+        let result = sqlx::query(
+            "DELETE FROM timers WHERE rowid IN (SELECT rowid FROM timers \
+             WHERE state <> 0 AND finished_at < ?1 LIMIT ?2)",
+        )
+        .bind(older_than.as_millis())
+        .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+        .execute(&self.write)
+        .await
+        .map_err(|e| db_err("purging finished timers", e))?;
+        Ok(result.rows_affected())
+    }
+
+    async fn pending(&self) -> Result<u64> {
+        let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM timers WHERE state = 0")
+            .fetch_one(&self.read)
+            .await
+            .map_err(|e| db_err("counting pending timers", e))?;
+        Ok(n.try_into().unwrap_or(0))
+    }
+
+    async fn health(&self) -> Result<()> {
+        sqlx::query("SELECT 1")
+            .execute(&self.read)
+            .await
+            .map(|_| ())
+            .map_err(|e| db_err("health check", e))
+    }
+}
