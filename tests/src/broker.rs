@@ -1,0 +1,175 @@
+//! The Broker conformance suite. A [`BrokerFixture`] gives each check a fresh, isolated resource
+//! (queue, stream, topics) plus an independent producer and reader, as a real client would be.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use timer_core::{Broker, OutboundEvent, Result, TimerKey};
+use uuid::Uuid;
+
+use crate::{wait_for, Check};
+
+/// An event as an independent consumer read it back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReadEvent {
+    /// The de-duplication id the broker carried (header, message id).
+    pub id: Uuid,
+    pub body: Vec<u8>,
+}
+
+/// A dead letter as an independent consumer read it back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReadDeadLetter {
+    pub body: Vec<u8>,
+    pub reason: String,
+}
+
+/// One isolated broker resource for one check.
+#[async_trait]
+pub trait BrokerFixture: Send + Sync + 'static {
+    /// A new connection of the plugin under test to this resource; dropping it disconnects.
+    async fn connect(&self) -> Result<Box<dyn Broker>>;
+    /// Sends a command as a producing service would.
+    async fn send_command(&self, body: &[u8]) -> Result<()>;
+    /// Every event published so far, as a consumer reads them.
+    async fn events(&self) -> Result<Vec<ReadEvent>>;
+    /// Every dead letter so far.
+    async fn dead_letters(&self) -> Result<Vec<ReadDeadLetter>>;
+}
+
+/// Every Broker check, by name.
+pub fn checks() -> Vec<Check<Arc<dyn BrokerFixture>>> {
+    crate::checks![
+        published_event_readable_with_its_id,
+        many_events_confirmed_together,
+        unacked_command_redelivered,
+        acked_command_not_redelivered,
+        commands_arrive_in_batches,
+        dead_letter_carries_the_reason,
+        health_ok_when_reachable,
+    ]
+}
+
+const WAIT: Duration = Duration::from_secs(20);
+
+fn event(i: usize) -> OutboundEvent {
+    OutboundEvent {
+        id: Uuid::now_v7(),
+        key: TimerKey::new(format!("tenant{}", i % 3), format!("call{i}")),
+        body: format!(r#"{{"n":{i}}}"#).into_bytes(),
+    }
+}
+
+async fn receive_all(broker: &dyn Broker, n: usize) -> Vec<timer_core::Delivery> {
+    let mut got = Vec::new();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while got.len() < n && tokio::time::Instant::now() < deadline {
+        got.extend(
+            broker
+                .receive(n - got.len(), Duration::from_millis(500))
+                .await
+                .expect("receive"),
+        );
+    }
+    got
+}
+
+pub async fn published_event_readable_with_its_id(fx: Arc<dyn BrokerFixture>) {
+    let broker = fx.connect().await.expect("connect");
+    let events: Vec<OutboundEvent> = (0..3).map(event).collect();
+    broker.publish(&events).await.expect("publish");
+    let read = wait_for(WAIT, || async { fx.events().await.ok().filter(|e| e.len() >= 3) })
+        .await
+        .expect("3 events readable");
+    for e in &events {
+        let found = read.iter().find(|r| r.id == e.id);
+        let found = found.unwrap_or_else(|| panic!("event {} not read back with its id", e.id));
+        assert_eq!(found.body, e.body);
+    }
+}
+
+pub async fn many_events_confirmed_together(fx: Arc<dyn BrokerFixture>) {
+    const N: usize = 1_000;
+    let broker = fx.connect().await.expect("connect");
+    let events: Vec<OutboundEvent> = (0..N).map(event).collect();
+    tokio::time::timeout(Duration::from_secs(60), broker.publish(&events))
+        .await
+        .expect("1000 publishes confirmed within a minute")
+        .expect("publish");
+    let read = wait_for(WAIT, || async { fx.events().await.ok().filter(|e| e.len() >= N) })
+        .await
+        .expect("all events readable");
+    let ids: HashSet<Uuid> = read.iter().map(|r| r.id).collect();
+    assert!(events.iter().all(|e| ids.contains(&e.id)), "every confirmed event is readable");
+}
+
+pub async fn unacked_command_redelivered(fx: Arc<dyn BrokerFixture>) {
+    fx.send_command(b"first").await.expect("send");
+    let first = fx.connect().await.expect("connect");
+    let got = receive_all(first.as_ref(), 1).await;
+    assert_eq!(got.len(), 1, "command delivered");
+    assert_eq!(got[0].body, b"first");
+    drop(first); // gone without acknowledging: a crash before the store committed
+    let second = fx.connect().await.expect("connect");
+    let again = receive_all(second.as_ref(), 1).await;
+    assert_eq!(again.len(), 1, "an unacknowledged command is delivered again");
+    assert_eq!(again[0].body, b"first");
+    second.ack(&[again[0].tag]).await.expect("ack");
+}
+
+pub async fn acked_command_not_redelivered(fx: Arc<dyn BrokerFixture>) {
+    fx.send_command(b"once").await.expect("send");
+    let first = fx.connect().await.expect("connect");
+    let got = receive_all(first.as_ref(), 1).await;
+    assert_eq!(got.len(), 1);
+    first.ack(&[got[0].tag]).await.expect("ack");
+    drop(first);
+    let second = fx.connect().await.expect("connect");
+    fx.send_command(b"marker").await.expect("send marker");
+    // Once the marker (sent later) arrives, an acknowledged command would have come before it.
+    let mut bodies = Vec::new();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while !bodies.iter().any(|b: &Vec<u8>| b == b"marker") && tokio::time::Instant::now() < deadline {
+        for d in second.receive(10, Duration::from_millis(500)).await.expect("receive") {
+            second.ack(&[d.tag]).await.expect("ack");
+            bodies.push(d.body);
+        }
+    }
+    assert_eq!(bodies, vec![b"marker".to_vec()], "the acknowledged command did not come back");
+}
+
+pub async fn commands_arrive_in_batches(fx: Arc<dyn BrokerFixture>) {
+    const N: usize = 200;
+    for i in 0..N {
+        fx.send_command(format!("cmd{i}").as_bytes()).await.expect("send");
+    }
+    let broker = fx.connect().await.expect("connect");
+    let got = receive_all(broker.as_ref(), N).await;
+    assert_eq!(got.len(), N);
+    let bodies: HashSet<Vec<u8>> = got.iter().map(|d| d.body.clone()).collect();
+    assert_eq!(bodies.len(), N, "each command once");
+    let tags: Vec<u64> = got.iter().map(|d| d.tag).collect();
+    broker.ack(&tags).await.expect("ack");
+    let more = broker.receive(10, Duration::from_millis(300)).await.expect("receive");
+    assert!(more.is_empty(), "nothing left after acknowledging all: {more:?}");
+}
+
+pub async fn dead_letter_carries_the_reason(fx: Arc<dyn BrokerFixture>) {
+    let broker = fx.connect().await.expect("connect");
+    broker
+        .dead_letter(b"{not json", "invalid_json: expected value at line 1 column 2")
+        .await
+        .expect("dead letter");
+    let letters = wait_for(WAIT, || async { fx.dead_letters().await.ok().filter(|d| !d.is_empty()) })
+        .await
+        .expect("dead letter readable");
+    assert_eq!(letters[0].body, b"{not json");
+    assert_eq!(letters[0].reason, "invalid_json: expected value at line 1 column 2");
+}
+
+pub async fn health_ok_when_reachable(fx: Arc<dyn BrokerFixture>) {
+    let broker = fx.connect().await.expect("connect");
+    broker.health().await.expect("healthy");
+}

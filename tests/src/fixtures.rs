@@ -1,0 +1,141 @@
+//! Fixtures: a fresh, isolated resource per check for every compiled-in plugin, and the rule for
+//! servers that are not there (ignored with a reason locally; a failure when
+//! `TIMER_TEST_REQUIRE=1`, as CI sets).
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use timer_brokers::memory::{MemoryConfig as MemoryBrokerConfig, MemoryHub};
+use timer_core::{Broker, Result, Store};
+use timer_stores::memory::MemoryStore;
+
+use crate::broker::{BrokerFixture, ReadDeadLetter, ReadEvent};
+
+/// Whether missing servers must fail the run instead of skipping (`TIMER_TEST_REQUIRE=1`).
+pub fn require_servers() -> bool {
+    std::env::var("TIMER_TEST_REQUIRE").is_ok_and(|v| v == "1")
+}
+
+/// A store under test with whatever keeps its resource alive (a temp dir, a schema).
+pub struct FreshStore {
+    pub store: Arc<dyn Store>,
+    _guard: Box<dyn Send + Sync>,
+}
+
+/// Makes fresh stores of one plugin.
+#[async_trait]
+pub trait StoreFactory: Send + Sync + 'static {
+    fn name(&self) -> &'static str;
+    /// Why this plugin's server is unavailable, if it is.
+    fn unavailable(&self) -> Option<String> {
+        None
+    }
+    async fn fresh(&self) -> Result<FreshStore>;
+}
+
+/// Makes fresh broker fixtures of one plugin.
+#[async_trait]
+pub trait BrokerFactory: Send + Sync + 'static {
+    fn name(&self) -> &'static str;
+    fn unavailable(&self) -> Option<String> {
+        None
+    }
+    async fn fresh(&self) -> Result<Arc<dyn BrokerFixture>>;
+}
+
+pub struct MemoryStores;
+
+#[async_trait]
+impl StoreFactory for MemoryStores {
+    fn name(&self) -> &'static str {
+        "memory"
+    }
+    async fn fresh(&self) -> Result<FreshStore> {
+        Ok(FreshStore {
+            store: Arc::new(MemoryStore::new()),
+            _guard: Box::new(()),
+        })
+    }
+}
+
+#[cfg(feature = "sqlite")]
+pub struct SqliteStores;
+
+#[cfg(feature = "sqlite")]
+#[async_trait]
+impl StoreFactory for SqliteStores {
+    fn name(&self) -> &'static str {
+        "sqlite"
+    }
+    async fn fresh(&self) -> Result<FreshStore> {
+        use timer_stores::sqlite::{SqliteConfig, SqliteStore};
+        let dir = tempfile::tempdir()
+            .map_err(|e| timer_core::Error::internal("cannot create a temp dir").with_source(e))?;
+        let store = SqliteStore::open(&SqliteConfig::for_path(dir.path().join("timers.db"))).await?;
+        Ok(FreshStore {
+            store: Arc::new(store),
+            _guard: Box::new(dir),
+        })
+    }
+}
+
+/// Every store plugin compiled into this build.
+pub fn store_factories() -> Vec<Box<dyn StoreFactory>> {
+    #[allow(unused_mut)]
+    let mut all: Vec<Box<dyn StoreFactory>> = vec![Box::new(MemoryStores)];
+    #[cfg(feature = "sqlite")]
+    all.push(Box::new(SqliteStores));
+    all
+}
+
+/// Every broker plugin compiled into this build.
+pub fn broker_factories() -> Vec<Box<dyn BrokerFactory>> {
+    vec![Box::new(MemoryBrokers)]
+}
+
+pub struct MemoryBrokers;
+
+#[async_trait]
+impl BrokerFactory for MemoryBrokers {
+    fn name(&self) -> &'static str {
+        "memory"
+    }
+    async fn fresh(&self) -> Result<Arc<dyn BrokerFixture>> {
+        Ok(Arc::new(MemoryFixture {
+            hub: MemoryHub::new(MemoryBrokerConfig::default()),
+        }))
+    }
+}
+
+pub struct MemoryFixture {
+    pub hub: MemoryHub,
+}
+
+#[async_trait]
+impl BrokerFixture for MemoryFixture {
+    async fn connect(&self) -> Result<Box<dyn Broker>> {
+        Ok(Box::new(self.hub.connect()))
+    }
+    async fn send_command(&self, body: &[u8]) -> Result<()> {
+        self.hub.send_command(body)
+    }
+    async fn events(&self) -> Result<Vec<ReadEvent>> {
+        Ok(self
+            .hub
+            .events()?
+            .into_iter()
+            .map(|e| ReadEvent { id: e.id, body: e.body })
+            .collect())
+    }
+    async fn dead_letters(&self) -> Result<Vec<ReadDeadLetter>> {
+        Ok(self
+            .hub
+            .dead_letters()?
+            .into_iter()
+            .map(|d| ReadDeadLetter {
+                body: d.body.into_bytes(),
+                reason: d.reason,
+            })
+            .collect())
+    }
+}
