@@ -1,1 +1,238 @@
-fn main() {}
+//! The timer-service binary: CLI, config, plugin assembly, HTTP API.
+
+mod client;
+mod config;
+mod http;
+mod plugins;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use timer_core::engine::metric;
+use timer_core::{Engine, SystemClock};
+use tokio_util::sync::CancellationToken;
+use tracing::{error, info};
+
+use crate::config::{Config, LogFormat};
+
+#[derive(Parser)]
+#[command(name = "timer-service", version, about = "A durable, multi-tenant, broker-agnostic timer service")]
+struct Cli {
+    /// Config file (TOML). Default: config/timer-service.toml when it exists.
+    #[arg(long, short, global = true, env = "TIMER_CONFIG")]
+    config: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the service: ingest commands, fire timers, serve the HTTP API.
+    Run,
+    /// Print the effective configuration (secrets redacted); exit 1 naming what is wrong.
+    CheckConfig,
+    /// Schedule (or reschedule) a timer through a running service's HTTP API.
+    Schedule {
+        #[arg(long)]
+        tenant: String,
+        /// The service call id (the timer's id within the tenant).
+        #[arg(long)]
+        id: String,
+        /// Due time as RFC 3339 with offset, e.g. 2027-01-15T10:00:00+01:00.
+        #[arg(long, conflicts_with = "due_in")]
+        at: Option<String>,
+        /// Due after this long, e.g. 1s, 2m 30s.
+        #[arg(long = "in", value_parser = humantime::parse_duration)]
+        due_in: Option<Duration>,
+        #[arg(long)]
+        correlation_id: Option<String>,
+        /// Opaque JSON echoed back in the DueTimeReached event.
+        #[arg(long)]
+        payload: Option<String>,
+        #[command(flatten)]
+        api: Api,
+    },
+    /// Show a timer: state, due time, when it fired, attempts.
+    Get {
+        #[arg(long)]
+        tenant: String,
+        #[arg(long)]
+        id: String,
+        #[command(flatten)]
+        api: Api,
+    },
+    /// Cancel a scheduled timer.
+    Cancel {
+        #[arg(long)]
+        tenant: String,
+        #[arg(long)]
+        id: String,
+        #[command(flatten)]
+        api: Api,
+    },
+}
+
+#[derive(clap::Args)]
+struct Api {
+    /// Base URL of the service. Default: http://<http.addr from the config>.
+    #[arg(long)]
+    url: Option<String>,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the tokio runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(dispatch(cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn load_config(path: Option<&std::path::Path>) -> anyhow::Result<Config> {
+    let figment = config::figment(path).map_err(|e| anyhow::anyhow!(e.chain()))?;
+    config::load(&figment).map_err(|e| anyhow::anyhow!(e.chain()))
+}
+
+async fn dispatch(cli: Cli) -> anyhow::Result<()> {
+    let config = load_config(cli.config.as_deref())?;
+    let base = |api: &Api| api.url.clone().unwrap_or_else(|| format!("http://{}", config.http.addr));
+    let print = |v: serde_json::Value| {
+        println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+    };
+    match cli.command {
+        Command::Run => run(config).await,
+        Command::CheckConfig => {
+            print!("{}", config::render_redacted(&config).map_err(|e| anyhow::anyhow!(e.chain()))?);
+            Ok(())
+        }
+        Command::Schedule { tenant, id, at, due_in, correlation_id, payload, api } => {
+            let cmd = client::command(&tenant, &id, at.as_deref(), due_in, correlation_id.as_deref(), payload.as_deref())?;
+            print(client::Client::new(&base(&api))?.schedule(cmd).await?);
+            Ok(())
+        }
+        Command::Get { tenant, id, api } => {
+            print(client::Client::new(&base(&api))?.get(&tenant, &id).await?);
+            Ok(())
+        }
+        Command::Cancel { tenant, id, api } => {
+            print(client::Client::new(&base(&api))?.cancel(&tenant, &id).await?);
+            Ok(())
+        }
+    }
+}
+
+fn init_logging(config: &Config) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .or_else(|_| tracing_subscriber::EnvFilter::try_new(&config.log.level))
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_writer(std::io::stderr);
+    let _ = match config.log.format {
+        LogFormat::Json => builder.json().try_init(),
+        LogFormat::Text => builder.try_init(),
+    };
+}
+
+fn init_metrics() -> anyhow::Result<PrometheusHandle> {
+    // Seconds: from 1 ms (the precision we promise) to a minute.
+    const BUCKETS: &[f64] = &[
+        0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 60.0,
+    ];
+    let handle = PrometheusBuilder::new()
+        .set_buckets(BUCKETS)
+        .context("metrics buckets")?
+        .install_recorder()
+        .context("installing the metrics recorder")?;
+    metrics::describe_counter!(metric::COMMANDS_RECEIVED, "Commands received (broker and HTTP)");
+    metrics::describe_counter!(metric::COMMANDS_REJECTED, "Commands rejected, by reason");
+    metrics::describe_counter!(metric::SCHEDULES_PROCESSED, "Timers created or rescheduled");
+    metrics::describe_counter!(metric::TIMERS_FIRED, "DueTimeReached events confirmed by the broker");
+    metrics::describe_counter!(metric::PUBLISH_FAILURES, "Timers whose publish failed (retried)");
+    metrics::describe_histogram!(metric::POLLING_DURATION, metrics::Unit::Seconds, "Duration of one claim query");
+    metrics::describe_histogram!(metric::FIRE_LATENESS, metrics::Unit::Seconds, "Fire time minus due time");
+    metrics::describe_gauge!(metric::PENDING, "Timers in state Scheduled");
+    Ok(handle)
+}
+
+async fn run(config: Config) -> anyhow::Result<()> {
+    init_logging(&config);
+    let metrics = init_metrics()?;
+    let store = plugins::store(&config.store).await.map_err(|e| anyhow::anyhow!(e.chain()))?;
+    let (broker, memory_hub) = plugins::broker(&config.broker).await.map_err(|e| anyhow::anyhow!(e.chain()))?;
+    let engine = Engine::new(
+        store,
+        broker,
+        std::sync::Arc::new(SystemClock),
+        config.engine.clone(),
+        config.limits.clone(),
+    );
+    let listener = tokio::net::TcpListener::bind(config.http.addr)
+        .await
+        .with_context(|| format!("cannot listen on http.addr {}", config.http.addr))?;
+    let shutdown = CancellationToken::new();
+    let engine_task = engine.start(shutdown.clone());
+    tokio::spawn(http::pending_gauge(engine.clone(), shutdown.clone()));
+    let state = http::AppState {
+        engine: engine.clone(),
+        metrics: Some(metrics),
+        memory_hub,
+        shutdown: shutdown.clone(),
+    };
+    let app = http::router(state, &config);
+    info!(
+        addr = %config.http.addr,
+        store = engine.store().name(),
+        broker = engine.broker().name(),
+        instance = engine.instance_id(),
+        "timer-service running"
+    );
+    tokio::spawn(signal(shutdown.clone()));
+    let server = axum::serve(listener, app).with_graceful_shutdown(shutdown.clone().cancelled_owned());
+    if let Err(e) = server.await {
+        error!(error = %e, "HTTP server failed");
+        shutdown.cancel();
+    }
+    engine_task.await.context("engine task")?;
+    info!("stopped");
+    Ok(())
+}
+
+/// Cancels `shutdown` on SIGINT or SIGTERM.
+async fn signal(shutdown: CancellationToken) {
+    let ctrl_c = async {
+        if tokio::signal::ctrl_c().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => info!("SIGINT: shutting down"),
+        _ = term => info!("SIGTERM: shutting down"),
+    }
+    shutdown.cancel();
+}

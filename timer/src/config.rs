@@ -26,7 +26,8 @@ impl Default for Limits {
             max_message_bytes: 256 * 1024,
             max_id_bytes: 128,
             max_payload_bytes: 64 * 1024,
-            max_horizon: Duration::from_secs(10 * 366 * 24 * 3600),
+            // Ten years of 365.25 days (prints as "10years").
+            max_horizon: Duration::from_secs(315_576_000),
         }
     }
 }
@@ -52,9 +53,6 @@ pub struct EngineConfig {
     /// How long shutdown waits for an in-flight publish before releasing its claims.
     #[serde(with = "duration")]
     pub shutdown_grace: Duration,
-    /// How long the ingest task waits for a batch to fill before taking what arrived.
-    #[serde(with = "duration")]
-    pub ingest_wait: Duration,
     /// Name of this instance in leases; empty means `hostname-pid-random`.
     pub instance_id: String,
 }
@@ -68,7 +66,6 @@ impl Default for EngineConfig {
             retry_base: Duration::from_millis(500),
             retry_max: Duration::from_secs(60),
             shutdown_grace: Duration::from_secs(5),
-            ingest_wait: Duration::from_millis(5),
             instance_id: String::new(),
         }
     }

@@ -1,0 +1,468 @@
+//! Configuration: built-in defaults ← TOML file (`--config`, else `config/timer-service.toml` if
+//! present) ← the seed's environment names ← `TIMER_*` environment (`__` nests:
+//! `TIMER_STORE__URL`). Each plugin section is extracted into the plugin's own typed config after
+//! its `kind` was checked against what is known and what is compiled in.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use figment::providers::{Env, Format, Toml};
+use figment::Figment;
+use serde::{Deserialize, Serialize};
+use timer_core::config::duration;
+use timer_core::{EngineConfig, Error, Limits};
+
+/// Where the service looks for a config file when `--config` is not given.
+pub const DEFAULT_CONFIG_FILE: &str = "config/timer-service.toml";
+
+/// The seed's environment names (seed 000) and the keys they set.
+const SEED_ENV: &[(&str, &str)] = &[
+    ("TIMER_POLLING_INTERVAL", "engine.poll_interval"),
+    ("TIMER_BATCH_SIZE", "engine.batch_size"),
+    ("TIMER_DB_PATH", "store.url"),
+    ("TIMER_BROKER_URL", "broker.url"),
+];
+
+/// One plugin kind: its name (also its cargo feature and folder) and whether this build has it.
+pub struct Kind {
+    pub name: &'static str,
+    pub compiled: bool,
+}
+
+pub const STORE_KINDS: &[Kind] = &[
+    Kind { name: "memory", compiled: true },
+    Kind { name: "sqlite", compiled: cfg!(feature = "sqlite") },
+    Kind { name: "postgres", compiled: false },
+];
+
+pub const BROKER_KINDS: &[Kind] = &[
+    Kind { name: "memory", compiled: true },
+    Kind { name: "nats", compiled: false },
+    Kind { name: "kafka", compiled: false },
+    Kind { name: "rabbitmq", compiled: false },
+];
+
+/// Which plugin kinds exist but have no implementation yet, with the issue that brings them.
+/// (Their cargo features exist so the workspace's feature set is stable.)
+const NOT_YET_WRITTEN: &[(&str, &str)] = &[
+    ("postgres", "issue #5"),
+    ("nats", "issue #6"),
+    ("kafka", "issue #13"),
+    ("rabbitmq", "issue #8"),
+];
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HttpConfig {
+    /// Address of the HTTP API, health and metrics.
+    pub addr: SocketAddr,
+    /// Longest a request may take (not the event stream).
+    #[serde(with = "duration")]
+    pub request_timeout: Duration,
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        HttpConfig {
+            addr: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            request_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LogConfig {
+    /// `text` for people, `json` for log shippers.
+    pub format: LogFormat,
+    /// A tracing filter (`info`, `timer_core=debug,info`); `RUST_LOG` overrides it.
+    pub level: String,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        LogConfig {
+            format: LogFormat::Text,
+            level: "info".into(),
+        }
+    }
+}
+
+/// The top level as read; plugin sections are checked separately by kind.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+struct TopLevel {
+    store: Option<figment::value::Value>,
+    broker: Option<figment::value::Value>,
+    engine: EngineConfig,
+    http: HttpConfig,
+    limits: Limits,
+    log: LogConfig,
+}
+
+#[derive(Debug, Clone, Serialize)]
+#[serde(untagged)]
+pub enum StoreConfig {
+    Memory(timer_stores::memory::MemoryConfig),
+    #[cfg(feature = "sqlite")]
+    Sqlite(timer_stores::sqlite::SqliteConfig),
+}
+
+#[derive(Debug, Clone, Serialize)]
+#[serde(untagged)]
+pub enum BrokerConfig {
+    Memory(timer_brokers::memory::MemoryConfig),
+}
+
+/// The effective configuration.
+#[derive(Debug, Clone, Serialize)]
+pub struct Config {
+    pub store: StoreConfig,
+    pub broker: BrokerConfig,
+    pub engine: EngineConfig,
+    pub http: HttpConfig,
+    pub limits: Limits,
+    pub log: LogConfig,
+}
+
+/// The layered sources, highest last. `path` is `--config`; it must exist when given.
+pub fn figment(path: Option<&Path>) -> Result<Figment, Error> {
+    let mut figment = Figment::new();
+    match path {
+        Some(p) if !p.is_file() => {
+            return Err(Error::config(format!(
+                "config file {} does not exist or is not a file",
+                p.display()
+            )))
+        }
+        Some(p) => figment = figment.merge(Toml::file_exact(p)),
+        None => {
+            let default = PathBuf::from(DEFAULT_CONFIG_FILE);
+            if default.is_file() {
+                figment = figment.merge(Toml::file_exact(default));
+            }
+        }
+    }
+    for (var, key) in SEED_ENV {
+        figment = figment.merge(Env::raw().only(&[var]).map(move |_| (*key).into()));
+    }
+    let seed_names: Vec<String> = SEED_ENV
+        .iter()
+        .map(|(var, _)| var.trim_start_matches("TIMER_").to_ascii_lowercase())
+        .collect();
+    let env = Env::prefixed("TIMER_")
+        .filter(move |key| {
+            let key = key.as_str().to_ascii_lowercase();
+            // TIMER_TEST_* belongs to the test suite, not to the service.
+            !key.starts_with("test_") && !seed_names.contains(&key)
+        })
+        .split("__");
+    Ok(figment.merge(env))
+}
+
+/// Reads and checks the whole configuration.
+pub fn load(figment: &Figment) -> Result<Config, Error> {
+    let top: TopLevel = figment.extract().map_err(figment_err)?;
+    let store_kind = kind_of(figment, "store", STORE_KINDS, default_store_kind())?;
+    let store = match store_kind {
+        "memory" => StoreConfig::Memory(section(figment, "store")?),
+        #[cfg(feature = "sqlite")]
+        "sqlite" => StoreConfig::Sqlite(section(figment, "store")?),
+        other => return Err(Error::internal(format!("store kind {other:?} has no config"))),
+    };
+    let broker_kind = kind_of(figment, "broker", BROKER_KINDS, "memory")?;
+    let broker = match broker_kind {
+        "memory" => BrokerConfig::Memory(section(figment, "broker")?),
+        other => return Err(Error::internal(format!("broker kind {other:?} has no config"))),
+    };
+    let _ = (top.store, top.broker);
+    let config = Config {
+        store,
+        broker,
+        engine: top.engine,
+        http: top.http,
+        limits: top.limits,
+        log: top.log,
+    };
+    validate(&config)?;
+    Ok(config)
+}
+
+fn default_store_kind() -> &'static str {
+    if cfg!(feature = "sqlite") {
+        "sqlite"
+    } else {
+        "memory"
+    }
+}
+
+fn validate(config: &Config) -> Result<(), Error> {
+    let e = &config.engine;
+    if e.batch_size == 0 {
+        return Err(Error::config("engine.batch_size must be at least 1"));
+    }
+    if e.poll_interval.is_zero() {
+        return Err(Error::config("engine.poll_interval must be greater than zero"));
+    }
+    if e.lease < Duration::from_secs(1) {
+        return Err(Error::config(
+            "engine.lease must be at least 1s (a lease shorter than a publish fires timers twice)",
+        ));
+    }
+    if config.limits.max_id_bytes == 0 || config.limits.max_message_bytes == 0 {
+        return Err(Error::config("limits.max_id_bytes and limits.max_message_bytes must be at least 1"));
+    }
+    Ok(())
+}
+
+/// Reads `<section>.kind` and checks it against the known and the compiled-in kinds.
+fn kind_of(
+    figment: &Figment,
+    section: &str,
+    kinds: &'static [Kind],
+    default: &'static str,
+) -> Result<&'static str, Error> {
+    let key = format!("{section}.kind");
+    let given: Option<String> = figment.extract_inner(&key).ok();
+    let Some(given) = given else {
+        return Ok(default);
+    };
+    let source = source_of(figment, &key);
+    let known = || kinds.iter().map(|k| k.name).collect::<Vec<_>>().join(", ");
+    let compiled = || {
+        kinds
+            .iter()
+            .filter(|k| k.compiled)
+            .map(|k| k.name)
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let Some(kind) = kinds.iter().find(|k| k.name == given) else {
+        return Err(Error::config(format!(
+            "{key} = {given:?}{source}: unknown {section} kind (known: {})",
+            known()
+        )));
+    };
+    if !kind.compiled {
+        let pending = NOT_YET_WRITTEN
+            .iter()
+            .find(|(name, _)| *name == kind.name)
+            .map(|(_, issue)| format!(" (its plugin is not written yet: {issue})"))
+            .unwrap_or_default();
+        return Err(Error::unsupported(format!(
+            "{key} = {given:?}{source}: {section} \"{}\" is not compiled in; rebuild with \
+             --features {}{pending} (compiled in: {})",
+            kind.name,
+            kind.name,
+            compiled()
+        )));
+    }
+    Ok(kind.name)
+}
+
+fn section<T: serde::de::DeserializeOwned + Default>(
+    figment: &Figment,
+    name: &str,
+) -> Result<T, Error> {
+    if figment.find_value(name).is_err() {
+        return Ok(T::default());
+    }
+    figment.extract_inner(name).map_err(figment_err)
+}
+
+/// " (from <source>)" for a key, when figment knows where it came from.
+fn source_of(figment: &Figment, key: &str) -> String {
+    figment
+        .find_metadata(key)
+        .map(|m| match &m.source {
+            Some(source) => format!(" (from {} {})", m.name, source),
+            None => format!(" (from {})", m.name),
+        })
+        .unwrap_or_default()
+}
+
+fn figment_err(e: figment::Error) -> Error {
+    // figment's message names the key, the expected form and the source (file or variable).
+    let messages: Vec<String> = e.into_iter().map(|e| e.to_string()).collect();
+    Error::config(format!("invalid configuration: {}", messages.join("; ")))
+}
+
+/// The effective config as TOML, with secrets replaced by `***`.
+pub fn render_redacted(config: &Config) -> Result<String, Error> {
+    let mut value = toml::Value::try_from(config)
+        .map_err(|e| Error::internal("cannot render the config").with_source(e))?;
+    redact(&mut value, "");
+    toml::to_string_pretty(&value).map_err(|e| Error::internal("cannot render the config").with_source(e))
+}
+
+const SECRET_KEYS: &[&str] = &["password", "token", "secret", "credentials", "key"];
+
+/// Replaces secret-looking values and the password inside URLs, recursively.
+pub fn redact(value: &mut toml::Value, key: &str) {
+    match value {
+        toml::Value::Table(table) => {
+            for (k, v) in table.iter_mut() {
+                redact(v, k);
+            }
+        }
+        toml::Value::Array(items) => items.iter_mut().for_each(|v| redact(v, key)),
+        toml::Value::String(s) => {
+            let lower = key.to_ascii_lowercase();
+            if !s.is_empty() && SECRET_KEYS.iter().any(|k| lower.contains(k)) {
+                *s = "***".into();
+            } else {
+                *s = redact_url(s);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// `postgres://app:hunter2@db/timers` → `postgres://app:***@db/timers`; other text unchanged.
+pub fn redact_url(text: &str) -> String {
+    match url::Url::parse(text) {
+        Ok(mut url) if url.password().is_some() => {
+            let _ = url.set_password(Some("***"));
+            url.to_string()
+        }
+        _ => text.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use figment::Jail;
+
+    fn load_in_jail(toml: Option<&str>) -> Result<Config, Error> {
+        let figment = match toml {
+            Some(_) => figment(Some(Path::new("test.toml")))?,
+            None => figment(None)?,
+        };
+        load(&figment)
+    }
+
+    #[test]
+    fn defaults_are_the_embedded_setup() {
+        Jail::expect_with(|_| {
+            let c = load_in_jail(None).map_err(|e| e.to_string())?;
+            assert!(matches!(c.broker, BrokerConfig::Memory(_)));
+            #[cfg(feature = "sqlite")]
+            assert!(matches!(c.store, StoreConfig::Sqlite(_)));
+            assert_eq!(c.http.addr.to_string(), "127.0.0.1:8080");
+            assert_eq!(c.engine.poll_interval, Duration::from_secs(5));
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn env_overrides_file_and_nests_with_double_underscore() {
+        Jail::expect_with(|jail| {
+            jail.create_file("test.toml", "[engine]\nbatch_size = 7\npoll_interval = \"2s\"\n[http]\naddr = \"127.0.0.1:9000\"\n")?;
+            jail.set_env("TIMER_HTTP__ADDR", "127.0.0.1:9100");
+            jail.set_env("TIMER_TEST_REQUIRE", "1");
+            let c = load_in_jail(Some("")).map_err(|e| e.to_string())?;
+            assert_eq!(c.engine.batch_size, 7);
+            assert_eq!(c.engine.poll_interval, Duration::from_secs(2));
+            assert_eq!(c.http.addr.to_string(), "127.0.0.1:9100");
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn seed_environment_names_work() {
+        Jail::expect_with(|jail| {
+            jail.set_env("TIMER_POLLING_INTERVAL", "250");
+            jail.set_env("TIMER_BATCH_SIZE", "42");
+            jail.set_env("TIMER_DB_PATH", "/tmp/x/event_service.db");
+            let c = load_in_jail(None).map_err(|e| e.to_string())?;
+            assert_eq!(c.engine.poll_interval, Duration::from_millis(250));
+            assert_eq!(c.engine.batch_size, 42);
+            #[cfg(feature = "sqlite")]
+            match c.store {
+                StoreConfig::Sqlite(s) => assert_eq!(s.path(), "/tmp/x/event_service.db"),
+                other => panic!("{other:?}"),
+            }
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn unknown_kind_lists_the_known_ones() {
+        Jail::expect_with(|jail| {
+            jail.set_env("TIMER_STORE__KIND", "nope");
+            let e = load_in_jail(None).unwrap_err().to_string();
+            assert!(e.contains("store.kind = \"nope\""), "{e}");
+            assert!(e.contains("known: memory, sqlite, postgres"), "{e}");
+            assert!(e.contains("TIMER_"), "names the source: {e}");
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn kind_not_compiled_in_names_the_feature() {
+        Jail::expect_with(|jail| {
+            jail.set_env("TIMER_BROKER__KIND", "kafka");
+            let e = load_in_jail(None).unwrap_err();
+            assert_eq!(e.kind(), timer_core::ErrorKind::Unsupported);
+            let e = e.to_string();
+            assert!(e.contains("broker \"kafka\" is not compiled in; rebuild with --features kafka"), "{e}");
+            assert!(e.contains("compiled in: memory"), "{e}");
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn typo_in_a_key_is_an_error_naming_key_and_file() {
+        Jail::expect_with(|jail| {
+            jail.create_file("test.toml", "[engine]\npoll_intervall = \"1s\"\n")?;
+            let e = load_in_jail(Some("")).unwrap_err().to_string();
+            assert!(e.contains("poll_intervall"), "{e}");
+            assert!(e.contains("test.toml"), "{e}");
+            jail.create_file("test.toml", "[store]\nkind = \"memory\"\nurl = \"x\"\n")?;
+            let e = load_in_jail(Some("")).unwrap_err().to_string();
+            assert!(e.contains("url"), "plugin sections reject unknown keys too: {e}");
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn bad_values_are_errors() {
+        Jail::expect_with(|jail| {
+            jail.set_env("TIMER_ENGINE__POLL_INTERVAL", "soon");
+            let e = load_in_jail(None).unwrap_err().to_string().to_lowercase();
+            assert!(e.contains("soon") && e.contains("engine.poll_interval"), "{e}");
+            Ok(())
+        });
+        Jail::expect_with(|jail| {
+            jail.set_env("TIMER_ENGINE__BATCH_SIZE", "0");
+            let e = load_in_jail(None).unwrap_err().to_string();
+            assert!(e.contains("engine.batch_size"), "{e}");
+            Ok(())
+        });
+        Jail::expect_with(|_| {
+            let e = figment(Some(Path::new("missing.toml"))).unwrap_err().to_string();
+            assert!(e.contains("missing.toml"), "{e}");
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn redaction_hides_secrets() {
+        assert_eq!(redact_url("postgres://app:hunter2@db:5432/timers"), "postgres://app:***@db:5432/timers");
+        assert_eq!(redact_url("sqlite://timer-service.db"), "sqlite://timer-service.db");
+        let mut v: toml::Value = toml::from_str("[broker]\nurl = \"nats://u:pw@h:4222\"\ntoken = \"abc\"\n[x]\nsasl_password = \"p\"\nname = \"ok\"").unwrap();
+        redact(&mut v, "");
+        let text = toml::to_string(&v).unwrap();
+        assert!(!text.contains("pw@") && !text.contains("abc") && !text.contains("\"p\""), "{text}");
+        assert!(text.contains("name = \"ok\""));
+    }
+}

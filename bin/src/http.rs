@@ -1,0 +1,275 @@
+//! The HTTP API: schedule/get/cancel timers, the event stream, health and metrics.
+
+use std::convert::Infallible;
+
+use axum::body::Bytes;
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use futures::Stream;
+use metrics_exporter_prometheus::PrometheusHandle;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use timer_brokers::memory::MemoryHub;
+use timer_core::engine::metric;
+use timer_core::{
+    decode_command, CancelOutcome, Engine, Error, ErrorKind, Rejection, ScheduleOutcome, Timer,
+    TimerKey,
+};
+use tokio_stream::wrappers::errors::BroadcastStreamRecvError;
+use tokio_stream::wrappers::BroadcastStream;
+use tokio_util::sync::CancellationToken;
+use tower_http::limit::RequestBodyLimitLayer;
+use tower_http::timeout::TimeoutLayer;
+use tower_http::trace::TraceLayer;
+
+use crate::config::Config;
+
+#[derive(Clone)]
+pub struct AppState {
+    pub engine: Engine,
+    pub metrics: Option<PrometheusHandle>,
+    pub memory_hub: Option<MemoryHub>,
+    pub shutdown: CancellationToken,
+}
+
+pub fn router(state: AppState, config: &Config) -> Router {
+    // Room for the largest command plus headers of a JSON body.
+    let body_limit = config.limits.max_message_bytes + 1024;
+    let api = Router::new()
+        .route("/v1/timers", post(schedule))
+        .route(
+            "/v1/tenants/{tenant}/timers/{id}",
+            get(get_timer).delete(cancel_timer),
+        )
+        .route("/v1/commands", post(send_command))
+        .route("/v1/dead-letters", get(dead_letters))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .layer(TimeoutLayer::with_status_code(
+            StatusCode::REQUEST_TIMEOUT,
+            config.http.request_timeout,
+        ));
+    // The event stream lives as long as the client wants, so it has no request timeout.
+    Router::new()
+        .route("/v1/events", get(events))
+        .merge(api)
+        .layer(RequestBodyLimitLayer::new(body_limit))
+        .layer(TraceLayer::new_for_http())
+        .with_state(state)
+}
+
+fn error_body(status: StatusCode, reason: &str, field: Option<&str>, message: &str) -> Response {
+    let mut error = json!({ "reason": reason, "message": message });
+    if let Some(field) = field {
+        error["field"] = json!(field);
+    }
+    (status, Json(json!({ "error": error }))).into_response()
+}
+
+fn rejection(r: &Rejection) -> Response {
+    error_body(StatusCode::BAD_REQUEST, r.reason, r.field.as_deref(), &r.message)
+}
+
+fn server_error(e: &Error) -> Response {
+    let status = match e.kind() {
+        ErrorKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+        ErrorKind::Invalid => StatusCode::BAD_REQUEST,
+        ErrorKind::NotFound => StatusCode::NOT_FOUND,
+        ErrorKind::Conflict => StatusCode::CONFLICT,
+        _ => StatusCode::INTERNAL_SERVER_ERROR,
+    };
+    error_body(status, e.kind().as_str(), None, &e.chain())
+}
+
+pub fn timer_view(t: &Timer) -> Value {
+    let payload = t
+        .payload
+        .as_deref()
+        .and_then(|p| serde_json::from_str::<Value>(p).ok());
+    json!({
+        "tenantId": t.key.tenant_id,
+        "serviceCallId": t.key.service_call_id,
+        "state": t.state.as_str(),
+        "dueAt": t.due_at.to_rfc3339(),
+        "dueTimeMs": t.due_at.as_millis(),
+        "registeredAt": t.registered_at.to_rfc3339(),
+        "reachedAt": t.reached_at.map(|r| r.to_rfc3339()),
+        "attempts": t.attempts,
+        "lastError": t.last_error,
+        "correlationId": t.correlation_id,
+        "payload": payload,
+    })
+}
+
+async fn schedule(State(app): State<AppState>, body: Bytes) -> Response {
+    metrics::counter!(metric::COMMANDS_RECEIVED).increment(1);
+    let timer = match decode_command(&body, app.engine.limits(), app.engine.clock().now()) {
+        Ok(t) => t,
+        Err(r) => {
+            metrics::counter!(metric::COMMANDS_REJECTED, "reason" => r.reason).increment(1);
+            return rejection(&r);
+        }
+    };
+    let key = timer.key.clone();
+    let outcome = match app.engine.schedule(std::slice::from_ref(&timer)).await {
+        Ok(outcomes) => outcomes.first().copied(),
+        Err(e) => return server_error(&e),
+    };
+    let (status, outcome) = match outcome {
+        Some(ScheduleOutcome::Created) => (StatusCode::CREATED, "created"),
+        Some(ScheduleOutcome::Updated) => (StatusCode::OK, "updated"),
+        Some(ScheduleOutcome::AlreadyReached) => (StatusCode::CONFLICT, "already_reached"),
+        Some(ScheduleOutcome::AlreadyCancelled) => (StatusCode::CONFLICT, "already_cancelled"),
+        None => return server_error(&Error::internal("the store returned no outcome")),
+    };
+    let timer = match app.engine.store().get(&key).await {
+        Ok(t) => t.as_ref().map(timer_view),
+        Err(e) => return server_error(&e),
+    };
+    (status, Json(json!({ "outcome": outcome, "timer": timer }))).into_response()
+}
+
+async fn get_timer(
+    State(app): State<AppState>,
+    Path((tenant, id)): Path<(String, String)>,
+) -> Response {
+    match app.engine.store().get(&TimerKey::new(tenant, id)).await {
+        Ok(Some(t)) => Json(timer_view(&t)).into_response(),
+        Ok(None) => error_body(StatusCode::NOT_FOUND, "not_found", None, "no such timer"),
+        Err(e) => server_error(&e),
+    }
+}
+
+async fn cancel_timer(
+    State(app): State<AppState>,
+    Path((tenant, id)): Path<(String, String)>,
+) -> Response {
+    let now = app.engine.clock().now();
+    match app.engine.store().cancel(&TimerKey::new(tenant, id), now).await {
+        Ok(CancelOutcome::Cancelled) => Json(json!({ "outcome": "cancelled" })).into_response(),
+        Ok(CancelOutcome::AlreadyCancelled) => {
+            Json(json!({ "outcome": "already_cancelled" })).into_response()
+        }
+        Ok(CancelOutcome::AlreadyReached) => error_body(
+            StatusCode::CONFLICT,
+            "already_reached",
+            None,
+            "the timer already fired",
+        ),
+        Ok(CancelOutcome::NotFound) => {
+            error_body(StatusCode::NOT_FOUND, "not_found", None, "no such timer")
+        }
+        Err(e) => server_error(&e),
+    }
+}
+
+/// Feeds a raw command into the in-process broker: the broker path of the embedded setup.
+async fn send_command(State(app): State<AppState>, body: Bytes) -> Response {
+    let Some(hub) = &app.memory_hub else {
+        return error_body(
+            StatusCode::NOT_FOUND,
+            "unsupported",
+            None,
+            "POST /v1/commands feeds the in-process broker; with another broker, publish \
+             commands to it directly",
+        );
+    };
+    match hub.send_command(body.to_vec()) {
+        Ok(()) => (StatusCode::ACCEPTED, Json(json!({ "outcome": "queued" }))).into_response(),
+        Err(e) => server_error(&e),
+    }
+}
+
+async fn dead_letters(State(app): State<AppState>) -> Response {
+    let Some(hub) = &app.memory_hub else {
+        return error_body(
+            StatusCode::NOT_FOUND,
+            "unsupported",
+            None,
+            "dead letters of a real broker are on its dead-letter destination",
+        );
+    };
+    match hub.dead_letters() {
+        Ok(letters) => Json(json!({ "deadLetters": letters })).into_response(),
+        Err(e) => server_error(&e),
+    }
+}
+
+#[derive(Deserialize)]
+struct EventsQuery {
+    tenant: Option<String>,
+}
+
+async fn events(
+    State(app): State<AppState>,
+    Query(query): Query<EventsQuery>,
+) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
+    let stream = BroadcastStream::new(app.engine.subscribe());
+    let stream = tokio_stream::StreamExt::filter_map(stream, move |item| match item {
+        Ok(fired) if query.tenant.as_ref().is_none_or(|t| *t == fired.tenant_id) => {
+            Some(Ok(Event::default().event("DueTimeReached").data(fired.json.clone())))
+        }
+        Ok(_) => None,
+        // A slow client skipped events; say so rather than pretend.
+        Err(BroadcastStreamRecvError::Lagged(n)) => {
+            Some(Ok(Event::default().event("lagged").data(n.to_string())))
+        }
+    });
+    // End the stream at shutdown, so graceful shutdown is not held open by watchers.
+    let stream = futures::StreamExt::take_until(stream, app.shutdown.clone().cancelled_owned());
+    Sse::new(stream).keep_alive(KeepAlive::default())
+}
+
+async fn healthz() -> &'static str {
+    "ok"
+}
+
+async fn readyz(State(app): State<AppState>) -> Response {
+    let (store, broker) = tokio::join!(app.engine.store().health(), app.engine.broker().health());
+    let show = |r: &Result<(), Error>| match r {
+        Ok(()) => json!("ok"),
+        Err(e) => json!(e.chain()),
+    };
+    let status = if store.is_ok() && broker.is_ok() {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    let body = json!({
+        "store": { "kind": app.engine.store().name(), "status": show(&store) },
+        "broker": { "kind": app.engine.broker().name(), "status": show(&broker) },
+    });
+    (status, Json(body)).into_response()
+}
+
+async fn metrics(State(app): State<AppState>) -> Response {
+    match &app.metrics {
+        Some(handle) => handle.render().into_response(),
+        None => error_body(
+            StatusCode::NOT_FOUND,
+            "unsupported",
+            None,
+            "metrics recorder not installed",
+        ),
+    }
+}
+
+/// Keeps the pending gauge current (a count is too costly for every scrape on a big store).
+pub async fn pending_gauge(engine: Engine, shutdown: CancellationToken) {
+    let mut tick = tokio::time::interval(std::time::Duration::from_secs(5));
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        if let Ok(n) = engine.store().pending().await {
+            metrics::gauge!(metric::PENDING).set(n as f64);
+        }
+    }
+}
+
