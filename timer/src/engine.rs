@@ -114,15 +114,17 @@ impl Engine {
         self.inner.fired.subscribe()
     }
 
-    /// Starts the ingest and firing tasks; the returned task ends once `shutdown` is cancelled
-    /// and both have stopped (claims finished or released).
+    /// Starts the ingest and firing tasks. The returned task ends once `shutdown` is cancelled
+    /// and both have stopped (claims finished or released). Aborting it aborts both at once,
+    /// which is how tests simulate a crash.
     pub fn start(&self, shutdown: CancellationToken) -> tokio::task::JoinHandle<()> {
-        let ingest = tokio::spawn(self.clone().ingest_loop(shutdown.clone()));
-        let firing = tokio::spawn(self.clone().fire_loop(shutdown));
+        let mut tasks = tokio::task::JoinSet::new();
+        tasks.spawn(self.clone().ingest_loop(shutdown.clone()));
+        tasks.spawn(self.clone().fire_loop(shutdown));
         tokio::spawn(async move {
-            for (name, task) in [("ingest", ingest), ("firing", firing)] {
-                if let Err(e) = task.await {
-                    error!(task = name, error = %e, "engine task panicked");
+            while let Some(result) = tasks.join_next().await {
+                if let Err(e) = result {
+                    error!(error = %e, "engine task panicked");
                 }
             }
         })

@@ -80,7 +80,8 @@ fn parse<'a>(bytes: &'a [u8], prefix: &str) -> Result<WireCommand<'a>, Rejection
     let mut de = serde_json::Deserializer::from_slice(bytes);
     let cmd: WireCommand<'a> = serde_path_to_error::deserialize(&mut de).map_err(|e| {
         let path = e.path().to_string();
-        let field = (path != ".").then(|| format!("{prefix}{path}"));
+        // serde_path_to_error prints "." for the root and "?" where it lost track.
+        let field = (path != "." && !path.contains('?')).then(|| format!("{prefix}{path}"));
         Rejection {
             reason: "invalid_json",
             field,
@@ -448,6 +449,7 @@ mod tests {
             (r#"{"tenantId":"t","tenantId":"u","serviceCallId":"c","dueTimeMs":5}"#, "invalid_json", None),
             (r#"{"tenantId":"t","serviceCallId":"c","dueTimeMs":5} trailing"#, "invalid_json", None),
             ("not json", "invalid_json", None),
+            ("{not json", "invalid_json", None),
             ("", "invalid_json", None),
         ];
         for (input, reason, field) in cases {
