@@ -116,16 +116,12 @@ async fn schedule(State(app): State<AppState>, body: Bytes) -> Response {
         }
     };
     let key = timer.key.clone();
-    let outcome = match app.engine.schedule(std::slice::from_ref(&timer)).await {
-        Ok(outcomes) => outcomes.first().copied(),
+    let (status, outcome) = match app.engine.schedule_one(timer).await {
+        Ok(ScheduleOutcome::Created) => (StatusCode::CREATED, "created"),
+        Ok(ScheduleOutcome::Updated) => (StatusCode::OK, "updated"),
+        Ok(ScheduleOutcome::AlreadyReached) => (StatusCode::CONFLICT, "already_reached"),
+        Ok(ScheduleOutcome::AlreadyCancelled) => (StatusCode::CONFLICT, "already_cancelled"),
         Err(e) => return server_error(&e),
-    };
-    let (status, outcome) = match outcome {
-        Some(ScheduleOutcome::Created) => (StatusCode::CREATED, "created"),
-        Some(ScheduleOutcome::Updated) => (StatusCode::OK, "updated"),
-        Some(ScheduleOutcome::AlreadyReached) => (StatusCode::CONFLICT, "already_reached"),
-        Some(ScheduleOutcome::AlreadyCancelled) => (StatusCode::CONFLICT, "already_cancelled"),
-        None => return server_error(&Error::internal("the store returned no outcome")),
     };
     let timer = match app.engine.store().get(&key).await {
         Ok(t) => t.as_ref().map(timer_view),

@@ -4,6 +4,7 @@
 //! `broker::checks()`.
 
 pub mod broker;
+pub mod e2e;
 pub mod fixtures;
 pub mod store;
 
