@@ -46,8 +46,12 @@ impl Client {
     }
 
     pub async fn schedule(&self, command: Value) -> anyhow::Result<Value> {
-        self.send(self.http.post(format!("{}/v1/timers", self.base)).json(&command))
-            .await
+        self.send(
+            self.http
+                .post(format!("{}/v1/timers", self.base))
+                .json(&command),
+        )
+        .await
     }
 
     fn timer_url(&self, tenant: &str, id: &str) -> String {
@@ -64,7 +68,8 @@ impl Client {
     }
 
     pub async fn cancel(&self, tenant: &str, id: &str) -> anyhow::Result<Value> {
-        self.send(self.http.delete(self.timer_url(tenant, id))).await
+        self.send(self.http.delete(self.timer_url(tenant, id)))
+            .await
     }
 }
 

@@ -31,16 +31,37 @@ pub struct Kind {
 }
 
 pub const STORE_KINDS: &[Kind] = &[
-    Kind { name: "memory", compiled: true },
-    Kind { name: "sqlite", compiled: cfg!(feature = "sqlite") },
-    Kind { name: "postgres", compiled: false },
+    Kind {
+        name: "memory",
+        compiled: true,
+    },
+    Kind {
+        name: "sqlite",
+        compiled: cfg!(feature = "sqlite"),
+    },
+    Kind {
+        name: "postgres",
+        compiled: false,
+    },
 ];
 
 pub const BROKER_KINDS: &[Kind] = &[
-    Kind { name: "memory", compiled: true },
-    Kind { name: "nats", compiled: false },
-    Kind { name: "kafka", compiled: false },
-    Kind { name: "rabbitmq", compiled: false },
+    Kind {
+        name: "memory",
+        compiled: true,
+    },
+    Kind {
+        name: "nats",
+        compiled: false,
+    },
+    Kind {
+        name: "kafka",
+        compiled: false,
+    },
+    Kind {
+        name: "rabbitmq",
+        compiled: false,
+    },
 ];
 
 /// Which plugin kinds exist but have no implementation yet, with the issue that brings them.
@@ -161,8 +182,8 @@ pub fn figment(path: Option<&Path>) -> Result<Figment, Error> {
     let env = Env::prefixed("TIMER_")
         .filter(move |key| {
             let key = key.as_str().to_ascii_lowercase();
-            // TIMER_TEST_* belongs to the test suite, not to the service.
-            !key.starts_with("test_") && !seed_names.contains(&key)
+            // TIMER_TEST_* belongs to the test suite and TIMER_CONFIG to `--config`.
+            !key.starts_with("test_") && key != "config" && !seed_names.contains(&key)
         })
         .split("__");
     Ok(figment.merge(env))
@@ -170,18 +191,26 @@ pub fn figment(path: Option<&Path>) -> Result<Figment, Error> {
 
 /// Reads and checks the whole configuration.
 pub fn load(figment: &Figment) -> Result<Config, Error> {
-    let top: TopLevel = figment.extract().map_err(figment_err)?;
+    let top: TopLevel = figment.extract().map_err(|e| figment_err(e, None))?;
     let store_kind = kind_of(figment, "store", STORE_KINDS, default_store_kind())?;
     let store = match store_kind {
         "memory" => StoreConfig::Memory(section(figment, "store")?),
         #[cfg(feature = "sqlite")]
         "sqlite" => StoreConfig::Sqlite(section(figment, "store")?),
-        other => return Err(Error::internal(format!("store kind {other:?} has no config"))),
+        other => {
+            return Err(Error::internal(format!(
+                "store kind {other:?} has no config"
+            )))
+        }
     };
     let broker_kind = kind_of(figment, "broker", BROKER_KINDS, "memory")?;
     let broker = match broker_kind {
         "memory" => BrokerConfig::Memory(section(figment, "broker")?),
-        other => return Err(Error::internal(format!("broker kind {other:?} has no config"))),
+        other => {
+            return Err(Error::internal(format!(
+                "broker kind {other:?} has no config"
+            )))
+        }
     };
     let _ = (top.store, top.broker);
     let config = Config {
@@ -210,7 +239,9 @@ fn validate(config: &Config) -> Result<(), Error> {
         return Err(Error::config("engine.batch_size must be at least 1"));
     }
     if e.poll_interval.is_zero() {
-        return Err(Error::config("engine.poll_interval must be greater than zero"));
+        return Err(Error::config(
+            "engine.poll_interval must be greater than zero",
+        ));
     }
     if e.lease < Duration::from_secs(1) {
         return Err(Error::config(
@@ -218,7 +249,9 @@ fn validate(config: &Config) -> Result<(), Error> {
         ));
     }
     if config.limits.max_id_bytes == 0 || config.limits.max_message_bytes == 0 {
-        return Err(Error::config("limits.max_id_bytes and limits.max_message_bytes must be at least 1"));
+        return Err(Error::config(
+            "limits.max_id_bytes and limits.max_message_bytes must be at least 1",
+        ));
     }
     Ok(())
 }
@@ -275,7 +308,9 @@ fn section<T: serde::de::DeserializeOwned + Default>(
     if figment.find_value(name).is_err() {
         return Ok(T::default());
     }
-    figment.extract_inner(name).map_err(figment_err)
+    figment
+        .extract_inner(name)
+        .map_err(|e| figment_err(e, Some(name)))
 }
 
 /// " (from <source>)" for a key, when figment knows where it came from.
@@ -289,10 +324,48 @@ fn source_of(figment: &Figment, key: &str) -> String {
         .unwrap_or_default()
 }
 
-fn figment_err(e: figment::Error) -> Error {
-    // figment's message names the key, the expected form and the source (file or variable).
-    let messages: Vec<String> = e.into_iter().map(|e| e.to_string()).collect();
+fn figment_err(e: figment::Error, section: Option<&str>) -> Error {
+    let messages: Vec<String> = e.into_iter().map(|e| describe(&e, section)).collect();
     Error::config(format!("invalid configuration: {}", messages.join("; ")))
+}
+
+/// One figment error as `key: problem (where it came from)`.
+fn describe(e: &figment::Error, section: Option<&str>) -> String {
+    let mut path: Vec<&str> = e.path.iter().map(String::as_str).collect();
+    if let Some(section) = section {
+        // extract_inner reports the section after the field ("url.store"); put it first.
+        if path.last() == Some(&section) {
+            path.pop();
+        }
+        if path.first() != Some(&section) {
+            path.insert(0, section);
+        }
+    }
+    let key = path.join(".");
+    let from = match &e.metadata {
+        Some(m) if m.name.contains("environment") => {
+            format!(" (environment variable {})", env_name(&key))
+        }
+        Some(m) => match &m.source {
+            Some(source) => format!(" (in {} {source})", m.name),
+            None => format!(" (from {})", m.name),
+        },
+        None => String::new(),
+    };
+    if key.is_empty() {
+        format!("{}{from}", e.kind)
+    } else {
+        format!("{key}: {}{from}", e.kind)
+    }
+}
+
+/// The environment variable that sets `key`: a seed name when that one is set, else `TIMER_…`.
+fn env_name(key: &str) -> String {
+    SEED_ENV
+        .iter()
+        .find(|(var, k)| *k == key && std::env::var_os(var).is_some())
+        .map(|(var, _)| (*var).to_owned())
+        .unwrap_or_else(|| format!("TIMER_{}", key.to_ascii_uppercase().replace('.', "__")))
 }
 
 /// The effective config as TOML, with secrets replaced by `***`.
@@ -300,10 +373,21 @@ pub fn render_redacted(config: &Config) -> Result<String, Error> {
     let mut value = toml::Value::try_from(config)
         .map_err(|e| Error::internal("cannot render the config").with_source(e))?;
     redact(&mut value, "");
-    toml::to_string_pretty(&value).map_err(|e| Error::internal("cannot render the config").with_source(e))
+    toml::to_string_pretty(&value)
+        .map_err(|e| Error::internal("cannot render the config").with_source(e))
 }
 
-const SECRET_KEYS: &[&str] = &["password", "token", "secret", "credentials", "key"];
+/// Keys whose values are secrets (matched as substrings of the lowercased key).
+const SECRET_KEYS: &[&str] = &[
+    "password",
+    "passwd",
+    "token",
+    "secret",
+    "credential",
+    "private_key",
+    "api_key",
+    "nkey",
+];
 
 /// Replaces secret-looking values and the password inside URLs, recursively.
 pub fn redact(value: &mut toml::Value, key: &str) {
@@ -338,6 +422,8 @@ pub fn redact_url(text: &str) -> String {
 }
 
 #[cfg(test)]
+// figment's Jail closures return figment::Error, which is large; that is its API.
+#[allow(clippy::result_large_err)]
 mod tests {
     use super::*;
     use figment::Jail;
@@ -414,7 +500,10 @@ mod tests {
             let e = load_in_jail(None).unwrap_err();
             assert_eq!(e.kind(), timer_core::ErrorKind::Unsupported);
             let e = e.to_string();
-            assert!(e.contains("broker \"kafka\" is not compiled in; rebuild with --features kafka"), "{e}");
+            assert!(
+                e.contains("broker \"kafka\" is not compiled in; rebuild with --features kafka"),
+                "{e}"
+            );
             assert!(e.contains("compiled in: memory"), "{e}");
             Ok(())
         });
@@ -429,7 +518,10 @@ mod tests {
             assert!(e.contains("test.toml"), "{e}");
             jail.create_file("test.toml", "[store]\nkind = \"memory\"\nurl = \"x\"\n")?;
             let e = load_in_jail(Some("")).unwrap_err().to_string();
-            assert!(e.contains("url"), "plugin sections reject unknown keys too: {e}");
+            assert!(
+                e.contains("url"),
+                "plugin sections reject unknown keys too: {e}"
+            );
             Ok(())
         });
     }
@@ -439,7 +531,10 @@ mod tests {
         Jail::expect_with(|jail| {
             jail.set_env("TIMER_ENGINE__POLL_INTERVAL", "soon");
             let e = load_in_jail(None).unwrap_err().to_string().to_lowercase();
-            assert!(e.contains("soon") && e.contains("engine.poll_interval"), "{e}");
+            assert!(
+                e.contains("soon") && e.contains("engine.poll_interval"),
+                "{e}"
+            );
             Ok(())
         });
         Jail::expect_with(|jail| {
@@ -449,7 +544,9 @@ mod tests {
             Ok(())
         });
         Jail::expect_with(|_| {
-            let e = figment(Some(Path::new("missing.toml"))).unwrap_err().to_string();
+            let e = figment(Some(Path::new("missing.toml")))
+                .unwrap_err()
+                .to_string();
             assert!(e.contains("missing.toml"), "{e}");
             Ok(())
         });
@@ -457,12 +554,21 @@ mod tests {
 
     #[test]
     fn redaction_hides_secrets() {
-        assert_eq!(redact_url("postgres://app:hunter2@db:5432/timers"), "postgres://app:***@db:5432/timers");
-        assert_eq!(redact_url("sqlite://timer-service.db"), "sqlite://timer-service.db");
+        assert_eq!(
+            redact_url("postgres://app:hunter2@db:5432/timers"),
+            "postgres://app:***@db:5432/timers"
+        );
+        assert_eq!(
+            redact_url("sqlite://timer-service.db"),
+            "sqlite://timer-service.db"
+        );
         let mut v: toml::Value = toml::from_str("[broker]\nurl = \"nats://u:pw@h:4222\"\ntoken = \"abc\"\n[x]\nsasl_password = \"p\"\nname = \"ok\"").unwrap();
         redact(&mut v, "");
         let text = toml::to_string(&v).unwrap();
-        assert!(!text.contains("pw@") && !text.contains("abc") && !text.contains("\"p\""), "{text}");
+        assert!(
+            !text.contains("pw@") && !text.contains("abc") && !text.contains("\"p\""),
+            "{text}"
+        );
         assert!(text.contains("name = \"ok\""));
     }
 }

@@ -58,6 +58,7 @@ pub fn router(state: AppState, config: &Config) -> Router {
     Router::new()
         .route("/v1/events", get(events))
         .merge(api)
+        .layer(axum::middleware::map_response(json_payload_too_large))
         .layer(RequestBodyLimitLayer::new(body_limit))
         .layer(TraceLayer::new_for_http())
         .with_state(state)
@@ -71,8 +72,27 @@ fn error_body(status: StatusCode, reason: &str, field: Option<&str>, message: &s
     (status, Json(json!({ "error": error }))).into_response()
 }
 
+/// The body limit layer answers 413 in plain text; give it the JSON error shape of every other
+/// error.
+async fn json_payload_too_large(response: Response) -> Response {
+    if response.status() != StatusCode::PAYLOAD_TOO_LARGE {
+        return response;
+    }
+    error_body(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "too_large",
+        None,
+        "request body exceeds limits.max_message_bytes",
+    )
+}
+
 fn rejection(r: &Rejection) -> Response {
-    error_body(StatusCode::BAD_REQUEST, r.reason, r.field.as_deref(), &r.message)
+    error_body(
+        StatusCode::BAD_REQUEST,
+        r.reason,
+        r.field.as_deref(),
+        &r.message,
+    )
 }
 
 fn server_error(e: &Error) -> Response {
@@ -127,7 +147,15 @@ async fn schedule(State(app): State<AppState>, body: Bytes) -> Response {
         Ok(t) => t.as_ref().map(timer_view),
         Err(e) => return server_error(&e),
     };
-    (status, Json(json!({ "outcome": outcome, "timer": timer }))).into_response()
+    let mut body = json!({ "outcome": outcome, "timer": timer });
+    if status == StatusCode::CONFLICT {
+        let message = match outcome {
+            "already_reached" => "the timer already fired; nothing changed",
+            _ => "the timer was cancelled; nothing changed",
+        };
+        body["error"] = json!({ "reason": outcome, "message": message });
+    }
+    (status, Json(body)).into_response()
 }
 
 async fn get_timer(
@@ -146,7 +174,12 @@ async fn cancel_timer(
     Path((tenant, id)): Path<(String, String)>,
 ) -> Response {
     let now = app.engine.clock().now();
-    match app.engine.store().cancel(&TimerKey::new(tenant, id), now).await {
+    match app
+        .engine
+        .store()
+        .cancel(&TimerKey::new(tenant, id), now)
+        .await
+    {
         Ok(CancelOutcome::Cancelled) => Json(json!({ "outcome": "cancelled" })).into_response(),
         Ok(CancelOutcome::AlreadyCancelled) => {
             Json(json!({ "outcome": "already_cancelled" })).into_response()
@@ -208,7 +241,9 @@ async fn events(
     let stream = BroadcastStream::new(app.engine.subscribe());
     let stream = tokio_stream::StreamExt::filter_map(stream, move |item| match item {
         Ok(fired) if query.tenant.as_ref().is_none_or(|t| *t == fired.tenant_id) => {
-            Some(Ok(Event::default().event("DueTimeReached").data(fired.json.clone())))
+            Some(Ok(Event::default()
+                .event("DueTimeReached")
+                .data(fired.json.clone())))
         }
         Ok(_) => None,
         // A slow client skipped events; say so rather than pretend.
@@ -268,4 +303,3 @@ pub async fn pending_gauge(engine: Engine, shutdown: CancellationToken) {
         }
     }
 }
-

@@ -20,7 +20,11 @@ use tracing::{error, info};
 use crate::config::{Config, LogFormat};
 
 #[derive(Parser)]
-#[command(name = "timer-service", version, about = "A durable, multi-tenant, broker-agnostic timer service")]
+#[command(
+    name = "timer-service",
+    version,
+    about = "A durable, multi-tenant, broker-agnostic timer service"
+)]
 struct Cli {
     /// Config file (TOML). Default: config/timer-service.toml when it exists.
     #[arg(long, short, global = true, env = "TIMER_CONFIG")]
@@ -85,7 +89,10 @@ struct Api {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start the tokio runtime: {e}");
@@ -108,18 +115,40 @@ fn load_config(path: Option<&std::path::Path>) -> anyhow::Result<Config> {
 
 async fn dispatch(cli: Cli) -> anyhow::Result<()> {
     let config = load_config(cli.config.as_deref())?;
-    let base = |api: &Api| api.url.clone().unwrap_or_else(|| format!("http://{}", config.http.addr));
+    let base = |api: &Api| {
+        api.url
+            .clone()
+            .unwrap_or_else(|| format!("http://{}", config.http.addr))
+    };
     let print = |v: serde_json::Value| {
         println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
     };
     match cli.command {
         Command::Run => run(config).await,
         Command::CheckConfig => {
-            print!("{}", config::render_redacted(&config).map_err(|e| anyhow::anyhow!(e.chain()))?);
+            print!(
+                "{}",
+                config::render_redacted(&config).map_err(|e| anyhow::anyhow!(e.chain()))?
+            );
             Ok(())
         }
-        Command::Schedule { tenant, id, at, due_in, correlation_id, payload, api } => {
-            let cmd = client::command(&tenant, &id, at.as_deref(), due_in, correlation_id.as_deref(), payload.as_deref())?;
+        Command::Schedule {
+            tenant,
+            id,
+            at,
+            due_in,
+            correlation_id,
+            payload,
+            api,
+        } => {
+            let cmd = client::command(
+                &tenant,
+                &id,
+                at.as_deref(),
+                due_in,
+                correlation_id.as_deref(),
+                payload.as_deref(),
+            )?;
             print(client::Client::new(&base(&api))?.schedule(cmd).await?);
             Ok(())
         }
@@ -128,7 +157,11 @@ async fn dispatch(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Cancel { tenant, id, api } => {
-            print(client::Client::new(&base(&api))?.cancel(&tenant, &id).await?);
+            print(
+                client::Client::new(&base(&api))?
+                    .cancel(&tenant, &id)
+                    .await?,
+            );
             Ok(())
         }
     }
@@ -158,13 +191,30 @@ fn init_metrics() -> anyhow::Result<PrometheusHandle> {
         .context("metrics buckets")?
         .install_recorder()
         .context("installing the metrics recorder")?;
-    metrics::describe_counter!(metric::COMMANDS_RECEIVED, "Commands received (broker and HTTP)");
+    metrics::describe_counter!(
+        metric::COMMANDS_RECEIVED,
+        "Commands received (broker and HTTP)"
+    );
     metrics::describe_counter!(metric::COMMANDS_REJECTED, "Commands rejected, by reason");
     metrics::describe_counter!(metric::SCHEDULES_PROCESSED, "Timers created or rescheduled");
-    metrics::describe_counter!(metric::TIMERS_FIRED, "DueTimeReached events confirmed by the broker");
-    metrics::describe_counter!(metric::PUBLISH_FAILURES, "Timers whose publish failed (retried)");
-    metrics::describe_histogram!(metric::POLLING_DURATION, metrics::Unit::Seconds, "Duration of one claim query");
-    metrics::describe_histogram!(metric::FIRE_LATENESS, metrics::Unit::Seconds, "Fire time minus due time");
+    metrics::describe_counter!(
+        metric::TIMERS_FIRED,
+        "DueTimeReached events confirmed by the broker"
+    );
+    metrics::describe_counter!(
+        metric::PUBLISH_FAILURES,
+        "Timers whose publish failed (retried)"
+    );
+    metrics::describe_histogram!(
+        metric::POLLING_DURATION,
+        metrics::Unit::Seconds,
+        "Duration of one claim query"
+    );
+    metrics::describe_histogram!(
+        metric::FIRE_LATENESS,
+        metrics::Unit::Seconds,
+        "Fire time minus due time"
+    );
     metrics::describe_gauge!(metric::PENDING, "Timers in state Scheduled");
     Ok(handle)
 }
@@ -172,8 +222,12 @@ fn init_metrics() -> anyhow::Result<PrometheusHandle> {
 async fn run(config: Config) -> anyhow::Result<()> {
     init_logging(&config);
     let metrics = init_metrics()?;
-    let store = plugins::store(&config.store).await.map_err(|e| anyhow::anyhow!(e.chain()))?;
-    let (broker, memory_hub) = plugins::broker(&config.broker).await.map_err(|e| anyhow::anyhow!(e.chain()))?;
+    let store = plugins::store(&config.store)
+        .await
+        .map_err(|e| anyhow::anyhow!(e.chain()))?;
+    let (broker, memory_hub) = plugins::broker(&config.broker)
+        .await
+        .map_err(|e| anyhow::anyhow!(e.chain()))?;
     let engine = Engine::new(
         store,
         broker,
@@ -202,7 +256,8 @@ async fn run(config: Config) -> anyhow::Result<()> {
         "timer-service running"
     );
     tokio::spawn(signal(shutdown.clone()));
-    let server = axum::serve(listener, app).with_graceful_shutdown(shutdown.clone().cancelled_owned());
+    let server =
+        axum::serve(listener, app).with_graceful_shutdown(shutdown.clone().cancelled_owned());
     if let Err(e) = server.await {
         error!(error = %e, "HTTP server failed");
         shutdown.cancel();

@@ -16,7 +16,10 @@ const BIN: &str = env!("CARGO_BIN_EXE_timer-service");
 fn embedded(dir: &Path, extra: &[(&'static str, &str)]) -> Vec<(&'static str, String)> {
     let mut env = vec![
         ("TIMER_STORE__KIND", "sqlite".to_string()),
-        ("TIMER_STORE__URL", format!("sqlite://{}", dir.join("timers.db").display())),
+        (
+            "TIMER_STORE__URL",
+            format!("sqlite://{}", dir.join("timers.db").display()),
+        ),
         ("TIMER_BROKER__KIND", "memory".to_string()),
     ];
     env.extend(extra.iter().map(|(k, v)| (*k, v.to_string())));
@@ -51,10 +54,20 @@ async fn thousand_timers_over_http_fire_once_each_on_time() {
         .map(|i| command("tenant-a", &format!("call-{i:04}"), start + 1000 + i))
         .collect();
     let statuses = post_all(&service, "/v1/timers", commands).await;
-    assert!(statuses.iter().all(|s| *s == 201), "all created: {statuses:?}");
-    let got = events.wait(1000, Duration::from_secs(60)).await.unwrap_or_else(|| {
-        panic!("only {} of 1000 events arrived; log:\n{}", events.len(), service.log_text())
-    });
+    assert!(
+        statuses.iter().all(|s| *s == 201),
+        "all created: {statuses:?}"
+    );
+    let got = events
+        .wait(1000, Duration::from_secs(60))
+        .await
+        .unwrap_or_else(|| {
+            panic!(
+                "only {} of 1000 events arrived; log:\n{}",
+                events.len(),
+                service.log_text()
+            )
+        });
     let counts = count_by_key(&got);
     assert_eq!(counts.len(), 1000, "every timer fired");
     assert!(counts.values().all(|n| *n == 1), "each exactly once");
@@ -62,9 +75,11 @@ async fn thousand_timers_over_http_fire_once_each_on_time() {
     let mut service_late = Vec::new();
     let mut client_late = Vec::new();
     for e in &got {
-        let due = chrono::DateTime::parse_from_rfc3339(e.envelope["payload"]["dueAt"].as_str().expect("dueAt"))
-            .expect("rfc3339")
-            .timestamp_millis();
+        let due = chrono::DateTime::parse_from_rfc3339(
+            e.envelope["payload"]["dueAt"].as_str().expect("dueAt"),
+        )
+        .expect("rfc3339")
+        .timestamp_millis();
         let reached = e.envelope["timestampMs"].as_i64().expect("timestampMs");
         assert!(reached >= due, "never fired early: {}", e.envelope);
         service_late.push(reached - due);
@@ -81,12 +96,24 @@ async fn thousand_timers_over_http_fire_once_each_on_time() {
 async fn kill9_during_firing_then_restart_fires_every_timer() {
     const N: usize = 10_000;
     let dir = tempfile::tempdir().expect("tempdir");
-    let env = embedded(dir.path(), &[("TIMER_ENGINE__BATCH_SIZE", "100"), ("TIMER_ENGINE__LEASE", "2s")]);
+    let env = embedded(
+        dir.path(),
+        &[
+            ("TIMER_ENGINE__BATCH_SIZE", "100"),
+            ("TIMER_ENGINE__LEASE", "2s"),
+        ],
+    );
     let service = Service::start(Path::new(BIN), dir.path(), &env).await;
     let events = service.events().await;
     let due_base = now_ms() + 10_000;
     let commands: Vec<String> = (0..N)
-        .map(|i| command(&format!("tenant-{}", i % 10), &format!("k{i:05}"), due_base + (i % 2000) as i64))
+        .map(|i| {
+            command(
+                &format!("tenant-{}", i % 10),
+                &format!("k{i:05}"),
+                due_base + (i % 2000) as i64,
+            )
+        })
         .collect();
     let statuses = post_all(&service, "/v1/timers", commands).await;
     assert!(statuses.iter().all(|s| *s == 201), "all created");
@@ -98,19 +125,33 @@ async fn kill9_during_firing_then_restart_fires_every_timer() {
     service.kill9().await;
 
     let db = dir.path().join("timers.db");
-    let store = SqliteStore::open(&SqliteConfig::for_path(&db)).await.expect("open the file");
+    let store = SqliteStore::open(&SqliteConfig::for_path(&db))
+        .await
+        .expect("open the file");
     let left = store.pending().await.expect("pending");
-    println!("SIGKILL with {left} of {N} timers not yet fired; {} events seen before", events.len());
-    assert!(left > 0, "the kill happened during firing (raise N if the machine got faster)");
+    println!(
+        "SIGKILL with {left} of {N} timers not yet fired; {} events seen before",
+        events.len()
+    );
+    assert!(
+        left > 0,
+        "the kill happened during firing (raise N if the machine got faster)"
+    );
     drop(store);
 
     let service = Service::start(Path::new(BIN), dir.path(), &env).await;
-    let store = SqliteStore::open(&SqliteConfig::for_path(&db)).await.expect("open the file");
+    let store = SqliteStore::open(&SqliteConfig::for_path(&db))
+        .await
+        .expect("open the file");
     let done = wait_for(Duration::from_secs(120), || async {
         (store.pending().await.ok()? == 0).then_some(())
     })
     .await;
-    assert!(done.is_some(), "all timers fired after the restart; log:\n{}", service.log_text());
+    assert!(
+        done.is_some(),
+        "all timers fired after the restart; log:\n{}",
+        service.log_text()
+    );
     assert_eq!(service.terminate().await, Some(0));
     // Reached means the broker confirmed the publish first (publish, then mark).
     let mut reached = 0;
@@ -118,11 +159,17 @@ async fn kill9_during_firing_then_restart_fires_every_timer() {
         let key = TimerKey::new(format!("tenant-{}", i % 10), format!("k{i:05}"));
         let t = store.get(&key).await.expect("get").expect("row exists");
         assert_eq!(t.state, TimerState::Reached, "{key}");
-        assert!(t.reached_at.expect("reached_at") >= t.due_at, "{key} not fired early");
+        assert!(
+            t.reached_at.expect("reached_at") >= t.due_at,
+            "{key} not fired early"
+        );
         reached += 1;
     }
     assert_eq!(reached, N);
-    let dupes: usize = count_by_key(&events.snapshot()).values().filter(|n| **n > 1).count();
+    let dupes: usize = count_by_key(&events.snapshot())
+        .values()
+        .filter(|n| **n > 1)
+        .count();
     println!("before the kill the stream showed {dupes} duplicates");
 }
 
@@ -133,24 +180,61 @@ async fn bad_input_over_http_is_a_400_naming_the_field() {
     let long = "x".repeat(129);
     let cases: Vec<(String, &str, Option<&str>)> = vec![
         ("{not json".into(), "invalid_json", None),
-        (r#"{"tenantId":"t","dueTimeMs":1}"#.into(), "missing_field", Some("serviceCallId")),
-        (format!(r#"{{"tenantId":"t","serviceCallId":"{long}","dueTimeMs":1}}"#), "invalid_id", Some("serviceCallId")),
-        (r#"{"tenantId":"a\u0000b","serviceCallId":"c","dueTimeMs":1}"#.into(), "invalid_id", Some("tenantId")),
-        (r#"{"tenantId":"t","serviceCallId":"c","dueAt":"2027-13-45T99:00:00Z"}"#.into(), "invalid_time", Some("dueAt")),
-        (r#"{"tenantId":"t","serviceCallId":"c","dueAt":"2027-01-01T10:00:00"}"#.into(), "invalid_time", Some("dueAt")),
-        (r#"{"type":"DeleteEverything","tenantId":"t"}"#.into(), "unknown_type", Some("type")),
-        (r#"{"tenantId":"t","serviceCallId":"c","dueTimeMs":"soon"}"#.into(), "invalid_json", Some("dueTimeMs")),
+        (
+            r#"{"tenantId":"t","dueTimeMs":1}"#.into(),
+            "missing_field",
+            Some("serviceCallId"),
+        ),
+        (
+            format!(r#"{{"tenantId":"t","serviceCallId":"{long}","dueTimeMs":1}}"#),
+            "invalid_id",
+            Some("serviceCallId"),
+        ),
+        (
+            r#"{"tenantId":"a\u0000b","serviceCallId":"c","dueTimeMs":1}"#.into(),
+            "invalid_id",
+            Some("tenantId"),
+        ),
+        (
+            r#"{"tenantId":"t","serviceCallId":"c","dueAt":"2027-13-45T99:00:00Z"}"#.into(),
+            "invalid_time",
+            Some("dueAt"),
+        ),
+        (
+            r#"{"tenantId":"t","serviceCallId":"c","dueAt":"2027-01-01T10:00:00"}"#.into(),
+            "invalid_time",
+            Some("dueAt"),
+        ),
+        (
+            r#"{"type":"DeleteEverything","tenantId":"t"}"#.into(),
+            "unknown_type",
+            Some("type"),
+        ),
+        (
+            r#"{"tenantId":"t","serviceCallId":"c","dueTimeMs":"soon"}"#.into(),
+            "invalid_json",
+            Some("dueTimeMs"),
+        ),
     ];
     for (body, reason, field) in cases {
         let (status, v) = service.post("/v1/timers", body.clone()).await;
         assert_eq!(status, 400, "{body}: {v}");
         assert_eq!(v["error"]["reason"], reason, "{body}: {v}");
         assert_eq!(v["error"]["field"].as_str(), field, "{body}: {v}");
-        assert!(!v["error"]["message"].as_str().unwrap_or("").is_empty(), "{v}");
+        assert!(
+            !v["error"]["message"].as_str().unwrap_or("").is_empty(),
+            "{v}"
+        );
     }
-    assert_eq!(oversized_post_status(&service).await, 413, "a body over the limit is refused");
+    assert_eq!(
+        oversized_post_status(&service).await,
+        413,
+        "a body over the limit is refused"
+    );
     // The service keeps serving after all of that.
-    let (status, v) = service.post("/v1/timers", command("t", "fine", now_ms())).await;
+    let (status, v) = service
+        .post("/v1/timers", command("t", "fine", now_ms()))
+        .await;
     assert_eq!(status, 201, "{v}");
     let metrics = service
         .http
@@ -161,7 +245,10 @@ async fn bad_input_over_http_is_a_400_naming_the_field() {
         .text()
         .await
         .expect("text");
-    assert!(metrics.contains("timer_commands_rejected{reason=\"invalid_time\"} 2"), "{metrics}");
+    assert!(
+        metrics.contains("timer_commands_rejected{reason=\"invalid_time\"} 2"),
+        "{metrics}"
+    );
     service.terminate().await;
 }
 
@@ -169,14 +256,19 @@ async fn bad_input_over_http_is_a_400_naming_the_field() {
 /// (A client that really sends it sees the connection close mid-upload instead.)
 async fn oversized_post_status(service: &Service) -> u16 {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut conn = tokio::net::TcpStream::connect(service.addr).await.expect("connect");
+    let mut conn = tokio::net::TcpStream::connect(service.addr)
+        .await
+        .expect("connect");
     let request = "POST /v1/timers HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n\
                    Content-Length: 10000000\r\n\r\n";
     conn.write_all(request.as_bytes()).await.expect("write");
     let mut head = vec![0u8; 64];
     let n = conn.read(&mut head).await.expect("read");
     let line = String::from_utf8_lossy(&head[..n]).into_owned();
-    line.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or_else(|| panic!("no status in {line:?}"))
+    line.split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("no status in {line:?}"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -186,17 +278,28 @@ async fn bad_input_on_the_broker_path_is_dead_lettered_and_the_stream_continues(
     let events = service.events().await;
     let bad = [
         ("{not json", "invalid_json"),
-        (r#"{"tenantId":"t","dueTimeMs":1}"#, "serviceCallId (missing_field)"),
+        (
+            r#"{"tenantId":"t","dueTimeMs":1}"#,
+            "serviceCallId (missing_field)",
+        ),
         (r#"{"type":"Nope","tenantId":"t"}"#, "type (unknown_type)"),
-        (r#"{"tenantId":"t","serviceCallId":"c","dueAt":"yesterday"}"#, "dueAt (invalid_time)"),
+        (
+            r#"{"tenantId":"t","serviceCallId":"c","dueAt":"yesterday"}"#,
+            "dueAt (invalid_time)",
+        ),
     ];
     for (body, _) in bad {
         let (status, v) = service.post("/v1/commands", body).await;
         assert_eq!(status, 202, "{v}");
     }
-    let (status, _) = service.post("/v1/commands", command("t", "after-bad", now_ms())).await;
+    let (status, _) = service
+        .post("/v1/commands", command("t", "after-bad", now_ms()))
+        .await;
     assert_eq!(status, 202);
-    let fired = events.wait(1, Duration::from_secs(30)).await.expect("the good command fired");
+    let fired = events
+        .wait(1, Duration::from_secs(30))
+        .await
+        .expect("the good command fired");
     assert_eq!(fired[0].envelope["aggregateId"], "after-bad");
     let letters = wait_for(Duration::from_secs(30), || async {
         let (_, v) = service.get("/v1/dead-letters").await;
@@ -207,7 +310,8 @@ async fn bad_input_on_the_broker_path_is_dead_lettered_and_the_stream_continues(
     .expect("dead letters listed");
     for (body, reason) in bad {
         assert!(
-            letters.iter().any(|l| l["body"] == body && l["reason"].as_str().is_some_and(|r| r.starts_with(reason))),
+            letters.iter().any(|l| l["body"] == body
+                && l["reason"].as_str().is_some_and(|r| r.starts_with(reason))),
             "{body} dead-lettered with {reason}: {letters:?}"
         );
     }
@@ -220,28 +324,53 @@ async fn get_cancel_and_conflicts_over_http() {
     let service = Service::start(Path::new(BIN), dir.path(), &embedded(dir.path(), &[])).await;
     let far = now_ms() + 3_600_000;
     let (status, v) = service.post("/v1/timers", command("t", "c1", far)).await;
-    assert_eq!((status, v["outcome"].as_str()), (201, Some("created")), "{v}");
-    let (status, v) = service.post("/v1/timers", command("t", "c1", far + 1)).await;
-    assert_eq!((status, v["outcome"].as_str()), (200, Some("updated")), "{v}");
+    assert_eq!(
+        (status, v["outcome"].as_str()),
+        (201, Some("created")),
+        "{v}"
+    );
+    let (status, v) = service
+        .post("/v1/timers", command("t", "c1", far + 1))
+        .await;
+    assert_eq!(
+        (status, v["outcome"].as_str()),
+        (200, Some("updated")),
+        "{v}"
+    );
     assert_eq!(v["timer"]["dueTimeMs"], far + 1);
     let (status, v) = service.get("/v1/tenants/t/timers/c1").await;
     assert_eq!(status, 200);
     assert_eq!(v["state"], "Scheduled");
     assert_eq!(v["attempts"], 0);
     let (status, v) = service.get("/v1/tenants/t/timers/nope").await;
-    assert_eq!((status, v["error"]["reason"].as_str()), (404, Some("not_found")));
+    assert_eq!(
+        (status, v["error"]["reason"].as_str()),
+        (404, Some("not_found"))
+    );
     let (status, v) = service.delete("/v1/tenants/t/timers/c1").await;
     assert_eq!((status, v["outcome"].as_str()), (200, Some("cancelled")));
     let (status, v) = service.delete("/v1/tenants/t/timers/c1").await;
-    assert_eq!((status, v["outcome"].as_str()), (200, Some("already_cancelled")));
+    assert_eq!(
+        (status, v["outcome"].as_str()),
+        (200, Some("already_cancelled"))
+    );
     let (status, v) = service.post("/v1/timers", command("t", "c1", far)).await;
-    assert_eq!((status, v["outcome"].as_str()), (409, Some("already_cancelled")), "{v}");
+    assert_eq!(
+        (status, v["outcome"].as_str()),
+        (409, Some("already_cancelled")),
+        "{v}"
+    );
     let (status, _) = service.delete("/v1/tenants/t/timers/missing").await;
     assert_eq!(status, 404);
 
     let events = service.events().await;
-    service.post("/v1/timers", command("t", "now", now_ms())).await;
-    events.wait(1, Duration::from_secs(30)).await.expect("fired");
+    service
+        .post("/v1/timers", command("t", "now", now_ms()))
+        .await;
+    events
+        .wait(1, Duration::from_secs(30))
+        .await
+        .expect("fired");
     let fired = wait_for(Duration::from_secs(30), || async {
         let (_, v) = service.get("/v1/tenants/t/timers/now").await;
         (v["state"] == "Reached").then_some(v)
@@ -249,10 +378,18 @@ async fn get_cancel_and_conflicts_over_http() {
     .await
     .expect("state Reached");
     assert!(fired["reachedAt"].is_string());
-    let (status, v) = service.post("/v1/timers", command("t", "now", now_ms())).await;
-    assert_eq!((status, v["outcome"].as_str()), (409, Some("already_reached")));
+    let (status, v) = service
+        .post("/v1/timers", command("t", "now", now_ms()))
+        .await;
+    assert_eq!(
+        (status, v["outcome"].as_str()),
+        (409, Some("already_reached"))
+    );
     let (status, v) = service.delete("/v1/tenants/t/timers/now").await;
-    assert_eq!((status, v["error"]["reason"].as_str()), (409, Some("already_reached")));
+    assert_eq!(
+        (status, v["error"]["reason"].as_str()),
+        (409, Some("already_reached"))
+    );
     let (status, v) = service.get("/readyz").await;
     assert_eq!(status, 200, "{v}");
     assert_eq!(v["store"]["kind"], "sqlite");
@@ -279,27 +416,63 @@ async fn check_config_explains_what_is_wrong() {
     let dir = tempfile::tempdir().expect("tempdir");
     let (code, out, _) = run_cli(dir.path(), &["check-config"], &[]).await;
     assert_eq!(code, 0);
-    assert!(out.contains("kind = \"sqlite\"") && out.contains("kind = \"memory\""), "{out}");
+    assert!(
+        out.contains("kind = \"sqlite\"") && out.contains("kind = \"memory\""),
+        "{out}"
+    );
 
-    let (code, _, err) = run_cli(dir.path(), &["check-config"], &[("TIMER_STORE__KIND", "postgres")]).await;
+    let (code, _, err) = run_cli(
+        dir.path(),
+        &["check-config"],
+        &[("TIMER_STORE__KIND", "postgres")],
+    )
+    .await;
     assert_eq!(code, 1);
-    assert!(err.contains("store \"postgres\" is not compiled in; rebuild with --features postgres"), "{err}");
+    assert!(
+        err.contains("store \"postgres\" is not compiled in; rebuild with --features postgres"),
+        "{err}"
+    );
 
-    let (code, _, err) = run_cli(dir.path(), &["check-config"], &[("TIMER_STORE__KIND", "nope")]).await;
+    let (code, _, err) = run_cli(
+        dir.path(),
+        &["check-config"],
+        &[("TIMER_STORE__KIND", "nope")],
+    )
+    .await;
     assert_eq!(code, 1);
-    assert!(err.contains("unknown store kind (known: memory, sqlite, postgres)"), "{err}");
+    assert!(
+        err.contains("unknown store kind (known: memory, sqlite, postgres)"),
+        "{err}"
+    );
 
-    std::fs::write(dir.path().join("bad.toml"), "[engine]\nbatch_size = \"many\"\n").expect("write");
+    std::fs::write(
+        dir.path().join("bad.toml"),
+        "[engine]\nbatch_size = \"many\"\n",
+    )
+    .expect("write");
     let (code, _, err) = run_cli(dir.path(), &["--config", "bad.toml", "check-config"], &[]).await;
     assert_eq!(code, 1);
-    assert!(err.contains("batch_size") && err.contains("bad.toml"), "names key and file: {err}");
+    assert!(
+        err.contains("batch_size") && err.contains("bad.toml"),
+        "names key and file: {err}"
+    );
 
-    let (code, _, err) = run_cli(dir.path(), &["--config", "absent.toml", "check-config"], &[]).await;
+    let (code, _, err) = run_cli(
+        dir.path(),
+        &["--config", "absent.toml", "check-config"],
+        &[],
+    )
+    .await;
     assert_eq!(code, 1);
     assert!(err.contains("absent.toml"), "{err}");
 
     // A URL password never reaches the output.
-    let (code, out, _) = run_cli(dir.path(), &["check-config"], &[("TIMER_STORE__URL", "sqlite://user:hunter2@x.db")]).await;
+    let (code, out, _) = run_cli(
+        dir.path(),
+        &["check-config"],
+        &[("TIMER_STORE__URL", "sqlite://user:hunter2@x.db")],
+    )
+    .await;
     assert_eq!(code, 0, "{out}");
     assert!(!out.contains("hunter2") && out.contains("***"), "{out}");
 }
@@ -310,12 +483,21 @@ async fn unusable_database_path_is_a_one_line_error() {
     let (code, _, err) = run_cli(
         dir.path(),
         &["run"],
-        &[("TIMER_STORE__URL", "sqlite:///nonexistent-dir/sub/timers.db"), ("TIMER_HTTP__ADDR", "127.0.0.1:0")],
+        &[
+            (
+                "TIMER_STORE__URL",
+                "sqlite:///nonexistent-dir/sub/timers.db",
+            ),
+            ("TIMER_HTTP__ADDR", "127.0.0.1:0"),
+        ],
     )
     .await;
     assert_eq!(code, 1, "{err}");
     let last = err.lines().last().unwrap_or("");
-    assert!(last.starts_with("error: sqlite store: cannot open database file"), "{err}");
+    assert!(
+        last.starts_with("error: sqlite store: cannot open database file"),
+        "{err}"
+    );
     assert!(last.contains("/nonexistent-dir/sub/timers.db"), "{err}");
 }
 
@@ -324,22 +506,72 @@ async fn cli_client_schedules_gets_and_cancels() {
     let dir = tempfile::tempdir().expect("tempdir");
     let service = Service::start(Path::new(BIN), dir.path(), &embedded(dir.path(), &[])).await;
     let url = service.base.clone();
-    let (code, out, err) = run_cli(dir.path(), &["schedule", "--tenant", "acme", "--id", "cli-1", "--in", "1h", "--payload", r#"{"a":1}"#, "--url", &url], &[]).await;
+    let (code, out, err) = run_cli(
+        dir.path(),
+        &[
+            "schedule",
+            "--tenant",
+            "acme",
+            "--id",
+            "cli-1",
+            "--in",
+            "1h",
+            "--payload",
+            r#"{"a":1}"#,
+            "--url",
+            &url,
+        ],
+        &[],
+    )
+    .await;
     assert_eq!(code, 0, "{err}");
     let v: Value = serde_json::from_str(&out).expect("json output");
     assert_eq!(v["outcome"], "created");
     assert_eq!(v["timer"]["payload"]["a"], 1);
-    let (code, out, _) = run_cli(dir.path(), &["get", "--tenant", "acme", "--id", "cli-1", "--url", &url], &[]).await;
+    let (code, out, _) = run_cli(
+        dir.path(),
+        &["get", "--tenant", "acme", "--id", "cli-1", "--url", &url],
+        &[],
+    )
+    .await;
     assert_eq!(code, 0);
     assert!(out.contains("\"Scheduled\""), "{out}");
-    let (code, out, _) = run_cli(dir.path(), &["cancel", "--tenant", "acme", "--id", "cli-1", "--url", &url], &[]).await;
+    let (code, out, _) = run_cli(
+        dir.path(),
+        &["cancel", "--tenant", "acme", "--id", "cli-1", "--url", &url],
+        &[],
+    )
+    .await;
     assert_eq!(code, 0);
     assert!(out.contains("cancelled"), "{out}");
-    let (code, _, err) = run_cli(dir.path(), &["get", "--tenant", "acme", "--id", "missing", "--url", &url], &[]).await;
+    let (code, _, err) = run_cli(
+        dir.path(),
+        &["get", "--tenant", "acme", "--id", "missing", "--url", &url],
+        &[],
+    )
+    .await;
     assert_eq!(code, 1);
     assert!(err.contains("404"), "{err}");
-    let (code, _, err) = run_cli(dir.path(), &["schedule", "--tenant", "acme", "--id", "x", "--in", "1s", "--url", "http://127.0.0.1:9"], &[]).await;
+    let (code, _, err) = run_cli(
+        dir.path(),
+        &[
+            "schedule",
+            "--tenant",
+            "acme",
+            "--id",
+            "x",
+            "--in",
+            "1s",
+            "--url",
+            "http://127.0.0.1:9",
+        ],
+        &[],
+    )
+    .await;
     assert_eq!(code, 1);
-    assert!(err.contains("cannot reach the timer-service HTTP API at http://127.0.0.1:9"), "{err}");
+    assert!(
+        err.contains("cannot reach the timer-service HTTP API at http://127.0.0.1:9"),
+        "{err}"
+    );
     service.terminate().await;
 }

@@ -80,9 +80,11 @@ pub async fn published_event_readable_with_its_id(fx: Arc<dyn BrokerFixture>) {
     let broker = fx.connect().await.expect("connect");
     let events: Vec<OutboundEvent> = (0..3).map(event).collect();
     broker.publish(&events).await.expect("publish");
-    let read = wait_for(WAIT, || async { fx.events().await.ok().filter(|e| e.len() >= 3) })
-        .await
-        .expect("3 events readable");
+    let read = wait_for(WAIT, || async {
+        fx.events().await.ok().filter(|e| e.len() >= 3)
+    })
+    .await
+    .expect("3 events readable");
     for e in &events {
         let found = read.iter().find(|r| r.id == e.id);
         let found = found.unwrap_or_else(|| panic!("event {} not read back with its id", e.id));
@@ -98,11 +100,16 @@ pub async fn many_events_confirmed_together(fx: Arc<dyn BrokerFixture>) {
         .await
         .expect("1000 publishes confirmed within a minute")
         .expect("publish");
-    let read = wait_for(WAIT, || async { fx.events().await.ok().filter(|e| e.len() >= N) })
-        .await
-        .expect("all events readable");
+    let read = wait_for(WAIT, || async {
+        fx.events().await.ok().filter(|e| e.len() >= N)
+    })
+    .await
+    .expect("all events readable");
     let ids: HashSet<Uuid> = read.iter().map(|r| r.id).collect();
-    assert!(events.iter().all(|e| ids.contains(&e.id)), "every confirmed event is readable");
+    assert!(
+        events.iter().all(|e| ids.contains(&e.id)),
+        "every confirmed event is readable"
+    );
 }
 
 pub async fn unacked_command_redelivered(fx: Arc<dyn BrokerFixture>) {
@@ -114,7 +121,11 @@ pub async fn unacked_command_redelivered(fx: Arc<dyn BrokerFixture>) {
     drop(first); // gone without acknowledging: a crash before the store committed
     let second = fx.connect().await.expect("connect");
     let again = receive_all(second.as_ref(), 1).await;
-    assert_eq!(again.len(), 1, "an unacknowledged command is delivered again");
+    assert_eq!(
+        again.len(),
+        1,
+        "an unacknowledged command is delivered again"
+    );
     assert_eq!(again[0].body, b"first");
     second.ack(&[again[0].tag]).await.expect("ack");
 }
@@ -131,19 +142,30 @@ pub async fn acked_command_not_redelivered(fx: Arc<dyn BrokerFixture>) {
     // Once the marker (sent later) arrives, an acknowledged command would have come before it.
     let mut bodies = Vec::new();
     let deadline = tokio::time::Instant::now() + WAIT;
-    while !bodies.iter().any(|b: &Vec<u8>| b == b"marker") && tokio::time::Instant::now() < deadline {
-        for d in second.receive(10, Duration::from_millis(500)).await.expect("receive") {
+    while !bodies.iter().any(|b: &Vec<u8>| b == b"marker") && tokio::time::Instant::now() < deadline
+    {
+        for d in second
+            .receive(10, Duration::from_millis(500))
+            .await
+            .expect("receive")
+        {
             second.ack(&[d.tag]).await.expect("ack");
             bodies.push(d.body);
         }
     }
-    assert_eq!(bodies, vec![b"marker".to_vec()], "the acknowledged command did not come back");
+    assert_eq!(
+        bodies,
+        vec![b"marker".to_vec()],
+        "the acknowledged command did not come back"
+    );
 }
 
 pub async fn commands_arrive_in_batches(fx: Arc<dyn BrokerFixture>) {
     const N: usize = 200;
     for i in 0..N {
-        fx.send_command(format!("cmd{i}").as_bytes()).await.expect("send");
+        fx.send_command(format!("cmd{i}").as_bytes())
+            .await
+            .expect("send");
     }
     let broker = fx.connect().await.expect("connect");
     let got = receive_all(broker.as_ref(), N).await;
@@ -152,21 +174,35 @@ pub async fn commands_arrive_in_batches(fx: Arc<dyn BrokerFixture>) {
     assert_eq!(bodies.len(), N, "each command once");
     let tags: Vec<u64> = got.iter().map(|d| d.tag).collect();
     broker.ack(&tags).await.expect("ack");
-    let more = broker.receive(10, Duration::from_millis(300)).await.expect("receive");
-    assert!(more.is_empty(), "nothing left after acknowledging all: {more:?}");
+    let more = broker
+        .receive(10, Duration::from_millis(300))
+        .await
+        .expect("receive");
+    assert!(
+        more.is_empty(),
+        "nothing left after acknowledging all: {more:?}"
+    );
 }
 
 pub async fn dead_letter_carries_the_reason(fx: Arc<dyn BrokerFixture>) {
     let broker = fx.connect().await.expect("connect");
     broker
-        .dead_letter(b"{not json", "invalid_json: expected value at line 1 column 2")
+        .dead_letter(
+            b"{not json",
+            "invalid_json: expected value at line 1 column 2",
+        )
         .await
         .expect("dead letter");
-    let letters = wait_for(WAIT, || async { fx.dead_letters().await.ok().filter(|d| !d.is_empty()) })
-        .await
-        .expect("dead letter readable");
+    let letters = wait_for(WAIT, || async {
+        fx.dead_letters().await.ok().filter(|d| !d.is_empty())
+    })
+    .await
+    .expect("dead letter readable");
     assert_eq!(letters[0].body, b"{not json");
-    assert_eq!(letters[0].reason, "invalid_json: expected value at line 1 column 2");
+    assert_eq!(
+        letters[0].reason,
+        "invalid_json: expected value at line 1 column 2"
+    );
 }
 
 pub async fn health_ok_when_reachable(fx: Arc<dyn BrokerFixture>) {

@@ -126,13 +126,23 @@ impl Service {
     }
 
     pub async fn get(&self, path: &str) -> (u16, Value) {
-        let r = self.http.get(format!("{}{path}", self.base)).send().await.expect("GET");
+        let r = self
+            .http
+            .get(format!("{}{path}", self.base))
+            .send()
+            .await
+            .expect("GET");
         let status = r.status().as_u16();
         (status, r.json().await.unwrap_or(Value::Null))
     }
 
     pub async fn delete(&self, path: &str) -> (u16, Value) {
-        let r = self.http.delete(format!("{}{path}", self.base)).send().await.expect("DELETE");
+        let r = self
+            .http
+            .delete(format!("{}{path}", self.base))
+            .send()
+            .await
+            .expect("DELETE");
         let status = r.status().as_u16();
         (status, r.json().await.unwrap_or(Value::Null))
     }
@@ -145,7 +155,11 @@ impl Service {
             .send()
             .await
             .expect("open the event stream");
-        assert!(response.status().is_success(), "event stream: {}", response.status());
+        assert!(
+            response.status().is_success(),
+            "event stream: {}",
+            response.status()
+        );
         let log = EventLog::default();
         let sink = log.clone();
         tokio::spawn(async move {
@@ -201,7 +215,10 @@ impl EventLog {
 
     /// Waits until at least `n` events arrived; returns them, or None at the deadline.
     pub async fn wait(&self, n: usize, deadline: Duration) -> Option<Vec<Received>> {
-        wait_for(deadline, || async { (self.len() >= n).then(|| self.snapshot()) }).await
+        wait_for(deadline, || async {
+            (self.len() >= n).then(|| self.snapshot())
+        })
+        .await
     }
 }
 

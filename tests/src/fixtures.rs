@@ -71,7 +71,8 @@ impl StoreFactory for SqliteStores {
         use timer_stores::sqlite::{SqliteConfig, SqliteStore};
         let dir = tempfile::tempdir()
             .map_err(|e| timer_core::Error::internal("cannot create a temp dir").with_source(e))?;
-        let store = SqliteStore::open(&SqliteConfig::for_path(dir.path().join("timers.db"))).await?;
+        let store =
+            SqliteStore::open(&SqliteConfig::for_path(dir.path().join("timers.db"))).await?;
         Ok(FreshStore {
             store: Arc::new(store),
             _guard: Box::new(dir),
@@ -124,7 +125,10 @@ impl BrokerFixture for MemoryFixture {
             .hub
             .events()?
             .into_iter()
-            .map(|e| ReadEvent { id: e.id, body: e.body })
+            .map(|e| ReadEvent {
+                id: e.id,
+                body: e.body,
+            })
             .collect())
     }
     async fn dead_letters(&self) -> Result<Vec<ReadDeadLetter>> {

@@ -36,7 +36,10 @@ fn at(ms: i64) -> Timestamp {
 }
 
 fn ids(claimed: &[ClaimedTimer]) -> Vec<String> {
-    claimed.iter().map(|c| c.key.service_call_id.clone()).collect()
+    claimed
+        .iter()
+        .map(|c| c.key.service_call_id.clone())
+        .collect()
 }
 
 async fn state_of(store: &dyn Store, tenant: &str, id: &str) -> TimerState {
@@ -77,23 +80,38 @@ pub async fn upsert_outcomes(store: Arc<dyn Store>) {
         .await
         .expect("schedule");
     assert_eq!(out, vec![ScheduleOutcome::Created]);
-    let got = s.get(&TimerKey::new("t", "a")).await.expect("get").expect("row");
+    let got = s
+        .get(&TimerKey::new("t", "a"))
+        .await
+        .expect("get")
+        .expect("row");
     assert_eq!(got.state, TimerState::Scheduled);
     assert_eq!(got.registered_at, T0);
     assert_eq!(got.attempts, 0);
     assert_eq!(got.reached_at, None);
 
     let out = s
-        .schedule(&[timer("t", "a", T0.as_millis() + 2_000)], at(T0.as_millis() + 10))
+        .schedule(
+            &[timer("t", "a", T0.as_millis() + 2_000)],
+            at(T0.as_millis() + 10),
+        )
         .await
         .expect("reschedule");
     assert_eq!(out, vec![ScheduleOutcome::Updated]);
-    let got = s.get(&TimerKey::new("t", "a")).await.expect("get").expect("row");
+    let got = s
+        .get(&TimerKey::new("t", "a"))
+        .await
+        .expect("get")
+        .expect("row");
     assert_eq!(got.registered_at, T0, "registered_at is kept on reschedule");
 
     // Fire it, then scheduling again changes nothing.
     let claimed = s
-        .claim_due(at(T0.as_millis() + 2_000), 10, &lease("i1", T0.as_millis() + 32_000))
+        .claim_due(
+            at(T0.as_millis() + 2_000),
+            10,
+            &lease("i1", T0.as_millis() + 32_000),
+        )
         .await
         .expect("claim");
     assert_eq!(ids(&claimed), ["a"]);
@@ -107,46 +125,98 @@ pub async fn upsert_outcomes(store: Arc<dyn Store>) {
         .await
         .expect("schedule reached");
     assert_eq!(out, vec![ScheduleOutcome::AlreadyReached]);
-    let got = s.get(&TimerKey::new("t", "a")).await.expect("get").expect("row");
+    let got = s
+        .get(&TimerKey::new("t", "a"))
+        .await
+        .expect("get")
+        .expect("row");
     assert_eq!(got.state, TimerState::Reached);
-    assert_eq!(got.due_at, at(T0.as_millis() + 2_000), "a reached timer keeps its due time");
+    assert_eq!(
+        got.due_at,
+        at(T0.as_millis() + 2_000),
+        "a reached timer keeps its due time"
+    );
     assert_eq!(got.reached_at, Some(at(T0.as_millis() + 2_001)));
 
-    s.schedule(&[timer("t", "b", T0.as_millis())], T0).await.expect("schedule b");
-    assert_eq!(s.cancel(&TimerKey::new("t", "b"), T0).await.expect("cancel"), CancelOutcome::Cancelled);
-    let out = s.schedule(&[timer("t", "b", T0.as_millis())], T0).await.expect("schedule cancelled");
+    s.schedule(&[timer("t", "b", T0.as_millis())], T0)
+        .await
+        .expect("schedule b");
+    assert_eq!(
+        s.cancel(&TimerKey::new("t", "b"), T0)
+            .await
+            .expect("cancel"),
+        CancelOutcome::Cancelled
+    );
+    let out = s
+        .schedule(&[timer("t", "b", T0.as_millis())], T0)
+        .await
+        .expect("schedule cancelled");
     assert_eq!(out, vec![ScheduleOutcome::AlreadyCancelled]);
     assert_eq!(state_of(s, "t", "b").await, TimerState::Cancelled);
 
     // The same service call id under another tenant is another timer.
-    let out = s.schedule(&[timer("u", "a", T0.as_millis())], T0).await.expect("other tenant");
+    let out = s
+        .schedule(&[timer("u", "a", T0.as_millis())], T0)
+        .await
+        .expect("other tenant");
     assert_eq!(out, vec![ScheduleOutcome::Created]);
-    assert!(s.get(&TimerKey::new("v", "a")).await.expect("get").is_none());
+    assert!(s
+        .get(&TimerKey::new("v", "a"))
+        .await
+        .expect("get")
+        .is_none());
 }
 
 pub async fn reschedule_moves_due_time(store: Arc<dyn Store>) {
     let s = store.as_ref();
-    s.schedule(&[timer("t", "a", T0.as_millis() + 1_000)], T0).await.expect("schedule");
-    s.schedule(&[timer("t", "a", T0.as_millis() + 5_000)], T0).await.expect("reschedule");
-    let got = s.get(&TimerKey::new("t", "a")).await.expect("get").expect("row");
+    s.schedule(&[timer("t", "a", T0.as_millis() + 1_000)], T0)
+        .await
+        .expect("schedule");
+    s.schedule(&[timer("t", "a", T0.as_millis() + 5_000)], T0)
+        .await
+        .expect("reschedule");
+    let got = s
+        .get(&TimerKey::new("t", "a"))
+        .await
+        .expect("get")
+        .expect("row");
     assert_eq!(got.due_at, at(T0.as_millis() + 5_000));
     let early = s
-        .claim_due(at(T0.as_millis() + 4_999), 10, &lease("i1", T0.as_millis() + 60_000))
+        .claim_due(
+            at(T0.as_millis() + 4_999),
+            10,
+            &lease("i1", T0.as_millis() + 60_000),
+        )
         .await
         .expect("claim");
-    assert!(early.is_empty(), "a moved timer is not due at its old time: {early:?}");
+    assert!(
+        early.is_empty(),
+        "a moved timer is not due at its old time: {early:?}"
+    );
     let due = s
-        .claim_due(at(T0.as_millis() + 5_000), 10, &lease("i1", T0.as_millis() + 60_000))
+        .claim_due(
+            at(T0.as_millis() + 5_000),
+            10,
+            &lease("i1", T0.as_millis() + 60_000),
+        )
         .await
         .expect("claim");
     assert_eq!(ids(&due), ["a"]);
     assert_eq!(due[0].due_at, at(T0.as_millis() + 5_000));
 
     // Moving it earlier works too.
-    s.schedule(&[timer("t", "b", T0.as_millis() + 9_000)], T0).await.expect("schedule b");
-    s.schedule(&[timer("t", "b", T0.as_millis() + 100)], T0).await.expect("move b earlier");
+    s.schedule(&[timer("t", "b", T0.as_millis() + 9_000)], T0)
+        .await
+        .expect("schedule b");
+    s.schedule(&[timer("t", "b", T0.as_millis() + 100)], T0)
+        .await
+        .expect("move b earlier");
     let due = s
-        .claim_due(at(T0.as_millis() + 100), 10, &lease("i1", T0.as_millis() + 60_000))
+        .claim_due(
+            at(T0.as_millis() + 100),
+            10,
+            &lease("i1", T0.as_millis() + 60_000),
+        )
         .await
         .expect("claim");
     assert_eq!(ids(&due), ["b"]);
@@ -156,30 +226,60 @@ pub async fn duplicate_key_in_one_batch(store: Arc<dyn Store>) {
     let s = store.as_ref();
     let out = s
         .schedule(
-            &[timer("t", "a", T0.as_millis() + 1), timer("t", "a", T0.as_millis() + 2)],
+            &[
+                timer("t", "a", T0.as_millis() + 1),
+                timer("t", "a", T0.as_millis() + 2),
+            ],
             T0,
         )
         .await
         .expect("schedule");
-    assert_eq!(out, vec![ScheduleOutcome::Created, ScheduleOutcome::Updated]);
-    let got = s.get(&TimerKey::new("t", "a")).await.expect("get").expect("row");
-    assert_eq!(got.due_at, at(T0.as_millis() + 2), "the later entry of a batch wins");
+    assert_eq!(
+        out,
+        vec![ScheduleOutcome::Created, ScheduleOutcome::Updated]
+    );
+    let got = s
+        .get(&TimerKey::new("t", "a"))
+        .await
+        .expect("get")
+        .expect("row");
+    assert_eq!(
+        got.due_at,
+        at(T0.as_millis() + 2),
+        "the later entry of a batch wins"
+    );
     assert_eq!(s.pending().await.expect("pending"), 1);
 }
 
 pub async fn no_refire_after_reached(store: Arc<dyn Store>) {
     let s = store.as_ref();
-    s.schedule(&[timer("t", "a", T0.as_millis())], T0).await.expect("schedule");
-    let claimed = s.claim_due(T0, 10, &lease("i1", T0.as_millis() + 100)).await.expect("claim");
+    s.schedule(&[timer("t", "a", T0.as_millis())], T0)
+        .await
+        .expect("schedule");
+    let claimed = s
+        .claim_due(T0, 10, &lease("i1", T0.as_millis() + 100))
+        .await
+        .expect("claim");
     assert_eq!(s.mark_reached(&claimed, "i1", T0).await.expect("mark"), 1);
     // Even long after every lease has run out, a Reached timer is never claimed again.
     let later = at(T0.as_millis() + 86_400_000);
-    let again = s.claim_due(later, 10, &lease("i2", later.as_millis() + 100)).await.expect("claim");
-    assert!(again.is_empty(), "a Reached timer was claimed again: {again:?}");
+    let again = s
+        .claim_due(later, 10, &lease("i2", later.as_millis() + 100))
+        .await
+        .expect("claim");
+    assert!(
+        again.is_empty(),
+        "a Reached timer was claimed again: {again:?}"
+    );
     assert_eq!(s.next_due_at().await.expect("next"), None);
     assert_eq!(s.pending().await.expect("pending"), 0);
     // Marking twice does nothing more.
-    assert_eq!(s.mark_reached(&claimed, "i1", T0).await.expect("mark again"), 0);
+    assert_eq!(
+        s.mark_reached(&claimed, "i1", T0)
+            .await
+            .expect("mark again"),
+        0
+    );
 }
 
 pub async fn claim_takes_oldest_first_up_to_limit(store: Arc<dyn Store>) {
@@ -190,13 +290,26 @@ pub async fn claim_takes_oldest_first_up_to_limit(store: Arc<dyn Store>) {
         .collect();
     s.schedule(&batch, T0).await.expect("schedule");
     let now = at(T0.as_millis() + 10);
-    let first = s.claim_due(now, 2, &lease("i1", now.as_millis() + 1_000)).await.expect("claim");
+    let first = s
+        .claim_due(now, 2, &lease("i1", now.as_millis() + 1_000))
+        .await
+        .expect("claim");
     assert_eq!(ids(&first), ["d1", "d2"]);
-    let rest = s.claim_due(now, 10, &lease("i1", now.as_millis() + 1_000)).await.expect("claim");
+    let rest = s
+        .claim_due(now, 10, &lease("i1", now.as_millis() + 1_000))
+        .await
+        .expect("claim");
     assert_eq!(ids(&rest), ["d3", "d4", "d5"], "d99 is not due yet");
-    assert!(s.claim_due(now, 10, &lease("i1", 0)).await.expect("claim").is_empty());
+    assert!(s
+        .claim_due(now, 10, &lease("i1", 0))
+        .await
+        .expect("claim")
+        .is_empty());
     assert!(
-        s.claim_due(now, 0, &lease("i1", 0)).await.expect("claim").is_empty(),
+        s.claim_due(now, 0, &lease("i1", 0))
+            .await
+            .expect("claim")
+            .is_empty(),
         "limit 0 claims nothing"
     );
 }
@@ -239,79 +352,172 @@ pub async fn claim_is_exclusive_under_concurrency(store: Arc<dyn Store>) {
 
 pub async fn expired_lease_makes_row_claimable(store: Arc<dyn Store>) {
     let s = store.as_ref();
-    s.schedule(&[timer("t", "a", T0.as_millis())], T0).await.expect("schedule");
-    let first = s.claim_due(T0, 10, &lease("crashed", T0.as_millis() + 1_000)).await.expect("claim");
+    s.schedule(&[timer("t", "a", T0.as_millis())], T0)
+        .await
+        .expect("schedule");
+    let first = s
+        .claim_due(T0, 10, &lease("crashed", T0.as_millis() + 1_000))
+        .await
+        .expect("claim");
     assert_eq!(ids(&first), ["a"]);
     let during = at(T0.as_millis() + 999);
     assert!(
-        s.claim_due(during, 10, &lease("other", during.as_millis() + 1_000)).await.expect("claim").is_empty(),
+        s.claim_due(during, 10, &lease("other", during.as_millis() + 1_000))
+            .await
+            .expect("claim")
+            .is_empty(),
         "a live lease keeps the row from others"
     );
     let after = at(T0.as_millis() + 1_000);
-    let second = s.claim_due(after, 10, &lease("other", after.as_millis() + 1_000)).await.expect("claim");
-    assert_eq!(ids(&second), ["a"], "an expired lease makes the row claimable");
+    let second = s
+        .claim_due(after, 10, &lease("other", after.as_millis() + 1_000))
+        .await
+        .expect("claim");
+    assert_eq!(
+        ids(&second),
+        ["a"],
+        "an expired lease makes the row claimable"
+    );
     // The old owner lost the lease: its mark does nothing; the new owner's does.
-    assert_eq!(s.mark_reached(&first, "crashed", after).await.expect("mark"), 0);
+    assert_eq!(
+        s.mark_reached(&first, "crashed", after)
+            .await
+            .expect("mark"),
+        0
+    );
     assert_eq!(state_of(s, "t", "a").await, TimerState::Scheduled);
-    assert_eq!(s.mark_reached(&second, "other", after).await.expect("mark"), 1);
+    assert_eq!(
+        s.mark_reached(&second, "other", after).await.expect("mark"),
+        1
+    );
     assert_eq!(state_of(s, "t", "a").await, TimerState::Reached);
 }
 
 pub async fn release_keeps_attempts_and_last_error(store: Arc<dyn Store>) {
     let s = store.as_ref();
-    s.schedule(&[timer("t", "a", T0.as_millis())], T0).await.expect("schedule");
-    let claimed = s.claim_due(T0, 10, &lease("i1", T0.as_millis() + 30_000)).await.expect("claim");
+    s.schedule(&[timer("t", "a", T0.as_millis())], T0)
+        .await
+        .expect("schedule");
+    let claimed = s
+        .claim_due(T0, 10, &lease("i1", T0.as_millis() + 30_000))
+        .await
+        .expect("claim");
     let retry_at = at(T0.as_millis() + 5_000);
-    s.release(&claimed, "i1", retry_at, Some("broker said no")).await.expect("release");
-    let got = s.get(&TimerKey::new("t", "a")).await.expect("get").expect("row");
+    s.release(&claimed, "i1", retry_at, Some("broker said no"))
+        .await
+        .expect("release");
+    let got = s
+        .get(&TimerKey::new("t", "a"))
+        .await
+        .expect("get")
+        .expect("row");
     assert_eq!(got.state, TimerState::Scheduled);
     assert_eq!(got.attempts, 1);
     assert_eq!(got.last_error.as_deref(), Some("broker said no"));
     assert_eq!(got.due_at, T0, "release keeps the due time");
     assert_eq!(s.next_due_at().await.expect("next"), Some(retry_at));
     let early = at(retry_at.as_millis() - 1);
-    assert!(s.claim_due(early, 10, &lease("i1", early.as_millis() + 30_000)).await.expect("claim").is_empty());
-    let again = s.claim_due(retry_at, 10, &lease("i1", retry_at.as_millis() + 30_000)).await.expect("claim");
+    assert!(s
+        .claim_due(early, 10, &lease("i1", early.as_millis() + 30_000))
+        .await
+        .expect("claim")
+        .is_empty());
+    let again = s
+        .claim_due(retry_at, 10, &lease("i1", retry_at.as_millis() + 30_000))
+        .await
+        .expect("claim");
     assert_eq!(ids(&again), ["a"]);
     assert_eq!(again[0].attempts, 1);
-    s.release(&again, "i1", retry_at, Some("still no")).await.expect("release");
-    let got = s.get(&TimerKey::new("t", "a")).await.expect("get").expect("row");
+    s.release(&again, "i1", retry_at, Some("still no"))
+        .await
+        .expect("release");
+    let got = s
+        .get(&TimerKey::new("t", "a"))
+        .await
+        .expect("get")
+        .expect("row");
     assert_eq!(got.attempts, 2);
     assert_eq!(got.last_error.as_deref(), Some("still no"));
     // A release by someone who does not hold the lease changes nothing.
-    s.release(&again, "stranger", retry_at, Some("x")).await.expect("release");
-    assert_eq!(s.get(&TimerKey::new("t", "a")).await.expect("get").expect("row").attempts, 2);
+    s.release(&again, "stranger", retry_at, Some("x"))
+        .await
+        .expect("release");
+    assert_eq!(
+        s.get(&TimerKey::new("t", "a"))
+            .await
+            .expect("get")
+            .expect("row")
+            .attempts,
+        2
+    );
 }
 
 pub async fn release_without_error_keeps_attempts(store: Arc<dyn Store>) {
     let s = store.as_ref();
-    s.schedule(&[timer("t", "a", T0.as_millis())], T0).await.expect("schedule");
-    let claimed = s.claim_due(T0, 10, &lease("i1", T0.as_millis() + 30_000)).await.expect("claim");
+    s.schedule(&[timer("t", "a", T0.as_millis())], T0)
+        .await
+        .expect("schedule");
+    let claimed = s
+        .claim_due(T0, 10, &lease("i1", T0.as_millis() + 30_000))
+        .await
+        .expect("claim");
     s.release(&claimed, "i1", T0, None).await.expect("release");
-    let got = s.get(&TimerKey::new("t", "a")).await.expect("get").expect("row");
+    let got = s
+        .get(&TimerKey::new("t", "a"))
+        .await
+        .expect("get")
+        .expect("row");
     assert_eq!(got.attempts, 0);
     assert_eq!(got.last_error, None);
-    let again = s.claim_due(T0, 10, &lease("i2", T0.as_millis() + 30_000)).await.expect("claim");
+    let again = s
+        .claim_due(T0, 10, &lease("i2", T0.as_millis() + 30_000))
+        .await
+        .expect("claim");
     assert_eq!(ids(&again), ["a"], "a released claim is claimable at once");
 }
 
 pub async fn reschedule_while_firing_keeps_timer_scheduled(store: Arc<dyn Store>) {
     let s = store.as_ref();
-    s.schedule(&[timer("t", "a", T0.as_millis())], T0).await.expect("schedule");
-    let claimed = s.claim_due(T0, 10, &lease("i1", T0.as_millis() + 30_000)).await.expect("claim");
+    s.schedule(&[timer("t", "a", T0.as_millis())], T0)
+        .await
+        .expect("schedule");
+    let claimed = s
+        .claim_due(T0, 10, &lease("i1", T0.as_millis() + 30_000))
+        .await
+        .expect("claim");
     let later = T0.as_millis() + 60_000;
-    let out = s.schedule(&[timer("t", "a", later)], at(T0.as_millis() + 1)).await.expect("reschedule");
+    let out = s
+        .schedule(&[timer("t", "a", later)], at(T0.as_millis() + 1))
+        .await
+        .expect("reschedule");
     assert_eq!(out, vec![ScheduleOutcome::Updated]);
     // The fire of the old due time completes, but the timer now waits for its new due time.
-    assert_eq!(s.mark_reached(&claimed, "i1", at(T0.as_millis() + 2)).await.expect("mark"), 0);
-    let got = s.get(&TimerKey::new("t", "a")).await.expect("get").expect("row");
+    assert_eq!(
+        s.mark_reached(&claimed, "i1", at(T0.as_millis() + 2))
+            .await
+            .expect("mark"),
+        0
+    );
+    let got = s
+        .get(&TimerKey::new("t", "a"))
+        .await
+        .expect("get")
+        .expect("row");
     assert_eq!(got.state, TimerState::Scheduled);
     assert_eq!(got.due_at, at(later));
-    let again = s.claim_due(at(later), 10, &lease("i2", later + 30_000)).await.expect("claim");
+    let again = s
+        .claim_due(at(later), 10, &lease("i2", later + 30_000))
+        .await
+        .expect("claim");
     assert_eq!(ids(&again), ["a"]);
     // A repeated command with the same due time (a broker redelivery) does not disturb a fire.
-    s.schedule(&[timer("t", "a", later)], at(later)).await.expect("same again");
-    assert_eq!(s.mark_reached(&again, "i2", at(later)).await.expect("mark"), 1);
+    s.schedule(&[timer("t", "a", later)], at(later))
+        .await
+        .expect("same again");
+    assert_eq!(
+        s.mark_reached(&again, "i2", at(later)).await.expect("mark"),
+        1
+    );
 }
 
 pub async fn next_due_at_tracks_claimable_rows(store: Arc<dyn Store>) {
@@ -327,63 +533,131 @@ pub async fn next_due_at_tracks_claimable_rows(store: Arc<dyn Store>) {
     )
     .await
     .expect("schedule");
-    assert_eq!(s.next_due_at().await.expect("next"), Some(at(T0.as_millis() + 100)));
+    assert_eq!(
+        s.next_due_at().await.expect("next"),
+        Some(at(T0.as_millis() + 100))
+    );
     let now = at(T0.as_millis() + 100);
-    s.claim_due(now, 1, &lease("i1", T0.as_millis() + 10_000)).await.expect("claim");
+    s.claim_due(now, 1, &lease("i1", T0.as_millis() + 10_000))
+        .await
+        .expect("claim");
     assert_eq!(
         s.next_due_at().await.expect("next"),
         Some(at(T0.as_millis() + 200)),
         "a leased row counts from its lease expiry"
     );
-    s.cancel(&TimerKey::new("t", "c"), now).await.expect("cancel");
-    assert_eq!(s.next_due_at().await.expect("next"), Some(at(T0.as_millis() + 300)));
-    s.cancel(&TimerKey::new("t", "a"), now).await.expect("cancel");
-    assert_eq!(s.next_due_at().await.expect("next"), Some(at(T0.as_millis() + 10_000)));
+    s.cancel(&TimerKey::new("t", "c"), now)
+        .await
+        .expect("cancel");
+    assert_eq!(
+        s.next_due_at().await.expect("next"),
+        Some(at(T0.as_millis() + 300))
+    );
+    s.cancel(&TimerKey::new("t", "a"), now)
+        .await
+        .expect("cancel");
+    assert_eq!(
+        s.next_due_at().await.expect("next"),
+        Some(at(T0.as_millis() + 10_000))
+    );
 }
 
 pub async fn cancel_outcomes(store: Arc<dyn Store>) {
     let s = store.as_ref();
     let key = TimerKey::new("t", "a");
-    assert_eq!(s.cancel(&key, T0).await.expect("cancel"), CancelOutcome::NotFound);
-    s.schedule(&[timer("t", "a", T0.as_millis())], T0).await.expect("schedule");
-    assert_eq!(s.cancel(&key, T0).await.expect("cancel"), CancelOutcome::Cancelled);
-    assert_eq!(s.cancel(&key, T0).await.expect("cancel"), CancelOutcome::AlreadyCancelled);
+    assert_eq!(
+        s.cancel(&key, T0).await.expect("cancel"),
+        CancelOutcome::NotFound
+    );
+    s.schedule(&[timer("t", "a", T0.as_millis())], T0)
+        .await
+        .expect("schedule");
+    assert_eq!(
+        s.cancel(&key, T0).await.expect("cancel"),
+        CancelOutcome::Cancelled
+    );
+    assert_eq!(
+        s.cancel(&key, T0).await.expect("cancel"),
+        CancelOutcome::AlreadyCancelled
+    );
     assert_eq!(state_of(s, "t", "a").await, TimerState::Cancelled);
     let later = at(T0.as_millis() + 1_000_000);
     assert!(
-        s.claim_due(later, 10, &lease("i1", later.as_millis())).await.expect("claim").is_empty(),
+        s.claim_due(later, 10, &lease("i1", later.as_millis()))
+            .await
+            .expect("claim")
+            .is_empty(),
         "a cancelled timer never fires"
     );
-    s.schedule(&[timer("t", "b", T0.as_millis())], T0).await.expect("schedule");
-    let claimed = s.claim_due(T0, 10, &lease("i1", T0.as_millis() + 1_000)).await.expect("claim");
+    s.schedule(&[timer("t", "b", T0.as_millis())], T0)
+        .await
+        .expect("schedule");
+    let claimed = s
+        .claim_due(T0, 10, &lease("i1", T0.as_millis() + 1_000))
+        .await
+        .expect("claim");
     s.mark_reached(&claimed, "i1", T0).await.expect("mark");
-    assert_eq!(s.cancel(&TimerKey::new("t", "b"), T0).await.expect("cancel"), CancelOutcome::AlreadyReached);
+    assert_eq!(
+        s.cancel(&TimerKey::new("t", "b"), T0)
+            .await
+            .expect("cancel"),
+        CancelOutcome::AlreadyReached
+    );
     assert_eq!(s.pending().await.expect("pending"), 0);
 }
 
 pub async fn purge_removes_only_old_finished_rows(store: Arc<dyn Store>) {
     let s = store.as_ref();
-    let batch: Vec<NewTimer> = (0..6).map(|i| timer("t", &format!("p{i}"), T0.as_millis() + i)).collect();
+    let batch: Vec<NewTimer> = (0..6)
+        .map(|i| timer("t", &format!("p{i}"), T0.as_millis() + i))
+        .collect();
     s.schedule(&batch, T0).await.expect("schedule");
     // p0..p2 reached at T0, p3 cancelled at T0, p4 reached much later, p5 stays scheduled.
-    let claimed = s.claim_due(at(T0.as_millis() + 2), 3, &lease("i1", T0.as_millis() + 1_000)).await.expect("claim");
+    let claimed = s
+        .claim_due(
+            at(T0.as_millis() + 2),
+            3,
+            &lease("i1", T0.as_millis() + 1_000),
+        )
+        .await
+        .expect("claim");
     assert_eq!(ids(&claimed), ["p0", "p1", "p2"]);
     s.mark_reached(&claimed, "i1", T0).await.expect("mark");
-    s.cancel(&TimerKey::new("t", "p3"), T0).await.expect("cancel");
+    s.cancel(&TimerKey::new("t", "p3"), T0)
+        .await
+        .expect("cancel");
     let late = at(T0.as_millis() + 100_000);
-    let p4 = s.claim_due(late, 1, &lease("i1", late.as_millis() + 1_000)).await.expect("claim");
+    let p4 = s
+        .claim_due(late, 1, &lease("i1", late.as_millis() + 1_000))
+        .await
+        .expect("claim");
     assert_eq!(ids(&p4), ["p4"]);
     s.mark_reached(&p4, "i1", late).await.expect("mark");
 
     let cutoff = at(T0.as_millis() + 1);
-    assert_eq!(s.purge(cutoff, 2).await.expect("purge"), 2, "purge respects its limit");
+    assert_eq!(
+        s.purge(cutoff, 2).await.expect("purge"),
+        2,
+        "purge respects its limit"
+    );
     assert_eq!(s.purge(cutoff, 100).await.expect("purge"), 2);
     assert_eq!(s.purge(cutoff, 100).await.expect("purge"), 0);
     for id in ["p0", "p1", "p2", "p3"] {
-        assert!(s.get(&TimerKey::new("t", id)).await.expect("get").is_none(), "{id} purged");
+        assert!(
+            s.get(&TimerKey::new("t", id)).await.expect("get").is_none(),
+            "{id} purged"
+        );
     }
-    assert_eq!(state_of(s, "t", "p4").await, TimerState::Reached, "recent rows stay");
-    assert_eq!(state_of(s, "t", "p5").await, TimerState::Scheduled, "scheduled rows stay");
+    assert_eq!(
+        state_of(s, "t", "p4").await,
+        TimerState::Reached,
+        "recent rows stay"
+    );
+    assert_eq!(
+        state_of(s, "t", "p5").await,
+        TimerState::Scheduled,
+        "scheduled rows stay"
+    );
 }
 
 pub async fn millisecond_precision_across_offsets(store: Arc<dyn Store>) {
@@ -391,11 +665,26 @@ pub async fn millisecond_precision_across_offsets(store: Arc<dyn Store>) {
     let limits = Limits::default();
     // The same instant written in three offsets, and its neighbours one millisecond apart.
     let commands = [
-        (r#"{"tenantId":"t","serviceCallId":"utc","dueAt":"2027-03-01T12:00:00.500Z"}"#, 0),
-        (r#"{"tenantId":"t","serviceCallId":"plus","dueAt":"2027-03-01T13:30:00.500+01:30"}"#, 0),
-        (r#"{"tenantId":"t","serviceCallId":"minus","dueAt":"2027-03-01T07:00:00.500-05:00"}"#, 0),
-        (r#"{"tenantId":"t","serviceCallId":"next","dueAt":"2027-03-01T12:00:00.501Z"}"#, 1),
-        (r#"{"tenantId":"t","serviceCallId":"prev","dueAt":"2027-03-01T12:00:00.499Z"}"#, -1),
+        (
+            r#"{"tenantId":"t","serviceCallId":"utc","dueAt":"2027-03-01T12:00:00.500Z"}"#,
+            0,
+        ),
+        (
+            r#"{"tenantId":"t","serviceCallId":"plus","dueAt":"2027-03-01T13:30:00.500+01:30"}"#,
+            0,
+        ),
+        (
+            r#"{"tenantId":"t","serviceCallId":"minus","dueAt":"2027-03-01T07:00:00.500-05:00"}"#,
+            0,
+        ),
+        (
+            r#"{"tenantId":"t","serviceCallId":"next","dueAt":"2027-03-01T12:00:00.501Z"}"#,
+            1,
+        ),
+        (
+            r#"{"tenantId":"t","serviceCallId":"prev","dueAt":"2027-03-01T12:00:00.499Z"}"#,
+            -1,
+        ),
     ];
     let base = chrono::DateTime::parse_from_rfc3339("2027-03-01T12:00:00.500Z")
         .expect("valid")
@@ -407,17 +696,44 @@ pub async fn millisecond_precision_across_offsets(store: Arc<dyn Store>) {
         batch.push(t);
     }
     s.schedule(&batch, T0).await.expect("schedule");
-    for (id, delta) in [("utc", 0), ("plus", 0), ("minus", 0), ("next", 1), ("prev", -1)] {
-        let got = s.get(&TimerKey::new("t", id)).await.expect("get").expect("row");
-        assert_eq!(got.due_at.as_millis(), base + delta, "{id} stored to the millisecond");
+    for (id, delta) in [
+        ("utc", 0),
+        ("plus", 0),
+        ("minus", 0),
+        ("next", 1),
+        ("prev", -1),
+    ] {
+        let got = s
+            .get(&TimerKey::new("t", id))
+            .await
+            .expect("get")
+            .expect("row");
+        assert_eq!(
+            got.due_at.as_millis(),
+            base + delta,
+            "{id} stored to the millisecond"
+        );
     }
     let l = lease("i1", base + 60_000);
-    assert_eq!(ids(&s.claim_due(at(base - 2), 10, &l).await.expect("claim")), Vec::<String>::new());
-    assert_eq!(ids(&s.claim_due(at(base - 1), 10, &l).await.expect("claim")), ["prev"]);
+    assert_eq!(
+        ids(&s.claim_due(at(base - 2), 10, &l).await.expect("claim")),
+        Vec::<String>::new()
+    );
+    assert_eq!(
+        ids(&s.claim_due(at(base - 1), 10, &l).await.expect("claim")),
+        ["prev"]
+    );
     let mut same = ids(&s.claim_due(at(base), 10, &l).await.expect("claim"));
     same.sort();
-    assert_eq!(same, ["minus", "plus", "utc"], "due exactly at now is due (inclusive)");
-    assert_eq!(ids(&s.claim_due(at(base + 1), 10, &l).await.expect("claim")), ["next"]);
+    assert_eq!(
+        same,
+        ["minus", "plus", "utc"],
+        "due exactly at now is due (inclusive)"
+    );
+    assert_eq!(
+        ids(&s.claim_due(at(base + 1), 10, &l).await.expect("claim")),
+        ["next"]
+    );
 }
 
 pub async fn payload_and_correlation_round_trip(store: Arc<dyn Store>) {
@@ -429,11 +745,16 @@ pub async fn payload_and_correlation_round_trip(store: Arc<dyn Store>) {
         correlation_id: Some("corr-1".into()),
         payload: Some(payload.into()),
     };
-    s.schedule(std::slice::from_ref(&t), T0).await.expect("schedule");
+    s.schedule(std::slice::from_ref(&t), T0)
+        .await
+        .expect("schedule");
     let got = s.get(&t.key).await.expect("get").expect("row");
     assert_eq!(got.payload.as_deref(), Some(payload));
     assert_eq!(got.correlation_id.as_deref(), Some("corr-1"));
-    let claimed = s.claim_due(T0, 1, &lease("i1", T0.as_millis() + 1_000)).await.expect("claim");
+    let claimed = s
+        .claim_due(T0, 1, &lease("i1", T0.as_millis() + 1_000))
+        .await
+        .expect("claim");
     assert_eq!(claimed.len(), 1);
     assert_eq!(claimed[0].key, t.key);
     assert_eq!(claimed[0].payload.as_deref(), Some(payload));
@@ -445,7 +766,13 @@ pub async fn batch_of_10k(store: Arc<dyn Store>) {
     const N: usize = 10_000;
     let s = store.as_ref();
     let batch: Vec<NewTimer> = (0..N)
-        .map(|i| timer(&format!("tenant{}", i % 7), &format!("b{i:05}"), T0.as_millis() + (i % 1000) as i64))
+        .map(|i| {
+            timer(
+                &format!("tenant{}", i % 7),
+                &format!("b{i:05}"),
+                T0.as_millis() + (i % 1000) as i64,
+            )
+        })
         .collect();
     let out = tokio::time::timeout(Duration::from_secs(120), s.schedule(&batch, T0))
         .await
@@ -457,11 +784,17 @@ pub async fn batch_of_10k(store: Arc<dyn Store>) {
     let now = at(T0.as_millis() + 1_000);
     let mut seen = HashSet::new();
     loop {
-        let got = s.claim_due(now, 1_000, &lease("i1", now.as_millis() + 60_000)).await.expect("claim");
+        let got = s
+            .claim_due(now, 1_000, &lease("i1", now.as_millis() + 60_000))
+            .await
+            .expect("claim");
         if got.is_empty() {
             break;
         }
-        assert_eq!(s.mark_reached(&got, "i1", now).await.expect("mark"), got.len() as u64);
+        assert_eq!(
+            s.mark_reached(&got, "i1", now).await.expect("mark"),
+            got.len() as u64
+        );
         for c in got {
             assert!(seen.insert(c.key), "claimed twice");
         }

@@ -32,7 +32,9 @@ fn main() {
             trials.push(
                 Trial::test(name, move || {
                     if let Some(why) = missing {
-                        return Err(format!("server required (TIMER_TEST_REQUIRE=1) but {why}").into());
+                        return Err(
+                            format!("server required (TIMER_TEST_REQUIRE=1) but {why}").into()
+                        );
                     }
                     runtime()?.block_on(async {
                         let fresh = factory.fresh().await.map_err(|e| Failed::from(e.chain()))?;
@@ -56,7 +58,9 @@ fn main() {
             trials.push(
                 Trial::test(name, move || {
                     if let Some(why) = missing {
-                        return Err(format!("server required (TIMER_TEST_REQUIRE=1) but {why}").into());
+                        return Err(
+                            format!("server required (TIMER_TEST_REQUIRE=1) but {why}").into()
+                        );
                     }
                     runtime()?.block_on(async {
                         let fixture = factory.fresh().await.map_err(|e| Failed::from(e.chain()))?;
@@ -74,7 +78,9 @@ fn main() {
 fn announce(suite: &str, plugin: &str, missing: &Option<String>) {
     if let Some(why) = missing {
         if require_servers() {
-            eprintln!("conformance::{suite}::{plugin}: {why}; TIMER_TEST_REQUIRE=1, so its trials fail");
+            eprintln!(
+                "conformance::{suite}::{plugin}: {why}; TIMER_TEST_REQUIRE=1, so its trials fail"
+            );
         } else {
             eprintln!("conformance::{suite}::{plugin}: ignored: {why}");
         }

@@ -43,21 +43,51 @@ struct Rig {
     task: tokio::task::JoinHandle<()>,
 }
 
-fn start(store: Arc<dyn Store>, broker: Arc<dyn Broker>, hub: MemoryHub, clock: Arc<ManualClock>, config: EngineConfig) -> Rig {
-    let engine = Engine::new(store.clone(), broker, clock.clone(), config, Limits::default());
+fn start(
+    store: Arc<dyn Store>,
+    broker: Arc<dyn Broker>,
+    hub: MemoryHub,
+    clock: Arc<ManualClock>,
+    config: EngineConfig,
+) -> Rig {
+    let engine = Engine::new(
+        store.clone(),
+        broker,
+        clock.clone(),
+        config,
+        Limits::default(),
+    );
     let shutdown = CancellationToken::new();
     let task = engine.start(shutdown.clone());
-    Rig { clock, store, hub, engine, shutdown, task }
+    Rig {
+        clock,
+        store,
+        hub,
+        engine,
+        shutdown,
+        task,
+    }
 }
 
 fn rig() -> Rig {
     let hub = MemoryHub::new(MemoryConfig::default());
     let broker: Arc<dyn Broker> = Arc::new(hub.connect());
-    start(Arc::new(MemoryStore::new()), broker, hub, Arc::new(ManualClock::new(T0)), config())
+    start(
+        Arc::new(MemoryStore::new()),
+        broker,
+        hub,
+        Arc::new(ManualClock::new(T0)),
+        config(),
+    )
 }
 
 fn timer(id: &str, due: Timestamp) -> NewTimer {
-    NewTimer { key: TimerKey::new("t", id), due_at: due, correlation_id: None, payload: None }
+    NewTimer {
+        key: TimerKey::new("t", id),
+        due_at: due,
+        correlation_id: None,
+        payload: None,
+    }
 }
 
 fn ms(n: u64) -> Duration {
@@ -65,33 +95,51 @@ fn ms(n: u64) -> Duration {
 }
 
 async fn events(hub: &MemoryHub, n: usize) -> Option<Vec<timer_brokers::memory::PublishedEvent>> {
-    wait_for(WAIT, || async { hub.events().ok().filter(|e| e.len() >= n) }).await
+    wait_for(WAIT, || async {
+        hub.events().ok().filter(|e| e.len() >= n)
+    })
+    .await
 }
 
 async fn no_events_for_a_while(hub: &MemoryHub) {
-    let fired = wait_for(QUIET, || async { hub.events().ok().filter(|e| !e.is_empty()) }).await;
+    let fired = wait_for(QUIET, || async {
+        hub.events().ok().filter(|e| !e.is_empty())
+    })
+    .await;
     assert!(fired.is_none(), "fired too early: {fired:?}");
 }
 
 async fn timer_where(store: &Arc<dyn Store>, id: &str, pred: impl Fn(&Timer) -> bool) -> Timer {
     let key = TimerKey::new("t", id);
-    wait_for(WAIT, || async { store.get(&key).await.ok().flatten().filter(|t| pred(t)) })
-        .await
-        .unwrap_or_else(|| panic!("timer {id} never reached the expected state"))
+    wait_for(WAIT, || async {
+        store.get(&key).await.ok().flatten().filter(|t| pred(t))
+    })
+    .await
+    .unwrap_or_else(|| panic!("timer {id} never reached the expected state"))
 }
 
 #[tokio::test]
 async fn timer_due_in_50ms_fires_without_waiting_for_the_poll_interval() {
     let r = rig();
-    let out = r.engine.schedule(&[timer("soon", T0.saturating_add(ms(50)))]).await.expect("schedule");
+    let out = r
+        .engine
+        .schedule(&[timer("soon", T0.saturating_add(ms(50)))])
+        .await
+        .expect("schedule");
     assert_eq!(out, vec![ScheduleOutcome::Created]);
     r.clock.advance(ms(49));
     no_events_for_a_while(&r.hub).await;
     r.clock.advance(ms(1));
-    let fired = events(&r.hub, 1).await.expect("fired at its due time, long before the 1 h poll");
+    let fired = events(&r.hub, 1)
+        .await
+        .expect("fired at its due time, long before the 1 h poll");
     let envelope: serde_json::Value = serde_json::from_slice(&fired[0].body).expect("json");
     assert_eq!(envelope["aggregateId"], "soon");
-    assert_eq!(envelope["timestampMs"], T0.as_millis() + 50, "fired at due time exactly");
+    assert_eq!(
+        envelope["timestampMs"],
+        T0.as_millis() + 50,
+        "fired at due time exactly"
+    );
     let t = timer_where(&r.store, "soon", |t| t.state == TimerState::Reached).await;
     assert_eq!(t.reached_at, Some(T0.saturating_add(ms(50))));
 }
@@ -99,11 +147,20 @@ async fn timer_due_in_50ms_fires_without_waiting_for_the_poll_interval() {
 #[tokio::test]
 async fn a_sooner_timer_wakes_the_sleeping_firing_task() {
     let r = rig();
-    r.engine.schedule(&[timer("late", T0.saturating_add(Duration::from_secs(600)))]).await.expect("schedule");
+    r.engine
+        .schedule(&[timer("late", T0.saturating_add(Duration::from_secs(600)))])
+        .await
+        .expect("schedule");
     // Let the firing task go to sleep until the late timer; then a sooner one must wake it.
-    let planned = wait_for(WAIT, || async { r.store.next_due_at().await.ok().flatten() }).await;
+    let planned = wait_for(WAIT, || async {
+        r.store.next_due_at().await.ok().flatten()
+    })
+    .await;
     assert!(planned.is_some());
-    r.engine.schedule(&[timer("early", T0.saturating_add(ms(20)))]).await.expect("schedule");
+    r.engine
+        .schedule(&[timer("early", T0.saturating_add(ms(20)))])
+        .await
+        .expect("schedule");
     r.clock.advance(ms(20));
     let fired = events(&r.hub, 1).await.expect("the sooner timer fired");
     assert_eq!(fired[0].key.service_call_id, "early");
@@ -113,10 +170,22 @@ async fn a_sooner_timer_wakes_the_sleeping_firing_task() {
 #[tokio::test]
 async fn past_due_timers_fire_at_once_in_due_order() {
     let r = rig();
-    let batch: Vec<NewTimer> = (0..5).map(|i| timer(&format!("p{i}"), Timestamp::from_millis(T0.as_millis() - 1000 + i))).collect();
+    let batch: Vec<NewTimer> = (0..5)
+        .map(|i| {
+            timer(
+                &format!("p{i}"),
+                Timestamp::from_millis(T0.as_millis() - 1000 + i),
+            )
+        })
+        .collect();
     r.engine.schedule(&batch).await.expect("schedule");
-    let fired = events(&r.hub, 5).await.expect("all past-due timers fired without moving the clock");
-    let order: Vec<&str> = fired.iter().map(|e| e.key.service_call_id.as_str()).collect();
+    let fired = events(&r.hub, 5)
+        .await
+        .expect("all past-due timers fired without moving the clock");
+    let order: Vec<&str> = fired
+        .iter()
+        .map(|e| e.key.service_call_id.as_str())
+        .collect();
     assert_eq!(order, ["p0", "p1", "p2", "p3", "p4"]);
 }
 
@@ -128,17 +197,50 @@ struct MarkHangs {
 
 #[async_trait]
 impl Store for MarkHangs {
-    fn name(&self) -> &'static str { "mark-hangs" }
-    async fn schedule(&self, t: &[NewTimer], now: Timestamp) -> Result<Vec<ScheduleOutcome>> { self.inner.schedule(t, now).await }
-    async fn claim_due(&self, now: Timestamp, limit: usize, lease: &Lease) -> Result<Vec<ClaimedTimer>> { self.inner.claim_due(now, limit, lease).await }
-    async fn mark_reached(&self, _: &[ClaimedTimer], _: &str, _: Timestamp) -> Result<u64> { std::future::pending().await }
-    async fn release(&self, t: &[ClaimedTimer], o: &str, at: Timestamp, e: Option<&str>) -> Result<()> { self.inner.release(t, o, at, e).await }
-    async fn next_due_at(&self) -> Result<Option<Timestamp>> { self.inner.next_due_at().await }
-    async fn get(&self, key: &TimerKey) -> Result<Option<Timer>> { self.inner.get(key).await }
-    async fn cancel(&self, key: &TimerKey, now: Timestamp) -> Result<CancelOutcome> { self.inner.cancel(key, now).await }
-    async fn purge(&self, older_than: Timestamp, limit: usize) -> Result<u64> { self.inner.purge(older_than, limit).await }
-    async fn pending(&self) -> Result<u64> { self.inner.pending().await }
-    async fn health(&self) -> Result<()> { self.inner.health().await }
+    fn name(&self) -> &'static str {
+        "mark-hangs"
+    }
+    async fn schedule(&self, t: &[NewTimer], now: Timestamp) -> Result<Vec<ScheduleOutcome>> {
+        self.inner.schedule(t, now).await
+    }
+    async fn claim_due(
+        &self,
+        now: Timestamp,
+        limit: usize,
+        lease: &Lease,
+    ) -> Result<Vec<ClaimedTimer>> {
+        self.inner.claim_due(now, limit, lease).await
+    }
+    async fn mark_reached(&self, _: &[ClaimedTimer], _: &str, _: Timestamp) -> Result<u64> {
+        std::future::pending().await
+    }
+    async fn release(
+        &self,
+        t: &[ClaimedTimer],
+        o: &str,
+        at: Timestamp,
+        e: Option<&str>,
+    ) -> Result<()> {
+        self.inner.release(t, o, at, e).await
+    }
+    async fn next_due_at(&self) -> Result<Option<Timestamp>> {
+        self.inner.next_due_at().await
+    }
+    async fn get(&self, key: &TimerKey) -> Result<Option<Timer>> {
+        self.inner.get(key).await
+    }
+    async fn cancel(&self, key: &TimerKey, now: Timestamp) -> Result<CancelOutcome> {
+        self.inner.cancel(key, now).await
+    }
+    async fn purge(&self, older_than: Timestamp, limit: usize) -> Result<u64> {
+        self.inner.purge(older_than, limit).await
+    }
+    async fn pending(&self) -> Result<u64> {
+        self.inner.pending().await
+    }
+    async fn health(&self) -> Result<()> {
+        self.inner.health().await
+    }
 }
 
 #[tokio::test]
@@ -147,35 +249,63 @@ async fn crash_between_publish_and_mark_gives_a_duplicate_not_a_loss() {
     let hub = MemoryHub::new(MemoryConfig::default());
     let clock = Arc::new(ManualClock::new(T0));
     let first = start(
-        Arc::new(MarkHangs { inner: durable.clone() }),
+        Arc::new(MarkHangs {
+            inner: durable.clone(),
+        }),
         Arc::new(hub.connect()),
         hub.clone(),
         clock.clone(),
         config(),
     );
-    first.engine.schedule(&[timer("dup", T0)]).await.expect("schedule");
+    first
+        .engine
+        .schedule(&[timer("dup", T0)])
+        .await
+        .expect("schedule");
     events(&hub, 1).await.expect("published once");
     first.task.abort(); // the crash: published, never marked
     let _ = first.task.await;
-    assert_eq!(durable.get(&TimerKey::new("t", "dup")).await.expect("get").expect("row").state, TimerState::Scheduled);
+    assert_eq!(
+        durable
+            .get(&TimerKey::new("t", "dup"))
+            .await
+            .expect("get")
+            .expect("row")
+            .state,
+        TimerState::Scheduled
+    );
 
     let second = start(
         durable.clone(),
         Arc::new(hub.connect()),
         hub.clone(),
         clock.clone(),
-        EngineConfig { instance_id: "engine-b".into(), ..config() },
+        EngineConfig {
+            instance_id: "engine-b".into(),
+            ..config()
+        },
     );
     // Nothing happens while the dead instance's lease lives...
     clock.advance(Duration::from_secs(9));
-    let early = wait_for(QUIET, || async { hub.events().ok().filter(|e| e.len() > 1) }).await;
-    assert!(early.is_none(), "fired again while the lease lived: {early:?}");
+    let early = wait_for(QUIET, || async {
+        hub.events().ok().filter(|e| e.len() > 1)
+    })
+    .await;
+    assert!(
+        early.is_none(),
+        "fired again while the lease lived: {early:?}"
+    );
     // ...and the timer fires again once it expired.
     clock.advance(Duration::from_secs(1));
-    let fired = events(&hub, 2).await.expect("fired again after the lease expired");
+    let fired = events(&hub, 2)
+        .await
+        .expect("fired again after the lease expired");
     assert_eq!(fired.len(), 2);
     assert_eq!(fired[0].key, fired[1].key);
-    assert_ne!(fired[0].id, fired[1].id, "each publish has its own envelope id");
+    assert_ne!(
+        fired[0].id, fired[1].id,
+        "each publish has its own envelope id"
+    );
     let t = timer_where(&durable, "dup", |t| t.state == TimerState::Reached).await;
     assert_eq!(t.lease_owner.as_deref(), Some("engine-b"));
     second.shutdown.cancel();
@@ -189,38 +319,79 @@ struct FlakyBroker {
 
 #[async_trait]
 impl Broker for FlakyBroker {
-    fn name(&self) -> &'static str { "flaky" }
-    async fn receive(&self, max: usize, wait: Duration) -> Result<Vec<Delivery>> { self.inner.receive(max, wait).await }
-    async fn ack(&self, tags: &[u64]) -> Result<()> { self.inner.ack(tags).await }
+    fn name(&self) -> &'static str {
+        "flaky"
+    }
+    async fn receive(&self, max: usize, wait: Duration) -> Result<Vec<Delivery>> {
+        self.inner.receive(max, wait).await
+    }
+    async fn ack(&self, tags: &[u64]) -> Result<()> {
+        self.inner.ack(tags).await
+    }
     async fn publish(&self, events: &[OutboundEvent]) -> Result<()> {
-        if self.failures.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok() {
+        if self
+            .failures
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+        {
             return Err(Error::unavailable("injected publish failure"));
         }
         self.inner.publish(events).await
     }
-    async fn dead_letter(&self, body: &[u8], reason: &str) -> Result<()> { self.inner.dead_letter(body, reason).await }
-    async fn health(&self) -> Result<()> { self.inner.health().await }
+    async fn dead_letter(&self, body: &[u8], reason: &str) -> Result<()> {
+        self.inner.dead_letter(body, reason).await
+    }
+    async fn health(&self) -> Result<()> {
+        self.inner.health().await
+    }
 }
 
 #[tokio::test]
 async fn failed_publish_is_retried_with_exponential_backoff() {
     let hub = MemoryHub::new(MemoryConfig::default());
-    let broker = Arc::new(FlakyBroker { inner: hub.connect(), failures: AtomicU32::new(2) });
-    let r = start(Arc::new(MemoryStore::new()), broker, hub.clone(), Arc::new(ManualClock::new(T0)), config());
-    r.engine.schedule(&[timer("retry", T0)]).await.expect("schedule");
+    let broker = Arc::new(FlakyBroker {
+        inner: hub.connect(),
+        failures: AtomicU32::new(2),
+    });
+    let r = start(
+        Arc::new(MemoryStore::new()),
+        broker,
+        hub.clone(),
+        Arc::new(ManualClock::new(T0)),
+        config(),
+    );
+    r.engine
+        .schedule(&[timer("retry", T0)])
+        .await
+        .expect("schedule");
 
     let t = timer_where(&r.store, "retry", |t| t.attempts == 1).await;
     assert_eq!(t.state, TimerState::Scheduled);
-    assert!(t.last_error.as_deref().is_some_and(|e| e.contains("injected publish failure")), "{t:?}");
-    assert_eq!(t.available_at, T0.saturating_add(Duration::from_secs(1)), "first retry after retry_base");
+    assert!(
+        t.last_error
+            .as_deref()
+            .is_some_and(|e| e.contains("injected publish failure")),
+        "{t:?}"
+    );
+    assert_eq!(
+        t.available_at,
+        T0.saturating_add(Duration::from_secs(1)),
+        "first retry after retry_base"
+    );
 
     r.clock.advance(Duration::from_secs(1));
     let t = timer_where(&r.store, "retry", |t| t.attempts == 2).await;
-    assert_eq!(t.available_at, T0.saturating_add(Duration::from_secs(3)), "second retry after 2 x retry_base");
+    assert_eq!(
+        t.available_at,
+        T0.saturating_add(Duration::from_secs(3)),
+        "second retry after 2 x retry_base"
+    );
     r.clock.advance(ms(1999));
     no_events_for_a_while(&hub).await;
     r.clock.advance(ms(1));
-    events(&hub, 1).await.expect("published on the third attempt");
+    events(&hub, 1)
+        .await
+        .expect("published on the third attempt");
     let t = timer_where(&r.store, "retry", |t| t.state == TimerState::Reached).await;
     assert_eq!(t.attempts, 2, "attempts stay visible after success");
 }
@@ -232,46 +403,109 @@ struct StuckBroker {
 
 #[async_trait]
 impl Broker for StuckBroker {
-    fn name(&self) -> &'static str { "stuck" }
-    async fn receive(&self, max: usize, wait: Duration) -> Result<Vec<Delivery>> { self.inner.receive(max, wait).await }
-    async fn ack(&self, tags: &[u64]) -> Result<()> { self.inner.ack(tags).await }
-    async fn publish(&self, _: &[OutboundEvent]) -> Result<()> { std::future::pending().await }
-    async fn dead_letter(&self, body: &[u8], reason: &str) -> Result<()> { self.inner.dead_letter(body, reason).await }
-    async fn health(&self) -> Result<()> { self.inner.health().await }
+    fn name(&self) -> &'static str {
+        "stuck"
+    }
+    async fn receive(&self, max: usize, wait: Duration) -> Result<Vec<Delivery>> {
+        self.inner.receive(max, wait).await
+    }
+    async fn ack(&self, tags: &[u64]) -> Result<()> {
+        self.inner.ack(tags).await
+    }
+    async fn publish(&self, _: &[OutboundEvent]) -> Result<()> {
+        std::future::pending().await
+    }
+    async fn dead_letter(&self, body: &[u8], reason: &str) -> Result<()> {
+        self.inner.dead_letter(body, reason).await
+    }
+    async fn health(&self) -> Result<()> {
+        self.inner.health().await
+    }
 }
 
 #[tokio::test]
 async fn shutdown_releases_claims() {
     let hub = MemoryHub::new(MemoryConfig::default());
-    let r = start(Arc::new(MemoryStore::new()), Arc::new(StuckBroker { inner: hub.connect() }), hub, Arc::new(ManualClock::new(T0)), config());
-    r.engine.schedule(&[timer("held", T0)]).await.expect("schedule");
-    timer_where(&r.store, "held", |t| t.lease_owner.as_deref() == Some("engine-a")).await;
+    let r = start(
+        Arc::new(MemoryStore::new()),
+        Arc::new(StuckBroker {
+            inner: hub.connect(),
+        }),
+        hub,
+        Arc::new(ManualClock::new(T0)),
+        config(),
+    );
+    r.engine
+        .schedule(&[timer("held", T0)])
+        .await
+        .expect("schedule");
+    timer_where(&r.store, "held", |t| {
+        t.lease_owner.as_deref() == Some("engine-a")
+    })
+    .await;
     r.shutdown.cancel();
-    tokio::time::timeout(WAIT, r.task).await.expect("engine stops within the grace period").expect("no panic");
-    let t = r.store.get(&TimerKey::new("t", "held")).await.expect("get").expect("row");
+    tokio::time::timeout(WAIT, r.task)
+        .await
+        .expect("engine stops within the grace period")
+        .expect("no panic");
+    let t = r
+        .store
+        .get(&TimerKey::new("t", "held"))
+        .await
+        .expect("get")
+        .expect("row");
     assert_eq!(t.lease_owner, None, "claim released");
     assert_eq!(t.attempts, 0, "a shutdown is not a failed attempt");
-    let lease = Lease { owner: "engine-b".into(), until: T0.saturating_add(Duration::from_secs(10)) };
+    let lease = Lease {
+        owner: "engine-b".into(),
+        until: T0.saturating_add(Duration::from_secs(10)),
+    };
     let claimed = r.store.claim_due(T0, 10, &lease).await.expect("claim");
-    assert_eq!(claimed.len(), 1, "another instance can fire it at once, without waiting for the lease");
+    assert_eq!(
+        claimed.len(),
+        1,
+        "another instance can fire it at once, without waiting for the lease"
+    );
 }
 
 #[tokio::test]
 async fn ingest_stores_valid_commands_and_dead_letters_bad_ones() {
     let r = rig();
-    let good = |id: &str| format!(r#"{{"tenantId":"t","serviceCallId":"{id}","dueTimeMs":{}}}"#, T0.as_millis() + 60_000);
+    let good = |id: &str| {
+        format!(
+            r#"{{"tenantId":"t","serviceCallId":"{id}","dueTimeMs":{}}}"#,
+            T0.as_millis() + 60_000
+        )
+    };
     r.hub.send_command(good("g1")).expect("send");
     r.hub.send_command("{not json").expect("send");
-    r.hub.send_command(r#"{"tenantId":"t","dueTimeMs":1}"#).expect("send");
-    r.hub.send_command(format!(r#"{{"tenantId":"t","serviceCallId":"{}","dueTimeMs":1}}"#, "x".repeat(500))).expect("send");
-    r.hub.send_command(r#"{"tenantId":"t\u0001","serviceCallId":"c","dueTimeMs":1}"#).expect("send");
-    r.hub.send_command(r#"{"tenantId":"t","serviceCallId":"c","dueAt":"next tuesday"}"#).expect("send");
-    r.hub.send_command(r#"{"type":"Explode","tenantId":"t"}"#).expect("send");
+    r.hub
+        .send_command(r#"{"tenantId":"t","dueTimeMs":1}"#)
+        .expect("send");
+    r.hub
+        .send_command(format!(
+            r#"{{"tenantId":"t","serviceCallId":"{}","dueTimeMs":1}}"#,
+            "x".repeat(500)
+        ))
+        .expect("send");
+    r.hub
+        .send_command(r#"{"tenantId":"t\u0001","serviceCallId":"c","dueTimeMs":1}"#)
+        .expect("send");
+    r.hub
+        .send_command(r#"{"tenantId":"t","serviceCallId":"c","dueAt":"next tuesday"}"#)
+        .expect("send");
+    r.hub
+        .send_command(r#"{"type":"Explode","tenantId":"t"}"#)
+        .expect("send");
     r.hub.send_command(good("g2")).expect("send");
 
     timer_where(&r.store, "g2", |t| t.state == TimerState::Scheduled).await;
     timer_where(&r.store, "g1", |t| t.state == TimerState::Scheduled).await;
-    let letters = wait_for(WAIT, || async { r.hub.dead_letters().ok().filter(|d| d.len() >= 6) }).await.expect("6 dead letters");
+    let letters = wait_for(WAIT, || async {
+        r.hub.dead_letters().ok().filter(|d| d.len() >= 6)
+    })
+    .await
+    .expect("6 dead letters");
     let reasons: Vec<&str> = letters.iter().map(|d| d.reason.as_str()).collect();
     for (expected, body_part) in [
         ("invalid_json", "{not json"),
@@ -282,12 +516,20 @@ async fn ingest_stores_valid_commands_and_dead_letters_bad_ones() {
         ("type (unknown_type)", "Explode"),
     ] {
         assert!(
-            letters.iter().any(|d| d.reason.starts_with(expected) && d.body.contains(body_part)),
+            letters
+                .iter()
+                .any(|d| d.reason.starts_with(expected) && d.body.contains(body_part)),
             "a dead letter {expected:?} for {body_part:?} in {reasons:?}"
         );
     }
-    let acked = wait_for(WAIT, || async { (r.hub.unacknowledged().ok()? == 0).then_some(()) }).await;
-    assert!(acked.is_some(), "every command acknowledged, good or bad: the stream keeps flowing");
+    let acked = wait_for(WAIT, || async {
+        (r.hub.unacknowledged().ok()? == 0).then_some(())
+    })
+    .await;
+    assert!(
+        acked.is_some(),
+        "every command acknowledged, good or bad: the stream keeps flowing"
+    );
 }
 
 /// A store whose first `failures` schedule calls fail, as an unreachable database would.
@@ -298,34 +540,87 @@ struct SchedulesFail {
 
 #[async_trait]
 impl Store for SchedulesFail {
-    fn name(&self) -> &'static str { "schedules-fail" }
+    fn name(&self) -> &'static str {
+        "schedules-fail"
+    }
     async fn schedule(&self, t: &[NewTimer], now: Timestamp) -> Result<Vec<ScheduleOutcome>> {
-        if self.failures.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok() {
+        if self
+            .failures
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+        {
             return Err(Error::unavailable("injected store outage"));
         }
         self.inner.schedule(t, now).await
     }
-    async fn claim_due(&self, now: Timestamp, limit: usize, lease: &Lease) -> Result<Vec<ClaimedTimer>> { self.inner.claim_due(now, limit, lease).await }
-    async fn mark_reached(&self, t: &[ClaimedTimer], o: &str, at: Timestamp) -> Result<u64> { self.inner.mark_reached(t, o, at).await }
-    async fn release(&self, t: &[ClaimedTimer], o: &str, at: Timestamp, e: Option<&str>) -> Result<()> { self.inner.release(t, o, at, e).await }
-    async fn next_due_at(&self) -> Result<Option<Timestamp>> { self.inner.next_due_at().await }
-    async fn get(&self, key: &TimerKey) -> Result<Option<Timer>> { self.inner.get(key).await }
-    async fn cancel(&self, key: &TimerKey, now: Timestamp) -> Result<CancelOutcome> { self.inner.cancel(key, now).await }
-    async fn purge(&self, older_than: Timestamp, limit: usize) -> Result<u64> { self.inner.purge(older_than, limit).await }
-    async fn pending(&self) -> Result<u64> { self.inner.pending().await }
-    async fn health(&self) -> Result<()> { self.inner.health().await }
+    async fn claim_due(
+        &self,
+        now: Timestamp,
+        limit: usize,
+        lease: &Lease,
+    ) -> Result<Vec<ClaimedTimer>> {
+        self.inner.claim_due(now, limit, lease).await
+    }
+    async fn mark_reached(&self, t: &[ClaimedTimer], o: &str, at: Timestamp) -> Result<u64> {
+        self.inner.mark_reached(t, o, at).await
+    }
+    async fn release(
+        &self,
+        t: &[ClaimedTimer],
+        o: &str,
+        at: Timestamp,
+        e: Option<&str>,
+    ) -> Result<()> {
+        self.inner.release(t, o, at, e).await
+    }
+    async fn next_due_at(&self) -> Result<Option<Timestamp>> {
+        self.inner.next_due_at().await
+    }
+    async fn get(&self, key: &TimerKey) -> Result<Option<Timer>> {
+        self.inner.get(key).await
+    }
+    async fn cancel(&self, key: &TimerKey, now: Timestamp) -> Result<CancelOutcome> {
+        self.inner.cancel(key, now).await
+    }
+    async fn purge(&self, older_than: Timestamp, limit: usize) -> Result<u64> {
+        self.inner.purge(older_than, limit).await
+    }
+    async fn pending(&self) -> Result<u64> {
+        self.inner.pending().await
+    }
+    async fn health(&self) -> Result<()> {
+        self.inner.health().await
+    }
 }
 
 #[tokio::test]
 async fn commands_are_not_acknowledged_until_the_store_committed_them() {
     let hub = MemoryHub::new(MemoryConfig::default());
     let inner: Arc<dyn Store> = Arc::new(MemoryStore::new());
-    let store = Arc::new(SchedulesFail { inner: inner.clone(), failures: AtomicU32::new(2) });
-    let r = start(store, Arc::new(hub.connect()), hub.clone(), Arc::new(ManualClock::new(T0)), EngineConfig { retry_base: ms(20), ..config() });
-    hub.send_command(format!(r#"{{"tenantId":"t","serviceCallId":"kept","dueTimeMs":{}}}"#, T0.as_millis())).expect("send");
+    let store = Arc::new(SchedulesFail {
+        inner: inner.clone(),
+        failures: AtomicU32::new(2),
+    });
+    let r = start(
+        store,
+        Arc::new(hub.connect()),
+        hub.clone(),
+        Arc::new(ManualClock::new(T0)),
+        EngineConfig {
+            retry_base: ms(20),
+            ..config()
+        },
+    );
+    hub.send_command(format!(
+        r#"{{"tenantId":"t","serviceCallId":"kept","dueTimeMs":{}}}"#,
+        T0.as_millis()
+    ))
+    .expect("send");
     // While the store fails, the command stays unacknowledged; once it recovers, it is stored,
     // acknowledged and fired.
-    events(&hub, 1).await.expect("fired after the store recovered");
+    events(&hub, 1)
+        .await
+        .expect("fired after the store recovered");
     assert_eq!(hub.unacknowledged().expect("count"), 0);
     timer_where(&inner, "kept", |t| t.state == TimerState::Reached).await;
     r.shutdown.cancel();

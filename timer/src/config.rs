@@ -53,7 +53,7 @@ pub struct EngineConfig {
     /// How long shutdown waits for an in-flight publish before releasing its claims.
     #[serde(with = "duration")]
     pub shutdown_grace: Duration,
-    /// Name of this instance in leases; empty means `hostname-pid-random`.
+    /// Name of this instance in leases; empty means `<pid>-<8 random hex digits>`.
     pub instance_id: String,
 }
 

@@ -259,7 +259,9 @@ impl Engine {
                     match inner.broker.dead_letter(&delivery.body, &reason).await {
                         Ok(()) => acks.push(delivery.tag),
                         // Not acked: it comes back and is rejected again, never silently lost.
-                        Err(e) => error!(error = %e.chain(), "dead-lettering failed; the command will be redelivered"),
+                        Err(e) => {
+                            error!(error = %e.chain(), "dead-lettering failed; the command will be redelivered")
+                        }
                     }
                 }
             }
@@ -359,8 +361,15 @@ impl Engine {
                 self.release_with_backoff(&claimed, &message).await;
             }
             None => {
-                info!(timers = claimed.len(), "shutdown while publishing; releasing claims");
-                if let Err(e) = inner.store.release(&claimed, &inner.owner, inner.clock.now(), None).await {
+                info!(
+                    timers = claimed.len(),
+                    "shutdown while publishing; releasing claims"
+                );
+                if let Err(e) = inner
+                    .store
+                    .release(&claimed, &inner.owner, inner.clock.now(), None)
+                    .await
+                {
                     warn!(error = %e.chain(), "releasing claims at shutdown failed; they return when the lease expires");
                 }
             }
@@ -377,8 +386,10 @@ impl Engine {
         let inner = &self.inner;
         metrics::counter!(metric::TIMERS_FIRED).increment(claimed.len() as u64);
         for timer in claimed {
-            let late = reached_at.as_millis() - timer.due_at.as_millis();
-            metrics::histogram!(metric::FIRE_LATENESS).record(late.max(0) as f64 / 1000.0);
+            // A timer scheduled when already past due is late only from when it arrived.
+            let due = timer.due_at.max(timer.registered_at);
+            let late = reached_at.duration_since(due);
+            metrics::histogram!(metric::FIRE_LATENESS).record(late.as_secs_f64());
         }
         for (timer, event) in claimed.iter().zip(events) {
             // No receivers is fine: the stream is for whoever watches.
@@ -388,7 +399,11 @@ impl Engine {
             }));
         }
         let mut failures = 0u32;
-        while let Err(e) = inner.store.mark_reached(claimed, &inner.owner, reached_at).await {
+        while let Err(e) = inner
+            .store
+            .mark_reached(claimed, &inner.owner, reached_at)
+            .await
+        {
             failures += 1;
             // Unmarked rows fire again when the lease expires: a duplicate, not a loss.
             error!(error = %e.chain(), timers = claimed.len(), "marking fired timers failed; retrying");
@@ -406,9 +421,17 @@ impl Engine {
         attempts.sort_unstable();
         attempts.dedup();
         for n in attempts {
-            let group: Vec<ClaimedTimer> = claimed.iter().filter(|t| t.attempts == n).cloned().collect();
+            let group: Vec<ClaimedTimer> = claimed
+                .iter()
+                .filter(|t| t.attempts == n)
+                .cloned()
+                .collect();
             let retry_at = now.saturating_add(backoff(&inner.config, n + 1));
-            if let Err(e) = inner.store.release(&group, &inner.owner, retry_at, Some(error)).await {
+            if let Err(e) = inner
+                .store
+                .release(&group, &inner.owner, retry_at, Some(error))
+                .await
+            {
                 warn!(error = %e.chain(), "releasing timers failed; they return when the lease expires");
             }
         }

@@ -147,7 +147,10 @@ mod tests {
     fn chain_joins_sources_once() {
         let io = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "connection refused");
         let err = Error::unavailable("cannot reach 127.0.0.1:5432").with_source(io);
-        assert_eq!(err.chain(), "cannot reach 127.0.0.1:5432: connection refused");
+        assert_eq!(
+            err.chain(),
+            "cannot reach 127.0.0.1:5432: connection refused"
+        );
         assert!(err.is_retryable());
         assert_eq!(err.kind(), ErrorKind::Unavailable);
         assert!(!Error::invalid("x").is_retryable());

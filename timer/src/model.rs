@@ -199,7 +199,10 @@ mod tests {
     #[test]
     fn arithmetic_saturates() {
         let t = Timestamp::from_millis(i64::MAX - 1);
-        assert_eq!(t.saturating_add(Duration::from_secs(5)).as_millis(), i64::MAX);
+        assert_eq!(
+            t.saturating_add(Duration::from_secs(5)).as_millis(),
+            i64::MAX
+        );
         assert_eq!(
             Timestamp::from_millis(5).duration_since(Timestamp::from_millis(9)),
             Duration::ZERO
@@ -208,7 +211,11 @@ mod tests {
 
     #[test]
     fn state_codes_round_trip() {
-        for s in [TimerState::Scheduled, TimerState::Reached, TimerState::Cancelled] {
+        for s in [
+            TimerState::Scheduled,
+            TimerState::Reached,
+            TimerState::Cancelled,
+        ] {
             assert_eq!(TimerState::from_code(s.code()), Some(s));
         }
         assert_eq!(TimerState::from_code(7), None);

@@ -35,8 +35,12 @@ pub trait Store: Send + Sync + 'static {
 
     /// Marks fired timers Reached. Only rows still leased by `owner` at the claimed revision
     /// change (a timer rescheduled while it fired stays Scheduled). Returns how many changed.
-    async fn mark_reached(&self, timers: &[ClaimedTimer], owner: &str, at: Timestamp)
-        -> Result<u64>;
+    async fn mark_reached(
+        &self,
+        timers: &[ClaimedTimer],
+        owner: &str,
+        at: Timestamp,
+    ) -> Result<u64>;
 
     /// Gives claims back: the rows stay Scheduled and become claimable at `retry_at`. With an
     /// `error`, `attempts` is incremented and `last_error` set (a failed publish); without

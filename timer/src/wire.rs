@@ -199,7 +199,10 @@ fn validate(
         return Err(Rejection::new(
             "invalid_time",
             Some(&due_field),
-            format!("due time {} ms lies before 1970-01-01T00:00:00Z", due_at.as_millis()),
+            format!(
+                "due time {} ms lies before 1970-01-01T00:00:00Z",
+                due_at.as_millis()
+            ),
         ));
     }
     let horizon = now.saturating_add(limits.max_horizon).min(Timestamp::MAX);
@@ -254,11 +257,7 @@ fn validate(
 fn required_id(value: Option<String>, field: &str, limits: &Limits) -> Result<String, Rejection> {
     match value {
         Some(v) => check_id(v, field, limits),
-        None => Err(Rejection::new(
-            "missing_field",
-            Some(field),
-            "is required",
-        )),
+        None => Err(Rejection::new("missing_field", Some(field), "is required")),
     }
 }
 
@@ -266,7 +265,11 @@ fn required_id(value: Option<String>, field: &str, limits: &Limits) -> Result<St
 /// in logs, subjects and routing keys).
 fn check_id(value: String, field: &str, limits: &Limits) -> Result<String, Rejection> {
     if value.is_empty() {
-        return Err(Rejection::new("invalid_id", Some(field), "must not be empty"));
+        return Err(Rejection::new(
+            "invalid_id",
+            Some(field),
+            "must not be empty",
+        ));
     }
     if value.len() > limits.max_id_bytes {
         return Err(Rejection::new(
@@ -401,7 +404,10 @@ mod tests {
 
     #[test]
     fn bare_command_with_offset() {
-        let t = decode(r#"{"tenantId":"t1","serviceCallId":"c1","dueAt":"2027-01-15T10:00:00.250+02:00"}"#).unwrap();
+        let t = decode(
+            r#"{"tenantId":"t1","serviceCallId":"c1","dueAt":"2027-01-15T10:00:00.250+02:00"}"#,
+        )
+        .unwrap();
         assert_eq!(t.key, TimerKey::new("t1", "c1"));
         assert_eq!(t.due_at.to_rfc3339(), "2027-01-15T08:00:00.250Z");
         assert_eq!(t.correlation_id, None);
@@ -433,21 +439,77 @@ mod tests {
     #[test]
     fn rejections_name_the_field() {
         let cases = [
-            (r#"{"tenantId":"t","dueTimeMs":5}"#, "missing_field", Some("serviceCallId")),
-            (r#"{"tenantId":"","serviceCallId":"c","dueTimeMs":5}"#, "invalid_id", Some("tenantId")),
-            (r#"{"tenantId":"t\u0007","serviceCallId":"c","dueTimeMs":5}"#, "invalid_id", Some("tenantId")),
-            (r#"{"tenantId":"t","serviceCallId":"c"}"#, "missing_field", Some("dueAt")),
-            (r#"{"tenantId":"t","serviceCallId":"c","dueAt":"tomorrow"}"#, "invalid_time", Some("dueAt")),
-            (r#"{"tenantId":"t","serviceCallId":"c","dueAt":"2027-01-15T10:00:00"}"#, "invalid_time", Some("dueAt")),
-            (r#"{"tenantId":"t","serviceCallId":"c","dueTimeMs":-1}"#, "invalid_time", Some("dueTimeMs")),
-            (r#"{"tenantId":"t","serviceCallId":"c","dueTimeMs":99999999999999999}"#, "too_far", Some("dueTimeMs")),
-            (r#"{"tenantId":"t","serviceCallId":"c","dueTimeMs":1e30}"#, "invalid_json", Some("dueTimeMs")),
-            (r#"{"tenantId":5,"serviceCallId":"c","dueTimeMs":5}"#, "invalid_json", Some("tenantId")),
-            (r#"{"type":"CancelEverything","tenantId":"t"}"#, "unknown_type", Some("type")),
-            (r#"{"type":"ScheduleTimer","tenantId":"t"}"#, "missing_field", Some("payload")),
+            (
+                r#"{"tenantId":"t","dueTimeMs":5}"#,
+                "missing_field",
+                Some("serviceCallId"),
+            ),
+            (
+                r#"{"tenantId":"","serviceCallId":"c","dueTimeMs":5}"#,
+                "invalid_id",
+                Some("tenantId"),
+            ),
+            (
+                r#"{"tenantId":"t\u0007","serviceCallId":"c","dueTimeMs":5}"#,
+                "invalid_id",
+                Some("tenantId"),
+            ),
+            (
+                r#"{"tenantId":"t","serviceCallId":"c"}"#,
+                "missing_field",
+                Some("dueAt"),
+            ),
+            (
+                r#"{"tenantId":"t","serviceCallId":"c","dueAt":"tomorrow"}"#,
+                "invalid_time",
+                Some("dueAt"),
+            ),
+            (
+                r#"{"tenantId":"t","serviceCallId":"c","dueAt":"2027-01-15T10:00:00"}"#,
+                "invalid_time",
+                Some("dueAt"),
+            ),
+            (
+                r#"{"tenantId":"t","serviceCallId":"c","dueTimeMs":-1}"#,
+                "invalid_time",
+                Some("dueTimeMs"),
+            ),
+            (
+                r#"{"tenantId":"t","serviceCallId":"c","dueTimeMs":99999999999999999}"#,
+                "too_far",
+                Some("dueTimeMs"),
+            ),
+            (
+                r#"{"tenantId":"t","serviceCallId":"c","dueTimeMs":1e30}"#,
+                "invalid_json",
+                Some("dueTimeMs"),
+            ),
+            (
+                r#"{"tenantId":5,"serviceCallId":"c","dueTimeMs":5}"#,
+                "invalid_json",
+                Some("tenantId"),
+            ),
+            (
+                r#"{"type":"CancelEverything","tenantId":"t"}"#,
+                "unknown_type",
+                Some("type"),
+            ),
+            (
+                r#"{"type":"ScheduleTimer","tenantId":"t"}"#,
+                "missing_field",
+                Some("payload"),
+            ),
             // serde reports a duplicate at the object, naming the key in the message.
-            (r#"{"tenantId":"t","tenantId":"u","serviceCallId":"c","dueTimeMs":5}"#, "invalid_json", None),
-            (r#"{"tenantId":"t","serviceCallId":"c","dueTimeMs":5} trailing"#, "invalid_json", None),
+            (
+                r#"{"tenantId":"t","tenantId":"u","serviceCallId":"c","dueTimeMs":5}"#,
+                "invalid_json",
+                None,
+            ),
+            (
+                r#"{"tenantId":"t","serviceCallId":"c","dueTimeMs":5} trailing"#,
+                "invalid_json",
+                None,
+            ),
             ("not json", "invalid_json", None),
             ("{not json", "invalid_json", None),
             ("", "invalid_json", None),
@@ -469,16 +531,38 @@ mod tests {
             max_horizon: Duration::from_secs(60),
         };
         let d = |s: &str| decode_command(s.as_bytes(), &limits, NOW).unwrap_err();
-        assert_eq!(d(r#"{"tenantId":"toolong","serviceCallId":"c","dueTimeMs":5}"#).reason, "invalid_id");
-        assert_eq!(d(r#"{"tenantId":"t","serviceCallId":"c","dueTimeMs":5,"payload":"123456789"}"#).reason, "payload_too_large");
-        assert_eq!(d(&format!(r#"{{"tenantId":"t","serviceCallId":"c","dueTimeMs":{}}}"#, NOW.as_millis() + 61_000)).reason, "too_far");
+        assert_eq!(
+            d(r#"{"tenantId":"toolong","serviceCallId":"c","dueTimeMs":5}"#).reason,
+            "invalid_id"
+        );
+        assert_eq!(
+            d(r#"{"tenantId":"t","serviceCallId":"c","dueTimeMs":5,"payload":"123456789"}"#).reason,
+            "payload_too_large"
+        );
+        assert_eq!(
+            d(&format!(
+                r#"{{"tenantId":"t","serviceCallId":"c","dueTimeMs":{}}}"#,
+                NOW.as_millis() + 61_000
+            ))
+            .reason,
+            "too_far"
+        );
         assert_eq!(d(&" ".repeat(201)).reason, "too_large");
     }
 
     #[test]
     fn invalid_utf8_and_deep_json_are_rejected() {
-        assert_eq!(decode_command(b"{\"tenantId\":\"\xff\"}", &Limits::default(), NOW).unwrap_err().reason, "invalid_json");
-        let deep = format!(r#"{{"tenantId":"t","serviceCallId":"c","dueTimeMs":5,"payload":{}{}}}"#, "[".repeat(10_000), "]".repeat(10_000));
+        assert_eq!(
+            decode_command(b"{\"tenantId\":\"\xff\"}", &Limits::default(), NOW)
+                .unwrap_err()
+                .reason,
+            "invalid_json"
+        );
+        let deep = format!(
+            r#"{{"tenantId":"t","serviceCallId":"c","dueTimeMs":5,"payload":{}{}}}"#,
+            "[".repeat(10_000),
+            "]".repeat(10_000)
+        );
         assert_eq!(decode(&deep).unwrap_err().reason, "invalid_json");
     }
 

@@ -228,7 +228,8 @@ impl Broker for MemoryBroker {
             }
             // Wake at least every 100 ms to redeliver commands whose ack wait ran out.
             let until = deadline.min(Instant::now() + Duration::from_millis(100));
-            if tokio::time::timeout_at(until, arrived).await.is_err() && Instant::now() >= deadline {
+            if tokio::time::timeout_at(until, arrived).await.is_err() && Instant::now() >= deadline
+            {
                 return Ok(Vec::new());
             }
         }

@@ -56,6 +56,6 @@ impl SqliteConfig {
             .strip_prefix("sqlite://")
             .or_else(|| self.url.strip_prefix("sqlite:"))
             .unwrap_or(&self.url);
-        rest.split('?').next().unwrap_or(rest)
+        rest
     }
 }

@@ -49,8 +49,21 @@ impl SqliteStore {
                 config.url
             )));
         }
+        if config.url.contains('?') {
+            return Err(Error::config(format!(
+                "store.url {:?}: query parameters are not supported; use store.synchronous and \
+                 store.busy_timeout",
+                config.url
+            )));
+        }
         let options = SqliteConnectOptions::from_str(&format!("sqlite://{path}"))
-            .map_err(|e| Error::config(format!("store.url {:?} is not a valid sqlite URL", config.url)).with_source(e))?
+            .map_err(|e| {
+                Error::config(format!(
+                    "store.url {:?} is not a valid sqlite URL",
+                    config.url
+                ))
+                .with_source(e)
+            })?
             .create_if_missing(true)
             .journal_mode(SqliteJournalMode::Wal)
             .synchronous(match config.synchronous {
@@ -71,7 +84,8 @@ impl SqliteStore {
             .run(&write)
             .await
             .map_err(|e| {
-                Error::unavailable(format!("sqlite store: migrating {path:?} failed")).with_source(e)
+                Error::unavailable(format!("sqlite store: migrating {path:?} failed"))
+                    .with_source(e)
             })?;
         let read = SqlitePoolOptions::new()
             .max_connections(config.read_connections.max(1))
@@ -86,7 +100,9 @@ const TIMER_COLUMNS: &str = "tenant_id, service_call_id, due_at, state, register
     reached_at, correlation_id, payload, attempts, last_error, lease_owner, available_at";
 
 fn timer_from_row(row: &SqliteRow) -> Result<Timer> {
-    let code: i64 = row.try_get("state").map_err(|e| db_err("reading a timer", e))?;
+    let code: i64 = row
+        .try_get("state")
+        .map_err(|e| db_err("reading a timer", e))?;
     let state = TimerState::from_code(code)
         .ok_or_else(|| Error::internal(format!("sqlite store: unknown state code {code}")))?;
     let get = |e| db_err("reading a timer", e);
@@ -104,7 +120,11 @@ fn timer_from_row(row: &SqliteRow) -> Result<Timer> {
             .map(Timestamp::from_millis),
         correlation_id: row.try_get("correlation_id").map_err(get)?,
         payload: row.try_get("payload").map_err(get)?,
-        attempts: row.try_get::<i64, _>("attempts").map_err(get)?.try_into().unwrap_or(u32::MAX),
+        attempts: row
+            .try_get::<i64, _>("attempts")
+            .map_err(get)?
+            .try_into()
+            .unwrap_or(u32::MAX),
         last_error: row.try_get("last_error").map_err(get)?,
         lease_owner: row.try_get("lease_owner").map_err(get)?,
         available_at: Timestamp::from_millis(row.try_get("available_at").map_err(get)?),
@@ -122,7 +142,11 @@ fn claimed_from_row(row: &SqliteRow) -> Result<ClaimedTimer> {
         registered_at: Timestamp::from_millis(row.try_get("registered_at").map_err(get)?),
         correlation_id: row.try_get("correlation_id").map_err(get)?,
         payload: row.try_get("payload").map_err(get)?,
-        attempts: row.try_get::<i64, _>("attempts").map_err(get)?.try_into().unwrap_or(u32::MAX),
+        attempts: row
+            .try_get::<i64, _>("attempts")
+            .map_err(get)?
+            .try_into()
+            .unwrap_or(u32::MAX),
         revision: row.try_get("revision").map_err(get)?,
     })
 }
@@ -361,5 +385,44 @@ impl Store for SqliteStore {
             .await
             .map(|_| ())
             .map_err(|e| db_err("health check", e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use timer_core::ErrorKind;
+
+    async fn open_err(url: &str) -> Error {
+        let config = SqliteConfig {
+            url: url.into(),
+            ..SqliteConfig::default()
+        };
+        match SqliteStore::open(&config).await {
+            Ok(_) => panic!("{url} should not open"),
+            Err(e) => e,
+        }
+    }
+
+    #[tokio::test]
+    async fn unusable_urls_are_config_errors_naming_the_url() {
+        for url in ["sqlite::memory:", "sqlite://", "sqlite://t.db?mode=ro"] {
+            let e = open_err(url).await;
+            assert_eq!(e.kind(), ErrorKind::Config, "{url}: {e}");
+            assert!(e.to_string().contains(url), "{url}: {e}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_missing_directory_is_unavailable_naming_the_path() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("no/such/dir/t.db");
+        let e = open_err(&format!("sqlite://{}", path.display())).await;
+        assert_eq!(e.kind(), ErrorKind::Unavailable);
+        assert!(
+            e.chain().contains(&path.display().to_string()),
+            "{}",
+            e.chain()
+        );
     }
 }
