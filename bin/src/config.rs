@@ -67,7 +67,6 @@ pub const BROKER_KINDS: &[Kind] = &[
 /// Which plugin kinds exist but have no implementation yet, with the issue that brings them.
 /// (Their cargo features exist so the workspace's feature set is stable.)
 const NOT_YET_WRITTEN: &[(&str, &str)] = &[
-    ("postgres", "issue #5"),
     ("nats", "issue #6"),
     ("kafka", "issue #13"),
     ("rabbitmq", "issue #8"),
@@ -135,6 +134,8 @@ pub enum StoreConfig {
     Memory(timer_stores::memory::MemoryConfig),
     #[cfg(feature = "sqlite")]
     Sqlite(timer_stores::sqlite::SqliteConfig),
+    #[cfg(feature = "postgres")]
+    Postgres(timer_stores::postgres::PostgresConfig),
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -197,6 +198,8 @@ pub fn load(figment: &Figment) -> Result<Config, Error> {
         "memory" => StoreConfig::Memory(section(figment, "store")?),
         #[cfg(feature = "sqlite")]
         "sqlite" => StoreConfig::Sqlite(section(figment, "store")?),
+        #[cfg(feature = "postgres")]
+        "postgres" => StoreConfig::Postgres(section(figment, "store")?),
         other => {
             return Err(Error::internal(format!(
                 "store kind {other:?} has no config"

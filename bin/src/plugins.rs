@@ -12,6 +12,8 @@ pub async fn store(config: &StoreConfig) -> Result<Arc<dyn Store>> {
         StoreConfig::Memory(_) => Arc::new(timer_stores::memory::MemoryStore::new()),
         #[cfg(feature = "sqlite")]
         StoreConfig::Sqlite(c) => Arc::new(timer_stores::sqlite::SqliteStore::open(c).await?),
+        #[cfg(feature = "postgres")]
+        StoreConfig::Postgres(c) => Arc::new(timer_stores::postgres::PostgresStore::open(c).await?),
     })
 }
 

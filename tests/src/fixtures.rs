@@ -80,12 +80,61 @@ impl StoreFactory for SqliteStores {
     }
 }
 
+/// The PostgreSQL server the tests use (`scripts/servers/postgres.sh start` prints it).
+pub const POSTGRES_URL_VAR: &str = "TIMER_TEST_POSTGRES_URL";
+
+/// Each check gets a schema of its own (`t_<random>`) in the test database.
+#[cfg(feature = "postgres")]
+pub struct PostgresStores;
+
+#[cfg(feature = "postgres")]
+impl PostgresStores {
+    /// A config for a new random schema on the test server, if one is configured.
+    pub fn config() -> Option<timer_stores::postgres::PostgresConfig> {
+        let url = std::env::var(POSTGRES_URL_VAR).ok()?;
+        let id = uuid::Uuid::new_v4().simple().to_string();
+        Some(timer_stores::postgres::PostgresConfig {
+            url,
+            schema: format!("t_{}", &id[..16]),
+            max_connections: 8,
+            ..Default::default()
+        })
+    }
+}
+
+#[cfg(feature = "postgres")]
+#[async_trait]
+impl StoreFactory for PostgresStores {
+    fn name(&self) -> &'static str {
+        "postgres"
+    }
+    fn unavailable(&self) -> Option<String> {
+        std::env::var(POSTGRES_URL_VAR).is_err().then(|| {
+            format!(
+                "{POSTGRES_URL_VAR} is not set (bash scripts/test.sh starts a PostgreSQL server)"
+            )
+        })
+    }
+    async fn fresh(&self) -> Result<FreshStore> {
+        let config = Self::config()
+            .ok_or_else(|| timer_core::Error::config(format!("{POSTGRES_URL_VAR} is not set")))?;
+        let store = timer_stores::postgres::PostgresStore::open(&config).await?;
+        // Schemas stay behind in the throwaway test database; names never collide.
+        Ok(FreshStore {
+            store: Arc::new(store),
+            _guard: Box::new(()),
+        })
+    }
+}
+
 /// Every store plugin compiled into this build.
 pub fn store_factories() -> Vec<Box<dyn StoreFactory>> {
     #[allow(unused_mut)]
     let mut all: Vec<Box<dyn StoreFactory>> = vec![Box::new(MemoryStores)];
     #[cfg(feature = "sqlite")]
     all.push(Box::new(SqliteStores));
+    #[cfg(feature = "postgres")]
+    all.push(Box::new(PostgresStores));
     all
 }
 

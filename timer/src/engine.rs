@@ -283,6 +283,7 @@ impl Engine {
     async fn fire_loop(self, shutdown: CancellationToken) {
         let inner = &self.inner;
         let mut failures = 0u32;
+        let mut wakeups = inner.store.wakeups();
         while !shutdown.is_cancelled() {
             inner.planned.store(i64::MAX, Ordering::SeqCst);
             let now = inner.clock.now();
@@ -325,6 +326,7 @@ impl Engine {
                 _ = shutdown.cancelled() => break,
                 _ = inner.clock.sleep_until(wake_at) => {}
                 _ = inner.wake.notified() => {}
+                _ = sooner_elsewhere(&mut wakeups, wake_at) => {}
             }
         }
         debug!("firing task stopped");
@@ -434,6 +436,25 @@ impl Engine {
             {
                 warn!(error = %e.chain(), "releasing timers failed; they return when the lease expires");
             }
+        }
+    }
+}
+
+/// Returns when the store reports a timer (scheduled by any instance) due before `wake_at`, or
+/// when notices were lost (replan to be safe). Never returns without a wake-up channel.
+async fn sooner_elsewhere(
+    wakeups: &mut Option<broadcast::Receiver<Timestamp>>,
+    wake_at: Timestamp,
+) {
+    loop {
+        let Some(rx) = wakeups.as_mut() else {
+            return std::future::pending().await;
+        };
+        match rx.recv().await {
+            Ok(due) if due < wake_at => return,
+            Ok(_) => {}
+            Err(broadcast::error::RecvError::Lagged(_)) => return,
+            Err(broadcast::error::RecvError::Closed) => *wakeups = None,
         }
     }
 }

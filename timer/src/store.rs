@@ -2,6 +2,7 @@
 //! conformance suite in `timer-conformance`.
 
 use async_trait::async_trait;
+use tokio::sync::broadcast;
 
 use crate::error::Result;
 use crate::model::{
@@ -69,4 +70,11 @@ pub trait Store: Send + Sync + 'static {
 
     /// Ok when the store answers a trivial query.
     async fn health(&self) -> Result<()>;
+
+    /// Due times of timers scheduled by *any* instance, as the store learns of them (PostgreSQL:
+    /// LISTEN/NOTIFY), so every instance's firing task can wake early. `None` when the store has
+    /// no such channel; polling then finds other instances' timers.
+    fn wakeups(&self) -> Option<broadcast::Receiver<Timestamp>> {
+        None
+    }
 }
