@@ -3,16 +3,34 @@
 # need on 127.0.0.1, runs all tests of every compiled plugin, stops what it started, and prints a
 # summary. Usage: bash scripts/test.sh [extra cargo test args]
 #
-# Servers needed today: none beyond SQLite on temp files and the in-process broker. The server
-# plugins (postgres, nats, rabbitmq, kafka) add their start/stop scripts here as they land.
+# Servers: PostgreSQL (scripts/servers/postgres.sh). SQLite runs on temp files and the memory
+# broker in process. Each server plugin adds its script here as it lands.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # This script provides every server, so a test that cannot reach one is a failure, not a skip.
 export TIMER_TEST_REQUIRE="${TIMER_TEST_REQUIRE:-1}"
 
-log="$(mktemp -t timer-service-test.XXXXXX)"
-trap 'rm -f "$log"' EXIT
+# Servers keep their data in a fresh directory under /tmp (the postgres user must reach it).
+servers="$(mktemp -d /tmp/timer-service-test.XXXXXX)"
+chmod 755 "$servers"
+log="$servers/test.log"
+stop_servers() {
+    bash scripts/servers/postgres.sh stop "$servers/postgres" || true
+    rm -rf "$servers"
+}
+trap stop_servers EXIT
+
+# The first free port at or after $1 on 127.0.0.1.
+free_port() {
+    local port=$1
+    while (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; do port=$((port + 1)); done
+    echo "$port"
+}
+
+bash scripts/servers/postgres.sh install
+eval "$(PG_PORT=$(free_port 15432) bash scripts/servers/postgres.sh start "$servers/postgres")"
+echo "PostgreSQL: $TIMER_TEST_POSTGRES_URL (pid $TIMER_TEST_POSTGRES_PID)"
 
 started=$(date +%s)
 status=0

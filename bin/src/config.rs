@@ -41,7 +41,7 @@ pub const STORE_KINDS: &[Kind] = &[
     },
     Kind {
         name: "postgres",
-        compiled: false,
+        compiled: cfg!(feature = "postgres"),
     },
 ];
 

@@ -26,6 +26,35 @@ macro_rules! checks {
     };
 }
 
+/// A libtest-mimic trial that needs a server: ignored (with the reason printed) when `missing`
+/// is set, unless `TIMER_TEST_REQUIRE=1` makes it a failure. The test runs on its own runtime.
+pub fn server_trial<F, Fut>(name: &str, missing: Option<String>, test: F) -> libtest_mimic::Trial
+where
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: Future<Output = ()>,
+{
+    let require = fixtures::require_servers();
+    if let Some(why) = &missing {
+        if !require {
+            eprintln!("{name}: ignored: {why}");
+        }
+    }
+    let ignored = missing.is_some() && !require;
+    libtest_mimic::Trial::test(name, move || {
+        if let Some(why) = missing {
+            return Err(format!("server required (TIMER_TEST_REQUIRE=1) but {why}").into());
+        }
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .map_err(|e| format!("tokio runtime: {e}"))?;
+        runtime.block_on(test());
+        Ok(())
+    })
+    .with_ignored_flag(ignored)
+}
+
 /// Polls `probe` until it returns `Some`, or gives up after `deadline` (no bare sleeps).
 pub async fn wait_for<T, F, Fut>(deadline: Duration, mut probe: F) -> Option<T>
 where

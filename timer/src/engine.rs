@@ -230,7 +230,7 @@ impl Engine {
                 Err(e) => {
                     failures += 1;
                     warn!(broker = self.inner.broker.name(), error = %e.chain(), "receiving commands failed; retrying");
-                    if !pause(&shutdown, backoff(&self.inner.config, failures)).await {
+                    if !pause(&shutdown, self.error_pause(failures)).await {
                         break;
                     }
                 }
@@ -270,7 +270,7 @@ impl Engine {
         while let Err(e) = self.schedule(&timers).await {
             failures += 1;
             error!(store = inner.store.name(), error = %e.chain(), batch = timers.len(), "storing commands failed; retrying (not acknowledged)");
-            if !pause(shutdown, backoff(&inner.config, failures)).await {
+            if !pause(shutdown, self.error_pause(failures)).await {
                 return; // unacknowledged: the broker delivers the batch again
             }
         }
@@ -307,7 +307,7 @@ impl Engine {
                 Err(e) => {
                     failures += 1;
                     warn!(store = inner.store.name(), error = %e.chain(), "claiming due timers failed; retrying");
-                    if !pause(&shutdown, backoff(&inner.config, failures)).await {
+                    if !pause(&shutdown, self.error_pause(failures)).await {
                         break;
                     }
                     continue;
@@ -409,10 +409,17 @@ impl Engine {
             failures += 1;
             // Unmarked rows fire again when the lease expires: a duplicate, not a loss.
             error!(error = %e.chain(), timers = claimed.len(), "marking fired timers failed; retrying");
-            if failures >= 5 || !pause(shutdown, backoff(&inner.config, failures)).await {
+            if failures >= 5 || !pause(shutdown, self.error_pause(failures)).await {
                 break;
             }
         }
+    }
+
+    /// How long a task waits after `failures` errors in a row from the store or the broker:
+    /// the retry backoff, but never longer than the poll interval, so a recovered server is
+    /// used again promptly.
+    fn error_pause(&self, failures: u32) -> Duration {
+        backoff(&self.inner.config, failures).min(self.inner.config.poll_interval)
     }
 
     async fn release_with_backoff(&self, claimed: &[ClaimedTimer], error: &str) {

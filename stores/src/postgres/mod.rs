@@ -8,8 +8,10 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions, PgRow, PgSslMode};
-use sqlx::Row;
+use sqlx::postgres::{
+    PgConnectOptions, PgConnection, PgListener, PgPool, PgPoolOptions, PgRow, PgSslMode,
+};
+use sqlx::{Connection, Row};
 use timer_core::{
     CancelOutcome, ClaimedTimer, Error, ErrorKind, Lease, NewTimer, Result, ScheduleOutcome, Store,
     Timer, TimerKey, TimerState, Timestamp,
@@ -77,6 +79,10 @@ fn ssl_mode(mode: &str) -> Result<PgSslMode> {
     })
 }
 
+fn humantime_secs(d: Duration) -> String {
+    format!("{:.1}s", d.as_secs_f64())
+}
+
 /// The deepest cause of an error, for one-line messages.
 fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {
     let mut cause = e;
@@ -112,17 +118,33 @@ impl PostgresStore {
         let options = options
             .options([("search_path", config.schema.as_str())])
             .application_name("timer-service");
+        let cannot = |cause: String| {
+            Error::unavailable(format!(
+                "postgres store: cannot connect to {target}: {cause}"
+            ))
+        };
+        // One plain connection first: the pool would retry until its timeout and report only
+        // that, hiding the cause (refused, wrong password, unknown database).
+        match tokio::time::timeout(config.connect_timeout, PgConnection::connect_with(&options))
+            .await
+        {
+            Ok(Ok(conn)) => {
+                let _ = conn.close().await;
+            }
+            Ok(Err(e)) => return Err(cannot(root_cause(&e))),
+            Err(_) => {
+                return Err(cannot(format!(
+                    "no answer within {} (store.connect_timeout)",
+                    humantime_secs(config.connect_timeout)
+                )))
+            }
+        }
         let pool = PgPoolOptions::new()
             .max_connections(config.max_connections.max(1))
             .acquire_timeout(config.connect_timeout)
             .connect_with(options)
             .await
-            .map_err(|e| {
-                Error::unavailable(format!(
-                    "postgres store: cannot connect to {target}: {}",
-                    root_cause(&e)
-                ))
-            })?;
+            .map_err(|e| cannot(root_cause(&e)))?;
         Self::prepare_schema(&pool, &config.schema).await?;
         let channel = config
             .notify

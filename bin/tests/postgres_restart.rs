@@ -1,0 +1,148 @@
+//! PostgreSQL restarted under load: the service reports not ready, reconnects by itself, and
+//! loses nothing. A test binary of its own, because it stops the shared test server (cargo runs
+//! test binaries one after another). Needs `TIMER_TEST_POSTGRES_URL` and
+//! `TIMER_TEST_POSTGRES_DIR` (bash scripts/test.sh sets both).
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use libtest_mimic::Arguments;
+use timer_conformance::e2e::{count_by_key, Service};
+use timer_conformance::fixtures::POSTGRES_URL_VAR;
+use timer_conformance::{server_trial, wait_for};
+use timer_core::{NewTimer, Store, TimerKey, TimerState, Timestamp};
+use timer_stores::postgres::{PostgresConfig, PostgresStore};
+
+const BIN: &str = env!("CARGO_BIN_EXE_timer-service");
+const DIR_VAR: &str = "TIMER_TEST_POSTGRES_DIR";
+
+fn main() {
+    let args = Arguments::from_args();
+    let missing = [POSTGRES_URL_VAR, DIR_VAR]
+        .iter()
+        .find(|v| std::env::var(v).is_err())
+        .map(|v| format!("{v} is not set (bash scripts/test.sh starts PostgreSQL)"));
+    let trials = vec![server_trial(
+        "postgres::restart_under_load_loses_nothing",
+        missing,
+        restart_under_load_loses_nothing,
+    )];
+    libtest_mimic::run(&args, trials).exit();
+}
+
+fn script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/servers/postgres.sh")
+}
+
+async fn server(action: &str, port: u16) {
+    let dir = std::env::var(DIR_VAR).expect("TIMER_TEST_POSTGRES_DIR");
+    let out = tokio::process::Command::new("bash")
+        .arg(script())
+        .args([action, &dir])
+        .env("PG_PORT", port.to_string())
+        .output()
+        .await
+        .expect("run the postgres script");
+    assert!(
+        out.status.success(),
+        "postgres.sh {action}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn now_ms() -> i64 {
+    chrono::Utc::now().timestamp_millis()
+}
+
+async fn readyz(service: &Service) -> u16 {
+    service.get("/readyz").await.0
+}
+
+async fn restart_under_load_loses_nothing() {
+    const N: usize = 3_000;
+    let url = std::env::var(POSTGRES_URL_VAR).expect("url");
+    let port = url::Url::parse(&url)
+        .ok()
+        .and_then(|u| u.port())
+        .unwrap_or(5432);
+    let id = uuid::Uuid::new_v4().simple().to_string();
+    let config = PostgresConfig {
+        url: url.clone(),
+        schema: format!("r_{}", &id[..16]),
+        ..PostgresConfig::default()
+    };
+    let store = PostgresStore::open(&config).await.expect("open");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let env = vec![
+        ("TIMER_STORE__KIND", "postgres".to_string()),
+        ("TIMER_STORE__URL", url),
+        ("TIMER_STORE__SCHEMA", config.schema.clone()),
+        ("TIMER_STORE__CONNECT_TIMEOUT", "2s".to_string()),
+        ("TIMER_BROKER__KIND", "memory".to_string()),
+        ("TIMER_ENGINE__LEASE", "3s".to_string()),
+        ("TIMER_ENGINE__POLL_INTERVAL", "1s".to_string()),
+    ];
+    let service = Service::start(Path::new(BIN), dir.path(), &env).await;
+    let events = service.events().await;
+    let due_from = now_ms() + 1_000;
+    let timers: Vec<NewTimer> = (0..N)
+        .map(|i| NewTimer {
+            key: TimerKey::new("t", format!("r{i:05}")),
+            due_at: Timestamp::from_millis(due_from + (i as i64 * 8_000) / N as i64),
+            correlation_id: None,
+            payload: None,
+        })
+        .collect();
+    store
+        .schedule(&timers, Timestamp::from_millis(now_ms()))
+        .await
+        .expect("schedule");
+    events
+        .wait(100, Duration::from_secs(30))
+        .await
+        .expect("firing started");
+
+    server("stop", port).await;
+    let not_ready = wait_for(Duration::from_secs(30), || async {
+        (readyz(&service).await == 503).then_some(())
+    })
+    .await;
+    assert!(
+        not_ready.is_some(),
+        "/readyz reports 503 while PostgreSQL is down"
+    );
+    let fired_while_down = events.len();
+    server("start", port).await;
+    let ready = wait_for(Duration::from_secs(60), || async {
+        (readyz(&service).await == 200).then_some(())
+    })
+    .await;
+    assert!(
+        ready.is_some(),
+        "/readyz recovers; log:\n{}",
+        service.log_text()
+    );
+
+    let done = wait_for(Duration::from_secs(120), || async {
+        (store.pending().await.ok()? == 0).then_some(())
+    })
+    .await;
+    assert!(
+        done.is_some(),
+        "every timer fired after the restart; log:\n{}",
+        service.log_text()
+    );
+    for t in &timers {
+        let row = store.get(&t.key).await.expect("get").expect("row");
+        assert_eq!(row.state, TimerState::Reached, "{}", t.key);
+    }
+    let counts = count_by_key(&events.snapshot());
+    let seen = counts.len();
+    let repeated = counts.values().filter(|n| **n > 1).count();
+    println!(
+        "restart under load: {fired_while_down} fired before the outage was seen, {seen} of {N} \
+         seen on the stream, {repeated} fired twice"
+    );
+    assert_eq!(seen, N, "every timer's event reached the stream");
+    assert_eq!(service.terminate().await, Some(0));
+}
