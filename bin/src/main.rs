@@ -1,5 +1,6 @@
 //! The timer-service binary: CLI, config, plugin assembly, HTTP API.
 
+mod bench;
 mod client;
 mod config;
 mod http;
@@ -69,6 +70,24 @@ enum Command {
         #[command(flatten)]
         api: Api,
     },
+    /// Measure lateness, herd and ingest on the configured store and broker (in this process,
+    /// on a fresh temp SQLite file or PostgreSQL schema, never the configured data).
+    Bench {
+        #[arg(long, value_enum, default_value = "all")]
+        workload: bench::Workload,
+        /// Timers per run.
+        #[arg(long, default_value_t = 10_000)]
+        timers: usize,
+        /// Lateness workload: spread the due times over this long.
+        #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+        over: Duration,
+        /// Runs per workload; the table shows the median.
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+        /// Machine-readable output.
+        #[arg(long)]
+        json: bool,
+    },
     /// Cancel a scheduled timer.
     Cancel {
         #[arg(long)]
@@ -125,6 +144,25 @@ async fn dispatch(cli: Cli) -> anyhow::Result<()> {
     };
     match cli.command {
         Command::Run => run(config).await,
+        Command::Bench {
+            workload,
+            timers,
+            over,
+            runs,
+            json,
+        } => {
+            bench::run(
+                config,
+                bench::Options {
+                    workload,
+                    timers,
+                    over,
+                    runs,
+                    json,
+                },
+            )
+            .await
+        }
         Command::CheckConfig => {
             print!(
                 "{}",

@@ -579,3 +579,41 @@ async fn cli_client_schedules_gets_and_cancels() {
     );
     service.terminate().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_runs_every_workload_at_a_tiny_size() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for store in ["memory", "sqlite"] {
+        let (code, out, err) = run_cli(
+            dir.path(),
+            &[
+                "bench", "--timers", "50", "--over", "500ms", "--runs", "1", "--json",
+            ],
+            &[("TIMER_STORE__KIND", store)],
+        )
+        .await;
+        assert_eq!(code, 0, "{store}: {err}");
+        let figures: Vec<Value> = serde_json::from_str(&out).expect("bench --json prints JSON");
+        let get = |workload: &str, metric: &str| {
+            figures
+                .iter()
+                .find(|f| f["workload"] == workload && f["metric"] == metric)
+                .and_then(|f| f["median"].as_f64())
+                .unwrap_or_else(|| panic!("{store}: no {workload}/{metric} in {out}"))
+        };
+        assert_eq!(get("lateness", "missing"), 0.0, "{store}");
+        assert_eq!(get("lateness", "duplicates"), 0.0, "{store}");
+        assert!(get("lateness", "p99") >= 0.0);
+        assert_eq!(get("herd", "missing"), 0.0, "{store}");
+        assert!(get("herd", "fires/s") > 0.0);
+        assert!(get("ingest", "broker path") > 0.0);
+        assert!(get("ingest", "http path") > 0.0);
+        assert!(figures
+            .iter()
+            .all(|f| f["store"] == store && f["broker"] == "memory"));
+    }
+    assert!(
+        std::fs::read_dir(dir.path()).expect("dir").next().is_none(),
+        "the bench leaves no database behind in the working directory"
+    );
+}

@@ -78,7 +78,8 @@ impl Engine {
         } else {
             config.instance_id.clone()
         };
-        let (fired, _) = broadcast::channel(4096);
+        // Room for a burst of fires while a watcher (event stream, bench) catches up.
+        let (fired, _) = broadcast::channel(65_536);
         Engine {
             inner: Arc::new(Inner {
                 store,

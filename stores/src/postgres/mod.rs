@@ -23,6 +23,7 @@ pub use config::PostgresConfig;
 
 pub struct PostgresStore {
     pool: PgPool,
+    schema: String,
     /// NOTIFY channel of this schema, when wake-ups are on.
     channel: Option<String>,
     wakeups: broadcast::Sender<Timestamp>,
@@ -155,6 +156,7 @@ impl PostgresStore {
             .map(|ch| tokio::spawn(listen(pool.clone(), ch, wakeups.clone())));
         Ok(PostgresStore {
             pool,
+            schema: config.schema.clone(),
             channel,
             wakeups,
             listener,
@@ -183,6 +185,15 @@ impl PostgresStore {
                 Error::unavailable(format!("postgres store: migrating schema {schema} failed"))
                     .with_source(e)
             })
+    }
+
+    /// Drops this store's schema and everything in it (benchmarks and tests clean up with it).
+    pub async fn drop_schema(&self) -> Result<()> {
+        sqlx::query(&format!("DROP SCHEMA IF EXISTS {} CASCADE", self.schema))
+            .execute(&self.pool)
+            .await
+            .map(|_| ())
+            .map_err(|e| db_err("dropping the schema", e))
     }
 
     /// Keys of `timers` as two parallel arrays, for `UNNEST`.

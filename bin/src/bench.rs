@@ -1,0 +1,521 @@
+//! `timer-service bench`: workloads against the configured store (a fresh temp SQLite file, a
+//! fresh PostgreSQL schema, or memory) and broker, run in this process on the real engine and
+//! the system clock. Prints a table of medians over `--runs`, or JSON with `--json`.
+//!
+//! Workloads:
+//! - `lateness`: N timers due uniformly over the next S seconds; lateness = the moment a
+//!   watcher of the engine's confirmed events receives the event − the due time.
+//! - `herd`: N timers due in the same millisecond; time from due to the last event, fires/s.
+//! - `ingest`: schedules/s through the broker path (commands → ingest task → store) and through
+//!   the HTTP API (one timer per request, 64 in flight).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use futures::StreamExt;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use serde::Serialize;
+use timer_brokers::memory::MemoryHub;
+use timer_core::{Broker, Engine, NewTimer, Store, SystemClock, TimerKey, Timestamp};
+use tokio::sync::broadcast::error::RecvError;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{BrokerConfig, Config, StoreConfig};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Workload {
+    Lateness,
+    Herd,
+    Ingest,
+    All,
+}
+
+pub struct Options {
+    pub workload: Workload,
+    pub timers: usize,
+    pub over: Duration,
+    pub runs: usize,
+    pub json: bool,
+}
+
+/// One measured figure: the median of its runs, and every run.
+#[derive(Debug, Serialize)]
+pub struct Figure {
+    pub workload: &'static str,
+    pub store: String,
+    pub broker: String,
+    pub metric: &'static str,
+    pub unit: &'static str,
+    pub median: f64,
+    pub runs: Vec<f64>,
+}
+
+/// A store (and broker) for one run, and whatever must be cleaned up after it.
+struct Rig {
+    engine: Engine,
+    hub: Option<MemoryHub>,
+    shutdown: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+    cleanup: Cleanup,
+}
+
+enum Cleanup {
+    None,
+    TempDir(#[allow(dead_code)] tempfile::TempDir),
+    #[cfg(feature = "postgres")]
+    Schema(Arc<timer_stores::postgres::PostgresStore>),
+}
+
+impl Rig {
+    async fn stop(self) {
+        self.shutdown.cancel();
+        let _ = self.task.await;
+        match self.cleanup {
+            Cleanup::None | Cleanup::TempDir(_) => {}
+            #[cfg(feature = "postgres")]
+            Cleanup::Schema(store) => {
+                if let Err(e) = store.drop_schema().await {
+                    eprintln!("warning: {}", e.chain());
+                }
+            }
+        }
+    }
+}
+
+async fn fresh_store(config: &StoreConfig) -> anyhow::Result<(Arc<dyn Store>, Cleanup)> {
+    Ok(match config {
+        StoreConfig::Memory(_) => (
+            Arc::new(timer_stores::memory::MemoryStore::new()),
+            Cleanup::None,
+        ),
+        #[cfg(feature = "sqlite")]
+        StoreConfig::Sqlite(c) => {
+            // Never the configured file: a bench fills and drains a database of its own.
+            let dir = tempfile::tempdir().context("creating a temp dir for the bench database")?;
+            let config = timer_stores::sqlite::SqliteConfig {
+                url: format!("sqlite://{}", dir.path().join("bench.db").display()),
+                ..c.clone()
+            };
+            let store = timer_stores::sqlite::SqliteStore::open(&config)
+                .await
+                .map_err(|e| anyhow::anyhow!(e.chain()))?;
+            (Arc::new(store), Cleanup::TempDir(dir))
+        }
+        #[cfg(feature = "postgres")]
+        StoreConfig::Postgres(c) => {
+            // A schema of its own on the configured server, dropped afterwards.
+            let id = uuid::Uuid::new_v4().simple().to_string();
+            let config = timer_stores::postgres::PostgresConfig {
+                schema: format!("bench_{}", &id[..12]),
+                ..c.clone()
+            };
+            let store = Arc::new(
+                timer_stores::postgres::PostgresStore::open(&config)
+                    .await
+                    .map_err(|e| anyhow::anyhow!(e.chain()))?,
+            );
+            (store.clone() as Arc<dyn Store>, Cleanup::Schema(store))
+        }
+    })
+}
+
+async fn start_rig(config: &Config) -> anyhow::Result<Rig> {
+    let (store, cleanup) = fresh_store(&config.store).await?;
+    let (broker, hub): (Arc<dyn Broker>, Option<MemoryHub>) = match &config.broker {
+        BrokerConfig::Memory(c) => {
+            let hub = MemoryHub::new(timer_brokers::memory::MemoryConfig {
+                retain: 1,
+                ..c.clone()
+            });
+            (Arc::new(hub.connect()), Some(hub))
+        }
+    };
+    let engine = Engine::new(
+        store,
+        broker,
+        Arc::new(SystemClock),
+        config.engine.clone(),
+        config.limits.clone(),
+    );
+    let shutdown = CancellationToken::new();
+    let task = engine.start(shutdown.clone());
+    Ok(Rig {
+        engine,
+        hub,
+        shutdown,
+        task,
+        cleanup,
+    })
+}
+
+fn now_ms() -> i64 {
+    chrono::Utc::now().timestamp_millis()
+}
+
+fn progress(len: usize, what: &str) -> ProgressBar {
+    let bar = ProgressBar::with_draw_target(Some(len as u64), ProgressDrawTarget::stderr());
+    if let Ok(style) = ProgressStyle::with_template("{msg:>12} [{bar:30}] {pos}/{len} {per_sec}") {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    bar.set_message(what.to_owned());
+    bar
+}
+
+fn timer(i: usize, due_ms: i64) -> NewTimer {
+    NewTimer {
+        key: TimerKey::new(format!("bench-{}", i % 16), format!("t{i:08}")),
+        due_at: Timestamp::from_millis(due_ms),
+        correlation_id: None,
+        payload: None,
+    }
+}
+
+/// Schedules in batches of 1,000 through the engine (as the ingest task does).
+async fn schedule_all(engine: &Engine, timers: Vec<NewTimer>) -> anyhow::Result<()> {
+    let bar = progress(timers.len(), "scheduling");
+    for chunk in timers.chunks(1_000) {
+        engine
+            .schedule(chunk)
+            .await
+            .map_err(|e| anyhow::anyhow!(e.chain()))?;
+        bar.inc(chunk.len() as u64);
+    }
+    bar.finish_and_clear();
+    Ok(())
+}
+
+/// What a watcher of the engine's confirmed events saw.
+struct Watched {
+    /// (receive time − due time) in ms per event.
+    lateness: Vec<i64>,
+    last_receive_ms: i64,
+    distinct: usize,
+    duplicates: usize,
+    lagged: u64,
+}
+
+/// Watches events until `n` distinct timers fired or `deadline` passes.
+async fn watch(engine: &Engine, n: usize, deadline: Duration) -> Watched {
+    let mut rx = engine.subscribe();
+    let bar = progress(n, "firing");
+    let mut seen: HashMap<String, usize> = HashMap::with_capacity(n);
+    let mut out = Watched {
+        lateness: Vec::with_capacity(n),
+        last_receive_ms: 0,
+        distinct: 0,
+        duplicates: 0,
+        lagged: 0,
+    };
+    let end = tokio::time::Instant::now() + deadline;
+    while seen.len() < n {
+        let event = match tokio::time::timeout_at(end, rx.recv()).await {
+            Err(_) | Ok(Err(RecvError::Closed)) => break,
+            Ok(Err(RecvError::Lagged(k))) => {
+                out.lagged += k;
+                continue;
+            }
+            Ok(Ok(event)) => event,
+        };
+        let received = now_ms();
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(&event.json) else {
+            continue;
+        };
+        let due = v["payload"]["dueAt"]
+            .as_str()
+            .and_then(|d| chrono::DateTime::parse_from_rfc3339(d).ok())
+            .map(|d| d.timestamp_millis())
+            .unwrap_or(received);
+        out.lateness.push(received - due);
+        out.last_receive_ms = received;
+        let count = seen
+            .entry(v["aggregateId"].as_str().unwrap_or_default().to_owned())
+            .or_insert(0);
+        *count += 1;
+        if *count > 1 {
+            out.duplicates += 1;
+        } else {
+            bar.inc(1);
+        }
+    }
+    bar.finish_and_clear();
+    out.distinct = seen.len();
+    out
+}
+
+fn percentile(sorted: &[i64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize] as f64
+}
+
+/// Measured figures of one run, by metric.
+type Run = Vec<(&'static str, &'static str, f64)>;
+
+async fn lateness_run(config: &Config, n: usize, over: Duration) -> anyhow::Result<Run> {
+    let rig = start_rig(config).await?;
+    let span = i64::try_from(over.as_millis()).unwrap_or(i64::MAX).max(1);
+    // Time to schedule first (at a pessimistic 5,000/s), so no timer is scheduled after its due.
+    let lead = 1_000 + (n as i64 / 5);
+    let start = now_ms() + lead;
+    let timers: Vec<NewTimer> = (0..n)
+        .map(|i| timer(i, start + (i as i64 * span) / n as i64))
+        .collect();
+    let watcher = {
+        let engine = rig.engine.clone();
+        tokio::spawn(async move {
+            watch(
+                &engine,
+                n,
+                Duration::from_millis((lead + span) as u64) + Duration::from_secs(60),
+            )
+            .await
+        })
+    };
+    schedule_all(&rig.engine, timers).await?;
+    let mut w = watcher.await.context("watcher")?;
+    rig.stop().await;
+    w.lateness.sort_unstable();
+    Ok(vec![
+        ("p50", "ms", percentile(&w.lateness, 0.50)),
+        ("p90", "ms", percentile(&w.lateness, 0.90)),
+        ("p99", "ms", percentile(&w.lateness, 0.99)),
+        ("max", "ms", percentile(&w.lateness, 1.0)),
+        ("missing", "timers", (n - w.distinct) as f64),
+        ("duplicates", "events", w.duplicates as f64),
+        ("lagged", "events", w.lagged as f64),
+    ])
+}
+
+async fn herd_run(config: &Config, n: usize) -> anyhow::Result<Run> {
+    let rig = start_rig(config).await?;
+    let lead = 1_000 + (n as i64 / 5);
+    let due = now_ms() + lead;
+    let timers: Vec<NewTimer> = (0..n).map(|i| timer(i, due)).collect();
+    let watcher = {
+        let engine = rig.engine.clone();
+        tokio::spawn(async move {
+            watch(
+                &engine,
+                n,
+                Duration::from_millis(lead as u64) + Duration::from_secs(120),
+            )
+            .await
+        })
+    };
+    schedule_all(&rig.engine, timers).await?;
+    let w = watcher.await.context("watcher")?;
+    rig.stop().await;
+    let last = (w.last_receive_ms - due).max(1) as f64;
+    Ok(vec![
+        ("due to last fire", "ms", last),
+        ("fires/s", "1/s", (w.distinct as f64) * 1000.0 / last),
+        ("missing", "timers", (n - w.distinct) as f64),
+        ("duplicates", "events", w.duplicates as f64),
+    ])
+}
+
+async fn wait_pending(store: &Arc<dyn Store>, n: u64, bar: &ProgressBar) -> anyhow::Result<()> {
+    let end = Instant::now() + Duration::from_secs(600);
+    loop {
+        let pending = store
+            .pending()
+            .await
+            .map_err(|e| anyhow::anyhow!(e.chain()))?;
+        bar.set_position(pending);
+        if pending >= n {
+            return Ok(());
+        }
+        if Instant::now() > end {
+            bail!("only {pending} of {n} commands stored after 10 minutes");
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+async fn ingest_run(config: &Config, n: usize) -> anyhow::Result<Run> {
+    let far = now_ms() + 86_400_000;
+    let mut run = Run::new();
+
+    // Broker path: commands on the in-process broker, read, decoded and stored in batches.
+    let rig = start_rig(config).await?;
+    if let Some(hub) = &rig.hub {
+        let bodies: Vec<String> = (0..n)
+            .map(|i| {
+                format!(
+                    r#"{{"tenantId":"bench-{}","serviceCallId":"b{i:08}","dueTimeMs":{far}}}"#,
+                    i % 16
+                )
+            })
+            .collect();
+        let bar = progress(n, "broker path");
+        let started = Instant::now();
+        for body in bodies {
+            hub.send_command(body)
+                .map_err(|e| anyhow::anyhow!(e.chain()))?;
+        }
+        wait_pending(rig.engine.store(), n as u64, &bar).await?;
+        bar.finish_and_clear();
+        run.push((
+            "broker path",
+            "schedules/s",
+            n as f64 / started.elapsed().as_secs_f64(),
+        ));
+    }
+    rig.stop().await;
+
+    // HTTP path: one timer per POST /v1/timers, 64 requests in flight.
+    let rig = start_rig(config).await?;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .context("bind")?;
+    let addr = listener.local_addr().context("addr")?;
+    let state = crate::http::AppState {
+        engine: rig.engine.clone(),
+        metrics: None,
+        memory_hub: rig.hub.clone(),
+        shutdown: rig.shutdown.clone(),
+    };
+    let app = crate::http::router(state, config);
+    let server_stop = rig.shutdown.clone();
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app)
+            .with_graceful_shutdown(server_stop.cancelled_owned())
+            .await;
+    });
+    let client = reqwest::Client::new();
+    let url = format!("http://{addr}/v1/timers");
+    let bar = progress(n, "http path");
+    let started = Instant::now();
+    let failures = futures::stream::iter(0..n)
+        .map(|i| {
+            let body = format!(
+                r#"{{"tenantId":"bench-{}","serviceCallId":"h{i:08}","dueTimeMs":{far}}}"#,
+                i % 16
+            );
+            let request = client
+                .post(&url)
+                .header("content-type", "application/json")
+                .body(body);
+            let bar = &bar;
+            async move {
+                let ok = matches!(request.send().await, Ok(r) if r.status().is_success());
+                bar.inc(1);
+                usize::from(!ok)
+            }
+        })
+        .buffer_unordered(64)
+        .fold(0usize, |acc, f| async move { acc + f })
+        .await;
+    let elapsed = started.elapsed().as_secs_f64();
+    bar.finish_and_clear();
+    rig.stop().await;
+    if failures > 0 {
+        bail!("{failures} of {n} HTTP schedules failed");
+    }
+    run.push(("http path", "schedules/s", n as f64 / elapsed));
+    Ok(run)
+}
+
+fn median(values: &[f64]) -> f64 {
+    let mut v: Vec<f64> = values.iter().copied().filter(|x| !x.is_nan()).collect();
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+pub async fn run(config: Config, options: Options) -> anyhow::Result<()> {
+    if options.timers == 0 || options.runs == 0 {
+        bail!("--timers and --runs must be at least 1");
+    }
+    let store = match &config.store {
+        StoreConfig::Memory(_) => "memory",
+        #[cfg(feature = "sqlite")]
+        StoreConfig::Sqlite(_) => "sqlite",
+        #[cfg(feature = "postgres")]
+        StoreConfig::Postgres(_) => "postgres",
+    };
+    let broker = match &config.broker {
+        BrokerConfig::Memory(_) => "memory",
+    };
+    let workloads: &[Workload] = match options.workload {
+        Workload::All => &[Workload::Lateness, Workload::Herd, Workload::Ingest],
+        Workload::Lateness => &[Workload::Lateness],
+        Workload::Herd => &[Workload::Herd],
+        Workload::Ingest => &[Workload::Ingest],
+    };
+    let mut figures = Vec::new();
+    for workload in workloads {
+        let name = match workload {
+            Workload::Lateness => "lateness",
+            Workload::Herd => "herd",
+            _ => "ingest",
+        };
+        let mut runs: Vec<Run> = Vec::new();
+        for i in 0..options.runs {
+            if !options.json {
+                eprintln!(
+                    "{name} on {store} + {broker}: run {} of {}",
+                    i + 1,
+                    options.runs
+                );
+            }
+            runs.push(match workload {
+                Workload::Lateness => lateness_run(&config, options.timers, options.over).await?,
+                Workload::Herd => herd_run(&config, options.timers).await?,
+                _ => ingest_run(&config, options.timers).await?,
+            });
+        }
+        for (k, (metric, unit, _)) in runs[0].iter().enumerate() {
+            let values: Vec<f64> = runs.iter().map(|r| r[k].2).collect();
+            figures.push(Figure {
+                workload: name,
+                store: store.to_owned(),
+                broker: broker.to_owned(),
+                metric,
+                unit,
+                median: median(&values),
+                runs: values,
+            });
+        }
+    }
+    if options.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&figures).context("json")?
+        );
+    } else {
+        print_table(&figures, &options);
+    }
+    Ok(())
+}
+
+fn print_table(figures: &[Figure], options: &Options) {
+    println!(
+        "timers per run: {}, lateness spread: {}, runs: {} (median shown)",
+        options.timers,
+        humantime::format_duration(options.over),
+        options.runs
+    );
+    println!(
+        "{:<9} {:<9} {:<7} {:<17} {:>12}  {:<12} runs",
+        "workload", "store", "broker", "metric", "median", "unit"
+    );
+    for f in figures {
+        let runs: Vec<String> = f.runs.iter().map(|v| format!("{v:.0}")).collect();
+        println!(
+            "{:<9} {:<9} {:<7} {:<17} {:>12.0}  {:<12} {}",
+            f.workload,
+            f.store,
+            f.broker,
+            f.metric,
+            f.median,
+            f.unit,
+            runs.join(", ")
+        );
+    }
+}
