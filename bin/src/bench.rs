@@ -37,6 +37,7 @@ pub struct Options {
     pub timers: usize,
     pub over: Duration,
     pub runs: usize,
+    pub instances: usize,
     pub json: bool,
 }
 
@@ -46,18 +47,22 @@ pub struct Figure {
     pub workload: &'static str,
     pub store: String,
     pub broker: String,
+    pub instances: usize,
     pub metric: &'static str,
     pub unit: &'static str,
     pub median: f64,
     pub runs: Vec<f64>,
 }
 
-/// A store (and broker) for one run, and whatever must be cleaned up after it.
+/// Engines on one fresh store for one run, and whatever must be cleaned up after it. With
+/// several instances each engine has its own store handle (its own pool) on the same data, as
+/// separate processes would; timers are scheduled through the first.
 struct Rig {
     engine: Engine,
+    engines: Vec<Engine>,
     hub: Option<MemoryHub>,
     shutdown: CancellationToken,
-    task: tokio::task::JoinHandle<()>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
     cleanup: Cleanup,
 }
 
@@ -71,7 +76,9 @@ enum Cleanup {
 impl Rig {
     async fn stop(self) {
         self.shutdown.cancel();
-        let _ = self.task.await;
+        for task in self.tasks {
+            let _ = task.await;
+        }
         match self.cleanup {
             Cleanup::None | Cleanup::TempDir(_) => {}
             #[cfg(feature = "postgres")]
@@ -84,12 +91,22 @@ impl Rig {
     }
 }
 
-async fn fresh_store(config: &StoreConfig) -> anyhow::Result<(Arc<dyn Store>, Cleanup)> {
+/// A fresh store, a second handle on it for every further instance, and its cleanup.
+async fn fresh_stores(
+    config: &StoreConfig,
+    instances: usize,
+) -> anyhow::Result<(Vec<Arc<dyn Store>>, Cleanup)> {
+    let err = |e: timer_core::Error| anyhow::anyhow!(e.chain());
     Ok(match config {
-        StoreConfig::Memory(_) => (
-            Arc::new(timer_stores::memory::MemoryStore::new()),
-            Cleanup::None,
-        ),
+        StoreConfig::Memory(_) => {
+            if instances > 1 {
+                bail!("--instances needs a shared store (sqlite or postgres), not memory");
+            }
+            (
+                vec![Arc::new(timer_stores::memory::MemoryStore::new())],
+                Cleanup::None,
+            )
+        }
         #[cfg(feature = "sqlite")]
         StoreConfig::Sqlite(c) => {
             // Never the configured file: a bench fills and drains a database of its own.
@@ -98,10 +115,15 @@ async fn fresh_store(config: &StoreConfig) -> anyhow::Result<(Arc<dyn Store>, Cl
                 url: format!("sqlite://{}", dir.path().join("bench.db").display()),
                 ..c.clone()
             };
-            let store = timer_stores::sqlite::SqliteStore::open(&config)
-                .await
-                .map_err(|e| anyhow::anyhow!(e.chain()))?;
-            (Arc::new(store), Cleanup::TempDir(dir))
+            let mut stores: Vec<Arc<dyn Store>> = Vec::new();
+            for _ in 0..instances {
+                stores.push(Arc::new(
+                    timer_stores::sqlite::SqliteStore::open(&config)
+                        .await
+                        .map_err(err)?,
+                ));
+            }
+            (stores, Cleanup::TempDir(dir))
         }
         #[cfg(feature = "postgres")]
         StoreConfig::Postgres(c) => {
@@ -111,41 +133,57 @@ async fn fresh_store(config: &StoreConfig) -> anyhow::Result<(Arc<dyn Store>, Cl
                 schema: format!("bench_{}", &id[..12]),
                 ..c.clone()
             };
-            let store = Arc::new(
+            let first = Arc::new(
                 timer_stores::postgres::PostgresStore::open(&config)
                     .await
-                    .map_err(|e| anyhow::anyhow!(e.chain()))?,
+                    .map_err(err)?,
             );
-            (store.clone() as Arc<dyn Store>, Cleanup::Schema(store))
+            let mut stores: Vec<Arc<dyn Store>> = vec![first.clone()];
+            for _ in 1..instances {
+                stores.push(Arc::new(
+                    timer_stores::postgres::PostgresStore::open(&config)
+                        .await
+                        .map_err(err)?,
+                ));
+            }
+            (stores, Cleanup::Schema(first))
         }
     })
 }
 
-async fn start_rig(config: &Config) -> anyhow::Result<Rig> {
-    let (store, cleanup) = fresh_store(&config.store).await?;
-    let (broker, hub): (Arc<dyn Broker>, Option<MemoryHub>) = match &config.broker {
-        BrokerConfig::Memory(c) => {
-            let hub = MemoryHub::new(timer_brokers::memory::MemoryConfig {
-                retain: 1,
-                ..c.clone()
-            });
-            (Arc::new(hub.connect()), Some(hub))
-        }
-    };
-    let engine = Engine::new(
-        store,
-        broker,
-        Arc::new(SystemClock),
-        config.engine.clone(),
-        config.limits.clone(),
-    );
+async fn start_rig(config: &Config, instances: usize) -> anyhow::Result<Rig> {
+    let (stores, cleanup) = fresh_stores(&config.store, instances.max(1)).await?;
     let shutdown = CancellationToken::new();
-    let task = engine.start(shutdown.clone());
+    let mut engines = Vec::new();
+    let mut tasks = Vec::new();
+    let mut first_hub = None;
+    for store in stores {
+        let (broker, hub): (Arc<dyn Broker>, Option<MemoryHub>) = match &config.broker {
+            BrokerConfig::Memory(c) => {
+                let hub = MemoryHub::new(timer_brokers::memory::MemoryConfig {
+                    retain: 1,
+                    ..c.clone()
+                });
+                (Arc::new(hub.connect()), Some(hub))
+            }
+        };
+        first_hub = first_hub.or(hub);
+        let engine = Engine::new(
+            store,
+            broker,
+            Arc::new(SystemClock),
+            config.engine.clone(),
+            config.limits.clone(),
+        );
+        tasks.push(engine.start(shutdown.clone()));
+        engines.push(engine);
+    }
     Ok(Rig {
-        engine,
-        hub,
+        engine: engines[0].clone(),
+        engines,
+        hub: first_hub,
         shutdown,
-        task,
+        tasks,
         cleanup,
     })
 }
@@ -196,9 +234,27 @@ struct Watched {
     lagged: u64,
 }
 
-/// Watches events until `n` distinct timers fired or `deadline` passes.
-async fn watch(engine: &Engine, n: usize, deadline: Duration) -> Watched {
-    let mut rx = engine.subscribe();
+/// Watches the events of every engine until `n` distinct timers fired or `deadline` passes.
+async fn watch(engines: &[Engine], n: usize, deadline: Duration) -> Watched {
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let mut forwarders = Vec::new();
+    for engine in engines {
+        let mut events = engine.subscribe();
+        let tx = tx.clone();
+        forwarders.push(tokio::spawn(async move {
+            loop {
+                let item = match events.recv().await {
+                    Ok(event) => Ok((now_ms(), event)),
+                    Err(RecvError::Lagged(k)) => Err(k),
+                    Err(RecvError::Closed) => return,
+                };
+                if tx.send(item).is_err() {
+                    return;
+                }
+            }
+        }));
+    }
+    drop(tx);
     let bar = progress(n, "firing");
     let mut seen: HashMap<String, usize> = HashMap::with_capacity(n);
     let mut out = Watched {
@@ -210,15 +266,14 @@ async fn watch(engine: &Engine, n: usize, deadline: Duration) -> Watched {
     };
     let end = tokio::time::Instant::now() + deadline;
     while seen.len() < n {
-        let event = match tokio::time::timeout_at(end, rx.recv()).await {
-            Err(_) | Ok(Err(RecvError::Closed)) => break,
-            Ok(Err(RecvError::Lagged(k))) => {
+        let (received, event) = match tokio::time::timeout_at(end, rx.recv()).await {
+            Err(_) | Ok(None) => break,
+            Ok(Some(Err(k))) => {
                 out.lagged += k;
                 continue;
             }
-            Ok(Ok(event)) => event,
+            Ok(Some(Ok(item))) => item,
         };
-        let received = now_ms();
         let Ok(v) = serde_json::from_str::<serde_json::Value>(&event.json) else {
             continue;
         };
@@ -229,15 +284,21 @@ async fn watch(engine: &Engine, n: usize, deadline: Duration) -> Watched {
             .unwrap_or(received);
         out.lateness.push(received - due);
         out.last_receive_ms = received;
-        let count = seen
-            .entry(v["aggregateId"].as_str().unwrap_or_default().to_owned())
-            .or_insert(0);
+        let key = format!(
+            "{}/{}",
+            v["tenantId"].as_str().unwrap_or_default(),
+            v["aggregateId"].as_str().unwrap_or_default()
+        );
+        let count = seen.entry(key).or_insert(0);
         *count += 1;
         if *count > 1 {
             out.duplicates += 1;
         } else {
             bar.inc(1);
         }
+    }
+    for f in forwarders {
+        f.abort();
     }
     bar.finish_and_clear();
     out.distinct = seen.len();
@@ -254,8 +315,13 @@ fn percentile(sorted: &[i64], p: f64) -> f64 {
 /// Measured figures of one run, by metric.
 type Run = Vec<(&'static str, &'static str, f64)>;
 
-async fn lateness_run(config: &Config, n: usize, over: Duration) -> anyhow::Result<Run> {
-    let rig = start_rig(config).await?;
+async fn lateness_run(
+    config: &Config,
+    n: usize,
+    over: Duration,
+    instances: usize,
+) -> anyhow::Result<Run> {
+    let rig = start_rig(config, instances).await?;
     let span = i64::try_from(over.as_millis()).unwrap_or(i64::MAX).max(1);
     // Time to schedule first (at a pessimistic 5,000/s), so no timer is scheduled after its due.
     let lead = 1_000 + (n as i64 / 5);
@@ -264,10 +330,10 @@ async fn lateness_run(config: &Config, n: usize, over: Duration) -> anyhow::Resu
         .map(|i| timer(i, start + (i as i64 * span) / n as i64))
         .collect();
     let watcher = {
-        let engine = rig.engine.clone();
+        let engines = rig.engines.clone();
         tokio::spawn(async move {
             watch(
-                &engine,
+                &engines,
                 n,
                 Duration::from_millis((lead + span) as u64) + Duration::from_secs(60),
             )
@@ -289,16 +355,16 @@ async fn lateness_run(config: &Config, n: usize, over: Duration) -> anyhow::Resu
     ])
 }
 
-async fn herd_run(config: &Config, n: usize) -> anyhow::Result<Run> {
-    let rig = start_rig(config).await?;
+async fn herd_run(config: &Config, n: usize, instances: usize) -> anyhow::Result<Run> {
+    let rig = start_rig(config, instances).await?;
     let lead = 1_000 + (n as i64 / 5);
     let due = now_ms() + lead;
     let timers: Vec<NewTimer> = (0..n).map(|i| timer(i, due)).collect();
     let watcher = {
-        let engine = rig.engine.clone();
+        let engines = rig.engines.clone();
         tokio::spawn(async move {
             watch(
-                &engine,
+                &engines,
                 n,
                 Duration::from_millis(lead as u64) + Duration::from_secs(120),
             )
@@ -340,7 +406,7 @@ async fn ingest_run(config: &Config, n: usize) -> anyhow::Result<Run> {
     let mut run = Run::new();
 
     // Broker path: commands on the in-process broker, read, decoded and stored in batches.
-    let rig = start_rig(config).await?;
+    let rig = start_rig(config, 1).await?;
     if let Some(hub) = &rig.hub {
         let bodies: Vec<String> = (0..n)
             .map(|i| {
@@ -367,7 +433,7 @@ async fn ingest_run(config: &Config, n: usize) -> anyhow::Result<Run> {
     rig.stop().await;
 
     // HTTP path: one timer per POST /v1/timers, 64 requests in flight.
-    let rig = start_rig(config).await?;
+    let rig = start_rig(config, 1).await?;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .context("bind")?;
@@ -465,8 +531,10 @@ pub async fn run(config: Config, options: Options) -> anyhow::Result<()> {
                 );
             }
             runs.push(match workload {
-                Workload::Lateness => lateness_run(&config, options.timers, options.over).await?,
-                Workload::Herd => herd_run(&config, options.timers).await?,
+                Workload::Lateness => {
+                    lateness_run(&config, options.timers, options.over, options.instances).await?
+                }
+                Workload::Herd => herd_run(&config, options.timers, options.instances).await?,
                 _ => ingest_run(&config, options.timers).await?,
             });
         }
@@ -476,6 +544,12 @@ pub async fn run(config: Config, options: Options) -> anyhow::Result<()> {
                 workload: name,
                 store: store.to_owned(),
                 broker: broker.to_owned(),
+                // Ingest always goes through one instance.
+                instances: if *workload == Workload::Ingest {
+                    1
+                } else {
+                    options.instances
+                },
                 metric,
                 unit,
                 median: median(&values),
@@ -496,10 +570,11 @@ pub async fn run(config: Config, options: Options) -> anyhow::Result<()> {
 
 fn print_table(figures: &[Figure], options: &Options) {
     println!(
-        "timers per run: {}, lateness spread: {}, runs: {} (median shown)",
+        "timers per run: {}, lateness spread: {}, runs: {} (median shown), instances: {}",
         options.timers,
         humantime::format_duration(options.over),
-        options.runs
+        options.runs,
+        options.instances
     );
     println!(
         "{:<9} {:<9} {:<7} {:<17} {:>12}  {:<12} runs",

@@ -84,6 +84,10 @@ enum Command {
         /// Runs per workload; the table shows the median.
         #[arg(long, default_value_t = 3)]
         runs: usize,
+        /// Engines sharing the store (each with its own connection pool), as separate
+        /// instances would; for lateness and herd.
+        #[arg(long, default_value_t = 1)]
+        instances: usize,
         /// Machine-readable output.
         #[arg(long)]
         json: bool,
@@ -149,19 +153,18 @@ async fn dispatch(cli: Cli) -> anyhow::Result<()> {
             timers,
             over,
             runs,
+            instances,
             json,
         } => {
-            bench::run(
-                config,
-                bench::Options {
-                    workload,
-                    timers,
-                    over,
-                    runs,
-                    json,
-                },
-            )
-            .await
+            let options = bench::Options {
+                workload,
+                timers,
+                over,
+                runs,
+                instances,
+                json,
+            };
+            bench::run(config, options).await
         }
         Command::CheckConfig => {
             print!(
