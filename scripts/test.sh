@@ -29,7 +29,9 @@ free_port() {
 }
 
 bash scripts/servers/postgres.sh install
-eval "$(PG_PORT=$(free_port 15432) bash scripts/servers/postgres.sh start "$servers/postgres")"
+# Assigned first, so a failed start stops the script (set -e does not see inside eval "$(...)").
+pg_env=$(PG_PORT=$(free_port 15432) bash scripts/servers/postgres.sh start "$servers/postgres")
+eval "$pg_env"
 echo "PostgreSQL: $TIMER_TEST_POSTGRES_URL (pid $TIMER_TEST_POSTGRES_PID)"
 
 started=$(date +%s)

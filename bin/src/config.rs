@@ -199,7 +199,11 @@ pub fn load(figment: &Figment) -> Result<Config, Error> {
         #[cfg(feature = "sqlite")]
         "sqlite" => StoreConfig::Sqlite(section(figment, "store")?),
         #[cfg(feature = "postgres")]
-        "postgres" => StoreConfig::Postgres(section(figment, "store")?),
+        "postgres" => {
+            let c: timer_stores::postgres::PostgresConfig = section(figment, "store")?;
+            c.check()?;
+            StoreConfig::Postgres(c)
+        }
         other => {
             return Err(Error::internal(format!(
                 "store kind {other:?} has no config"
@@ -413,14 +417,41 @@ pub fn redact(value: &mut toml::Value, key: &str) {
     }
 }
 
-/// `postgres://app:hunter2@db/timers` → `postgres://app:***@db/timers`; other text unchanged.
+/// `postgres://app:hunter2@db/timers` → `postgres://app:***@db/timers`, and secret query
+/// parameters (`?password=...`) likewise; other text unchanged.
 pub fn redact_url(text: &str) -> String {
-    match url::Url::parse(text) {
-        Ok(mut url) if url.password().is_some() => {
-            let _ = url.set_password(Some("***"));
-            url.to_string()
-        }
-        _ => text.to_owned(),
+    let Ok(mut url) = url::Url::parse(text) else {
+        return text.to_owned();
+    };
+    let mut changed = false;
+    if url.password().is_some() {
+        let _ = url.set_password(Some("***"));
+        changed = true;
+    }
+    let secret = |k: &str| {
+        SECRET_KEYS
+            .iter()
+            .any(|s| k.to_ascii_lowercase().contains(s))
+    };
+    if url.query_pairs().any(|(k, _)| secret(&k)) {
+        let pairs: Vec<(String, String)> = url
+            .query_pairs()
+            .map(|(k, v)| {
+                let v = if secret(&k) {
+                    "***".to_owned()
+                } else {
+                    v.into_owned()
+                };
+                (k.into_owned(), v)
+            })
+            .collect();
+        url.query_pairs_mut().clear().extend_pairs(pairs);
+        changed = true;
+    }
+    if changed {
+        url.to_string()
+    } else {
+        text.to_owned()
     }
 }
 

@@ -50,6 +50,21 @@ async fn server(action: &str, port: u16) {
     );
 }
 
+/// Starts the test server again if this test ends (or panics) while it is stopped.
+struct RestartOnDrop(u16);
+
+impl Drop for RestartOnDrop {
+    fn drop(&mut self) {
+        if let Ok(dir) = std::env::var(DIR_VAR) {
+            let _ = std::process::Command::new("bash")
+                .arg(script())
+                .args(["start", &dir])
+                .env("PG_PORT", self.0.to_string())
+                .output();
+        }
+    }
+}
+
 fn now_ms() -> i64 {
     chrono::Utc::now().timestamp_millis()
 }
@@ -103,6 +118,8 @@ async fn restart_under_load_loses_nothing() {
         .expect("firing started");
 
     server("stop", port).await;
+    // Whatever happens next, the server is running again for the test binaries after this one.
+    let _restart = RestartOnDrop(port);
     let not_ready = wait_for(Duration::from_secs(30), || async {
         (readyz(&service).await == 503).then_some(())
     })

@@ -39,10 +39,20 @@ impl Drop for PostgresStore {
 }
 
 fn db_err(op: &str, e: sqlx::Error) -> Error {
-    let retryable = !matches!(
-        e,
-        sqlx::Error::ColumnDecode { .. } | sqlx::Error::ColumnNotFound(_) | sqlx::Error::Decode(_)
-    );
+    let retryable = match &e {
+        sqlx::Error::ColumnDecode { .. }
+        | sqlx::Error::ColumnNotFound(_)
+        | sqlx::Error::Decode(_) => false,
+        // SQLSTATE classes that pass: connection (08), transaction rollback such as deadlock or
+        // serialization (40), insufficient resources (53), operator intervention (57). Others
+        // (permission denied, syntax, constraint) will fail again the same way.
+        sqlx::Error::Database(db) => db.code().is_some_and(|c| {
+            ["08", "40", "53", "57"]
+                .iter()
+                .any(|class| c.starts_with(class))
+        }),
+        _ => true,
+    };
     let kind = if retryable {
         ErrorKind::Unavailable
     } else {
@@ -93,23 +103,29 @@ fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {
     cause.to_string()
 }
 
+/// The connect options for `config`, checked: URL, schema name, TLS mode.
+fn connect_options(config: &PostgresConfig) -> Result<PgConnectOptions> {
+    check_schema(&config.schema)?;
+    let mut options = PgConnectOptions::from_str(&config.url).map_err(|e| {
+        Error::config(format!(
+            "store.url is not a valid PostgreSQL URL ({})",
+            root_cause(&e)
+        ))
+    })?;
+    if let Some(mode) = &config.ssl_mode {
+        options = options.ssl_mode(ssl_mode(mode)?);
+    }
+    if let Some(cert) = &config.ssl_root_cert {
+        options = options.ssl_root_cert(cert);
+    }
+    Ok(options)
+}
+
 impl PostgresStore {
     /// Connects, creates the schema if missing and runs pending migrations (under an advisory
     /// lock, so instances starting together do not race), then starts listening for wake-ups.
     pub async fn open(config: &PostgresConfig) -> Result<Self> {
-        check_schema(&config.schema)?;
-        let mut options = PgConnectOptions::from_str(&config.url).map_err(|e| {
-            Error::config(format!(
-                "store.url is not a valid PostgreSQL URL ({})",
-                root_cause(&e)
-            ))
-        })?;
-        if let Some(mode) = &config.ssl_mode {
-            options = options.ssl_mode(ssl_mode(mode)?);
-        }
-        if let Some(cert) = &config.ssl_root_cert {
-            options = options.ssl_root_cert(cert);
-        }
+        let options = connect_options(config)?;
         let target = format!(
             "{}:{} as user {}",
             options.get_host(),
@@ -151,9 +167,14 @@ impl PostgresStore {
             .notify
             .then(|| format!("timer_wakeup_{}", config.schema));
         let (wakeups, _) = broadcast::channel(1024);
+        // LISTEN holds its connection for good: give it one of its own, outside the pool.
+        let listen_pool = PgPoolOptions::new()
+            .max_connections(1)
+            .acquire_timeout(config.connect_timeout)
+            .connect_lazy_with(pool.connect_options().as_ref().clone());
         let listener = channel
             .clone()
-            .map(|ch| tokio::spawn(listen(pool.clone(), ch, wakeups.clone())));
+            .map(|ch| tokio::spawn(listen(listen_pool, ch, wakeups.clone())));
         Ok(PostgresStore {
             pool,
             schema: config.schema.clone(),
@@ -172,10 +193,20 @@ impl PostgresStore {
             .execute(&mut *tx)
             .await
             .map_err(|e| db_err(op, e))?;
-        sqlx::query(&format!("CREATE SCHEMA IF NOT EXISTS {schema}"))
-            .execute(&mut *tx)
-            .await
-            .map_err(|e| db_err(op, e))?;
+        // CREATE SCHEMA checks the CREATE privilege even when the schema exists: ask first,
+        // so a user without it can use a schema an administrator made.
+        let exists: Option<i32> =
+            sqlx::query_scalar("SELECT 1 FROM pg_namespace WHERE nspname = $1")
+                .bind(schema)
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(|e| db_err(op, e))?;
+        if exists.is_none() {
+            sqlx::query(&format!("CREATE SCHEMA {schema}"))
+                .execute(&mut *tx)
+                .await
+                .map_err(|e| db_err(op, e))?;
+        }
         tx.commit().await.map_err(|e| db_err(op, e))?;
         // sqlx's migrator holds a PostgreSQL advisory lock while it runs.
         sqlx::migrate!("./migrations/postgres")
@@ -203,12 +234,11 @@ impl PostgresStore {
     }
 }
 
-/// Forwards NOTIFYs of `channel` to `tx`, reconnecting on loss. After a loss, sends the epoch so
-/// firing tasks replan (notices sent meanwhile are gone; polling would find them later).
+/// Forwards NOTIFYs of `channel` to `tx`, reconnecting on loss. Whenever listening (re)starts it
+/// sends the epoch so firing tasks replan (notices sent meanwhile are gone).
 async fn listen(pool: PgPool, channel: String, tx: broadcast::Sender<Timestamp>) {
     let pause = |failures: u32| Duration::from_millis(100 * u64::from(failures.min(50)));
     let mut failures = 0u32;
-    let mut lost = false;
     loop {
         let mut listener = match PgListener::connect_with(&pool).await {
             Ok(l) => l,
@@ -226,10 +256,10 @@ async fn listen(pool: PgPool, channel: String, tx: broadcast::Sender<Timestamp>)
             continue;
         }
         failures = 0;
-        if lost {
-            info!("postgres store: listening for wake-ups again");
-            let _ = tx.send(Timestamp::EPOCH);
-        }
+        // Schedules by other instances before LISTEN answered (at start, or while the
+        // connection was down) went unheard: have the firing tasks replan.
+        info!(channel = %channel, "postgres store: listening for wake-ups");
+        let _ = tx.send(Timestamp::EPOCH);
         loop {
             match listener.try_recv().await {
                 Ok(Some(n)) => {
@@ -244,7 +274,6 @@ async fn listen(pool: PgPool, channel: String, tx: broadcast::Sender<Timestamp>)
                 }
                 Err(e) => {
                     warn!(error = %root_cause(&e), "postgres store: LISTEN connection failed");
-                    lost = true;
                     break;
                 }
             }
@@ -334,8 +363,9 @@ impl Store for PostgresStore {
         for (i, t) in timers.iter().enumerate() {
             last.insert(&t.key, i);
         }
+        // Key order: concurrent batches lock the rows they share in the same order (no deadlock).
         let mut unique: Vec<usize> = last.values().copied().collect();
-        unique.sort_unstable();
+        unique.sort_unstable_by(|a, b| timers[*a].key.cmp(&timers[*b].key));
         let rows: Vec<&NewTimer> = unique.iter().map(|i| &timers[*i]).collect();
         let (tenants, ids) = Self::key_arrays(rows.iter().map(|t| &t.key));
         let dues: Vec<i64> = rows.iter().map(|t| t.due_at.as_millis()).collect();
