@@ -6,7 +6,6 @@
 
 use std::collections::HashMap;
 
-use futures::StreamExt;
 use std::path::Path;
 use std::time::Duration;
 
@@ -199,19 +198,45 @@ async fn killed_instance_timers_fired_by_the_others() {
         )
         .await
         .expect("schedule");
-    // Kill one instance while it is firing.
+    // Kill one instance while it holds leases: freeze it (SIGSTOP) the moment it holds some,
+    // check it still does (a mark may have landed meanwhile), then SIGKILL it.
     victim_log
         .wait(500, Duration::from_secs(60))
         .await
         .expect("the victim fires");
     let victim = services.remove(0);
     let victim_pid = victim.pid();
+    let db = sqlx::PgPool::connect(&config.url).await.expect("connect");
+    let leased = |pid: u32| {
+        let db = db.clone();
+        let sql = format!(
+            "SELECT COUNT(*) FROM {}.timers WHERE state = 0 AND lease_owner LIKE $1",
+            config.schema
+        );
+        async move {
+            sqlx::query_scalar::<_, i64>(&sql)
+                .bind(format!("{pid}-%"))
+                .fetch_one(&db)
+                .await
+                .expect("count leases")
+        }
+    };
+    let mut leased_by_victim = 0;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while leased_by_victim == 0 && tokio::time::Instant::now() < deadline {
+        if leased(victim_pid).await == 0 {
+            continue;
+        }
+        signal(victim_pid, "-STOP").await;
+        leased_by_victim = leased(victim_pid).await;
+        if leased_by_victim == 0 {
+            signal(victim_pid, "-CONT").await;
+        }
+    }
+    assert!(leased_by_victim > 0, "caught the victim holding leases");
     victim.kill9().await;
-    let all = timers("v", N, due_from, 5_000);
-    let keys: Vec<TimerKey> = all.iter().map(|t| t.key.clone()).collect();
-    let leased_by_victim = leased_by(&store, &keys, victim_pid).await;
     println!(
-        "killed instance pid {victim_pid} after it fired {} events",
+        "killed instance pid {victim_pid} holding {leased_by_victim} leases, after it fired {} events",
         victim_log.len()
     );
     let done = wait_for(Duration::from_secs(120), || async {
@@ -223,38 +248,18 @@ async fn killed_instance_timers_fired_by_the_others() {
         "every timer fired after the kill ({} pending)",
         store.pending().await.unwrap_or(0)
     );
-    for key in &keys {
-        let t = store.get(key).await.expect("get").expect("row");
-        assert_eq!(t.state, TimerState::Reached, "{key}");
+    for t in &timers("v", N, due_from, 5_000) {
+        let row = store.get(&t.key).await.expect("get").expect("row");
+        assert_eq!(row.state, TimerState::Reached, "{}", t.key);
     }
-    println!("timers leased by the victim when it died, fired by the others: {leased_by_victim}");
-    assert!(
-        leased_by_victim > 0,
-        "the victim died holding leases (else this proves nothing)"
+    assert_eq!(
+        leased(victim_pid).await,
+        0,
+        "the dead instance's leases were taken over"
     );
     for s in services {
         assert_eq!(s.terminate().await, Some(0));
     }
-}
-
-/// How many of `keys` are Scheduled and leased to the instance with this pid (its lease owner
-/// is `<pid>-<random>`).
-async fn leased_by(store: &PostgresStore, keys: &[TimerKey], pid: u32) -> usize {
-    let prefix = format!("{pid}-");
-    futures::stream::iter(keys)
-        .map(|key| async move { store.get(key).await.ok().flatten() })
-        .buffer_unordered(16)
-        .filter(|row| {
-            let held = row.as_ref().is_some_and(|t| {
-                t.state == TimerState::Scheduled
-                    && t.lease_owner
-                        .as_deref()
-                        .is_some_and(|o| o.starts_with(&prefix))
-            });
-            async move { held }
-        })
-        .count()
-        .await
 }
 
 async fn notify_wakes_another_instance() {
@@ -292,12 +297,17 @@ async fn notify_wakes_another_instance() {
 
 /// SIGKILL, leaving the handle for the caller to drop.
 async fn kill_now(a: &Service) {
+    signal(a.pid(), "-KILL").await;
+}
+
+/// Sends a signal to the process we started, by its pid.
+async fn signal(pid: u32, signal: &str) {
     let status = tokio::process::Command::new("kill")
-        .args(["-KILL", &a.pid().to_string()])
+        .args([signal, &pid.to_string()])
         .status()
         .await
         .expect("kill");
-    assert!(status.success());
+    assert!(status.success(), "kill {signal} {pid}");
 }
 
 async fn wrong_password_or_port_is_a_one_line_error() {
