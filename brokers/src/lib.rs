@@ -3,3 +3,5 @@
 
 #[cfg(feature = "memory")]
 pub mod memory;
+#[cfg(feature = "nats")]
+pub mod nats;

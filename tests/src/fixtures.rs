@@ -140,7 +140,167 @@ pub fn store_factories() -> Vec<Box<dyn StoreFactory>> {
 
 /// Every broker plugin compiled into this build.
 pub fn broker_factories() -> Vec<Box<dyn BrokerFactory>> {
-    vec![Box::new(MemoryBrokers)]
+    #[allow(unused_mut)]
+    let mut all: Vec<Box<dyn BrokerFactory>> = vec![Box::new(MemoryBrokers)];
+    #[cfg(feature = "nats")]
+    all.push(Box::new(nats::NatsBrokers));
+    all
+}
+
+/// The NATS server the tests use (`scripts/servers/nats.sh start` prints it).
+pub const NATS_URL_VAR: &str = "TIMER_TEST_NATS_URL";
+
+#[cfg(feature = "nats")]
+pub mod nats {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use async_nats::jetstream::{self, consumer};
+    use async_trait::async_trait;
+    use futures::StreamExt;
+    use timer_brokers::nats::{connect_client, NatsBroker, NatsConfig, REASON_HEADER};
+    use timer_core::{Broker, Error, Result};
+
+    use super::{BrokerFactory, NATS_URL_VAR};
+    use crate::broker::{BrokerFixture, ReadDeadLetter, ReadEvent};
+
+    /// Each check gets streams, subjects and a consumer of its own (`<random>`-named).
+    pub struct NatsBrokers;
+
+    impl NatsBrokers {
+        /// A config with fresh names on the test server, if one is configured.
+        pub fn config() -> Option<NatsConfig> {
+            let url = std::env::var(NATS_URL_VAR).ok()?;
+            let id = &uuid::Uuid::new_v4().simple().to_string()[..12];
+            Some(NatsConfig {
+                url,
+                commands_stream: format!("C_{id}"),
+                commands_subject: format!("t{id}.commands.>"),
+                consumer: format!("c{id}"),
+                events_stream: format!("E_{id}"),
+                events_subject: format!("t{id}.events"),
+                dead_letter_stream: format!("D_{id}"),
+                dead_letter_subject: format!("t{id}.dead"),
+                // Redelivery within a check's patience.
+                ack_wait: Duration::from_secs(2),
+                ..NatsConfig::default()
+            })
+        }
+    }
+
+    #[async_trait]
+    impl BrokerFactory for NatsBrokers {
+        fn name(&self) -> &'static str {
+            "nats"
+        }
+        fn unavailable(&self) -> Option<String> {
+            std::env::var(NATS_URL_VAR).is_err().then(|| {
+                format!("{NATS_URL_VAR} is not set (bash scripts/test.sh starts nats-server)")
+            })
+        }
+        async fn fresh(&self) -> Result<Arc<dyn BrokerFixture>> {
+            let config = Self::config()
+                .ok_or_else(|| Error::config(format!("{NATS_URL_VAR} is not set")))?;
+            // Creates the streams and the consumer, so commands can be sent before a connect.
+            drop(NatsBroker::connect(&config).await?);
+            let js = jetstream::new(connect_client(&config).await?);
+            Ok(Arc::new(NatsFixture { config, js }))
+        }
+    }
+
+    pub struct NatsFixture {
+        pub config: NatsConfig,
+        pub js: jetstream::Context,
+    }
+
+    fn unavailable(what: &str, e: impl std::fmt::Display) -> Error {
+        Error::unavailable(format!("nats fixture: {what}: {e}"))
+    }
+
+    impl NatsFixture {
+        /// Every message of `stream` from the start, read by a throwaway consumer.
+        pub async fn read_all(&self, stream: &str) -> Result<Vec<jetstream::Message>> {
+            let stream = self
+                .js
+                .get_stream(stream)
+                .await
+                .map_err(|e| unavailable("stream", e))?;
+            let reader = stream
+                .create_consumer(consumer::pull::Config {
+                    ack_policy: consumer::AckPolicy::None,
+                    deliver_policy: consumer::DeliverPolicy::All,
+                    inactive_threshold: Duration::from_secs(30),
+                    ..Default::default()
+                })
+                .await
+                .map_err(|e| unavailable("reader consumer", e))?;
+            let mut out = Vec::new();
+            loop {
+                let mut batch = reader
+                    .fetch()
+                    .max_messages(1_000)
+                    .messages()
+                    .await
+                    .map_err(|e| unavailable("fetch", e))?;
+                let before = out.len();
+                while let Some(message) = batch.next().await {
+                    out.push(message.map_err(|e| unavailable("fetch", e))?);
+                }
+                if out.len() == before {
+                    return Ok(out);
+                }
+            }
+        }
+    }
+
+    #[async_trait]
+    impl BrokerFixture for NatsFixture {
+        async fn connect(&self) -> Result<Box<dyn Broker>> {
+            Ok(Box::new(NatsBroker::connect(&self.config).await?))
+        }
+        async fn send_command(&self, body: &[u8]) -> Result<()> {
+            let subject = self.config.commands_subject.replace('>', "test");
+            self.js
+                .publish(subject, body.to_vec().into())
+                .await
+                .map_err(|e| unavailable("publish", e))?
+                .await
+                .map_err(|e| unavailable("PubAck", e))?;
+            Ok(())
+        }
+        async fn events(&self) -> Result<Vec<ReadEvent>> {
+            let mut out = Vec::new();
+            for m in self.read_all(&self.config.events_stream).await? {
+                let id = m
+                    .headers
+                    .as_ref()
+                    .and_then(|h| h.get(async_nats::header::NATS_MESSAGE_ID))
+                    .and_then(|v| uuid::Uuid::parse_str(v.as_str()).ok())
+                    .ok_or_else(|| Error::internal("event without a Nats-Msg-Id"))?;
+                out.push(ReadEvent {
+                    id,
+                    body: m.payload.to_vec(),
+                });
+            }
+            Ok(out)
+        }
+        async fn dead_letters(&self) -> Result<Vec<ReadDeadLetter>> {
+            Ok(self
+                .read_all(&self.config.dead_letter_stream)
+                .await?
+                .into_iter()
+                .map(|m| ReadDeadLetter {
+                    reason: m
+                        .headers
+                        .as_ref()
+                        .and_then(|h| h.get(REASON_HEADER))
+                        .map(|v| v.as_str().to_owned())
+                        .unwrap_or_default(),
+                    body: m.payload.to_vec(),
+                })
+                .collect())
+        }
+    }
 }
 
 pub struct MemoryBrokers;

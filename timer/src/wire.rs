@@ -328,6 +328,28 @@ fn truncate(s: &str, max: usize) -> &str {
     }
 }
 
+/// Namespace of the name-based part of event ids (a fixed random UUID; never change it).
+const EVENT_ID_NAMESPACE: Uuid = Uuid::from_u128(0x6c1f_4a2e_93b7_4d0a_8e55_0b3c_d2f1_7a64);
+
+/// The envelope id of a timer's fire: a UUIDv7 whose timestamp is the due time (ids sort by due
+/// time) and whose other 74 bits come from a SHA-1 name hash of tenant, service call id,
+/// revision and due time. The same fire always gets the same id; a rescheduled timer gets a new
+/// one.
+pub fn event_id(timer: &ClaimedTimer) -> Uuid {
+    let name = format!(
+        "{}\u{0}{}\u{0}{}\u{0}{}",
+        timer.key.tenant_id,
+        timer.key.service_call_id,
+        timer.revision,
+        timer.due_at.as_millis()
+    );
+    let hash = Uuid::new_v5(&EVENT_ID_NAMESPACE, name.as_bytes()).into_bytes();
+    let mut bits = [0u8; 10];
+    bits.copy_from_slice(&hash[..10]);
+    let millis = u64::try_from(timer.due_at.as_millis()).unwrap_or(0);
+    uuid::Builder::from_unix_timestamp_millis(millis, &bits).into_uuid()
+}
+
 /// The `DueTimeReached` envelope, as published and as consumers read it.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -358,7 +380,10 @@ pub struct DueTimeReached {
 }
 
 impl DueTimeReachedEnvelope {
-    /// The event for a claimed timer, with a fresh UUIDv7 id.
+    /// The event for a claimed timer. Its id is [`event_id`]: every fire of the same timer
+    /// revision carries the same id, so a repeat (after a crash between publish and mark, or a
+    /// publish retried after an outage) is dropped by the broker's de-duplication and is
+    /// recognisable to consumers.
     pub fn for_timer(timer: &ClaimedTimer, reached_at: Timestamp) -> Self {
         // A payload was valid JSON when accepted; a store that hands back something else is
         // corrupt, and the event still goes out without it rather than not at all.
@@ -368,7 +393,7 @@ impl DueTimeReachedEnvelope {
                 .ok()
         });
         DueTimeReachedEnvelope {
-            id: Uuid::now_v7(),
+            id: event_id(timer),
             kind: DUE_TIME_REACHED.to_owned(),
             tenant_id: timer.key.tenant_id.clone(),
             correlation_id: timer.correlation_id.clone(),
@@ -588,6 +613,28 @@ mod tests {
         assert_eq!(v["type"], "DueTimeReached");
         assert_eq!(v["id"].as_str().unwrap(), ev.id.to_string());
         assert_eq!(ev.id.get_version_num(), 7);
+        // Same timer revision: same id, whenever it fires; another revision or key: another id.
+        let again = DueTimeReachedEnvelope::for_timer(&timer, Timestamp::from_millis(9_999));
+        assert_eq!(again.id, ev.id);
+        let moved = ClaimedTimer {
+            revision: 1,
+            ..timer.clone()
+        };
+        assert_ne!(
+            DueTimeReachedEnvelope::for_timer(&moved, Timestamp::from_millis(1_005)).id,
+            ev.id
+        );
+        let other = ClaimedTimer {
+            key: TimerKey::new("t", "d"),
+            ..timer.clone()
+        };
+        assert_ne!(event_id(&other), ev.id);
+        let (secs, nanos) = ev.id.get_timestamp().expect("v7 timestamp").to_unix();
+        assert_eq!(
+            secs * 1000 + u64::from(nanos) / 1_000_000,
+            1_000,
+            "timestamp = due time"
+        );
         assert_eq!(v["tenantId"], "t");
         assert_eq!(v["aggregateId"], "c");
         assert_eq!(v["correlationId"], "corr");

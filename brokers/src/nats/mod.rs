@@ -1,0 +1,378 @@
+//! `nats`: NATS JetStream. Commands come from a durable pull consumer shared by every instance
+//! and are acknowledged after the store committed them; events are published with
+//! `Nats-Msg-Id` = envelope id, many in flight, and count as published only once every PubAck
+//! arrived. The client reconnects by itself; a broken pull stream is opened again.
+
+mod config;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use async_nats::header::{HeaderMap, NATS_MESSAGE_ID};
+use async_nats::jetstream::{self, consumer, stream, ErrorCode};
+use async_trait::async_trait;
+use futures::{FutureExt, StreamExt};
+use timer_core::{Broker, Delivery, Error, OutboundEvent, Result};
+
+pub use config::NatsConfig;
+
+/// Header carrying the reason of a dead letter.
+pub const REASON_HEADER: &str = "Timer-Dead-Letter-Reason";
+
+pub struct NatsBroker {
+    client: async_nats::Client,
+    js: jetstream::Context,
+    consumer: consumer::PullConsumer,
+    /// The open pull stream; dropped and opened again after an error.
+    messages: tokio::sync::Mutex<Option<consumer::pull::Stream>>,
+    /// Delivered, not yet acknowledged, by tag.
+    pending: Mutex<HashMap<u64, jetstream::Message>>,
+    next_tag: AtomicU64,
+    events_subject: String,
+    dead_letter_subject: String,
+}
+
+fn unavailable(what: &str, e: impl std::fmt::Display) -> Error {
+    Error::unavailable(format!("nats broker: {what}: {e}"))
+}
+
+/// A subject token for a tenant id: letters, digits, `-` and `_` stay; every other byte
+/// (`.`, `*`, `>`, spaces, non-ASCII) becomes `%XX`, so a tenant is always exactly one token.
+pub fn subject_token(tenant: &str) -> String {
+    let mut out = String::with_capacity(tenant.len());
+    for b in tenant.bytes() {
+        if b.is_ascii_alphanumeric() || b == b'-' || b == b'_' {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+impl NatsBroker {
+    /// Connects, checks (or creates) the streams and the shared consumer.
+    pub async fn connect(config: &NatsConfig) -> Result<Self> {
+        let client = connect_client(config).await?;
+        let js = jetstream::new(client.clone());
+        let commands = ensure_stream(
+            &js,
+            config,
+            &config.commands_stream,
+            &config.commands_subject,
+            "broker.commands_subject",
+        )
+        .await?;
+        ensure_stream(
+            &js,
+            config,
+            &config.events_stream,
+            &format!("{}.>", config.events_subject),
+            "broker.events_subject",
+        )
+        .await?;
+        ensure_stream(
+            &js,
+            config,
+            &config.dead_letter_stream,
+            &config.dead_letter_subject,
+            "broker.dead_letter_subject",
+        )
+        .await?;
+        let consumer = commands
+            .get_or_create_consumer(
+                &config.consumer,
+                consumer::pull::Config {
+                    durable_name: Some(config.consumer.clone()),
+                    ack_policy: consumer::AckPolicy::Explicit,
+                    ack_wait: config.ack_wait,
+                    max_ack_pending: config.max_ack_pending,
+                    filter_subject: config.commands_subject.clone(),
+                    ..Default::default()
+                },
+            )
+            .await
+            .map_err(|e| {
+                unavailable(
+                    &format!(
+                        "consumer {} on stream {}",
+                        config.consumer, config.commands_stream
+                    ),
+                    e,
+                )
+            })?;
+        Ok(NatsBroker {
+            client,
+            js,
+            consumer,
+            messages: tokio::sync::Mutex::new(None),
+            pending: Mutex::new(HashMap::new()),
+            next_tag: AtomicU64::new(1),
+            events_subject: config.events_subject.clone(),
+            dead_letter_subject: config.dead_letter_subject.clone(),
+        })
+    }
+
+    fn remember(&self, message: jetstream::Message) -> Result<Delivery> {
+        let tag = self.next_tag.fetch_add(1, Ordering::Relaxed);
+        let body = message.payload.to_vec();
+        self.pending
+            .lock()
+            .map_err(|_| Error::internal("nats broker: pending map poisoned"))?
+            .insert(tag, message);
+        Ok(Delivery { tag, body })
+    }
+}
+
+/// The client, with the configured credentials and TLS; a one-line error naming the server and
+/// the cause when it cannot connect.
+pub async fn connect_client(config: &NatsConfig) -> Result<async_nats::Client> {
+    let mut options = async_nats::ConnectOptions::new()
+        .name("timer-service")
+        .connection_timeout(config.connect_timeout)
+        .require_tls(config.tls_required);
+    if let (Some(user), Some(password)) = (&config.user, &config.password) {
+        options = options.user_and_password(user.clone(), password.clone());
+    } else if config.user.is_some() || config.password.is_some() {
+        return Err(Error::config("broker.user and broker.password go together"));
+    }
+    if let Some(token) = &config.token {
+        options = options.token(token.clone());
+    }
+    if let Some(seed) = &config.nkey {
+        options = options.nkey(seed.clone());
+    }
+    if let Some(path) = &config.credentials_file {
+        options = options.credentials_file(path).await.map_err(|e| {
+            Error::config(format!("broker.credentials_file {}: {e}", path.display()))
+        })?;
+    }
+    if let Some(path) = &config.tls_root_cert {
+        options = options.add_root_certificates(path.clone());
+    }
+    match (&config.tls_client_cert, &config.tls_client_key) {
+        (Some(cert), Some(key)) => {
+            options = options.add_client_certificate(cert.clone(), key.clone());
+        }
+        (None, None) => {}
+        _ => {
+            return Err(Error::config(
+                "broker.tls_client_cert and broker.tls_client_key go together",
+            ))
+        }
+    }
+    async_nats::connect_with_options(config.url.as_str(), options)
+        .await
+        .map_err(|e| {
+            Error::unavailable(format!(
+                "nats broker: cannot connect to {}: {e}",
+                redacted(&config.url)
+            ))
+        })
+}
+
+/// The URL without credentials, for messages.
+fn redacted(url: &str) -> String {
+    match url.split_once('@') {
+        Some((scheme_and_user, host)) => {
+            let scheme = scheme_and_user.split("://").next().unwrap_or("nats");
+            format!("{scheme}://***@{host}")
+        }
+        None => url.to_owned(),
+    }
+}
+
+/// Checks that `name` exists and captures exactly `subject`, or creates it. An existing stream
+/// that differs is an error saying what differs; it is never changed.
+async fn ensure_stream(
+    js: &jetstream::Context,
+    config: &NatsConfig,
+    name: &str,
+    subject: &str,
+    key: &str,
+) -> Result<stream::Stream> {
+    match js.get_stream(name).await {
+        Ok(mut existing) => {
+            let info = existing
+                .info()
+                .await
+                .map_err(|e| unavailable(&format!("stream {name}"), e))?;
+            let subjects = &info.config.subjects;
+            if subjects.len() != 1 || subjects[0] != subject {
+                return Err(Error::config(format!(
+                    "nats broker: stream {name} exists with subjects {subjects:?}, but {key} \
+                     needs [{subject:?}]; change the config or the stream (timer-service never \
+                     changes an existing stream)"
+                )));
+            }
+            Ok(existing)
+        }
+        Err(e)
+            if matches!(e.kind(), jetstream::context::GetStreamErrorKind::JetStream(ref j)
+                if j.error_code() == ErrorCode::STREAM_NOT_FOUND) =>
+        {
+            if !config.create_streams {
+                return Err(Error::config(format!(
+                    "nats broker: stream {name} does not exist and broker.create_streams is off"
+                )));
+            }
+            js.create_stream(stream::Config {
+                name: name.to_owned(),
+                subjects: vec![subject.to_owned()],
+                storage: stream::StorageType::File,
+                duplicate_window: config.duplicate_window,
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| unavailable(&format!("creating stream {name}"), e))
+        }
+        Err(e) => Err(unavailable(&format!("stream {name}"), e)),
+    }
+}
+
+#[async_trait]
+impl Broker for NatsBroker {
+    fn name(&self) -> &'static str {
+        "nats"
+    }
+
+    async fn receive(&self, max: usize, wait: Duration) -> Result<Vec<Delivery>> {
+        let mut guard = self.messages.lock().await;
+        if guard.is_none() {
+            let stream = self
+                .consumer
+                .stream()
+                .max_messages_per_batch(max.clamp(1, 10_000))
+                .messages()
+                .await
+                .map_err(|e| unavailable("opening the command stream", e))?;
+            *guard = Some(stream);
+        }
+        let Some(stream) = guard.as_mut() else {
+            return Ok(Vec::new());
+        };
+        let first = match tokio::time::timeout(wait, stream.next()).await {
+            Err(_) => return Ok(Vec::new()),
+            Ok(Some(Ok(message))) => message,
+            Ok(Some(Err(e))) => {
+                *guard = None;
+                return Err(unavailable("reading commands", e));
+            }
+            Ok(None) => {
+                *guard = None;
+                return Err(Error::unavailable("nats broker: the command stream ended"));
+            }
+        };
+        let mut out = vec![self.remember(first)?];
+        // Take what has already arrived, without waiting for more.
+        while out.len() < max {
+            match stream.next().now_or_never() {
+                Some(Some(Ok(message))) => out.push(self.remember(message)?),
+                Some(Some(Err(e))) => {
+                    tracing::warn!(error = %e, "nats broker: command stream error; reopening");
+                    *guard = None;
+                    break;
+                }
+                _ => break,
+            }
+        }
+        Ok(out)
+    }
+
+    async fn ack(&self, tags: &[u64]) -> Result<()> {
+        let messages: Vec<jetstream::Message> = {
+            let mut pending = self
+                .pending
+                .lock()
+                .map_err(|_| Error::internal("nats broker: pending map poisoned"))?;
+            tags.iter().filter_map(|t| pending.remove(t)).collect()
+        };
+        for message in &messages {
+            message
+                .ack()
+                .await
+                .map_err(|e| unavailable("acknowledging a command", e))?;
+        }
+        self.client
+            .flush()
+            .await
+            .map_err(|e| unavailable("flushing acknowledgements", e))
+    }
+
+    async fn publish(&self, events: &[OutboundEvent]) -> Result<()> {
+        let mut acks = Vec::with_capacity(events.len());
+        for event in events {
+            let mut headers = HeaderMap::new();
+            headers.insert(NATS_MESSAGE_ID, event.id.to_string().as_str());
+            let subject = format!(
+                "{}.{}",
+                self.events_subject,
+                subject_token(&event.key.tenant_id)
+            );
+            let ack = self
+                .js
+                .publish_with_headers(subject, headers, event.body.clone().into())
+                .await
+                .map_err(|e| unavailable("publishing an event", e))?;
+            acks.push(ack);
+        }
+        // All sent; now every PubAck must arrive.
+        for result in
+            futures::future::join_all(acks.into_iter().map(std::future::IntoFuture::into_future))
+                .await
+        {
+            result.map_err(|e| unavailable("awaiting a PubAck", e))?;
+        }
+        Ok(())
+    }
+
+    async fn dead_letter(&self, body: &[u8], reason: &str) -> Result<()> {
+        let mut headers = HeaderMap::new();
+        // Header values are one line.
+        let reason: String = reason
+            .chars()
+            .map(|c| if c.is_control() { ' ' } else { c })
+            .collect();
+        headers.insert(REASON_HEADER, reason.as_str());
+        self.js
+            .publish_with_headers(
+                self.dead_letter_subject.clone(),
+                headers,
+                body.to_vec().into(),
+            )
+            .await
+            .map_err(|e| unavailable("publishing a dead letter", e))?
+            .await
+            .map_err(|e| unavailable("awaiting the dead letter's PubAck", e))?;
+        Ok(())
+    }
+
+    async fn health(&self) -> Result<()> {
+        match self.client.connection_state() {
+            async_nats::connection::State::Connected => Ok(()),
+            state => Err(Error::unavailable(format!(
+                "nats broker: connection {state}"
+            ))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tenants_become_single_subject_tokens() {
+        assert_eq!(subject_token("acme-1_x"), "acme-1_x");
+        assert_eq!(subject_token("a.b *>"), "a%2Eb%20%2A%3E");
+        assert_eq!(subject_token("ü"), "%C3%BC");
+    }
+
+    #[test]
+    fn urls_lose_their_credentials_in_messages() {
+        assert_eq!(redacted("nats://u:p@host:4222"), "nats://***@host:4222");
+        assert_eq!(redacted("nats://host:4222"), "nats://host:4222");
+    }
+}
