@@ -3,8 +3,9 @@
 # need on 127.0.0.1, runs all tests of every compiled plugin, stops what it started, and prints a
 # summary. Usage: bash scripts/test.sh [extra cargo test args]
 #
-# Servers: PostgreSQL (scripts/servers/postgres.sh). SQLite runs on temp files and the memory
-# broker in process. Each server plugin adds its script here as it lands.
+# Servers: PostgreSQL (scripts/servers/postgres.sh), NATS with JetStream (scripts/servers/nats.sh).
+# SQLite runs on temp files and the memory broker in process. Each server plugin adds its script
+# here as it lands.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -17,6 +18,7 @@ chmod 755 "$servers"
 log="$servers/test.log"
 stop_servers() {
     bash scripts/servers/postgres.sh stop "$servers/postgres" || true
+    bash scripts/servers/nats.sh stop "$servers/nats" || true
     rm -rf "$servers"
 }
 trap stop_servers EXIT
@@ -33,6 +35,11 @@ bash scripts/servers/postgres.sh install
 pg_env=$(PG_PORT=$(free_port 15432) bash scripts/servers/postgres.sh start "$servers/postgres")
 eval "$pg_env"
 echo "PostgreSQL: $TIMER_TEST_POSTGRES_URL (pid $TIMER_TEST_POSTGRES_PID)"
+
+bash scripts/servers/nats.sh install
+nats_env=$(NATS_PORT=$(free_port 14222) bash scripts/servers/nats.sh start "$servers/nats")
+eval "$nats_env"
+echo "NATS: $TIMER_TEST_NATS_URL (pid $TIMER_TEST_NATS_PID)"
 
 started=$(date +%s)
 status=0

@@ -63,7 +63,7 @@ struct Rig {
     hub: Option<MemoryHub>,
     shutdown: CancellationToken,
     tasks: Vec<tokio::task::JoinHandle<()>>,
-    cleanup: Cleanup,
+    cleanup: Vec<Cleanup>,
 }
 
 enum Cleanup {
@@ -71,6 +71,8 @@ enum Cleanup {
     TempDir(#[allow(dead_code)] tempfile::TempDir),
     #[cfg(feature = "postgres")]
     Schema(Arc<timer_stores::postgres::PostgresStore>),
+    #[cfg(feature = "nats")]
+    NatsStreams(Box<timer_brokers::nats::NatsConfig>),
 }
 
 impl Rig {
@@ -79,13 +81,16 @@ impl Rig {
         for task in self.tasks {
             let _ = task.await;
         }
-        match self.cleanup {
-            Cleanup::None | Cleanup::TempDir(_) => {}
-            #[cfg(feature = "postgres")]
-            Cleanup::Schema(store) => {
-                if let Err(e) = store.drop_schema().await {
-                    eprintln!("warning: {}", e.chain());
-                }
+        for cleanup in self.cleanup {
+            let result = match cleanup {
+                Cleanup::None | Cleanup::TempDir(_) => Ok(()),
+                #[cfg(feature = "postgres")]
+                Cleanup::Schema(store) => store.drop_schema().await,
+                #[cfg(feature = "nats")]
+                Cleanup::NatsStreams(config) => timer_brokers::nats::delete_streams(&config).await,
+            };
+            if let Err(e) = result {
+                eprintln!("warning: cleaning up after the bench: {}", e.chain());
             }
         }
     }
@@ -152,7 +157,28 @@ async fn fresh_stores(
 }
 
 async fn start_rig(config: &Config, instances: usize) -> anyhow::Result<Rig> {
-    let (stores, cleanup) = fresh_stores(&config.store, instances.max(1)).await?;
+    let (stores, store_cleanup) = fresh_stores(&config.store, instances.max(1)).await?;
+    let mut cleanup = vec![store_cleanup];
+    #[cfg(feature = "nats")]
+    let nats = match &config.broker {
+        // Streams of its own on the configured server, deleted afterwards.
+        BrokerConfig::Nats(c) => {
+            let id = &uuid::Uuid::new_v4().simple().to_string()[..12];
+            let c = timer_brokers::nats::NatsConfig {
+                commands_stream: format!("BENCH_{id}_COMMANDS"),
+                commands_subject: format!("bench{id}.commands.>"),
+                consumer: format!("bench{id}"),
+                events_stream: format!("BENCH_{id}_EVENTS"),
+                events_subject: format!("bench{id}.events"),
+                dead_letter_stream: format!("BENCH_{id}_DEAD"),
+                dead_letter_subject: format!("bench{id}.dead"),
+                ..(**c).clone()
+            };
+            cleanup.push(Cleanup::NatsStreams(Box::new(c.clone())));
+            Some(c)
+        }
+        _ => None,
+    };
     let shutdown = CancellationToken::new();
     let mut engines = Vec::new();
     let mut tasks = Vec::new();
@@ -165,6 +191,14 @@ async fn start_rig(config: &Config, instances: usize) -> anyhow::Result<Rig> {
                     ..c.clone()
                 });
                 (Arc::new(hub.connect()), Some(hub))
+            }
+            #[cfg(feature = "nats")]
+            BrokerConfig::Nats(_) => {
+                let c = nats.as_ref().context("bench nats config")?;
+                let broker = timer_brokers::nats::NatsBroker::connect(c)
+                    .await
+                    .map_err(|e| anyhow::anyhow!(e.chain()))?;
+                (Arc::new(broker), None)
             }
         };
         first_hub = first_hub.or(hub);
@@ -507,6 +541,8 @@ pub async fn run(config: Config, options: Options) -> anyhow::Result<()> {
     };
     let broker = match &config.broker {
         BrokerConfig::Memory(_) => "memory",
+        #[cfg(feature = "nats")]
+        BrokerConfig::Nats(_) => "nats",
     };
     let workloads: &[Workload] = match options.workload {
         Workload::All => &[Workload::Lateness, Workload::Herd, Workload::Ingest],

@@ -52,7 +52,7 @@ pub const BROKER_KINDS: &[Kind] = &[
     },
     Kind {
         name: "nats",
-        compiled: false,
+        compiled: cfg!(feature = "nats"),
     },
     Kind {
         name: "kafka",
@@ -66,11 +66,7 @@ pub const BROKER_KINDS: &[Kind] = &[
 
 /// Which plugin kinds exist but have no implementation yet, with the issue that brings them.
 /// (Their cargo features exist so the workspace's feature set is stable.)
-const NOT_YET_WRITTEN: &[(&str, &str)] = &[
-    ("nats", "issue #6"),
-    ("kafka", "issue #13"),
-    ("rabbitmq", "issue #8"),
-];
+const NOT_YET_WRITTEN: &[(&str, &str)] = &[("kafka", "issue #13"), ("rabbitmq", "issue #8")];
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -142,6 +138,8 @@ pub enum StoreConfig {
 #[serde(untagged)]
 pub enum BrokerConfig {
     Memory(timer_brokers::memory::MemoryConfig),
+    #[cfg(feature = "nats")]
+    Nats(Box<timer_brokers::nats::NatsConfig>),
 }
 
 /// The effective configuration.
@@ -213,6 +211,8 @@ pub fn load(figment: &Figment) -> Result<Config, Error> {
     let broker_kind = kind_of(figment, "broker", BROKER_KINDS, "memory")?;
     let broker = match broker_kind {
         "memory" => BrokerConfig::Memory(section(figment, "broker")?),
+        #[cfg(feature = "nats")]
+        "nats" => BrokerConfig::Nats(Box::new(section(figment, "broker")?)),
         other => {
             return Err(Error::internal(format!(
                 "broker kind {other:?} has no config"

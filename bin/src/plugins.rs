@@ -25,5 +25,10 @@ pub async fn broker(config: &BrokerConfig) -> Result<(Arc<dyn Broker>, Option<Me
             let hub = MemoryHub::new(c.clone());
             (Arc::new(hub.connect()), Some(hub))
         }
+        #[cfg(feature = "nats")]
+        BrokerConfig::Nats(c) => (
+            Arc::new(timer_brokers::nats::NatsBroker::connect(c).await?),
+            None,
+        ),
     })
 }

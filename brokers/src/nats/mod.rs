@@ -173,6 +173,24 @@ pub async fn connect_client(config: &NatsConfig) -> Result<async_nats::Client> {
         })
 }
 
+/// Deletes the streams of `config` (benchmarks and tests clean up with it); missing ones are
+/// fine.
+pub async fn delete_streams(config: &NatsConfig) -> Result<()> {
+    let js = jetstream::new(connect_client(config).await?);
+    for name in [
+        &config.commands_stream,
+        &config.events_stream,
+        &config.dead_letter_stream,
+    ] {
+        match js.delete_stream(name).await {
+            Ok(_) => {}
+            Err(e) if e.to_string().contains("not found") => {}
+            Err(e) => return Err(unavailable(&format!("deleting stream {name}"), e)),
+        }
+    }
+    Ok(())
+}
+
 /// The URL without credentials, for messages.
 fn redacted(url: &str) -> String {
     match url.split_once('@') {

@@ -1,0 +1,319 @@
+//! The `nats` broker end to end: 10,000 `ScheduleTimer` published with a NATS client, 10,000
+//! `DueTimeReached` read back from the events stream, each once (a repeat only with the same
+//! envelope id), with nats-server killed (SIGKILL) and restarted in the middle; and a malformed
+//! command dead-lettered with its reason while the stream keeps flowing. Needs
+//! `TIMER_TEST_NATS_URL` and `TIMER_TEST_NATS_DIR` (bash scripts/test.sh starts nats-server).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use async_nats::jetstream::{self, consumer};
+use futures::StreamExt;
+use libtest_mimic::Arguments;
+use serde_json::{json, Value};
+use timer_brokers::nats::{NatsConfig, REASON_HEADER};
+use timer_conformance::e2e::{percentiles, Service};
+use timer_conformance::fixtures::NATS_URL_VAR;
+use timer_conformance::{server_trial, wait_for};
+
+const BIN: &str = env!("CARGO_BIN_EXE_timer-service");
+const DIR_VAR: &str = "TIMER_TEST_NATS_DIR";
+
+fn main() {
+    let args = Arguments::from_args();
+    let missing = [NATS_URL_VAR, DIR_VAR]
+        .iter()
+        .find(|v| std::env::var(v).is_err())
+        .map(|v| format!("{v} is not set (bash scripts/test.sh starts nats-server)"));
+    let trials = vec![
+        server_trial(
+            "nats::malformed_command_is_dead_lettered_and_the_stream_keeps_flowing",
+            missing.clone(),
+            malformed_command_is_dead_lettered,
+        ),
+        server_trial(
+            "nats::ten_thousand_timers_through_nats_survive_a_server_kill",
+            missing,
+            ten_thousand_timers_survive_a_server_kill,
+        ),
+    ];
+    libtest_mimic::run(&args, trials).exit();
+}
+
+/// Streams and subjects of this test's own on the test server.
+fn config() -> NatsConfig {
+    let id = &uuid::Uuid::new_v4().simple().to_string()[..12];
+    NatsConfig {
+        url: std::env::var(NATS_URL_VAR).expect("TIMER_TEST_NATS_URL"),
+        commands_stream: format!("EC_{id}"),
+        commands_subject: format!("e{id}.commands.>"),
+        consumer: format!("e{id}"),
+        events_stream: format!("EE_{id}"),
+        events_subject: format!("e{id}.events"),
+        dead_letter_stream: format!("ED_{id}"),
+        dead_letter_subject: format!("e{id}.dead"),
+        ..NatsConfig::default()
+    }
+}
+
+fn env(dir: &Path, c: &NatsConfig) -> Vec<(&'static str, String)> {
+    vec![
+        ("TIMER_STORE__KIND", "sqlite".into()),
+        (
+            "TIMER_STORE__URL",
+            format!("sqlite://{}", dir.join("timers.db").display()),
+        ),
+        ("TIMER_BROKER__KIND", "nats".into()),
+        ("TIMER_BROKER__URL", c.url.clone()),
+        ("TIMER_BROKER__COMMANDS_STREAM", c.commands_stream.clone()),
+        ("TIMER_BROKER__COMMANDS_SUBJECT", c.commands_subject.clone()),
+        ("TIMER_BROKER__CONSUMER", c.consumer.clone()),
+        ("TIMER_BROKER__EVENTS_STREAM", c.events_stream.clone()),
+        ("TIMER_BROKER__EVENTS_SUBJECT", c.events_subject.clone()),
+        (
+            "TIMER_BROKER__DEAD_LETTER_STREAM",
+            c.dead_letter_stream.clone(),
+        ),
+        (
+            "TIMER_BROKER__DEAD_LETTER_SUBJECT",
+            c.dead_letter_subject.clone(),
+        ),
+        ("TIMER_BROKER__ACK_WAIT", "5s".into()),
+        ("TIMER_ENGINE__RETRY_MAX", "2s".into()),
+        ("TIMER_ENGINE__POLL_INTERVAL", "1s".into()),
+    ]
+}
+
+async fn client(url: &str) -> jetstream::Context {
+    let client = async_nats::ConnectOptions::new()
+        .retry_on_initial_connect()
+        .connect(url)
+        .await
+        .expect("connect to nats");
+    jetstream::new(client)
+}
+
+/// Every message of `stream` from the start (a throwaway consumer per call).
+async fn read_all(js: &jetstream::Context, stream: &str) -> Option<Vec<jetstream::Message>> {
+    let stream = js.get_stream(stream).await.ok()?;
+    let reader = stream
+        .create_consumer(consumer::pull::Config {
+            ack_policy: consumer::AckPolicy::None,
+            deliver_policy: consumer::DeliverPolicy::All,
+            inactive_threshold: Duration::from_secs(30),
+            ..Default::default()
+        })
+        .await
+        .ok()?;
+    let mut out = Vec::new();
+    loop {
+        let mut batch = reader.fetch().max_messages(5_000).messages().await.ok()?;
+        let before = out.len();
+        while let Some(message) = batch.next().await {
+            out.push(message.ok()?);
+        }
+        if out.len() == before {
+            return Some(out);
+        }
+    }
+}
+
+fn now_ms() -> i64 {
+    chrono::Utc::now().timestamp_millis()
+}
+
+async fn publish_commands(js: &jetstream::Context, c: &NatsConfig, bodies: Vec<String>) {
+    let subject = c.commands_subject.replace('>', "test");
+    let mut acks = Vec::new();
+    for body in bodies {
+        acks.push(
+            js.publish(subject.clone(), body.into())
+                .await
+                .expect("publish"),
+        );
+        if acks.len() == 1_000 {
+            for ack in acks.drain(..) {
+                ack.await.expect("PubAck");
+            }
+        }
+    }
+    for ack in acks {
+        ack.await.expect("PubAck");
+    }
+}
+
+async fn malformed_command_is_dead_lettered() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let c = config();
+    let service = Service::start(Path::new(BIN), dir.path(), &env(dir.path(), &c)).await;
+    let js = client(&c.url).await;
+    let good = json!({"tenantId": "t", "serviceCallId": "after-bad", "dueTimeMs": now_ms()});
+    publish_commands(&js, &c, vec!["{not json".into(), good.to_string()]).await;
+    let letters = wait_for(Duration::from_secs(30), || async {
+        read_all(&js, &c.dead_letter_stream)
+            .await
+            .filter(|l| !l.is_empty())
+    })
+    .await
+    .expect("a dead letter");
+    assert_eq!(letters[0].payload.as_ref(), b"{not json");
+    let reason = letters[0]
+        .headers
+        .as_ref()
+        .and_then(|h| h.get(REASON_HEADER))
+        .map(|v| v.as_str().to_owned())
+        .unwrap_or_default();
+    assert!(
+        reason.starts_with("invalid_json"),
+        "reason header: {reason:?}"
+    );
+    let events = wait_for(Duration::from_secs(30), || async {
+        read_all(&js, &c.events_stream)
+            .await
+            .filter(|e| !e.is_empty())
+    })
+    .await
+    .expect("the good command fired");
+    let v: Value = serde_json::from_slice(&events[0].payload).expect("json");
+    assert_eq!(v["aggregateId"], "after-bad");
+    assert_eq!(
+        events[0].subject.as_str(),
+        format!("{}.t", c.events_subject)
+    );
+    service.terminate().await;
+    let _ = timer_brokers::nats::delete_streams(&c).await;
+}
+
+fn script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/servers/nats.sh")
+}
+
+async fn nats_server(action: &str, port: u16) {
+    let dir = std::env::var(DIR_VAR).expect("TIMER_TEST_NATS_DIR");
+    let out = tokio::process::Command::new("bash")
+        .arg(script())
+        .args([action, &dir])
+        .env("NATS_PORT", port.to_string())
+        .output()
+        .await
+        .expect("run the nats script");
+    assert!(
+        out.status.success(),
+        "nats.sh {action}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Starts the test server again if the test ends (or panics) while it is down.
+struct RestartOnDrop(u16);
+
+impl Drop for RestartOnDrop {
+    fn drop(&mut self) {
+        if let Ok(dir) = std::env::var(DIR_VAR) {
+            let _ = std::process::Command::new("bash")
+                .arg(script())
+                .args(["start", &dir])
+                .env("NATS_PORT", self.0.to_string())
+                .output();
+        }
+    }
+}
+
+async fn ten_thousand_timers_survive_a_server_kill() {
+    const N: usize = 10_000;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let c = config();
+    let port = url::Url::parse(&c.url)
+        .ok()
+        .and_then(|u| u.port())
+        .unwrap_or(4222);
+    let service = Service::start(Path::new(BIN), dir.path(), &env(dir.path(), &c)).await;
+    let js = client(&c.url).await;
+    let due_from = now_ms() + 4_000;
+    let bodies: Vec<String> = (0..N)
+        .map(|i| {
+            json!({"tenantId": format!("tenant-{}", i % 7), "serviceCallId": format!("n{i:05}"),
+                   "dueTimeMs": due_from + (i as i64 * 6_000) / N as i64})
+            .to_string()
+        })
+        .collect();
+    publish_commands(&js, &c, bodies).await;
+
+    // Kill the server once firing is well under way, then start it again on the same files.
+    let before = wait_for(Duration::from_secs(60), || async {
+        read_all(&js, &c.events_stream)
+            .await
+            .filter(|e| e.len() >= 3_000)
+    })
+    .await
+    .expect("firing started");
+    let dir_var = std::env::var(DIR_VAR).expect("dir");
+    let pid = std::fs::read_to_string(Path::new(&dir_var).join("nats.pid")).expect("pid file");
+    let guard = RestartOnDrop(port);
+    let status = tokio::process::Command::new("kill")
+        .args(["-KILL", pid.trim()])
+        .status()
+        .await
+        .expect("kill");
+    assert!(status.success());
+    nats_server("start", port).await;
+    drop(guard);
+    println!(
+        "killed nats-server after {} events were stored; restarted it",
+        before.len()
+    );
+    assert!(
+        before.len() < N,
+        "the kill came while timers were still firing"
+    );
+
+    let events = wait_for(Duration::from_secs(180), || async {
+        let all = read_all(&js, &c.events_stream).await?;
+        let keys: std::collections::HashSet<Vec<u8>> = all
+            .iter()
+            .filter_map(|m| serde_json::from_slice::<Value>(&m.payload).ok())
+            .map(|v| format!("{}/{}", v["tenantId"], v["aggregateId"]).into_bytes())
+            .collect();
+        (keys.len() >= N).then_some(all)
+    })
+    .await
+    .unwrap_or_else(|| panic!("not every timer fired; log:\n{}", service.log_text()));
+    let mut ids_by_key: HashMap<String, Vec<String>> = HashMap::new();
+    let mut late = Vec::new();
+    for m in &events {
+        let v: Value = serde_json::from_slice(&m.payload).expect("json");
+        let key = format!("{}/{}", v["tenantId"], v["aggregateId"]);
+        ids_by_key
+            .entry(key)
+            .or_default()
+            .push(v["id"].as_str().unwrap_or_default().to_owned());
+        let due = chrono::DateTime::parse_from_rfc3339(
+            v["payload"]["dueAt"].as_str().unwrap_or_default(),
+        )
+        .map(|d| d.timestamp_millis())
+        .unwrap_or(0);
+        late.push(v["timestampMs"].as_i64().unwrap_or(0) - due);
+    }
+    assert_eq!(ids_by_key.len(), N, "every timer fired");
+    let repeated = ids_by_key.values().filter(|ids| ids.len() > 1).count();
+    for (key, ids) in &ids_by_key {
+        assert!(
+            ids.iter().all(|id| *id == ids[0]),
+            "{key}: repeats only with the same id: {ids:?}"
+        );
+    }
+    let (p50, p99, max) = percentiles(late);
+    println!(
+        "{N} timers through NATS with a server kill: {} events stored, {repeated} timers \
+         stored twice (same id); lateness ms p50 {p50} p99 {p99} max {max}",
+        events.len()
+    );
+    let ready = wait_for(Duration::from_secs(30), || async {
+        (service.get("/readyz").await.0 == 200).then_some(())
+    })
+    .await;
+    assert!(ready.is_some(), "the service is ready again");
+    assert_eq!(service.terminate().await, Some(0));
+    let _ = timer_brokers::nats::delete_streams(&c).await;
+}
