@@ -34,8 +34,18 @@ fn main() {
         ),
         server_trial(
             "nats::ten_thousand_timers_through_nats_survive_a_server_kill",
-            missing,
+            missing.clone(),
             ten_thousand_timers_survive_a_server_kill,
+        ),
+        server_trial(
+            "nats::a_stream_with_other_subjects_is_an_error_not_an_overwrite",
+            missing.clone(),
+            a_stream_with_other_subjects_is_an_error,
+        ),
+        server_trial(
+            "nats::an_unreachable_server_is_a_one_line_error",
+            missing,
+            an_unreachable_server_is_a_one_line_error,
         ),
     ];
     libtest_mimic::run(&args, trials).exit();
@@ -316,4 +326,69 @@ async fn ten_thousand_timers_survive_a_server_kill() {
     assert!(ready.is_some(), "the service is ready again");
     assert_eq!(service.terminate().await, Some(0));
     let _ = timer_brokers::nats::delete_streams(&c).await;
+}
+
+async fn a_stream_with_other_subjects_is_an_error() {
+    let c = config();
+    let js = client(&c.url).await;
+    js.create_stream(jetstream::stream::Config {
+        name: c.events_stream.clone(),
+        subjects: vec!["somebody.else.>".into()],
+        ..Default::default()
+    })
+    .await
+    .expect("create a foreign stream");
+    let err = match timer_brokers::nats::NatsBroker::connect(&c).await {
+        Ok(_) => panic!("connecting over a mismatching stream must fail"),
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        err.contains(&c.events_stream) && err.contains("somebody.else.>"),
+        "{err}"
+    );
+    assert!(
+        err.contains("broker.events_subject"),
+        "names the key: {err}"
+    );
+    let info = js
+        .get_stream(&c.events_stream)
+        .await
+        .expect("still there")
+        .cached_info()
+        .clone();
+    assert_eq!(
+        info.config.subjects,
+        vec!["somebody.else.>".to_string()],
+        "left unchanged"
+    );
+    let _ = timer_brokers::nats::delete_streams(&c).await;
+}
+
+async fn an_unreachable_server_is_a_one_line_error() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let port = timer_conformance::e2e::free_addr().port();
+    let out = tokio::process::Command::new(BIN)
+        .arg("run")
+        .current_dir(dir.path())
+        .env("TIMER_STORE__KIND", "memory")
+        .env("TIMER_BROKER__KIND", "nats")
+        .env(
+            "TIMER_BROKER__URL",
+            format!("nats://user:secret@127.0.0.1:{port}"),
+        )
+        .env("TIMER_BROKER__CONNECT_TIMEOUT", "2s")
+        .env("TIMER_HTTP__ADDR", "127.0.0.1:0")
+        .output()
+        .await
+        .expect("run");
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    let last = err.lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with(&format!(
+            "error: nats broker: cannot connect to nats://***@127.0.0.1:{port}"
+        )),
+        "{err}"
+    );
+    assert!(!err.contains("secret"), "no password in the output: {err}");
 }
