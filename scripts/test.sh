@@ -3,7 +3,8 @@
 # need on 127.0.0.1, runs all tests of every compiled plugin, stops what it started, and prints a
 # summary. Usage: bash scripts/test.sh [extra cargo test args]
 #
-# Servers: PostgreSQL (scripts/servers/postgres.sh), NATS with JetStream (scripts/servers/nats.sh).
+# Servers: PostgreSQL (scripts/servers/postgres.sh), NATS with JetStream (scripts/servers/nats.sh),
+# RabbitMQ (scripts/servers/rabbitmq.sh).
 # SQLite runs on temp files and the memory broker in process. Each server plugin adds its script
 # here as it lands.
 set -euo pipefail
@@ -19,6 +20,7 @@ log="$servers/test.log"
 stop_servers() {
     bash scripts/servers/postgres.sh stop "$servers/postgres" || true
     bash scripts/servers/nats.sh stop "$servers/nats" || true
+    bash scripts/servers/rabbitmq.sh stop "$servers/rabbitmq" || true
     rm -rf "$servers"
 }
 trap stop_servers EXIT
@@ -40,6 +42,14 @@ bash scripts/servers/nats.sh install
 nats_env=$(NATS_PORT=$(free_port 14222) bash scripts/servers/nats.sh start "$servers/nats")
 eval "$nats_env"
 echo "NATS: $TIMER_TEST_NATS_URL (pid $TIMER_TEST_NATS_PID)"
+
+bash scripts/servers/rabbitmq.sh install
+rabbit_port=$(free_port 16572)
+# Its own epmd, and the Erlang distribution port is the AMQP port + 100: all must be free.
+rabbit_env=$(RABBITMQ_PORT=$rabbit_port RABBITMQ_EPMD_PORT=$(free_port 16369) \
+    bash scripts/servers/rabbitmq.sh start "$servers/rabbitmq")
+eval "$rabbit_env"
+echo "RabbitMQ: $TIMER_TEST_RABBITMQ_URL"
 
 started=$(date +%s)
 status=0

@@ -73,6 +73,8 @@ enum Cleanup {
     Schema(Arc<timer_stores::postgres::PostgresStore>),
     #[cfg(feature = "nats")]
     NatsStreams(Box<timer_brokers::nats::NatsConfig>),
+    #[cfg(feature = "rabbitmq")]
+    RabbitmqTopology(Box<timer_brokers::rabbitmq::RabbitmqConfig>),
 }
 
 impl Rig {
@@ -88,6 +90,10 @@ impl Rig {
                 Cleanup::Schema(store) => store.drop_schema().await,
                 #[cfg(feature = "nats")]
                 Cleanup::NatsStreams(config) => timer_brokers::nats::delete_streams(&config).await,
+                #[cfg(feature = "rabbitmq")]
+                Cleanup::RabbitmqTopology(config) => {
+                    timer_brokers::rabbitmq::delete_topology(&config).await
+                }
             };
             if let Err(e) = result {
                 eprintln!("warning: cleaning up after the bench: {}", e.chain());
@@ -179,6 +185,23 @@ async fn start_rig(config: &Config, instances: usize) -> anyhow::Result<Rig> {
         }
         _ => None,
     };
+    #[cfg(feature = "rabbitmq")]
+    let rabbitmq = match &config.broker {
+        // Queues and exchanges of its own on the configured server, deleted afterwards.
+        BrokerConfig::Rabbitmq(c) => {
+            let id = &uuid::Uuid::new_v4().simple().to_string()[..12];
+            let c = timer_brokers::rabbitmq::RabbitmqConfig {
+                commands_queue: format!("bench{id}.commands"),
+                events_exchange: format!("bench{id}.events"),
+                dead_letter_exchange: format!("bench{id}.dead"),
+                dead_letter_queue: format!("bench{id}.dead"),
+                ..(**c).clone()
+            };
+            cleanup.push(Cleanup::RabbitmqTopology(Box::new(c.clone())));
+            Some(c)
+        }
+        _ => None,
+    };
     let shutdown = CancellationToken::new();
     let mut engines = Vec::new();
     let mut tasks = Vec::new();
@@ -196,6 +219,14 @@ async fn start_rig(config: &Config, instances: usize) -> anyhow::Result<Rig> {
             BrokerConfig::Nats(_) => {
                 let c = nats.as_ref().context("bench nats config")?;
                 let broker = timer_brokers::nats::NatsBroker::connect(c)
+                    .await
+                    .map_err(|e| anyhow::anyhow!(e.chain()))?;
+                (Arc::new(broker), None)
+            }
+            #[cfg(feature = "rabbitmq")]
+            BrokerConfig::Rabbitmq(_) => {
+                let c = rabbitmq.as_ref().context("bench rabbitmq config")?;
+                let broker = timer_brokers::rabbitmq::RabbitmqBroker::connect(c)
                     .await
                     .map_err(|e| anyhow::anyhow!(e.chain()))?;
                 (Arc::new(broker), None)
@@ -543,6 +574,8 @@ pub async fn run(config: Config, options: Options) -> anyhow::Result<()> {
         BrokerConfig::Memory(_) => "memory",
         #[cfg(feature = "nats")]
         BrokerConfig::Nats(_) => "nats",
+        #[cfg(feature = "rabbitmq")]
+        BrokerConfig::Rabbitmq(_) => "rabbitmq",
     };
     let workloads: &[Workload] = match options.workload {
         Workload::All => &[Workload::Lateness, Workload::Herd, Workload::Ingest],

@@ -60,7 +60,7 @@ pub const BROKER_KINDS: &[Kind] = &[
     },
     Kind {
         name: "rabbitmq",
-        compiled: false,
+        compiled: cfg!(feature = "rabbitmq"),
     },
 ];
 
@@ -140,6 +140,8 @@ pub enum BrokerConfig {
     Memory(timer_brokers::memory::MemoryConfig),
     #[cfg(feature = "nats")]
     Nats(Box<timer_brokers::nats::NatsConfig>),
+    #[cfg(feature = "rabbitmq")]
+    Rabbitmq(Box<timer_brokers::rabbitmq::RabbitmqConfig>),
 }
 
 /// The effective configuration.
@@ -213,6 +215,8 @@ pub fn load(figment: &Figment) -> Result<Config, Error> {
         "memory" => BrokerConfig::Memory(section(figment, "broker")?),
         #[cfg(feature = "nats")]
         "nats" => BrokerConfig::Nats(Box::new(section(figment, "broker")?)),
+        #[cfg(feature = "rabbitmq")]
+        "rabbitmq" => BrokerConfig::Rabbitmq(Box::new(section(figment, "broker")?)),
         other => {
             return Err(Error::internal(format!(
                 "broker kind {other:?} has no config"

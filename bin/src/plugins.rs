@@ -30,5 +30,10 @@ pub async fn broker(config: &BrokerConfig) -> Result<(Arc<dyn Broker>, Option<Me
             Arc::new(timer_brokers::nats::NatsBroker::connect(c).await?),
             None,
         ),
+        #[cfg(feature = "rabbitmq")]
+        BrokerConfig::Rabbitmq(c) => (
+            Arc::new(timer_brokers::rabbitmq::RabbitmqBroker::connect(c).await?),
+            None,
+        ),
     })
 }

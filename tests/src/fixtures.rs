@@ -144,7 +144,205 @@ pub fn broker_factories() -> Vec<Box<dyn BrokerFactory>> {
     let mut all: Vec<Box<dyn BrokerFactory>> = vec![Box::new(MemoryBrokers)];
     #[cfg(feature = "nats")]
     all.push(Box::new(nats::NatsBrokers));
+    #[cfg(feature = "rabbitmq")]
+    all.push(Box::new(rabbitmq::RabbitmqBrokers));
     all
+}
+
+/// The RabbitMQ server the tests use (`scripts/servers/rabbitmq.sh start` prints it).
+pub const RABBITMQ_URL_VAR: &str = "TIMER_TEST_RABBITMQ_URL";
+
+#[cfg(feature = "rabbitmq")]
+pub mod rabbitmq {
+    use std::sync::{Arc, Mutex};
+
+    use async_trait::async_trait;
+    use lapin::options::{
+        BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions, QueueBindOptions,
+        QueueDeclareOptions,
+    };
+    use lapin::types::{AMQPValue, FieldTable};
+    use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
+    use timer_brokers::rabbitmq::{RabbitmqBroker, RabbitmqConfig, REASON_HEADER};
+    use timer_core::{Broker, Error, Result};
+
+    use super::{BrokerFactory, RABBITMQ_URL_VAR};
+    use crate::broker::{BrokerFixture, ReadDeadLetter, ReadEvent};
+
+    /// Each check gets queues and exchanges of its own (`<random>`-named).
+    pub struct RabbitmqBrokers;
+
+    impl RabbitmqBrokers {
+        /// A config with fresh names on the test server, if one is configured.
+        pub fn config() -> Option<RabbitmqConfig> {
+            let url = std::env::var(RABBITMQ_URL_VAR).ok()?;
+            let id = &uuid::Uuid::new_v4().simple().to_string()[..12];
+            Some(RabbitmqConfig {
+                url,
+                commands_queue: format!("t{id}.commands"),
+                events_exchange: format!("t{id}.events"),
+                dead_letter_exchange: format!("t{id}.dead"),
+                dead_letter_queue: format!("t{id}.dead"),
+                ..RabbitmqConfig::default()
+            })
+        }
+    }
+
+    fn unavailable(what: &str, e: impl std::fmt::Display) -> Error {
+        Error::unavailable(format!("rabbitmq fixture: {what}: {e}"))
+    }
+
+    #[async_trait]
+    impl BrokerFactory for RabbitmqBrokers {
+        fn name(&self) -> &'static str {
+            "rabbitmq"
+        }
+        fn unavailable(&self) -> Option<String> {
+            std::env::var(RABBITMQ_URL_VAR).is_err().then(|| {
+                format!("{RABBITMQ_URL_VAR} is not set (bash scripts/test.sh starts RabbitMQ)")
+            })
+        }
+        async fn fresh(&self) -> Result<Arc<dyn BrokerFixture>> {
+            let config = Self::config()
+                .ok_or_else(|| Error::config(format!("{RABBITMQ_URL_VAR} is not set")))?;
+            Ok(Arc::new(RabbitmqFixture::new(config).await?))
+        }
+    }
+
+    /// A producer and reader of its own: a channel with confirms, and a queue bound to the
+    /// events exchange (`#`) that collects every event.
+    pub struct RabbitmqFixture {
+        pub config: RabbitmqConfig,
+        _connection: Connection,
+        channel: Channel,
+        events_queue: String,
+        events: Mutex<Vec<ReadEvent>>,
+        dead: Mutex<Vec<ReadDeadLetter>>,
+    }
+
+    impl RabbitmqFixture {
+        pub async fn new(config: RabbitmqConfig) -> Result<Self> {
+            // Declares the topology, so commands can be sent before a connect.
+            drop(RabbitmqBroker::connect(&config).await?);
+            let connection = Connection::connect(&config.url, ConnectionProperties::default())
+                .await
+                .map_err(|e| unavailable("connect", e))?;
+            let channel = connection
+                .create_channel()
+                .await
+                .map_err(|e| unavailable("channel", e))?;
+            channel
+                .confirm_select(ConfirmSelectOptions::default())
+                .await
+                .map_err(|e| unavailable("confirms", e))?;
+            let events_queue = format!("{}.reader", config.events_exchange);
+            channel
+                .queue_declare(
+                    events_queue.as_str().into(),
+                    QueueDeclareOptions::default(),
+                    FieldTable::default(),
+                )
+                .await
+                .map_err(|e| unavailable("reader queue", e))?;
+            channel
+                .queue_bind(
+                    events_queue.as_str().into(),
+                    config.events_exchange.as_str().into(),
+                    "#".into(),
+                    QueueBindOptions::default(),
+                    FieldTable::default(),
+                )
+                .await
+                .map_err(|e| unavailable("reader binding", e))?;
+            Ok(RabbitmqFixture {
+                config,
+                _connection: connection,
+                channel,
+                events_queue,
+                events: Mutex::new(Vec::new()),
+                dead: Mutex::new(Vec::new()),
+            })
+        }
+
+        /// Takes every message waiting in `queue`.
+        pub async fn drain(&self, queue: &str) -> Result<Vec<lapin::message::BasicGetMessage>> {
+            let mut out = Vec::new();
+            while let Some(message) = self
+                .channel
+                .basic_get(queue.into(), BasicGetOptions { no_ack: true })
+                .await
+                .map_err(|e| unavailable("basic.get", e))?
+            {
+                out.push(message);
+            }
+            Ok(out)
+        }
+    }
+
+    #[async_trait]
+    impl BrokerFixture for RabbitmqFixture {
+        async fn connect(&self) -> Result<Box<dyn Broker>> {
+            Ok(Box::new(RabbitmqBroker::connect(&self.config).await?))
+        }
+        async fn send_command(&self, body: &[u8]) -> Result<()> {
+            let confirm = self
+                .channel
+                .basic_publish(
+                    "".into(),
+                    self.config.commands_queue.as_str().into(),
+                    BasicPublishOptions::default(),
+                    body,
+                    BasicProperties::default().with_delivery_mode(2),
+                )
+                .await
+                .map_err(|e| unavailable("publish", e))?;
+            confirm.await.map_err(|e| unavailable("confirm", e))?;
+            Ok(())
+        }
+        async fn events(&self) -> Result<Vec<ReadEvent>> {
+            let new = self.drain(&self.events_queue).await?;
+            let mut events = self
+                .events
+                .lock()
+                .map_err(|_| Error::internal("poisoned"))?;
+            for m in new {
+                let id = m
+                    .delivery
+                    .properties
+                    .message_id()
+                    .as_ref()
+                    .and_then(|id| uuid::Uuid::parse_str(id.as_str()).ok())
+                    .ok_or_else(|| Error::internal("event without a message_id"))?;
+                events.push(ReadEvent {
+                    id,
+                    body: m.delivery.data,
+                });
+            }
+            Ok(events.clone())
+        }
+        async fn dead_letters(&self) -> Result<Vec<ReadDeadLetter>> {
+            let new = self.drain(&self.config.dead_letter_queue).await?;
+            let mut dead = self.dead.lock().map_err(|_| Error::internal("poisoned"))?;
+            for m in new {
+                let reason = m
+                    .delivery
+                    .properties
+                    .headers()
+                    .as_ref()
+                    .and_then(|h| h.inner().get(REASON_HEADER).cloned())
+                    .map(|v| match v {
+                        AMQPValue::LongString(s) => s.to_string(),
+                        other => format!("{other:?}"),
+                    })
+                    .unwrap_or_default();
+                dead.push(ReadDeadLetter {
+                    body: m.delivery.data,
+                    reason,
+                });
+            }
+            Ok(dead.clone())
+        }
+    }
 }
 
 /// The NATS server the tests use (`scripts/servers/nats.sh start` prints it).

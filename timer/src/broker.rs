@@ -24,6 +24,21 @@ pub struct OutboundEvent {
     pub body: Vec<u8>,
 }
 
+/// A tenant id as one routing token (NATS subject token, AMQP topic word): letters, digits, `-`
+/// and `_` stay; every other byte (`.`, `*`, `>`, `#`, spaces, non-ASCII) becomes `%XX`, so a
+/// tenant is always exactly one token and distinct tenants stay distinct.
+pub fn routing_token(tenant: &str) -> String {
+    let mut out = String::with_capacity(tenant.len());
+    for b in tenant.bytes() {
+        if b.is_ascii_alphanumeric() || b == b'-' || b == b'_' {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
 #[async_trait]
 pub trait Broker: Send + Sync + 'static {
     /// The plugin's name: `memory`, `nats`, `kafka`, `rabbitmq`.
@@ -47,4 +62,17 @@ pub trait Broker: Send + Sync + 'static {
 
     /// Ok when the broker is reachable.
     async fn health(&self) -> Result<()>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tenants_become_single_routing_tokens() {
+        assert_eq!(routing_token("acme-1_x"), "acme-1_x");
+        assert_eq!(routing_token("a.b *>#"), "a%2Eb%20%2A%3E%23");
+        assert_eq!(routing_token("ü"), "%C3%BC");
+        assert_ne!(routing_token("a.b"), routing_token("a%2Eb"));
+    }
 }

@@ -14,6 +14,7 @@ use async_nats::header::{HeaderMap, NATS_MESSAGE_ID};
 use async_nats::jetstream::{self, consumer, stream, ErrorCode};
 use async_trait::async_trait;
 use futures::{FutureExt, StreamExt};
+use timer_core::broker::routing_token;
 use timer_core::{Broker, Delivery, Error, OutboundEvent, Result};
 
 pub use config::NatsConfig;
@@ -36,20 +37,6 @@ pub struct NatsBroker {
 
 fn unavailable(what: &str, e: impl std::fmt::Display) -> Error {
     Error::unavailable(format!("nats broker: {what}: {e}"))
-}
-
-/// A subject token for a tenant id: letters, digits, `-` and `_` stay; every other byte
-/// (`.`, `*`, `>`, spaces, non-ASCII) becomes `%XX`, so a tenant is always exactly one token.
-pub fn subject_token(tenant: &str) -> String {
-    let mut out = String::with_capacity(tenant.len());
-    for b in tenant.bytes() {
-        if b.is_ascii_alphanumeric() || b == b'-' || b == b'_' {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
 }
 
 impl NatsBroker {
@@ -327,7 +314,7 @@ impl Broker for NatsBroker {
             let subject = format!(
                 "{}.{}",
                 self.events_subject,
-                subject_token(&event.key.tenant_id)
+                routing_token(&event.key.tenant_id)
             );
             let ack = self
                 .js
@@ -380,13 +367,6 @@ impl Broker for NatsBroker {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn tenants_become_single_subject_tokens() {
-        assert_eq!(subject_token("acme-1_x"), "acme-1_x");
-        assert_eq!(subject_token("a.b *>"), "a%2Eb%20%2A%3E");
-        assert_eq!(subject_token("ü"), "%C3%BC");
-    }
 
     #[test]
     fn urls_lose_their_credentials_in_messages() {
