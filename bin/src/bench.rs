@@ -198,6 +198,10 @@ async fn start_rig(config: &Config, instances: usize) -> anyhow::Result<Rig> {
                 ..(**c).clone()
             };
             cleanup.push(Cleanup::RabbitmqTopology(Box::new(c.clone())));
+            // Events need a queue to go to: unroutable ones come back and are retried.
+            timer_brokers::rabbitmq::declare_sink(&c)
+                .await
+                .map_err(|e| anyhow::anyhow!(e.chain()))?;
             Some(c)
         }
         _ => None,

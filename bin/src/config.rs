@@ -66,7 +66,7 @@ pub const BROKER_KINDS: &[Kind] = &[
 
 /// Which plugin kinds exist but have no implementation yet, with the issue that brings them.
 /// (Their cargo features exist so the workspace's feature set is stable.)
-const NOT_YET_WRITTEN: &[(&str, &str)] = &[("kafka", "issue #13"), ("rabbitmq", "issue #8")];
+const NOT_YET_WRITTEN: &[(&str, &str)] = &[("kafka", "issue #13")];
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -214,7 +214,11 @@ pub fn load(figment: &Figment) -> Result<Config, Error> {
     let broker = match broker_kind {
         "memory" => BrokerConfig::Memory(section(figment, "broker")?),
         #[cfg(feature = "nats")]
-        "nats" => BrokerConfig::Nats(Box::new(section(figment, "broker")?)),
+        "nats" => {
+            let c: timer_brokers::nats::NatsConfig = section(figment, "broker")?;
+            c.check()?;
+            BrokerConfig::Nats(Box::new(c))
+        }
         #[cfg(feature = "rabbitmq")]
         "rabbitmq" => BrokerConfig::Rabbitmq(Box::new(section(figment, "broker")?)),
         other => {

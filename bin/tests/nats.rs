@@ -21,7 +21,9 @@ const BIN: &str = env!("CARGO_BIN_EXE_timer-service");
 const DIR_VAR: &str = "TIMER_TEST_NATS_DIR";
 
 fn main() {
-    let args = Arguments::from_args();
+    let mut args = Arguments::from_args();
+    // One trial at a time: one of them stops the shared server, which the others need.
+    args.test_threads.get_or_insert(1);
     let missing = [NATS_URL_VAR, DIR_VAR]
         .iter()
         .find(|v| std::env::var(v).is_err())

@@ -26,7 +26,9 @@ const BIN: &str = env!("CARGO_BIN_EXE_timer-service");
 const DIR_VAR: &str = "TIMER_TEST_RABBITMQ_DIR";
 
 fn main() {
-    let args = Arguments::from_args();
+    let mut args = Arguments::from_args();
+    // One trial at a time: one of them stops the shared server, which the others need.
+    args.test_threads.get_or_insert(1);
     let missing = [RABBITMQ_URL_VAR, DIR_VAR]
         .iter()
         .find(|v| std::env::var(v).is_err())
@@ -36,6 +38,11 @@ fn main() {
             "rabbitmq::malformed_command_lands_in_the_dead_letter_queue",
             missing.clone(),
             malformed_command_lands_in_the_dead_letter_queue,
+        ),
+        server_trial(
+            "rabbitmq::an_unroutable_event_is_retried_not_lost",
+            missing.clone(),
+            an_unroutable_event_is_retried_not_lost,
         ),
         server_trial(
             "rabbitmq::an_unreachable_server_is_a_one_line_error",
@@ -142,12 +149,20 @@ async fn publish_commands(ch: &Channel, c: &RabbitmqConfig, bodies: Vec<String>)
         );
         if confirms.len() == 1_000 {
             for confirm in confirms.drain(..) {
-                confirm.await.expect("confirm");
+                let confirmation = confirm.await.expect("confirm");
+                assert!(
+                    matches!(confirmation, lapin::Confirmation::Ack(None)),
+                    "{confirmation:?}"
+                );
             }
         }
     }
     for confirm in confirms {
-        confirm.await.expect("confirm");
+        let confirmation = confirm.await.expect("confirm");
+        assert!(
+            matches!(confirmation, lapin::Confirmation::Ack(None)),
+            "{confirmation:?}"
+        );
     }
 }
 
@@ -394,5 +409,52 @@ async fn ten_thousand_timers_survive_a_broker_restart() {
     .await;
     assert!(ready.is_some(), "the service is ready again");
     assert_eq!(service.terminate().await, Some(0));
+    let _ = timer_brokers::rabbitmq::delete_topology(&c).await;
+}
+
+async fn an_unroutable_event_is_retried_not_lost() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let c = config();
+    let mut environment = env(dir.path(), &c);
+    environment.push(("TIMER_ENGINE__RETRY_BASE", "100ms".into()));
+    environment.push(("TIMER_ENGINE__RETRY_MAX", "200ms".into()));
+    let service = Service::start(Path::new(BIN), dir.path(), &environment).await;
+    let (status, v) = service
+        .post(
+            "/v1/timers",
+            json!({"tenantId": "t", "serviceCallId": "nobody-listens", "dueTimeMs": now_ms()})
+                .to_string(),
+        )
+        .await;
+    assert_eq!(status, 201, "{v}");
+    // No queue is bound to the events exchange: RabbitMQ returns the event, the timer stays.
+    let failing = wait_for(Duration::from_secs(30), || async {
+        let (_, t) = service.get("/v1/tenants/t/timers/nobody-listens").await;
+        (t["attempts"].as_u64()? >= 1).then_some(t)
+    })
+    .await
+    .expect("publish attempts recorded");
+    assert_eq!(failing["state"], "Scheduled", "{failing}");
+    assert!(
+        failing["lastError"]
+            .as_str()
+            .unwrap_or("")
+            .contains("no queue is bound"),
+        "{failing}"
+    );
+    // Once a queue is bound, the retry delivers it.
+    let (_conn, ch) = channel(&c.url).await;
+    let reader = bind_reader(&ch, &c).await;
+    let event = wait_for(Duration::from_secs(30), || async {
+        ch.basic_get(reader.as_str().into(), BasicGetOptions { no_ack: true })
+            .await
+            .ok()
+            .flatten()
+    })
+    .await
+    .expect("delivered after the binding");
+    let v: Value = serde_json::from_slice(&event.delivery.data).expect("json");
+    assert_eq!(v["aggregateId"], "nobody-listens");
+    service.terminate().await;
     let _ = timer_brokers::rabbitmq::delete_topology(&c).await;
 }

@@ -296,8 +296,10 @@ pub mod rabbitmq {
                 )
                 .await
                 .map_err(|e| unavailable("publish", e))?;
-            confirm.await.map_err(|e| unavailable("confirm", e))?;
-            Ok(())
+            match confirm.await.map_err(|e| unavailable("confirm", e))? {
+                lapin::Confirmation::Ack(None) => Ok(()),
+                other => Err(unavailable("publish", format!("not confirmed: {other:?}"))),
+            }
         }
         async fn events(&self) -> Result<Vec<ReadEvent>> {
             let new = self.drain(&self.events_queue).await?;

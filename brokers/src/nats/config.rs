@@ -10,7 +10,8 @@ use timer_core::config::duration;
 pub struct NatsConfig {
     /// Always `nats`; checked by the binary.
     pub kind: String,
-    /// Server URL(s), comma-separated: `nats://127.0.0.1:4222` (`tls://` for TLS).
+    /// Server URL: `nats://127.0.0.1:4222` (`tls://` for TLS). A `user:password@` in it is
+    /// used when `user`/`password` are not set.
     pub url: String,
     /// User and password authentication.
     pub user: Option<String>,
@@ -52,6 +53,14 @@ pub struct NatsConfig {
     pub duplicate_window: Duration,
     /// Create missing streams at start-up (an existing stream is checked, never changed).
     pub create_streams: bool,
+}
+
+impl NatsConfig {
+    /// Checks what can be checked without a server: the URL and settings that go in pairs.
+    /// `check-config` calls it; connecting does too.
+    pub fn check(&self) -> timer_core::Result<()> {
+        super::connect_target(self).map(|_| ())
+    }
 }
 
 impl Default for NatsConfig {

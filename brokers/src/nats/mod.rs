@@ -113,17 +113,61 @@ impl NatsBroker {
     }
 }
 
+/// Where and how to connect: the URL without credentials, and the user/password to use (from
+/// the config keys, else from the URL's userinfo, which async-nats would ignore).
+struct Target {
+    url: String,
+    user_password: Option<(String, String)>,
+}
+
+fn connect_target(config: &NatsConfig) -> Result<Target> {
+    let mut url = url::Url::parse(&config.url).map_err(|e| {
+        Error::config(format!(
+            "broker.url {:?} is not a URL: {e}",
+            redacted(&config.url)
+        ))
+    })?;
+    let from_url = (!url.username().is_empty()).then(|| {
+        let user = percent_decode(url.username());
+        let password = percent_decode(url.password().unwrap_or(""));
+        (user, password)
+    });
+    let _ = url.set_username("");
+    let _ = url.set_password(None);
+    let user_password = match (&config.user, &config.password) {
+        (Some(user), Some(password)) => Some((user.clone(), password.clone())),
+        (None, None) => from_url,
+        _ => return Err(Error::config("broker.user and broker.password go together")),
+    };
+    if config.tls_client_cert.is_some() != config.tls_client_key.is_some() {
+        return Err(Error::config(
+            "broker.tls_client_cert and broker.tls_client_key go together",
+        ));
+    }
+    Ok(Target {
+        url: url.to_string(),
+        user_password,
+    })
+}
+
+fn percent_decode(text: &str) -> String {
+    // form decoding reads `+` as a space; in userinfo it is a literal plus.
+    url::form_urlencoded::parse(format!("x={}", text.replace('+', "%2B")).as_bytes())
+        .next()
+        .map(|(_, v)| v.into_owned())
+        .unwrap_or_default()
+}
+
 /// The client, with the configured credentials and TLS; a one-line error naming the server and
 /// the cause when it cannot connect.
 pub async fn connect_client(config: &NatsConfig) -> Result<async_nats::Client> {
+    let target = connect_target(config)?;
     let mut options = async_nats::ConnectOptions::new()
         .name("timer-service")
         .connection_timeout(config.connect_timeout)
         .require_tls(config.tls_required);
-    if let (Some(user), Some(password)) = (&config.user, &config.password) {
-        options = options.user_and_password(user.clone(), password.clone());
-    } else if config.user.is_some() || config.password.is_some() {
-        return Err(Error::config("broker.user and broker.password go together"));
+    if let Some((user, password)) = target.user_password {
+        options = options.user_and_password(user, password);
     }
     if let Some(token) = &config.token {
         options = options.token(token.clone());
@@ -139,18 +183,10 @@ pub async fn connect_client(config: &NatsConfig) -> Result<async_nats::Client> {
     if let Some(path) = &config.tls_root_cert {
         options = options.add_root_certificates(path.clone());
     }
-    match (&config.tls_client_cert, &config.tls_client_key) {
-        (Some(cert), Some(key)) => {
-            options = options.add_client_certificate(cert.clone(), key.clone());
-        }
-        (None, None) => {}
-        _ => {
-            return Err(Error::config(
-                "broker.tls_client_cert and broker.tls_client_key go together",
-            ))
-        }
+    if let (Some(cert), Some(key)) = (&config.tls_client_cert, &config.tls_client_key) {
+        options = options.add_client_certificate(cert.clone(), key.clone());
     }
-    async_nats::connect_with_options(config.url.as_str(), options)
+    async_nats::connect_with_options(target.url.as_str(), options)
         .await
         .map_err(|e| {
             Error::unavailable(format!(
@@ -180,7 +216,7 @@ pub async fn delete_streams(config: &NatsConfig) -> Result<()> {
 
 /// The URL without credentials, for messages.
 fn redacted(url: &str) -> String {
-    match url.split_once('@') {
+    match url.rsplit_once('@') {
         Some((scheme_and_user, host)) => {
             let scheme = scheme_and_user.split("://").next().unwrap_or("nats");
             format!("{scheme}://***@{host}")
@@ -367,6 +403,36 @@ impl Broker for NatsBroker {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn credentials_in_the_url_are_used_and_removed() {
+        let config = NatsConfig {
+            url: "nats://app:p%40ss@127.0.0.1:4222".into(),
+            ..NatsConfig::default()
+        };
+        let target = connect_target(&config).unwrap();
+        assert_eq!(target.url, "nats://127.0.0.1:4222");
+        assert_eq!(target.user_password, Some(("app".into(), "p@ss".into())));
+        let keys = NatsConfig {
+            user: Some("k".into()),
+            password: Some("v".into()),
+            ..config.clone()
+        };
+        assert_eq!(
+            connect_target(&keys).unwrap().user_password,
+            Some(("k".into(), "v".into()))
+        );
+        let half = NatsConfig {
+            user: Some("k".into()),
+            ..NatsConfig::default()
+        };
+        assert!(connect_target(&half).is_err());
+        let not_url = NatsConfig {
+            url: "nats://a:1,nats://b:2".into(),
+            ..NatsConfig::default()
+        };
+        assert!(connect_target(&not_url).is_err());
+    }
 
     #[test]
     fn urls_lose_their_credentials_in_messages() {

@@ -9,7 +9,7 @@ mod config;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -33,7 +33,11 @@ pub const REASON_HEADER: &str = "x-timer-dead-letter-reason";
 
 pub struct RabbitmqBroker {
     config: RabbitmqConfig,
-    session: tokio::sync::Mutex<Option<Session>>,
+    /// The live connection and its channels; locked only to read or replace it, never across
+    /// a wait, so publishing never waits behind a receive.
+    session: tokio::sync::Mutex<Option<Arc<Session>>>,
+    /// The consumer of the current session (its generation); only `receive` waits on it.
+    consumer: tokio::sync::Mutex<Option<(u64, lapin::Consumer)>>,
     /// Delivered, not yet acknowledged: our tag → (session generation, AMQP delivery tag).
     pending: Mutex<HashMap<u64, (u64, u64)>>,
     next_tag: AtomicU64,
@@ -62,7 +66,6 @@ struct Session {
     connection: Connection,
     consume: Channel,
     publish: Channel,
-    consumer: lapin::Consumer,
 }
 
 fn unavailable(what: &str, e: impl std::fmt::Display) -> Error {
@@ -71,7 +74,7 @@ fn unavailable(what: &str, e: impl std::fmt::Display) -> Error {
 
 /// The URL without credentials, for messages.
 fn redacted(url: &str) -> String {
-    match url.split_once('@') {
+    match url.rsplit_once('@') {
         Some((scheme_and_user, host)) => {
             let scheme = scheme_and_user.split("://").next().unwrap_or("amqp");
             format!("{scheme}://***@{host}")
@@ -84,6 +87,27 @@ fn s(text: &str) -> ShortString {
     text.into()
 }
 
+async fn connection(config: &RabbitmqConfig) -> Result<Connection> {
+    tokio::time::timeout(
+        config.connect_timeout,
+        Connection::connect(&config.url, ConnectionProperties::default()),
+    )
+    .await
+    .map_err(|_| {
+        Error::unavailable(format!(
+            "rabbitmq broker: cannot connect to {}: no answer within {:?}",
+            redacted(&config.url),
+            config.connect_timeout
+        ))
+    })?
+    .map_err(|e| {
+        Error::unavailable(format!(
+            "rabbitmq broker: cannot connect to {}: {e}",
+            redacted(&config.url)
+        ))
+    })
+}
+
 impl RabbitmqBroker {
     /// Connects and declares the topology, so a wrong URL or a conflicting declaration fails
     /// at start-up with a clear error.
@@ -91,35 +115,18 @@ impl RabbitmqBroker {
         let broker = RabbitmqBroker {
             config: config.clone(),
             session: tokio::sync::Mutex::new(None),
+            consumer: tokio::sync::Mutex::new(None),
             pending: Mutex::new(HashMap::new()),
             next_tag: AtomicU64::new(1),
             generation: AtomicU64::new(0),
         };
-        let session = broker.open().await?;
-        *broker.session.lock().await = Some(session);
+        broker.session().await?;
         Ok(broker)
     }
 
     async fn open(&self) -> Result<Session> {
         let c = &self.config;
-        let connection = tokio::time::timeout(
-            c.connect_timeout,
-            Connection::connect(&c.url, ConnectionProperties::default()),
-        )
-        .await
-        .map_err(|_| {
-            Error::unavailable(format!(
-                "rabbitmq broker: cannot connect to {}: no answer within {:?}",
-                redacted(&c.url),
-                c.connect_timeout
-            ))
-        })?
-        .map_err(|e| {
-            Error::unavailable(format!(
-                "rabbitmq broker: cannot connect to {}: {e}",
-                redacted(&c.url)
-            ))
-        })?;
+        let connection = connection(c).await?;
         let consume = connection
             .create_channel()
             .await
@@ -129,19 +136,6 @@ impl RabbitmqBroker {
             .basic_qos(c.prefetch, BasicQosOptions::default())
             .await
             .map_err(|e| unavailable("setting the prefetch", e))?;
-        let generation = self.generation.fetch_add(1, Ordering::SeqCst) + 1;
-        let consumer = consume
-            .basic_consume(
-                s(&c.commands_queue),
-                s(&format!(
-                    "timer-service-{}-{generation}",
-                    std::process::id()
-                )),
-                BasicConsumeOptions::default(),
-                FieldTable::default(),
-            )
-            .await
-            .map_err(|e| unavailable(&format!("consuming queue {}", c.commands_queue), e))?;
         let publish = connection
             .create_channel()
             .await
@@ -151,26 +145,40 @@ impl RabbitmqBroker {
             .await
             .map_err(|e| unavailable("enabling publisher confirms", e))?;
         Ok(Session {
-            generation,
+            generation: self.generation.fetch_add(1, Ordering::SeqCst) + 1,
             connection,
             consume,
             publish,
-            consumer,
         })
     }
 
-    /// The live session, opening a new one when there is none.
-    async fn session(&self) -> Result<tokio::sync::MutexGuard<'_, Option<Session>>> {
+    /// The live session, opening a new one when there is none or it broke.
+    async fn session(&self) -> Result<Arc<Session>> {
         let mut guard = self.session.lock().await;
-        let alive = guard
-            .as_ref()
-            .is_some_and(|s| s.connection.status().connected());
-        if !alive {
-            *guard = None;
-            *guard = Some(self.open().await?);
-            tracing::info!("rabbitmq broker: connected");
+        if let Some(session) = guard.as_ref() {
+            if session.connection.status().connected() {
+                return Ok(session.clone());
+            }
         }
-        Ok(guard)
+        *guard = None;
+        let session = Arc::new(self.open().await?);
+        tracing::info!(
+            generation = session.generation,
+            "rabbitmq broker: connected"
+        );
+        *guard = Some(session.clone());
+        Ok(session)
+    }
+
+    /// Drops `session` (if it is still the current one), so the next call reconnects.
+    async fn discard(&self, session: &Session) {
+        let mut guard = self.session.lock().await;
+        if guard
+            .as_ref()
+            .is_some_and(|s| s.generation == session.generation)
+        {
+            *guard = None;
+        }
     }
 
     fn remember(&self, generation: u64, delivery: lapin::message::Delivery) -> Result<Delivery> {
@@ -184,19 +192,85 @@ impl RabbitmqBroker {
             body: delivery.data,
         })
     }
+
+    /// Publishes on the confirm channel with `mandatory`, so an event no queue would take comes
+    /// back instead of vanishing.
+    async fn publish_one(
+        &self,
+        session: &Session,
+        exchange: &str,
+        routing_key: &str,
+        body: &[u8],
+        properties: BasicProperties,
+    ) -> Result<lapin::PublisherConfirm> {
+        session
+            .publish
+            .basic_publish(
+                s(exchange),
+                s(routing_key),
+                BasicPublishOptions {
+                    mandatory: true,
+                    ..Default::default()
+                },
+                body,
+                properties,
+            )
+            .await
+            .map_err(|e| unavailable(&format!("publishing to exchange {exchange}"), e))
+    }
 }
 
-/// Deletes the queues and exchanges of `config` (benchmarks and tests clean up with it).
-pub async fn delete_topology(config: &RabbitmqConfig) -> Result<()> {
-    use lapin::options::{ExchangeDeleteOptions, QueueDeleteOptions};
-    let connection = Connection::connect(&config.url, ConnectionProperties::default())
-        .await
-        .map_err(|e| unavailable("connecting", e))?;
+/// The name of the queue [`declare_sink`] binds.
+pub fn sink_queue(config: &RabbitmqConfig) -> String {
+    format!("{}.sink", config.events_exchange)
+}
+
+/// Declares the events exchange and a durable queue bound to it for every routing key (`#`),
+/// so events have somewhere to go (benchmarks and tests; consumers bind their own queues).
+pub async fn declare_sink(config: &RabbitmqConfig) -> Result<String> {
+    let connection = connection(config).await?;
     let channel = connection
         .create_channel()
         .await
         .map_err(|e| unavailable("opening a channel", e))?;
-    for queue in [&config.commands_queue, &config.dead_letter_queue] {
+    declare(&channel, config).await?;
+    let queue = sink_queue(config);
+    let durable = QueueDeclareOptions {
+        durable: true,
+        ..Default::default()
+    };
+    channel
+        .queue_declare(s(&queue), durable, FieldTable::default())
+        .await
+        .map_err(|e| unavailable(&format!("declaring queue {queue}"), e))?;
+    channel
+        .queue_bind(
+            s(&queue),
+            s(&config.events_exchange),
+            s("#"),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .map_err(|e| unavailable(&format!("binding queue {queue}"), e))?;
+    let _ = connection.close(200, "done".into()).await;
+    Ok(queue)
+}
+
+/// Deletes the queues (the sink of [`declare_sink`] too) and exchanges of `config`
+/// (benchmarks and tests clean up with it).
+pub async fn delete_topology(config: &RabbitmqConfig) -> Result<()> {
+    use lapin::options::{ExchangeDeleteOptions, QueueDeleteOptions};
+    let connection = connection(config).await?;
+    let channel = connection
+        .create_channel()
+        .await
+        .map_err(|e| unavailable("opening a channel", e))?;
+    for queue in [
+        &config.commands_queue,
+        &config.dead_letter_queue,
+        &sink_queue(config),
+    ] {
         channel
             .queue_delete(s(queue), QueueDeleteOptions::default())
             .await
@@ -266,11 +340,20 @@ async fn declare(channel: &Channel, c: &RabbitmqConfig) -> Result<()> {
         .map_err(|e| unavailable("binding the dead-letter queue", e))
 }
 
-/// Waits for every publisher confirm; a nack or a lost channel is an error.
+/// Waits for every publisher confirm. A nack, a lost channel, or a message returned as
+/// unroutable (no queue bound for its routing key) is an error: the events count as not
+/// published and are retried, never dropped.
 async fn confirmed(confirms: Vec<lapin::PublisherConfirm>) -> Result<()> {
     for result in futures::future::join_all(confirms).await {
         match result.map_err(|e| unavailable("awaiting a publisher confirm", e))? {
-            Confirmation::Ack(_) | Confirmation::NotRequested => {}
+            Confirmation::Ack(None) | Confirmation::NotRequested => {}
+            Confirmation::Ack(Some(returned)) => {
+                return Err(Error::unavailable(format!(
+                    "rabbitmq broker: no queue is bound to exchange {} for routing key {:?}; \
+                     the event was returned, not delivered (bind a queue, it will be retried)",
+                    returned.delivery.exchange, returned.delivery.routing_key
+                )))
+            }
             Confirmation::Nack(_) => {
                 return Err(Error::unavailable(
                     "rabbitmq broker: the broker nacked a publish",
@@ -288,20 +371,46 @@ impl Broker for RabbitmqBroker {
     }
 
     async fn receive(&self, max: usize, wait: Duration) -> Result<Vec<Delivery>> {
-        let mut guard = self.session().await?;
-        let Some(session) = guard.as_mut() else {
+        let session = self.session().await?;
+        let mut consumer = self.consumer.lock().await;
+        if consumer.as_ref().map(|(g, _)| *g) != Some(session.generation) {
+            let tag = format!(
+                "timer-service-{}-{}",
+                std::process::id(),
+                session.generation
+            );
+            let created = session
+                .consume
+                .basic_consume(
+                    s(&self.config.commands_queue),
+                    s(&tag),
+                    BasicConsumeOptions::default(),
+                    FieldTable::default(),
+                )
+                .await
+                .map_err(|e| {
+                    unavailable(
+                        &format!("consuming queue {}", self.config.commands_queue),
+                        e,
+                    )
+                })?;
+            *consumer = Some((session.generation, created));
+        }
+        let Some((generation, stream)) = consumer.as_mut() else {
             return Ok(Vec::new());
         };
-        let generation = session.generation;
-        let first = match tokio::time::timeout(wait, session.consumer.next()).await {
+        let generation = *generation;
+        let first = match tokio::time::timeout(wait, stream.next()).await {
             Err(_) => return Ok(Vec::new()),
             Ok(Some(Ok(delivery))) => delivery,
             Ok(Some(Err(e))) => {
-                *guard = None;
+                *consumer = None;
+                self.discard(&session).await;
                 return Err(unavailable("reading commands", e));
             }
             Ok(None) => {
-                *guard = None;
+                *consumer = None;
+                self.discard(&session).await;
                 return Err(Error::unavailable(
                     "rabbitmq broker: the consumer was cancelled",
                 ));
@@ -309,11 +418,12 @@ impl Broker for RabbitmqBroker {
         };
         let mut out = vec![self.remember(generation, first)?];
         while out.len() < max {
-            match session.consumer.next().now_or_never() {
+            match stream.next().now_or_never() {
                 Some(Some(Ok(delivery))) => out.push(self.remember(generation, delivery)?),
                 Some(Some(Err(e))) => {
                     tracing::warn!(error = %e, "rabbitmq broker: consumer error; reconnecting");
-                    *guard = None;
+                    *consumer = None;
+                    self.discard(&session).await;
                     break;
                 }
                 _ => break,
@@ -330,8 +440,7 @@ impl Broker for RabbitmqBroker {
                 .map_err(|_| Error::internal("rabbitmq broker: pending map poisoned"))?;
             tags.iter().filter_map(|t| pending.remove(t)).collect()
         };
-        let guard = self.session.lock().await;
-        let Some(session) = guard.as_ref() else {
+        let Some(session) = self.session.lock().await.clone() else {
             // The connection they came on is gone; the broker requeued them already.
             return Ok(());
         };
@@ -339,34 +448,35 @@ impl Broker for RabbitmqBroker {
             if generation != session.generation {
                 continue; // delivered on a lost connection: requeued by the broker
             }
-            session
+            if let Err(e) = session
                 .consume
                 .basic_ack(delivery_tag, BasicAckOptions::default())
                 .await
-                .map_err(|e| unavailable("acknowledging a command", e))?;
+            {
+                // The channel is broken: dropping the connection makes the broker requeue
+                // every command it still holds for us.
+                self.discard(&session).await;
+                return Err(unavailable("acknowledging a command", e));
+            }
         }
         Ok(())
     }
 
     async fn publish(&self, events: &[OutboundEvent]) -> Result<()> {
-        let mut guard = self.session().await?;
-        let Some(session) = guard.as_ref() else {
-            return Err(Error::unavailable("rabbitmq broker: not connected"));
-        };
+        let session = self.session().await?;
         let mut confirms = Vec::with_capacity(events.len());
-        let mut failed = None;
         for event in events {
             let properties = BasicProperties::default()
                 .with_delivery_mode(2)
                 .with_content_type(s("application/json"))
                 .with_message_id(s(&event.id.to_string()))
                 .with_type(s("DueTimeReached"));
-            match session
-                .publish
-                .basic_publish(
-                    s(&self.config.events_exchange),
-                    s(&routing_token(&event.key.tenant_id)),
-                    BasicPublishOptions::default(),
+            let routing_key = routing_token(&event.key.tenant_id);
+            match self
+                .publish_one(
+                    &session,
+                    &self.config.events_exchange,
+                    &routing_key,
                     &event.body,
                     properties,
                 )
@@ -374,43 +484,44 @@ impl Broker for RabbitmqBroker {
             {
                 Ok(confirm) => confirms.push(confirm),
                 Err(e) => {
-                    failed = Some(unavailable("publishing an event", e));
-                    break;
+                    self.discard(&session).await;
+                    return Err(e);
                 }
             }
         }
-        let result = match failed {
-            Some(e) => Err(e),
-            None => confirmed(confirms).await,
-        };
-        if result.is_err() {
-            *guard = None; // reconnect on the next call
+        let result = confirmed(confirms).await;
+        if let Err(e) = &result {
+            if !e.to_string().contains("no queue is bound") {
+                self.discard(&session).await;
+            }
         }
         result
     }
 
     async fn dead_letter(&self, body: &[u8], reason: &str) -> Result<()> {
-        let guard = self.session().await?;
-        let Some(session) = guard.as_ref() else {
-            return Err(Error::unavailable("rabbitmq broker: not connected"));
-        };
+        let session = self.session().await?;
         let mut headers = FieldTable::default();
         headers.insert(s(REASON_HEADER), AMQPValue::LongString(reason.into()));
         let properties = BasicProperties::default()
             .with_delivery_mode(2)
             .with_headers(headers);
-        let confirm = session
-            .publish
-            .basic_publish(
-                s(&self.config.dead_letter_exchange),
-                s(""),
-                BasicPublishOptions::default(),
+        let result = match self
+            .publish_one(
+                &session,
+                &self.config.dead_letter_exchange,
+                "",
                 body,
                 properties,
             )
             .await
-            .map_err(|e| unavailable("publishing a dead letter", e))?;
-        confirmed(vec![confirm]).await
+        {
+            Ok(confirm) => confirmed(vec![confirm]).await,
+            Err(e) => Err(e),
+        };
+        if result.is_err() {
+            self.discard(&session).await;
+        }
+        result
     }
 
     async fn health(&self) -> Result<()> {
