@@ -5,7 +5,7 @@
 //! `TIMER_TEST_NATS_URL` and `TIMER_TEST_NATS_DIR` (bash scripts/test.sh starts nats-server).
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use async_nats::jetstream::{self, consumer};
@@ -13,7 +13,7 @@ use futures::StreamExt;
 use libtest_mimic::Arguments;
 use serde_json::{json, Value};
 use timer_brokers::nats::{NatsConfig, REASON_HEADER};
-use timer_conformance::e2e::{percentiles, Service};
+use timer_conformance::e2e::{percentiles, ScriptedServer, Service};
 use timer_conformance::fixtures::NATS_URL_VAR;
 use timer_conformance::{server_trial, wait_for};
 
@@ -197,41 +197,6 @@ async fn malformed_command_is_dead_lettered() {
     let _ = timer_brokers::nats::delete_streams(&c).await;
 }
 
-fn script() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/servers/nats.sh")
-}
-
-async fn nats_server(action: &str, port: u16) {
-    let dir = std::env::var(DIR_VAR).expect("TIMER_TEST_NATS_DIR");
-    let out = tokio::process::Command::new("bash")
-        .arg(script())
-        .args([action, &dir])
-        .env("NATS_PORT", port.to_string())
-        .output()
-        .await
-        .expect("run the nats script");
-    assert!(
-        out.status.success(),
-        "nats.sh {action}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// Starts the test server again if the test ends (or panics) while it is down.
-struct RestartOnDrop(u16);
-
-impl Drop for RestartOnDrop {
-    fn drop(&mut self) {
-        if let Ok(dir) = std::env::var(DIR_VAR) {
-            let _ = std::process::Command::new("bash")
-                .arg(script())
-                .args(["start", &dir])
-                .env("NATS_PORT", self.0.to_string())
-                .output();
-        }
-    }
-}
-
 async fn ten_thousand_timers_survive_a_server_kill() {
     const N: usize = 10_000;
     let dir = tempfile::tempdir().expect("tempdir");
@@ -262,14 +227,15 @@ async fn ten_thousand_timers_survive_a_server_kill() {
     .expect("firing started");
     let dir_var = std::env::var(DIR_VAR).expect("dir");
     let pid = std::fs::read_to_string(Path::new(&dir_var).join("nats.pid")).expect("pid file");
-    let guard = RestartOnDrop(port);
+    let server = ScriptedServer::new("nats", dir_var.clone(), "NATS_PORT", port);
+    let guard = server.restart_guard();
     let status = tokio::process::Command::new("kill")
         .args(["-KILL", pid.trim()])
         .status()
         .await
         .expect("kill");
     assert!(status.success());
-    nats_server("start", port).await;
+    server.run("start").await;
     drop(guard);
     println!(
         "killed nats-server after {} events were stored; restarted it",

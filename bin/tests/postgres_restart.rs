@@ -3,11 +3,11 @@
 //! test binaries one after another). Needs `TIMER_TEST_POSTGRES_URL` and
 //! `TIMER_TEST_POSTGRES_DIR` (bash scripts/test.sh sets both).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use libtest_mimic::Arguments;
-use timer_conformance::e2e::{count_by_key, Service};
+use timer_conformance::e2e::{count_by_key, ScriptedServer, Service};
 use timer_conformance::fixtures::POSTGRES_URL_VAR;
 use timer_conformance::{server_trial, wait_for};
 use timer_core::{NewTimer, Store, TimerKey, TimerState, Timestamp};
@@ -28,41 +28,6 @@ fn main() {
         restart_under_load_loses_nothing,
     )];
     libtest_mimic::run(&args, trials).exit();
-}
-
-fn script() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/servers/postgres.sh")
-}
-
-async fn server(action: &str, port: u16) {
-    let dir = std::env::var(DIR_VAR).expect("TIMER_TEST_POSTGRES_DIR");
-    let out = tokio::process::Command::new("bash")
-        .arg(script())
-        .args([action, &dir])
-        .env("PG_PORT", port.to_string())
-        .output()
-        .await
-        .expect("run the postgres script");
-    assert!(
-        out.status.success(),
-        "postgres.sh {action}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// Starts the test server again if this test ends (or panics) while it is stopped.
-struct RestartOnDrop(u16);
-
-impl Drop for RestartOnDrop {
-    fn drop(&mut self) {
-        if let Ok(dir) = std::env::var(DIR_VAR) {
-            let _ = std::process::Command::new("bash")
-                .arg(script())
-                .args(["start", &dir])
-                .env("PG_PORT", self.0.to_string())
-                .output();
-        }
-    }
 }
 
 fn now_ms() -> i64 {
@@ -117,9 +82,11 @@ async fn restart_under_load_loses_nothing() {
         .await
         .expect("firing started");
 
-    server("stop", port).await;
+    let dir = std::env::var(DIR_VAR).expect("TIMER_TEST_POSTGRES_DIR");
+    let server = ScriptedServer::new("postgres", dir, "PG_PORT", port);
+    server.run("stop").await;
     // Whatever happens next, the server is running again for the test binaries after this one.
-    let _restart = RestartOnDrop(port);
+    let _restart = server.restart_guard();
     let not_ready = wait_for(Duration::from_secs(30), || async {
         (readyz(&service).await == 503).then_some(())
     })
@@ -129,7 +96,7 @@ async fn restart_under_load_loses_nothing() {
         "/readyz reports 503 while PostgreSQL is down"
     );
     let fired_while_down = events.len();
-    server("start", port).await;
+    server.run("start").await;
     let ready = wait_for(Duration::from_secs(60), || async {
         (readyz(&service).await == 200).then_some(())
     })

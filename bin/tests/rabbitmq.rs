@@ -5,7 +5,7 @@
 //! `TIMER_TEST_RABBITMQ_DIR` (bash scripts/test.sh starts RabbitMQ).
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -18,7 +18,7 @@ use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
 use libtest_mimic::Arguments;
 use serde_json::{json, Value};
 use timer_brokers::rabbitmq::{RabbitmqConfig, REASON_HEADER};
-use timer_conformance::e2e::{percentiles, Service};
+use timer_conformance::e2e::{percentiles, ScriptedServer, Service};
 use timer_conformance::fixtures::RABBITMQ_URL_VAR;
 use timer_conformance::{server_trial, wait_for};
 
@@ -245,41 +245,6 @@ async fn an_unreachable_server_is_a_one_line_error() {
     assert!(!err.contains("secret"), "no password in the output: {err}");
 }
 
-fn script() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/servers/rabbitmq.sh")
-}
-
-async fn rabbitmq_server(action: &str, port: u16) {
-    let dir = std::env::var(DIR_VAR).expect("TIMER_TEST_RABBITMQ_DIR");
-    let out = tokio::process::Command::new("bash")
-        .arg(script())
-        .args([action, &dir])
-        .env("RABBITMQ_PORT", port.to_string())
-        .output()
-        .await
-        .expect("run the rabbitmq script");
-    assert!(
-        out.status.success(),
-        "rabbitmq.sh {action}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// Starts the test server again if the test ends (or panics) while it is down.
-struct RestartOnDrop(u16);
-
-impl Drop for RestartOnDrop {
-    fn drop(&mut self) {
-        if let Ok(dir) = std::env::var(DIR_VAR) {
-            let _ = std::process::Command::new("bash")
-                .arg(script())
-                .args(["start", &dir])
-                .env("RABBITMQ_PORT", self.0.to_string())
-                .output();
-        }
-    }
-}
-
 /// Consumes the reader queue (acking), adding events to `seen`, until `until` says stop or the
 /// connection drops.
 async fn consume(url: &str, queue: &str, seen: &mut Vec<Value>, until: impl Fn(&[Value]) -> bool) {
@@ -354,9 +319,11 @@ async fn ten_thousand_timers_survive_a_broker_restart() {
         distinct_keys(&events) < N,
         "the restart comes while timers are still firing"
     );
-    let guard = RestartOnDrop(port);
-    rabbitmq_server("stop", port).await;
-    rabbitmq_server("start", port).await;
+    let dir_var = std::env::var(DIR_VAR).expect("TIMER_TEST_RABBITMQ_DIR");
+    let server = ScriptedServer::new("rabbitmq", dir_var, "RABBITMQ_PORT", port);
+    let guard = server.restart_guard();
+    server.run("stop").await;
+    server.run("start").await;
     drop(guard);
     println!(
         "restarted RabbitMQ after {} events were consumed",

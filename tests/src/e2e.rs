@@ -245,3 +245,63 @@ pub fn percentiles(mut values: Vec<i64>) -> (i64, i64, i64) {
     let at = |p: f64| values[((values.len() - 1) as f64 * p).round() as usize];
     (at(0.50), at(0.99), at(1.0))
 }
+
+/// A test server started by one of the project's scripts (`scripts/servers/<name>.sh`), which a
+/// test stops and starts again (by the pid the script recorded, never by name).
+pub struct ScriptedServer {
+    script: PathBuf,
+    dir: String,
+    port_env: &'static str,
+    port: u16,
+}
+
+impl ScriptedServer {
+    /// `name`: the script (`postgres`, `nats`, `rabbitmq`); `dir`: its data directory (what
+    /// `scripts/test.sh` exported); `port_env`/`port`: the port it must come back on.
+    pub fn new(name: &str, dir: String, port_env: &'static str, port: u16) -> Self {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../scripts/servers")
+            .join(format!("{name}.sh"));
+        ScriptedServer {
+            script,
+            dir,
+            port_env,
+            port,
+        }
+    }
+
+    /// Runs `script start|stop DIR`; panics with the script's output when it fails.
+    pub async fn run(&self, action: &str) {
+        let out = Command::new("bash")
+            .arg(&self.script)
+            .args([action, &self.dir])
+            .env(self.port_env, self.port.to_string())
+            .output()
+            .await
+            .expect("run the server script");
+        assert!(
+            out.status.success(),
+            "{} {action}: {}",
+            self.script.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// While the returned guard lives, a test ending (or panicking) with the server down
+    /// starts it again, so the test binaries after this one find it.
+    pub fn restart_guard(&self) -> RestartOnDrop<'_> {
+        RestartOnDrop(self)
+    }
+}
+
+pub struct RestartOnDrop<'a>(&'a ScriptedServer);
+
+impl Drop for RestartOnDrop<'_> {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("bash")
+            .arg(&self.0.script)
+            .args(["start", &self.0.dir])
+            .env(self.0.port_env, self.0.port.to_string())
+            .output();
+    }
+}
