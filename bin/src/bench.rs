@@ -29,6 +29,11 @@ pub enum Workload {
     Lateness,
     Herd,
     Ingest,
+    /// `--pending` timers far in the future, then the lateness workload on top; RSS reported.
+    Pending,
+    /// `--pending` timers and one past due in the store, then the engine starts: time to the
+    /// first fire.
+    Restart,
     All,
 }
 
@@ -38,6 +43,7 @@ pub struct Options {
     pub over: Duration,
     pub runs: usize,
     pub instances: usize,
+    pub pending: usize,
     pub json: bool,
 }
 
@@ -64,6 +70,21 @@ struct Rig {
     shutdown: CancellationToken,
     tasks: Vec<tokio::task::JoinHandle<()>>,
     cleanup: Vec<Cleanup>,
+    /// Events of the first engine from before it started.
+    first_events: tokio::sync::broadcast::Receiver<Arc<timer_core::FiredEvent>>,
+    /// When the engines were started.
+    started: Instant,
+    /// Schedules/s of the preload, when there was one.
+    preload_rate: f64,
+}
+
+/// What to put in the store before the engines start.
+#[derive(Clone, Copy, Default)]
+struct Preload {
+    /// Timers due tomorrow and later.
+    far: usize,
+    /// Timers already due.
+    due_now: usize,
 }
 
 enum Cleanup {
@@ -84,7 +105,7 @@ impl Rig {
             let _ = task.await;
         }
         for cleanup in self.cleanup {
-            let result = match cleanup {
+            let result: timer_core::Result<()> = match cleanup {
                 Cleanup::None | Cleanup::TempDir(_) => Ok(()),
                 #[cfg(feature = "postgres")]
                 Cleanup::Schema(store) => store.drop_schema().await,
@@ -163,7 +184,46 @@ async fn fresh_stores(
 }
 
 async fn start_rig(config: &Config, instances: usize) -> anyhow::Result<Rig> {
+    start_rig_with(config, instances, Preload::default()).await
+}
+
+/// Fills `store` in batches of 10,000 (never holding them all); returns schedules/s.
+async fn preload(store: &Arc<dyn Store>, preload: Preload) -> anyhow::Result<f64> {
+    let total = preload.far + preload.due_now;
+    if total == 0 {
+        return Ok(0.0);
+    }
+    let bar = progress(total, "preloading");
+    let now = now_ms();
+    let started = Instant::now();
+    let mut i = 0;
+    while i < total {
+        let end = (i + 10_000).min(total);
+        let batch: Vec<NewTimer> = (i..end)
+            .map(|k| {
+                let due = if k < preload.due_now {
+                    now - 1
+                } else {
+                    now + 86_400_000 + k as i64
+                };
+                timer(k, due)
+            })
+            .collect();
+        store
+            .schedule(&batch, Timestamp::from_millis(now_ms()))
+            .await
+            .map_err(|e| anyhow::anyhow!(e.chain()))?;
+        bar.inc(batch.len() as u64);
+        i = end;
+    }
+    bar.finish_and_clear();
+    Ok(total as f64 / started.elapsed().as_secs_f64())
+}
+
+async fn start_rig_with(config: &Config, instances: usize, load: Preload) -> anyhow::Result<Rig> {
     let (stores, store_cleanup) = fresh_stores(&config.store, instances.max(1)).await?;
+    let preload_rate = preload(&stores[0], load).await?;
+    #[allow(unused_mut)] // only broker plugins add to it
     let mut cleanup = vec![store_cleanup];
     #[cfg(feature = "nats")]
     let nats = match &config.broker {
@@ -208,7 +268,6 @@ async fn start_rig(config: &Config, instances: usize) -> anyhow::Result<Rig> {
     };
     let shutdown = CancellationToken::new();
     let mut engines = Vec::new();
-    let mut tasks = Vec::new();
     let mut first_hub = None;
     for store in stores {
         let (broker, hub): (Arc<dyn Broker>, Option<MemoryHub>) = match &config.broker {
@@ -244,9 +303,11 @@ async fn start_rig(config: &Config, instances: usize) -> anyhow::Result<Rig> {
             config.engine.clone(),
             config.limits.clone(),
         );
-        tasks.push(engine.start(shutdown.clone()));
         engines.push(engine);
     }
+    let first_events = engines[0].subscribe();
+    let started = Instant::now();
+    let tasks = engines.iter().map(|e| e.start(shutdown.clone())).collect();
     Ok(Rig {
         engine: engines[0].clone(),
         engines,
@@ -254,6 +315,9 @@ async fn start_rig(config: &Config, instances: usize) -> anyhow::Result<Rig> {
         shutdown,
         tasks,
         cleanup,
+        first_events,
+        started,
+        preload_rate,
     })
 }
 
@@ -391,6 +455,77 @@ async fn lateness_run(
     instances: usize,
 ) -> anyhow::Result<Run> {
     let rig = start_rig(config, instances).await?;
+    lateness_on(rig, n, over).await
+}
+
+/// The resident memory of this process (service and load generator together), in MiB.
+fn rss_mib() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            status
+                .lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<f64>().ok())
+        })
+        .map(|kb| kb / 1024.0)
+        .unwrap_or(f64::NAN)
+}
+
+async fn pending_run(
+    config: &Config,
+    n: usize,
+    over: Duration,
+    pending: usize,
+) -> anyhow::Result<Run> {
+    let rss_before = rss_mib();
+    let rig = start_rig_with(
+        config,
+        1,
+        Preload {
+            far: pending,
+            due_now: 0,
+        },
+    )
+    .await?;
+    let rate = rig.preload_rate;
+    let rss_loaded = rss_mib();
+    let mut run = lateness_on(rig, n, over).await?;
+    run.retain(|(metric, _, _)| {
+        matches!(*metric, "p50" | "p99" | "max" | "missing" | "duplicates")
+    });
+    run.push(("pending timers", "timers", pending as f64));
+    run.push(("preload", "schedules/s", rate));
+    run.push(("RSS before", "MiB", rss_before));
+    run.push(("RSS loaded", "MiB", rss_loaded));
+    run.push(("RSS after", "MiB", rss_mib()));
+    Ok(run)
+}
+
+async fn restart_run(config: &Config, pending: usize) -> anyhow::Result<Run> {
+    let mut rig = start_rig_with(
+        config,
+        1,
+        Preload {
+            far: pending,
+            due_now: 1,
+        },
+    )
+    .await?;
+    let first = tokio::time::timeout(Duration::from_secs(120), rig.first_events.recv()).await;
+    let elapsed = rig.started.elapsed().as_secs_f64() * 1000.0;
+    rig.stop().await;
+    if !matches!(first, Ok(Ok(_))) {
+        bail!("no timer fired within 120 s of the start");
+    }
+    Ok(vec![
+        ("pending timers", "timers", pending as f64),
+        ("start to first fire", "ms", elapsed),
+    ])
+}
+
+async fn lateness_on(rig: Rig, n: usize, over: Duration) -> anyhow::Result<Run> {
     let span = i64::try_from(over.as_millis()).unwrap_or(i64::MAX).max(1);
     // Time to schedule first (at a pessimistic 5,000/s), so no timer is scheduled after its due.
     let lead = 1_000 + (n as i64 / 5);
@@ -586,12 +721,16 @@ pub async fn run(config: Config, options: Options) -> anyhow::Result<()> {
         Workload::Lateness => &[Workload::Lateness],
         Workload::Herd => &[Workload::Herd],
         Workload::Ingest => &[Workload::Ingest],
+        Workload::Pending => &[Workload::Pending],
+        Workload::Restart => &[Workload::Restart],
     };
     let mut figures = Vec::new();
     for workload in workloads {
         let name = match workload {
             Workload::Lateness => "lateness",
             Workload::Herd => "herd",
+            Workload::Pending => "pending",
+            Workload::Restart => "restart",
             _ => "ingest",
         };
         let mut runs: Vec<Run> = Vec::new();
@@ -608,6 +747,10 @@ pub async fn run(config: Config, options: Options) -> anyhow::Result<()> {
                     lateness_run(&config, options.timers, options.over, options.instances).await?
                 }
                 Workload::Herd => herd_run(&config, options.timers, options.instances).await?,
+                Workload::Pending => {
+                    pending_run(&config, options.timers, options.over, options.pending).await?
+                }
+                Workload::Restart => restart_run(&config, options.pending).await?,
                 _ => ingest_run(&config, options.timers).await?,
             });
         }
@@ -618,7 +761,10 @@ pub async fn run(config: Config, options: Options) -> anyhow::Result<()> {
                 store: store.to_owned(),
                 broker: broker.to_owned(),
                 // Ingest always goes through one instance.
-                instances: if *workload == Workload::Ingest {
+                instances: if matches!(
+                    workload,
+                    Workload::Ingest | Workload::Pending | Workload::Restart
+                ) {
                     1
                 } else {
                     options.instances

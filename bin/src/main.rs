@@ -88,6 +88,9 @@ enum Command {
         /// instances would; for lateness and herd.
         #[arg(long, default_value_t = 1)]
         instances: usize,
+        /// Pending (far-future) timers for the pending and restart workloads.
+        #[arg(long, default_value_t = 1_000_000)]
+        pending: usize,
         /// Machine-readable output.
         #[arg(long)]
         json: bool,
@@ -154,6 +157,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<()> {
             over,
             runs,
             instances,
+            pending,
             json,
         } => {
             let options = bench::Options {
@@ -162,6 +166,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<()> {
                 over,
                 runs,
                 instances,
+                pending,
                 json,
             };
             bench::run(config, options).await

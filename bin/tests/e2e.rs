@@ -612,6 +612,45 @@ async fn bench_runs_every_workload_at_a_tiny_size() {
             .iter()
             .all(|f| f["store"] == store && f["broker"] == "memory"));
     }
+    for workload in ["pending", "restart"] {
+        let (code, out, err) = run_cli(
+            dir.path(),
+            &[
+                "bench",
+                "--workload",
+                workload,
+                "--pending",
+                "500",
+                "--timers",
+                "20",
+                "--over",
+                "300ms",
+                "--runs",
+                "1",
+                "--json",
+            ],
+            &[],
+        )
+        .await;
+        assert_eq!(code, 0, "{workload}: {err}");
+        let figures: Vec<Value> = serde_json::from_str(&out).expect("JSON");
+        let metric = |name: &str| {
+            figures
+                .iter()
+                .find(|f| f["metric"] == name)
+                .and_then(|f| f["median"].as_f64())
+        };
+        assert_eq!(metric("pending timers"), Some(500.0), "{out}");
+        if workload == "pending" {
+            assert_eq!(metric("missing"), Some(0.0), "{out}");
+            assert!(metric("RSS loaded").is_some_and(|mib| mib > 0.0), "{out}");
+        } else {
+            assert!(
+                metric("start to first fire").is_some_and(|ms| ms >= 0.0),
+                "{out}"
+            );
+        }
+    }
     assert!(
         std::fs::read_dir(dir.path()).expect("dir").next().is_none(),
         "the bench leaves no database behind in the working directory"
