@@ -435,6 +435,10 @@ pub fn redact_url(text: &str) -> String {
     if url.password().is_some() {
         let _ = url.set_password(Some("***"));
         changed = true;
+    } else if matches!(url.scheme(), "nats" | "tls") && !url.username().is_empty() {
+        // `nats://TOKEN@host`: the user part is a token.
+        let _ = url.set_username("***");
+        changed = true;
     }
     let secret = |k: &str| {
         SECRET_KEYS

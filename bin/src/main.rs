@@ -70,8 +70,9 @@ enum Command {
         #[command(flatten)]
         api: Api,
     },
-    /// Measure lateness, herd and ingest on the configured store and broker (in this process,
-    /// on a fresh temp SQLite file or PostgreSQL schema, never the configured data).
+    /// Measure lateness, herd, ingest, pending and restart on the configured store and broker
+    /// (in this process, on a fresh temp SQLite file or PostgreSQL schema and broker resources
+    /// of its own, never the configured data).
     Bench {
         #[arg(long, value_enum, default_value = "all")]
         workload: bench::Workload,

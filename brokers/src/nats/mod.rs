@@ -118,6 +118,7 @@ impl NatsBroker {
 struct Target {
     url: String,
     user_password: Option<(String, String)>,
+    token: Option<String>,
 }
 
 fn connect_target(config: &NatsConfig) -> Result<Target> {
@@ -127,11 +128,12 @@ fn connect_target(config: &NatsConfig) -> Result<Target> {
             redacted(&config.url)
         ))
     })?;
-    let from_url = (!url.username().is_empty()).then(|| {
-        let user = percent_decode(url.username());
-        let password = percent_decode(url.password().unwrap_or(""));
-        (user, password)
-    });
+    // `nats://user:password@host` is user and password; `nats://TOKEN@host` is a token.
+    let (from_url, token_from_url) = match (url.username(), url.password()) {
+        ("", _) => (None, None),
+        (user, Some(password)) => (Some((percent_decode(user), percent_decode(password))), None),
+        (token, None) => (None, Some(percent_decode(token))),
+    };
     let _ = url.set_username("");
     let _ = url.set_password(None);
     let user_password = match (&config.user, &config.password) {
@@ -147,6 +149,7 @@ fn connect_target(config: &NatsConfig) -> Result<Target> {
     Ok(Target {
         url: url.to_string(),
         user_password,
+        token: config.token.clone().or(token_from_url),
     })
 }
 
@@ -169,8 +172,8 @@ pub async fn connect_client(config: &NatsConfig) -> Result<async_nats::Client> {
     if let Some((user, password)) = target.user_password {
         options = options.user_and_password(user, password);
     }
-    if let Some(token) = &config.token {
-        options = options.token(token.clone());
+    if let Some(token) = target.token {
+        options = options.token(token);
     }
     if let Some(seed) = &config.nkey {
         options = options.nkey(seed.clone());

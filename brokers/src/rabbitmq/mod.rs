@@ -33,8 +33,9 @@ pub const REASON_HEADER: &str = "x-timer-dead-letter-reason";
 
 pub struct RabbitmqBroker {
     config: RabbitmqConfig,
-    /// The live connection and its channels; locked only to read or replace it, never across
-    /// a wait, so publishing never waits behind a receive.
+    /// The live connection and its channels; locked to read it, or to replace it (which waits
+    /// for the reconnect), never while waiting for commands, so publishing never waits behind
+    /// a receive.
     session: tokio::sync::Mutex<Option<Arc<Session>>>,
     /// The consumer of the current session (its generation); only `receive` waits on it.
     consumer: tokio::sync::Mutex<Option<(u64, lapin::Consumer)>>,
@@ -387,13 +388,16 @@ impl Broker for RabbitmqBroker {
                     BasicConsumeOptions::default(),
                     FieldTable::default(),
                 )
-                .await
-                .map_err(|e| {
-                    unavailable(
-                        &format!("consuming queue {}", self.config.commands_queue),
-                        e,
-                    )
-                })?;
+                .await;
+            let created = match created {
+                Ok(created) => created,
+                Err(e) => {
+                    // The server closed the channel (queue gone, no access): start over.
+                    self.discard(&session).await;
+                    let what = format!("consuming queue {}", self.config.commands_queue);
+                    return Err(unavailable(&what, e));
+                }
+            };
             *consumer = Some((session.generation, created));
         }
         let Some((generation, stream)) = consumer.as_mut() else {

@@ -278,6 +278,9 @@ async fn listen(pool: PgPool, channel: String, tx: broadcast::Sender<Timestamp>)
                 }
             }
         }
+        // A server that accepts and then drops connections must not make this a tight loop.
+        failures += 1;
+        tokio::time::sleep(pause(failures)).await;
     }
 }
 
