@@ -669,6 +669,10 @@ async fn ingest_run(config: &Config, n: usize) -> anyhow::Result<Run> {
                 .post(&url)
                 .header("content-type", "application/json")
                 .body(body);
+            let request = match &config.http.token {
+                Some(token) => request.bearer_auth(token),
+                None => request,
+            };
             let bar = &bar;
             async move {
                 let ok = matches!(request.send().await, Ok(r) if r.status().is_success());

@@ -7,22 +7,28 @@ use serde_json::{json, Value};
 
 pub struct Client {
     base: String,
+    token: Option<String>,
     http: reqwest::Client,
 }
 
 impl Client {
-    pub fn new(base: &str) -> anyhow::Result<Self> {
+    pub fn new(base: &str, token: Option<String>) -> anyhow::Result<Self> {
         let http = reqwest::Client::builder()
             .timeout(Duration::from_secs(30))
             .build()
             .context("cannot build an HTTP client")?;
         Ok(Client {
             base: base.trim_end_matches('/').to_owned(),
+            token,
             http,
         })
     }
 
     async fn send(&self, request: reqwest::RequestBuilder) -> anyhow::Result<Value> {
+        let request = match &self.token {
+            Some(token) => request.bearer_auth(token),
+            None => request,
+        };
         let response = request.send().await.map_err(|e| {
             anyhow::anyhow!(
                 "cannot reach the timer-service HTTP API at {}: {} (is `timer-service run` \

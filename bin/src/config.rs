@@ -76,6 +76,9 @@ pub struct HttpConfig {
     /// Longest a request may take (not the event stream).
     #[serde(with = "duration")]
     pub request_timeout: Duration,
+    /// When set, every `/v1/...` request needs `Authorization: Bearer <token>` (health and
+    /// metrics stay open). The CLI client sends it too.
+    pub token: Option<String>,
 }
 
 impl Default for HttpConfig {
@@ -83,6 +86,7 @@ impl Default for HttpConfig {
         HttpConfig {
             addr: SocketAddr::from(([127, 0, 0, 1], 8080)),
             request_timeout: Duration::from_secs(10),
+            token: None,
         }
     }
 }
@@ -261,6 +265,16 @@ fn validate(config: &Config) -> Result<(), Error> {
     if e.lease < Duration::from_secs(1) {
         return Err(Error::config(
             "engine.lease must be at least 1s (a lease shorter than a publish fires timers twice)",
+        ));
+    }
+    if config
+        .http
+        .token
+        .as_deref()
+        .is_some_and(|t| t.trim().is_empty())
+    {
+        return Err(Error::config(
+            "http.token is empty; leave it out to disable authentication",
         ));
     }
     if config.limits.max_id_bytes == 0 || config.limits.max_message_bytes == 0 {
@@ -581,6 +595,12 @@ mod tests {
                 e.contains("soon") && e.contains("engine.poll_interval"),
                 "{e}"
             );
+            Ok(())
+        });
+        Jail::expect_with(|jail| {
+            jail.set_env("TIMER_HTTP__TOKEN", " ");
+            let e = load_in_jail(None).unwrap_err().to_string();
+            assert!(e.contains("http.token is empty"), "{e}");
             Ok(())
         });
         Jail::expect_with(|jail| {

@@ -1,6 +1,7 @@
 //! The HTTP API: schedule/get/cancel timers, the event stream, health and metrics.
 
 use std::convert::Infallible;
+use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
@@ -47,6 +48,18 @@ pub fn router(state: AppState, config: &Config) -> Router {
         )
         .route("/v1/commands", post(send_command))
         .route("/v1/dead-letters", get(dead_letters))
+        // The event stream lives as long as the client wants, so it has no request timeout.
+        .layer(TimeoutLayer::with_status_code(
+            StatusCode::REQUEST_TIMEOUT,
+            config.http.request_timeout,
+        ))
+        .route("/v1/events", get(events))
+        .layer(axum::middleware::from_fn_with_state(
+            config.http.token.clone().map(Arc::<str>::from),
+            require_token,
+        ));
+    // Health and metrics stay open: probes and scrapers carry no token.
+    let open = Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
@@ -54,14 +67,48 @@ pub fn router(state: AppState, config: &Config) -> Router {
             StatusCode::REQUEST_TIMEOUT,
             config.http.request_timeout,
         ));
-    // The event stream lives as long as the client wants, so it has no request timeout.
     Router::new()
-        .route("/v1/events", get(events))
         .merge(api)
+        .merge(open)
         .layer(axum::middleware::map_response(json_payload_too_large))
         .layer(RequestBodyLimitLayer::new(body_limit))
         .layer(TraceLayer::new_for_http())
         .with_state(state)
+}
+
+/// With `http.token` set, a request needs `Authorization: Bearer <token>`; compared in constant
+/// time, so the answer time says nothing about how much of a guess was right.
+async fn require_token(
+    State(token): State<Option<Arc<str>>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let Some(token) = token else {
+        return next.run(request).await;
+    };
+    let given = request
+        .headers()
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("");
+    if bool::from(subtle::ConstantTimeEq::ct_eq(
+        given.as_bytes(),
+        token.as_bytes(),
+    )) {
+        return next.run(request).await;
+    }
+    let mut response = error_body(
+        StatusCode::UNAUTHORIZED,
+        "unauthorized",
+        None,
+        "missing or wrong bearer token (see http.token)",
+    );
+    response.headers_mut().insert(
+        axum::http::header::WWW_AUTHENTICATE,
+        axum::http::HeaderValue::from_static("Bearer"),
+    );
+    response
 }
 
 fn error_body(status: StatusCode, reason: &str, field: Option<&str>, message: &str) -> Response {

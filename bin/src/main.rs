@@ -112,6 +112,9 @@ struct Api {
     /// Base URL of the service. Default: http://<http.addr from the config>.
     #[arg(long)]
     url: Option<String>,
+    /// Bearer token. Default: http.token from the config (TIMER_HTTP__TOKEN).
+    #[arg(long)]
+    token: Option<String>,
 }
 
 fn main() -> ExitCode {
@@ -147,6 +150,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<()> {
             .clone()
             .unwrap_or_else(|| format!("http://{}", config.http.addr))
     };
+    let token = |api: &Api| api.token.clone().or_else(|| config.http.token.clone());
     let print = |v: serde_json::Value| {
         println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
     };
@@ -196,16 +200,24 @@ async fn dispatch(cli: Cli) -> anyhow::Result<()> {
                 correlation_id.as_deref(),
                 payload.as_deref(),
             )?;
-            print(client::Client::new(&base(&api))?.schedule(cmd).await?);
+            print(
+                client::Client::new(&base(&api), token(&api))?
+                    .schedule(cmd)
+                    .await?,
+            );
             Ok(())
         }
         Command::Get { tenant, id, api } => {
-            print(client::Client::new(&base(&api))?.get(&tenant, &id).await?);
+            print(
+                client::Client::new(&base(&api), token(&api))?
+                    .get(&tenant, &id)
+                    .await?,
+            );
             Ok(())
         }
         Command::Cancel { tenant, id, api } => {
             print(
-                client::Client::new(&base(&api))?
+                client::Client::new(&base(&api), token(&api))?
                     .cancel(&tenant, &id)
                     .await?,
             );

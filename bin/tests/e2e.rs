@@ -656,3 +656,101 @@ async fn bench_runs_every_workload_at_a_tiny_size() {
         "the bench leaves no database behind in the working directory"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_token_guards_the_api_but_not_health_and_never_leaks() {
+    const SECRET: &str = "s3cret-token-value";
+    let dir = tempfile::tempdir().expect("tempdir");
+    let env = embedded(dir.path(), &[("TIMER_HTTP__TOKEN", SECRET)]);
+    let service = Service::start(Path::new(BIN), dir.path(), &env).await;
+    let url = format!("{}/v1/timers", service.base);
+    let body = command("t", "guarded", now_ms() + 60_000);
+    let send = |token: Option<&str>| {
+        let mut request = service
+            .http
+            .post(&url)
+            .header("content-type", "application/json")
+            .body(body.clone());
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        request.send()
+    };
+    let missing = send(None).await.expect("request");
+    assert_eq!(missing.status().as_u16(), 401);
+    assert_eq!(
+        missing
+            .headers()
+            .get("www-authenticate")
+            .map(|v| v.to_str().unwrap_or("")),
+        Some("Bearer")
+    );
+    let v: Value = missing.json().await.expect("json");
+    assert_eq!(v["error"]["reason"], "unauthorized");
+    assert_eq!(
+        send(Some("s3cret-token-valuX"))
+            .await
+            .expect("request")
+            .status()
+            .as_u16(),
+        401
+    );
+    assert_eq!(
+        send(Some(SECRET)).await.expect("request").status().as_u16(),
+        201
+    );
+    assert_eq!(
+        service.get("/v1/tenants/t/timers/guarded").await.0,
+        401,
+        "reads are guarded too"
+    );
+    let events = service
+        .http
+        .get(format!("{}/v1/events", service.base))
+        .send()
+        .await
+        .expect("events");
+    assert_eq!(events.status().as_u16(), 401, "the event stream too");
+    for open in ["/healthz", "/readyz", "/metrics"] {
+        let status = service
+            .http
+            .get(format!("{}{open}", service.base))
+            .send()
+            .await
+            .expect("get")
+            .status();
+        assert_eq!(status.as_u16(), 200, "{open} stays open");
+    }
+    // The CLI sends the configured token.
+    let (code, out, err) = run_cli(
+        dir.path(),
+        &[
+            "get",
+            "--tenant",
+            "t",
+            "--id",
+            "guarded",
+            "--url",
+            &service.base,
+        ],
+        &[("TIMER_HTTP__TOKEN", SECRET)],
+    )
+    .await;
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("Scheduled"), "{out}");
+    // check-config and the logs never print it.
+    let (code, out, _) = run_cli(
+        dir.path(),
+        &["check-config"],
+        &[("TIMER_HTTP__TOKEN", SECRET)],
+    )
+    .await;
+    assert_eq!(code, 0);
+    assert!(
+        out.contains("token = \"***\"") && !out.contains(SECRET),
+        "{out}"
+    );
+    let log = service.log_text();
+    service.terminate().await;
+    assert!(!log.contains(SECRET), "the token is not in the log");
+}
