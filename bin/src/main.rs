@@ -3,6 +3,7 @@
 mod bench;
 mod client;
 mod config;
+mod fuzz;
 mod http;
 mod plugins;
 
@@ -96,6 +97,15 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Feed generated inputs to the command decoder: every one must get a typed answer.
+    Fuzz {
+        /// How many inputs.
+        #[arg(long, default_value_t = 1_000_000)]
+        inputs: u64,
+        /// Seed of the generator (the same seed gives the same inputs).
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+    },
     /// Cancel a scheduled timer.
     Cancel {
         #[arg(long)]
@@ -176,6 +186,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<()> {
             };
             bench::run(config, options).await
         }
+        Command::Fuzz { inputs, seed } => fuzz::run(inputs, seed, &config.limits),
         Command::CheckConfig => {
             print!(
                 "{}",

@@ -754,3 +754,22 @@ async fn http_token_guards_the_api_but_not_health_and_never_leaks() {
     service.terminate().await;
     assert!(!log.contains(SECRET), "the token is not in the log");
 }
+
+#[tokio::test]
+async fn fuzzed_commands_never_panic_the_decoder() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for seed in ["3", "4"] {
+        let (code, out, err) = run_cli(
+            dir.path(),
+            &["fuzz", "--inputs", "20000", "--seed", seed],
+            &[],
+        )
+        .await;
+        assert_eq!(code, 0, "seed {seed}: {err}");
+        assert!(out.contains("no panic, every answer typed"), "{out}");
+        assert!(
+            out.contains("accepted") && out.contains("invalid_json"),
+            "both kinds of input: {out}"
+        );
+    }
+}
