@@ -35,6 +35,11 @@ fn main() {
             malformed_command_is_dead_lettered,
         ),
         server_trial(
+            "nats::service_killed_during_ingest_loses_no_command",
+            missing.clone(),
+            service_killed_during_ingest_loses_no_command,
+        ),
+        server_trial(
             "nats::ten_thousand_timers_through_nats_survive_a_server_kill",
             missing.clone(),
             ten_thousand_timers_survive_a_server_kill,
@@ -359,4 +364,69 @@ async fn an_unreachable_server_is_a_one_line_error() {
         "{err}"
     );
     assert!(!err.contains("secret"), "no password in the output: {err}");
+}
+
+/// kill -9 of the service while it ingests: commands it had not acknowledged come back from
+/// the durable consumer after the restart; every acknowledged one was committed first.
+async fn service_killed_during_ingest_loses_no_command() {
+    use timer_core::Store;
+    const N: usize = 10_000;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let c = config();
+    let environment = env(dir.path(), &c);
+    let service = Service::start(Path::new(BIN), dir.path(), &environment).await;
+    let js = client(&c.url).await;
+    let due_from = now_ms() + 20_000;
+    let bodies: Vec<String> = (0..N)
+        .map(|i| {
+            json!({"tenantId": "t", "serviceCallId": format!("i{i:05}"),
+                   "dueTimeMs": due_from + (i as i64 * 2_000) / N as i64})
+            .to_string()
+        })
+        .collect();
+    publish_commands(&js, &c, bodies).await;
+    let db = dir.path().join("timers.db");
+    let store =
+        timer_stores::sqlite::SqliteStore::open(&timer_stores::sqlite::SqliteConfig::for_path(&db))
+            .await
+            .expect("open the file");
+    let mid = wait_for(Duration::from_secs(60), || async {
+        let n = store.pending().await.ok()?;
+        (n > 0).then_some(n)
+    })
+    .await
+    .expect("ingest started");
+    service.kill9().await;
+    let stored_at_kill = store.pending().await.expect("pending");
+    println!(
+        "killed the service during ingest: {mid} stored when seen, {stored_at_kill} after the kill"
+    );
+    assert!(
+        stored_at_kill < N as u64,
+        "the kill came before ingest finished"
+    );
+    let service = Service::start(Path::new(BIN), dir.path(), &environment).await;
+    let all = wait_for(Duration::from_secs(60), || async {
+        (store.pending().await.ok()? >= N as u64).then_some(())
+    })
+    .await;
+    assert!(
+        all.is_some(),
+        "every command stored after the restart; log:\n{}",
+        service.log_text()
+    );
+    let events = wait_for(Duration::from_secs(90), || async {
+        read_all(&js, &c.events_stream).await.filter(|e| {
+            let timers: std::collections::HashSet<String> = e
+                .iter()
+                .filter_map(|m| serde_json::from_slice::<Value>(&m.payload).ok())
+                .map(|v| v["aggregateId"].to_string())
+                .collect();
+            timers.len() >= N
+        })
+    })
+    .await;
+    assert!(events.is_some(), "every timer fired");
+    service.terminate().await;
+    let _ = timer_brokers::nats::delete_streams(&c).await;
 }
