@@ -155,12 +155,15 @@ fn load_config(path: Option<&std::path::Path>) -> anyhow::Result<Config> {
 
 async fn dispatch(cli: Cli) -> anyhow::Result<()> {
     let config = load_config(cli.config.as_deref())?;
-    let base = |api: &Api| {
-        api.url
+    // The API the client commands talk to: --url/--token, else http.addr/http.token.
+    let api_client = |api: &Api| {
+        let base = api
+            .url
             .clone()
-            .unwrap_or_else(|| format!("http://{}", config.http.addr))
+            .unwrap_or_else(|| format!("http://{}", config.http.addr));
+        let token = api.token.clone().or_else(|| config.http.token.clone());
+        client::Client::new(&base, token)
     };
-    let token = |api: &Api| api.token.clone().or_else(|| config.http.token.clone());
     let print = |v: serde_json::Value| {
         println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
     };
@@ -211,27 +214,15 @@ async fn dispatch(cli: Cli) -> anyhow::Result<()> {
                 correlation_id.as_deref(),
                 payload.as_deref(),
             )?;
-            print(
-                client::Client::new(&base(&api), token(&api))?
-                    .schedule(cmd)
-                    .await?,
-            );
+            print(api_client(&api)?.schedule(cmd).await?);
             Ok(())
         }
         Command::Get { tenant, id, api } => {
-            print(
-                client::Client::new(&base(&api), token(&api))?
-                    .get(&tenant, &id)
-                    .await?,
-            );
+            print(api_client(&api)?.get(&tenant, &id).await?);
             Ok(())
         }
         Command::Cancel { tenant, id, api } => {
-            print(
-                client::Client::new(&base(&api), token(&api))?
-                    .cancel(&tenant, &id)
-                    .await?,
-            );
+            print(api_client(&api)?.cancel(&tenant, &id).await?);
             Ok(())
         }
     }

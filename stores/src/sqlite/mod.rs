@@ -96,6 +96,19 @@ impl SqliteStore {
     }
 }
 
+/// ?1 tenant, ?2 service call id, ?3 due, ?4 now, ?5 correlation id, ?6 payload.
+const INSERT_TIMER: &str = "INSERT INTO timers (tenant_id, service_call_id, due_at, \
+    registered_at, correlation_id, payload, available_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?3)";
+
+/// Same parameters. Unqualified columns on the right-hand side are the old values.
+const RESCHEDULE_TIMER: &str = "UPDATE timers SET \
+    revision = revision + (due_at <> ?3), \
+    attempts = CASE WHEN due_at <> ?3 THEN 0 ELSE attempts END, \
+    available_at = CASE WHEN lease_owner IS NOT NULL AND available_at > ?4 \
+                   THEN MAX(available_at, ?3) ELSE ?3 END, \
+    due_at = ?3, correlation_id = ?5, payload = ?6 \
+    WHERE tenant_id = ?1 AND service_call_id = ?2";
+
 const TIMER_COLUMNS: &str = "tenant_id, service_call_id, due_at, state, registered_at, \
     reached_at, correlation_id, payload, attempts, last_error, lease_owner, available_at";
 
@@ -170,48 +183,29 @@ impl Store for SqliteStore {
             .fetch_optional(&mut *tx)
             .await
             .map_err(|e| db_err(op, e))?;
-            let outcome = match existing.and_then(TimerState::from_code) {
-                None => {
-                    sqlx::query(
-                        "INSERT INTO timers (tenant_id, service_call_id, due_at, registered_at, \
-                         correlation_id, payload, available_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?3)",
-                    )
-                    .bind(&t.key.tenant_id)
-                    .bind(&t.key.service_call_id)
-                    .bind(t.due_at.as_millis())
-                    .bind(now.as_millis())
-                    .bind(&t.correlation_id)
-                    .bind(&t.payload)
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(|e| db_err(op, e))?;
-                    ScheduleOutcome::Created
+            // Both statements take the same parameters; only which one runs differs.
+            let (sql, outcome) = match existing.and_then(TimerState::from_code) {
+                None => (INSERT_TIMER, ScheduleOutcome::Created),
+                Some(TimerState::Scheduled) => (RESCHEDULE_TIMER, ScheduleOutcome::Updated),
+                Some(TimerState::Reached) => {
+                    outcomes.push(ScheduleOutcome::AlreadyReached);
+                    continue;
                 }
-                Some(TimerState::Scheduled) => {
-                    // Unqualified columns on the right-hand side are the old values.
-                    sqlx::query(
-                        "UPDATE timers SET \
-                           revision = revision + (due_at <> ?3), \
-                           attempts = CASE WHEN due_at <> ?3 THEN 0 ELSE attempts END, \
-                           available_at = CASE WHEN lease_owner IS NOT NULL AND available_at > ?4 \
-                                          THEN MAX(available_at, ?3) ELSE ?3 END, \
-                           due_at = ?3, correlation_id = ?5, payload = ?6 \
-                         WHERE tenant_id = ?1 AND service_call_id = ?2",
-                    )
-                    .bind(&t.key.tenant_id)
-                    .bind(&t.key.service_call_id)
-                    .bind(t.due_at.as_millis())
-                    .bind(now.as_millis())
-                    .bind(&t.correlation_id)
-                    .bind(&t.payload)
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(|e| db_err(op, e))?;
-                    ScheduleOutcome::Updated
+                Some(TimerState::Cancelled) => {
+                    outcomes.push(ScheduleOutcome::AlreadyCancelled);
+                    continue;
                 }
-                Some(TimerState::Reached) => ScheduleOutcome::AlreadyReached,
-                Some(TimerState::Cancelled) => ScheduleOutcome::AlreadyCancelled,
             };
+            sqlx::query(sql)
+                .bind(&t.key.tenant_id)
+                .bind(&t.key.service_call_id)
+                .bind(t.due_at.as_millis())
+                .bind(now.as_millis())
+                .bind(&t.correlation_id)
+                .bind(&t.payload)
+                .execute(&mut *tx)
+                .await
+                .map_err(|e| db_err(op, e))?;
             outcomes.push(outcome);
         }
         tx.commit().await.map_err(|e| db_err(op, e))?;
