@@ -4,9 +4,9 @@
 # summary. Usage: bash scripts/test.sh [extra cargo test args]
 #
 # Servers: PostgreSQL (scripts/servers/postgres.sh), NATS with JetStream (scripts/servers/nats.sh),
-# RabbitMQ (scripts/servers/rabbitmq.sh).
-# SQLite runs on temp files and the memory broker in process. Each server plugin adds its script
-# here as it lands.
+# RabbitMQ (scripts/servers/rabbitmq.sh), a Kafka-protocol broker (tansu, scripts/servers/kafka.sh;
+# built once into ~/.cache/timer-service, about 12 minutes on 2 cores).
+# SQLite runs on temp files and the memory broker in process.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -21,6 +21,7 @@ stop_servers() {
     bash scripts/servers/postgres.sh stop "$servers/postgres" || true
     bash scripts/servers/nats.sh stop "$servers/nats" || true
     bash scripts/servers/rabbitmq.sh stop "$servers/rabbitmq" || true
+    bash scripts/servers/kafka.sh stop "$servers/kafka" || true
     rm -rf "$servers"
 }
 trap stop_servers EXIT
@@ -50,6 +51,11 @@ rabbit_env=$(RABBITMQ_PORT=$rabbit_port RABBITMQ_EPMD_PORT=$(free_port 16369) \
     bash scripts/servers/rabbitmq.sh start "$servers/rabbitmq")
 eval "$rabbit_env"
 echo "RabbitMQ: $TIMER_TEST_RABBITMQ_URL"
+
+bash scripts/servers/kafka.sh install
+kafka_env=$(KAFKA_PORT=$(free_port 19092) bash scripts/servers/kafka.sh start "$servers/kafka")
+eval "$kafka_env"
+echo "Kafka (tansu): $TIMER_TEST_KAFKA_BROKERS (pid $TIMER_TEST_KAFKA_PID)"
 
 started=$(date +%s)
 status=0

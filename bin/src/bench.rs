@@ -96,6 +96,8 @@ enum Cleanup {
     NatsStreams(Box<timer_brokers::nats::NatsConfig>),
     #[cfg(feature = "rabbitmq")]
     RabbitmqTopology(Box<timer_brokers::rabbitmq::RabbitmqConfig>),
+    #[cfg(feature = "kafka")]
+    KafkaTopics(Box<timer_brokers::kafka::KafkaConfig>),
 }
 
 impl Rig {
@@ -115,6 +117,8 @@ impl Rig {
                 Cleanup::RabbitmqTopology(config) => {
                     timer_brokers::rabbitmq::delete_topology(&config).await
                 }
+                #[cfg(feature = "kafka")]
+                Cleanup::KafkaTopics(config) => timer_brokers::kafka::delete_topics(&config).await,
             };
             if let Err(e) = result {
                 eprintln!("warning: cleaning up after the bench: {}", e.chain());
@@ -266,6 +270,23 @@ async fn start_rig_with(config: &Config, instances: usize, load: Preload) -> any
         }
         _ => None,
     };
+    #[cfg(feature = "kafka")]
+    let kafka = match &config.broker {
+        // Topics and a consumer group of its own on the configured server, deleted afterwards.
+        BrokerConfig::Kafka(c) => {
+            let id = &uuid::Uuid::new_v4().simple().to_string()[..12];
+            let c = timer_brokers::kafka::KafkaConfig {
+                group_id: format!("bench{id}"),
+                commands_topic: format!("bench{id}.commands"),
+                events_topic: format!("bench{id}.events"),
+                dead_letter_topic: format!("bench{id}.dead"),
+                ..(**c).clone()
+            };
+            cleanup.push(Cleanup::KafkaTopics(Box::new(c.clone())));
+            Some(c)
+        }
+        _ => None,
+    };
     let shutdown = CancellationToken::new();
     let mut engines = Vec::new();
     let mut first_hub = None;
@@ -290,6 +311,14 @@ async fn start_rig_with(config: &Config, instances: usize, load: Preload) -> any
             BrokerConfig::Rabbitmq(_) => {
                 let c = rabbitmq.as_ref().context("bench rabbitmq config")?;
                 let broker = timer_brokers::rabbitmq::RabbitmqBroker::connect(c)
+                    .await
+                    .map_err(|e| anyhow::anyhow!(e.chain()))?;
+                (Arc::new(broker), None)
+            }
+            #[cfg(feature = "kafka")]
+            BrokerConfig::Kafka(_) => {
+                let c = kafka.as_ref().context("bench kafka config")?;
+                let broker = timer_brokers::kafka::KafkaBroker::connect(c)
                     .await
                     .map_err(|e| anyhow::anyhow!(e.chain()))?;
                 (Arc::new(broker), None)
@@ -719,6 +748,8 @@ pub async fn run(config: Config, options: Options) -> anyhow::Result<()> {
         BrokerConfig::Nats(_) => "nats",
         #[cfg(feature = "rabbitmq")]
         BrokerConfig::Rabbitmq(_) => "rabbitmq",
+        #[cfg(feature = "kafka")]
+        BrokerConfig::Kafka(_) => "kafka",
     };
     let workloads: &[Workload] = match options.workload {
         Workload::All => &[Workload::Lateness, Workload::Herd, Workload::Ingest],

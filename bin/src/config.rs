@@ -56,17 +56,13 @@ pub const BROKER_KINDS: &[Kind] = &[
     },
     Kind {
         name: "kafka",
-        compiled: false,
+        compiled: cfg!(feature = "kafka"),
     },
     Kind {
         name: "rabbitmq",
         compiled: cfg!(feature = "rabbitmq"),
     },
 ];
-
-/// Which plugin kinds exist but have no implementation yet, with the issue that brings them.
-/// (Their cargo features exist so the workspace's feature set is stable.)
-const NOT_YET_WRITTEN: &[(&str, &str)] = &[("kafka", "issue #13")];
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -146,6 +142,8 @@ pub enum BrokerConfig {
     Nats(Box<timer_brokers::nats::NatsConfig>),
     #[cfg(feature = "rabbitmq")]
     Rabbitmq(Box<timer_brokers::rabbitmq::RabbitmqConfig>),
+    #[cfg(feature = "kafka")]
+    Kafka(Box<timer_brokers::kafka::KafkaConfig>),
 }
 
 /// The effective configuration.
@@ -225,6 +223,12 @@ pub fn load(figment: &Figment) -> Result<Config, Error> {
         }
         #[cfg(feature = "rabbitmq")]
         "rabbitmq" => BrokerConfig::Rabbitmq(Box::new(section(figment, "broker")?)),
+        #[cfg(feature = "kafka")]
+        "kafka" => {
+            let c: timer_brokers::kafka::KafkaConfig = section(figment, "broker")?;
+            c.check()?;
+            BrokerConfig::Kafka(Box::new(c))
+        }
         other => {
             return Err(Error::internal(format!(
                 "broker kind {other:?} has no config"
@@ -314,14 +318,9 @@ fn kind_of(
         )));
     };
     if !kind.compiled {
-        let pending = NOT_YET_WRITTEN
-            .iter()
-            .find(|(name, _)| *name == kind.name)
-            .map(|(_, issue)| format!(" (its plugin is not written yet: {issue})"))
-            .unwrap_or_default();
         return Err(Error::unsupported(format!(
             "{key} = {given:?}{source}: {section} \"{}\" is not compiled in; rebuild with \
-             --features {}{pending} (compiled in: {})",
+             --features {} (compiled in: {})",
             kind.name,
             kind.name,
             compiled()
@@ -416,6 +415,9 @@ const SECRET_KEYS: &[&str] = &[
     "private_key",
     "api_key",
     "nkey",
+    // librdkafka: an inline private key, and OAUTHBEARER settings that may hold a secret.
+    "key.pem",
+    "oauthbearer.config",
 ];
 
 /// Replaces secret-looking values and the password inside URLs, recursively.
@@ -555,9 +557,21 @@ mod tests {
 
     #[test]
     fn kind_not_compiled_in_names_the_feature() {
+        // A table of its own: with --all-features every real kind is compiled in.
+        const KINDS: &[Kind] = &[
+            Kind {
+                name: "memory",
+                compiled: true,
+            },
+            Kind {
+                name: "kafka",
+                compiled: false,
+            },
+        ];
         Jail::expect_with(|jail| {
             jail.set_env("TIMER_BROKER__KIND", "kafka");
-            let e = load_in_jail(None).unwrap_err();
+            let figment = figment(None).map_err(|e| e.to_string())?;
+            let e = kind_of(&figment, "broker", KINDS, "memory").unwrap_err();
             assert_eq!(e.kind(), timer_core::ErrorKind::Unsupported);
             let e = e.to_string();
             assert!(
@@ -565,6 +579,7 @@ mod tests {
                 "{e}"
             );
             assert!(e.contains("compiled in: memory"), "{e}");
+            assert!(e.contains("TIMER_BROKER__KIND"), "names the source: {e}");
             Ok(())
         });
     }
@@ -636,5 +651,18 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("name = \"ok\""));
+        // librdkafka properties as written in [broker.properties].
+        let mut v: toml::Value = toml::from_str(
+            "[broker.properties]\n\"sasl.password\" = \"s1\"\n\"ssl.key.pem\" = \"s2\"\n\
+             \"sasl.oauthbearer.client.secret\" = \"s3\"\n\"ssl.keystore.password\" = \"s4\"\n\
+             \"sasl.mechanisms\" = \"PLAIN\"",
+        )
+        .unwrap();
+        redact(&mut v, "");
+        let text = toml::to_string(&v).unwrap();
+        for secret in ["s1", "s2", "s3", "s4"] {
+            assert!(!text.contains(secret), "{secret} shown: {text}");
+        }
+        assert!(text.contains("PLAIN"), "{text}");
     }
 }

@@ -35,5 +35,10 @@ pub async fn broker(config: &BrokerConfig) -> Result<(Arc<dyn Broker>, Option<Me
             Arc::new(timer_brokers::rabbitmq::RabbitmqBroker::connect(c).await?),
             None,
         ),
+        #[cfg(feature = "kafka")]
+        BrokerConfig::Kafka(c) => (
+            Arc::new(timer_brokers::kafka::KafkaBroker::connect(c).await?),
+            None,
+        ),
     })
 }

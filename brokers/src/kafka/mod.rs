@@ -1,0 +1,481 @@
+//! `kafka`: Apache Kafka and Kafka-protocol brokers, through rdkafka (bundled librdkafka).
+//!
+//! Commands come from a consumer group with auto-commit off; a partition's offset is committed
+//! only up to the last command the store committed with no unacknowledged command before it
+//! (per partition, in order), and never for a partition this instance no longer owns after a
+//! rebalance. Events go out through an idempotent producer (`acks=all`), keyed by tenant, with
+//! the envelope id in the `timer-event-id` header; a batch counts as published only once every
+//! delivery report is OK, with all of them in flight together.
+
+mod config;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures::FutureExt;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{
+    BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance, StreamConsumer,
+};
+use rdkafka::error::KafkaError;
+use rdkafka::message::{Header, Message, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+use rdkafka::types::RDKafkaErrorCode;
+use rdkafka::{ClientContext, Offset, TopicPartitionList};
+use timer_core::{Broker, Delivery, Error, OutboundEvent, Result};
+
+pub use config::{KafkaConfig, FIXED_PROPERTIES};
+/// The client library, for tests and tools that talk to the same cluster.
+pub use rdkafka;
+
+/// Header carrying the envelope id of a `DueTimeReached` event.
+pub const EVENT_ID_HEADER: &str = "timer-event-id";
+/// Header carrying the reason of a dead letter.
+pub const REASON_HEADER: &str = "timer-dead-letter-reason";
+
+fn unavailable(what: &str, e: impl std::fmt::Display) -> Error {
+    Error::unavailable(format!("kafka broker: {what}: {e}"))
+}
+
+/// The settings every client shares: the servers, the connect timeout and the user's
+/// properties (TLS, SASL, tuning).
+pub fn client_config(config: &KafkaConfig) -> ClientConfig {
+    let mut c = ClientConfig::new();
+    c.set("bootstrap.servers", &config.brokers)
+        .set("client.id", "timer-service")
+        .set(
+            "socket.connection.setup.timeout.ms",
+            millis(config.connect_timeout),
+        );
+    for (key, value) in &config.properties {
+        c.set(key, value);
+    }
+    c
+}
+
+fn millis(d: Duration) -> String {
+    d.as_millis().clamp(1, i32::MAX as u128).to_string()
+}
+
+/// The idempotent producer events and dead letters go out with.
+fn producer(config: &KafkaConfig) -> Result<FutureProducer> {
+    let mut c = ClientConfig::new();
+    c.set("linger.ms", "1")
+        .set("message.timeout.ms", millis(config.publish_timeout));
+    // The user's properties win over tuning, never over the guarantees set below.
+    for (key, value) in client_config(config).config_map() {
+        c.set(key, value);
+    }
+    c.set("enable.idempotence", "true").set("acks", "all");
+    c.create()
+        .map_err(|e| Error::config(format!("kafka broker: producer settings: {e}")))
+}
+
+/// Which commands were delivered and which of them the store committed, per partition.
+#[derive(Default)]
+struct Tracking {
+    /// Bumped at every revocation, so acks of deliveries from before it are recognised.
+    epoch: u64,
+    partitions: HashMap<i32, PartitionTrack>,
+    /// tag → (partition, offset, epoch of the partition's track).
+    tags: HashMap<u64, (i32, i64, u64)>,
+}
+
+struct PartitionTrack {
+    epoch: u64,
+    /// Delivered offsets → acknowledged yet.
+    offsets: BTreeMap<i64, bool>,
+}
+
+/// The consumer's context: forgets the commands of revoked partitions so nothing is ever
+/// committed for a partition another instance now owns.
+struct GroupContext {
+    commands_topic: String,
+    tracking: Arc<Mutex<Tracking>>,
+}
+
+impl ClientContext for GroupContext {}
+
+impl ConsumerContext for GroupContext {
+    fn pre_rebalance(&self, _: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        if let Rebalance::Revoke(list) = rebalance {
+            let Ok(mut tracking) = self.tracking.lock() else {
+                return;
+            };
+            tracking.epoch += 1;
+            for element in list.elements() {
+                if element.topic() == self.commands_topic {
+                    tracking.partitions.remove(&element.partition());
+                }
+            }
+            tracing::info!(
+                partitions = list.count(),
+                "kafka broker: partitions revoked; their unacknowledged commands go to the next owner"
+            );
+        }
+    }
+
+    fn post_rebalance(&self, _: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        match rebalance {
+            Rebalance::Assign(list) => {
+                let partitions: Vec<i32> = list.elements().iter().map(|e| e.partition()).collect();
+                tracing::info!(?partitions, "kafka broker: command partitions assigned");
+            }
+            Rebalance::Error(e) => tracing::warn!(error = %e, "kafka broker: rebalance failed"),
+            Rebalance::Revoke(_) => {}
+        }
+    }
+}
+
+pub struct KafkaBroker {
+    consumer: Arc<StreamConsumer<GroupContext>>,
+    producer: FutureProducer,
+    tracking: Arc<Mutex<Tracking>>,
+    next_tag: AtomicU64,
+    config: KafkaConfig,
+}
+
+impl KafkaBroker {
+    /// Connects, checks (or creates) the three topics and joins the consumer group.
+    pub async fn connect(config: &KafkaConfig) -> Result<Self> {
+        config.check()?;
+        let producer = producer(config)?;
+        ensure_topics(config, &producer).await?;
+        let tracking = Arc::new(Mutex::new(Tracking::default()));
+        let mut c = client_config(config);
+        c.set("fetch.wait.max.ms", "100")
+            .set("session.timeout.ms", "10000")
+            .set("auto.offset.reset", "earliest");
+        for (key, value) in &config.properties {
+            c.set(key, value); // the user's tuning wins over ours
+        }
+        c.set("group.id", &config.group_id)
+            .set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false");
+        let consumer: StreamConsumer<GroupContext> = c
+            .create_with_context(GroupContext {
+                commands_topic: config.commands_topic.clone(),
+                tracking: tracking.clone(),
+            })
+            .map_err(|e| Error::config(format!("kafka broker: consumer settings: {e}")))?;
+        consumer
+            .subscribe(&[config.commands_topic.as_str()])
+            .map_err(|e| {
+                unavailable(
+                    &format!("subscribing to topic {}", config.commands_topic),
+                    e,
+                )
+            })?;
+        Ok(KafkaBroker {
+            consumer: Arc::new(consumer),
+            producer,
+            tracking,
+            next_tag: AtomicU64::new(1),
+            config: config.clone(),
+        })
+    }
+
+    fn remember(&self, partition: i32, offset: i64) -> Result<u64> {
+        let tag = self.next_tag.fetch_add(1, Ordering::Relaxed);
+        let mut tracking = self
+            .tracking
+            .lock()
+            .map_err(|_| Error::internal("kafka broker: tracking poisoned"))?;
+        let epoch = tracking.epoch;
+        let track = tracking
+            .partitions
+            .entry(partition)
+            .or_insert_with(|| PartitionTrack {
+                epoch,
+                offsets: BTreeMap::new(),
+            });
+        track.offsets.insert(offset, false);
+        let track_epoch = track.epoch;
+        tracking.tags.insert(tag, (partition, offset, track_epoch));
+        Ok(tag)
+    }
+
+    /// Marks `tags` acknowledged and returns, per partition, the offset to commit: one past
+    /// the last acknowledged command with no unacknowledged one before it.
+    fn settle(&self, tags: &[u64]) -> Result<Vec<(i32, i64)>> {
+        let mut tracking = self
+            .tracking
+            .lock()
+            .map_err(|_| Error::internal("kafka broker: tracking poisoned"))?;
+        let mut touched = HashSet::new();
+        for tag in tags {
+            let Some((partition, offset, epoch)) = tracking.tags.remove(tag) else {
+                continue;
+            };
+            if let Some(track) = tracking.partitions.get_mut(&partition) {
+                if track.epoch == epoch {
+                    if let Some(acked) = track.offsets.get_mut(&offset) {
+                        *acked = true;
+                        touched.insert(partition);
+                    }
+                }
+            }
+        }
+        let mut commits = Vec::new();
+        for partition in touched {
+            let Some(track) = tracking.partitions.get_mut(&partition) else {
+                continue;
+            };
+            let mut next = None;
+            while let Some((&offset, &true)) = track.offsets.first_key_value() {
+                track.offsets.pop_first();
+                next = Some(offset + 1);
+            }
+            if let Some(next) = next {
+                commits.push((partition, next));
+            }
+        }
+        Ok(commits)
+    }
+}
+
+/// Runs a blocking librdkafka call off the async workers.
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Result<T> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| Error::internal(format!("kafka broker: blocking call failed: {e}")))
+}
+
+/// Whether `topic` exists: a metadata request for it, naming the server when it cannot be
+/// reached.
+async fn topic_exists(
+    config: &KafkaConfig,
+    producer: &FutureProducer,
+    topic: &str,
+) -> Result<bool> {
+    let producer = producer.clone();
+    let name = topic.to_owned();
+    let timeout = config.connect_timeout;
+    let metadata = blocking(move || producer.client().fetch_metadata(Some(&name), timeout))
+        .await?
+        .map_err(|e| unavailable(&format!("cannot reach {}", config.brokers), e))?;
+    let Some(found) = metadata.topics().iter().find(|t| t.name() == topic) else {
+        return Ok(false);
+    };
+    match found.error().map(RDKafkaErrorCode::from) {
+        None => Ok(!found.partitions().is_empty()),
+        Some(RDKafkaErrorCode::UnknownTopicOrPartition) | Some(RDKafkaErrorCode::UnknownTopic) => {
+            Ok(false)
+        }
+        Some(code) => Err(unavailable(&format!("topic {topic}"), code)),
+    }
+}
+
+/// Checks the three topics and creates the missing ones, or fails naming the topic.
+async fn ensure_topics(config: &KafkaConfig, producer: &FutureProducer) -> Result<()> {
+    let mut missing = Vec::new();
+    for (key, topic) in [
+        ("broker.commands_topic", &config.commands_topic),
+        ("broker.events_topic", &config.events_topic),
+        ("broker.dead_letter_topic", &config.dead_letter_topic),
+    ] {
+        if !topic_exists(config, producer, topic).await? {
+            if !config.create_topics {
+                return Err(Error::config(format!(
+                    "kafka broker: topic {topic} ({key}) does not exist and \
+                     broker.create_topics is off"
+                )));
+            }
+            missing.push(topic.as_str());
+        }
+    }
+    if missing.is_empty() {
+        return Ok(());
+    }
+    let admin: AdminClient<DefaultClientContext> = client_config(config)
+        .create()
+        .map_err(|e| Error::config(format!("kafka broker: admin client settings: {e}")))?;
+    let new: Vec<NewTopic<'_>> = missing
+        .iter()
+        .map(|name| {
+            NewTopic::new(
+                name,
+                config.partitions,
+                TopicReplication::Fixed(config.replication_factor),
+            )
+        })
+        .collect();
+    let options = AdminOptions::new().operation_timeout(Some(config.connect_timeout));
+    let results = admin
+        .create_topics(new.iter(), &options)
+        .await
+        .map_err(|e| unavailable("creating topics", e))?;
+    for result in results {
+        match result {
+            Ok(name) => tracing::info!(
+                topic = %name,
+                partitions = config.partitions,
+                "kafka broker: created topic"
+            ),
+            Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {} // another instance was quicker
+            Err((name, code)) => {
+                return Err(Error::config(format!(
+                    "kafka broker: topic {name} does not exist and cannot be created: {code}; \
+                     create it, or allow this client to create topics"
+                )))
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Deletes the topics of `config` (benchmarks and tests clean up with it); missing ones are
+/// fine.
+pub async fn delete_topics(config: &KafkaConfig) -> Result<()> {
+    let admin: AdminClient<DefaultClientContext> = client_config(config)
+        .create()
+        .map_err(|e| Error::config(format!("kafka broker: admin client settings: {e}")))?;
+    let names = [
+        config.commands_topic.as_str(),
+        config.events_topic.as_str(),
+        config.dead_letter_topic.as_str(),
+    ];
+    let options = AdminOptions::new().operation_timeout(Some(config.connect_timeout));
+    let results = admin
+        .delete_topics(&names, &options)
+        .await
+        .map_err(|e| unavailable("deleting topics", e))?;
+    for result in results {
+        match result {
+            Ok(_) | Err((_, RDKafkaErrorCode::UnknownTopicOrPartition)) => {}
+            Err((name, code)) => return Err(unavailable(&format!("deleting topic {name}"), code)),
+        }
+    }
+    Ok(())
+}
+
+fn delivery_error(e: KafkaError) -> String {
+    match e.rdkafka_error_code() {
+        Some(code) => format!("{e} ({code:?})"),
+        None => e.to_string(),
+    }
+}
+
+#[async_trait]
+impl Broker for KafkaBroker {
+    fn name(&self) -> &'static str {
+        "kafka"
+    }
+
+    async fn receive(&self, max: usize, wait: Duration) -> Result<Vec<Delivery>> {
+        let mut out = Vec::new();
+        let first = match tokio::time::timeout(wait, self.consumer.recv()).await {
+            Err(_) => return Ok(out),
+            Ok(Err(e)) => return Err(unavailable("reading commands", e)),
+            Ok(Ok(message)) => message,
+        };
+        let tag = self.remember(first.partition(), first.offset())?;
+        out.push(Delivery {
+            tag,
+            body: first.payload().unwrap_or_default().to_vec(),
+        });
+        drop(first);
+        // Whatever librdkafka already fetched joins the batch without waiting.
+        while out.len() < max.max(1) {
+            match self.consumer.recv().now_or_never() {
+                Some(Ok(message)) => {
+                    let tag = self.remember(message.partition(), message.offset())?;
+                    out.push(Delivery {
+                        tag,
+                        body: message.payload().unwrap_or_default().to_vec(),
+                    });
+                }
+                Some(Err(e)) => {
+                    tracing::warn!(error = %e, "kafka broker: reading commands");
+                    break;
+                }
+                None => break,
+            }
+        }
+        Ok(out)
+    }
+
+    async fn ack(&self, tags: &[u64]) -> Result<()> {
+        let commits = self.settle(tags)?;
+        if commits.is_empty() {
+            return Ok(());
+        }
+        let mut list = TopicPartitionList::new();
+        for (partition, offset) in commits {
+            list.add_partition_offset(
+                &self.config.commands_topic,
+                partition,
+                Offset::Offset(offset),
+            )
+            .map_err(|e| Error::internal(format!("kafka broker: offset list: {e}")))?;
+        }
+        let consumer = self.consumer.clone();
+        blocking(move || consumer.commit(&list, CommitMode::Sync))
+            .await?
+            .map_err(|e| unavailable("committing offsets", e))
+    }
+
+    async fn publish(&self, events: &[OutboundEvent]) -> Result<()> {
+        let sends = events.iter().map(|event| {
+            let id = event.id.to_string();
+            let headers = OwnedHeaders::new().insert(Header {
+                key: EVENT_ID_HEADER,
+                value: Some(id.as_bytes()),
+            });
+            let record = FutureRecord::to(&self.config.events_topic)
+                .key(event.key.tenant_id.as_bytes())
+                .payload(&event.body)
+                .headers(headers);
+            self.producer.send(record, self.config.publish_timeout)
+        });
+        let results = futures::future::join_all(sends).await;
+        let failed: Vec<KafkaError> = results
+            .into_iter()
+            .filter_map(|r| r.err().map(|(e, _)| e))
+            .collect();
+        match failed.into_iter().next() {
+            None => Ok(()),
+            Some(first) => Err(unavailable(
+                &format!("publishing events to {}", self.config.events_topic),
+                delivery_error(first),
+            )),
+        }
+    }
+
+    async fn dead_letter(&self, body: &[u8], reason: &str) -> Result<()> {
+        let headers = OwnedHeaders::new().insert(Header {
+            key: REASON_HEADER,
+            value: Some(reason.as_bytes()),
+        });
+        let record: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(&self.config.dead_letter_topic)
+            .payload(body)
+            .headers(headers);
+        self.producer
+            .send(record, self.config.publish_timeout)
+            .await
+            .map(|_| ())
+            .map_err(|(e, _)| {
+                unavailable(
+                    &format!("dead-lettering to {}", self.config.dead_letter_topic),
+                    delivery_error(e),
+                )
+            })
+    }
+
+    async fn health(&self) -> Result<()> {
+        topic_exists(&self.config, &self.producer, &self.config.commands_topic)
+            .await?
+            .then_some(())
+            .ok_or_else(|| {
+                Error::unavailable(format!(
+                    "kafka broker: topic {} is gone",
+                    self.config.commands_topic
+                ))
+            })
+    }
+}

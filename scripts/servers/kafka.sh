@@ -1,0 +1,119 @@
+#!/usr/bin/env bash
+# A private Kafka-protocol broker (tansu) on 127.0.0.1 for the tests.
+#
+#   kafka.sh install              build tansu 0.6.0 into ~/.cache/timer-service when it is missing
+#   kafka.sh start DATA_DIR       start (or probe a running one); prints `export ...` lines
+#   kafka.sh stop DATA_DIR        stop by the recorded pid (never by name)
+#
+# There is no Apache Kafka in the registries reachable here; tansu (crates.io, Apache-2.0) speaks
+# the Kafka wire protocol. It needs a storage feature: `libsql` stores everything in
+# DATA_DIR/tansu.db, so a restart on the same DATA_DIR (also after kill -9) keeps topics, messages
+# and committed offsets. The first install compiles it (about 12 minutes on 2 cores, 59 MB);
+# later runs reuse the cached binary.
+#
+# Env: KAFKA_PORT (19092), TANSU_ROOT (~/.cache/timer-service/tansu-0.6.0), TANSU_BIN (overrides
+# the binary). tansu has no automatic topic creation: the service creates its topics itself.
+set -euo pipefail
+export LC_ALL=C
+
+PORT=${KAFKA_PORT:-19092}
+VERSION=0.6.0
+ROOT=${TANSU_ROOT:-${XDG_CACHE_HOME:-$HOME/.cache}/timer-service/tansu-$VERSION}
+BIN=${TANSU_BIN:-$ROOT/bin/tansu}
+log() { echo "[kafka] $*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+
+install() {
+    if [ -x "$BIN" ] && "$BIN" --version 2>/dev/null | grep -qF "$VERSION"; then
+        return 0
+    fi
+    command -v cargo >/dev/null || die "cargo is needed to build tansu"
+    log "building tansu $VERSION into $ROOT (once; about 12 minutes on 2 cores)"
+    local started; started=$(date +%s)
+    # Its own target dir under the cache, so a rerun after an interruption resumes the build.
+    CARGO_TARGET_DIR="$ROOT.build" cargo install tansu --version "$VERSION" --locked \
+        --features libsql --root "$ROOT" >&2
+    rm -rf "$ROOT.build"
+    log "tansu built in $(( $(date +%s) - started )) s"
+}
+
+ours() { # is $1 a tansu broker running in this data dir?
+    [ -n "$1" ] && kill -0 "$1" 2>/dev/null \
+        && [ "$(readlink "/proc/$1/cwd" 2>/dev/null)" = "$DATA_DIR" ] \
+        && tr '\0' ' ' <"/proc/$1/cmdline" 2>/dev/null | grep -qF -- " broker --cluster-id"
+}
+
+# A real Kafka request: ApiVersions v0 (api key 18, correlation id 1, client id "svc"); the
+# answer must echo correlation id 1 with error code 0.
+api_versions_ok() (
+    exec 2>/dev/null
+    exec 3<>"/dev/tcp/127.0.0.1/$PORT" || exit 1
+    printf '\000\000\000\015\000\022\000\000\000\000\000\001\000\003svc' >&3
+    hdr=$(timeout 3 head -c 10 <&3 | od -An -tx1 | tr -d ' \n')
+    [ "${hdr:8:12}" = 000000010000 ]
+)
+
+# Metadata over the advertised address answers (tansu's own client).
+metadata_ok() {
+    (cd "$DATA_DIR" && timeout 10 "$BIN" topic list --broker "tcp://127.0.0.1:$PORT" >/dev/null 2>&1)
+}
+
+start() {
+    [ -x "$BIN" ] || die "tansu not found at $BIN; run: $0 install"
+    if ! { [ -f "$PIDFILE" ] && ours "$(cat "$PIDFILE")"; }; then
+        if (exec 3<>"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null; then
+            die "port $PORT on 127.0.0.1 is already in use by another process"
+        fi
+        # After a kill -9 the old process lingers as a zombie for a moment; wait for it.
+        local old; old=$(cat "$PIDFILE" 2>/dev/null || true)
+        for _ in $(seq 1 50); do
+            [ -n "$old" ] && grep -qs '^State:[[:space:]]*Z' "/proc/$old/status" || break
+            sleep 0.1
+        done
+        # tansu reads a `.env` from its working directory and resolves sqlite:// paths against
+        # it, so it runs inside DATA_DIR.
+        (
+            cd "$DATA_DIR" || exit 1
+            RUST_LOG=${RUST_LOG:-warn} nohup env -u SCHEMA_REGISTRY -u OTEL_EXPORTER_OTLP_ENDPOINT \
+                "$BIN" broker --cluster-id timer-service-test \
+                --listener-url "tcp://127.0.0.1:$PORT" \
+                --advertised-listener-url "tcp://127.0.0.1:$PORT" \
+                --storage-engine sqlite://tansu.db </dev/null >>"$DATA_DIR/tansu.log" 2>&1 &
+            echo $! >"$PIDFILE"
+        )
+        log "started pid $(cat "$PIDFILE") on 127.0.0.1:$PORT (log $DATA_DIR/tansu.log)"
+    fi
+    local deadline=$(( $(date +%s) + 30 ))
+    until api_versions_ok && metadata_ok; do
+        kill -0 "$(cat "$PIDFILE")" 2>/dev/null || { tail -n 20 "$DATA_DIR/tansu.log" >&2 || true; die "tansu exited"; }
+        [ "$(date +%s)" -lt "$deadline" ] || die "not ready after 30 s; see $DATA_DIR/tansu.log"
+        sleep 0.1
+    done
+    echo "export TIMER_TEST_KAFKA_BROKERS=127.0.0.1:$PORT"
+    echo "export TIMER_TEST_KAFKA_PID=$(cat "$PIDFILE")"
+    echo "export TIMER_TEST_KAFKA_DIR=$DATA_DIR"
+    echo "export TIMER_TEST_KAFKA_BIN=$BIN"
+}
+
+stop() {
+    [ -f "$PIDFILE" ] || { log "not running"; return 0; }
+    local pid; pid=$(cat "$PIDFILE")
+    if ! ours "$pid"; then rm -f "$PIDFILE"; log "stale pid file removed"; return 0; fi
+    kill -TERM "$pid"
+    for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -0 "$pid" 2>/dev/null && kill -KILL "$pid" 2>/dev/null || true
+    rm -f "$PIDFILE"
+    log "stopped pid $pid"
+}
+
+cmd=${1:-}
+case $cmd in
+    install) install ;;
+    start|stop)
+        DATA_DIR=${2:?usage: $0 $cmd DATA_DIR}
+        mkdir -p "$DATA_DIR"
+        DATA_DIR=$(cd "$DATA_DIR" && pwd -P)
+        PIDFILE=$DATA_DIR/kafka.pid
+        "$cmd" ;;
+    *) die "usage: $0 install | start DATA_DIR | stop DATA_DIR" ;;
+esac
