@@ -106,6 +106,11 @@ impl Rig {
         for task in self.tasks {
             let _ = task.await;
         }
+        // Every broker client is gone before its topics or streams are deleted (tansu, the
+        // Kafka test server, breaks when a topic is deleted under a live consumer).
+        drop(self.engine);
+        drop(self.engines);
+        drop(self.hub);
         for cleanup in self.cleanup {
             let result: timer_core::Result<()> = match cleanup {
                 Cleanup::None | Cleanup::TempDir(_) => Ok(()),

@@ -66,6 +66,9 @@ fn main() {
     libtest_mimic::run(&args, trials).exit();
 }
 
+/// Topics of their own per test, never deleted: the test server is thrown away after the run,
+/// and tansu 0.6.0's storage task panics ("more or less than one row") when a topic is deleted
+/// while a consumer still fetches from it, which leaves the server unable to answer.
 fn config() -> KafkaConfig {
     KafkaBrokers::config().expect("TIMER_TEST_KAFKA_BROKERS")
 }
@@ -250,7 +253,6 @@ async fn malformed_command_is_dead_lettered() {
         "the envelope id is in the header"
     );
     service.terminate().await;
-    let _ = timer_brokers::kafka::delete_topics(&c).await;
 }
 
 async fn ten_thousand_timers_survive_restarts() {
@@ -370,7 +372,6 @@ async fn ten_thousand_timers_survive_restarts() {
     .await;
     assert!(ready.is_some(), "the service is ready again");
     assert_eq!(service.terminate().await, Some(0));
-    let _ = timer_brokers::kafka::delete_topics(&c).await;
 }
 
 /// Two instances, each with a store of its own, in one consumer group: each command reaches one
@@ -453,7 +454,6 @@ async fn two_instances_split_the_partitions() {
     );
     a.terminate().await;
     b.terminate().await;
-    let _ = timer_brokers::kafka::delete_topics(&c).await;
 }
 
 async fn a_missing_topic_is_named() {
