@@ -170,6 +170,9 @@ pub fn timer_view(t: &Timer) -> Value {
         "lastError": t.last_error,
         "correlationId": t.correlation_id,
         "payload": payload,
+        // Recurring timers: the pattern, and how many occurrences fired (dueAt is the next).
+        "recurrence": t.recurrence,
+        "occurrences": t.recurrence.as_ref().map(|_| t.occurrences),
     })
 }
 
@@ -188,6 +191,7 @@ async fn schedule(State(app): State<AppState>, body: Bytes) -> Response {
         Ok(ScheduleOutcome::Updated) => (StatusCode::OK, "updated"),
         Ok(ScheduleOutcome::AlreadyReached) => (StatusCode::CONFLICT, "already_reached"),
         Ok(ScheduleOutcome::AlreadyCancelled) => (StatusCode::CONFLICT, "already_cancelled"),
+        Ok(ScheduleOutcome::AlreadyFailed) => (StatusCode::CONFLICT, "already_failed"),
         Err(e) => return server_error(&e),
     };
     let timer = match app.engine.store().get(&key).await {
@@ -198,6 +202,7 @@ async fn schedule(State(app): State<AppState>, body: Bytes) -> Response {
     if status == StatusCode::CONFLICT {
         let message = match outcome {
             "already_reached" => "the timer already fired; nothing changed",
+            "already_failed" => "the timer failed (engine.max_attempts publishes); nothing changed",
             _ => "the timer was cancelled; nothing changed",
         };
         body["error"] = json!({ "reason": outcome, "message": message });
@@ -220,13 +225,7 @@ async fn cancel_timer(
     State(app): State<AppState>,
     Path((tenant, id)): Path<(String, String)>,
 ) -> Response {
-    let now = app.engine.clock().now();
-    match app
-        .engine
-        .store()
-        .cancel(&TimerKey::new(tenant, id), now)
-        .await
-    {
+    match app.engine.cancel(&TimerKey::new(tenant, id)).await {
         Ok(CancelOutcome::Cancelled) => Json(json!({ "outcome": "cancelled" })).into_response(),
         Ok(CancelOutcome::AlreadyCancelled) => {
             Json(json!({ "outcome": "already_cancelled" })).into_response()
@@ -236,6 +235,19 @@ async fn cancel_timer(
             "already_reached",
             None,
             "the timer already fired",
+        ),
+        Ok(CancelOutcome::AlreadyFailed) => error_body(
+            StatusCode::CONFLICT,
+            "already_failed",
+            None,
+            "the timer failed (engine.max_attempts publishes)",
+        ),
+        Ok(CancelOutcome::Firing) => error_body(
+            StatusCode::CONFLICT,
+            "firing",
+            None,
+            "the timer's event is being published right now; it fires once (retry the cancel \
+             if you need it gone should the publish fail)",
         ),
         Ok(CancelOutcome::NotFound) => {
             error_body(StatusCode::NOT_FOUND, "not_found", None, "no such timer")

@@ -85,6 +85,7 @@ fn timers(prefix: &str, n: usize, due_from: i64, spread_ms: i64) -> Vec<NewTimer
             due_at: Timestamp::from_millis(due_from + (i as i64 * spread_ms) / n as i64),
             correlation_id: None,
             payload: None,
+            recurrence: None,
         })
         .collect()
 }

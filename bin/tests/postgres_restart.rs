@@ -71,6 +71,7 @@ async fn restart_under_load_loses_nothing() {
             due_at: Timestamp::from_millis(due_from + (i as i64 * 8_000) / N as i64),
             correlation_id: None,
             payload: None,
+            recurrence: None,
         })
         .collect();
     store

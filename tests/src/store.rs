@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use timer_core::{
-    decode_command, CancelOutcome, ClaimedTimer, Lease, Limits, NewTimer, ScheduleOutcome, Store,
-    TimerKey, TimerState, Timestamp,
+    decode_command, CancelOutcome, ClaimedTimer, Lease, Limits, NewTimer, Recurrence,
+    ScheduleOutcome, Store, TimerKey, TimerState, Timestamp,
 };
 
 use crate::Check;
@@ -21,6 +21,7 @@ pub fn timer(tenant: &str, id: &str, due_ms: i64) -> NewTimer {
         due_at: Timestamp::from_millis(due_ms),
         correlation_id: None,
         payload: None,
+        recurrence: None,
     }
 }
 
@@ -70,6 +71,12 @@ pub fn checks() -> Vec<Check<Arc<dyn Store>>> {
         millisecond_precision_across_offsets,
         payload_and_correlation_round_trip,
         batch_of_10k,
+        cancel_while_leased_is_refused,
+        fail_marks_failed_for_the_lease_holder_only,
+        failed_timers_stay_failed_and_are_purged,
+        recurrence_round_trips_and_advance_moves_to_next,
+        advance_needs_the_lease_and_revision,
+        rescheduling_a_recurring_timer_resets_its_count,
     ]
 }
 
@@ -744,6 +751,7 @@ pub async fn payload_and_correlation_round_trip(store: Arc<dyn Store>) {
         due_at: T0,
         correlation_id: Some("corr-1".into()),
         payload: Some(payload.into()),
+        recurrence: None,
     };
     s.schedule(std::slice::from_ref(&t), T0)
         .await
@@ -801,4 +809,277 @@ pub async fn batch_of_10k(store: Arc<dyn Store>) {
     }
     assert_eq!(seen.len(), N);
     assert_eq!(s.pending().await.expect("pending"), 0);
+}
+
+fn recurring(tenant: &str, id: &str, due_ms: i64, cron: &str) -> NewTimer {
+    NewTimer {
+        recurrence: Some(Recurrence {
+            cron: cron.into(),
+            time_zone: "Europe/Berlin".into(),
+            end_at: Some(at(T0.as_millis() + 86_400_000)),
+            max_occurrences: Some(7),
+        }),
+        ..timer(tenant, id, due_ms)
+    }
+}
+
+pub async fn cancel_while_leased_is_refused(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    let key = TimerKey::new("t", "a");
+    s.schedule(&[timer("t", "a", T0.as_millis())], T0)
+        .await
+        .expect("schedule");
+    let claimed = s
+        .claim_due(T0, 10, &lease("i1", T0.as_millis() + 1_000))
+        .await
+        .expect("claim");
+    assert_eq!(claimed.len(), 1);
+    // While the lease is live the event may be on its way: the cancel changes nothing.
+    assert_eq!(
+        s.cancel(&key, at(T0.as_millis() + 10))
+            .await
+            .expect("cancel"),
+        CancelOutcome::Firing
+    );
+    assert_eq!(state_of(s, "t", "a").await, TimerState::Scheduled);
+    // The publish failed: released for a retry, the timer can be cancelled and never fires.
+    s.release(
+        &claimed,
+        "i1",
+        at(T0.as_millis() + 500),
+        Some("broker down"),
+    )
+    .await
+    .expect("release");
+    assert_eq!(
+        s.cancel(&key, at(T0.as_millis() + 20))
+            .await
+            .expect("cancel"),
+        CancelOutcome::Cancelled
+    );
+    assert_eq!(
+        s.mark_reached(&claimed, "i1", at(T0.as_millis() + 30))
+            .await
+            .expect("mark"),
+        0,
+        "a late mark does not revive it"
+    );
+    let later = at(T0.as_millis() + 10_000);
+    assert!(s
+        .claim_due(later, 10, &lease("i2", later.as_millis() + 1_000))
+        .await
+        .expect("claim")
+        .is_empty());
+    // A lease that expired (its holder crashed) no longer blocks a cancel.
+    s.schedule(&[timer("t", "b", T0.as_millis())], T0)
+        .await
+        .expect("schedule");
+    s.claim_due(T0, 10, &lease("i1", T0.as_millis() + 1_000))
+        .await
+        .expect("claim");
+    assert_eq!(
+        s.cancel(&TimerKey::new("t", "b"), at(T0.as_millis() + 1_001))
+            .await
+            .expect("cancel"),
+        CancelOutcome::Cancelled
+    );
+}
+
+pub async fn fail_marks_failed_for_the_lease_holder_only(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    s.schedule(&[timer("t", "a", T0.as_millis())], T0)
+        .await
+        .expect("schedule");
+    let claimed = s
+        .claim_due(T0, 10, &lease("i1", T0.as_millis() + 1_000))
+        .await
+        .expect("claim");
+    assert_eq!(
+        s.fail(&claimed, "i2", T0, "not mine").await.expect("fail"),
+        0,
+        "only the lease holder fails it"
+    );
+    assert_eq!(
+        s.fail(&claimed, "i1", at(T0.as_millis() + 5), "broker down")
+            .await
+            .expect("fail"),
+        1
+    );
+    let t = s
+        .get(&TimerKey::new("t", "a"))
+        .await
+        .expect("get")
+        .expect("exists");
+    assert_eq!(t.state, TimerState::Failed);
+    assert_eq!(t.attempts, 1, "the last attempt counts");
+    assert_eq!(t.last_error.as_deref(), Some("broker down"));
+    assert_eq!(s.pending().await.expect("pending"), 0);
+    assert_eq!(s.next_due_at().await.expect("next"), None);
+}
+
+pub async fn failed_timers_stay_failed_and_are_purged(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    s.schedule(&[timer("t", "a", T0.as_millis())], T0)
+        .await
+        .expect("schedule");
+    let claimed = s
+        .claim_due(T0, 10, &lease("i1", T0.as_millis() + 1_000))
+        .await
+        .expect("claim");
+    s.fail(&claimed, "i1", T0, "down").await.expect("fail");
+    let out = s
+        .schedule(&[timer("t", "a", T0.as_millis() + 5_000)], T0)
+        .await
+        .expect("schedule");
+    assert_eq!(out, vec![ScheduleOutcome::AlreadyFailed]);
+    assert_eq!(
+        s.cancel(&TimerKey::new("t", "a"), T0)
+            .await
+            .expect("cancel"),
+        CancelOutcome::AlreadyFailed
+    );
+    assert_eq!(s.purge(at(T0.as_millis() + 1), 10).await.expect("purge"), 1);
+    assert!(s
+        .get(&TimerKey::new("t", "a"))
+        .await
+        .expect("get")
+        .is_none());
+}
+
+pub async fn recurrence_round_trips_and_advance_moves_to_next(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    let new = recurring("t", "r", T0.as_millis(), "*/10 * * * * *");
+    s.schedule(std::slice::from_ref(&new), T0)
+        .await
+        .expect("schedule");
+    let stored = s.get(&new.key).await.expect("get").expect("exists");
+    assert_eq!(
+        stored.recurrence, new.recurrence,
+        "recurrence kept as given"
+    );
+    assert_eq!(stored.occurrences, 0);
+    let claimed = s
+        .claim_due(T0, 10, &lease("i1", T0.as_millis() + 1_000))
+        .await
+        .expect("claim");
+    assert_eq!(claimed.len(), 1);
+    assert_eq!(claimed[0].recurrence, new.recurrence);
+    assert_eq!(claimed[0].occurrences, 0);
+    let next = at(T0.as_millis() + 10_000);
+    let fired_at = at(T0.as_millis() + 3);
+    assert_eq!(
+        s.advance(&[(claimed[0].clone(), next)], "i1", fired_at)
+            .await
+            .expect("advance"),
+        1
+    );
+    let t = s.get(&new.key).await.expect("get").expect("exists");
+    assert_eq!(t.state, TimerState::Scheduled);
+    assert_eq!(t.due_at, next);
+    assert_eq!(t.available_at, next);
+    assert_eq!(t.occurrences, 1);
+    assert_eq!(t.reached_at, Some(fired_at), "reachedAt is the last fire");
+    assert_eq!(t.lease_owner, None);
+    assert_eq!(s.next_due_at().await.expect("next"), Some(next));
+    assert!(
+        s.claim_due(
+            at(next.as_millis() - 1),
+            10,
+            &lease("i1", next.as_millis() + 1_000)
+        )
+        .await
+        .expect("claim")
+        .is_empty(),
+        "not before the next occurrence"
+    );
+    let again = s
+        .claim_due(next, 10, &lease("i1", next.as_millis() + 1_000))
+        .await
+        .expect("claim");
+    assert_eq!(again.len(), 1);
+    assert_eq!(again[0].occurrences, 1);
+    assert!(
+        again[0].revision > claimed[0].revision,
+        "each occurrence its own revision"
+    );
+    // The last occurrence: marked Reached like a one-shot timer.
+    s.mark_reached(&again, "i1", next).await.expect("mark");
+    assert_eq!(state_of(s, "t", "r").await, TimerState::Reached);
+}
+
+pub async fn advance_needs_the_lease_and_revision(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    let new = recurring("t", "r", T0.as_millis(), "0 * * * * *");
+    s.schedule(std::slice::from_ref(&new), T0)
+        .await
+        .expect("schedule");
+    let claimed = s
+        .claim_due(T0, 10, &lease("i1", T0.as_millis() + 1_000))
+        .await
+        .expect("claim");
+    let next = at(T0.as_millis() + 60_000);
+    assert_eq!(
+        s.advance(&[(claimed[0].clone(), next)], "i2", T0)
+            .await
+            .expect("advance"),
+        0,
+        "not the lease holder"
+    );
+    // Rescheduled while firing: the new due time wins over the computed occurrence.
+    let moved = recurring("t", "r", T0.as_millis() + 5_000, "0 * * * * *");
+    s.schedule(&[moved], T0).await.expect("reschedule");
+    assert_eq!(
+        s.advance(&[(claimed[0].clone(), next)], "i1", T0)
+            .await
+            .expect("advance"),
+        0,
+        "stale revision"
+    );
+    let t = s.get(&new.key).await.expect("get").expect("exists");
+    assert_eq!(t.due_at, at(T0.as_millis() + 5_000));
+    assert_eq!(t.occurrences, 0);
+}
+
+pub async fn rescheduling_a_recurring_timer_resets_its_count(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    let new = recurring("t", "r", T0.as_millis(), "0 * * * * *");
+    s.schedule(std::slice::from_ref(&new), T0)
+        .await
+        .expect("schedule");
+    let claimed = s
+        .claim_due(T0, 10, &lease("i1", T0.as_millis() + 1_000))
+        .await
+        .expect("claim");
+    s.advance(
+        &[(claimed[0].clone(), at(T0.as_millis() + 60_000))],
+        "i1",
+        T0,
+    )
+    .await
+    .expect("advance");
+    // Same pattern again (a repeated command): the count stays.
+    s.schedule(
+        &[recurring("t", "r", T0.as_millis() + 60_000, "0 * * * * *")],
+        T0,
+    )
+    .await
+    .expect("schedule");
+    assert_eq!(
+        s.get(&new.key).await.expect("get").expect("t").occurrences,
+        1
+    );
+    // Another pattern: a new series.
+    let other = recurring("t", "r", T0.as_millis() + 120_000, "0 */2 * * * *");
+    s.schedule(std::slice::from_ref(&other), T0)
+        .await
+        .expect("schedule");
+    let t = s.get(&new.key).await.expect("get").expect("t");
+    assert_eq!(t.occurrences, 0);
+    assert_eq!(t.recurrence, other.recurrence);
+    // A one-shot schedule of the same key turns it into a one-shot timer.
+    s.schedule(&[timer("t", "r", T0.as_millis() + 1_000)], T0)
+        .await
+        .expect("schedule");
+    let t = s.get(&new.key).await.expect("get").expect("t");
+    assert_eq!(t.recurrence, None);
 }

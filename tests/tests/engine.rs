@@ -11,8 +11,8 @@ use timer_brokers::memory::{MemoryConfig, MemoryHub};
 use timer_conformance::wait_for;
 use timer_core::{
     Broker, CancelOutcome, ClaimedTimer, Delivery, Engine, EngineConfig, Error, Lease, Limits,
-    ManualClock, NewTimer, OutboundEvent, Result, ScheduleOutcome, Store, Timer, TimerKey,
-    TimerState, Timestamp,
+    ManualClock, NewTimer, OutboundEvent, Recurrence, Result, ScheduleOutcome, Store, Timer,
+    TimerKey, TimerState, Timestamp,
 };
 use timer_stores::memory::MemoryStore;
 use tokio_util::sync::CancellationToken;
@@ -30,6 +30,8 @@ fn config() -> EngineConfig {
         retry_max: Duration::from_secs(60),
         shutdown_grace: Duration::from_millis(50),
         instance_id: "engine-a".into(),
+        // Exact retry times; jitter has a unit test of its own.
+        retry_jitter_percent: 0,
         ..EngineConfig::default()
     }
 }
@@ -87,6 +89,7 @@ fn timer(id: &str, due: Timestamp) -> NewTimer {
         due_at: due,
         correlation_id: None,
         payload: None,
+        recurrence: None,
     }
 }
 
@@ -213,6 +216,17 @@ impl Store for MarkHangs {
     }
     async fn mark_reached(&self, _: &[ClaimedTimer], _: &str, _: Timestamp) -> Result<u64> {
         std::future::pending().await
+    }
+    async fn advance(
+        &self,
+        t: &[(ClaimedTimer, Timestamp)],
+        o: &str,
+        at: Timestamp,
+    ) -> Result<u64> {
+        self.inner.advance(t, o, at).await
+    }
+    async fn fail(&self, t: &[ClaimedTimer], o: &str, at: Timestamp, e: &str) -> Result<u64> {
+        self.inner.fail(t, o, at, e).await
     }
     async fn release(
         &self,
@@ -564,6 +578,17 @@ impl Store for SchedulesFail {
     async fn mark_reached(&self, t: &[ClaimedTimer], o: &str, at: Timestamp) -> Result<u64> {
         self.inner.mark_reached(t, o, at).await
     }
+    async fn advance(
+        &self,
+        t: &[(ClaimedTimer, Timestamp)],
+        o: &str,
+        at: Timestamp,
+    ) -> Result<u64> {
+        self.inner.advance(t, o, at).await
+    }
+    async fn fail(&self, t: &[ClaimedTimer], o: &str, at: Timestamp, e: &str) -> Result<u64> {
+        self.inner.fail(t, o, at, e).await
+    }
     async fn release(
         &self,
         t: &[ClaimedTimer],
@@ -624,4 +649,230 @@ async fn commands_are_not_acknowledged_until_the_store_committed_them() {
     assert_eq!(hub.unacknowledged().expect("count"), 0);
     timer_where(&inner, "kept", |t| t.state == TimerState::Reached).await;
     r.shutdown.cancel();
+}
+
+#[tokio::test]
+async fn a_timer_fails_after_max_attempts_with_a_timer_failed_dead_letter() {
+    let hub = MemoryHub::new(MemoryConfig::default());
+    let broker = Arc::new(FlakyBroker {
+        inner: hub.connect(),
+        failures: AtomicU32::new(u32::MAX),
+    });
+    let r = start(
+        Arc::new(MemoryStore::new()),
+        broker,
+        hub.clone(),
+        Arc::new(ManualClock::new(T0)),
+        EngineConfig {
+            max_attempts: 3,
+            ..config()
+        },
+    );
+    r.engine
+        .schedule(&[timer("doomed", T0)])
+        .await
+        .expect("schedule");
+    timer_where(&r.store, "doomed", |t| t.attempts == 1).await;
+    r.clock.advance(Duration::from_secs(1));
+    timer_where(&r.store, "doomed", |t| t.attempts == 2).await;
+    r.clock.advance(Duration::from_secs(2));
+    let t = timer_where(&r.store, "doomed", |t| t.state == TimerState::Failed).await;
+    assert_eq!(t.attempts, 3, "every attempt counted");
+    assert!(
+        t.last_error
+            .as_deref()
+            .is_some_and(|e| e.contains("injected publish failure")),
+        "{t:?}"
+    );
+    let letters = wait_for(WAIT, || async {
+        hub.dead_letters().ok().filter(|d| !d.is_empty())
+    })
+    .await
+    .expect("a TimerFailed dead letter");
+    assert_eq!(letters.len(), 1);
+    let v: serde_json::Value = serde_json::from_str(&letters[0].body).expect("json");
+    assert_eq!(v["type"], "TimerFailed");
+    assert_eq!(v["aggregateId"], "doomed");
+    assert_eq!(v["payload"]["attempts"], 3);
+    assert!(
+        letters[0].reason.starts_with("max_attempts"),
+        "{}",
+        letters[0].reason
+    );
+    // Failed is final: no further attempts, no event.
+    r.clock.advance(Duration::from_secs(600));
+    no_events_for_a_while(&hub).await;
+    let t = timer_where(&r.store, "doomed", |_| true).await;
+    assert_eq!((t.state, t.attempts), (TimerState::Failed, 3));
+}
+
+fn every_second(id: &str, first: Timestamp) -> NewTimer {
+    NewTimer {
+        recurrence: Some(Recurrence {
+            cron: "*/1 * * * * *".into(),
+            time_zone: "Europe/Berlin".into(),
+            end_at: None,
+            max_occurrences: None,
+        }),
+        ..timer(id, first)
+    }
+}
+
+fn payload_of(e: &timer_brokers::memory::PublishedEvent) -> serde_json::Value {
+    serde_json::from_slice::<serde_json::Value>(&e.body).expect("event json")["payload"].clone()
+}
+
+#[tokio::test]
+async fn a_recurring_timer_fires_each_occurrence_and_a_missed_run_once() {
+    let r = rig();
+    // T0 is a whole second.
+    let first = T0.saturating_add(Duration::from_secs(1));
+    r.engine
+        .schedule(&[every_second("tick", first)])
+        .await
+        .expect("schedule");
+    no_events_for_a_while(&r.hub).await;
+    r.clock.advance(Duration::from_secs(1));
+    let e = events(&r.hub, 1).await.expect("first occurrence");
+    assert_eq!(payload_of(&e[0])["dueAt"], first.to_rfc3339());
+    assert_eq!(payload_of(&e[0])["occurrence"], 1);
+    let t = timer_where(&r.store, "tick", |t| t.occurrences == 1).await;
+    assert_eq!(t.state, TimerState::Scheduled);
+    assert_eq!(t.due_at, T0.saturating_add(Duration::from_secs(2)));
+
+    r.clock.advance(Duration::from_secs(1));
+    events(&r.hub, 2).await.expect("second occurrence");
+    // Ten seconds pass at once (the service was down): one late fire, not ten.
+    r.clock.advance(Duration::from_secs(10));
+    let e = events(&r.hub, 3).await.expect("the missed occurrence");
+    assert_eq!(
+        payload_of(&e[2])["dueAt"],
+        T0.saturating_add(Duration::from_secs(3)).to_rfc3339()
+    );
+    let t = timer_where(&r.store, "tick", |t| t.occurrences == 3).await;
+    assert_eq!(
+        t.due_at,
+        T0.saturating_add(Duration::from_secs(13)),
+        "the rhythm continues from now"
+    );
+    let quiet = wait_for(QUIET, || async {
+        r.hub.events().ok().filter(|e| e.len() > 3)
+    })
+    .await;
+    assert!(quiet.is_none(), "no flood of missed occurrences: {quiet:?}");
+    r.clock.advance(Duration::from_secs(1));
+    events(&r.hub, 4).await.expect("back in rhythm");
+}
+
+#[tokio::test]
+async fn finished_timers_are_purged_after_the_retention() {
+    let hub = MemoryHub::new(MemoryConfig::default());
+    let broker: Arc<dyn Broker> = Arc::new(hub.connect());
+    let r = start(
+        Arc::new(MemoryStore::new()),
+        broker,
+        hub.clone(),
+        Arc::new(ManualClock::new(T0)),
+        EngineConfig {
+            retention: Duration::from_secs(60),
+            purge_interval: Duration::from_secs(10),
+            ..config()
+        },
+    );
+    r.engine
+        .schedule(&[
+            timer("old", T0),
+            timer("later", T0.saturating_add(Duration::from_secs(3600))),
+        ])
+        .await
+        .expect("schedule");
+    timer_where(&r.store, "old", |t| t.state == TimerState::Reached).await;
+    r.clock.advance(Duration::from_secs(30));
+    let kept = wait_for(QUIET, || async {
+        r.store
+            .get(&TimerKey::new("t", "old"))
+            .await
+            .ok()
+            .filter(|t| t.is_none())
+    })
+    .await;
+    assert!(kept.is_none(), "younger than the retention: kept");
+    r.clock.advance(Duration::from_secs(40));
+    let gone = wait_for(WAIT, || async {
+        r.store
+            .get(&TimerKey::new("t", "old"))
+            .await
+            .ok()
+            .filter(|t| t.is_none())
+    })
+    .await;
+    assert!(gone.is_some(), "purged once older than the retention");
+    timer_where(&r.store, "later", |t| t.state == TimerState::Scheduled).await;
+}
+
+#[tokio::test]
+async fn cancel_commands_apply_in_order_with_schedules() {
+    let r = rig();
+    let due = T0.as_millis() + 1_000;
+    for body in [
+        format!(r#"{{"tenantId":"t","serviceCallId":"a","dueTimeMs":{due}}}"#),
+        r#"{"type":"CancelTimer","tenantId":"t","serviceCallId":"a"}"#.to_owned(),
+        format!(r#"{{"tenantId":"t","serviceCallId":"b","dueTimeMs":{due}}}"#),
+        // Cancels of unknown timers change nothing and are acknowledged.
+        r#"{"type":"CancelTimer","tenantId":"t","serviceCallId":"nobody"}"#.to_owned(),
+    ] {
+        r.hub.send_command(body).expect("send");
+    }
+    timer_where(&r.store, "a", |t| t.state == TimerState::Cancelled).await;
+    timer_where(&r.store, "b", |t| t.state == TimerState::Scheduled).await;
+    wait_for(WAIT, || async {
+        (r.hub.unacknowledged().ok()? == 0).then_some(())
+    })
+    .await
+    .expect("all acknowledged");
+    r.clock.advance(Duration::from_secs(1));
+    let e = events(&r.hub, 1).await.expect("b fires");
+    assert_eq!(e.len(), 1, "the cancelled timer does not: {e:?}");
+    assert_eq!(payload_of(&e[0])["serviceCallId"], "b");
+}
+
+#[tokio::test]
+async fn cancel_is_refused_while_publishing_and_wins_after_a_failed_publish() {
+    let hub = MemoryHub::new(MemoryConfig::default());
+    let r = start(
+        Arc::new(MemoryStore::new()),
+        Arc::new(StuckBroker {
+            inner: hub.connect(),
+        }),
+        hub.clone(),
+        Arc::new(ManualClock::new(T0)),
+        EngineConfig {
+            // The publish gives up after half the lease (real time): 300 ms.
+            lease: Duration::from_millis(600),
+            ..config()
+        },
+    );
+    let key = TimerKey::new("t", "racing");
+    r.engine
+        .schedule(&[timer("racing", T0)])
+        .await
+        .expect("schedule");
+    timer_where(&r.store, "racing", |t| t.lease_owner.is_some()).await;
+    assert_eq!(
+        r.engine.cancel(&key).await.expect("cancel"),
+        CancelOutcome::Firing,
+        "its event may be on the way"
+    );
+    // The publish times out and the claim is released for a retry: now the cancel wins.
+    timer_where(&r.store, "racing", |t| {
+        t.attempts == 1 && t.lease_owner.is_none()
+    })
+    .await;
+    assert_eq!(
+        r.engine.cancel(&key).await.expect("cancel"),
+        CancelOutcome::Cancelled
+    );
+    r.clock.advance(Duration::from_secs(3600));
+    let t = timer_where(&r.store, "racing", |_| true).await;
+    assert_eq!(t.state, TimerState::Cancelled, "never claimed again");
 }

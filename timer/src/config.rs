@@ -50,6 +50,22 @@ pub struct EngineConfig {
     pub retry_base: Duration,
     #[serde(with = "duration")]
     pub retry_max: Duration,
+    /// Random jitter on each retry delay, in percent: a delay is shortened by up to this much,
+    /// so timers that failed together do not retry in lockstep. 0 turns it off.
+    pub retry_jitter_percent: u32,
+    /// Publish attempts before a timer is given up: it becomes `Failed` and a `TimerFailed`
+    /// dead letter with the last error goes out. 0 (the default) retries forever, so a broker
+    /// outage of any length loses nothing.
+    pub max_attempts: u32,
+    /// Reached, Cancelled and Failed timers are deleted this long after they finished; 0 keeps
+    /// them forever.
+    #[serde(with = "duration")]
+    pub retention: Duration,
+    /// How often the retention task runs, and how many rows it deletes per statement (small
+    /// batches, so firing never waits long for it).
+    #[serde(with = "duration")]
+    pub purge_interval: Duration,
+    pub purge_batch: usize,
     /// How long shutdown waits for an in-flight publish before releasing its claims.
     #[serde(with = "duration")]
     pub shutdown_grace: Duration,
@@ -65,6 +81,11 @@ impl Default for EngineConfig {
             lease: Duration::from_secs(30),
             retry_base: Duration::from_millis(500),
             retry_max: Duration::from_secs(60),
+            retry_jitter_percent: 20,
+            max_attempts: 0,
+            retention: Duration::from_secs(7 * 24 * 3600),
+            purge_interval: Duration::from_secs(60),
+            purge_batch: 1_000,
             shutdown_grace: Duration::from_secs(5),
             instance_id: String::new(),
         }

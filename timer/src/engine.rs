@@ -14,9 +14,11 @@ use crate::broker::{Broker, Delivery, OutboundEvent};
 use crate::clock::Clock;
 use crate::config::{EngineConfig, Limits};
 use crate::error::{Error, Result};
-use crate::model::{ClaimedTimer, Lease, NewTimer, ScheduleOutcome, Timestamp};
+use crate::model::{
+    CancelOutcome, ClaimedTimer, Lease, NewTimer, ScheduleOutcome, TimerKey, Timestamp,
+};
 use crate::store::Store;
-use crate::wire::{decode_command, DueTimeReachedEnvelope};
+use crate::wire::{decode, Command, DueTimeReachedEnvelope, TimerFailedEnvelope};
 
 /// Metric names (seed 000 §"Observability" plus ours). The binary installs the exporter.
 pub mod metric {
@@ -28,6 +30,9 @@ pub mod metric {
     pub const PUBLISH_FAILURES: &str = "timer.publish.failures";
     pub const FIRE_LATENESS: &str = "timer.fire.lateness";
     pub const PENDING: &str = "timer.pending";
+    pub const CANCELS_PROCESSED: &str = "timer.cancels.processed";
+    pub const TIMERS_FAILED: &str = "timer.timers.failed";
+    pub const TIMERS_PURGED: &str = "timer.timers.purged";
 }
 
 /// A `DueTimeReached` the broker confirmed, as the HTTP event stream shows it.
@@ -63,6 +68,12 @@ struct Inner {
 }
 
 type Waiting = (NewTimer, oneshot::Sender<Result<ScheduleOutcome>>);
+
+/// One step of an ingested batch.
+enum Step {
+    Schedule(Vec<NewTimer>),
+    Cancel(TimerKey),
+}
 
 impl Engine {
     pub fn new(
@@ -129,6 +140,7 @@ impl Engine {
     pub fn start(&self, shutdown: CancellationToken) -> tokio::task::JoinHandle<()> {
         let mut tasks = tokio::task::JoinSet::new();
         tasks.spawn(self.clone().ingest_loop(shutdown.clone()));
+        tasks.spawn(self.clone().purge_loop(shutdown.clone()));
         tasks.spawn(self.clone().fire_loop(shutdown));
         tokio::spawn(async move {
             while let Some(result) = tasks.join_next().await {
@@ -160,6 +172,19 @@ impl Engine {
             inner.wake.notify_one();
         }
         Ok(outcomes)
+    }
+
+    /// Cancels a timer (the HTTP API's DELETE and the broker's `CancelTimer`).
+    pub async fn cancel(&self, key: &TimerKey) -> Result<CancelOutcome> {
+        let outcome = self.inner.store.cancel(key, self.inner.clock.now()).await?;
+        let label = match outcome {
+            CancelOutcome::Cancelled => "cancelled",
+            CancelOutcome::Firing => "firing",
+            CancelOutcome::NotFound => "not_found",
+            _ => "already_finished",
+        };
+        metrics::counter!(metric::CANCELS_PROCESSED, "outcome" => label).increment(1);
+        Ok(outcome)
     }
 
     /// Schedules one timer, sharing a transaction with whoever else schedules at the same time
@@ -244,12 +269,20 @@ impl Engine {
         let inner = &self.inner;
         metrics::counter!(metric::COMMANDS_RECEIVED).increment(deliveries.len() as u64);
         let now = inner.clock.now();
-        let mut timers = Vec::with_capacity(deliveries.len());
+        // Applied in arrival order: runs of schedules in one transaction each, cancels between.
+        let mut steps: Vec<Step> = Vec::new();
         let mut acks = Vec::with_capacity(deliveries.len());
         for delivery in &deliveries {
-            match decode_command(&delivery.body, &inner.limits, now) {
-                Ok(timer) => {
-                    timers.push(timer);
+            match decode(&delivery.body, &inner.limits, now) {
+                Ok(Command::Schedule(timer)) => {
+                    match steps.last_mut() {
+                        Some(Step::Schedule(run)) => run.push(timer),
+                        _ => steps.push(Step::Schedule(vec![timer])),
+                    }
+                    acks.push(delivery.tag);
+                }
+                Ok(Command::Cancel(key)) => {
+                    steps.push(Step::Cancel(key));
                     acks.push(delivery.tag);
                 }
                 Err(rejection) => {
@@ -267,17 +300,69 @@ impl Engine {
                 }
             }
         }
-        let mut failures = 0u32;
-        while let Err(e) = self.schedule(&timers).await {
-            failures += 1;
-            error!(store = inner.store.name(), error = %e.chain(), batch = timers.len(), "storing commands failed; retrying (not acknowledged)");
-            if !pause(shutdown, self.error_pause(failures)).await {
-                return; // unacknowledged: the broker delivers the batch again
+        for step in &steps {
+            let mut failures = 0u32;
+            loop {
+                let result = match step {
+                    Step::Schedule(timers) => self.schedule(timers).await.map(|_| ()),
+                    Step::Cancel(key) => self.cancel(key).await.map(|outcome| {
+                        if outcome != CancelOutcome::Cancelled {
+                            info!(timer = %key, ?outcome, "CancelTimer changed nothing");
+                        }
+                    }),
+                };
+                let Err(e) = result else { break };
+                failures += 1;
+                error!(store = inner.store.name(), error = %e.chain(), "storing commands failed; retrying (not acknowledged)");
+                if !pause(shutdown, self.error_pause(failures)).await {
+                    return; // unacknowledged: the broker delivers the batch again
+                }
             }
         }
         if let Err(e) = inner.broker.ack(&acks).await {
-            // Stored but not acked: redelivery upserts the same timers again, which is harmless.
+            // Stored but not acked: redelivery applies the same commands again, which is
+            // harmless (schedules are upserts, a second cancel changes nothing).
             warn!(error = %e.chain(), "acknowledging commands failed; they will be redelivered");
+        }
+    }
+
+    /// Deletes finished timers older than `engine.retention`, a small batch at a time, every
+    /// `engine.purge_interval`.
+    async fn purge_loop(self, shutdown: CancellationToken) {
+        let inner = &self.inner;
+        let retention = inner.config.retention;
+        if retention.is_zero() {
+            return;
+        }
+        let batch = inner.config.purge_batch.max(1);
+        loop {
+            let older_than = inner.clock.now().saturating_sub(retention);
+            loop {
+                if shutdown.is_cancelled() {
+                    return;
+                }
+                match inner.store.purge(older_than, batch).await {
+                    Ok(n) => {
+                        metrics::counter!(metric::TIMERS_PURGED).increment(n);
+                        if (n as usize) < batch {
+                            break;
+                        }
+                        tokio::task::yield_now().await;
+                    }
+                    Err(e) => {
+                        warn!(error = %e.chain(), "purging finished timers failed; trying again next round");
+                        break;
+                    }
+                }
+            }
+            let next = inner
+                .clock
+                .now()
+                .saturating_add(inner.config.purge_interval);
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = inner.clock.sleep_until(next) => {}
+            }
         }
     }
 
@@ -351,8 +436,20 @@ impl Engine {
             })
             .collect();
         let grace = inner.config.shutdown_grace;
+        // A publish never outlives half the lease: a cancel can only succeed once no lease is
+        // live, so the event of a cancelled timer cannot arrive after the cancel.
+        let deadline = inner.config.lease / 2;
+        let publish = async {
+            match tokio::time::timeout(deadline, inner.broker.publish(&events)).await {
+                Ok(result) => result,
+                Err(_) => Err(Error::unavailable(format!(
+                    "publishing timed out after {} (half of engine.lease)",
+                    humantime::format_duration(deadline)
+                ))),
+            }
+        };
         let published = tokio::select! {
-            r = inner.broker.publish(&events) => Some(r),
+            r = publish => Some(r),
             _ = async { shutdown.cancelled().await; tokio::time::sleep(grace).await } => None,
         };
         match published {
@@ -401,12 +498,43 @@ impl Engine {
                 json: String::from_utf8(event.body).unwrap_or_default(),
             }));
         }
+        // One-shot timers become Reached; recurring ones move to their next occurrence, computed
+        // from the later of their due time and now, so missed occurrences fire once, not all.
+        let mut once = Vec::new();
+        let mut again = Vec::new();
+        for timer in claimed {
+            let next = timer.recurrence.as_ref().and_then(|r| match r.schedule() {
+                Ok(schedule) => schedule.next(
+                    timer.due_at.max(reached_at),
+                    timer.occurrences.saturating_add(1),
+                ),
+                Err(e) => {
+                    error!(timer = %timer.key, error = %e.message, "stored recurrence does not parse; the series ends");
+                    None
+                }
+            });
+            match next {
+                Some(next) => again.push((timer.clone(), next)),
+                None => once.push(timer.clone()),
+            }
+        }
         let mut failures = 0u32;
-        while let Err(e) = inner
-            .store
-            .mark_reached(claimed, &inner.owner, reached_at)
-            .await
-        {
+        loop {
+            let result = if once.is_empty() {
+                Ok(0)
+            } else {
+                inner
+                    .store
+                    .mark_reached(&once, &inner.owner, reached_at)
+                    .await
+            };
+            let result = match result {
+                Ok(_) if !again.is_empty() => {
+                    inner.store.advance(&again, &inner.owner, reached_at).await
+                }
+                other => other,
+            };
+            let Err(e) = result else { break };
             failures += 1;
             // Unmarked rows fire again when the lease expires: a duplicate, not a loss.
             error!(error = %e.chain(), timers = claimed.len(), "marking fired timers failed; retrying");
@@ -426,17 +554,29 @@ impl Engine {
     async fn release_with_backoff(&self, claimed: &[ClaimedTimer], error: &str) {
         let inner = &self.inner;
         let now = inner.clock.now();
+        let max = inner.config.max_attempts;
+        let (last, retry): (Vec<ClaimedTimer>, Vec<ClaimedTimer>) = claimed
+            .iter()
+            .cloned()
+            .partition(|t| max > 0 && t.attempts.saturating_add(1) >= max);
+        let mut retry = retry;
+        for timer in last {
+            if !self.give_up(&timer, error).await {
+                retry.push(timer);
+            }
+        }
         // Timers of one batch usually share their attempt count; release each group at once.
-        let mut attempts: Vec<u32> = claimed.iter().map(|t| t.attempts).collect();
+        let mut attempts: Vec<u32> = retry.iter().map(|t| t.attempts).collect();
         attempts.sort_unstable();
         attempts.dedup();
         for n in attempts {
-            let group: Vec<ClaimedTimer> = claimed
-                .iter()
-                .filter(|t| t.attempts == n)
-                .cloned()
-                .collect();
-            let retry_at = now.saturating_add(backoff(&inner.config, n + 1));
+            let group: Vec<ClaimedTimer> =
+                retry.iter().filter(|t| t.attempts == n).cloned().collect();
+            let delay = jittered(
+                backoff(&inner.config, n + 1),
+                inner.config.retry_jitter_percent,
+            );
+            let retry_at = now.saturating_add(delay);
             if let Err(e) = inner
                 .store
                 .release(&group, &inner.owner, retry_at, Some(error))
@@ -446,6 +586,48 @@ impl Engine {
             }
         }
     }
+
+    /// The last attempt failed: a `TimerFailed` dead letter, then the timer becomes Failed.
+    /// False when the dead letter could not be sent either (the timer is retried instead).
+    async fn give_up(&self, timer: &ClaimedTimer, error: &str) -> bool {
+        let inner = &self.inner;
+        let at = inner.clock.now();
+        let attempts = timer.attempts.saturating_add(1);
+        let envelope = TimerFailedEnvelope::for_timer(timer, at, attempts, error);
+        let reason = format!("max_attempts: publishing failed {attempts} times: {error}");
+        if let Err(e) = inner.broker.dead_letter(&envelope.to_json(), &reason).await {
+            warn!(timer = %timer.key, error = %e.chain(), "sending TimerFailed failed; retrying the timer");
+            return false;
+        }
+        match inner
+            .store
+            .fail(std::slice::from_ref(timer), &inner.owner, at, error)
+            .await
+        {
+            Ok(_) => {
+                metrics::counter!(metric::TIMERS_FAILED).increment(1);
+                warn!(timer = %timer.key, attempts, "timer failed: engine.max_attempts reached; TimerFailed sent");
+                true
+            }
+            Err(e) => {
+                // The dead letter is out; the row returns when the lease expires and fails
+                // again (a repeated TimerFailed, never a lost timer).
+                warn!(timer = %timer.key, error = %e.chain(), "marking a timer failed did not work");
+                true
+            }
+        }
+    }
+}
+
+/// Shortens `delay` by a random share of up to `percent` percent.
+fn jittered(delay: Duration, percent: u32) -> Duration {
+    let percent = u128::from(percent.min(100));
+    if percent == 0 {
+        return delay;
+    }
+    let cut = uuid::Uuid::new_v4().as_u128() % (percent + 1);
+    let ms = delay.as_millis() * (100 - cut) / 100;
+    Duration::from_millis(u64::try_from(ms).unwrap_or(u64::MAX))
 }
 
 /// Returns when the store reports a timer (scheduled by any instance) due before `wake_at`, or
@@ -498,5 +680,16 @@ mod tests {
         let got: Vec<u128> = (1..=6).map(|a| backoff(&config, a).as_millis()).collect();
         assert_eq!(got, vec![100, 200, 400, 800, 1000, 1000]);
         assert_eq!(backoff(&config, u32::MAX), Duration::from_secs(1));
+    }
+
+    #[test]
+    fn jitter_only_shortens_within_its_share() {
+        let d = Duration::from_millis(1_000);
+        assert_eq!(jittered(d, 0), d);
+        let got: Vec<Duration> = (0..200).map(|_| jittered(d, 20)).collect();
+        assert!(got
+            .iter()
+            .all(|g| *g >= Duration::from_millis(800) && *g <= d));
+        assert!(got.iter().any(|g| *g < d), "some delays are shortened");
     }
 }

@@ -7,6 +7,7 @@ pub mod config;
 pub mod engine;
 pub mod error;
 pub mod model;
+pub mod recurrence;
 pub mod store;
 pub mod wire;
 
@@ -16,8 +17,8 @@ pub use config::{EngineConfig, Limits};
 pub use engine::{Engine, FiredEvent};
 pub use error::{Error, ErrorKind, Result};
 pub use model::{
-    CancelOutcome, ClaimedTimer, Lease, NewTimer, ScheduleOutcome, Timer, TimerKey, TimerState,
-    Timestamp,
+    CancelOutcome, ClaimedTimer, Lease, NewTimer, Recurrence, ScheduleOutcome, Timer, TimerKey,
+    TimerState, Timestamp,
 };
 pub use store::Store;
-pub use wire::{decode_command, DueTimeReachedEnvelope, Rejection};
+pub use wire::{decode, decode_command, Command, DueTimeReachedEnvelope, Rejection};

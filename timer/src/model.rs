@@ -6,6 +6,8 @@ use std::time::Duration;
 use chrono::{DateTime, SecondsFormat, TimeZone, Utc};
 use serde::{Deserialize, Serialize};
 
+pub use crate::recurrence::Recurrence;
+
 /// A point in time: UTC milliseconds since the Unix epoch. Every store keeps time in this form,
 /// so comparisons are exact to the millisecond whatever offset a command was written in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -42,6 +44,11 @@ impl Timestamp {
     pub fn saturating_add(self, d: Duration) -> Self {
         let ms = i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
         Timestamp(self.0.saturating_add(ms))
+    }
+
+    pub fn saturating_sub(self, d: Duration) -> Self {
+        let ms = i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
+        Timestamp(self.0.saturating_sub(ms))
     }
 
     /// How far `self` lies after `earlier`; zero when it does not.
@@ -84,6 +91,8 @@ pub enum TimerState {
     Scheduled,
     Reached,
     Cancelled,
+    /// Publishing failed `engine.max_attempts` times; a `TimerFailed` dead letter went out.
+    Failed,
 }
 
 impl TimerState {
@@ -93,6 +102,7 @@ impl TimerState {
             TimerState::Scheduled => 0,
             TimerState::Reached => 1,
             TimerState::Cancelled => 2,
+            TimerState::Failed => 3,
         }
     }
 
@@ -101,6 +111,7 @@ impl TimerState {
             0 => Some(TimerState::Scheduled),
             1 => Some(TimerState::Reached),
             2 => Some(TimerState::Cancelled),
+            3 => Some(TimerState::Failed),
             _ => None,
         }
     }
@@ -110,6 +121,7 @@ impl TimerState {
             TimerState::Scheduled => "Scheduled",
             TimerState::Reached => "Reached",
             TimerState::Cancelled => "Cancelled",
+            TimerState::Failed => "Failed",
         }
     }
 }
@@ -122,6 +134,8 @@ pub struct NewTimer {
     pub correlation_id: Option<String>,
     /// Opaque JSON text given by the caller, echoed back in the event.
     pub payload: Option<String>,
+    /// Set for a recurring timer; `due_at` is then its first occurrence.
+    pub recurrence: Option<Recurrence>,
 }
 
 /// A timer as a store holds it.
@@ -141,6 +155,10 @@ pub struct Timer {
     pub lease_owner: Option<String>,
     /// When the row may next be claimed (lease expiry or retry time); at or after `due_at`.
     pub available_at: Timestamp,
+    /// Set for a recurring timer; `due_at` is then its next occurrence.
+    pub recurrence: Option<Recurrence>,
+    /// Occurrences of a recurring timer that fired so far.
+    pub occurrences: u32,
 }
 
 /// A row leased to this instance by [`crate::Store::claim_due`].
@@ -154,6 +172,9 @@ pub struct ClaimedTimer {
     pub attempts: u32,
     /// Bumped by every reschedule: `mark_reached` only marks the revision that was fired.
     pub revision: i64,
+    pub recurrence: Option<Recurrence>,
+    /// Occurrences of a recurring timer that fired before this one.
+    pub occurrences: u32,
 }
 
 /// What `schedule` did with one timer.
@@ -167,6 +188,8 @@ pub enum ScheduleOutcome {
     AlreadyReached,
     /// The timer was cancelled; nothing changed.
     AlreadyCancelled,
+    /// The timer failed; nothing changed.
+    AlreadyFailed,
 }
 
 /// What `cancel` did.
@@ -175,6 +198,10 @@ pub enum CancelOutcome {
     Cancelled,
     AlreadyReached,
     AlreadyCancelled,
+    AlreadyFailed,
+    /// An instance holds a live lease on it: its event is being published right now. Nothing
+    /// changed; the fire completes (or, if it fails, the timer can be cancelled afterwards).
+    Firing,
     NotFound,
 }
 
@@ -215,6 +242,7 @@ mod tests {
             TimerState::Scheduled,
             TimerState::Reached,
             TimerState::Cancelled,
+            TimerState::Failed,
         ] {
             assert_eq!(TimerState::from_code(s.code()), Some(s));
         }

@@ -43,6 +43,28 @@ pub trait Store: Send + Sync + 'static {
         at: Timestamp,
     ) -> Result<u64>;
 
+    /// Moves fired occurrences of recurring timers to their next occurrence: `due_at` and
+    /// `available_at` become `next`, the revision is bumped, `occurrences` incremented,
+    /// `reached_at` set to `at`, attempts and last error cleared, the lease released. Same
+    /// guard as `mark_reached` (leased by `owner` at the claimed revision). Returns how many
+    /// changed.
+    async fn advance(
+        &self,
+        timers: &[(ClaimedTimer, Timestamp)],
+        owner: &str,
+        at: Timestamp,
+    ) -> Result<u64>;
+
+    /// Scheduled → Failed after the last allowed publish attempt: attempts incremented,
+    /// `last_error` set, finished at `at`. Same guard as `mark_reached`. Returns how many changed.
+    async fn fail(
+        &self,
+        timers: &[ClaimedTimer],
+        owner: &str,
+        at: Timestamp,
+        error: &str,
+    ) -> Result<u64>;
+
     /// Gives claims back: the rows stay Scheduled and become claimable at `retry_at`. With an
     /// `error`, `attempts` is incremented and `last_error` set (a failed publish); without
     /// (shutdown), attempts are unchanged.
@@ -59,10 +81,12 @@ pub trait Store: Send + Sync + 'static {
 
     async fn get(&self, key: &TimerKey) -> Result<Option<Timer>>;
 
-    /// Scheduled → Cancelled (also while leased: an in-flight fire may still publish once).
+    /// Scheduled → Cancelled, unless an instance holds a live lease on it (`lease_owner` set and
+    /// `available_at` after `now`): then [`CancelOutcome::Firing`] and nothing changes, so a
+    /// cancel that succeeded can never be followed by the timer's event.
     async fn cancel(&self, key: &TimerKey, now: Timestamp) -> Result<CancelOutcome>;
 
-    /// Deletes up to `limit` Reached or Cancelled rows finished before `older_than`.
+    /// Deletes up to `limit` Reached, Cancelled or Failed rows finished before `older_than`.
     async fn purge(&self, older_than: Timestamp, limit: usize) -> Result<u64>;
 
     /// How many timers are Scheduled.

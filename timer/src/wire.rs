@@ -1,8 +1,10 @@
 //! The wire contract: decoding `ScheduleTimer` commands and encoding `DueTimeReached` events.
 //!
 //! A command is accepted bare (`{"tenantId", "serviceCallId", "dueAt"}`) or inside an envelope
-//! whose `type` is `ScheduleTimer` and whose `payload` holds the command. The event is always an
-//! envelope (seed 002): UUIDv7 id, `causationId` null because time, not a message, caused it.
+//! whose `type` is `ScheduleTimer` (or `CancelTimer`) and whose `payload` holds the command. A
+//! `ScheduleTimer` gives a due time, or a `cron` pattern (with `timeZone`) for a recurring timer.
+//! The event is always an envelope (seed 002): UUIDv7 id, `causationId` null because time, not
+//! a message, caused it.
 
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
@@ -10,8 +12,10 @@ use uuid::Uuid;
 
 use crate::config::Limits;
 use crate::model::{ClaimedTimer, NewTimer, TimerKey, Timestamp};
+use crate::recurrence::Recurrence;
 
 pub const SCHEDULE_TIMER: &str = "ScheduleTimer";
+pub const CANCEL_TIMER: &str = "CancelTimer";
 pub const DUE_TIME_REACHED: &str = "DueTimeReached";
 
 /// Why a command was refused: a stable `reason` code (used as a metric label and in dead
@@ -55,7 +59,18 @@ pub const REJECTION_REASONS: &[&str] = &[
     "invalid_time",
     "too_far",
     "payload_too_large",
+    "invalid_recurrence",
+    "not_accepted_here",
 ];
+
+/// A decoded command.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Command {
+    /// Schedule a timer, or move a Scheduled one (same key).
+    Schedule(NewTimer),
+    /// Cancel a Scheduled timer.
+    Cancel(TimerKey),
+}
 
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -74,6 +89,14 @@ struct WireCommand<'a> {
     correlation_id: Option<String>,
     #[serde(borrow, default)]
     payload: Option<&'a RawValue>,
+    #[serde(default)]
+    cron: Option<String>,
+    #[serde(default)]
+    time_zone: Option<String>,
+    #[serde(default)]
+    end_at: Option<String>,
+    #[serde(default)]
+    max_occurrences: Option<u32>,
 }
 
 fn parse<'a>(bytes: &'a [u8], prefix: &str) -> Result<WireCommand<'a>, Rejection> {
@@ -93,12 +116,27 @@ fn parse<'a>(bytes: &'a [u8], prefix: &str) -> Result<WireCommand<'a>, Rejection
     Ok(cmd)
 }
 
-/// Decodes and validates one `ScheduleTimer` command. `now` bounds the due-time horizon.
+/// Decodes and validates one `ScheduleTimer` command (the HTTP API's `POST /v1/timers`); a
+/// `CancelTimer` is refused here with `not_accepted_here`.
 pub fn decode_command(
     bytes: &[u8],
     limits: &Limits,
     now: Timestamp,
 ) -> Result<NewTimer, Rejection> {
+    match decode(bytes, limits, now)? {
+        Command::Schedule(timer) => Ok(timer),
+        Command::Cancel(_) => Err(Rejection::new(
+            "not_accepted_here",
+            Some("type"),
+            "a CancelTimer is not accepted here (DELETE /v1/tenants/{tenantId}/timers/{serviceCallId} \
+             cancels over HTTP)",
+        )),
+    }
+}
+
+/// Decodes and validates one command from the broker: `ScheduleTimer` or `CancelTimer`. `now`
+/// bounds the due-time horizon and anchors the first occurrence of a recurring timer.
+pub fn decode(bytes: &[u8], limits: &Limits, now: Timestamp) -> Result<Command, Rejection> {
     if bytes.len() > limits.max_message_bytes {
         return Err(Rejection::new(
             "too_large",
@@ -111,60 +149,189 @@ pub fn decode_command(
         ));
     }
     let outer = parse(bytes, "")?;
-    if let Some(kind) = outer.kind.as_deref() {
-        if kind != SCHEDULE_TIMER {
+    let cancel = match outer.kind.as_deref() {
+        None | Some(SCHEDULE_TIMER) => false,
+        Some(CANCEL_TIMER) => true,
+        Some(kind) => {
             return Err(Rejection::new(
                 "unknown_type",
                 Some("type"),
-                format!("unknown command type {kind:?} (known: {SCHEDULE_TIMER})"),
+                format!("unknown command type {kind:?} (known: {SCHEDULE_TIMER}, {CANCEL_TIMER})"),
+            ))
+        }
+    };
+    let kind = if cancel { CANCEL_TIMER } else { SCHEDULE_TIMER };
+    // An envelope: `type` given and the command inside `payload`.
+    let is_envelope = outer.kind.is_some() && outer.service_call_id.is_none();
+    let (command, prefix) = if !is_envelope {
+        (outer, "")
+    } else {
+        let Some(inner_raw) = outer.payload else {
+            return Err(Rejection::new(
+                "missing_field",
+                Some("payload"),
+                format!(
+                    "an envelope of type {kind} needs the command in `payload` (or give \
+                     `serviceCallId` at the top level)"
+                ),
+            ));
+        };
+        let mut inner = parse(inner_raw.get().as_bytes(), "payload")?;
+        match (&outer.tenant_id, &inner.tenant_id) {
+            (Some(a), Some(b)) if a != b => {
+                return Err(Rejection::new(
+                    "invalid_id",
+                    Some("payload.tenantId"),
+                    format!("tenantId {b:?} differs from the envelope's {a:?}"),
+                ))
+            }
+            (Some(a), None) => inner.tenant_id = Some(a.clone()),
+            _ => {}
+        }
+        if inner.correlation_id.is_none() {
+            inner.correlation_id = outer.correlation_id;
+        }
+        (inner, "payload.")
+    };
+    if cancel {
+        validate_cancel(command, prefix, limits).map(Command::Cancel)
+    } else {
+        validate(command, prefix, limits, now).map(Command::Schedule)
+    }
+}
+
+/// A `CancelTimer` names its timer and nothing else a `ScheduleTimer` would carry.
+fn validate_cancel(
+    cmd: WireCommand<'_>,
+    prefix: &str,
+    limits: &Limits,
+) -> Result<TimerKey, Rejection> {
+    let field = |name: &str| format!("{prefix}{name}");
+    let tenant_id = required_id(cmd.tenant_id, &field("tenantId"), limits)?;
+    let service_call_id = required_id(cmd.service_call_id, &field("serviceCallId"), limits)?;
+    let extra = [
+        ("dueAt", cmd.due_at.is_some()),
+        ("dueTimeMs", cmd.due_time_ms.is_some()),
+        ("cron", cmd.cron.is_some()),
+        ("timeZone", cmd.time_zone.is_some()),
+        ("endAt", cmd.end_at.is_some()),
+        ("maxOccurrences", cmd.max_occurrences.is_some()),
+        ("payload", cmd.payload.is_some()),
+    ];
+    if let Some((name, _)) = extra.iter().find(|(_, given)| *given) {
+        return Err(Rejection::new(
+            "invalid_json",
+            Some(&field(name)),
+            "a CancelTimer takes only tenantId, serviceCallId and correlationId",
+        ));
+    }
+    Ok(TimerKey {
+        tenant_id,
+        service_call_id,
+    })
+}
+
+/// Parses an RFC 3339 time with offset.
+fn parse_time(text: &str, field: &str) -> Result<Timestamp, Rejection> {
+    chrono::DateTime::parse_from_rfc3339(text)
+        .map(|t| Timestamp::from_datetime(&t))
+        .map_err(|e| {
+            Rejection::new(
+                "invalid_time",
+                Some(field),
+                format!(
+                    "{:?} is not an RFC 3339 timestamp with offset ({e})",
+                    truncate(text, 64)
+                ),
+            )
+        })
+}
+
+/// The recurrence of a `ScheduleTimer` with `cron`, and its first occurrence.
+fn recurrence(
+    cmd: &mut WireCommand<'_>,
+    field: &dyn Fn(&str) -> String,
+    limits: &Limits,
+    now: Timestamp,
+) -> Result<Option<(Recurrence, Timestamp)>, Rejection> {
+    let Some(cron) = cmd.cron.take() else {
+        let stray = [
+            ("timeZone", cmd.time_zone.is_some()),
+            ("endAt", cmd.end_at.is_some()),
+            ("maxOccurrences", cmd.max_occurrences.is_some()),
+        ];
+        if let Some((name, _)) = stray.iter().find(|(_, given)| *given) {
+            return Err(Rejection::new(
+                "invalid_recurrence",
+                Some(&field(name)),
+                "only a recurring timer (with `cron`) takes this field",
+            ));
+        }
+        return Ok(None);
+    };
+    if cmd.due_at.is_some() || cmd.due_time_ms.is_some() {
+        return Err(Rejection::new(
+            "invalid_recurrence",
+            Some(&field("cron")),
+            "give either a due time (dueAt, dueTimeMs) or a cron pattern, not both",
+        ));
+    }
+    let time_zone = cmd.time_zone.take().unwrap_or_else(|| "UTC".to_owned());
+    for (name, value) in [("cron", &cron), ("timeZone", &time_zone)] {
+        if value.len() > limits.max_id_bytes {
+            return Err(Rejection::new(
+                "invalid_recurrence",
+                Some(&field(name)),
+                format!(
+                    "is {} bytes, the limit is {} (limits.max_id_bytes)",
+                    value.len(),
+                    limits.max_id_bytes
+                ),
             ));
         }
     }
-    // An envelope: `type` given and the command inside `payload`.
-    let is_envelope = outer.kind.is_some() && outer.service_call_id.is_none();
-    if !is_envelope {
-        return validate(outer, "", limits, now);
-    }
-    let Some(inner_raw) = outer.payload else {
+    let end_at = match cmd.end_at.take() {
+        Some(text) => Some(parse_time(&text, &field("endAt"))?),
+        None => None,
+    };
+    let recurrence = Recurrence {
+        cron,
+        time_zone,
+        end_at,
+        max_occurrences: cmd.max_occurrences,
+    };
+    let schedule = recurrence
+        .schedule()
+        .map_err(|e| Rejection::new("invalid_recurrence", Some(&field(e.field)), e.message))?;
+    let Some(first) = schedule.first(now) else {
         return Err(Rejection::new(
-            "missing_field",
-            Some("payload"),
-            "an envelope of type ScheduleTimer needs the command in `payload` \
-             (or give `serviceCallId` at the top level)",
+            "invalid_recurrence",
+            Some(&field("cron")),
+            "the pattern has no occurrence from now on (before endAt and year 9999)",
         ));
     };
-    let mut inner = parse(inner_raw.get().as_bytes(), "payload")?;
-    match (&outer.tenant_id, &inner.tenant_id) {
-        (Some(a), Some(b)) if a != b => {
-            return Err(Rejection::new(
-                "invalid_id",
-                Some("payload.tenantId"),
-                format!("tenantId {b:?} differs from the envelope's {a:?}"),
-            ))
-        }
-        (Some(a), None) => inner.tenant_id = Some(a.clone()),
-        _ => {}
-    }
-    if inner.correlation_id.is_none() {
-        inner.correlation_id = outer.correlation_id;
-    }
-    validate(inner, "payload.", limits, now)
+    Ok(Some((recurrence, first)))
 }
 
 fn validate(
-    cmd: WireCommand<'_>,
+    mut cmd: WireCommand<'_>,
     prefix: &str,
     limits: &Limits,
     now: Timestamp,
 ) -> Result<NewTimer, Rejection> {
     let field = |name: &str| format!("{prefix}{name}");
-    let tenant_id = required_id(cmd.tenant_id, &field("tenantId"), limits)?;
-    let service_call_id = required_id(cmd.service_call_id, &field("serviceCallId"), limits)?;
-    let correlation_id = match cmd.correlation_id {
+    let tenant_id = required_id(cmd.tenant_id.take(), &field("tenantId"), limits)?;
+    let service_call_id = required_id(cmd.service_call_id.take(), &field("serviceCallId"), limits)?;
+    let correlation_id = match cmd.correlation_id.take() {
         Some(id) => Some(check_id(id, &field("correlationId"), limits)?),
         None => None,
     };
+    let recurring = recurrence(&mut cmd, &field, limits, now)?;
     let due_at = match (cmd.due_at, cmd.due_time_ms) {
+        _ if recurring.is_some() => (
+            recurring.as_ref().map_or(now, |(_, first)| *first),
+            field("cron"),
+        ),
         (Some(_), Some(_)) => {
             return Err(Rejection::new(
                 "invalid_time",
@@ -179,19 +346,7 @@ fn validate(
                 "dueAt (RFC 3339 with offset) or dueTimeMs (epoch milliseconds) is required",
             ))
         }
-        (Some(text), None) => {
-            let parsed = chrono::DateTime::parse_from_rfc3339(&text).map_err(|e| {
-                Rejection::new(
-                    "invalid_time",
-                    Some(&field("dueAt")),
-                    format!(
-                        "{:?} is not an RFC 3339 timestamp with offset ({e})",
-                        truncate(&text, 64)
-                    ),
-                )
-            })?;
-            (Timestamp::from_datetime(&parsed), field("dueAt"))
-        }
+        (Some(text), None) => (parse_time(&text, &field("dueAt"))?, field("dueAt")),
         (None, Some(ms)) => (Timestamp::from_millis(ms), field("dueTimeMs")),
     };
     let (due_at, due_field) = due_at;
@@ -251,6 +406,7 @@ fn validate(
         due_at,
         correlation_id,
         payload,
+        recurrence: recurring.map(|(r, _)| r),
     })
 }
 
@@ -374,6 +530,9 @@ pub struct DueTimeReached {
     pub service_call_id: String,
     pub due_at: String,
     pub reached_at: String,
+    /// For a recurring timer: which occurrence this is (1 for the first).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub occurrence: Option<u32>,
     /// The command's opaque payload, echoed back.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub payload: Option<Box<RawValue>>,
@@ -405,6 +564,10 @@ impl DueTimeReachedEnvelope {
                 service_call_id: timer.key.service_call_id.clone(),
                 due_at: timer.due_at.to_rfc3339(),
                 reached_at: reached_at.to_rfc3339(),
+                occurrence: timer
+                    .recurrence
+                    .as_ref()
+                    .map(|_| timer.occurrences.saturating_add(1)),
                 payload,
             },
         }
@@ -412,6 +575,72 @@ impl DueTimeReachedEnvelope {
 
     pub fn to_json(&self) -> Vec<u8> {
         // Serializing owned strings, numbers and valid raw JSON cannot fail.
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+}
+
+pub const TIMER_FAILED: &str = "TimerFailed";
+
+/// The `TimerFailed` envelope sent to the dead-letter destination when a timer's publish
+/// failed `engine.max_attempts` times.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TimerFailedEnvelope {
+    pub id: Uuid,
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub tenant_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub correlation_id: Option<String>,
+    pub causation_id: Option<String>,
+    pub aggregate_id: String,
+    pub timestamp_ms: i64,
+    pub payload: TimerFailed,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TimerFailed {
+    pub tenant_id: String,
+    pub service_call_id: String,
+    pub due_at: String,
+    pub failed_at: String,
+    pub attempts: u32,
+    pub last_error: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub payload: Option<Box<RawValue>>,
+}
+
+impl TimerFailedEnvelope {
+    /// The dead letter for `timer`, whose `attempts`-th publish failed with `error`. Its id is
+    /// derived from the fire's id, so a repeat carries the same one.
+    pub fn for_timer(timer: &ClaimedTimer, at: Timestamp, attempts: u32, error: &str) -> Self {
+        let fire = event_id(timer);
+        let id = Uuid::new_v5(&fire, TIMER_FAILED.as_bytes());
+        TimerFailedEnvelope {
+            id,
+            kind: TIMER_FAILED.to_owned(),
+            tenant_id: timer.key.tenant_id.clone(),
+            correlation_id: timer.correlation_id.clone(),
+            causation_id: None,
+            aggregate_id: timer.key.service_call_id.clone(),
+            timestamp_ms: at.as_millis(),
+            payload: TimerFailed {
+                tenant_id: timer.key.tenant_id.clone(),
+                service_call_id: timer.key.service_call_id.clone(),
+                due_at: timer.due_at.to_rfc3339(),
+                failed_at: at.to_rfc3339(),
+                attempts,
+                last_error: error.to_owned(),
+                payload: timer
+                    .payload
+                    .as_ref()
+                    .and_then(|p| RawValue::from_string(p.clone()).ok()),
+            },
+        }
+    }
+
+    pub fn to_json(&self) -> Vec<u8> {
         serde_json::to_vec(self).unwrap_or_default()
     }
 }
@@ -597,6 +826,120 @@ mod tests {
         assert_eq!(json_depth("5"), 0);
     }
 
+    fn decode_any(s: &str) -> Result<Command, Rejection> {
+        super::decode(s.as_bytes(), &Limits::default(), NOW)
+    }
+
+    #[test]
+    fn cancel_bare_and_in_an_envelope() {
+        let key = TimerKey::new("t", "c");
+        assert_eq!(
+            decode_any(r#"{"type":"CancelTimer","tenantId":"t","serviceCallId":"c"}"#).unwrap(),
+            Command::Cancel(key.clone())
+        );
+        assert_eq!(
+            decode_any(r#"{"type":"CancelTimer","tenantId":"t","payload":{"serviceCallId":"c"}}"#)
+                .unwrap(),
+            Command::Cancel(key)
+        );
+        let e = decode_any(
+            r#"{"type":"CancelTimer","tenantId":"t","serviceCallId":"c","dueTimeMs":5}"#,
+        )
+        .unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("dueTimeMs"), "{e}");
+        let e = decode_any(r#"{"type":"CancelTimer","tenantId":"t"}"#).unwrap_err();
+        assert_eq!(e.reason, "missing_field");
+        // The HTTP API's schedule endpoint takes no cancels.
+        let e = decode(r#"{"type":"CancelTimer","tenantId":"t","serviceCallId":"c"}"#).unwrap_err();
+        assert_eq!(e.reason, "not_accepted_here");
+        let e = decode_any(r#"{"type":"Nope","tenantId":"t","serviceCallId":"c"}"#).unwrap_err();
+        assert!(e.message.contains("CancelTimer"), "{e}");
+    }
+
+    #[test]
+    fn cron_timers_start_at_their_first_occurrence() {
+        // NOW = 2027-01-15T08:00:00Z; 09:30 in Berlin (UTC+1 in winter) is 08:30Z.
+        let t = decode(r#"{"tenantId":"t","serviceCallId":"c","cron":"30 9 * * *","timeZone":"Europe/Berlin","maxOccurrences":3}"#).unwrap();
+        assert_eq!(t.due_at.to_rfc3339(), "2027-01-15T08:30:00.000Z");
+        let r = t.recurrence.unwrap();
+        assert_eq!(r.time_zone, "Europe/Berlin");
+        assert_eq!(r.max_occurrences, Some(3));
+        // The time zone defaults to UTC.
+        let t = decode(r#"{"tenantId":"t","serviceCallId":"c","cron":"0 12 * * *"}"#).unwrap();
+        assert_eq!(t.due_at.to_rfc3339(), "2027-01-15T12:00:00.000Z");
+    }
+
+    #[test]
+    fn cron_mistakes_are_rejected_naming_the_field() {
+        let cases = [
+            (
+                r#"{"tenantId":"t","serviceCallId":"c","cron":"* * * * *","dueTimeMs":5}"#,
+                "cron",
+            ),
+            (
+                r#"{"tenantId":"t","serviceCallId":"c","cron":"99 * * * *"}"#,
+                "cron",
+            ),
+            (
+                r#"{"tenantId":"t","serviceCallId":"c","cron":"* * * * *","timeZone":"Nowhere/Land"}"#,
+                "timeZone",
+            ),
+            (
+                r#"{"tenantId":"t","serviceCallId":"c","dueTimeMs":5,"timeZone":"UTC"}"#,
+                "timeZone",
+            ),
+            (
+                r#"{"tenantId":"t","serviceCallId":"c","cron":"* * * * *","maxOccurrences":0}"#,
+                "maxOccurrences",
+            ),
+            (
+                r#"{"tenantId":"t","serviceCallId":"c","cron":"0 0 1 1 *","endAt":"2026-01-01T00:00:00Z"}"#,
+                "cron",
+            ),
+            (
+                r#"{"tenantId":"t","serviceCallId":"c","cron":"* * * * *","endAt":"soon"}"#,
+                "endAt",
+            ),
+        ];
+        for (input, field) in cases {
+            let e = decode(input).unwrap_err();
+            assert_eq!(e.field.as_deref(), Some(field), "{input}: {e}");
+            assert!(REJECTION_REASONS.contains(&e.reason), "{input}: {e}");
+        }
+    }
+
+    #[test]
+    fn recurring_events_say_which_occurrence() {
+        let timer = ClaimedTimer {
+            key: TimerKey::new("t", "c"),
+            due_at: Timestamp::from_millis(1_000),
+            registered_at: Timestamp::from_millis(0),
+            correlation_id: None,
+            payload: None,
+            attempts: 0,
+            revision: 4,
+            recurrence: Some(Recurrence {
+                cron: "* * * * * *".into(),
+                time_zone: "UTC".into(),
+                end_at: None,
+                max_occurrences: None,
+            }),
+            occurrences: 4,
+        };
+        let ev = DueTimeReachedEnvelope::for_timer(&timer, Timestamp::from_millis(1_002));
+        assert_eq!(ev.payload.occurrence, Some(5));
+        let failed = TimerFailedEnvelope::for_timer(&timer, Timestamp::from_millis(9), 3, "down");
+        let v: serde_json::Value = serde_json::from_slice(&failed.to_json()).unwrap();
+        assert_eq!(v["type"], "TimerFailed");
+        assert_eq!(v["payload"]["attempts"], 3);
+        assert_eq!(v["payload"]["lastError"], "down");
+        assert_eq!(
+            failed.id,
+            TimerFailedEnvelope::for_timer(&timer, Timestamp::from_millis(99), 3, "x").id,
+            "a repeat carries the same id"
+        );
+    }
+
     #[test]
     fn event_envelope_shape() {
         let timer = ClaimedTimer {
@@ -607,6 +950,8 @@ mod tests {
             payload: Some(r#"{"x":1}"#.into()),
             attempts: 0,
             revision: 0,
+            recurrence: None,
+            occurrences: 0,
         };
         let ev = DueTimeReachedEnvelope::for_timer(&timer, Timestamp::from_millis(1_005));
         let v: serde_json::Value = serde_json::from_slice(&ev.to_json()).unwrap();

@@ -329,31 +329,6 @@ async fn ensure_topics(config: &KafkaConfig, producer: &FutureProducer) -> Resul
     Ok(())
 }
 
-/// Deletes the topics of `config` (benchmarks and tests clean up with it); missing ones are
-/// fine.
-pub async fn delete_topics(config: &KafkaConfig) -> Result<()> {
-    let admin: AdminClient<DefaultClientContext> = client_config(config)
-        .create()
-        .map_err(|e| Error::config(format!("kafka broker: admin client settings: {e}")))?;
-    let names = [
-        config.commands_topic.as_str(),
-        config.events_topic.as_str(),
-        config.dead_letter_topic.as_str(),
-    ];
-    let options = AdminOptions::new().operation_timeout(Some(config.connect_timeout));
-    let results = admin
-        .delete_topics(&names, &options)
-        .await
-        .map_err(|e| unavailable("deleting topics", e))?;
-    for result in results {
-        match result {
-            Ok(_) | Err((_, RDKafkaErrorCode::UnknownTopicOrPartition)) => {}
-            Err((name, code)) => return Err(unavailable(&format!("deleting topic {name}"), code)),
-        }
-    }
-    Ok(())
-}
-
 fn delivery_error(e: KafkaError) -> String {
     match e.rdkafka_error_code() {
         Some(code) => format!("{e} ({code:?})"),

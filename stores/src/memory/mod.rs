@@ -101,6 +101,8 @@ impl Store for MemoryStore {
                     last_error: None,
                     lease_owner: None,
                     available_at: new.due_at,
+                    recurrence: new.recurrence.clone(),
+                    occurrences: 0,
                 };
                 state.ready.insert((new.due_at, new.key.clone()));
                 state.rows.insert(
@@ -117,6 +119,7 @@ impl Store for MemoryStore {
             match row.timer.state {
                 TimerState::Reached => outcomes.push(ScheduleOutcome::AlreadyReached),
                 TimerState::Cancelled => outcomes.push(ScheduleOutcome::AlreadyCancelled),
+                TimerState::Failed => outcomes.push(ScheduleOutcome::AlreadyFailed),
                 TimerState::Scheduled => {
                     if row.timer.due_at != new.due_at {
                         row.revision += 1;
@@ -131,6 +134,10 @@ impl Store for MemoryStore {
                     row.timer.due_at = new.due_at;
                     row.timer.correlation_id = new.correlation_id.clone();
                     row.timer.payload = new.payload.clone();
+                    if row.timer.recurrence != new.recurrence {
+                        row.timer.recurrence = new.recurrence.clone();
+                        row.timer.occurrences = 0;
+                    }
                     state.set_available(&new.key, available);
                     outcomes.push(ScheduleOutcome::Updated);
                 }
@@ -166,6 +173,8 @@ impl Store for MemoryStore {
                     payload: row.timer.payload.clone(),
                     attempts: row.timer.attempts,
                     revision: row.revision,
+                    recurrence: row.timer.recurrence.clone(),
+                    occurrences: row.timer.occurrences,
                 });
             }
         }
@@ -191,6 +200,64 @@ impl Store for MemoryStore {
             }
         }
         Ok(marked)
+    }
+
+    async fn advance(
+        &self,
+        timers: &[(ClaimedTimer, Timestamp)],
+        owner: &str,
+        at: Timestamp,
+    ) -> Result<u64> {
+        let mut state = self.lock()?;
+        let mut moved = 0;
+        for (claim, next) in timers {
+            if !state.leased_by(claim, owner) {
+                continue;
+            }
+            let Some(row) = state.rows.get_mut(&claim.key) else {
+                continue;
+            };
+            if row.revision != claim.revision {
+                continue;
+            }
+            row.revision += 1;
+            row.timer.due_at = *next;
+            row.timer.attempts = 0;
+            row.timer.last_error = None;
+            row.timer.lease_owner = None;
+            row.timer.reached_at = Some(at);
+            row.timer.occurrences = row.timer.occurrences.saturating_add(1);
+            state.set_available(&claim.key, *next);
+            moved += 1;
+        }
+        Ok(moved)
+    }
+
+    async fn fail(
+        &self,
+        timers: &[ClaimedTimer],
+        owner: &str,
+        at: Timestamp,
+        error: &str,
+    ) -> Result<u64> {
+        let mut state = self.lock()?;
+        let mut failed = 0;
+        for claim in timers {
+            if !state.leased_by(claim, owner) {
+                continue;
+            }
+            let Some(row) = state.rows.get_mut(&claim.key) else {
+                continue;
+            };
+            if row.revision != claim.revision {
+                continue;
+            }
+            row.timer.attempts = row.timer.attempts.saturating_add(1);
+            row.timer.last_error = Some(error.to_owned());
+            state.finish(&claim.key, TimerState::Failed, at);
+            failed += 1;
+        }
+        Ok(failed)
     }
 
     async fn release(
@@ -235,6 +302,12 @@ impl Store for MemoryStore {
         Ok(match row.timer.state {
             TimerState::Reached => CancelOutcome::AlreadyReached,
             TimerState::Cancelled => CancelOutcome::AlreadyCancelled,
+            TimerState::Failed => CancelOutcome::AlreadyFailed,
+            TimerState::Scheduled
+                if row.timer.lease_owner.is_some() && row.timer.available_at > now =>
+            {
+                CancelOutcome::Firing
+            }
             TimerState::Scheduled => {
                 state.finish(key, TimerState::Cancelled, now);
                 CancelOutcome::Cancelled

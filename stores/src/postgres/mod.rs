@@ -13,8 +13,8 @@ use sqlx::postgres::{
 };
 use sqlx::{Connection, Row};
 use timer_core::{
-    CancelOutcome, ClaimedTimer, Error, ErrorKind, Lease, NewTimer, Result, ScheduleOutcome, Store,
-    Timer, TimerKey, TimerState, Timestamp,
+    CancelOutcome, ClaimedTimer, Error, ErrorKind, Lease, NewTimer, Recurrence, Result,
+    ScheduleOutcome, Store, Timer, TimerKey, TimerState, Timestamp,
 };
 use tokio::sync::broadcast;
 use tracing::{info, warn};
@@ -313,6 +313,20 @@ fn attempts_of(row: &PgRow) -> Result<u32> {
     Ok(u32::try_from(n).unwrap_or(0))
 }
 
+fn recurrence_of(row: &PgRow) -> Result<Option<Recurrence>> {
+    opt_text(row, "recurrence")?
+        .as_deref()
+        .map(Recurrence::from_json)
+        .transpose()
+}
+
+fn occurrences_of(row: &PgRow) -> Result<u32> {
+    let n = row
+        .try_get::<i32, _>("occurrences")
+        .map_err(|e| db_err("reading a timer", e))?;
+    Ok(u32::try_from(n).unwrap_or(0))
+}
+
 fn timer_from_row(row: &PgRow) -> Result<Timer> {
     let code = row
         .try_get::<i16, _>("state")
@@ -334,6 +348,8 @@ fn timer_from_row(row: &PgRow) -> Result<Timer> {
         last_error: opt_text(row, "last_error")?,
         lease_owner: opt_text(row, "lease_owner")?,
         available_at: Timestamp::from_millis(int(row, "available_at")?),
+        recurrence: recurrence_of(row)?,
+        occurrences: occurrences_of(row)?,
     })
 }
 
@@ -346,6 +362,8 @@ fn claimed_from_row(row: &PgRow) -> Result<ClaimedTimer> {
         payload: opt_text(row, "payload")?,
         attempts: attempts_of(row)?,
         revision: int(row, "revision")?,
+        recurrence: recurrence_of(row)?,
+        occurrences: occurrences_of(row)?,
     })
 }
 
@@ -375,22 +393,30 @@ impl Store for PostgresStore {
         let correlations: Vec<Option<&str>> =
             rows.iter().map(|t| t.correlation_id.as_deref()).collect();
         let payloads: Vec<Option<&str>> = rows.iter().map(|t| t.payload.as_deref()).collect();
+        let recurrences: Vec<Option<String>> = rows
+            .iter()
+            .map(|t| t.recurrence.as_ref().map(Recurrence::to_json))
+            .collect();
 
         let mut tx = self.pool.begin().await.map_err(|e| db_err(op, e))?;
         // `xmax = 0` holds for a row this statement inserted, not for one it updated.
         let written = sqlx::query(
             "INSERT INTO timers AS t (tenant_id, service_call_id, due_at, registered_at, \
-                                      correlation_id, payload, available_at) \
-             SELECT i.tenant_id, i.service_call_id, i.due_at, $6, i.correlation_id, i.payload, i.due_at \
-             FROM UNNEST($1::text[], $2::text[], $3::bigint[], $4::text[], $5::text[]) \
-                  AS i(tenant_id, service_call_id, due_at, correlation_id, payload) \
+                                      correlation_id, payload, available_at, recurrence) \
+             SELECT i.tenant_id, i.service_call_id, i.due_at, $6, i.correlation_id, i.payload, \
+                    i.due_at, i.recurrence \
+             FROM UNNEST($1::text[], $2::text[], $3::bigint[], $4::text[], $5::text[], $7::text[]) \
+                  AS i(tenant_id, service_call_id, due_at, correlation_id, payload, recurrence) \
              ON CONFLICT (tenant_id, service_call_id) DO UPDATE SET \
                 revision = t.revision + CASE WHEN t.due_at <> EXCLUDED.due_at THEN 1 ELSE 0 END, \
                 attempts = CASE WHEN t.due_at <> EXCLUDED.due_at THEN 0 ELSE t.attempts END, \
                 available_at = CASE WHEN t.lease_owner IS NOT NULL AND t.available_at > $6 \
                                THEN GREATEST(t.available_at, EXCLUDED.due_at) ELSE EXCLUDED.due_at END, \
                 due_at = EXCLUDED.due_at, correlation_id = EXCLUDED.correlation_id, \
-                payload = EXCLUDED.payload \
+                payload = EXCLUDED.payload, \
+                occurrences = CASE WHEN t.recurrence IS NOT DISTINCT FROM EXCLUDED.recurrence \
+                              THEN t.occurrences ELSE 0 END, \
+                recurrence = EXCLUDED.recurrence \
              WHERE t.state = 0 \
              RETURNING t.tenant_id, t.service_call_id, (t.xmax = 0) AS inserted",
         )
@@ -400,6 +426,7 @@ impl Store for PostgresStore {
         .bind(&correlations)
         .bind(&payloads)
         .bind(now.as_millis())
+        .bind(&recurrences)
         .fetch_all(&mut *tx)
         .await
         .map_err(|e| db_err(op, e))?;
@@ -427,10 +454,10 @@ impl Store for PostgresStore {
             .map_err(|e| db_err(op, e))?;
             for row in &finished {
                 let state: i16 = row.try_get("state").map_err(|e| db_err(op, e))?;
-                let o = if state == 1 {
-                    ScheduleOutcome::AlreadyReached
-                } else {
-                    ScheduleOutcome::AlreadyCancelled
+                let o = match TimerState::from_code(i64::from(state)) {
+                    Some(TimerState::Reached) => ScheduleOutcome::AlreadyReached,
+                    Some(TimerState::Failed) => ScheduleOutcome::AlreadyFailed,
+                    _ => ScheduleOutcome::AlreadyCancelled,
                 };
                 outcome.insert(key_of(row)?, o);
             }
@@ -493,7 +520,8 @@ impl Store for PostgresStore {
                    ORDER BY available_at LIMIT $4 FOR UPDATE SKIP LOCKED) c \
              WHERE t.tenant_id = c.tenant_id AND t.service_call_id = c.service_call_id \
              RETURNING t.tenant_id, t.service_call_id, t.due_at, t.registered_at, \
-                       t.correlation_id, t.payload, t.attempts, t.revision",
+                       t.correlation_id, t.payload, t.attempts, t.revision, t.recurrence, \
+                       t.occurrences",
         )
         .bind(&lease.owner)
         .bind(lease.until.as_millis())
@@ -532,6 +560,81 @@ impl Store for PostgresStore {
         .execute(&self.pool)
         .await
         .map_err(|e| db_err("marking timers reached", e))?;
+        Ok(done.rows_affected())
+    }
+
+    async fn advance(
+        &self,
+        timers: &[(ClaimedTimer, Timestamp)],
+        owner: &str,
+        at: Timestamp,
+    ) -> Result<u64> {
+        let (tenants, ids) = Self::key_arrays(timers.iter().map(|(t, _)| &t.key));
+        let revisions: Vec<i64> = timers.iter().map(|(t, _)| t.revision).collect();
+        let nexts: Vec<i64> = timers.iter().map(|(_, next)| next.as_millis()).collect();
+        let mut tx = self
+            .pool
+            .begin()
+            .await
+            .map_err(|e| db_err("moving recurring timers", e))?;
+        let done = sqlx::query(
+            "UPDATE timers t SET due_at = m.next, available_at = m.next, \
+               revision = t.revision + 1, attempts = 0, last_error = NULL, lease_owner = NULL, \
+               reached_at = $5, occurrences = t.occurrences + 1 \
+             FROM UNNEST($1::text[], $2::text[], $3::bigint[], $4::bigint[]) \
+                  AS m(tenant_id, service_call_id, revision, next) \
+             WHERE t.tenant_id = m.tenant_id AND t.service_call_id = m.service_call_id \
+               AND t.revision = m.revision AND t.state = 0 AND t.lease_owner = $6",
+        )
+        .bind(&tenants)
+        .bind(&ids)
+        .bind(&revisions)
+        .bind(&nexts)
+        .bind(at.as_millis())
+        .bind(owner)
+        .execute(&mut *tx)
+        .await
+        .map_err(|e| db_err("moving recurring timers to their next occurrence", e))?;
+        if let (Some(channel), Some(soonest)) = (&self.channel, nexts.iter().min()) {
+            // Other instances may sleep past the next occurrence: tell them.
+            sqlx::query("SELECT pg_notify($1, $2)")
+                .bind(channel)
+                .bind(soonest.to_string())
+                .execute(&mut *tx)
+                .await
+                .map_err(|e| db_err("notifying the next occurrence", e))?;
+        }
+        tx.commit()
+            .await
+            .map_err(|e| db_err("moving recurring timers", e))?;
+        Ok(done.rows_affected())
+    }
+
+    async fn fail(
+        &self,
+        timers: &[ClaimedTimer],
+        owner: &str,
+        at: Timestamp,
+        error: &str,
+    ) -> Result<u64> {
+        let (tenants, ids) = Self::key_arrays(timers.iter().map(|t| &t.key));
+        let revisions: Vec<i64> = timers.iter().map(|t| t.revision).collect();
+        let done = sqlx::query(
+            "UPDATE timers t SET state = 3, finished_at = $4, attempts = t.attempts + 1, \
+               last_error = $5 \
+             FROM UNNEST($1::text[], $2::text[], $3::bigint[]) AS m(tenant_id, service_call_id, revision) \
+             WHERE t.tenant_id = m.tenant_id AND t.service_call_id = m.service_call_id \
+               AND t.revision = m.revision AND t.state = 0 AND t.lease_owner = $6",
+        )
+        .bind(&tenants)
+        .bind(&ids)
+        .bind(&revisions)
+        .bind(at.as_millis())
+        .bind(error)
+        .bind(owner)
+        .execute(&self.pool)
+        .await
+        .map_err(|e| db_err("marking timers failed", e))?;
         Ok(done.rows_affected())
     }
 
@@ -574,7 +677,8 @@ impl Store for PostgresStore {
     async fn get(&self, key: &TimerKey) -> Result<Option<Timer>> {
         let row = sqlx::query(
             "SELECT tenant_id, service_call_id, due_at, state, registered_at, reached_at, \
-                    correlation_id, payload, attempts, last_error, lease_owner, available_at \
+                    correlation_id, payload, attempts, last_error, lease_owner, available_at, \
+                    recurrence, occurrences \
              FROM timers WHERE tenant_id = $1 AND service_call_id = $2",
         )
         .bind(&key.tenant_id)
@@ -588,19 +692,25 @@ impl Store for PostgresStore {
     async fn cancel(&self, key: &TimerKey, now: Timestamp) -> Result<CancelOutcome> {
         let op = "cancelling a timer";
         let mut tx = self.pool.begin().await.map_err(|e| db_err(op, e))?;
-        let state: Option<i16> = sqlx::query_scalar(
-            "SELECT state FROM timers WHERE tenant_id = $1 AND service_call_id = $2 FOR UPDATE",
+        // FOR UPDATE: a claim (which locks the row too) and this cancel are ordered.
+        let row: Option<(i16, bool)> = sqlx::query_as(
+            "SELECT state, lease_owner IS NOT NULL AND available_at > $3 FROM timers \
+             WHERE tenant_id = $1 AND service_call_id = $2 FOR UPDATE",
         )
         .bind(&key.tenant_id)
         .bind(&key.service_call_id)
+        .bind(now.as_millis())
         .fetch_optional(&mut *tx)
         .await
         .map_err(|e| db_err(op, e))?;
-        let outcome = match state.and_then(|s| TimerState::from_code(i64::from(s))) {
-            None => CancelOutcome::NotFound,
-            Some(TimerState::Reached) => CancelOutcome::AlreadyReached,
-            Some(TimerState::Cancelled) => CancelOutcome::AlreadyCancelled,
-            Some(TimerState::Scheduled) => {
+        let state = row.map(|(code, firing)| (TimerState::from_code(i64::from(code)), firing));
+        let outcome = match state {
+            None | Some((None, _)) => CancelOutcome::NotFound,
+            Some((Some(TimerState::Reached), _)) => CancelOutcome::AlreadyReached,
+            Some((Some(TimerState::Cancelled), _)) => CancelOutcome::AlreadyCancelled,
+            Some((Some(TimerState::Failed), _)) => CancelOutcome::AlreadyFailed,
+            Some((Some(TimerState::Scheduled), true)) => CancelOutcome::Firing,
+            Some((Some(TimerState::Scheduled), false)) => {
                 sqlx::query(
                     "UPDATE timers SET state = 2, finished_at = $3 \
                      WHERE tenant_id = $1 AND service_call_id = $2",

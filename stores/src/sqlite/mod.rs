@@ -12,8 +12,8 @@ use sqlx::sqlite::{
 };
 use sqlx::Row;
 use timer_core::{
-    CancelOutcome, ClaimedTimer, Error, Lease, NewTimer, Result, ScheduleOutcome, Store, Timer,
-    TimerKey, TimerState, Timestamp,
+    CancelOutcome, ClaimedTimer, Error, Lease, NewTimer, Recurrence, Result, ScheduleOutcome,
+    Store, Timer, TimerKey, TimerState, Timestamp,
 };
 
 pub use config::{SqliteConfig, Synchronous};
@@ -96,9 +96,10 @@ impl SqliteStore {
     }
 }
 
-/// ?1 tenant, ?2 service call id, ?3 due, ?4 now, ?5 correlation id, ?6 payload.
+/// ?1 tenant, ?2 service call id, ?3 due, ?4 now, ?5 correlation id, ?6 payload, ?7 recurrence.
 const INSERT_TIMER: &str = "INSERT INTO timers (tenant_id, service_call_id, due_at, \
-    registered_at, correlation_id, payload, available_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?3)";
+    registered_at, correlation_id, payload, available_at, recurrence) \
+    VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?3, ?7)";
 
 /// Same parameters. Unqualified columns on the right-hand side are the old values.
 const RESCHEDULE_TIMER: &str = "UPDATE timers SET \
@@ -106,11 +107,29 @@ const RESCHEDULE_TIMER: &str = "UPDATE timers SET \
     attempts = CASE WHEN due_at <> ?3 THEN 0 ELSE attempts END, \
     available_at = CASE WHEN lease_owner IS NOT NULL AND available_at > ?4 \
                    THEN MAX(available_at, ?3) ELSE ?3 END, \
-    due_at = ?3, correlation_id = ?5, payload = ?6 \
+    due_at = ?3, correlation_id = ?5, payload = ?6, \
+    occurrences = CASE WHEN recurrence IS ?7 THEN occurrences ELSE 0 END, recurrence = ?7 \
     WHERE tenant_id = ?1 AND service_call_id = ?2";
 
 const TIMER_COLUMNS: &str = "tenant_id, service_call_id, due_at, state, registered_at, \
-    reached_at, correlation_id, payload, attempts, last_error, lease_owner, available_at";
+    reached_at, correlation_id, payload, attempts, last_error, lease_owner, available_at, \
+    recurrence, occurrences";
+
+fn recurrence_from_row(row: &SqliteRow) -> Result<Option<Recurrence>> {
+    row.try_get::<Option<String>, _>("recurrence")
+        .map_err(|e| db_err("reading a timer", e))?
+        .as_deref()
+        .map(Recurrence::from_json)
+        .transpose()
+}
+
+fn occurrences_from_row(row: &SqliteRow) -> Result<u32> {
+    Ok(row
+        .try_get::<i64, _>("occurrences")
+        .map_err(|e| db_err("reading a timer", e))?
+        .try_into()
+        .unwrap_or(u32::MAX))
+}
 
 fn timer_from_row(row: &SqliteRow) -> Result<Timer> {
     let code: i64 = row
@@ -141,6 +160,8 @@ fn timer_from_row(row: &SqliteRow) -> Result<Timer> {
         last_error: row.try_get("last_error").map_err(get)?,
         lease_owner: row.try_get("lease_owner").map_err(get)?,
         available_at: Timestamp::from_millis(row.try_get("available_at").map_err(get)?),
+        recurrence: recurrence_from_row(row)?,
+        occurrences: occurrences_from_row(row)?,
     })
 }
 
@@ -161,6 +182,8 @@ fn claimed_from_row(row: &SqliteRow) -> Result<ClaimedTimer> {
             .try_into()
             .unwrap_or(u32::MAX),
         revision: row.try_get("revision").map_err(get)?,
+        recurrence: recurrence_from_row(row)?,
+        occurrences: occurrences_from_row(row)?,
     })
 }
 
@@ -195,6 +218,10 @@ impl Store for SqliteStore {
                     outcomes.push(ScheduleOutcome::AlreadyCancelled);
                     continue;
                 }
+                Some(TimerState::Failed) => {
+                    outcomes.push(ScheduleOutcome::AlreadyFailed);
+                    continue;
+                }
             };
             sqlx::query(sql)
                 .bind(&t.key.tenant_id)
@@ -203,6 +230,7 @@ impl Store for SqliteStore {
                 .bind(now.as_millis())
                 .bind(&t.correlation_id)
                 .bind(&t.payload)
+                .bind(t.recurrence.as_ref().map(Recurrence::to_json))
                 .execute(&mut *tx)
                 .await
                 .map_err(|e| db_err(op, e))?;
@@ -224,7 +252,7 @@ impl Store for SqliteStore {
              WHERE rowid IN (SELECT rowid FROM timers WHERE state = 0 AND available_at <= ?3 \
                              ORDER BY available_at LIMIT ?4) \
              RETURNING tenant_id, service_call_id, due_at, registered_at, correlation_id, \
-                       payload, attempts, revision",
+                       payload, attempts, revision, recurrence, occurrences",
         )
         .bind(&lease.owner)
         .bind(lease.until.as_millis())
@@ -268,6 +296,70 @@ impl Store for SqliteStore {
         }
         tx.commit().await.map_err(|e| db_err(op, e))?;
         Ok(marked)
+    }
+
+    async fn advance(
+        &self,
+        timers: &[(ClaimedTimer, Timestamp)],
+        owner: &str,
+        at: Timestamp,
+    ) -> Result<u64> {
+        let op = "moving recurring timers to their next occurrence";
+        let mut tx = self.write.begin().await.map_err(|e| db_err(op, e))?;
+        let mut moved = 0;
+        for (t, next) in timers {
+            moved += sqlx::query(
+                "UPDATE timers SET due_at = ?3, available_at = ?3, revision = revision + 1, \
+                   attempts = 0, last_error = NULL, lease_owner = NULL, reached_at = ?4, \
+                   occurrences = occurrences + 1 \
+                 WHERE tenant_id = ?1 AND service_call_id = ?2 AND state = 0 \
+                   AND lease_owner = ?5 AND revision = ?6",
+            )
+            .bind(&t.key.tenant_id)
+            .bind(&t.key.service_call_id)
+            .bind(next.as_millis())
+            .bind(at.as_millis())
+            .bind(owner)
+            .bind(t.revision)
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| db_err(op, e))?
+            .rows_affected();
+        }
+        tx.commit().await.map_err(|e| db_err(op, e))?;
+        Ok(moved)
+    }
+
+    async fn fail(
+        &self,
+        timers: &[ClaimedTimer],
+        owner: &str,
+        at: Timestamp,
+        error: &str,
+    ) -> Result<u64> {
+        let op = "marking timers failed";
+        let mut tx = self.write.begin().await.map_err(|e| db_err(op, e))?;
+        let mut failed = 0;
+        for t in timers {
+            failed += sqlx::query(
+                "UPDATE timers SET state = 3, finished_at = ?3, attempts = attempts + 1, \
+                   last_error = ?4 \
+                 WHERE tenant_id = ?1 AND service_call_id = ?2 AND state = 0 \
+                   AND lease_owner = ?5 AND revision = ?6",
+            )
+            .bind(&t.key.tenant_id)
+            .bind(&t.key.service_call_id)
+            .bind(at.as_millis())
+            .bind(error)
+            .bind(owner)
+            .bind(t.revision)
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| db_err(op, e))?
+            .rows_affected();
+        }
+        tx.commit().await.map_err(|e| db_err(op, e))?;
+        Ok(failed)
     }
 
     async fn release(
@@ -322,19 +414,24 @@ impl Store for SqliteStore {
     async fn cancel(&self, key: &TimerKey, now: Timestamp) -> Result<CancelOutcome> {
         let op = "cancelling a timer";
         let mut tx = self.write.begin().await.map_err(|e| db_err(op, e))?;
-        let state: Option<i64> = sqlx::query_scalar(
-            "SELECT state FROM timers WHERE tenant_id = ?1 AND service_call_id = ?2",
+        let row: Option<(i64, bool)> = sqlx::query_as(
+            "SELECT state, lease_owner IS NOT NULL AND available_at > ?3 FROM timers \
+             WHERE tenant_id = ?1 AND service_call_id = ?2",
         )
         .bind(&key.tenant_id)
         .bind(&key.service_call_id)
+        .bind(now.as_millis())
         .fetch_optional(&mut *tx)
         .await
         .map_err(|e| db_err(op, e))?;
-        let outcome = match state.and_then(TimerState::from_code) {
-            None => CancelOutcome::NotFound,
-            Some(TimerState::Reached) => CancelOutcome::AlreadyReached,
-            Some(TimerState::Cancelled) => CancelOutcome::AlreadyCancelled,
-            Some(TimerState::Scheduled) => {
+        let state = row.map(|(code, firing)| (TimerState::from_code(code), firing));
+        let outcome = match state {
+            None | Some((None, _)) => CancelOutcome::NotFound,
+            Some((Some(TimerState::Reached), _)) => CancelOutcome::AlreadyReached,
+            Some((Some(TimerState::Cancelled), _)) => CancelOutcome::AlreadyCancelled,
+            Some((Some(TimerState::Failed), _)) => CancelOutcome::AlreadyFailed,
+            Some((Some(TimerState::Scheduled), true)) => CancelOutcome::Firing,
+            Some((Some(TimerState::Scheduled), false)) => {
                 sqlx::query(
                     "UPDATE timers SET state = 2, finished_at = ?3 \
                      WHERE tenant_id = ?1 AND service_call_id = ?2",

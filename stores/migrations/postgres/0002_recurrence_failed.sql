@@ -1,0 +1,5 @@
+-- Recurring timers: the recurrence (cron pattern, time zone, optional end and maximum, as JSON)
+-- and how many occurrences fired. A recurring row stays Scheduled; due_at is its next occurrence.
+-- New state code 3: Failed (publishing failed engine.max_attempts times).
+ALTER TABLE timers ADD COLUMN recurrence TEXT;
+ALTER TABLE timers ADD COLUMN occurrences INTEGER NOT NULL DEFAULT 0;

@@ -1,0 +1,259 @@
+//! Recurring timers: a cron pattern read in an IANA time zone.
+//!
+//! Patterns are parsed by [croner] (5 fields, or 6 with seconds first; OCPS syntax with `L`, `W`,
+//! `#`), wall-clock times are resolved with [chrono_tz]. Occurrences follow croner's daylight
+//! saving rules:
+//! - **gap** (clocks jump forward): a fixed-time pattern (`0 30 2 * * *`) fires at the first
+//!   valid time after the gap on the same day; occurrences of an interval pattern (`*/15 * * *
+//!   * *`) inside the gap do not exist and are skipped.
+//! - **overlap** (clocks fall back): a fixed-time pattern fires once, at the first pass; an
+//!   interval pattern fires on both passes (real time keeps moving forward).
+//!
+//! The next occurrence is computed only after the current one was confirmed by the broker, from
+//! the later of its due time and the moment it fired, so occurrences never overlap and the ones
+//! missed while the service was down collapse into the single (late) fire of the first one.
+
+use std::str::FromStr;
+
+use chrono::{DateTime, Utc};
+use chrono_tz::Tz;
+use croner::Cron;
+use serde::{Deserialize, Serialize};
+
+use crate::model::Timestamp;
+
+/// How a recurring timer repeats, as given in `ScheduleTimer` and kept by the stores (as JSON).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Recurrence {
+    /// The cron pattern, e.g. `0 9 * * MON-FRI` or `*/10 * * * * *` (seconds first).
+    pub cron: String,
+    /// IANA time zone the pattern is read in, e.g. `Europe/Berlin`.
+    pub time_zone: String,
+    /// No occurrence after this instant.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end_at: Option<Timestamp>,
+    /// At most this many occurrences fire.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_occurrences: Option<u32>,
+}
+
+/// A parsed [`Recurrence`], ready to compute occurrences.
+#[derive(Debug, Clone)]
+pub struct Schedule {
+    cron: Cron,
+    tz: Tz,
+    end_at: Option<Timestamp>,
+    max_occurrences: Option<u32>,
+}
+
+/// Why a recurrence is not usable: which field, and what is wrong.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecurrenceError {
+    pub field: &'static str,
+    pub message: String,
+}
+
+impl Recurrence {
+    /// The form stores keep: JSON text.
+    pub fn to_json(&self) -> String {
+        // Strings, an optional number and an optional timestamp cannot fail to serialize.
+        serde_json::to_string(self).unwrap_or_default()
+    }
+
+    /// Reads what [`Recurrence::to_json`] wrote.
+    pub fn from_json(text: &str) -> crate::Result<Self> {
+        serde_json::from_str(text).map_err(|e| {
+            crate::Error::internal(format!("stored recurrence {text:?} does not parse: {e}"))
+        })
+    }
+
+    /// Parses the pattern and the time zone.
+    pub fn schedule(&self) -> Result<Schedule, RecurrenceError> {
+        let cron = Cron::from_str(&self.cron).map_err(|e| RecurrenceError {
+            field: "cron",
+            message: format!("{:?} is not a cron pattern: {e}", self.cron),
+        })?;
+        let tz = Tz::from_str(&self.time_zone).map_err(|_| RecurrenceError {
+            field: "timeZone",
+            message: format!(
+                "{:?} is not an IANA time zone (e.g. Europe/Berlin, UTC)",
+                self.time_zone
+            ),
+        })?;
+        if self.max_occurrences == Some(0) {
+            return Err(RecurrenceError {
+                field: "maxOccurrences",
+                message: "must be at least 1".into(),
+            });
+        }
+        Ok(Schedule {
+            cron,
+            tz,
+            end_at: self.end_at,
+            max_occurrences: self.max_occurrences,
+        })
+    }
+}
+
+impl Schedule {
+    /// The first occurrence at or after `now`; `None` when the series has none (it ends first).
+    pub fn first(&self, now: Timestamp) -> Option<Timestamp> {
+        self.find(now, true)
+    }
+
+    /// The occurrence after one that fired: strictly after `after`, unless `fired` occurrences
+    /// (counting the one that just fired) already reached `maxOccurrences`.
+    pub fn next(&self, after: Timestamp, fired: u32) -> Option<Timestamp> {
+        if self.max_occurrences.is_some_and(|max| fired >= max) {
+            return None;
+        }
+        self.find(after, false)
+    }
+
+    fn find(&self, from: Timestamp, inclusive: bool) -> Option<Timestamp> {
+        let start: DateTime<Utc> = from.to_datetime();
+        let local = start.with_timezone(&self.tz);
+        let next = self.cron.find_next_occurrence(&local, inclusive).ok()?;
+        let at = Timestamp::from_datetime(&next);
+        // An inclusive search from a time with milliseconds may return that very second.
+        let at = if at < from || (!inclusive && at == from) {
+            self.cron
+                .find_next_occurrence(&next, false)
+                .ok()
+                .map(|d| Timestamp::from_datetime(&d))?
+        } else {
+            at
+        };
+        match self.end_at {
+            Some(end) if at > end => None,
+            _ if at > Timestamp::MAX => None,
+            _ => Some(at),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::TimeZone;
+
+    fn at(tz: Tz, y: i32, mo: u32, d: u32, h: u32, mi: u32, s: u32) -> Timestamp {
+        Timestamp::from_datetime(&tz.with_ymd_and_hms(y, mo, d, h, mi, s).earliest().unwrap())
+    }
+
+    fn utc(text: &str) -> Timestamp {
+        Timestamp::from_datetime(&DateTime::parse_from_rfc3339(text).unwrap())
+    }
+
+    fn schedule(cron: &str, tz: &str) -> Schedule {
+        Recurrence {
+            cron: cron.into(),
+            time_zone: tz.into(),
+            end_at: None,
+            max_occurrences: None,
+        }
+        .schedule()
+        .unwrap()
+    }
+
+    #[test]
+    fn every_second_with_seconds_field() {
+        let s = schedule("*/1 * * * * *", "Europe/Berlin");
+        let now = utc("2026-11-23T12:00:00.250Z");
+        assert_eq!(s.first(now), Some(utc("2026-11-23T12:00:01Z")));
+        let first = s.first(now).unwrap();
+        assert_eq!(s.next(first, 1), Some(utc("2026-11-23T12:00:02Z")));
+        // Fired late (at 12:00:05.3): the next one comes after the fire, not a backlog.
+        assert_eq!(
+            s.next(utc("2026-11-23T12:00:05.300Z"), 2),
+            Some(utc("2026-11-23T12:00:06Z"))
+        );
+        // On a whole second, `first` includes it.
+        assert_eq!(
+            s.first(utc("2026-11-23T12:00:07Z")),
+            Some(utc("2026-11-23T12:00:07Z"))
+        );
+    }
+
+    #[test]
+    fn five_fields_are_minutes_in_the_zone() {
+        let s = schedule("30 9 * * *", "America/New_York");
+        // 2026-11-23 is EST (UTC-5): 09:30 local = 14:30 UTC.
+        assert_eq!(
+            s.first(utc("2026-11-23T12:00:00Z")),
+            Some(utc("2026-11-23T14:30:00Z"))
+        );
+    }
+
+    #[test]
+    fn dst_gap_fixed_time_fires_after_the_gap_and_intervals_skip_it() {
+        // Europe/Berlin springs forward on 2026-03-29: 02:00 CET becomes 03:00 CEST.
+        let berlin = chrono_tz::Europe::Berlin;
+        let fixed = schedule("0 30 2 * * *", "Europe/Berlin");
+        let before = at(berlin, 2026, 3, 28, 12, 0, 0);
+        // 02:30 does not exist that day: it fires at the first valid time after the gap.
+        assert_eq!(fixed.first(before), Some(at(berlin, 2026, 3, 29, 3, 0, 0)));
+        let interval = schedule("0 */30 * * * *", "Europe/Berlin");
+        let t = at(berlin, 2026, 3, 29, 1, 30, 0);
+        // 01:30 CET → the next half hour is 03:00 CEST (02:00 and 02:30 do not exist).
+        assert_eq!(interval.next(t, 1), Some(at(berlin, 2026, 3, 29, 3, 0, 0)));
+        assert_eq!(
+            at(berlin, 2026, 3, 29, 3, 0, 0).as_millis() - t.as_millis(),
+            30 * 60 * 1000,
+            "half an hour of real time"
+        );
+    }
+
+    #[test]
+    fn dst_overlap_fixed_time_fires_once_and_intervals_on_both_passes() {
+        // Europe/Berlin falls back on 2026-10-25: 03:00 CEST becomes 02:00 CET.
+        let fixed = schedule("0 30 2 * * *", "Europe/Berlin");
+        let first = fixed.first(utc("2026-10-24T12:00:00Z")).unwrap();
+        // 02:30 CEST = 00:30 UTC, the first pass.
+        assert_eq!(first, utc("2026-10-25T00:30:00Z"));
+        // Not again at 02:30 CET (01:30 UTC): the next is the following day.
+        assert_eq!(fixed.next(first, 1), Some(utc("2026-10-26T01:30:00Z")));
+        let hourly = schedule("0 0 * * * *", "Europe/Berlin");
+        let two_cest = utc("2026-10-25T00:00:00Z"); // 02:00 CEST
+        assert_eq!(hourly.next(two_cest, 1), Some(utc("2026-10-25T01:00:00Z")));
+        // 02:00 CET
+    }
+
+    #[test]
+    fn end_and_max_occurrences_end_the_series() {
+        let mut r = Recurrence {
+            cron: "0 * * * *".into(),
+            time_zone: "UTC".into(),
+            end_at: Some(utc("2026-11-23T13:30:00Z")),
+            max_occurrences: None,
+        };
+        let s = r.schedule().unwrap();
+        let first = s.first(utc("2026-11-23T12:10:00Z")).unwrap();
+        assert_eq!(first, utc("2026-11-23T13:00:00Z"));
+        assert_eq!(s.next(first, 1), None, "14:00 lies after endAt");
+        r.end_at = None;
+        r.max_occurrences = Some(2);
+        let s = r.schedule().unwrap();
+        assert_eq!(s.next(first, 1), Some(utc("2026-11-23T14:00:00Z")));
+        assert_eq!(s.next(utc("2026-11-23T14:00:00Z"), 2), None);
+    }
+
+    #[test]
+    fn bad_patterns_and_zones_name_the_field() {
+        let bad = |cron: &str, tz: &str| {
+            Recurrence {
+                cron: cron.into(),
+                time_zone: tz.into(),
+                end_at: None,
+                max_occurrences: None,
+            }
+            .schedule()
+            .unwrap_err()
+            .field
+        };
+        assert_eq!(bad("61 * * * *", "UTC"), "cron");
+        assert_eq!(bad("* * *", "UTC"), "cron");
+        assert_eq!(bad("* * * * *", "Mars/Olympus"), "timeZone");
+    }
+}
