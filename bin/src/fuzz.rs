@@ -11,7 +11,7 @@ use std::time::Instant;
 use anyhow::bail;
 use indicatif::{ProgressBar, ProgressDrawTarget};
 use timer_core::wire::REJECTION_REASONS;
-use timer_core::{decode_command, Limits, Timestamp};
+use timer_core::{decode, Limits, Timestamp};
 
 /// splitmix64: small, fast, and the same sequence for the same seed on every machine.
 struct Rng(u64);
@@ -44,11 +44,15 @@ const FIELDS: &[&str] = &[
     "type",
     "id",
     "timestampMs",
+    "cron",
+    "timeZone",
+    "endAt",
+    "maxOccurrences",
 ];
 
 /// A JSON value chosen to hit an edge.
 fn value(rng: &mut Rng) -> String {
-    match rng.below(16) {
+    match rng.below(17) {
         0 => "null".into(),
         1 => "true".into(),
         2 => format!("{}", rng.next() as i64),
@@ -76,9 +80,26 @@ fn value(rng: &mut Rng) -> String {
             ])
         ),
         11 => "{\"a\":{\"b\":{\"c\":[1,2,{\"d\":null}]}}}".into(),
-        12 => "\"ScheduleTimer\"".into(),
+        12 => rng
+            .pick(&["\"ScheduleTimer\"", "\"CancelTimer\""])
+            .to_string(),
         13 => "\"\\ud800\"".into(),
         14 => format!("{}", 1_700_000_000_000i64 + rng.below(1 << 30) as i64),
+        15 => format!(
+            "\"{}\"",
+            rng.pick(&[
+                "*/1 * * * * *",
+                "0 9 * * MON-FRI",
+                "0 0 29 2 *",
+                "59 23 L * *",
+                "0 0 * * 5#3",
+                "* * * * * * * *",
+                "0 0 31 2 *",
+                "Europe/Berlin",
+                "America/St_Johns",
+                "Etc/GMT+14",
+            ])
+        ),
         _ => "{}".into(),
     }
 }
@@ -106,6 +127,11 @@ fn valid(rng: &mut Rng) -> String {
             rng.below(9),
             rng.next()
         )
+    } else if rng.below(3) == 0 {
+        r#"{"tenantId":"t","serviceCallId":"c","cron":"0 30 2 * * *","timeZone":"Europe/Berlin","maxOccurrences":5,"endAt":"2030-01-01T00:00:00Z"}"#
+            .to_string()
+    } else if rng.below(2) == 0 {
+        r#"{"type":"CancelTimer","tenantId":"t","payload":{"serviceCallId":"c"}}"#.to_string()
     } else {
         r#"{"type":"ScheduleTimer","tenantId":"t","correlationId":"x","payload":{"serviceCallId":"c","dueAt":"2027-01-15T10:00:00.123+02:00"}}"#
             .to_string()
@@ -147,7 +173,7 @@ pub fn run(inputs: u64, seed: u64, limits: &Limits) -> anyhow::Result<()> {
     let started = Instant::now();
     for i in 0..inputs {
         let bytes = input(&mut rng);
-        let result = catch_unwind(AssertUnwindSafe(|| decode_command(&bytes, limits, now)));
+        let result = catch_unwind(AssertUnwindSafe(|| decode(&bytes, limits, now)));
         let outcome = match result {
             Ok(Ok(_)) => "accepted",
             Ok(Err(rejection)) => {

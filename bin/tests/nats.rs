@@ -50,6 +50,11 @@ fn main() {
             a_stream_with_other_subjects_is_an_error,
         ),
         server_trial(
+            "nats::cron_every_second_in_berlin_fires_one_catch_up_after_a_stop",
+            missing.clone(),
+            cron_every_second_survives_a_stop,
+        ),
+        server_trial(
             "nats::an_unreachable_server_is_a_one_line_error",
             missing,
             an_unreachable_server_is_a_one_line_error,
@@ -428,5 +433,111 @@ async fn service_killed_during_ingest_loses_no_command() {
     .await;
     assert!(events.is_some(), "every timer fired");
     service.terminate().await;
+    let _ = timer_brokers::nats::delete_streams(&c).await;
+}
+
+/// One occurrence as read from the events stream.
+struct Occurrence {
+    n: i64,
+    id: String,
+    due: i64,
+    fired: i64,
+}
+
+async fn occurrences(js: &jetstream::Context, stream: &str) -> Vec<Occurrence> {
+    let mut seen = std::collections::HashSet::new();
+    let mut out: Vec<Occurrence> = read_all(js, stream)
+        .await
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|m| serde_json::from_slice::<Value>(&m.payload).ok())
+        .map(|v| Occurrence {
+            n: v["payload"]["occurrence"].as_i64().unwrap_or(0),
+            id: v["id"].as_str().unwrap_or_default().to_owned(),
+            due: chrono::DateTime::parse_from_rfc3339(
+                v["payload"]["dueAt"].as_str().unwrap_or_default(),
+            )
+            .map(|d| d.timestamp_millis())
+            .unwrap_or(0),
+            fired: v["timestampMs"].as_i64().unwrap_or(0),
+        })
+        // A repeat of one fire carries the same id; count each fire once.
+        .filter(|o| seen.insert(o.id.clone()))
+        .collect();
+    out.sort_by_key(|o| o.due);
+    out
+}
+
+/// Issue #11: `*/1 * * * * *` in Europe/Berlin fires every second for 10 s; the service is
+/// stopped for 5 s and started again: exactly one catch-up fire, then the rhythm continues.
+async fn cron_every_second_survives_a_stop() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let c = config();
+    let environment = env(dir.path(), &c);
+    let service = Service::start(Path::new(BIN), dir.path(), &environment).await;
+    let js = client(&c.url).await;
+    let command = json!({"tenantId": "t", "serviceCallId": "tick", "cron": "*/1 * * * * *",
+                         "timeZone": "Europe/Berlin"});
+    publish_commands(&js, &c, vec![command.to_string()]).await;
+    let before = wait_for(Duration::from_secs(40), || async {
+        let o = occurrences(&js, &c.events_stream).await;
+        (o.len() >= 10).then_some(o)
+    })
+    .await
+    .unwrap_or_else(|| panic!("10 occurrences; log:\n{}", service.log_text()));
+    assert_eq!(service.terminate().await, Some(0));
+    let stopped_at = now_ms();
+    let fired_before = occurrences(&js, &c.events_stream).await.len();
+    // The scenario's downtime (what is tested is what happens after it, not a wait for a
+    // condition).
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let restarted_at = now_ms();
+    let service = Service::start(Path::new(BIN), dir.path(), &environment).await;
+    let all = wait_for(Duration::from_secs(40), || async {
+        let o = occurrences(&js, &c.events_stream).await;
+        (o.len() >= fired_before + 4).then_some(o)
+    })
+    .await
+    .unwrap_or_else(|| panic!("firing resumed; log:\n{}", service.log_text()));
+    assert_eq!(service.terminate().await, Some(0));
+
+    // Every second for the first ten, numbered in order.
+    for pair in before.windows(2).take(9) {
+        assert_eq!(pair[1].due - pair[0].due, 1_000, "one per second");
+        assert_eq!(pair[1].n, pair[0].n + 1, "numbered in order");
+    }
+    let catch_ups: Vec<&Occurrence> = all
+        .iter()
+        .filter(|o| o.due < restarted_at && o.fired >= restarted_at)
+        .collect();
+    assert_eq!(
+        catch_ups.len(),
+        1,
+        "exactly one catch-up fire for the occurrences missed while stopped"
+    );
+    let catch_up = catch_ups[0];
+    assert!(
+        catch_up.due >= stopped_at - 1_000,
+        "it is the first missed one"
+    );
+    let after: Vec<&Occurrence> = all.iter().filter(|o| o.due > catch_up.due).collect();
+    assert!(after.len() >= 3, "the rhythm continues");
+    assert!(
+        after[0].due >= restarted_at,
+        "no backlog: the next occurrence lies after the restart"
+    );
+    for pair in after.windows(2) {
+        assert_eq!(pair[1].due - pair[0].due, 1_000, "one per second again");
+    }
+    let late: Vec<i64> = before.iter().map(|o| o.fired - o.due).collect();
+    let (p50, p99, max) = percentiles(late);
+    println!(
+        "cron every second: {} fires before the stop (lateness ms p50 {p50} p99 {p99} max \
+         {max}), stopped {} ms, one catch-up {} ms late, {} on time after it",
+        before.len(),
+        restarted_at - stopped_at,
+        catch_up.fired - catch_up.due,
+        after.len()
+    );
     let _ = timer_brokers::nats::delete_streams(&c).await;
 }
