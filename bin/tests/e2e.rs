@@ -396,6 +396,86 @@ async fn get_cancel_and_conflicts_over_http() {
     service.terminate().await;
 }
 
+/// Recurring timers and broker-path cancels over the embedded setup: a cron timer fires every
+/// second and `GET` shows its pattern and count; `CancelTimer` (through `POST /v1/commands`, the
+/// in-process broker) stops it; `POST /v1/timers` refuses a `CancelTimer`; the metrics count it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cron_timer_over_http_and_cancel_on_the_broker_path() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let service = Service::start(Path::new(BIN), dir.path(), &embedded(dir.path(), &[])).await;
+    let events = service.events().await;
+    let cron = json!({"tenantId": "t", "serviceCallId": "tick", "cron": "*/1 * * * * *",
+                      "timeZone": "Europe/Berlin", "maxOccurrences": 100});
+    let (status, v) = service.post("/v1/timers", cron.to_string()).await;
+    assert_eq!(
+        (status, v["outcome"].as_str()),
+        (201, Some("created")),
+        "{v}"
+    );
+    assert_eq!(v["timer"]["recurrence"]["cron"], "*/1 * * * * *");
+    assert_eq!(v["timer"]["recurrence"]["timeZone"], "Europe/Berlin");
+    let fired = events
+        .wait(3, Duration::from_secs(30))
+        .await
+        .expect("three occurrences");
+    let dues: Vec<i64> = fired
+        .iter()
+        .take(3)
+        .map(|e| {
+            chrono::DateTime::parse_from_rfc3339(
+                e.envelope["payload"]["dueAt"].as_str().unwrap_or(""),
+            )
+            .map(|d| d.timestamp_millis())
+            .unwrap_or(0)
+        })
+        .collect();
+    assert_eq!(dues[1] - dues[0], 1_000, "{dues:?}");
+    assert_eq!(dues[2] - dues[1], 1_000, "{dues:?}");
+    assert_eq!(fired[0].envelope["payload"]["occurrence"], 1);
+    let (_, v) = service.get("/v1/tenants/t/timers/tick").await;
+    assert_eq!(v["state"], "Scheduled", "{v}");
+    assert!(v["occurrences"].as_u64().unwrap_or(0) >= 3, "{v}");
+
+    let cancel = r#"{"type":"CancelTimer","tenantId":"t","serviceCallId":"tick"}"#;
+    let (status, v) = service.post("/v1/timers", cancel).await;
+    assert_eq!(
+        (status, v["error"]["reason"].as_str()),
+        (400, Some("not_accepted_here")),
+        "{v}"
+    );
+    let (status, _) = service.post("/v1/commands", cancel).await;
+    assert_eq!(status, 202);
+    let cancelled = wait_for(Duration::from_secs(30), || async {
+        let (_, v) = service.get("/v1/tenants/t/timers/tick").await;
+        (v["state"] == "Cancelled").then_some(v)
+    })
+    .await
+    .expect("cancelled through the broker path");
+    let count = cancelled["occurrences"].as_u64().unwrap_or(0);
+    // A fire that was under way when the cancel came still completes; nothing after it.
+    let settled = events.len();
+    let more = wait_for(Duration::from_millis(2_500), || async {
+        (events.len() > settled + 1).then_some(())
+    })
+    .await;
+    assert!(more.is_none(), "no occurrences after the cancel");
+    let metrics = service
+        .http
+        .get(format!("{}/metrics", service.base))
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
+    assert!(
+        metrics.contains("timer_cancels_processed") && metrics.contains("outcome=\"cancelled\""),
+        "{metrics}"
+    );
+    println!("cron timer fired {count} times before the cancel");
+    service.terminate().await;
+}
+
 /// Runs the binary with `args` and env; returns (exit code, stdout, stderr).
 async fn run_cli(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
     let mut cmd = tokio::process::Command::new(BIN);
