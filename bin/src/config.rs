@@ -258,18 +258,23 @@ fn default_store_kind() -> &'static str {
 
 fn validate(config: &Config) -> Result<(), Error> {
     let e = &config.engine;
-    if e.batch_size == 0 {
-        return Err(Error::config("engine.batch_size must be at least 1"));
-    }
-    if e.poll_interval.is_zero() {
-        return Err(Error::config(
-            "engine.poll_interval must be greater than zero",
-        ));
-    }
+    e.check()?;
     if e.lease < Duration::from_secs(1) {
         return Err(Error::config(
             "engine.lease must be at least 1s (a lease shorter than a publish fires timers twice)",
         ));
+    }
+    #[cfg(feature = "kafka")]
+    if let BrokerConfig::Kafka(k) = &config.broker {
+        // The engine stops waiting for a publish after half the lease; librdkafka would still
+        // deliver a queued event later, after a cancel may have succeeded.
+        if k.publish_timeout >= e.lease / 2 {
+            return Err(Error::config(format!(
+                "broker.publish_timeout ({}) must be below half of engine.lease ({})",
+                humantime::format_duration(k.publish_timeout),
+                humantime::format_duration(e.lease)
+            )));
+        }
     }
     if config
         .http
@@ -579,7 +584,34 @@ mod tests {
                 "{e}"
             );
             assert!(e.contains("compiled in: memory"), "{e}");
-            assert!(e.contains("TIMER_BROKER__KIND"), "names the source: {e}");
+            assert!(e.contains("TIMER_"), "names the source: {e}");
+            Ok(())
+        });
+    }
+
+    #[cfg(feature = "kafka")]
+    #[test]
+    fn kafka_publish_timeout_must_stay_below_half_the_lease() {
+        Jail::expect_with(|jail| {
+            jail.set_env("TIMER_BROKER__KIND", "kafka");
+            jail.set_env("TIMER_BROKER__PUBLISH_TIMEOUT", "20s");
+            let e = load_in_jail(None).unwrap_err().to_string();
+            assert!(
+                e.contains("broker.publish_timeout") && e.contains("engine.lease"),
+                "{e}"
+            );
+            jail.set_env("TIMER_BROKER__PUBLISH_TIMEOUT", "10s");
+            assert!(load_in_jail(None).is_ok());
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn engine_settings_that_would_spin_are_refused() {
+        Jail::expect_with(|jail| {
+            jail.set_env("TIMER_ENGINE__PURGE_INTERVAL", "0s");
+            let e = load_in_jail(None).unwrap_err().to_string();
+            assert!(e.contains("engine.purge_interval"), "{e}");
             Ok(())
         });
     }

@@ -171,7 +171,12 @@ pub fn timer_view(t: &Timer) -> Value {
         "correlationId": t.correlation_id,
         "payload": payload,
         // Recurring timers: the pattern, and how many occurrences fired (dueAt is the next).
-        "recurrence": t.recurrence,
+        "recurrence": t.recurrence.as_ref().map(|r| json!({
+            "cron": r.cron,
+            "timeZone": r.time_zone,
+            "endAt": r.end_at.map(|at| at.to_rfc3339()),
+            "maxOccurrences": r.max_occurrences,
+        })),
         "occurrences": t.recurrence.as_ref().map(|_| t.occurrences),
     })
 }

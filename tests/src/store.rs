@@ -1002,9 +1002,11 @@ pub async fn recurrence_round_trips_and_advance_moves_to_next(store: Arc<dyn Sto
         again[0].revision > claimed[0].revision,
         "each occurrence its own revision"
     );
-    // The last occurrence: marked Reached like a one-shot timer.
+    // The last occurrence: marked Reached like a one-shot timer, and counted.
     s.mark_reached(&again, "i1", next).await.expect("mark");
-    assert_eq!(state_of(s, "t", "r").await, TimerState::Reached);
+    let t = s.get(&new.key).await.expect("get").expect("exists");
+    assert_eq!(t.state, TimerState::Reached);
+    assert_eq!(t.occurrences, 2, "every fired occurrence counted");
 }
 
 pub async fn advance_needs_the_lease_and_revision(store: Arc<dyn Store>) {
@@ -1068,7 +1070,32 @@ pub async fn rescheduling_a_recurring_timer_resets_its_count(store: Arc<dyn Stor
         s.get(&new.key).await.expect("get").expect("t").occurrences,
         1
     );
-    // Another pattern: a new series.
+    // Another pattern at the same due time: a new series, and a new revision, so a fire of
+    // the old pattern in flight cannot move it on.
+    let claimed = s
+        .claim_due(
+            at(T0.as_millis() + 60_000),
+            10,
+            &lease("i1", T0.as_millis() + 61_000),
+        )
+        .await
+        .expect("claim");
+    let same_due = recurring("t", "r", T0.as_millis() + 60_000, "0 */5 * * * *");
+    s.schedule(std::slice::from_ref(&same_due), T0)
+        .await
+        .expect("schedule");
+    assert_eq!(
+        s.advance(
+            &[(claimed[0].clone(), at(T0.as_millis() + 61_000))],
+            "i1",
+            T0
+        )
+        .await
+        .expect("advance"),
+        0,
+        "the old pattern's fire does not move the new series"
+    );
+    s.release(&claimed, "i1", T0, None).await.expect("release");
     let other = recurring("t", "r", T0.as_millis() + 120_000, "0 */2 * * * *");
     s.schedule(std::slice::from_ref(&other), T0)
         .await

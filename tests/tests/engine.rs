@@ -876,3 +876,35 @@ async fn cancel_is_refused_while_publishing_and_wins_after_a_failed_publish() {
     let t = timer_where(&r.store, "racing", |_| true).await;
     assert_eq!(t.state, TimerState::Cancelled, "never claimed again");
 }
+
+#[tokio::test]
+async fn a_cancel_command_that_meets_a_fire_waits_for_it_and_then_applies() {
+    let hub = MemoryHub::new(MemoryConfig::default());
+    let r = start(
+        Arc::new(MemoryStore::new()),
+        Arc::new(StuckBroker {
+            inner: hub.connect(),
+        }),
+        hub.clone(),
+        Arc::new(ManualClock::new(T0)),
+        EngineConfig {
+            lease: Duration::from_millis(600),
+            ..config()
+        },
+    );
+    r.engine
+        .schedule(&[timer("racing", T0)])
+        .await
+        .expect("schedule");
+    timer_where(&r.store, "racing", |t| t.lease_owner.is_some()).await;
+    hub.send_command(r#"{"type":"CancelTimer","tenantId":"t","serviceCallId":"racing"}"#)
+        .expect("send");
+    // Not dropped as "firing": once the publish gave up (300 ms) the cancel applies.
+    let t = timer_where(&r.store, "racing", |t| t.state == TimerState::Cancelled).await;
+    assert_eq!(t.attempts, 1, "after the failed publish");
+    wait_for(WAIT, || async {
+        (hub.unacknowledged().ok()? == 0).then_some(())
+    })
+    .await
+    .expect("the cancel is acknowledged once applied");
+}

@@ -92,6 +92,38 @@ impl Default for EngineConfig {
     }
 }
 
+impl EngineConfig {
+    /// Checks settings that would make a task spin or a guarantee void; names the key.
+    pub fn check(&self) -> crate::Result<()> {
+        let bad = |key: &str, why: &str| Err(crate::Error::config(format!("engine.{key} {why}")));
+        if self.batch_size == 0 {
+            return bad("batch_size", "must be at least 1");
+        }
+        if self.lease < Duration::from_millis(100) {
+            return bad(
+                "lease",
+                "must be at least 100ms (a publish may take half of it)",
+            );
+        }
+        if self.poll_interval.is_zero() {
+            return bad("poll_interval", "must be above 0");
+        }
+        if self.retry_jitter_percent > 100 {
+            return bad("retry_jitter_percent", "must be between 0 and 100");
+        }
+        if !self.retention.is_zero() && self.purge_interval.is_zero() {
+            return bad(
+                "purge_interval",
+                "must be above 0 while engine.retention is set (0 keeps timers forever)",
+            );
+        }
+        if self.purge_batch == 0 {
+            return bad("purge_batch", "must be at least 1");
+        }
+        Ok(())
+    }
+}
+
 /// Serde form of a [`Duration`]: a humantime string (`"1m 30s"`, `"250ms"`) or an integer of
 /// milliseconds (the seed's `TIMER_POLLING_INTERVAL=5000`). Serialized as a humantime string.
 pub mod duration {
@@ -129,5 +161,56 @@ pub mod duration {
             }
         }
         d.deserialize_any(V)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn engine_check_names_the_key() {
+        assert!(EngineConfig::default().check().is_ok());
+        let cases = [
+            (
+                EngineConfig {
+                    purge_interval: Duration::ZERO,
+                    ..EngineConfig::default()
+                },
+                "engine.purge_interval",
+            ),
+            (
+                EngineConfig {
+                    retry_jitter_percent: 101,
+                    ..EngineConfig::default()
+                },
+                "engine.retry_jitter_percent",
+            ),
+            (
+                EngineConfig {
+                    batch_size: 0,
+                    ..EngineConfig::default()
+                },
+                "engine.batch_size",
+            ),
+            (
+                EngineConfig {
+                    purge_batch: 0,
+                    ..EngineConfig::default()
+                },
+                "engine.purge_batch",
+            ),
+        ];
+        for (config, key) in cases {
+            let e = config.check().unwrap_err().to_string();
+            assert!(e.contains(key), "{key}: {e}");
+        }
+        // Retention off: the purge interval does not matter.
+        let off = EngineConfig {
+            retention: Duration::ZERO,
+            purge_interval: Duration::ZERO,
+            ..EngineConfig::default()
+        };
+        assert!(off.check().is_ok());
     }
 }

@@ -69,6 +69,9 @@ struct Inner {
 
 type Waiting = (NewTimer, oneshot::Sender<Result<ScheduleOutcome>>);
 
+/// How often a `CancelTimer` that met a fire in progress looks again.
+const FIRING_RECHECK: Duration = Duration::from_millis(100);
+
 /// One step of an ingested batch.
 enum Step {
     Schedule(Vec<NewTimer>),
@@ -304,14 +307,29 @@ impl Engine {
             let mut failures = 0u32;
             loop {
                 let result = match step {
-                    Step::Schedule(timers) => self.schedule(timers).await.map(|_| ()),
-                    Step::Cancel(key) => self.cancel(key).await.map(|outcome| {
-                        if outcome != CancelOutcome::Cancelled {
-                            info!(timer = %key, ?outcome, "CancelTimer changed nothing");
+                    Step::Schedule(timers) => self.schedule(timers).await.map(|_| true),
+                    Step::Cancel(key) => self.cancel(key).await.map(|outcome| match outcome {
+                        // Its event is being published: wait for that fire to settle (bounded
+                        // by half the lease), then cancel what is left (a recurring series, or
+                        // a timer whose publish failed).
+                        CancelOutcome::Firing => false,
+                        CancelOutcome::Cancelled => true,
+                        other => {
+                            info!(timer = %key, outcome = ?other, "CancelTimer changed nothing");
+                            true
                         }
                     }),
                 };
-                let Err(e) = result else { break };
+                let e = match result {
+                    Ok(true) => break,
+                    Ok(false) => {
+                        if !pause(shutdown, FIRING_RECHECK).await {
+                            return; // unacknowledged: the cancel comes again
+                        }
+                        continue;
+                    }
+                    Err(e) => e,
+                };
                 failures += 1;
                 error!(store = inner.store.name(), error = %e.chain(), "storing commands failed; retrying (not acknowledged)");
                 if !pause(shutdown, self.error_pause(failures)).await {
@@ -518,28 +536,44 @@ impl Engine {
                 None => once.push(timer.clone()),
             }
         }
+        let (mut marked, mut advanced) = (once.is_empty(), again.is_empty());
+        let mut changed = 0u64;
         let mut failures = 0u32;
         loop {
-            let result = if once.is_empty() {
-                Ok(0)
-            } else {
-                inner
+            let mut result = Ok(());
+            if !marked {
+                match inner
                     .store
                     .mark_reached(&once, &inner.owner, reached_at)
                     .await
-            };
-            let result = match result {
-                Ok(_) if !again.is_empty() => {
-                    inner.store.advance(&again, &inner.owner, reached_at).await
+                {
+                    Ok(n) => (changed, marked) = (changed + n, true),
+                    Err(e) => result = Err(e),
                 }
-                other => other,
-            };
+            }
+            if result.is_ok() && !advanced {
+                match inner.store.advance(&again, &inner.owner, reached_at).await {
+                    Ok(n) => (changed, advanced) = (changed + n, true),
+                    Err(e) => result = Err(e),
+                }
+            }
             let Err(e) = result else { break };
             failures += 1;
             // Unmarked rows fire again when the lease expires: a duplicate, not a loss.
             error!(error = %e.chain(), timers = claimed.len(), "marking fired timers failed; retrying");
             if failures >= 5 || !pause(shutdown, self.error_pause(failures)).await {
-                break;
+                return;
+            }
+        }
+        if (changed as usize) < claimed.len() {
+            // Rescheduled while it fired (another revision now): the fire did not count for
+            // it, and its lease would keep it "firing" until the new due time. Give it back.
+            if let Err(e) = inner
+                .store
+                .release(claimed, &inner.owner, reached_at, None)
+                .await
+            {
+                warn!(error = %e.chain(), "releasing rescheduled timers failed; their lease expires");
             }
         }
     }
@@ -595,24 +629,44 @@ impl Engine {
         let attempts = timer.attempts.saturating_add(1);
         let envelope = TimerFailedEnvelope::for_timer(timer, at, attempts, error);
         let reason = format!("max_attempts: publishing failed {attempts} times: {error}");
-        if let Err(e) = inner.broker.dead_letter(&envelope.to_json(), &reason).await {
-            warn!(timer = %timer.key, error = %e.chain(), "sending TimerFailed failed; retrying the timer");
-            return false;
+        // Bounded like a publish, so a stuck broker cannot hold the firing task past the lease.
+        let deadline = inner.config.lease / 2;
+        let sent = tokio::time::timeout(
+            deadline,
+            inner.broker.dead_letter(&envelope.to_json(), &reason),
+        )
+        .await;
+        match sent {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                warn!(timer = %timer.key, error = %e.chain(), "sending TimerFailed failed; retrying the timer");
+                return false;
+            }
+            Err(_) => {
+                warn!(timer = %timer.key, "sending TimerFailed timed out; retrying the timer");
+                return false;
+            }
         }
         match inner
             .store
             .fail(std::slice::from_ref(timer), &inner.owner, at, error)
             .await
         {
+            Ok(0) => {
+                // Rescheduled or taken over meanwhile: it lives on; the dead letter was early.
+                info!(timer = %timer.key, "TimerFailed sent, but the timer changed meanwhile and stays");
+                true
+            }
             Ok(_) => {
                 metrics::counter!(metric::TIMERS_FAILED).increment(1);
                 warn!(timer = %timer.key, attempts, "timer failed: engine.max_attempts reached; TimerFailed sent");
                 true
             }
             Err(e) => {
-                // The dead letter is out; the row returns when the lease expires and fails
-                // again (a repeated TimerFailed, never a lost timer).
-                warn!(timer = %timer.key, error = %e.chain(), "marking a timer failed did not work");
+                // The dead letter is out but the row is unchanged: it is claimed again when the
+                // lease expires and its publish tried once more (it may still succeed, so a
+                // DueTimeReached can follow the TimerFailed; never a lost timer).
+                warn!(timer = %timer.key, error = %e.chain(), "marking a timer failed did not work; it will be tried again");
                 true
             }
         }

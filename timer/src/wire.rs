@@ -209,6 +209,9 @@ fn validate_cancel(
     let field = |name: &str| format!("{prefix}{name}");
     let tenant_id = required_id(cmd.tenant_id, &field("tenantId"), limits)?;
     let service_call_id = required_id(cmd.service_call_id, &field("serviceCallId"), limits)?;
+    if let Some(id) = cmd.correlation_id {
+        check_id(id, &field("correlationId"), limits)?;
+    }
     let extra = [
         ("dueAt", cmd.due_at.is_some()),
         ("dueTimeMs", cmd.due_time_ms.is_some()),
@@ -307,7 +310,8 @@ fn recurrence(
         return Err(Rejection::new(
             "invalid_recurrence",
             Some(&field("cron")),
-            "the pattern has no occurrence from now on (before endAt and year 9999)",
+            "the pattern has no occurrence from now on (before endAt, and within the years the \
+             cron library computes)",
         ));
     };
     Ok(Some((recurrence, first)))
@@ -339,13 +343,12 @@ fn validate(
                 "give either dueAt or dueTimeMs, not both",
             ))
         }
-        (None, None) => {
-            return Err(Rejection::new(
-                "missing_field",
-                Some(&field("dueAt")),
-                "dueAt (RFC 3339 with offset) or dueTimeMs (epoch milliseconds) is required",
-            ))
-        }
+        (None, None) => return Err(Rejection::new(
+            "missing_field",
+            Some(&field("dueAt")),
+            "dueAt (RFC 3339 with offset), dueTimeMs (epoch milliseconds) or cron (a recurring \
+                 timer) is required",
+        )),
         (Some(text), None) => (parse_time(&text, &field("dueAt"))?, field("dueAt")),
         (None, Some(ms)) => (Timestamp::from_millis(ms), field("dueTimeMs")),
     };
@@ -607,6 +610,9 @@ pub struct TimerFailed {
     pub failed_at: String,
     pub attempts: u32,
     pub last_error: String,
+    /// For a recurring timer: the occurrence that could not be published (1 for the first).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub occurrence: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub payload: Option<Box<RawValue>>,
 }
@@ -632,6 +638,10 @@ impl TimerFailedEnvelope {
                 failed_at: at.to_rfc3339(),
                 attempts,
                 last_error: error.to_owned(),
+                occurrence: timer
+                    .recurrence
+                    .as_ref()
+                    .map(|_| timer.occurrences.saturating_add(1)),
                 payload: timer
                     .payload
                     .as_ref()
@@ -933,6 +943,7 @@ mod tests {
         assert_eq!(v["type"], "TimerFailed");
         assert_eq!(v["payload"]["attempts"], 3);
         assert_eq!(v["payload"]["lastError"], "down");
+        assert_eq!(v["payload"]["occurrence"], 5);
         assert_eq!(
             failed.id,
             TimerFailedEnvelope::for_timer(&timer, Timestamp::from_millis(99), 3, "x").id,

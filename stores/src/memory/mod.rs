@@ -121,7 +121,7 @@ impl Store for MemoryStore {
                 TimerState::Cancelled => outcomes.push(ScheduleOutcome::AlreadyCancelled),
                 TimerState::Failed => outcomes.push(ScheduleOutcome::AlreadyFailed),
                 TimerState::Scheduled => {
-                    if row.timer.due_at != new.due_at {
+                    if row.timer.due_at != new.due_at || row.timer.recurrence != new.recurrence {
                         row.revision += 1;
                         row.timer.attempts = 0;
                     }
@@ -196,6 +196,11 @@ impl Store for MemoryStore {
                 .is_some_and(|row| row.revision == claim.revision);
             if state.leased_by(claim, owner) && same_revision {
                 state.finish(&claim.key, TimerState::Reached, at);
+                if let Some(row) = state.rows.get_mut(&claim.key) {
+                    if row.timer.recurrence.is_some() {
+                        row.timer.occurrences = row.timer.occurrences.saturating_add(1);
+                    }
+                }
                 marked += 1;
             }
         }

@@ -408,8 +408,10 @@ impl Store for PostgresStore {
              FROM UNNEST($1::text[], $2::text[], $3::bigint[], $4::text[], $5::text[], $7::text[]) \
                   AS i(tenant_id, service_call_id, due_at, correlation_id, payload, recurrence) \
              ON CONFLICT (tenant_id, service_call_id) DO UPDATE SET \
-                revision = t.revision + CASE WHEN t.due_at <> EXCLUDED.due_at THEN 1 ELSE 0 END, \
-                attempts = CASE WHEN t.due_at <> EXCLUDED.due_at THEN 0 ELSE t.attempts END, \
+                revision = t.revision + CASE WHEN t.due_at <> EXCLUDED.due_at \
+                    OR t.recurrence IS DISTINCT FROM EXCLUDED.recurrence THEN 1 ELSE 0 END, \
+                attempts = CASE WHEN t.due_at <> EXCLUDED.due_at \
+                    OR t.recurrence IS DISTINCT FROM EXCLUDED.recurrence THEN 0 ELSE t.attempts END, \
                 available_at = CASE WHEN t.lease_owner IS NOT NULL AND t.available_at > $6 \
                                THEN GREATEST(t.available_at, EXCLUDED.due_at) ELSE EXCLUDED.due_at END, \
                 due_at = EXCLUDED.due_at, correlation_id = EXCLUDED.correlation_id, \
@@ -547,7 +549,8 @@ impl Store for PostgresStore {
         let (tenants, ids) = Self::key_arrays(timers.iter().map(|t| &t.key));
         let revisions: Vec<i64> = timers.iter().map(|t| t.revision).collect();
         let done = sqlx::query(
-            "UPDATE timers t SET state = 1, reached_at = $4, finished_at = $4 \
+            "UPDATE timers t SET state = 1, reached_at = $4, finished_at = $4, \
+               occurrences = t.occurrences + CASE WHEN t.recurrence IS NULL THEN 0 ELSE 1 END \
              FROM UNNEST($1::text[], $2::text[], $3::bigint[]) AS m(tenant_id, service_call_id, revision) \
              WHERE t.tenant_id = m.tenant_id AND t.service_call_id = m.service_call_id \
                AND t.revision = m.revision AND t.state = 0 AND t.lease_owner = $5",

@@ -103,8 +103,8 @@ const INSERT_TIMER: &str = "INSERT INTO timers (tenant_id, service_call_id, due_
 
 /// Same parameters. Unqualified columns on the right-hand side are the old values.
 const RESCHEDULE_TIMER: &str = "UPDATE timers SET \
-    revision = revision + (due_at <> ?3), \
-    attempts = CASE WHEN due_at <> ?3 THEN 0 ELSE attempts END, \
+    revision = revision + (due_at <> ?3 OR recurrence IS NOT ?7), \
+    attempts = CASE WHEN due_at <> ?3 OR recurrence IS NOT ?7 THEN 0 ELSE attempts END, \
     available_at = CASE WHEN lease_owner IS NOT NULL AND available_at > ?4 \
                    THEN MAX(available_at, ?3) ELSE ?3 END, \
     due_at = ?3, correlation_id = ?5, payload = ?6, \
@@ -280,7 +280,8 @@ impl Store for SqliteStore {
         let mut marked = 0;
         for t in timers {
             marked += sqlx::query(
-                "UPDATE timers SET state = 1, reached_at = ?3, finished_at = ?3 \
+                "UPDATE timers SET state = 1, reached_at = ?3, finished_at = ?3, \
+                   occurrences = occurrences + (recurrence IS NOT NULL) \
                  WHERE tenant_id = ?1 AND service_call_id = ?2 AND state = 0 \
                    AND lease_owner = ?4 AND revision = ?5",
             )
