@@ -7,7 +7,9 @@
 #
 # Env: PG_PORT (15432), PG_PASSWORD (postgres), PG_DB (test), PG_FAST=1 (fsync off: faster,
 # not crash-safe). Root cannot run postgres, so as root the server runs as user `postgres`,
-# and DATA_DIR must be reachable by that user (use a directory under /tmp).
+# and DATA_DIR must be reachable by that user (use a directory under /tmp). TLS is on, with a
+# certificate from a throwaway CA made by tls.sh (DATA_DIR/tls/ca.pem, exported as
+# TIMER_TEST_POSTGRES_CA).
 set -euo pipefail
 export LC_ALL=C
 
@@ -65,8 +67,15 @@ start() {
             rm -f "$pw"
             echo "include_if_exists = 'test.conf'" | as_pg tee -a "$PGDATA/postgresql.conf" >/dev/null
         fi
+        # TLS on (clients that do not ask for it still connect in plain text), with a
+        # certificate from a throwaway CA the TLS tests trust (TIMER_TEST_POSTGRES_CA).
+        bash "$(dirname "$0")/tls.sh" "$DATA_DIR/tls"
+        [ "$(id -u)" = 0 ] && chown -R postgres "$DATA_DIR/tls"
         {
             echo "listen_addresses = '127.0.0.1'"
+            echo "ssl = on"
+            echo "ssl_cert_file = '$DATA_DIR/tls/server.pem'"
+            echo "ssl_key_file = '$DATA_DIR/tls/server-key.pem'"
             echo "port = $PORT"
             echo "unix_socket_directories = ''"
             echo "max_connections = 300"
@@ -97,6 +106,7 @@ start() {
     echo "export TIMER_TEST_POSTGRES_URL=$url"
     echo "export TIMER_TEST_POSTGRES_PID=$(cat "$PIDFILE")"
     echo "export TIMER_TEST_POSTGRES_DIR=$DATA_DIR"
+    echo "export TIMER_TEST_POSTGRES_CA=$DATA_DIR/tls/ca.pem"
 }
 
 stop() {

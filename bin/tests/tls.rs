@@ -1,0 +1,226 @@
+//! TLS settings are honoured (issue #10), against servers with a certificate from a throwaway CA
+//! (`scripts/servers/tls.sh`):
+//! - PostgreSQL (the test server has TLS on): `store.ssl_mode = "verify-full"` with
+//!   `store.ssl_root_cert` = that CA connects over TLS (seen in `pg_stat_ssl`); with another CA
+//!   the service refuses to start, naming the certificate problem.
+//! - NATS: a nats-server with TLS and JetStream started by this test; `tls://` with
+//!   `broker.tls_root_cert` connects, without it (the CA is not a public one) it does not.
+//!
+//! Not covered here: RabbitMQ (amqps checks against the public webpki roots; a custom CA file
+//! is not supported yet) and Kafka (tansu 0.6.0 has no TLS listener).
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use libtest_mimic::Arguments;
+use sqlx::Connection;
+use timer_brokers::nats::{NatsBroker, NatsConfig};
+use timer_conformance::e2e::{free_addr, Service};
+use timer_conformance::fixtures::POSTGRES_URL_VAR;
+use timer_conformance::{server_trial, wait_for};
+use timer_core::Broker;
+
+const BIN: &str = env!("CARGO_BIN_EXE_timer-service");
+const CA_VAR: &str = "TIMER_TEST_POSTGRES_CA";
+
+fn main() {
+    let args = Arguments::from_args();
+    let pg_missing = [POSTGRES_URL_VAR, CA_VAR]
+        .iter()
+        .find(|v| std::env::var(v).is_err())
+        .map(|v| format!("{v} is not set (bash scripts/test.sh starts PostgreSQL with TLS)"));
+    let nats_missing = which("nats-server")
+        .is_none()
+        .then(|| "nats-server is not installed (bash scripts/test.sh installs it)".to_owned());
+    let trials = vec![
+        server_trial(
+            "tls::postgres_verify_full_with_the_servers_ca_connects_over_tls",
+            pg_missing.clone(),
+            postgres_verify_full_connects_over_tls,
+        ),
+        server_trial(
+            "tls::postgres_with_a_ca_that_did_not_sign_the_server_refuses_to_start",
+            pg_missing,
+            postgres_with_another_ca_refuses,
+        ),
+        server_trial(
+            "tls::nats_tls_with_the_root_cert_connects_and_without_it_does_not",
+            nats_missing,
+            nats_tls_is_honoured,
+        ),
+    ];
+    libtest_mimic::run(&args, trials).exit();
+}
+
+fn which(program: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|dir| dir.join(program))
+            .find(|p| p.is_file())
+    })
+}
+
+/// A CA and a server certificate for 127.0.0.1 in `dir` (`scripts/servers/tls.sh`).
+async fn make_certificates(dir: &Path) {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/servers/tls.sh");
+    let out = tokio::process::Command::new("bash")
+        .arg(script)
+        .arg(dir)
+        .output()
+        .await
+        .expect("run tls.sh");
+    assert!(
+        out.status.success(),
+        "tls.sh: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn postgres_env(schema: &str, root_cert: &Path) -> Vec<(&'static str, String)> {
+    vec![
+        ("TIMER_STORE__KIND", "postgres".into()),
+        (
+            "TIMER_STORE__URL",
+            std::env::var(POSTGRES_URL_VAR).unwrap_or_default(),
+        ),
+        ("TIMER_STORE__SCHEMA", schema.into()),
+        ("TIMER_STORE__SSL_MODE", "verify-full".into()),
+        (
+            "TIMER_STORE__SSL_ROOT_CERT",
+            root_cert.display().to_string(),
+        ),
+        ("TIMER_BROKER__KIND", "memory".into()),
+    ]
+}
+
+/// TLS connections to the test database other than this one.
+async fn tls_connections(admin: &mut sqlx::PgConnection) -> i64 {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid) \
+         WHERE s.ssl AND a.datname = current_database() AND s.pid <> pg_backend_pid()",
+    )
+    .fetch_one(admin)
+    .await
+    .expect("pg_stat_ssl")
+}
+
+async fn postgres_verify_full_connects_over_tls() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let url = std::env::var(POSTGRES_URL_VAR).expect("url");
+    // This connection itself stays in plain text, so it does not count.
+    let mut admin = sqlx::PgConnection::connect(&format!("{url}?sslmode=disable"))
+        .await
+        .expect("admin connection");
+    let before = tls_connections(&mut admin).await;
+    let ca = PathBuf::from(std::env::var(CA_VAR).expect("ca"));
+    let schema = format!("tls_{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+    let service = Service::start(Path::new(BIN), dir.path(), &postgres_env(&schema, &ca)).await;
+    let (status, ready) = service.get("/readyz").await;
+    assert_eq!(status, 200, "{ready}");
+    let during = tls_connections(&mut admin).await;
+    assert!(
+        during > before,
+        "the service's connections use TLS ({before} before, {during} with it running)"
+    );
+    println!("TLS connections to the test database: {before} before, {during} with the service");
+    service.terminate().await;
+    let _ = sqlx::query(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"))
+        .execute(&mut admin)
+        .await;
+}
+
+async fn postgres_with_another_ca_refuses() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let other = dir.path().join("other-ca");
+    make_certificates(&other).await;
+    let mut command = tokio::process::Command::new(BIN);
+    command
+        .arg("run")
+        .current_dir(dir.path())
+        .env("TIMER_HTTP__ADDR", "127.0.0.1:0")
+        .env("TIMER_STORE__CONNECT_TIMEOUT", "5s");
+    for (k, v) in postgres_env("tls_refused", &other.join("ca.pem")) {
+        command.env(k, v);
+    }
+    let out = tokio::time::timeout(Duration::from_secs(60), command.output())
+        .await
+        .expect("exits within a minute")
+        .expect("run");
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    let last = err.lines().last().unwrap_or_default().to_lowercase();
+    assert!(
+        last.starts_with("error: postgres store") && last.contains("certificate"),
+        "names the certificate problem: {err}"
+    );
+    assert!(
+        !err.contains(":postgres@"),
+        "no password in the output: {err}"
+    );
+}
+
+async fn nats_tls_is_honoured() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    make_certificates(&dir.path().join("tls")).await;
+    let tls = dir.path().join("tls");
+    let port = free_addr().port();
+    let mut server = tokio::process::Command::new("nats-server")
+        .args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd"])
+        .arg(dir.path().join("js"))
+        .arg("--tlscert")
+        .arg(tls.join("server.pem"))
+        .arg("--tlskey")
+        .arg(tls.join("server-key.pem"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start nats-server with TLS");
+    let up = wait_for(Duration::from_secs(30), || async {
+        tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .ok()
+            .map(|_| ())
+    })
+    .await;
+    assert!(up.is_some(), "nats-server with TLS listens");
+    let id = &uuid::Uuid::new_v4().simple().to_string()[..12];
+    let config = NatsConfig {
+        url: format!("tls://127.0.0.1:{port}"),
+        tls_root_cert: Some(tls.join("ca.pem")),
+        connect_timeout: Duration::from_secs(5),
+        commands_stream: format!("TC_{id}"),
+        commands_subject: format!("tls{id}.commands.>"),
+        consumer: format!("tls{id}"),
+        events_stream: format!("TE_{id}"),
+        events_subject: format!("tls{id}.events"),
+        dead_letter_stream: format!("TD_{id}"),
+        dead_letter_subject: format!("tls{id}.dead"),
+        ..NatsConfig::default()
+    };
+    // JetStream may need a moment after the port opens; the first connect may retry.
+    let broker = wait_for(Duration::from_secs(30), || async {
+        NatsBroker::connect(&config).await.ok()
+    })
+    .await
+    .expect("connects over TLS with the CA given");
+    broker.health().await.expect("healthy over TLS");
+    drop(broker);
+    let without = NatsConfig {
+        tls_root_cert: None,
+        ..config.clone()
+    };
+    let err = match NatsBroker::connect(&without).await {
+        Ok(_) => panic!("a certificate from an unknown CA must be refused"),
+        Err(e) => e.chain().to_lowercase(),
+    };
+    assert!(
+        err.contains("cannot connect") && (err.contains("certificate") || err.contains("tls")),
+        "{err}"
+    );
+    println!("without the CA: {err}");
+    let _ = server.start_kill();
+    let _ = server.wait().await;
+}
