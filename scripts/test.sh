@@ -46,7 +46,8 @@ echo "NATS: $TIMER_TEST_NATS_URL (pid $TIMER_TEST_NATS_PID)"
 
 bash scripts/servers/rabbitmq.sh install
 rabbit_port=$(free_port 16572)
-# Its own epmd, and the Erlang distribution port is the AMQP port + 100: all must be free.
+# Its own epmd; amqps is on the AMQP port + 1 and the Erlang distribution port on + 100: all
+# must be free.
 rabbit_env=$(RABBITMQ_PORT=$rabbit_port RABBITMQ_EPMD_PORT=$(free_port 16369) \
     bash scripts/servers/rabbitmq.sh start "$servers/rabbitmq")
 eval "$rabbit_env"

@@ -5,7 +5,8 @@
 #   rabbitmq.sh start DATA_DIR       start (or probe a running one); prints `export ...` lines
 #   rabbitmq.sh stop DATA_DIR        stop by the recorded pids (never by name)
 #
-# Env: RABBITMQ_PORT (16572; the Erlang distribution port is +100), RABBITMQ_EPMD_PORT (16369).
+# Env: RABBITMQ_PORT (16572; amqps with a throwaway CA on +1, the Erlang distribution port on
+# +100), RABBITMQ_EPMD_PORT (16369).
 # User guest/guest (loopback only), vhost "/". Data (queues, messages) lives in DATA_DIR/mnesia,
 # so a restart on the same DATA_DIR keeps durable queues and persistent messages.
 set -euo pipefail
@@ -61,7 +62,18 @@ export RABBITMQ_ENABLED_PLUGINS_FILE='$DATA_DIR/enabled_plugins'
 export RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS='-kernel inet_dist_use_interface {127,0,0,1}'
 EOV
     : >"$DATA_DIR/rabbitmq-env.conf"
-    [ -s "$DATA_DIR/rabbitmq.conf" ] || printf 'log.console = false\nlog.file.level = info\n' >"$DATA_DIR/rabbitmq.conf"
+    # amqps on the AMQP port + 1, with a certificate from a throwaway CA (tls.sh).
+    bash "$(dirname "$0")/tls.sh" "$DATA_DIR/tls"
+    cat >"$DATA_DIR/rabbitmq.conf" <<EOC
+log.console = false
+log.file.level = info
+listeners.ssl.1 = 127.0.0.1:$TLS_PORT
+ssl_options.cacertfile = $DATA_DIR/tls/ca.pem
+ssl_options.certfile = $DATA_DIR/tls/server.pem
+ssl_options.keyfile = $DATA_DIR/tls/server-key.pem
+ssl_options.verify = verify_none
+ssl_options.fail_if_no_peer_cert = false
+EOC
     echo "[]." >"$DATA_DIR/enabled_plugins"
     printf '#!/bin/sh\n. "%s"\nexec "%s/rabbitmqctl" "$@"\n' "$ENVFILE" "$SBIN" >"$DATA_DIR/bin/rabbitmqctl"
     chmod +x "$DATA_DIR/bin/rabbitmqctl"
@@ -73,6 +85,8 @@ EOV
 
 emit_env() {
     echo "export TIMER_TEST_RABBITMQ_URL=amqp://guest:guest@127.0.0.1:$PORT/%2f"
+    echo "export TIMER_TEST_RABBITMQ_TLS_URL=amqps://guest:guest@127.0.0.1:$TLS_PORT/%2f"
+    echo "export TIMER_TEST_RABBITMQ_CA=$DATA_DIR/tls/ca.pem"
     echo "export TIMER_TEST_RABBITMQ_DIR=$DATA_DIR"
     echo "export TIMER_TEST_RABBITMQ_BEAM_PID=$(cat "$BEAM_PIDFILE" 2>/dev/null || true)"
 }
@@ -97,7 +111,7 @@ start() {
         echo $! >"$EPMD_PIDFILE"
         for _ in $(seq 1 50); do "$epmd" -port "$EPMD_PORT" -names >/dev/null 2>&1 && break; sleep 0.1; done
     fi
-    for p in "$PORT" "$DIST_PORT"; do
+    for p in "$PORT" "$TLS_PORT" "$DIST_PORT"; do
         port_busy "$p" && die "port $p on 127.0.0.1 is already in use by another process"
     done
     (
@@ -158,6 +172,7 @@ case $cmd in
         PORT=${RABBITMQ_PORT:-${SAVED_PORT:-16572}}
         EPMD_PORT=${RABBITMQ_EPMD_PORT:-${SAVED_EPMD_PORT:-16369}}
         DIST_PORT=$((PORT + 100))
+        TLS_PORT=$((PORT + 1))
         NODENAME=timer-test-$PORT@localhost
         printf 'SAVED_PORT=%s\nSAVED_EPMD_PORT=%s\n' "$PORT" "$EPMD_PORT" >"$DATA_DIR/ports"
         "$cmd" ;;

@@ -10,8 +10,11 @@ pub struct RabbitmqConfig {
     /// Always `rabbitmq`; checked by the binary.
     pub kind: String,
     /// `amqp://USER:PASSWORD@HOST:PORT/VHOST` or `amqps://...` (TLS, checked against the
-    /// webpki root certificates). The default vhost `/` is written `%2f`.
+    /// webpki root certificates and `tls_root_cert`). The default vhost `/` is written `%2f`.
     pub url: String,
+    /// PEM file of the CA that signed the server certificate, for `amqps://` with a CA of your
+    /// own (trusted besides the webpki roots).
+    pub tls_root_cert: Option<std::path::PathBuf>,
     /// The durable queue commands arrive on; instances consume it as competing consumers.
     pub commands_queue: String,
     /// The durable topic exchange events are published to; the routing key is the tenant.
@@ -31,6 +34,7 @@ impl Default for RabbitmqConfig {
         RabbitmqConfig {
             kind: "rabbitmq".into(),
             url: "amqp://guest:guest@127.0.0.1:5672/%2f".into(),
+            tls_root_cert: None,
             commands_queue: "timer.commands".into(),
             events_exchange: "timer.events".into(),
             dead_letter_exchange: "timer.dead-letters".into(),

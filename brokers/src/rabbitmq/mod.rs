@@ -89,9 +89,24 @@ fn s(text: &str) -> ShortString {
 }
 
 async fn connection(config: &RabbitmqConfig) -> Result<Connection> {
+    // A CA of one's own for amqps, besides the webpki roots compiled in.
+    let tls = match &config.tls_root_cert {
+        Some(path) => lapin::tcp::OwnedTLSConfig {
+            identity: None,
+            cert_chain: Some(std::fs::read_to_string(path).map_err(|e| {
+                Error::config(format!(
+                    "broker.tls_root_cert {}: cannot read it: {e}",
+                    path.display()
+                ))
+            })?),
+        },
+        None => lapin::tcp::OwnedTLSConfig::default(),
+    };
+    let runtime = lapin::runtime::default_runtime()
+        .map_err(|e| Error::internal(format!("rabbitmq broker: no async runtime: {e}")))?;
     tokio::time::timeout(
         config.connect_timeout,
-        Connection::connect(&config.url, ConnectionProperties::default()),
+        Connection::connect_with_config(&config.url, ConnectionProperties::default(), tls, runtime),
     )
     .await
     .map_err(|_| {
