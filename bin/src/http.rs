@@ -197,6 +197,20 @@ async fn schedule(State(app): State<AppState>, body: Bytes) -> Response {
         Ok(ScheduleOutcome::AlreadyReached) => (StatusCode::CONFLICT, "already_reached"),
         Ok(ScheduleOutcome::AlreadyCancelled) => (StatusCode::CONFLICT, "already_cancelled"),
         Ok(ScheduleOutcome::AlreadyFailed) => (StatusCode::CONFLICT, "already_failed"),
+        Ok(ScheduleOutcome::TenantLimit) => {
+            metrics::counter!(metric::COMMANDS_REJECTED, "reason" => "tenant_limit").increment(1);
+            return error_body(
+                StatusCode::TOO_MANY_REQUESTS,
+                "tenant_limit",
+                None,
+                &format!(
+                    "tenant {:?} has {} Scheduled timers already \
+                     (limits.max_pending_per_tenant); nothing was stored",
+                    key.tenant_id,
+                    app.engine.limits().max_pending_per_tenant
+                ),
+            );
+        }
         Err(e) => return server_error(&e),
     };
     let timer = match app.engine.store().get(&key).await {

@@ -476,6 +476,42 @@ async fn cron_timer_over_http_and_cancel_on_the_broker_path() {
     service.terminate().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_over_its_pending_limit_gets_429_and_others_do_not() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let env = embedded(dir.path(), &[("TIMER_LIMITS__MAX_PENDING_PER_TENANT", "1")]);
+    let service = Service::start(Path::new(BIN), dir.path(), &env).await;
+    let far = now_ms() + 3_600_000;
+    assert_eq!(
+        service.post("/v1/timers", command("a", "1", far)).await.0,
+        201
+    );
+    let (status, v) = service.post("/v1/timers", command("a", "2", far)).await;
+    assert_eq!(
+        (status, v["error"]["reason"].as_str()),
+        (429, Some("tenant_limit")),
+        "{v}"
+    );
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("limits.max_pending_per_tenant")),
+        "{v}"
+    );
+    let (status, v) = service.post("/v1/timers", command("a", "1", far + 1)).await;
+    assert_eq!(
+        (status, v["outcome"].as_str()),
+        (200, Some("updated")),
+        "a reschedule is allowed: {v}"
+    );
+    assert_eq!(
+        service.post("/v1/timers", command("b", "1", far)).await.0,
+        201
+    );
+    assert_eq!(service.get("/v1/tenants/a/timers/2").await.0, 404);
+    service.terminate().await;
+}
+
 /// Runs the binary with `args` and env; returns (exit code, stdout, stderr).
 async fn run_cli(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
     let mut cmd = tokio::process::Command::new(BIN);

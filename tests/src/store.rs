@@ -77,6 +77,7 @@ pub fn checks() -> Vec<Check<Arc<dyn Store>>> {
         recurrence_round_trips_and_advance_moves_to_next,
         advance_needs_the_lease_and_revision,
         rescheduling_a_recurring_timer_resets_its_count,
+        pending_by_tenant_counts_scheduled_timers_only,
     ]
 }
 
@@ -1109,4 +1110,40 @@ pub async fn rescheduling_a_recurring_timer_resets_its_count(store: Arc<dyn Stor
         .expect("schedule");
     let t = s.get(&new.key).await.expect("get").expect("t");
     assert_eq!(t.recurrence, None);
+}
+
+pub async fn pending_by_tenant_counts_scheduled_timers_only(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    let mut batch: Vec<NewTimer> = (0..5)
+        .map(|i| timer("a", &format!("a{i}"), T0.as_millis() + 1_000 + i))
+        .collect();
+    batch.push(timer("b", "b0", T0.as_millis() + 1_000));
+    batch.push(timer("c", "due", T0.as_millis()));
+    s.schedule(&batch, T0).await.expect("schedule");
+    s.cancel(&TimerKey::new("a", "a0"), T0)
+        .await
+        .expect("cancel");
+    let claimed = s
+        .claim_due(T0, 10, &lease("i1", T0.as_millis() + 1_000))
+        .await
+        .expect("claim");
+    s.mark_reached(&claimed, "i1", T0).await.expect("mark");
+    let counts = s
+        .pending_by_tenant(&["a".into(), "b".into(), "c".into(), "nobody".into()])
+        .await
+        .expect("count");
+    assert_eq!(
+        counts.get("a"),
+        Some(&4),
+        "cancelled ones do not count: {counts:?}"
+    );
+    assert_eq!(counts.get("b"), Some(&1));
+    assert_eq!(
+        counts.get("c"),
+        None,
+        "reached ones do not count: {counts:?}"
+    );
+    assert_eq!(counts.get("nobody"), None);
+    let only_b = s.pending_by_tenant(&["b".into()]).await.expect("count");
+    assert_eq!(only_b.len(), 1, "only the tenants asked for");
 }

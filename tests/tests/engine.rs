@@ -252,6 +252,12 @@ impl Store for MarkHangs {
     async fn pending(&self) -> Result<u64> {
         self.inner.pending().await
     }
+    async fn pending_by_tenant(
+        &self,
+        tenants: &[String],
+    ) -> Result<std::collections::HashMap<String, u64>> {
+        self.inner.pending_by_tenant(tenants).await
+    }
     async fn health(&self) -> Result<()> {
         self.inner.health().await
     }
@@ -613,6 +619,12 @@ impl Store for SchedulesFail {
     async fn pending(&self) -> Result<u64> {
         self.inner.pending().await
     }
+    async fn pending_by_tenant(
+        &self,
+        tenants: &[String],
+    ) -> Result<std::collections::HashMap<String, u64>> {
+        self.inner.pending_by_tenant(tenants).await
+    }
     async fn health(&self) -> Result<()> {
         self.inner.health().await
     }
@@ -907,4 +919,89 @@ async fn a_cancel_command_that_meets_a_fire_waits_for_it_and_then_applies() {
     })
     .await
     .expect("the cancel is acknowledged once applied");
+}
+
+#[tokio::test]
+async fn a_tenant_over_its_limit_is_refused_and_others_are_not() {
+    let hub = MemoryHub::new(MemoryConfig::default());
+    let broker: Arc<dyn Broker> = Arc::new(hub.connect());
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let clock = Arc::new(ManualClock::new(T0));
+    let engine = Engine::new(
+        store.clone(),
+        broker,
+        clock.clone(),
+        config(),
+        Limits {
+            max_pending_per_tenant: 2,
+            ..Limits::default()
+        },
+    );
+    let shutdown = CancellationToken::new();
+    let task = engine.start(shutdown.clone());
+    let later = T0.saturating_add(Duration::from_secs(60));
+    let cmd = |tenant: &str, id: &str| {
+        format!(
+            r#"{{"tenantId":"{tenant}","serviceCallId":"{id}","dueTimeMs":{}}}"#,
+            later.as_millis()
+        )
+    };
+    for body in [
+        cmd("big", "1"),
+        cmd("big", "2"),
+        cmd("big", "3"),
+        cmd("small", "1"),
+    ] {
+        hub.send_command(body).expect("send");
+    }
+    let letters = wait_for(WAIT, || async {
+        hub.dead_letters().ok().filter(|d| !d.is_empty())
+    })
+    .await
+    .expect("the third timer of `big` is dead-lettered");
+    assert_eq!(letters.len(), 1);
+    assert!(
+        letters[0].reason.starts_with("tenant_limit"),
+        "{}",
+        letters[0].reason
+    );
+    assert!(
+        letters[0].body.contains(r#""serviceCallId":"3""#),
+        "{}",
+        letters[0].body
+    );
+    wait_for(WAIT, || async {
+        (hub.unacknowledged().ok()? == 0).then_some(())
+    })
+    .await
+    .expect("all acknowledged");
+    let exists = |tenant: &'static str, id: &'static str| {
+        let store = store.clone();
+        async move {
+            store
+                .get(&TimerKey::new(tenant, id))
+                .await
+                .expect("get")
+                .is_some()
+        }
+    };
+    assert!(exists("big", "1").await && exists("big", "2").await);
+    assert!(!exists("big", "3").await, "over the limit: not stored");
+    assert!(exists("small", "1").await, "another tenant is not affected");
+    // At the limit, moving an existing timer is still allowed; a new one is not.
+    let moved = NewTimer {
+        key: TimerKey::new("big", "1"),
+        ..timer("x", later.saturating_add(Duration::from_secs(1)))
+    };
+    let fresh = NewTimer {
+        key: TimerKey::new("big", "4"),
+        ..timer("x", later)
+    };
+    let outcomes = engine.schedule(&[moved, fresh]).await.expect("schedule");
+    assert_eq!(
+        outcomes,
+        vec![ScheduleOutcome::Updated, ScheduleOutcome::TenantLimit]
+    );
+    shutdown.cancel();
+    let _ = task.await;
 }

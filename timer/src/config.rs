@@ -18,6 +18,10 @@ pub struct Limits {
     /// How far in the future a due time may lie.
     #[serde(with = "duration")]
     pub max_horizon: Duration,
+    /// Most Scheduled timers one tenant may have; a new timer over it is refused with reason
+    /// `tenant_limit` (rescheduling an existing one stays allowed). 0 (the default) sets no
+    /// limit. Checking it counts the tenant's timers for every batch that names the tenant.
+    pub max_pending_per_tenant: u64,
 }
 
 impl Default for Limits {
@@ -28,6 +32,7 @@ impl Default for Limits {
             max_payload_bytes: 64 * 1024,
             // Ten years of 365.25 days (prints as "10years").
             max_horizon: Duration::from_secs(315_576_000),
+            max_pending_per_tenant: 0,
         }
     }
 }

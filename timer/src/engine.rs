@@ -73,8 +73,9 @@ type Waiting = (NewTimer, oneshot::Sender<Result<ScheduleOutcome>>);
 const FIRING_RECHECK: Duration = Duration::from_millis(100);
 
 /// One step of an ingested batch.
-enum Step {
-    Schedule(Vec<NewTimer>),
+enum Step<'a> {
+    /// Timers to store together, with the deliveries they came from.
+    Schedule(Vec<NewTimer>, Vec<&'a Delivery>),
     Cancel(TimerKey),
 }
 
@@ -161,7 +162,33 @@ impl Engine {
             return Ok(Vec::new());
         }
         let inner = &self.inner;
-        let outcomes = inner.store.schedule(timers, inner.clock.now()).await?;
+        let refused = self.over_tenant_limit(timers).await?;
+        let outcomes = if refused.iter().any(|r| *r) {
+            let allowed: Vec<NewTimer> = timers
+                .iter()
+                .zip(&refused)
+                .filter(|(_, r)| !**r)
+                .map(|(t, _)| t.clone())
+                .collect();
+            let mut stored = inner
+                .store
+                .schedule(&allowed, inner.clock.now())
+                .await?
+                .into_iter();
+            let mut outcomes = Vec::with_capacity(timers.len());
+            for r in &refused {
+                outcomes.push(if *r {
+                    ScheduleOutcome::TenantLimit
+                } else {
+                    stored.next().ok_or_else(|| {
+                        Error::internal("the store returned fewer outcomes than timers")
+                    })?
+                });
+            }
+            outcomes
+        } else {
+            inner.store.schedule(timers, inner.clock.now()).await?
+        };
         let mut soonest = i64::MAX;
         let mut changed = 0u64;
         for (timer, outcome) in timers.iter().zip(&outcomes) {
@@ -175,6 +202,36 @@ impl Engine {
             inner.wake.notify_one();
         }
         Ok(outcomes)
+    }
+
+    /// Which timers `limits.max_pending_per_tenant` refuses: new timers of a tenant that has
+    /// that many Scheduled ones (counting this batch). A timer that already exists as Scheduled
+    /// is a reschedule and always allowed. Instances check independently, so several of them
+    /// together may overshoot by up to one batch each.
+    async fn over_tenant_limit(&self, timers: &[NewTimer]) -> Result<Vec<bool>> {
+        let inner = &self.inner;
+        let limit = inner.limits.max_pending_per_tenant;
+        if limit == 0 {
+            return Ok(vec![false; timers.len()]);
+        }
+        let mut tenants: Vec<String> = timers.iter().map(|t| t.key.tenant_id.clone()).collect();
+        tenants.sort_unstable();
+        tenants.dedup();
+        let mut counts = inner.store.pending_by_tenant(&tenants).await?;
+        let mut refused = Vec::with_capacity(timers.len());
+        for timer in timers {
+            let count = counts.entry(timer.key.tenant_id.clone()).or_insert(0);
+            if *count < limit {
+                *count += 1; // as if new; a reschedule counted twice only refuses early
+                refused.push(false);
+                continue;
+            }
+            let existing = inner.store.get(&timer.key).await?;
+            let reschedule =
+                existing.is_some_and(|t| t.state == crate::model::TimerState::Scheduled);
+            refused.push(!reschedule);
+        }
+        Ok(refused)
     }
 
     /// Cancels a timer (the HTTP API's DELETE and the broker's `CancelTimer`).
@@ -279,8 +336,11 @@ impl Engine {
             match decode(&delivery.body, &inner.limits, now) {
                 Ok(Command::Schedule(timer)) => {
                     match steps.last_mut() {
-                        Some(Step::Schedule(run)) => run.push(timer),
-                        _ => steps.push(Step::Schedule(vec![timer])),
+                        Some(Step::Schedule(run, from)) => {
+                            run.push(timer);
+                            from.push(delivery);
+                        }
+                        _ => steps.push(Step::Schedule(vec![timer], vec![delivery])),
                     }
                     acks.push(delivery.tag);
                 }
@@ -307,7 +367,13 @@ impl Engine {
             let mut failures = 0u32;
             loop {
                 let result = match step {
-                    Step::Schedule(timers) => self.schedule(timers).await.map(|_| true),
+                    Step::Schedule(timers, from) => match self.schedule(timers).await {
+                        Ok(outcomes) => {
+                            self.refuse_over_limit(&outcomes, from, &mut acks).await;
+                            Ok(true)
+                        }
+                        Err(e) => Err(e),
+                    },
                     Step::Cancel(key) => self.cancel(key).await.map(|outcome| match outcome {
                         // Its event is being published: wait for that fire to settle (bounded
                         // by half the lease), then cancel what is left (a recurring series, or
@@ -341,6 +407,36 @@ impl Engine {
             // Stored but not acked: redelivery applies the same commands again, which is
             // harmless (schedules are upserts, a second cancel changes nothing).
             warn!(error = %e.chain(), "acknowledging commands failed; they will be redelivered");
+        }
+    }
+
+    /// Dead-letters the commands `limits.max_pending_per_tenant` refused; one whose dead letter
+    /// cannot be sent is taken out of `acks`, so it comes back instead of being lost.
+    async fn refuse_over_limit(
+        &self,
+        outcomes: &[ScheduleOutcome],
+        from: &[&Delivery],
+        acks: &mut Vec<u64>,
+    ) {
+        let inner = &self.inner;
+        for (outcome, delivery) in outcomes.iter().zip(from) {
+            if *outcome != ScheduleOutcome::TenantLimit {
+                continue;
+            }
+            metrics::counter!(metric::COMMANDS_REJECTED, "reason" => "tenant_limit").increment(1);
+            let reason = format!(
+                "tenant_limit: the tenant has {} Scheduled timers already \
+                 (limits.max_pending_per_tenant)",
+                inner.limits.max_pending_per_tenant
+            );
+            warn!(
+                reason = "tenant_limit",
+                "command refused; dead-lettering it"
+            );
+            if let Err(e) = inner.broker.dead_letter(&delivery.body, &reason).await {
+                error!(error = %e.chain(), "dead-lettering failed; the command will be redelivered");
+                acks.retain(|tag| *tag != delivery.tag);
+            }
         }
     }
 

@@ -1,6 +1,8 @@
 //! The `Store` contract (DESIGN §3). Every store plugin implements it and passes the Store
 //! conformance suite in `timer-conformance`.
 
+use std::collections::HashMap;
+
 use async_trait::async_trait;
 use tokio::sync::broadcast;
 
@@ -91,6 +93,11 @@ pub trait Store: Send + Sync + 'static {
 
     /// How many timers are Scheduled.
     async fn pending(&self) -> Result<u64>;
+
+    /// How many timers of each of `tenants` are Scheduled; tenants without any are absent.
+    /// Used for `limits.max_pending_per_tenant` (a count over the tenant's rows, so only asked
+    /// when that limit is set).
+    async fn pending_by_tenant(&self, tenants: &[String]) -> Result<HashMap<String, u64>>;
 
     /// Ok when the store answers a trivial query.
     async fn health(&self) -> Result<()>;

@@ -61,6 +61,7 @@ pub const REJECTION_REASONS: &[&str] = &[
     "payload_too_large",
     "invalid_recurrence",
     "not_accepted_here",
+    "tenant_limit",
 ];
 
 /// A decoded command.
@@ -793,6 +794,7 @@ mod tests {
             max_id_bytes: 4,
             max_payload_bytes: 8,
             max_horizon: Duration::from_secs(60),
+            max_pending_per_tenant: 0,
         };
         let d = |s: &str| decode_command(s.as_bytes(), &limits, NOW).unwrap_err();
         assert_eq!(

@@ -339,6 +339,17 @@ impl Store for MemoryStore {
         Ok(self.lock()?.ready.len() as u64)
     }
 
+    async fn pending_by_tenant(&self, tenants: &[String]) -> Result<HashMap<String, u64>> {
+        let state = self.lock()?;
+        let mut counts = HashMap::new();
+        for (_, key) in &state.ready {
+            if tenants.contains(&key.tenant_id) {
+                *counts.entry(key.tenant_id.clone()).or_insert(0) += 1;
+            }
+        }
+        Ok(counts)
+    }
+
     async fn health(&self) -> Result<()> {
         self.lock().map(|_| ())
     }

@@ -4,6 +4,7 @@
 
 mod config;
 
+use std::collections::HashMap;
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -750,6 +751,21 @@ impl Store for PostgresStore {
             .await
             .map_err(|e| db_err("counting pending timers", e))?;
         Ok(u64::try_from(n).unwrap_or(0))
+    }
+
+    async fn pending_by_tenant(&self, tenants: &[String]) -> Result<HashMap<String, u64>> {
+        let rows: Vec<(String, i64)> = sqlx::query_as(
+            "SELECT tenant_id, COUNT(*) FROM timers WHERE state = 0 AND tenant_id = ANY($1) \
+             GROUP BY tenant_id",
+        )
+        .bind(tenants)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(|e| db_err("counting pending timers per tenant", e))?;
+        Ok(rows
+            .into_iter()
+            .map(|(tenant, n)| (tenant, u64::try_from(n).unwrap_or(0)))
+            .collect())
     }
 
     async fn health(&self) -> Result<()> {

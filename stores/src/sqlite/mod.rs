@@ -3,6 +3,7 @@
 
 mod config;
 
+use std::collections::HashMap;
 use std::str::FromStr;
 
 use async_trait::async_trait;
@@ -469,6 +470,31 @@ impl Store for SqliteStore {
             .await
             .map_err(|e| db_err("counting pending timers", e))?;
         Ok(n.try_into().unwrap_or(0))
+    }
+
+    async fn pending_by_tenant(&self, tenants: &[String]) -> Result<HashMap<String, u64>> {
+        let mut counts = HashMap::new();
+        // SQLite allows 32,766 parameters per statement; a batch names far fewer tenants, but
+        // stay well below the limit whatever the batch size.
+        for chunk in tenants.chunks(500) {
+            let marks = vec!["?"; chunk.len()].join(", ");
+            let sql = format!(
+                "SELECT tenant_id, COUNT(*) FROM timers WHERE state = 0 AND tenant_id IN ({marks}) \
+                 GROUP BY tenant_id"
+            );
+            let mut query = sqlx::query_as::<_, (String, i64)>(&sql);
+            for tenant in chunk {
+                query = query.bind(tenant);
+            }
+            for (tenant, n) in query
+                .fetch_all(&self.read)
+                .await
+                .map_err(|e| db_err("counting pending timers per tenant", e))?
+            {
+                counts.insert(tenant, u64::try_from(n).unwrap_or(0));
+            }
+        }
+        Ok(counts)
     }
 
     async fn health(&self) -> Result<()> {
