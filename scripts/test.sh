@@ -45,9 +45,13 @@ eval "$nats_env"
 echo "NATS: $TIMER_TEST_NATS_URL (pid $TIMER_TEST_NATS_PID)"
 
 bash scripts/servers/rabbitmq.sh install
+# Its own epmd; amqps is on the AMQP port + 1 and the Erlang distribution port on + 100, so
+# take the first port P from 16572 with all three free.
 rabbit_port=$(free_port 16572)
-# Its own epmd; amqps is on the AMQP port + 1 and the Erlang distribution port on + 100: all
-# must be free.
+while [ "$(free_port $((rabbit_port + 1)))" != $((rabbit_port + 1)) ] \
+    || [ "$(free_port $((rabbit_port + 100)))" != $((rabbit_port + 100)) ]; do
+    rabbit_port=$(free_port $((rabbit_port + 1)))
+done
 rabbit_env=$(RABBITMQ_PORT=$rabbit_port RABBITMQ_EPMD_PORT=$(free_port 16369) \
     bash scripts/servers/rabbitmq.sh start "$servers/rabbitmq")
 eval "$rabbit_env"

@@ -429,8 +429,11 @@ async fn cron_timer_over_http_and_cancel_on_the_broker_path() {
             .unwrap_or(0)
         })
         .collect();
-    assert_eq!(dues[1] - dues[0], 1_000, "{dues:?}");
-    assert_eq!(dues[2] - dues[1], 1_000, "{dues:?}");
+    // One per second; a fire more than a second late (a loaded box) skips to the next second.
+    for pair in dues.windows(2) {
+        let gap = pair[1] - pair[0];
+        assert!(gap >= 1_000 && gap % 1_000 == 0, "{dues:?}");
+    }
     assert_eq!(fired[0].envelope["payload"]["occurrence"], 1);
     let (_, v) = service.get("/v1/tenants/t/timers/tick").await;
     assert_eq!(v["state"], "Scheduled", "{v}");

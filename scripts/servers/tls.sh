@@ -9,7 +9,11 @@ set -euo pipefail
 DIR=${1:?usage: $0 DIR}
 mkdir -p "$DIR"
 cd "$DIR"
-[ -s ca.pem ] && [ -s server.pem ] && [ -s server-key.pem ] && exit 0
+# Kept while valid for at least another day; made again otherwise.
+if [ -s ca.pem ] && [ -s server.pem ] && [ -s server-key.pem ] \
+    && openssl x509 -checkend 86400 -noout -in server.pem >/dev/null 2>&1; then
+    exit 0
+fi
 command -v openssl >/dev/null || { echo "[tls] openssl is needed (apt-get install openssl)" >&2; exit 1; }
 openssl req -x509 -newkey rsa:2048 -nodes -days 30 -subj "/CN=timer-service test CA" \
     -keyout ca-key.pem -out ca.pem 2>/dev/null

@@ -871,6 +871,31 @@ pub async fn cancel_while_leased_is_refused(store: Arc<dyn Store>) {
         .await
         .expect("claim")
         .is_empty());
+    // Rescheduled far ahead while leased: "firing" only until the lease ends, not until the new
+    // due time.
+    s.schedule(&[timer("t", "far", T0.as_millis())], T0)
+        .await
+        .expect("schedule");
+    let far = s
+        .claim_due(T0, 10, &lease("i1", T0.as_millis() + 1_000))
+        .await
+        .expect("claim");
+    assert_eq!(ids(&far), ["far"]);
+    s.schedule(&[timer("t", "far", T0.as_millis() + 7 * 86_400_000)], T0)
+        .await
+        .expect("reschedule");
+    assert_eq!(
+        s.cancel(&TimerKey::new("t", "far"), at(T0.as_millis() + 500))
+            .await
+            .expect("cancel"),
+        CancelOutcome::Firing
+    );
+    assert_eq!(
+        s.cancel(&TimerKey::new("t", "far"), at(T0.as_millis() + 1_001))
+            .await
+            .expect("cancel"),
+        CancelOutcome::Cancelled
+    );
     // A lease that expired (its holder crashed) no longer blocks a cancel.
     s.schedule(&[timer("t", "b", T0.as_millis())], T0)
         .await
@@ -1028,8 +1053,9 @@ pub async fn advance_needs_the_lease_and_revision(store: Arc<dyn Store>) {
         0,
         "not the lease holder"
     );
-    // Rescheduled while firing: the new due time wins over the computed occurrence.
-    let moved = recurring("t", "r", T0.as_millis() + 5_000, "0 * * * * *");
+    // Rescheduled (another pattern) while firing: the new series wins over the computed
+    // occurrence of the old one.
+    let moved = recurring("t", "r", T0.as_millis() + 5_000, "5 * * * * *");
     s.schedule(&[moved], T0).await.expect("reschedule");
     assert_eq!(
         s.advance(&[(claimed[0].clone(), next)], "i1", T0)
@@ -1060,17 +1086,18 @@ pub async fn rescheduling_a_recurring_timer_resets_its_count(store: Arc<dyn Stor
     )
     .await
     .expect("advance");
-    // Same pattern again (a repeated command): the count stays.
+    // Same pattern again (a redelivered command, computed later): the series keeps its place,
+    // its next occurrence and its count.
     s.schedule(
-        &[recurring("t", "r", T0.as_millis() + 60_000, "0 * * * * *")],
+        &[recurring("t", "r", T0.as_millis() + 120_000, "0 * * * * *")],
         T0,
     )
     .await
     .expect("schedule");
-    assert_eq!(
-        s.get(&new.key).await.expect("get").expect("t").occurrences,
-        1
-    );
+    let t = s.get(&new.key).await.expect("get").expect("t");
+    assert_eq!(t.occurrences, 1);
+    assert_eq!(t.due_at, at(T0.as_millis() + 60_000), "not re-anchored");
+    assert_eq!(t.available_at, at(T0.as_millis() + 60_000));
     // Another pattern at the same due time: a new series, and a new revision, so a fire of
     // the old pattern in flight cannot move it on.
     let claimed = s

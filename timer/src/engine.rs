@@ -352,14 +352,13 @@ impl Engine {
                     metrics::counter!(metric::COMMANDS_REJECTED, "reason" => rejection.reason)
                         .increment(1);
                     warn!(reason = rejection.reason, error = %rejection, "command rejected; dead-lettering it");
-                    let reason = rejection.to_string();
-                    match inner.broker.dead_letter(&delivery.body, &reason).await {
-                        Ok(()) => acks.push(delivery.tag),
-                        // Not acked: it comes back and is rejected again, never silently lost.
-                        Err(e) => {
-                            error!(error = %e.chain(), "dead-lettering failed; the command will be redelivered")
-                        }
+                    if !self
+                        .dead_letter(&delivery.body, &rejection.to_string(), shutdown)
+                        .await
+                    {
+                        return; // shutting down: unacknowledged, the batch comes again
                     }
+                    acks.push(delivery.tag);
                 }
             }
         }
@@ -369,7 +368,8 @@ impl Engine {
                 let result = match step {
                     Step::Schedule(timers, from) => match self.schedule(timers).await {
                         Ok(outcomes) => {
-                            self.refuse_over_limit(&outcomes, from, &mut acks).await;
+                            self.refuse_over_limit(&outcomes, from, &mut acks, shutdown)
+                                .await;
                             Ok(true)
                         }
                         Err(e) => Err(e),
@@ -411,12 +411,13 @@ impl Engine {
     }
 
     /// Dead-letters the commands `limits.max_pending_per_tenant` refused; one whose dead letter
-    /// cannot be sent is taken out of `acks`, so it comes back instead of being lost.
+    /// was not sent before shutdown is taken out of `acks`, so it comes back.
     async fn refuse_over_limit(
         &self,
         outcomes: &[ScheduleOutcome],
         from: &[&Delivery],
         acks: &mut Vec<u64>,
+        shutdown: &CancellationToken,
     ) {
         let inner = &self.inner;
         for (outcome, delivery) in outcomes.iter().zip(from) {
@@ -433,9 +434,27 @@ impl Engine {
                 reason = "tenant_limit",
                 "command refused; dead-lettering it"
             );
-            if let Err(e) = inner.broker.dead_letter(&delivery.body, &reason).await {
-                error!(error = %e.chain(), "dead-lettering failed; the command will be redelivered");
+            if !self.dead_letter(&delivery.body, &reason, shutdown).await {
                 acks.retain(|tag| *tag != delivery.tag);
+            }
+        }
+    }
+
+    /// Sends a refused command to the dead-letter destination, retrying with backoff until it
+    /// went out (a broker may not deliver an unacknowledged command again, e.g. Kafka within one
+    /// session). False only when shutdown came first: the command stays unacknowledged.
+    async fn dead_letter(&self, body: &[u8], reason: &str, shutdown: &CancellationToken) -> bool {
+        let mut failures = 0u32;
+        loop {
+            match self.inner.broker.dead_letter(body, reason).await {
+                Ok(()) => return true,
+                Err(e) => {
+                    failures += 1;
+                    error!(error = %e.chain(), "dead-lettering a refused command failed; retrying (not acknowledged)");
+                    if !pause(shutdown, self.error_pause(failures)).await {
+                        return false;
+                    }
+                }
             }
         }
     }
@@ -690,8 +709,12 @@ impl Engine {
             .cloned()
             .partition(|t| max > 0 && t.attempts.saturating_add(1) >= max);
         let mut retry = retry;
+        // The broker just failed a publish: after the first dead letter that does not go out
+        // either, the rest are retried instead of each waiting out its own deadline.
+        let mut broker_up = true;
         for timer in last {
-            if !self.give_up(&timer, error).await {
+            broker_up = broker_up && self.give_up(&timer, error).await;
+            if !broker_up {
                 retry.push(timer);
             }
         }
@@ -749,8 +772,16 @@ impl Engine {
             .await
         {
             Ok(0) => {
-                // Rescheduled or taken over meanwhile: it lives on; the dead letter was early.
+                // Rescheduled meanwhile (another revision): it lives on, the dead letter was
+                // early. Give its lease back so it is not "firing" until the lease ends.
                 info!(timer = %timer.key, "TimerFailed sent, but the timer changed meanwhile and stays");
+                if let Err(e) = inner
+                    .store
+                    .release(std::slice::from_ref(timer), &inner.owner, at, None)
+                    .await
+                {
+                    warn!(error = %e.chain(), "releasing a rescheduled timer failed; its lease expires");
+                }
                 true
             }
             Ok(_) => {

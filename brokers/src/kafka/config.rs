@@ -50,6 +50,12 @@ pub const FIXED_PROPERTIES: &[&str] = &[
     "enable.idempotence",
     "acks",
     "request.required.acks",
+    // The engine stops waiting for a publish after half of its lease; librdkafka must give up
+    // by then too (broker.publish_timeout), or an event could arrive after a cancel succeeded.
+    "message.timeout.ms",
+    "delivery.timeout.ms",
+    // Checking a topic must never create it (broker.create_topics decides).
+    "allow.auto.create.topics",
 ];
 
 impl KafkaConfig {
@@ -94,8 +100,8 @@ impl KafkaConfig {
         {
             return Err(Error::config(format!(
                 "broker.properties.{key:?} cannot be set: timer-service sets it itself (its \
-                 delivery guarantees depend on it); use broker.brokers / broker.group_id for \
-                 the servers and the group"
+                 delivery guarantees depend on it); use broker.brokers, broker.group_id, \
+                 broker.publish_timeout or broker.create_topics instead"
             )));
         }
         Ok(())

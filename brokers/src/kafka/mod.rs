@@ -65,13 +65,15 @@ fn millis(d: Duration) -> String {
 /// The idempotent producer events and dead letters go out with.
 fn producer(config: &KafkaConfig) -> Result<FutureProducer> {
     let mut c = ClientConfig::new();
-    c.set("linger.ms", "1")
-        .set("message.timeout.ms", millis(config.publish_timeout));
+    c.set("linger.ms", "1");
     // The user's properties win over tuning, never over the guarantees set below.
     for (key, value) in client_config(config).config_map() {
         c.set(key, value);
     }
-    c.set("enable.idempotence", "true").set("acks", "all");
+    c.set("message.timeout.ms", millis(config.publish_timeout));
+    c.set("enable.idempotence", "true")
+        .set("acks", "all")
+        .set("allow.auto.create.topics", "false");
     c.create()
         .map_err(|e| Error::config(format!("kafka broker: producer settings: {e}")))
 }
@@ -156,7 +158,8 @@ impl KafkaBroker {
         }
         c.set("group.id", &config.group_id)
             .set("enable.auto.commit", "false")
-            .set("enable.auto.offset.store", "false");
+            .set("enable.auto.offset.store", "false")
+            .set("allow.auto.create.topics", "false");
         let consumer: StreamConsumer<GroupContext> = c
             .create_with_context(GroupContext {
                 commands_topic: config.commands_topic.clone(),
@@ -406,7 +409,9 @@ impl Broker for KafkaBroker {
                 .key(event.key.tenant_id.as_bytes())
                 .payload(&event.body)
                 .headers(headers);
-            self.producer.send(record, self.config.publish_timeout)
+            // A full local queue fails the batch at once (retried later) instead of adding its
+            // wait to the delivery timeout.
+            self.producer.send(record, Duration::ZERO)
         });
         let results = futures::future::join_all(sends).await;
         let failed: Vec<KafkaError> = results
@@ -431,7 +436,7 @@ impl Broker for KafkaBroker {
             .payload(body)
             .headers(headers);
         self.producer
-            .send(record, self.config.publish_timeout)
+            .send(record, Duration::ZERO)
             .await
             .map(|_| ())
             .map_err(|(e, _)| {

@@ -35,6 +35,8 @@ struct Row {
     timer: Timer,
     revision: i64,
     finished_at: Option<Timestamp>,
+    /// When the live lease ends; `None` when none was taken or it was given back.
+    lease_until: Option<Timestamp>,
 }
 
 impl MemoryStore {
@@ -111,6 +113,7 @@ impl Store for MemoryStore {
                         timer,
                         revision: 0,
                         finished_at: None,
+                        lease_until: None,
                     },
                 );
                 outcomes.push(ScheduleOutcome::Created);
@@ -121,19 +124,22 @@ impl Store for MemoryStore {
                 TimerState::Cancelled => outcomes.push(ScheduleOutcome::AlreadyCancelled),
                 TimerState::Failed => outcomes.push(ScheduleOutcome::AlreadyFailed),
                 TimerState::Scheduled => {
+                    row.timer.correlation_id = new.correlation_id.clone();
+                    row.timer.payload = new.payload.clone();
+                    // A repeat of the same recurring series keeps its place.
+                    if new.recurrence.is_some() && row.timer.recurrence == new.recurrence {
+                        outcomes.push(ScheduleOutcome::Updated);
+                        continue;
+                    }
                     if row.timer.due_at != new.due_at || row.timer.recurrence != new.recurrence {
                         row.revision += 1;
                         row.timer.attempts = 0;
                     }
-                    let leased = row.timer.lease_owner.is_some() && row.timer.available_at > now;
-                    let available = if leased {
-                        row.timer.available_at.max(new.due_at)
-                    } else {
-                        new.due_at
+                    let available = match row.lease_until {
+                        Some(until) if until > now => until.max(new.due_at),
+                        _ => new.due_at,
                     };
                     row.timer.due_at = new.due_at;
-                    row.timer.correlation_id = new.correlation_id.clone();
-                    row.timer.payload = new.payload.clone();
                     if row.timer.recurrence != new.recurrence {
                         row.timer.recurrence = new.recurrence.clone();
                         row.timer.occurrences = 0;
@@ -165,6 +171,7 @@ impl Store for MemoryStore {
             state.set_available(&key, lease.until);
             if let Some(row) = state.rows.get_mut(&key) {
                 row.timer.lease_owner = Some(lease.owner.clone());
+                row.lease_until = Some(lease.until);
                 claimed.push(ClaimedTimer {
                     key,
                     due_at: row.timer.due_at,
@@ -230,6 +237,7 @@ impl Store for MemoryStore {
             row.timer.attempts = 0;
             row.timer.last_error = None;
             row.timer.lease_owner = None;
+            row.lease_until = None;
             row.timer.reached_at = Some(at);
             row.timer.occurrences = row.timer.occurrences.saturating_add(1);
             state.set_available(&claim.key, *next);
@@ -281,6 +289,7 @@ impl Store for MemoryStore {
                 continue;
             };
             row.timer.lease_owner = None;
+            row.lease_until = None;
             if let Some(error) = error {
                 row.timer.attempts += 1;
                 row.timer.last_error = Some(error.to_owned());
@@ -308,9 +317,7 @@ impl Store for MemoryStore {
             TimerState::Reached => CancelOutcome::AlreadyReached,
             TimerState::Cancelled => CancelOutcome::AlreadyCancelled,
             TimerState::Failed => CancelOutcome::AlreadyFailed,
-            TimerState::Scheduled
-                if row.timer.lease_owner.is_some() && row.timer.available_at > now =>
-            {
+            TimerState::Scheduled if row.lease_until.is_some_and(|until| until > now) => {
                 CancelOutcome::Firing
             }
             TimerState::Scheduled => {

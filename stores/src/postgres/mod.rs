@@ -401,7 +401,11 @@ impl Store for PostgresStore {
 
         let mut tx = self.pool.begin().await.map_err(|e| db_err(op, e))?;
         // `xmax = 0` holds for a row this statement inserted, not for one it updated.
-        let written = sqlx::query(
+        // A repeat of the same recurring series keeps its place (next occurrence, count,
+        // revision): a redelivered command neither skips a catch-up nor re-anchors the series.
+        let same_series =
+            "EXCLUDED.recurrence IS NOT NULL AND t.recurrence IS NOT DISTINCT FROM EXCLUDED.recurrence";
+        let upsert = format!(
             "INSERT INTO timers AS t (tenant_id, service_call_id, due_at, registered_at, \
                                       correlation_id, payload, available_at, recurrence) \
              SELECT i.tenant_id, i.service_call_id, i.due_at, $6, i.correlation_id, i.payload, \
@@ -409,30 +413,35 @@ impl Store for PostgresStore {
              FROM UNNEST($1::text[], $2::text[], $3::bigint[], $4::text[], $5::text[], $7::text[]) \
                   AS i(tenant_id, service_call_id, due_at, correlation_id, payload, recurrence) \
              ON CONFLICT (tenant_id, service_call_id) DO UPDATE SET \
-                revision = t.revision + CASE WHEN t.due_at <> EXCLUDED.due_at \
+                revision = t.revision + CASE WHEN {same_series} THEN 0 \
+                    WHEN t.due_at <> EXCLUDED.due_at \
                     OR t.recurrence IS DISTINCT FROM EXCLUDED.recurrence THEN 1 ELSE 0 END, \
-                attempts = CASE WHEN t.due_at <> EXCLUDED.due_at \
+                attempts = CASE WHEN {same_series} THEN t.attempts \
+                    WHEN t.due_at <> EXCLUDED.due_at \
                     OR t.recurrence IS DISTINCT FROM EXCLUDED.recurrence THEN 0 ELSE t.attempts END, \
-                available_at = CASE WHEN t.lease_owner IS NOT NULL AND t.available_at > $6 \
-                               THEN GREATEST(t.available_at, EXCLUDED.due_at) ELSE EXCLUDED.due_at END, \
-                due_at = EXCLUDED.due_at, correlation_id = EXCLUDED.correlation_id, \
+                available_at = CASE WHEN {same_series} THEN t.available_at \
+                               WHEN t.lease_until > $6 \
+                               THEN GREATEST(t.lease_until, EXCLUDED.due_at) ELSE EXCLUDED.due_at END, \
+                due_at = CASE WHEN {same_series} THEN t.due_at ELSE EXCLUDED.due_at END, \
+                correlation_id = EXCLUDED.correlation_id, \
                 payload = EXCLUDED.payload, \
                 occurrences = CASE WHEN t.recurrence IS NOT DISTINCT FROM EXCLUDED.recurrence \
                               THEN t.occurrences ELSE 0 END, \
                 recurrence = EXCLUDED.recurrence \
              WHERE t.state = 0 \
-             RETURNING t.tenant_id, t.service_call_id, (t.xmax = 0) AS inserted",
-        )
-        .bind(&tenants)
-        .bind(&ids)
-        .bind(&dues)
-        .bind(&correlations)
-        .bind(&payloads)
-        .bind(now.as_millis())
-        .bind(&recurrences)
-        .fetch_all(&mut *tx)
-        .await
-        .map_err(|e| db_err(op, e))?;
+             RETURNING t.tenant_id, t.service_call_id, (t.xmax = 0) AS inserted"
+        );
+        let written = sqlx::query(&upsert)
+            .bind(&tenants)
+            .bind(&ids)
+            .bind(&dues)
+            .bind(&correlations)
+            .bind(&payloads)
+            .bind(now.as_millis())
+            .bind(&recurrences)
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(|e| db_err(op, e))?;
         let mut outcome: std::collections::HashMap<TimerKey, ScheduleOutcome> = Default::default();
         for row in &written {
             let inserted: bool = row.try_get("inserted").map_err(|e| db_err(op, e))?;
@@ -517,7 +526,7 @@ impl Store for PostgresStore {
         }
         // SKIP LOCKED: concurrent claimers take different rows instead of waiting on each other.
         let rows = sqlx::query(
-            "UPDATE timers t SET lease_owner = $1, available_at = $2 \
+            "UPDATE timers t SET lease_owner = $1, available_at = $2, lease_until = $2 \
              FROM (SELECT tenant_id, service_call_id FROM timers \
                    WHERE state = 0 AND available_at <= $3 \
                    ORDER BY available_at LIMIT $4 FOR UPDATE SKIP LOCKED) c \
@@ -584,6 +593,7 @@ impl Store for PostgresStore {
         let done = sqlx::query(
             "UPDATE timers t SET due_at = m.next, available_at = m.next, \
                revision = t.revision + 1, attempts = 0, last_error = NULL, lease_owner = NULL, \
+               lease_until = NULL, \
                reached_at = $5, occurrences = t.occurrences + 1 \
              FROM UNNEST($1::text[], $2::text[], $3::bigint[], $4::bigint[]) \
                   AS m(tenant_id, service_call_id, revision, next) \
@@ -651,7 +661,8 @@ impl Store for PostgresStore {
     ) -> Result<()> {
         let (tenants, ids) = Self::key_arrays(timers.iter().map(|t| &t.key));
         sqlx::query(
-            "UPDATE timers t SET lease_owner = NULL, available_at = GREATEST($3, t.due_at), \
+            "UPDATE timers t SET lease_owner = NULL, lease_until = NULL, \
+               available_at = GREATEST($3, t.due_at), \
                attempts = t.attempts + $4, last_error = COALESCE($5, t.last_error) \
              FROM UNNEST($1::text[], $2::text[]) AS m(tenant_id, service_call_id) \
              WHERE t.tenant_id = m.tenant_id AND t.service_call_id = m.service_call_id \
@@ -698,7 +709,7 @@ impl Store for PostgresStore {
         let mut tx = self.pool.begin().await.map_err(|e| db_err(op, e))?;
         // FOR UPDATE: a claim (which locks the row too) and this cancel are ordered.
         let row: Option<(i16, bool)> = sqlx::query_as(
-            "SELECT state, lease_owner IS NOT NULL AND available_at > $3 FROM timers \
+            "SELECT state, COALESCE(lease_until > $3, false) FROM timers \
              WHERE tenant_id = $1 AND service_call_id = $2 FOR UPDATE",
         )
         .bind(&key.tenant_id)

@@ -102,13 +102,18 @@ const INSERT_TIMER: &str = "INSERT INTO timers (tenant_id, service_call_id, due_
     registered_at, correlation_id, payload, available_at, recurrence) \
     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?3, ?7)";
 
-/// Same parameters. Unqualified columns on the right-hand side are the old values.
+/// Same parameters. Unqualified columns on the right-hand side are the old values. A repeat of
+/// the same recurring series (same recurrence) keeps its place: its next occurrence, count and
+/// revision stay, so a redelivered command neither skips a catch-up nor re-anchors the series.
 const RESCHEDULE_TIMER: &str = "UPDATE timers SET \
-    revision = revision + (due_at <> ?3 OR recurrence IS NOT ?7), \
-    attempts = CASE WHEN due_at <> ?3 OR recurrence IS NOT ?7 THEN 0 ELSE attempts END, \
-    available_at = CASE WHEN lease_owner IS NOT NULL AND available_at > ?4 \
-                   THEN MAX(available_at, ?3) ELSE ?3 END, \
-    due_at = ?3, correlation_id = ?5, payload = ?6, \
+    revision = revision + (NOT (?7 IS NOT NULL AND recurrence IS ?7) \
+                           AND (due_at <> ?3 OR recurrence IS NOT ?7)), \
+    attempts = CASE WHEN NOT (?7 IS NOT NULL AND recurrence IS ?7) \
+                     AND (due_at <> ?3 OR recurrence IS NOT ?7) THEN 0 ELSE attempts END, \
+    available_at = CASE WHEN ?7 IS NOT NULL AND recurrence IS ?7 THEN available_at \
+                        WHEN lease_until > ?4 THEN MAX(lease_until, ?3) ELSE ?3 END, \
+    due_at = CASE WHEN ?7 IS NOT NULL AND recurrence IS ?7 THEN due_at ELSE ?3 END, \
+    correlation_id = ?5, payload = ?6, \
     occurrences = CASE WHEN recurrence IS ?7 THEN occurrences ELSE 0 END, recurrence = ?7 \
     WHERE tenant_id = ?1 AND service_call_id = ?2";
 
@@ -249,7 +254,7 @@ impl Store for SqliteStore {
     ) -> Result<Vec<ClaimedTimer>> {
         // One statement, so one implicit transaction: the select and the lease are atomic.
         let rows = sqlx::query(
-            "UPDATE timers SET lease_owner = ?1, available_at = ?2 \
+            "UPDATE timers SET lease_owner = ?1, available_at = ?2, lease_until = ?2 \
              WHERE rowid IN (SELECT rowid FROM timers WHERE state = 0 AND available_at <= ?3 \
                              ORDER BY available_at LIMIT ?4) \
              RETURNING tenant_id, service_call_id, due_at, registered_at, correlation_id, \
@@ -312,7 +317,8 @@ impl Store for SqliteStore {
         for (t, next) in timers {
             moved += sqlx::query(
                 "UPDATE timers SET due_at = ?3, available_at = ?3, revision = revision + 1, \
-                   attempts = 0, last_error = NULL, lease_owner = NULL, reached_at = ?4, \
+                   attempts = 0, last_error = NULL, lease_owner = NULL, lease_until = NULL, \
+                   reached_at = ?4, \
                    occurrences = occurrences + 1 \
                  WHERE tenant_id = ?1 AND service_call_id = ?2 AND state = 0 \
                    AND lease_owner = ?5 AND revision = ?6",
@@ -375,7 +381,8 @@ impl Store for SqliteStore {
         let mut tx = self.write.begin().await.map_err(|e| db_err(op, e))?;
         for t in timers {
             sqlx::query(
-                "UPDATE timers SET lease_owner = NULL, available_at = MAX(?3, due_at), \
+                "UPDATE timers SET lease_owner = NULL, lease_until = NULL, \
+                   available_at = MAX(?3, due_at), \
                    attempts = attempts + ?4, last_error = COALESCE(?5, last_error) \
                  WHERE tenant_id = ?1 AND service_call_id = ?2 AND state = 0 AND lease_owner = ?6",
             )
@@ -417,7 +424,7 @@ impl Store for SqliteStore {
         let op = "cancelling a timer";
         let mut tx = self.write.begin().await.map_err(|e| db_err(op, e))?;
         let row: Option<(i64, bool)> = sqlx::query_as(
-            "SELECT state, lease_owner IS NOT NULL AND available_at > ?3 FROM timers \
+            "SELECT state, COALESCE(lease_until > ?3, 0) FROM timers \
              WHERE tenant_id = ?1 AND service_call_id = ?2",
         )
         .bind(&key.tenant_id)
