@@ -83,9 +83,10 @@ pub trait Store: Send + Sync + 'static {
 
     async fn get(&self, key: &TimerKey) -> Result<Option<Timer>>;
 
-    /// Scheduled → Cancelled, unless an instance holds a live lease on it (`lease_owner` set and
-    /// `available_at` after `now`): then [`CancelOutcome::Firing`] and nothing changes, so a
-    /// cancel that succeeded can never be followed by the timer's event.
+    /// Scheduled → Cancelled, unless an instance holds a live lease on it (the lease end a claim
+    /// recorded lies after `now`; `release` and `advance` clear it): then
+    /// [`CancelOutcome::Firing`] and nothing changes, so a cancel that succeeded can never be
+    /// followed by the timer's event.
     async fn cancel(&self, key: &TimerKey, now: Timestamp) -> Result<CancelOutcome>;
 
     /// Deletes up to `limit` Reached, Cancelled or Failed rows finished before `older_than`.
