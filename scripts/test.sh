@@ -10,6 +10,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+bash scripts/deps.sh # build dependencies of --all-features, installed with apt when missing
+
 # This script provides every server, so a test that cannot reach one is a failure, not a skip.
 export TIMER_TEST_REQUIRE="${TIMER_TEST_REQUIRE:-1}"
 
