@@ -198,7 +198,9 @@ async fn read_only() {
     command
         .arg(&script)
         .current_dir(dir.path())
-        .env("TIMER_HTTP__ADDR", "127.0.0.1:0");
+        .env("TIMER_HTTP__ADDR", "127.0.0.1:0")
+        // A service that starts after all must not outlive the test.
+        .kill_on_drop(true);
     for (k, v) in env(&db_dir) {
         command.env(k, v);
     }

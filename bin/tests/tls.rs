@@ -151,7 +151,9 @@ async fn postgres_with_another_ca_refuses() {
         .arg("run")
         .current_dir(dir.path())
         .env("TIMER_HTTP__ADDR", "127.0.0.1:0")
-        .env("TIMER_STORE__CONNECT_TIMEOUT", "5s");
+        .env("TIMER_STORE__CONNECT_TIMEOUT", "5s")
+        // A service that starts after all must not outlive the test.
+        .kill_on_drop(true);
     for (k, v) in postgres_env("tls_refused", &other.join("ca.pem")) {
         command.env(k, v);
     }
