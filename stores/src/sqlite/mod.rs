@@ -193,6 +193,26 @@ fn claimed_from_row(row: &SqliteRow) -> Result<ClaimedTimer> {
     })
 }
 
+/// One statement per row, prepared with its parameters.
+type RowUpdate<'q> = sqlx::query::Query<'q, sqlx::Sqlite, sqlx::sqlite::SqliteArguments<'q>>;
+
+impl SqliteStore {
+    /// Runs `updates` in one write transaction, all or nothing; returns the rows they changed.
+    async fn update_rows(&self, op: &str, updates: Vec<RowUpdate<'_>>) -> Result<u64> {
+        let mut tx = self.write.begin().await.map_err(|e| db_err(op, e))?;
+        let mut changed = 0;
+        for update in updates {
+            changed += update
+                .execute(&mut *tx)
+                .await
+                .map_err(|e| db_err(op, e))?
+                .rows_affected();
+        }
+        tx.commit().await.map_err(|e| db_err(op, e))?;
+        Ok(changed)
+    }
+}
+
 #[async_trait]
 impl Store for SqliteStore {
     fn name(&self) -> &'static str {
@@ -281,28 +301,23 @@ impl Store for SqliteStore {
         owner: &str,
         at: Timestamp,
     ) -> Result<u64> {
-        let op = "marking timers reached";
-        let mut tx = self.write.begin().await.map_err(|e| db_err(op, e))?;
-        let mut marked = 0;
-        for t in timers {
-            marked += sqlx::query(
-                "UPDATE timers SET state = 1, reached_at = ?3, finished_at = ?3, \
-                   occurrences = occurrences + (recurrence IS NOT NULL) \
-                 WHERE tenant_id = ?1 AND service_call_id = ?2 AND state = 0 \
-                   AND lease_owner = ?4 AND revision = ?5",
-            )
-            .bind(&t.key.tenant_id)
-            .bind(&t.key.service_call_id)
-            .bind(at.as_millis())
-            .bind(owner)
-            .bind(t.revision)
-            .execute(&mut *tx)
-            .await
-            .map_err(|e| db_err(op, e))?
-            .rows_affected();
-        }
-        tx.commit().await.map_err(|e| db_err(op, e))?;
-        Ok(marked)
+        let updates = timers
+            .iter()
+            .map(|t| {
+                sqlx::query(
+                    "UPDATE timers SET state = 1, reached_at = ?3, finished_at = ?3, \
+                       occurrences = occurrences + (recurrence IS NOT NULL) \
+                     WHERE tenant_id = ?1 AND service_call_id = ?2 AND state = 0 \
+                       AND lease_owner = ?4 AND revision = ?5",
+                )
+                .bind(&t.key.tenant_id)
+                .bind(&t.key.service_call_id)
+                .bind(at.as_millis())
+                .bind(owner)
+                .bind(t.revision)
+            })
+            .collect();
+        self.update_rows("marking timers reached", updates).await
     }
 
     async fn advance(
@@ -311,31 +326,26 @@ impl Store for SqliteStore {
         owner: &str,
         at: Timestamp,
     ) -> Result<u64> {
-        let op = "moving recurring timers to their next occurrence";
-        let mut tx = self.write.begin().await.map_err(|e| db_err(op, e))?;
-        let mut moved = 0;
-        for (t, next) in timers {
-            moved += sqlx::query(
-                "UPDATE timers SET due_at = ?3, available_at = ?3, revision = revision + 1, \
-                   attempts = 0, last_error = NULL, lease_owner = NULL, lease_until = NULL, \
-                   reached_at = ?4, \
-                   occurrences = occurrences + 1 \
-                 WHERE tenant_id = ?1 AND service_call_id = ?2 AND state = 0 \
-                   AND lease_owner = ?5 AND revision = ?6",
-            )
-            .bind(&t.key.tenant_id)
-            .bind(&t.key.service_call_id)
-            .bind(next.as_millis())
-            .bind(at.as_millis())
-            .bind(owner)
-            .bind(t.revision)
-            .execute(&mut *tx)
+        let updates = timers
+            .iter()
+            .map(|(t, next)| {
+                sqlx::query(
+                    "UPDATE timers SET due_at = ?3, available_at = ?3, revision = revision + 1, \
+                       attempts = 0, last_error = NULL, lease_owner = NULL, lease_until = NULL, \
+                       reached_at = ?4, occurrences = occurrences + 1 \
+                     WHERE tenant_id = ?1 AND service_call_id = ?2 AND state = 0 \
+                       AND lease_owner = ?5 AND revision = ?6",
+                )
+                .bind(&t.key.tenant_id)
+                .bind(&t.key.service_call_id)
+                .bind(next.as_millis())
+                .bind(at.as_millis())
+                .bind(owner)
+                .bind(t.revision)
+            })
+            .collect();
+        self.update_rows("moving recurring timers to their next occurrence", updates)
             .await
-            .map_err(|e| db_err(op, e))?
-            .rows_affected();
-        }
-        tx.commit().await.map_err(|e| db_err(op, e))?;
-        Ok(moved)
     }
 
     async fn fail(
@@ -345,29 +355,24 @@ impl Store for SqliteStore {
         at: Timestamp,
         error: &str,
     ) -> Result<u64> {
-        let op = "marking timers failed";
-        let mut tx = self.write.begin().await.map_err(|e| db_err(op, e))?;
-        let mut failed = 0;
-        for t in timers {
-            failed += sqlx::query(
-                "UPDATE timers SET state = 3, finished_at = ?3, attempts = attempts + 1, \
-                   last_error = ?4 \
-                 WHERE tenant_id = ?1 AND service_call_id = ?2 AND state = 0 \
-                   AND lease_owner = ?5 AND revision = ?6",
-            )
-            .bind(&t.key.tenant_id)
-            .bind(&t.key.service_call_id)
-            .bind(at.as_millis())
-            .bind(error)
-            .bind(owner)
-            .bind(t.revision)
-            .execute(&mut *tx)
-            .await
-            .map_err(|e| db_err(op, e))?
-            .rows_affected();
-        }
-        tx.commit().await.map_err(|e| db_err(op, e))?;
-        Ok(failed)
+        let updates = timers
+            .iter()
+            .map(|t| {
+                sqlx::query(
+                    "UPDATE timers SET state = 3, finished_at = ?3, attempts = attempts + 1, \
+                       last_error = ?4 \
+                     WHERE tenant_id = ?1 AND service_call_id = ?2 AND state = 0 \
+                       AND lease_owner = ?5 AND revision = ?6",
+                )
+                .bind(&t.key.tenant_id)
+                .bind(&t.key.service_call_id)
+                .bind(at.as_millis())
+                .bind(error)
+                .bind(owner)
+                .bind(t.revision)
+            })
+            .collect();
+        self.update_rows("marking timers failed", updates).await
     }
 
     async fn release(
@@ -377,26 +382,27 @@ impl Store for SqliteStore {
         retry_at: Timestamp,
         error: Option<&str>,
     ) -> Result<()> {
-        let op = "releasing timers";
-        let mut tx = self.write.begin().await.map_err(|e| db_err(op, e))?;
-        for t in timers {
-            sqlx::query(
-                "UPDATE timers SET lease_owner = NULL, lease_until = NULL, \
-                   available_at = MAX(?3, due_at), \
-                   attempts = attempts + ?4, last_error = COALESCE(?5, last_error) \
-                 WHERE tenant_id = ?1 AND service_call_id = ?2 AND state = 0 AND lease_owner = ?6",
-            )
-            .bind(&t.key.tenant_id)
-            .bind(&t.key.service_call_id)
-            .bind(retry_at.as_millis())
-            .bind(i64::from(error.is_some()))
-            .bind(error)
-            .bind(owner)
-            .execute(&mut *tx)
+        let updates = timers
+            .iter()
+            .map(|t| {
+                sqlx::query(
+                    "UPDATE timers SET lease_owner = NULL, lease_until = NULL, \
+                       available_at = MAX(?3, due_at), \
+                       attempts = attempts + ?4, last_error = COALESCE(?5, last_error) \
+                     WHERE tenant_id = ?1 AND service_call_id = ?2 AND state = 0 \
+                       AND lease_owner = ?6",
+                )
+                .bind(&t.key.tenant_id)
+                .bind(&t.key.service_call_id)
+                .bind(retry_at.as_millis())
+                .bind(i64::from(error.is_some()))
+                .bind(error)
+                .bind(owner)
+            })
+            .collect();
+        self.update_rows("releasing timers", updates)
             .await
-            .map_err(|e| db_err(op, e))?;
-        }
-        tx.commit().await.map_err(|e| db_err(op, e))
+            .map(|_| ())
     }
 
     async fn next_due_at(&self) -> Result<Option<Timestamp>> {
