@@ -112,19 +112,23 @@ fn environment(dir: &Path, store: &str, broker: &str, id: &str) -> Vec<(&'static
     env
 }
 
+/// The RabbitMQ names `environment` gives the service for run `id`.
+fn rabbitmq_config(id: &str) -> timer_brokers::rabbitmq::RabbitmqConfig {
+    timer_brokers::rabbitmq::RabbitmqConfig {
+        url: var(RABBITMQ_URL_VAR),
+        commands_queue: format!("m{id}.commands"),
+        events_exchange: format!("m{id}.events"),
+        dead_letter_exchange: format!("m{id}.dead"),
+        dead_letter_queue: format!("m{id}.dead"),
+        ..Default::default()
+    }
+}
+
 /// RabbitMQ returns events no queue is bound to (and the service retries them): bind a queue
 /// first, as a consumer of the events would.
 async fn prepare(broker: &str, id: &str) {
     if broker == "rabbitmq" {
-        let config = timer_brokers::rabbitmq::RabbitmqConfig {
-            url: var(RABBITMQ_URL_VAR),
-            commands_queue: format!("m{id}.commands"),
-            events_exchange: format!("m{id}.events"),
-            dead_letter_exchange: format!("m{id}.dead"),
-            dead_letter_queue: format!("m{id}.dead"),
-            ..Default::default()
-        };
-        timer_brokers::rabbitmq::declare_sink(&config)
+        timer_brokers::rabbitmq::declare_sink(&rabbitmq_config(id))
             .await
             .expect("bind a queue to the events exchange");
     }
@@ -133,15 +137,7 @@ async fn prepare(broker: &str, id: &str) {
 async fn clean_up(broker: &str, id: &str) {
     match broker {
         "rabbitmq" => {
-            let config = timer_brokers::rabbitmq::RabbitmqConfig {
-                url: var(RABBITMQ_URL_VAR),
-                commands_queue: format!("m{id}.commands"),
-                events_exchange: format!("m{id}.events"),
-                dead_letter_exchange: format!("m{id}.dead"),
-                dead_letter_queue: format!("m{id}.dead"),
-                ..Default::default()
-            };
-            let _ = timer_brokers::rabbitmq::delete_topology(&config).await;
+            let _ = timer_brokers::rabbitmq::delete_topology(&rabbitmq_config(id)).await;
         }
         "nats" => {
             let config = timer_brokers::nats::NatsConfig {

@@ -23,7 +23,7 @@ use rdkafka::consumer::{
     BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance, StreamConsumer,
 };
 use rdkafka::error::KafkaError;
-use rdkafka::message::{Header, Message, OwnedHeaders};
+use rdkafka::message::{BorrowedMessage, Header, Message, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
@@ -62,16 +62,24 @@ fn millis(d: Duration) -> String {
     d.as_millis().clamp(1, i32::MAX as u128).to_string()
 }
 
-/// The idempotent producer events and dead letters go out with.
-fn producer(config: &KafkaConfig) -> Result<FutureProducer> {
+/// Our `tuning`, then [`client_config`] (the user's properties win over tuning); the caller
+/// sets what the guarantees rest on last, so nothing overrides that.
+fn tuned(config: &KafkaConfig, tuning: &[(&str, &str)]) -> ClientConfig {
     let mut c = ClientConfig::new();
-    c.set("linger.ms", "1");
-    // The user's properties win over tuning, never over the guarantees set below.
+    for (key, value) in tuning {
+        c.set(*key, *value);
+    }
     for (key, value) in client_config(config).config_map() {
         c.set(key, value);
     }
-    c.set("message.timeout.ms", millis(config.publish_timeout));
-    c.set("enable.idempotence", "true")
+    c
+}
+
+/// The idempotent producer events and dead letters go out with.
+fn producer(config: &KafkaConfig) -> Result<FutureProducer> {
+    let mut c = tuned(config, &[("linger.ms", "1")]);
+    c.set("message.timeout.ms", millis(config.publish_timeout))
+        .set("enable.idempotence", "true")
         .set("acks", "all")
         .set("allow.auto.create.topics", "false");
     c.create()
@@ -149,13 +157,14 @@ impl KafkaBroker {
         let producer = producer(config)?;
         ensure_topics(config, &producer).await?;
         let tracking = Arc::new(Mutex::new(Tracking::default()));
-        let mut c = client_config(config);
-        c.set("fetch.wait.max.ms", "100")
-            .set("session.timeout.ms", "10000")
-            .set("auto.offset.reset", "earliest");
-        for (key, value) in &config.properties {
-            c.set(key, value); // the user's tuning wins over ours
-        }
+        let mut c = tuned(
+            config,
+            &[
+                ("fetch.wait.max.ms", "100"),
+                ("session.timeout.ms", "10000"),
+                ("auto.offset.reset", "earliest"),
+            ],
+        );
         c.set("group.id", &config.group_id)
             .set("enable.auto.commit", "false")
             .set("enable.auto.offset.store", "false")
@@ -183,7 +192,9 @@ impl KafkaBroker {
         })
     }
 
-    fn remember(&self, partition: i32, offset: i64) -> Result<u64> {
+    /// Records a received command as delivered and not yet acknowledged.
+    fn remember(&self, message: &BorrowedMessage<'_>) -> Result<Delivery> {
+        let (partition, offset) = (message.partition(), message.offset());
         let tag = self.next_tag.fetch_add(1, Ordering::Relaxed);
         let mut tracking = self
             .tracking
@@ -200,7 +211,10 @@ impl KafkaBroker {
         track.offsets.insert(offset, false);
         let track_epoch = track.epoch;
         tracking.tags.insert(tag, (partition, offset, track_epoch));
-        Ok(tag)
+        Ok(Delivery {
+            tag,
+            body: message.payload().unwrap_or_default().to_vec(),
+        })
     }
 
     /// Marks `tags` acknowledged and returns, per partition, the offset to commit: one past
@@ -352,22 +366,12 @@ impl Broker for KafkaBroker {
             Ok(Err(e)) => return Err(unavailable("reading commands", e)),
             Ok(Ok(message)) => message,
         };
-        let tag = self.remember(first.partition(), first.offset())?;
-        out.push(Delivery {
-            tag,
-            body: first.payload().unwrap_or_default().to_vec(),
-        });
+        out.push(self.remember(&first)?);
         drop(first);
         // Whatever librdkafka already fetched joins the batch without waiting.
         while out.len() < max.max(1) {
             match self.consumer.recv().now_or_never() {
-                Some(Ok(message)) => {
-                    let tag = self.remember(message.partition(), message.offset())?;
-                    out.push(Delivery {
-                        tag,
-                        body: message.payload().unwrap_or_default().to_vec(),
-                    });
-                }
+                Some(Ok(message)) => out.push(self.remember(&message)?),
                 Some(Err(e)) => {
                     tracing::warn!(error = %e, "kafka broker: reading commands");
                     break;
