@@ -7,6 +7,7 @@ pub mod config;
 pub mod engine;
 pub mod error;
 pub mod model;
+pub mod plugin;
 pub mod recurrence;
 pub mod store;
 pub mod wire;
@@ -20,5 +21,6 @@ pub use model::{
     CancelOutcome, ClaimedTimer, Lease, NewTimer, Recurrence, ScheduleOutcome, Timer, TimerKey,
     TimerState, Timestamp,
 };
+pub use plugin::{BrokerPlugin, StorePlugin};
 pub use store::Store;
 pub use wire::{decode, decode_command, Command, DueTimeReachedEnvelope, Rejection};

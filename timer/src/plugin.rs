@@ -1,0 +1,316 @@
+//! How a plugin describes itself, so the binary, the bench and the test suites use every
+//! compiled-in plugin without naming it.
+//!
+//! A plugin folder (`stores/src/<kind>/`, `brokers/src/<kind>/`) exports one [`StorePlugin`] or
+//! [`BrokerPlugin`] constant; its crate lists those constants in one `PLUGINS` slice, a line per
+//! plugin behind the plugin's cargo feature. Config loading, `check-config`, plugin assembly,
+//! the bench, the conformance fixtures and the end-to-end matrix iterate that slice.
+//!
+//! The descriptor carries:
+//! - `kind`: the value of `store.kind` / `broker.kind`, also the cargo feature and folder name;
+//! - `load`: reads and checks the plugin's config section ([`ConfigSection`]) into a typed config
+//!   behind [`StoreConfig`] / [`BrokerConfig`], which opens the store or connects the broker;
+//! - `test_server`: the server the tests and the bench run it against ([`TestServer`]), if any;
+//! - `isolated`: a config naming fresh resources on that server (a temp file, a new schema, new
+//!   streams or topics), so runs never share state, and [`BrokerConfig::test_client`] for an
+//!   independent producer and reader on them.
+
+use std::any::Any;
+use std::fmt::Debug;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use serde::de::DeserializeOwned;
+use uuid::Uuid;
+
+use crate::broker::Broker;
+use crate::config::EngineConfig;
+use crate::error::{Error, Result};
+use crate::store::Store;
+
+/// A store plugin. One `pub const PLUGIN: StorePlugin` per store folder.
+pub struct StorePlugin {
+    /// `store.kind`, the cargo feature and the folder name: `memory`, `sqlite`, `postgres`.
+    pub kind: &'static str,
+    /// Reads the `[store]` section (defaults for the keys left out) and checks what can be
+    /// checked without a server.
+    pub load: fn(&ConfigSection) -> Result<Box<dyn StoreConfig>>,
+    /// The server its tests need; `None` when it runs in process or on a local file.
+    pub test_server: Option<TestServer>,
+    /// A config on fresh, isolated resources for one test or bench run; `prefix` starts the
+    /// names it makes (`t`, `bench`). Fails with [`ErrorKind::Config`](crate::ErrorKind) naming
+    /// the variable when the test server is not configured.
+    pub isolated: fn(prefix: &str) -> Result<Isolated<dyn StoreConfig>>,
+}
+
+/// A broker plugin. One `pub const PLUGIN: BrokerPlugin` per broker folder.
+pub struct BrokerPlugin {
+    /// `broker.kind`, the cargo feature and the folder name: `memory`, `nats`, `kafka`, ...
+    pub kind: &'static str,
+    /// Reads the `[broker]` section (defaults for the keys left out) and checks what can be
+    /// checked without a server.
+    pub load: fn(&ConfigSection) -> Result<Box<dyn BrokerConfig>>,
+    /// The server its tests need; `None` when it runs in process.
+    pub test_server: Option<TestServer>,
+    /// A config on fresh, isolated resources (streams, queues, topics, consumer group) for one
+    /// test or bench run; `prefix` starts the names it makes.
+    pub isolated: fn(prefix: &str) -> Result<Isolated<dyn BrokerConfig>>,
+}
+
+impl StorePlugin {
+    /// Why this plugin's test server cannot be used, if it cannot.
+    pub fn unavailable(&self) -> Option<String> {
+        self.test_server.as_ref().and_then(TestServer::unavailable)
+    }
+}
+
+impl BrokerPlugin {
+    /// Why this plugin's test server cannot be used, if it cannot.
+    pub fn unavailable(&self) -> Option<String> {
+        self.test_server.as_ref().and_then(TestServer::unavailable)
+    }
+}
+
+/// A typed store config, as loaded by its plugin.
+#[async_trait]
+pub trait StoreConfig: Debug + Send + Sync + 'static {
+    fn kind(&self) -> &'static str;
+    /// Rules that involve the engine settings; the default has none.
+    fn check(&self, _engine: &EngineConfig) -> Result<()> {
+        Ok(())
+    }
+    /// The section as TOML would hold it, `kind` included (secrets too: redact before showing).
+    fn to_value(&self) -> Result<serde_json::Value>;
+    async fn open(&self) -> Result<Arc<dyn Store>>;
+    /// Removes what an [`isolated`](StorePlugin::isolated) run created (a bench schema); a
+    /// no-op where nothing outlives the run.
+    async fn clean_up(&self) -> Result<()> {
+        Ok(())
+    }
+    fn as_any(&self) -> &dyn Any;
+}
+
+/// A typed broker config, as loaded by its plugin.
+#[async_trait]
+pub trait BrokerConfig: Debug + Send + Sync + 'static {
+    fn kind(&self) -> &'static str;
+    /// Rules that involve the engine settings (a publish must end within half the lease).
+    fn check(&self, _engine: &EngineConfig) -> Result<()> {
+        Ok(())
+    }
+    /// The section as TOML would hold it, `kind` included (secrets too: redact before showing).
+    fn to_value(&self) -> Result<serde_json::Value>;
+    async fn connect(&self) -> Result<Arc<dyn Broker>>;
+    /// An independent client on the resources this config names: produces commands and reads
+    /// events and dead letters as a real service would. Creates the resources first when they
+    /// are missing, so commands can be sent before the service starts.
+    async fn test_client(&self) -> Result<Arc<dyn TestClient>>;
+    /// Removes what an [`isolated`](BrokerPlugin::isolated) run created, where the server
+    /// allows it safely; a no-op otherwise.
+    async fn clean_up(&self) -> Result<()> {
+        Ok(())
+    }
+    fn as_any(&self) -> &dyn Any;
+}
+
+/// A config on isolated resources, with whatever keeps them alive (a temp dir) until dropped.
+pub struct Isolated<C: ?Sized> {
+    pub config: Box<C>,
+    pub guard: Box<dyn Any + Send + Sync>,
+}
+
+impl<C: ?Sized> Isolated<C> {
+    /// A config whose resources need nothing kept alive.
+    pub fn new(config: Box<C>) -> Self {
+        Isolated {
+            config,
+            guard: Box::new(()),
+        }
+    }
+}
+
+/// An event as an independent consumer read it back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReadEvent {
+    /// The de-duplication id the broker carried (header, message id).
+    pub id: Uuid,
+    pub body: Vec<u8>,
+}
+
+/// A dead letter as an independent consumer read it back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReadDeadLetter {
+    pub body: Vec<u8>,
+    pub reason: String,
+}
+
+/// An independent producer and reader on one broker config's resources.
+#[async_trait]
+pub trait TestClient: Send + Sync + 'static {
+    /// A new connection of the plugin under test to these resources; dropping it disconnects.
+    async fn connect(&self) -> Result<Box<dyn Broker>>;
+    /// Sends a command as a producing service would, and waits until the broker has it.
+    async fn send_command(&self, body: &[u8]) -> Result<()>;
+    /// Sends many commands, all in flight together where the broker allows, and waits for all.
+    async fn send_commands(&self, bodies: &[Vec<u8>]) -> Result<()> {
+        for body in bodies {
+            self.send_command(body).await?;
+        }
+        Ok(())
+    }
+    /// Every event published so far, as a consumer reads them.
+    async fn events(&self) -> Result<Vec<ReadEvent>>;
+    /// Every dead letter so far.
+    async fn dead_letters(&self) -> Result<Vec<ReadDeadLetter>>;
+    fn as_any(&self) -> &dyn Any;
+}
+
+/// A server the tests run a plugin against, started by `scripts/servers/<script>.sh` (which
+/// `scripts/test.sh` calls) and reached through environment variables it prints.
+#[derive(Debug, Clone, Copy)]
+pub struct TestServer {
+    /// The variable holding its address (URL or `host:port`), e.g. `TIMER_TEST_NATS_URL`.
+    pub address_env: &'static str,
+    /// The variable holding its data directory, for a test that stops and restarts it.
+    pub dir_env: &'static str,
+    /// `scripts/servers/<script>.sh` with `install`, `start DIR` and `stop DIR`.
+    pub script: &'static str,
+    /// The variable that script reads its port from (`NATS_PORT`).
+    pub port_env: &'static str,
+}
+
+impl TestServer {
+    /// The server's address, or an error naming the variable and how to get a server.
+    pub fn address(&self) -> Result<String> {
+        std::env::var(self.address_env).map_err(|_| {
+            Error::config(format!(
+                "{} is not set (bash scripts/test.sh starts {})",
+                self.address_env, self.script
+            ))
+        })
+    }
+
+    /// Why the server cannot be used, if it cannot.
+    pub fn unavailable(&self) -> Option<String> {
+        self.address().err().map(|e| e.to_string())
+    }
+
+    /// The port in the address (`scheme://user:pw@host:PORT/path` or `host:PORT`).
+    pub fn port(&self) -> Option<u16> {
+        let address = self.address().ok()?;
+        let rest = address
+            .split_once("://")
+            .map_or(address.as_str(), |(_, r)| r);
+        let authority = rest.split('/').next()?;
+        let host_port = authority.rsplit('@').next()?;
+        host_port.rsplit_once(':')?.1.parse().ok()
+    }
+}
+
+/// A new resource name: `prefix` and 12 random hex digits (lowercase, so it is a valid name for
+/// every server we run: schemas, streams, queues, topics).
+pub fn fresh_name(prefix: &str) -> String {
+    let id = Uuid::new_v4().simple().to_string();
+    format!("{prefix}{}", &id[..12])
+}
+
+/// A plugin's config section as the binary read it, with where each key came from.
+pub struct ConfigSection<'a> {
+    /// `store` or `broker`.
+    pub name: &'a str,
+    /// The section's keys and values (`kind` included); `Null` when the section is absent.
+    pub value: serde_json::Value,
+    /// Where a key (`store.url`) was set, as ` (in TOML file x.toml)`; empty when unknown.
+    pub locate: &'a dyn Fn(&str) -> String,
+}
+
+impl ConfigSection<'_> {
+    /// The section as `T`; keys left out take `T::default()`. An unknown key or a wrong value
+    /// is a config error naming the key and where it was set.
+    pub fn parse<T: DeserializeOwned + Default>(&self) -> Result<T> {
+        if self.value.is_null() {
+            return Ok(T::default());
+        }
+        serde_path_to_error::deserialize(&self.value).map_err(|e| {
+            let inner = e.path().to_string();
+            let key = if inner == "." {
+                self.name.to_owned()
+            } else {
+                format!("{}.{inner}", self.name)
+            };
+            Error::config(format!(
+                "invalid configuration: {key}: {}{}",
+                e.inner(),
+                (self.locate)(&key)
+            ))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, Default, serde::Deserialize)]
+    #[serde(default, deny_unknown_fields)]
+    struct Demo {
+        kind: String,
+        url: String,
+        size: u32,
+    }
+
+    #[test]
+    fn sections_parse_with_defaults_and_name_bad_keys() {
+        let locate = |key: &str| format!(" (at {key})");
+        let section = |value| ConfigSection {
+            name: "store",
+            value,
+            locate: &locate,
+        };
+        let d: Demo = section(serde_json::Value::Null).parse().unwrap();
+        assert_eq!(d.size, 0);
+        let d: Demo = section(serde_json::json!({"kind": "x", "url": "u"}))
+            .parse()
+            .unwrap();
+        assert_eq!((d.kind.as_str(), d.url.as_str()), ("x", "u"));
+        let e = section(serde_json::json!({"size": "big"}))
+            .parse::<Demo>()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("store.size: invalid type") && e.ends_with("(at store.size)"),
+            "{e}"
+        );
+        let e = section(serde_json::json!({"urll": "u"}))
+            .parse::<Demo>()
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("unknown field `urll`"), "{e}");
+    }
+
+    #[test]
+    fn ports_come_from_urls_and_addresses() {
+        let server = |var| TestServer {
+            address_env: var,
+            dir_env: "UNUSED",
+            script: "demo",
+            port_env: "DEMO_PORT",
+        };
+        // Variables of this test only; nothing else reads them.
+        std::env::set_var(
+            "TIMER_PLUGIN_TEST_URL",
+            "amqp://guest:guest@127.0.0.1:16572/%2f",
+        );
+        std::env::set_var("TIMER_PLUGIN_TEST_ADDR", "127.0.0.1:19092");
+        assert_eq!(server("TIMER_PLUGIN_TEST_URL").port(), Some(16572));
+        assert_eq!(server("TIMER_PLUGIN_TEST_ADDR").port(), Some(19092));
+        let missing = server("TIMER_PLUGIN_TEST_MISSING");
+        assert_eq!(missing.port(), None);
+        let why = missing.unavailable().unwrap();
+        assert!(
+            why.contains("TIMER_PLUGIN_TEST_MISSING is not set"),
+            "{why}"
+        );
+        assert!(fresh_name("t").starts_with('t') && fresh_name("t").len() == 13);
+    }
+}
