@@ -128,7 +128,7 @@ async fn kill9_during_firing_then_restart_fires_every_timer() {
     let store = SqliteStore::open(&SqliteConfig::for_path(&db))
         .await
         .expect("open the file");
-    let left = store.pending().await.expect("pending");
+    let left = store.scheduled_count().await.expect("pending");
     println!(
         "SIGKILL with {left} of {N} timers not yet fired; {} events seen before",
         events.len()
@@ -144,7 +144,7 @@ async fn kill9_during_firing_then_restart_fires_every_timer() {
         .await
         .expect("open the file");
     let done = wait_for(Duration::from_secs(120), || async {
-        (store.pending().await.ok()? == 0).then_some(())
+        (store.scheduled_count().await.ok()? == 0).then_some(())
     })
     .await;
     assert!(

@@ -280,12 +280,12 @@ async fn ten_thousand_timers_survive_restarts() {
     let service = Service::start(Path::new(BIN), dir.path(), &environment).await;
     fixture.produce_many(&all[..N / 2]).await.expect("produce");
     wait_for(Duration::from_secs(60), || async {
-        (store.pending().await.ok()? > 0).then_some(())
+        (store.scheduled_count().await.ok()? > 0).then_some(())
     })
     .await
     .expect("ingest started");
     assert_eq!(service.terminate().await, Some(0), "a clean stop");
-    let stored_at_stop = store.pending().await.expect("pending");
+    let stored_at_stop = store.scheduled_count().await.expect("pending");
     // What the group committed: only commands the store had committed, and some of them.
     let committed = committed_commands(&c).await;
     assert!(
@@ -296,14 +296,14 @@ async fn ten_thousand_timers_survive_restarts() {
     fixture.produce_many(&all[N / 2..]).await.expect("produce");
     let service = Service::start(Path::new(BIN), dir.path(), &environment).await;
     let stored = wait_for(Duration::from_secs(60), || async {
-        let n = store.pending().await.ok()?;
+        let n = store.scheduled_count().await.ok()?;
         (n >= N as u64).then_some(n)
     })
     .await;
     assert!(
         stored.is_some(),
         "every command stored after the restart ({} of {N}, {stored_at_stop} at the stop); log:\n{}",
-        store.pending().await.unwrap_or(0),
+        store.scheduled_count().await.unwrap_or(0),
         service.log_text()
     );
     println!(

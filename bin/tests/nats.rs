@@ -463,13 +463,13 @@ async fn service_killed_during_ingest_loses_no_command(kind: Backend) {
         .collect();
     publish_commands(&js, &c, bodies).await;
     let mid = wait_for(Duration::from_secs(60), || async {
-        let n = store.pending().await.ok()?;
+        let n = store.scheduled_count().await.ok()?;
         (n > 0).then_some(n)
     })
     .await
     .expect("ingest started");
     service.kill9().await;
-    let stored_at_kill = store.pending().await.expect("pending");
+    let stored_at_kill = store.scheduled_count().await.expect("pending");
     println!(
         "killed the service ({}) during ingest: {mid} stored when seen, {stored_at_kill} after the kill",
         store.name()
@@ -480,7 +480,7 @@ async fn service_killed_during_ingest_loses_no_command(kind: Backend) {
     );
     let service = Service::start(Path::new(BIN), dir.path(), &environment).await;
     let all = wait_for(Duration::from_secs(60), || async {
-        (store.pending().await.ok()? >= N as u64).then_some(())
+        (store.scheduled_count().await.ok()? >= N as u64).then_some(())
     })
     .await;
     assert!(

@@ -171,7 +171,7 @@ async fn three_instances_fire_20k_timers_once() {
         .collect();
     let (p50, p99, max) = percentiles(late);
     println!("3 instances, {N} timers over 5 s: per instance {per_instance:?}; lateness ms p50 {p50} p99 {p99} max {max}");
-    assert_eq!(store.pending().await.expect("pending"), 0);
+    assert_eq!(store.scheduled_count().await.expect("pending"), 0);
     for s in services {
         assert_eq!(s.terminate().await, Some(0));
     }
@@ -241,13 +241,13 @@ async fn killed_instance_timers_fired_by_the_others() {
         victim_log.len()
     );
     let done = wait_for(Duration::from_secs(120), || async {
-        (store.pending().await.ok()? == 0).then_some(())
+        (store.scheduled_count().await.ok()? == 0).then_some(())
     })
     .await;
     assert!(
         done.is_some(),
         "every timer fired after the kill ({} pending)",
-        store.pending().await.unwrap_or(0)
+        store.scheduled_count().await.unwrap_or(0)
     );
     for t in &timers("v", N, due_from, 5_000) {
         let row = store.get(&t.key).await.expect("get").expect("row");

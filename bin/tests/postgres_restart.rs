@@ -109,7 +109,7 @@ async fn restart_under_load_loses_nothing() {
     );
 
     let done = wait_for(Duration::from_secs(120), || async {
-        (store.pending().await.ok()? == 0).then_some(())
+        (store.scheduled_count().await.ok()? == 0).then_some(())
     })
     .await;
     assert!(

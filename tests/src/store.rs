@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use timer_core::{
-    decode_command, CancelOutcome, ClaimedTimer, Lease, Limits, NewTimer, Recurrence,
-    ScheduleOutcome, Store, TimerKey, TimerState, Timestamp,
+    decode_schedule, CancelOutcome, ClaimedTimer, Lease, Limits, NewTimer, Recurrence, Result,
+    ScheduleOutcome, Settlement, Store, TimerKey, TimerState, Timestamp,
 };
 
 use crate::Check;
@@ -77,7 +77,7 @@ pub fn checks() -> Vec<Check<Arc<dyn Store>>> {
         recurrence_round_trips_and_advance_moves_to_next,
         advance_needs_the_lease_and_revision,
         rescheduling_a_recurring_timer_resets_its_count,
-        pending_by_tenant_counts_scheduled_timers_only,
+        scheduled_by_tenant_counts_scheduled_timers_only,
     ]
 }
 
@@ -256,7 +256,7 @@ pub async fn duplicate_key_in_one_batch(store: Arc<dyn Store>) {
         at(T0.as_millis() + 2),
         "the later entry of a batch wins"
     );
-    assert_eq!(s.pending().await.expect("pending"), 1);
+    assert_eq!(s.scheduled_count().await.expect("pending"), 1);
 }
 
 pub async fn no_refire_after_reached(store: Arc<dyn Store>) {
@@ -280,7 +280,7 @@ pub async fn no_refire_after_reached(store: Arc<dyn Store>) {
         "a Reached timer was claimed again: {again:?}"
     );
     assert_eq!(s.next_due_at().await.expect("next"), None);
-    assert_eq!(s.pending().await.expect("pending"), 0);
+    assert_eq!(s.scheduled_count().await.expect("pending"), 0);
     // Marking twice does nothing more.
     assert_eq!(
         s.mark_reached(&claimed, "i1", T0)
@@ -611,7 +611,7 @@ pub async fn cancel_outcomes(store: Arc<dyn Store>) {
             .expect("cancel"),
         CancelOutcome::AlreadyReached
     );
-    assert_eq!(s.pending().await.expect("pending"), 0);
+    assert_eq!(s.scheduled_count().await.expect("pending"), 0);
 }
 
 pub async fn purge_removes_only_old_finished_rows(store: Arc<dyn Store>) {
@@ -699,7 +699,7 @@ pub async fn millisecond_precision_across_offsets(store: Arc<dyn Store>) {
         .timestamp_millis();
     let mut batch = Vec::new();
     for (json, delta) in commands {
-        let t = decode_command(json.as_bytes(), &limits, T0).expect("valid command");
+        let t = decode_schedule(json.as_bytes(), &limits, T0).expect("valid command");
         assert_eq!(t.due_at.as_millis(), base + delta, "{json}");
         batch.push(t);
     }
@@ -789,7 +789,7 @@ pub async fn batch_of_10k(store: Arc<dyn Store>) {
         .expect("schedule");
     assert_eq!(out.len(), N);
     assert!(out.iter().all(|o| *o == ScheduleOutcome::Created));
-    assert_eq!(s.pending().await.expect("pending"), N as u64);
+    assert_eq!(s.scheduled_count().await.expect("pending"), N as u64);
     let now = at(T0.as_millis() + 1_000);
     let mut seen = HashSet::new();
     loop {
@@ -809,7 +809,7 @@ pub async fn batch_of_10k(store: Arc<dyn Store>) {
         }
     }
     assert_eq!(seen.len(), N);
-    assert_eq!(s.pending().await.expect("pending"), 0);
+    assert_eq!(s.scheduled_count().await.expect("pending"), 0);
 }
 
 fn recurring(tenant: &str, id: &str, due_ms: i64, cron: &str) -> NewTimer {
@@ -939,7 +939,7 @@ pub async fn fail_marks_failed_for_the_lease_holder_only(store: Arc<dyn Store>) 
     assert_eq!(t.state, TimerState::Failed);
     assert_eq!(t.attempts, 1, "the last attempt counts");
     assert_eq!(t.last_error.as_deref(), Some("broker down"));
-    assert_eq!(s.pending().await.expect("pending"), 0);
+    assert_eq!(s.scheduled_count().await.expect("pending"), 0);
     assert_eq!(s.next_due_at().await.expect("next"), None);
 }
 
@@ -1139,7 +1139,7 @@ pub async fn rescheduling_a_recurring_timer_resets_its_count(store: Arc<dyn Stor
     assert_eq!(t.recurrence, None);
 }
 
-pub async fn pending_by_tenant_counts_scheduled_timers_only(store: Arc<dyn Store>) {
+pub async fn scheduled_by_tenant_counts_scheduled_timers_only(store: Arc<dyn Store>) {
     let s = store.as_ref();
     let mut batch: Vec<NewTimer> = (0..5)
         .map(|i| timer("a", &format!("a{i}"), T0.as_millis() + 1_000 + i))
@@ -1156,7 +1156,9 @@ pub async fn pending_by_tenant_counts_scheduled_timers_only(store: Arc<dyn Store
         .expect("claim");
     s.mark_reached(&claimed, "i1", T0).await.expect("mark");
     let counts = s
-        .pending_by_tenant(&["a".into(), "b".into(), "c".into(), "nobody".into()])
+        .tenant_counts()
+        .expect("the store counts timers per tenant")
+        .scheduled_by_tenant(&["a".into(), "b".into(), "c".into(), "nobody".into()])
         .await
         .expect("count");
     assert_eq!(
@@ -1171,6 +1173,109 @@ pub async fn pending_by_tenant_counts_scheduled_timers_only(store: Arc<dyn Store
         "reached ones do not count: {counts:?}"
     );
     assert_eq!(counts.get("nobody"), None);
-    let only_b = s.pending_by_tenant(&["b".into()]).await.expect("count");
+    let only_b = s
+        .tenant_counts()
+        .expect("the store counts timers per tenant")
+        .scheduled_by_tenant(&["b".into()])
+        .await
+        .expect("count");
     assert_eq!(only_b.len(), 1, "only the tenants asked for");
+}
+
+/// The four ways of settling a claim, as shorthands over [`Store::settle`], so each check
+/// reads as the step it tests.
+#[async_trait::async_trait]
+trait SettleAs {
+    async fn mark_reached(
+        &self,
+        claims: &[ClaimedTimer],
+        owner: &str,
+        at: Timestamp,
+    ) -> Result<u64>;
+    async fn advance(
+        &self,
+        claims: &[(ClaimedTimer, Timestamp)],
+        owner: &str,
+        at: Timestamp,
+    ) -> Result<u64>;
+    async fn fail(
+        &self,
+        claims: &[ClaimedTimer],
+        owner: &str,
+        at: Timestamp,
+        error: &str,
+    ) -> Result<u64>;
+    async fn release(
+        &self,
+        claims: &[ClaimedTimer],
+        owner: &str,
+        retry_at: Timestamp,
+        error: Option<&str>,
+    ) -> Result<u64>;
+}
+
+#[async_trait::async_trait]
+impl SettleAs for dyn Store {
+    async fn mark_reached(
+        &self,
+        claims: &[ClaimedTimer],
+        owner: &str,
+        at: Timestamp,
+    ) -> Result<u64> {
+        let settled: Vec<_> = claims
+            .iter()
+            .map(|c| (c.clone(), Settlement::Reached))
+            .collect();
+        self.settle(&settled, owner, at).await
+    }
+
+    async fn advance(
+        &self,
+        claims: &[(ClaimedTimer, Timestamp)],
+        owner: &str,
+        at: Timestamp,
+    ) -> Result<u64> {
+        let settled: Vec<_> = claims
+            .iter()
+            .map(|(c, next)| (c.clone(), Settlement::Next(*next)))
+            .collect();
+        self.settle(&settled, owner, at).await
+    }
+
+    async fn fail(
+        &self,
+        claims: &[ClaimedTimer],
+        owner: &str,
+        at: Timestamp,
+        error: &str,
+    ) -> Result<u64> {
+        let settled: Vec<_> = claims
+            .iter()
+            .map(|c| (c.clone(), Settlement::Failed(error.to_owned())))
+            .collect();
+        self.settle(&settled, owner, at).await
+    }
+
+    async fn release(
+        &self,
+        claims: &[ClaimedTimer],
+        owner: &str,
+        retry_at: Timestamp,
+        error: Option<&str>,
+    ) -> Result<u64> {
+        let settled: Vec<_> = claims
+            .iter()
+            .map(|c| {
+                let error = error.map(str::to_owned);
+                (
+                    c.clone(),
+                    Settlement::Retry {
+                        at: retry_at,
+                        error,
+                    },
+                )
+            })
+            .collect();
+        self.settle(&settled, owner, retry_at).await
+    }
 }

@@ -11,8 +11,8 @@ use timer_brokers::memory::{MemoryConfig, MemoryHub};
 use timer_conformance::wait_for;
 use timer_core::{
     Broker, CancelOutcome, ClaimedTimer, Delivery, Engine, EngineConfig, Error, Lease, Limits,
-    ManualClock, NewTimer, OutboundEvent, Recurrence, Result, ScheduleOutcome, Store, Timer,
-    TimerKey, TimerState, Timestamp,
+    ManualClock, NewTimer, OutboundEvent, Reason, Recurrence, Result, ScheduleOutcome, Scheduled,
+    Settlement, Store, Timer, TimerKey, TimerState, Timestamp,
 };
 use timer_stores::memory::MemoryStore;
 use tokio_util::sync::CancellationToken;
@@ -129,7 +129,7 @@ async fn timer_due_in_50ms_fires_without_waiting_for_the_poll_interval() {
         .schedule(&[timer("soon", T0.saturating_add(ms(50)))])
         .await
         .expect("schedule");
-    assert_eq!(out, vec![ScheduleOutcome::Created]);
+    assert_eq!(out, vec![Scheduled::Stored(ScheduleOutcome::Created)]);
     r.clock.advance(ms(49));
     no_events_for_a_while(&r.hub).await;
     r.clock.advance(ms(1));
@@ -192,18 +192,38 @@ async fn past_due_timers_fire_at_once_in_due_order() {
     assert_eq!(order, ["p0", "p1", "p2", "p3", "p4"]);
 }
 
-/// A store whose `mark_reached` never returns while `hang` is set: the process "dies" between
-/// publishing and marking.
-struct MarkHangs {
+/// A memory store with injected faults: the first `schedule_failures` schedules fail, as an
+/// unreachable database would; with `hang_reached`, settling a fired one-shot timer never
+/// returns (the process "dies" between publishing and marking).
+struct Faulty {
     inner: Arc<dyn Store>,
+    schedule_failures: AtomicU32,
+    hang_reached: bool,
+}
+
+impl Faulty {
+    fn new(inner: Arc<dyn Store>) -> Self {
+        Faulty {
+            inner,
+            schedule_failures: AtomicU32::new(0),
+            hang_reached: false,
+        }
+    }
 }
 
 #[async_trait]
-impl Store for MarkHangs {
+impl Store for Faulty {
     fn name(&self) -> &'static str {
-        "mark-hangs"
+        "faulty"
     }
     async fn schedule(&self, t: &[NewTimer], now: Timestamp) -> Result<Vec<ScheduleOutcome>> {
+        if self
+            .schedule_failures
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            return Err(Error::unavailable("injected store outage"));
+        }
         self.inner.schedule(t, now).await
     }
     async fn claim_due(
@@ -214,28 +234,16 @@ impl Store for MarkHangs {
     ) -> Result<Vec<ClaimedTimer>> {
         self.inner.claim_due(now, limit, lease).await
     }
-    async fn mark_reached(&self, _: &[ClaimedTimer], _: &str, _: Timestamp) -> Result<u64> {
-        std::future::pending().await
-    }
-    async fn advance(
+    async fn settle(
         &self,
-        t: &[(ClaimedTimer, Timestamp)],
-        o: &str,
+        claims: &[(ClaimedTimer, Settlement)],
+        owner: &str,
         at: Timestamp,
     ) -> Result<u64> {
-        self.inner.advance(t, o, at).await
-    }
-    async fn fail(&self, t: &[ClaimedTimer], o: &str, at: Timestamp, e: &str) -> Result<u64> {
-        self.inner.fail(t, o, at, e).await
-    }
-    async fn release(
-        &self,
-        t: &[ClaimedTimer],
-        o: &str,
-        at: Timestamp,
-        e: Option<&str>,
-    ) -> Result<()> {
-        self.inner.release(t, o, at, e).await
+        if self.hang_reached && claims.iter().any(|(_, s)| *s == Settlement::Reached) {
+            std::future::pending::<()>().await;
+        }
+        self.inner.settle(claims, owner, at).await
     }
     async fn next_due_at(&self) -> Result<Option<Timestamp>> {
         self.inner.next_due_at().await
@@ -249,14 +257,8 @@ impl Store for MarkHangs {
     async fn purge(&self, older_than: Timestamp, limit: usize) -> Result<u64> {
         self.inner.purge(older_than, limit).await
     }
-    async fn pending(&self) -> Result<u64> {
-        self.inner.pending().await
-    }
-    async fn pending_by_tenant(
-        &self,
-        tenants: &[String],
-    ) -> Result<std::collections::HashMap<String, u64>> {
-        self.inner.pending_by_tenant(tenants).await
+    async fn scheduled_count(&self) -> Result<u64> {
+        self.inner.scheduled_count().await
     }
     async fn health(&self) -> Result<()> {
         self.inner.health().await
@@ -269,8 +271,9 @@ async fn crash_between_publish_and_mark_gives_a_duplicate_not_a_loss() {
     let hub = MemoryHub::new(MemoryConfig::default());
     let clock = Arc::new(ManualClock::new(T0));
     let first = start(
-        Arc::new(MarkHangs {
-            inner: durable.clone(),
+        Arc::new(Faulty {
+            hang_reached: true,
+            ..Faulty::new(durable.clone())
         }),
         Arc::new(hub.connect()),
         hub.clone(),
@@ -552,91 +555,13 @@ async fn ingest_stores_valid_commands_and_dead_letters_bad_ones() {
     );
 }
 
-/// A store whose first `failures` schedule calls fail, as an unreachable database would.
-struct SchedulesFail {
-    inner: Arc<dyn Store>,
-    failures: AtomicU32,
-}
-
-#[async_trait]
-impl Store for SchedulesFail {
-    fn name(&self) -> &'static str {
-        "schedules-fail"
-    }
-    async fn schedule(&self, t: &[NewTimer], now: Timestamp) -> Result<Vec<ScheduleOutcome>> {
-        if self
-            .failures
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-            .is_ok()
-        {
-            return Err(Error::unavailable("injected store outage"));
-        }
-        self.inner.schedule(t, now).await
-    }
-    async fn claim_due(
-        &self,
-        now: Timestamp,
-        limit: usize,
-        lease: &Lease,
-    ) -> Result<Vec<ClaimedTimer>> {
-        self.inner.claim_due(now, limit, lease).await
-    }
-    async fn mark_reached(&self, t: &[ClaimedTimer], o: &str, at: Timestamp) -> Result<u64> {
-        self.inner.mark_reached(t, o, at).await
-    }
-    async fn advance(
-        &self,
-        t: &[(ClaimedTimer, Timestamp)],
-        o: &str,
-        at: Timestamp,
-    ) -> Result<u64> {
-        self.inner.advance(t, o, at).await
-    }
-    async fn fail(&self, t: &[ClaimedTimer], o: &str, at: Timestamp, e: &str) -> Result<u64> {
-        self.inner.fail(t, o, at, e).await
-    }
-    async fn release(
-        &self,
-        t: &[ClaimedTimer],
-        o: &str,
-        at: Timestamp,
-        e: Option<&str>,
-    ) -> Result<()> {
-        self.inner.release(t, o, at, e).await
-    }
-    async fn next_due_at(&self) -> Result<Option<Timestamp>> {
-        self.inner.next_due_at().await
-    }
-    async fn get(&self, key: &TimerKey) -> Result<Option<Timer>> {
-        self.inner.get(key).await
-    }
-    async fn cancel(&self, key: &TimerKey, now: Timestamp) -> Result<CancelOutcome> {
-        self.inner.cancel(key, now).await
-    }
-    async fn purge(&self, older_than: Timestamp, limit: usize) -> Result<u64> {
-        self.inner.purge(older_than, limit).await
-    }
-    async fn pending(&self) -> Result<u64> {
-        self.inner.pending().await
-    }
-    async fn pending_by_tenant(
-        &self,
-        tenants: &[String],
-    ) -> Result<std::collections::HashMap<String, u64>> {
-        self.inner.pending_by_tenant(tenants).await
-    }
-    async fn health(&self) -> Result<()> {
-        self.inner.health().await
-    }
-}
-
 #[tokio::test]
 async fn commands_are_not_acknowledged_until_the_store_committed_them() {
     let hub = MemoryHub::new(MemoryConfig::default());
     let inner: Arc<dyn Store> = Arc::new(MemoryStore::new());
-    let store = Arc::new(SchedulesFail {
-        inner: inner.clone(),
-        failures: AtomicU32::new(2),
+    let store = Arc::new(Faulty {
+        schedule_failures: AtomicU32::new(2),
+        ..Faulty::new(inner.clone())
     });
     let r = start(
         store,
@@ -998,10 +923,12 @@ async fn a_tenant_over_its_limit_is_refused_and_others_are_not() {
         ..timer("x", later)
     };
     let outcomes = engine.schedule(&[moved, fresh]).await.expect("schedule");
-    assert_eq!(
-        outcomes,
-        vec![ScheduleOutcome::Updated, ScheduleOutcome::TenantLimit]
+    assert_eq!(outcomes[0], Scheduled::Stored(ScheduleOutcome::Updated));
+    assert!(
+        matches!(&outcomes[1], Scheduled::Refused(r) if r.reason == Reason::TenantLimit),
+        "{outcomes:?}"
     );
+    assert_eq!(outcomes.len(), 2);
     shutdown.cancel();
     let _ = task.await;
 }

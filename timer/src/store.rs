@@ -34,7 +34,10 @@ pub enum Settlement {
     /// `last_error` set; without (shutdown, a reschedule during the fire) they are unchanged.
     /// Unlike the others this ignores the revision: the lease is returned even when the timer
     /// was rescheduled while it fired.
-    Retry { at: Timestamp, error: Option<String> },
+    Retry {
+        at: Timestamp,
+        error: Option<String>,
+    },
 }
 
 /// Durable timer storage.

@@ -481,7 +481,11 @@ fn validate(
 fn required_id(value: Option<String>, field: &str, limits: &Limits) -> Result<String, Rejection> {
     match value {
         Some(v) => check_id(v, field, limits),
-        None => Err(Rejection::new(Reason::MissingField, Some(field), "is required")),
+        None => Err(Rejection::new(
+            Reason::MissingField,
+            Some(field),
+            "is required",
+        )),
     }
 }
 
@@ -731,7 +735,10 @@ mod tests {
         codes.sort_unstable();
         codes.dedup();
         assert_eq!(codes.len(), Reason::ALL.len());
-        assert_eq!(serde_json::to_string(&Reason::TooFar).unwrap(), "\"too_far\"");
+        assert_eq!(
+            serde_json::to_string(&Reason::TooFar).unwrap(),
+            "\"too_far\""
+        );
     }
 
     const NOW: Timestamp = Timestamp::from_millis(1_800_000_000_000);

@@ -6,8 +6,8 @@ use std::sync::Mutex;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use timer_core::{
-    CancelOutcome, ClaimedTimer, Error, Lease, NewTimer, Result, ScheduleOutcome, Store, Timer,
-    TimerKey, TimerState, Timestamp,
+    CancelOutcome, ClaimedTimer, Error, Lease, NewTimer, Result, ScheduleOutcome, Settlement,
+    Store, TenantCounts, Timer, TimerKey, TimerState, Timestamp,
 };
 
 /// Config section of `store.kind = "memory"`: nothing to set.
@@ -188,116 +188,65 @@ impl Store for MemoryStore {
         Ok(claimed)
     }
 
-    async fn mark_reached(
+    async fn settle(
         &self,
-        timers: &[ClaimedTimer],
+        claims: &[(ClaimedTimer, Settlement)],
         owner: &str,
         at: Timestamp,
     ) -> Result<u64> {
         let mut state = self.lock()?;
-        let mut marked = 0;
-        for claim in timers {
-            let same_revision = state
-                .rows
-                .get(&claim.key)
-                .is_some_and(|row| row.revision == claim.revision);
-            if state.leased_by(claim, owner) && same_revision {
-                state.finish(&claim.key, TimerState::Reached, at);
-                if let Some(row) = state.rows.get_mut(&claim.key) {
+        let mut changed = 0;
+        for (claim, settlement) in claims {
+            if !state.leased_by(claim, owner) {
+                continue;
+            }
+            let Some(row) = state.rows.get_mut(&claim.key) else {
+                continue;
+            };
+            let retry = matches!(settlement, Settlement::Retry { .. });
+            if !retry && row.revision != claim.revision {
+                continue;
+            }
+            changed += 1;
+            match settlement {
+                Settlement::Reached => {
                     if row.timer.recurrence.is_some() {
                         row.timer.occurrences = row.timer.occurrences.saturating_add(1);
                     }
+                    state.finish(&claim.key, TimerState::Reached, at);
                 }
-                marked += 1;
+                Settlement::Next(next) => {
+                    row.revision += 1;
+                    row.timer.due_at = *next;
+                    row.timer.attempts = 0;
+                    row.timer.last_error = None;
+                    row.timer.lease_owner = None;
+                    row.lease_until = None;
+                    row.timer.reached_at = Some(at);
+                    row.timer.occurrences = row.timer.occurrences.saturating_add(1);
+                    state.set_available(&claim.key, *next);
+                }
+                Settlement::Failed(error) => {
+                    row.timer.attempts = row.timer.attempts.saturating_add(1);
+                    row.timer.last_error = Some(error.clone());
+                    state.finish(&claim.key, TimerState::Failed, at);
+                }
+                Settlement::Retry {
+                    at: retry_at,
+                    error,
+                } => {
+                    row.timer.lease_owner = None;
+                    row.lease_until = None;
+                    if let Some(error) = error {
+                        row.timer.attempts = row.timer.attempts.saturating_add(1);
+                        row.timer.last_error = Some(error.clone());
+                    }
+                    let available = (*retry_at).max(row.timer.due_at);
+                    state.set_available(&claim.key, available);
+                }
             }
         }
-        Ok(marked)
-    }
-
-    async fn advance(
-        &self,
-        timers: &[(ClaimedTimer, Timestamp)],
-        owner: &str,
-        at: Timestamp,
-    ) -> Result<u64> {
-        let mut state = self.lock()?;
-        let mut moved = 0;
-        for (claim, next) in timers {
-            if !state.leased_by(claim, owner) {
-                continue;
-            }
-            let Some(row) = state.rows.get_mut(&claim.key) else {
-                continue;
-            };
-            if row.revision != claim.revision {
-                continue;
-            }
-            row.revision += 1;
-            row.timer.due_at = *next;
-            row.timer.attempts = 0;
-            row.timer.last_error = None;
-            row.timer.lease_owner = None;
-            row.lease_until = None;
-            row.timer.reached_at = Some(at);
-            row.timer.occurrences = row.timer.occurrences.saturating_add(1);
-            state.set_available(&claim.key, *next);
-            moved += 1;
-        }
-        Ok(moved)
-    }
-
-    async fn fail(
-        &self,
-        timers: &[ClaimedTimer],
-        owner: &str,
-        at: Timestamp,
-        error: &str,
-    ) -> Result<u64> {
-        let mut state = self.lock()?;
-        let mut failed = 0;
-        for claim in timers {
-            if !state.leased_by(claim, owner) {
-                continue;
-            }
-            let Some(row) = state.rows.get_mut(&claim.key) else {
-                continue;
-            };
-            if row.revision != claim.revision {
-                continue;
-            }
-            row.timer.attempts = row.timer.attempts.saturating_add(1);
-            row.timer.last_error = Some(error.to_owned());
-            state.finish(&claim.key, TimerState::Failed, at);
-            failed += 1;
-        }
-        Ok(failed)
-    }
-
-    async fn release(
-        &self,
-        timers: &[ClaimedTimer],
-        owner: &str,
-        retry_at: Timestamp,
-        error: Option<&str>,
-    ) -> Result<()> {
-        let mut state = self.lock()?;
-        for claim in timers {
-            if !state.leased_by(claim, owner) {
-                continue;
-            }
-            let Some(row) = state.rows.get_mut(&claim.key) else {
-                continue;
-            };
-            row.timer.lease_owner = None;
-            row.lease_until = None;
-            if let Some(error) = error {
-                row.timer.attempts += 1;
-                row.timer.last_error = Some(error.to_owned());
-            }
-            let at = retry_at.max(row.timer.due_at);
-            state.set_available(&claim.key, at);
-        }
-        Ok(())
+        Ok(changed)
     }
 
     async fn next_due_at(&self) -> Result<Option<Timestamp>> {
@@ -342,11 +291,22 @@ impl Store for MemoryStore {
         Ok(old.len() as u64)
     }
 
-    async fn pending(&self) -> Result<u64> {
+    async fn scheduled_count(&self) -> Result<u64> {
         Ok(self.lock()?.ready.len() as u64)
     }
 
-    async fn pending_by_tenant(&self, tenants: &[String]) -> Result<HashMap<String, u64>> {
+    async fn health(&self) -> Result<()> {
+        self.lock().map(|_| ())
+    }
+
+    fn tenant_counts(&self) -> Option<&dyn TenantCounts> {
+        Some(self)
+    }
+}
+
+#[async_trait]
+impl TenantCounts for MemoryStore {
+    async fn scheduled_by_tenant(&self, tenants: &[String]) -> Result<HashMap<String, u64>> {
         let state = self.lock()?;
         let mut counts = HashMap::new();
         for (_, key) in &state.ready {
@@ -355,9 +315,5 @@ impl Store for MemoryStore {
             }
         }
         Ok(counts)
-    }
-
-    async fn health(&self) -> Result<()> {
-        self.lock().map(|_| ())
     }
 }

@@ -15,7 +15,7 @@ use sqlx::postgres::{
 use sqlx::{Connection, Row};
 use timer_core::{
     CancelOutcome, ClaimedTimer, Error, ErrorKind, Lease, NewTimer, Recurrence, Result,
-    ScheduleOutcome, Store, Timer, TimerKey, TimerState, Timestamp,
+    ScheduleOutcome, Settlement, Store, TenantCounts, Timer, TimerKey, TimerState, Timestamp,
 };
 use tokio::sync::broadcast;
 use tracing::{info, warn};
@@ -550,134 +550,142 @@ impl Store for PostgresStore {
         Ok(claimed)
     }
 
-    async fn mark_reached(
+    async fn settle(
         &self,
-        timers: &[ClaimedTimer],
+        claims: &[(ClaimedTimer, Settlement)],
         owner: &str,
         at: Timestamp,
     ) -> Result<u64> {
-        let (tenants, ids) = Self::key_arrays(timers.iter().map(|t| &t.key));
-        let revisions: Vec<i64> = timers.iter().map(|t| t.revision).collect();
-        let done = sqlx::query(
-            "UPDATE timers t SET state = 1, reached_at = $4, finished_at = $4, \
-               occurrences = t.occurrences + CASE WHEN t.recurrence IS NULL THEN 0 ELSE 1 END \
-             FROM UNNEST($1::text[], $2::text[], $3::bigint[]) AS m(tenant_id, service_call_id, revision) \
-             WHERE t.tenant_id = m.tenant_id AND t.service_call_id = m.service_call_id \
-               AND t.revision = m.revision AND t.state = 0 AND t.lease_owner = $5",
-        )
-        .bind(&tenants)
-        .bind(&ids)
-        .bind(&revisions)
-        .bind(at.as_millis())
-        .bind(owner)
-        .execute(&self.pool)
-        .await
-        .map_err(|e| db_err("marking timers reached", e))?;
-        Ok(done.rows_affected())
-    }
-
-    async fn advance(
-        &self,
-        timers: &[(ClaimedTimer, Timestamp)],
-        owner: &str,
-        at: Timestamp,
-    ) -> Result<u64> {
-        let (tenants, ids) = Self::key_arrays(timers.iter().map(|(t, _)| &t.key));
-        let revisions: Vec<i64> = timers.iter().map(|(t, _)| t.revision).collect();
-        let nexts: Vec<i64> = timers.iter().map(|(_, next)| next.as_millis()).collect();
-        let mut tx = self
-            .pool
-            .begin()
-            .await
-            .map_err(|e| db_err("moving recurring timers", e))?;
-        let done = sqlx::query(
-            "UPDATE timers t SET due_at = m.next, available_at = m.next, \
-               revision = t.revision + 1, attempts = 0, last_error = NULL, lease_owner = NULL, \
-               lease_until = NULL, \
-               reached_at = $5, occurrences = t.occurrences + 1 \
-             FROM UNNEST($1::text[], $2::text[], $3::bigint[], $4::bigint[]) \
-                  AS m(tenant_id, service_call_id, revision, next) \
-             WHERE t.tenant_id = m.tenant_id AND t.service_call_id = m.service_call_id \
-               AND t.revision = m.revision AND t.state = 0 AND t.lease_owner = $6",
-        )
-        .bind(&tenants)
-        .bind(&ids)
-        .bind(&revisions)
-        .bind(&nexts)
-        .bind(at.as_millis())
-        .bind(owner)
-        .execute(&mut *tx)
-        .await
-        .map_err(|e| db_err("moving recurring timers to their next occurrence", e))?;
-        if let (Some(channel), Some(soonest)) = (&self.channel, nexts.iter().min()) {
-            // Other instances may sleep past the next occurrence: tell them.
-            sqlx::query("SELECT pg_notify($1, $2)")
-                .bind(channel)
-                .bind(soonest.to_string())
-                .execute(&mut *tx)
-                .await
-                .map_err(|e| db_err("notifying the next occurrence", e))?;
+        let op = "settling claimed timers";
+        // One statement per kind of settlement, each over arrays of its rows.
+        let mut reached = Vec::new();
+        let mut next = Vec::new();
+        let mut failed = Vec::new();
+        let mut retry = Vec::new();
+        for (t, settlement) in claims {
+            match settlement {
+                Settlement::Reached => reached.push(t),
+                Settlement::Next(at) => next.push((t, at.as_millis())),
+                Settlement::Failed(error) => failed.push((t, error.as_str())),
+                Settlement::Retry { at, error } => {
+                    retry.push((t, at.as_millis(), error.as_deref()))
+                }
+            }
         }
-        tx.commit()
-            .await
-            .map_err(|e| db_err("moving recurring timers", e))?;
-        Ok(done.rows_affected())
-    }
+        let reached = Columns::of(reached.iter().copied());
+        let (next_claims, nexts): (Vec<&ClaimedTimer>, Vec<i64>) = next.into_iter().unzip();
+        let next = Columns::of(next_claims.into_iter());
+        let (failed_claims, errors): (Vec<&ClaimedTimer>, Vec<&str>) = failed.into_iter().unzip();
+        let failed = Columns::of(failed_claims.into_iter());
+        let retry_claims = Columns::of(retry.iter().map(|(t, _, _)| *t));
+        let retry_at: Vec<i64> = retry.iter().map(|(_, at, _)| *at).collect();
+        let retry_errors: Vec<Option<&str>> = retry.iter().map(|(_, _, e)| *e).collect();
 
-    async fn fail(
-        &self,
-        timers: &[ClaimedTimer],
-        owner: &str,
-        at: Timestamp,
-        error: &str,
-    ) -> Result<u64> {
-        let (tenants, ids) = Self::key_arrays(timers.iter().map(|t| &t.key));
-        let revisions: Vec<i64> = timers.iter().map(|t| t.revision).collect();
-        let done = sqlx::query(
-            "UPDATE timers t SET state = 3, finished_at = $4, attempts = t.attempts + 1, \
-               last_error = $5 \
-             FROM UNNEST($1::text[], $2::text[], $3::bigint[]) AS m(tenant_id, service_call_id, revision) \
-             WHERE t.tenant_id = m.tenant_id AND t.service_call_id = m.service_call_id \
-               AND t.revision = m.revision AND t.state = 0 AND t.lease_owner = $6",
-        )
-        .bind(&tenants)
-        .bind(&ids)
-        .bind(&revisions)
-        .bind(at.as_millis())
-        .bind(error)
-        .bind(owner)
-        .execute(&self.pool)
-        .await
-        .map_err(|e| db_err("marking timers failed", e))?;
-        Ok(done.rows_affected())
-    }
-
-    async fn release(
-        &self,
-        timers: &[ClaimedTimer],
-        owner: &str,
-        retry_at: Timestamp,
-        error: Option<&str>,
-    ) -> Result<()> {
-        let (tenants, ids) = Self::key_arrays(timers.iter().map(|t| &t.key));
-        sqlx::query(
-            "UPDATE timers t SET lease_owner = NULL, lease_until = NULL, \
-               available_at = GREATEST($3, t.due_at), \
-               attempts = t.attempts + $4, last_error = COALESCE($5, t.last_error) \
-             FROM UNNEST($1::text[], $2::text[]) AS m(tenant_id, service_call_id) \
-             WHERE t.tenant_id = m.tenant_id AND t.service_call_id = m.service_call_id \
-               AND t.state = 0 AND t.lease_owner = $6",
-        )
-        .bind(&tenants)
-        .bind(&ids)
-        .bind(retry_at.as_millis())
-        .bind(i32::from(error.is_some()))
-        .bind(error)
-        .bind(owner)
-        .execute(&self.pool)
-        .await
-        .map_err(|e| db_err("releasing timers", e))?;
-        Ok(())
+        let mut queries = Vec::new();
+        if !reached.is_empty() {
+            queries.push((
+                true,
+                sqlx::query(
+                    "UPDATE timers t SET state = 1, reached_at = $4, finished_at = $4, \
+                       occurrences = t.occurrences + CASE WHEN t.recurrence IS NULL THEN 0 ELSE 1 END \
+                     FROM UNNEST($1::text[], $2::text[], $3::bigint[]) AS m(tenant_id, service_call_id, revision) \
+                     WHERE t.tenant_id = m.tenant_id AND t.service_call_id = m.service_call_id \
+                       AND t.revision = m.revision AND t.state = 0 AND t.lease_owner = $5",
+                )
+                .bind(&reached.tenants)
+                .bind(&reached.ids)
+                .bind(&reached.revisions)
+                .bind(at.as_millis())
+                .bind(owner),
+            ));
+        }
+        if !next.is_empty() {
+            queries.push((
+                true,
+                sqlx::query(
+                    "UPDATE timers t SET due_at = m.next, available_at = m.next, \
+                       revision = t.revision + 1, attempts = 0, last_error = NULL, lease_owner = NULL, \
+                       lease_until = NULL, reached_at = $5, occurrences = t.occurrences + 1 \
+                     FROM UNNEST($1::text[], $2::text[], $3::bigint[], $4::bigint[]) \
+                          AS m(tenant_id, service_call_id, revision, next) \
+                     WHERE t.tenant_id = m.tenant_id AND t.service_call_id = m.service_call_id \
+                       AND t.revision = m.revision AND t.state = 0 AND t.lease_owner = $6",
+                )
+                .bind(&next.tenants)
+                .bind(&next.ids)
+                .bind(&next.revisions)
+                .bind(&nexts)
+                .bind(at.as_millis())
+                .bind(owner),
+            ));
+            if let (Some(channel), Some(soonest)) = (&self.channel, nexts.iter().min()) {
+                // Other instances may sleep past the next occurrence: tell them.
+                // A SELECT: its row is not a settled timer.
+                queries.push((
+                    false,
+                    sqlx::query("SELECT pg_notify($1, $2)")
+                        .bind(channel)
+                        .bind(soonest.to_string()),
+                ));
+            }
+        }
+        if !failed.is_empty() {
+            queries.push((
+                true,
+                sqlx::query(
+                    "UPDATE timers t SET state = 3, finished_at = $4, attempts = t.attempts + 1, \
+                       last_error = m.error \
+                     FROM UNNEST($1::text[], $2::text[], $3::bigint[], $5::text[]) \
+                          AS m(tenant_id, service_call_id, revision, error) \
+                     WHERE t.tenant_id = m.tenant_id AND t.service_call_id = m.service_call_id \
+                       AND t.revision = m.revision AND t.state = 0 AND t.lease_owner = $6",
+                )
+                .bind(&failed.tenants)
+                .bind(&failed.ids)
+                .bind(&failed.revisions)
+                .bind(at.as_millis())
+                .bind(&errors)
+                .bind(owner),
+            ));
+        }
+        if !retry_claims.is_empty() {
+            // At any revision: the lease goes back even when the timer changed meanwhile.
+            queries.push((
+                true,
+                sqlx::query(
+                    "UPDATE timers t SET lease_owner = NULL, lease_until = NULL, \
+                       available_at = GREATEST(m.retry_at, t.due_at), \
+                       attempts = t.attempts + CASE WHEN m.error IS NULL THEN 0 ELSE 1 END, \
+                       last_error = COALESCE(m.error, t.last_error) \
+                     FROM UNNEST($1::text[], $2::text[], $3::bigint[], $4::text[]) \
+                          AS m(tenant_id, service_call_id, retry_at, error) \
+                     WHERE t.tenant_id = m.tenant_id AND t.service_call_id = m.service_call_id \
+                       AND t.state = 0 AND t.lease_owner = $5",
+                )
+                .bind(&retry_claims.tenants)
+                .bind(&retry_claims.ids)
+                .bind(&retry_at)
+                .bind(&retry_errors)
+                .bind(owner),
+            ));
+        }
+        if queries.len() == 1 {
+            if let Some((_, query)) = queries.pop() {
+                // One statement commits by itself: no transaction round trips on the hot path.
+                let done = query.execute(&self.pool).await.map_err(|e| db_err(op, e))?;
+                return Ok(done.rows_affected());
+            }
+        }
+        let mut changed = 0;
+        let mut tx = self.pool.begin().await.map_err(|e| db_err(op, e))?;
+        for (counts, query) in queries {
+            let done = query.execute(&mut *tx).await.map_err(|e| db_err(op, e))?;
+            if counts {
+                changed += done.rows_affected();
+            }
+        }
+        tx.commit().await.map_err(|e| db_err(op, e))?;
+        Ok(changed)
     }
 
     async fn next_due_at(&self) -> Result<Option<Timestamp>> {
@@ -756,27 +764,12 @@ impl Store for PostgresStore {
         Ok(done.rows_affected())
     }
 
-    async fn pending(&self) -> Result<u64> {
+    async fn scheduled_count(&self) -> Result<u64> {
         let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM timers WHERE state = 0")
             .fetch_one(&self.pool)
             .await
-            .map_err(|e| db_err("counting pending timers", e))?;
+            .map_err(|e| db_err("counting Scheduled timers", e))?;
         Ok(u64::try_from(n).unwrap_or(0))
-    }
-
-    async fn pending_by_tenant(&self, tenants: &[String]) -> Result<HashMap<String, u64>> {
-        let rows: Vec<(String, i64)> = sqlx::query_as(
-            "SELECT tenant_id, COUNT(*) FROM timers WHERE state = 0 AND tenant_id = ANY($1) \
-             GROUP BY tenant_id",
-        )
-        .bind(tenants)
-        .fetch_all(&self.pool)
-        .await
-        .map_err(|e| db_err("counting pending timers per tenant", e))?;
-        Ok(rows
-            .into_iter()
-            .map(|(tenant, n)| (tenant, u64::try_from(n).unwrap_or(0)))
-            .collect())
     }
 
     async fn health(&self) -> Result<()> {
@@ -789,5 +782,54 @@ impl Store for PostgresStore {
 
     fn wakeups(&self) -> Option<broadcast::Receiver<Timestamp>> {
         self.channel.as_ref().map(|_| self.wakeups.subscribe())
+    }
+
+    fn tenant_counts(&self) -> Option<&dyn TenantCounts> {
+        Some(self)
+    }
+}
+
+#[async_trait]
+impl TenantCounts for PostgresStore {
+    async fn scheduled_by_tenant(&self, tenants: &[String]) -> Result<HashMap<String, u64>> {
+        let rows: Vec<(String, i64)> = sqlx::query_as(
+            "SELECT tenant_id, COUNT(*) FROM timers WHERE state = 0 AND tenant_id = ANY($1) \
+             GROUP BY tenant_id",
+        )
+        .bind(tenants)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(|e| db_err("counting Scheduled timers per tenant", e))?;
+        Ok(rows
+            .into_iter()
+            .map(|(tenant, n)| (tenant, u64::try_from(n).unwrap_or(0)))
+            .collect())
+    }
+}
+
+/// Keys and claimed revisions of some claims, as the arrays an `UNNEST` reads.
+struct Columns<'a> {
+    tenants: Vec<&'a str>,
+    ids: Vec<&'a str>,
+    revisions: Vec<i64>,
+}
+
+impl<'a> Columns<'a> {
+    fn of(claims: impl Iterator<Item = &'a ClaimedTimer>) -> Self {
+        let mut columns = Columns {
+            tenants: Vec::new(),
+            ids: Vec::new(),
+            revisions: Vec::new(),
+        };
+        for t in claims {
+            columns.tenants.push(t.key.tenant_id.as_str());
+            columns.ids.push(t.key.service_call_id.as_str());
+            columns.revisions.push(t.revision);
+        }
+        columns
+    }
+
+    fn is_empty(&self) -> bool {
+        self.tenants.is_empty()
     }
 }

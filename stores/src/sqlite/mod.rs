@@ -14,7 +14,7 @@ use sqlx::sqlite::{
 use sqlx::Row;
 use timer_core::{
     CancelOutcome, ClaimedTimer, Error, Lease, NewTimer, Recurrence, Result, ScheduleOutcome,
-    Store, Timer, TimerKey, TimerState, Timestamp,
+    Settlement, Store, TenantCounts, Timer, TimerKey, TimerState, Timestamp,
 };
 
 pub use config::{SqliteConfig, Synchronous};
@@ -116,6 +116,40 @@ const RESCHEDULE_TIMER: &str = "UPDATE timers SET \
     correlation_id = ?5, payload = ?6, \
     occurrences = CASE WHEN recurrence IS ?7 THEN occurrences ELSE 0 END, recurrence = ?7 \
     WHERE tenant_id = ?1 AND service_call_id = ?2";
+
+/// The guard every settlement shares: ?1 tenant, ?2 service call id, ?4 lease owner, ?5 the
+/// claimed revision (?3 is the settle time).
+macro_rules! settle_sql {
+    ($set:literal) => {
+        concat!(
+            "UPDATE timers SET ",
+            $set,
+            " WHERE tenant_id = ?1 AND service_call_id = ?2 AND state = 0 AND lease_owner = ?4 \
+              AND revision = ?5"
+        )
+    };
+}
+
+const SETTLE_REACHED: &str = settle_sql!(
+    "state = 1, reached_at = ?3, finished_at = ?3, \
+     occurrences = occurrences + (recurrence IS NOT NULL)"
+);
+
+/// ?6 the next occurrence.
+const SETTLE_NEXT: &str = settle_sql!(
+    "due_at = ?6, available_at = ?6, revision = revision + 1, attempts = 0, last_error = NULL, \
+     lease_owner = NULL, lease_until = NULL, reached_at = ?3, occurrences = occurrences + 1"
+);
+
+/// ?6 the error.
+const SETTLE_FAILED: &str =
+    settle_sql!("state = 3, finished_at = ?3, attempts = attempts + 1, last_error = ?6");
+
+/// ?6 when it becomes claimable, ?7 the error or NULL. At any revision (?3 and ?5 unused).
+const SETTLE_RETRY: &str = "UPDATE timers SET lease_owner = NULL, lease_until = NULL, \
+    available_at = MAX(?6, due_at), attempts = attempts + (?7 IS NOT NULL), \
+    last_error = COALESCE(?7, last_error) \
+    WHERE tenant_id = ?1 AND service_call_id = ?2 AND state = 0 AND lease_owner = ?4";
 
 const TIMER_COLUMNS: &str = "tenant_id, service_call_id, due_at, state, registered_at, \
     reached_at, correlation_id, payload, attempts, last_error, lease_owner, available_at, \
@@ -295,114 +329,38 @@ impl Store for SqliteStore {
         Ok(claimed)
     }
 
-    async fn mark_reached(
+    async fn settle(
         &self,
-        timers: &[ClaimedTimer],
+        claims: &[(ClaimedTimer, Settlement)],
         owner: &str,
         at: Timestamp,
     ) -> Result<u64> {
-        let updates = timers
+        let updates = claims
             .iter()
-            .map(|t| {
-                sqlx::query(
-                    "UPDATE timers SET state = 1, reached_at = ?3, finished_at = ?3, \
-                       occurrences = occurrences + (recurrence IS NOT NULL) \
-                     WHERE tenant_id = ?1 AND service_call_id = ?2 AND state = 0 \
-                       AND lease_owner = ?4 AND revision = ?5",
-                )
-                .bind(&t.key.tenant_id)
-                .bind(&t.key.service_call_id)
-                .bind(at.as_millis())
-                .bind(owner)
-                .bind(t.revision)
+            .map(|(t, settlement)| {
+                let sql = match settlement {
+                    Settlement::Reached => SETTLE_REACHED,
+                    Settlement::Next(_) => SETTLE_NEXT,
+                    Settlement::Failed(_) => SETTLE_FAILED,
+                    Settlement::Retry { .. } => SETTLE_RETRY,
+                };
+                let query = sqlx::query(sql)
+                    .bind(&t.key.tenant_id)
+                    .bind(&t.key.service_call_id)
+                    .bind(at.as_millis())
+                    .bind(owner)
+                    .bind(t.revision);
+                match settlement {
+                    Settlement::Reached => query,
+                    Settlement::Next(next) => query.bind(next.as_millis()),
+                    Settlement::Failed(error) => query.bind(error.as_str()),
+                    Settlement::Retry { at, error } => {
+                        query.bind(at.as_millis()).bind(error.as_deref())
+                    }
+                }
             })
             .collect();
-        self.update_rows("marking timers reached", updates).await
-    }
-
-    async fn advance(
-        &self,
-        timers: &[(ClaimedTimer, Timestamp)],
-        owner: &str,
-        at: Timestamp,
-    ) -> Result<u64> {
-        let updates = timers
-            .iter()
-            .map(|(t, next)| {
-                sqlx::query(
-                    "UPDATE timers SET due_at = ?3, available_at = ?3, revision = revision + 1, \
-                       attempts = 0, last_error = NULL, lease_owner = NULL, lease_until = NULL, \
-                       reached_at = ?4, occurrences = occurrences + 1 \
-                     WHERE tenant_id = ?1 AND service_call_id = ?2 AND state = 0 \
-                       AND lease_owner = ?5 AND revision = ?6",
-                )
-                .bind(&t.key.tenant_id)
-                .bind(&t.key.service_call_id)
-                .bind(next.as_millis())
-                .bind(at.as_millis())
-                .bind(owner)
-                .bind(t.revision)
-            })
-            .collect();
-        self.update_rows("moving recurring timers to their next occurrence", updates)
-            .await
-    }
-
-    async fn fail(
-        &self,
-        timers: &[ClaimedTimer],
-        owner: &str,
-        at: Timestamp,
-        error: &str,
-    ) -> Result<u64> {
-        let updates = timers
-            .iter()
-            .map(|t| {
-                sqlx::query(
-                    "UPDATE timers SET state = 3, finished_at = ?3, attempts = attempts + 1, \
-                       last_error = ?4 \
-                     WHERE tenant_id = ?1 AND service_call_id = ?2 AND state = 0 \
-                       AND lease_owner = ?5 AND revision = ?6",
-                )
-                .bind(&t.key.tenant_id)
-                .bind(&t.key.service_call_id)
-                .bind(at.as_millis())
-                .bind(error)
-                .bind(owner)
-                .bind(t.revision)
-            })
-            .collect();
-        self.update_rows("marking timers failed", updates).await
-    }
-
-    async fn release(
-        &self,
-        timers: &[ClaimedTimer],
-        owner: &str,
-        retry_at: Timestamp,
-        error: Option<&str>,
-    ) -> Result<()> {
-        let updates = timers
-            .iter()
-            .map(|t| {
-                sqlx::query(
-                    "UPDATE timers SET lease_owner = NULL, lease_until = NULL, \
-                       available_at = MAX(?3, due_at), \
-                       attempts = attempts + ?4, last_error = COALESCE(?5, last_error) \
-                     WHERE tenant_id = ?1 AND service_call_id = ?2 AND state = 0 \
-                       AND lease_owner = ?6",
-                )
-                .bind(&t.key.tenant_id)
-                .bind(&t.key.service_call_id)
-                .bind(retry_at.as_millis())
-                .bind(i64::from(error.is_some()))
-                .bind(error)
-                .bind(owner)
-            })
-            .collect();
-        self.update_rows("releasing timers", updates)
-            .await
-            .map(|_| ())
+        self.update_rows("settling claimed timers", updates).await
     }
 
     async fn next_due_at(&self) -> Result<Option<Timestamp>> {
@@ -477,15 +435,30 @@ impl Store for SqliteStore {
         Ok(result.rows_affected())
     }
 
-    async fn pending(&self) -> Result<u64> {
+    async fn scheduled_count(&self) -> Result<u64> {
         let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM timers WHERE state = 0")
             .fetch_one(&self.read)
             .await
-            .map_err(|e| db_err("counting pending timers", e))?;
+            .map_err(|e| db_err("counting Scheduled timers", e))?;
         Ok(n.try_into().unwrap_or(0))
     }
 
-    async fn pending_by_tenant(&self, tenants: &[String]) -> Result<HashMap<String, u64>> {
+    async fn health(&self) -> Result<()> {
+        sqlx::query("SELECT 1")
+            .execute(&self.read)
+            .await
+            .map(|_| ())
+            .map_err(|e| db_err("health check", e))
+    }
+
+    fn tenant_counts(&self) -> Option<&dyn TenantCounts> {
+        Some(self)
+    }
+}
+
+#[async_trait]
+impl TenantCounts for SqliteStore {
+    async fn scheduled_by_tenant(&self, tenants: &[String]) -> Result<HashMap<String, u64>> {
         let mut counts = HashMap::new();
         // SQLite allows 32,766 parameters per statement; a batch names far fewer tenants, but
         // stay well below the limit whatever the batch size.
@@ -502,20 +475,12 @@ impl Store for SqliteStore {
             for (tenant, n) in query
                 .fetch_all(&self.read)
                 .await
-                .map_err(|e| db_err("counting pending timers per tenant", e))?
+                .map_err(|e| db_err("counting Scheduled timers per tenant", e))?
             {
                 counts.insert(tenant, u64::try_from(n).unwrap_or(0));
             }
         }
         Ok(counts)
-    }
-
-    async fn health(&self) -> Result<()> {
-        sqlx::query("SELECT 1")
-            .execute(&self.read)
-            .await
-            .map(|_| ())
-            .map_err(|e| db_err("health check", e))
     }
 }
 

@@ -21,13 +21,21 @@ impl Engine {
     /// Decodes one command as received from a broker (`ScheduleTimer` or `CancelTimer`),
     /// counting it and, when refused, its reason.
     pub fn admit(&self, body: &[u8]) -> Result<Command, Rejection> {
-        self.counted(decode_command(body, &self.inner.limits, self.inner.clock.now()))
+        self.counted(decode_command(
+            body,
+            &self.inner.limits,
+            self.inner.clock.now(),
+        ))
     }
 
     /// Decodes one `ScheduleTimer` as received over HTTP (a `CancelTimer` is refused with
     /// [`Reason::NotAcceptedHere`]), counting it like [`admit`](Self::admit).
     pub fn admit_schedule(&self, body: &[u8]) -> Result<NewTimer, Rejection> {
-        self.counted(decode_schedule(body, &self.inner.limits, self.inner.clock.now()))
+        self.counted(decode_schedule(
+            body,
+            &self.inner.limits,
+            self.inner.clock.now(),
+        ))
     }
 
     fn counted<T>(&self, decoded: Result<T, Rejection>) -> Result<T, Rejection> {

@@ -106,7 +106,15 @@ impl Engine {
                 let now = inner.clock.now();
                 let released: Vec<(ClaimedTimer, Settlement)> = claimed
                     .into_iter()
-                    .map(|t| (t, Settlement::Retry { at: now, error: None }))
+                    .map(|t| {
+                        (
+                            t,
+                            Settlement::Retry {
+                                at: now,
+                                error: None,
+                            },
+                        )
+                    })
                     .collect();
                 if let Err(e) = inner.store.settle(&released, &inner.owner, now).await {
                     warn!(error = %e.chain(), "releasing claims at shutdown failed; they return when the lease expires");

@@ -90,7 +90,10 @@ impl Engine {
                         let Scheduled::Refused(rejection) = result else {
                             continue;
                         };
-                        warn!(reason = rejection.reason.as_str(), "command refused; dead-lettering it");
+                        warn!(
+                            reason = rejection.reason.as_str(),
+                            "command refused; dead-lettering it"
+                        );
                         if !self
                             .dead_letter(&delivery.body, &rejection.to_string(), shutdown)
                             .await
@@ -134,7 +137,10 @@ impl Engine {
     async fn dead_letter(&self, body: &[u8], reason: &str, shutdown: &CancellationToken) -> bool {
         let retry = super::retry::Retry {
             level: Level::ERROR,
-            ..self.broker_retry(shutdown, "dead-lettering a refused command (not acknowledged)")
+            ..self.broker_retry(
+                shutdown,
+                "dead-lettering a refused command (not acknowledged)",
+            )
         };
         retry
             .until_ok(|| self.inner.broker.dead_letter(body, reason))

@@ -56,11 +56,7 @@ pub const ALL: &[(&str, Kind, &str)] = &[
         Kind::Histogram,
         "Duration of one claim query",
     ),
-    (
-        FIRE_LATENESS,
-        Kind::Histogram,
-        "Fire time minus due time",
-    ),
+    (FIRE_LATENESS, Kind::Histogram, "Fire time minus due time"),
     (PENDING, Kind::Gauge, "Timers in state Scheduled"),
     (
         CANCELS_PROCESSED,

@@ -44,5 +44,4 @@ impl Engine {
             }
         }
     }
-
 }

@@ -140,8 +140,12 @@ impl Engine {
                 // Rescheduled meanwhile (another revision): it lives on, the dead letter was
                 // early. Give its lease back so it is not "firing" until the lease ends.
                 info!(timer = %timer.key, "TimerFailed sent, but the timer changed meanwhile and stays");
-                self.give_back(std::slice::from_ref(timer), at, "releasing a rescheduled timer")
-                    .await;
+                self.give_back(
+                    std::slice::from_ref(timer),
+                    at,
+                    "releasing a rescheduled timer",
+                )
+                .await;
             }
             Ok(_) => {
                 ::metrics::counter!(metric::TIMERS_FAILED).increment(1);
