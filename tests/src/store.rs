@@ -1185,48 +1185,15 @@ pub async fn scheduled_by_tenant_counts_scheduled_timers_only(store: Arc<dyn Sto
 /// The four ways of settling a claim, as shorthands over [`Store::settle`], so each check
 /// reads as the step it tests.
 #[async_trait::async_trait]
-trait SettleAs {
-    async fn mark_reached(
-        &self,
-        claims: &[ClaimedTimer],
-        owner: &str,
-        at: Timestamp,
-    ) -> Result<u64>;
-    async fn advance(
-        &self,
-        claims: &[(ClaimedTimer, Timestamp)],
-        owner: &str,
-        at: Timestamp,
-    ) -> Result<u64>;
-    async fn fail(
-        &self,
-        claims: &[ClaimedTimer],
-        owner: &str,
-        at: Timestamp,
-        error: &str,
-    ) -> Result<u64>;
-    async fn release(
-        &self,
-        claims: &[ClaimedTimer],
-        owner: &str,
-        retry_at: Timestamp,
-        error: Option<&str>,
-    ) -> Result<u64>;
-}
-
-#[async_trait::async_trait]
-impl SettleAs for dyn Store {
+trait SettleAs: Store {
     async fn mark_reached(
         &self,
         claims: &[ClaimedTimer],
         owner: &str,
         at: Timestamp,
     ) -> Result<u64> {
-        let settled: Vec<_> = claims
-            .iter()
-            .map(|c| (c.clone(), Settlement::Reached))
-            .collect();
-        self.settle(&settled, owner, at).await
+        self.settle(&each(claims, |_| Settlement::Reached), owner, at)
+            .await
     }
 
     async fn advance(
@@ -1249,10 +1216,7 @@ impl SettleAs for dyn Store {
         at: Timestamp,
         error: &str,
     ) -> Result<u64> {
-        let settled: Vec<_> = claims
-            .iter()
-            .map(|c| (c.clone(), Settlement::Failed(error.to_owned())))
-            .collect();
+        let settled = each(claims, |_| Settlement::Failed(error.to_owned()));
         self.settle(&settled, owner, at).await
     }
 
@@ -1263,19 +1227,20 @@ impl SettleAs for dyn Store {
         retry_at: Timestamp,
         error: Option<&str>,
     ) -> Result<u64> {
-        let settled: Vec<_> = claims
-            .iter()
-            .map(|c| {
-                let error = error.map(str::to_owned);
-                (
-                    c.clone(),
-                    Settlement::Retry {
-                        at: retry_at,
-                        error,
-                    },
-                )
-            })
-            .collect();
+        let error = error.map(str::to_owned);
+        let settled = each(claims, |_| Settlement::Retry {
+            at: retry_at,
+            error: error.clone(),
+        });
         self.settle(&settled, owner, retry_at).await
     }
+}
+
+impl SettleAs for dyn Store {}
+
+fn each(
+    claims: &[ClaimedTimer],
+    settlement: impl Fn(&ClaimedTimer) -> Settlement,
+) -> Vec<(ClaimedTimer, Settlement)> {
+    claims.iter().map(|c| (c.clone(), settlement(c))).collect()
 }
