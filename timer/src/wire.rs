@@ -578,21 +578,49 @@ pub fn event_id(timer: &ClaimedTimer) -> Uuid {
     uuid::Builder::from_unix_timestamp_millis(millis, &bits).into_uuid()
 }
 
-/// The `DueTimeReached` envelope, as published and as consumers read it.
+/// The envelope our events and dead letters travel in: a UUID id, the `type`, tenant and
+/// aggregate (the serviceCallId), and `causationId` always null because time, not a message,
+/// caused it.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct DueTimeReachedEnvelope {
+pub struct Envelope<P> {
     pub id: Uuid,
     #[serde(rename = "type")]
     pub kind: String,
     pub tenant_id: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub correlation_id: Option<String>,
-    /// Always null: time, not a message, caused this event.
     pub causation_id: Option<String>,
     pub aggregate_id: String,
     pub timestamp_ms: i64,
-    pub payload: DueTimeReached,
+    pub payload: P,
+}
+
+/// The `DueTimeReached` event, as published and as consumers read it.
+pub type DueTimeReachedEnvelope = Envelope<DueTimeReached>;
+
+/// The `TimerFailed` dead letter sent when a timer's publish failed `engine.max_attempts`
+/// times.
+pub type TimerFailedEnvelope = Envelope<TimerFailed>;
+
+impl<P: Serialize> Envelope<P> {
+    fn about(timer: &ClaimedTimer, id: Uuid, kind: &str, at: Timestamp, payload: P) -> Self {
+        Envelope {
+            id,
+            kind: kind.to_owned(),
+            tenant_id: timer.key.tenant_id.clone(),
+            correlation_id: timer.correlation_id.clone(),
+            causation_id: None,
+            aggregate_id: timer.key.service_call_id.clone(),
+            timestamp_ms: at.as_millis(),
+            payload,
+        }
+    }
+
+    pub fn to_json(&self) -> Vec<u8> {
+        // Serializing owned strings, numbers and valid raw JSON cannot fail.
+        serde_json::to_vec(self).unwrap_or_default()
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -610,7 +638,7 @@ pub struct DueTimeReached {
     pub payload: Option<Box<RawValue>>,
 }
 
-impl DueTimeReachedEnvelope {
+impl Envelope<DueTimeReached> {
     /// The event for a claimed timer. Its id is [`event_id`]: every fire of the same timer
     /// revision carries the same id, so a repeat (after a crash between publish and mark, or a
     /// publish retried after an outage) is dropped by the broker's de-duplication and is
@@ -623,15 +651,13 @@ impl DueTimeReachedEnvelope {
                 .map_err(|e| tracing::error!(timer = %timer.key, error = %e, "stored payload is not JSON; dropped from event"))
                 .ok()
         });
-        DueTimeReachedEnvelope {
-            id: event_id(timer),
-            kind: DUE_TIME_REACHED.to_owned(),
-            tenant_id: timer.key.tenant_id.clone(),
-            correlation_id: timer.correlation_id.clone(),
-            causation_id: None,
-            aggregate_id: timer.key.service_call_id.clone(),
-            timestamp_ms: reached_at.as_millis(),
-            payload: DueTimeReached {
+        let id = event_id(timer);
+        Self::about(
+            timer,
+            id,
+            DUE_TIME_REACHED,
+            reached_at,
+            DueTimeReached {
                 tenant_id: timer.key.tenant_id.clone(),
                 service_call_id: timer.key.service_call_id.clone(),
                 due_at: timer.due_at.to_rfc3339(),
@@ -642,33 +668,11 @@ impl DueTimeReachedEnvelope {
                     .map(|_| timer.occurrences.saturating_add(1)),
                 payload,
             },
-        }
-    }
-
-    pub fn to_json(&self) -> Vec<u8> {
-        // Serializing owned strings, numbers and valid raw JSON cannot fail.
-        serde_json::to_vec(self).unwrap_or_default()
+        )
     }
 }
 
 pub const TIMER_FAILED: &str = "TimerFailed";
-
-/// The `TimerFailed` envelope sent to the dead-letter destination when a timer's publish
-/// failed `engine.max_attempts` times.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct TimerFailedEnvelope {
-    pub id: Uuid,
-    #[serde(rename = "type")]
-    pub kind: String,
-    pub tenant_id: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub correlation_id: Option<String>,
-    pub causation_id: Option<String>,
-    pub aggregate_id: String,
-    pub timestamp_ms: i64,
-    pub payload: TimerFailed,
-}
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -686,21 +690,18 @@ pub struct TimerFailed {
     pub payload: Option<Box<RawValue>>,
 }
 
-impl TimerFailedEnvelope {
+impl Envelope<TimerFailed> {
     /// The dead letter for `timer`, whose `attempts`-th publish failed with `error`. Its id is
     /// derived from the fire's id, so a repeat carries the same one.
     pub fn for_timer(timer: &ClaimedTimer, at: Timestamp, attempts: u32, error: &str) -> Self {
         let fire = event_id(timer);
         let id = Uuid::new_v5(&fire, TIMER_FAILED.as_bytes());
-        TimerFailedEnvelope {
+        Self::about(
+            timer,
             id,
-            kind: TIMER_FAILED.to_owned(),
-            tenant_id: timer.key.tenant_id.clone(),
-            correlation_id: timer.correlation_id.clone(),
-            causation_id: None,
-            aggregate_id: timer.key.service_call_id.clone(),
-            timestamp_ms: at.as_millis(),
-            payload: TimerFailed {
+            TIMER_FAILED,
+            at,
+            TimerFailed {
                 tenant_id: timer.key.tenant_id.clone(),
                 service_call_id: timer.key.service_call_id.clone(),
                 due_at: timer.due_at.to_rfc3339(),
@@ -716,11 +717,7 @@ impl TimerFailedEnvelope {
                     .as_ref()
                     .and_then(|p| RawValue::from_string(p.clone()).ok()),
             },
-        }
-    }
-
-    pub fn to_json(&self) -> Vec<u8> {
-        serde_json::to_vec(self).unwrap_or_default()
+        )
     }
 }
 
