@@ -3,7 +3,7 @@
 //! A command is accepted bare (`{"tenantId", "serviceCallId", "dueAt"}`) or inside an envelope
 //! whose `type` is `ScheduleTimer` (or `CancelTimer`) and whose `payload` holds the command. A
 //! `ScheduleTimer` gives a due time, or a `cron` pattern (with `timeZone`) for a recurring timer.
-//! The event is always an envelope (seed 002): UUIDv7 id, `causationId` null because time, not
+//! The event is always an envelope: UUIDv7 id, `causationId` null because time, not
 //! a message, caused it.
 
 use serde::{Deserialize, Serialize};
