@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, as CI runs it: installs what is missing, starts every server the tests
 # need on 127.0.0.1, runs all tests of every compiled plugin, stops what it started, and prints a
-# summary. Usage: bash scripts/test.sh [extra cargo test args]
+# summary. First it compiles the default build and each plugin feature alone (scripts/builds.sh).
+# Usage: bash scripts/test.sh [extra cargo test args]
 #
 # Servers: PostgreSQL (scripts/servers/postgres.sh), NATS with JetStream (scripts/servers/nats.sh),
 # RabbitMQ (scripts/servers/rabbitmq.sh), a Kafka-protocol broker (tansu, scripts/servers/kafka.sh;
@@ -11,6 +12,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 bash scripts/deps.sh # build dependencies of --all-features, installed with apt when missing
+
+# The default build and each plugin feature alone compile (before any server starts).
+bash scripts/builds.sh
 
 # This script provides every server, so a test that cannot reach one is a failure, not a skip.
 export TIMER_TEST_REQUIRE="${TIMER_TEST_REQUIRE:-1}"
