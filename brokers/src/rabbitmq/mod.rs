@@ -7,9 +7,8 @@
 
 mod config;
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -24,7 +23,10 @@ use lapin::{
     BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, ExchangeKind,
 };
 use timer_core::broker::routing_token;
+use timer_core::redact::hide_userinfo;
 use timer_core::{Broker, Delivery, Error, OutboundEvent, Result};
+
+use crate::shared::DeliveryTags;
 
 pub use config::RabbitmqConfig;
 
@@ -39,9 +41,8 @@ pub struct RabbitmqBroker {
     session: tokio::sync::Mutex<Option<Arc<Session>>>,
     /// The consumer of the current session (its generation); only `receive` waits on it.
     consumer: tokio::sync::Mutex<Option<(u64, lapin::Consumer)>>,
-    /// Delivered, not yet acknowledged: our tag → (session generation, AMQP delivery tag).
-    pending: Mutex<HashMap<u64, (u64, u64)>>,
-    next_tag: AtomicU64,
+    /// Delivered, not yet acknowledged: (session generation, AMQP delivery tag).
+    pending: DeliveryTags<(u64, u64)>,
     generation: AtomicU64,
 }
 
@@ -69,19 +70,8 @@ struct Session {
     publish: Channel,
 }
 
-fn unavailable(what: &str, e: impl std::fmt::Display) -> Error {
-    Error::unavailable(format!("rabbitmq broker: {what}: {e}"))
-}
-
-/// The URL without credentials, for messages.
-fn redacted(url: &str) -> String {
-    match url.rsplit_once('@') {
-        Some((scheme_and_user, host)) => {
-            let scheme = scheme_and_user.split("://").next().unwrap_or("amqp");
-            format!("{scheme}://***@{host}")
-        }
-        None => url.to_owned(),
-    }
+fn unavailable(what: &str, e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Error {
+    Error::unavailable(format!("rabbitmq broker: {what}")).with_source(e)
 }
 
 fn s(text: &str) -> ShortString {
@@ -95,15 +85,16 @@ async fn connection(config: &RabbitmqConfig) -> Result<Connection> {
             identity: None,
             cert_chain: Some(std::fs::read_to_string(path).map_err(|e| {
                 Error::config(format!(
-                    "broker.tls_root_cert {}: cannot read it: {e}",
+                    "broker.tls_root_cert {}: cannot read it",
                     path.display()
                 ))
+                .with_source(e)
             })?),
         },
         None => lapin::tcp::OwnedTLSConfig::default(),
     };
     let runtime = lapin::runtime::default_runtime()
-        .map_err(|e| Error::internal(format!("rabbitmq broker: no async runtime: {e}")))?;
+        .map_err(|e| Error::internal("rabbitmq broker: no async runtime").with_source(e))?;
     tokio::time::timeout(
         config.connect_timeout,
         Connection::connect_with_config(&config.url, ConnectionProperties::default(), tls, runtime),
@@ -112,15 +103,15 @@ async fn connection(config: &RabbitmqConfig) -> Result<Connection> {
     .map_err(|_| {
         Error::unavailable(format!(
             "rabbitmq broker: cannot connect to {}: no answer within {:?}",
-            redacted(&config.url),
+            hide_userinfo(&config.url),
             config.connect_timeout
         ))
     })?
     .map_err(|e| {
-        Error::unavailable(format!(
-            "rabbitmq broker: cannot connect to {}: {e}",
-            redacted(&config.url)
-        ))
+        unavailable(
+            &format!("cannot connect to {}", hide_userinfo(&config.url)),
+            e,
+        )
     })
 }
 
@@ -132,8 +123,7 @@ impl RabbitmqBroker {
             config: config.clone(),
             session: tokio::sync::Mutex::new(None),
             consumer: tokio::sync::Mutex::new(None),
-            pending: Mutex::new(HashMap::new()),
-            next_tag: AtomicU64::new(1),
+            pending: DeliveryTags::new("rabbitmq"),
             generation: AtomicU64::new(0),
         };
         broker.session().await?;
@@ -198,15 +188,8 @@ impl RabbitmqBroker {
     }
 
     fn remember(&self, generation: u64, delivery: lapin::message::Delivery) -> Result<Delivery> {
-        let tag = self.next_tag.fetch_add(1, Ordering::Relaxed);
         self.pending
-            .lock()
-            .map_err(|_| Error::internal("rabbitmq broker: pending map poisoned"))?
-            .insert(tag, (generation, delivery.delivery_tag));
-        Ok(Delivery {
-            tag,
-            body: delivery.data,
-        })
+            .remember((generation, delivery.delivery_tag), delivery.data)
     }
 
     /// Publishes on the confirm channel with `mandatory`, so an event no queue would take comes
@@ -452,13 +435,7 @@ impl Broker for RabbitmqBroker {
     }
 
     async fn ack(&self, tags: &[u64]) -> Result<()> {
-        let deliveries: Vec<(u64, u64)> = {
-            let mut pending = self
-                .pending
-                .lock()
-                .map_err(|_| Error::internal("rabbitmq broker: pending map poisoned"))?;
-            tags.iter().filter_map(|t| pending.remove(t)).collect()
-        };
+        let deliveries = self.pending.take(tags)?;
         let Some(session) = self.session.lock().await.clone() else {
             // The connection they came on is gone; the broker requeued them already.
             return Ok(());
@@ -545,19 +522,5 @@ impl Broker for RabbitmqBroker {
 
     async fn health(&self) -> Result<()> {
         self.session().await.map(|_| ())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn urls_lose_their_credentials_in_messages() {
-        assert_eq!(
-            redacted("amqp://u:p@host:5672/%2f"),
-            "amqp://***@host:5672/%2f"
-        );
-        assert_eq!(redacted("amqp://host"), "amqp://host");
     }
 }
