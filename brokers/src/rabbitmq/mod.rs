@@ -74,6 +74,13 @@ fn unavailable(what: &str, e: impl Into<Box<dyn std::error::Error + Send + Sync>
     Error::unavailable(format!("rabbitmq broker: {what}")).with_source(e)
 }
 
+async fn open_channel(connection: &Connection) -> Result<Channel> {
+    connection
+        .create_channel()
+        .await
+        .map_err(|e| unavailable("opening a channel", e))
+}
+
 fn s(text: &str) -> ShortString {
     text.into()
 }
@@ -133,19 +140,13 @@ impl RabbitmqBroker {
     async fn open(&self) -> Result<Session> {
         let c = &self.config;
         let connection = connection(c).await?;
-        let consume = connection
-            .create_channel()
-            .await
-            .map_err(|e| unavailable("opening a channel", e))?;
+        let consume = open_channel(&connection).await?;
         declare(&consume, c).await?;
         consume
             .basic_qos(c.prefetch, BasicQosOptions::default())
             .await
             .map_err(|e| unavailable("setting the prefetch", e))?;
-        let publish = connection
-            .create_channel()
-            .await
-            .map_err(|e| unavailable("opening a channel", e))?;
+        let publish = open_channel(&connection).await?;
         publish
             .confirm_select(ConfirmSelectOptions::default())
             .await
@@ -228,30 +229,11 @@ pub fn sink_queue(config: &RabbitmqConfig) -> String {
 /// so events have somewhere to go (benchmarks and tests; consumers bind their own queues).
 pub async fn declare_sink(config: &RabbitmqConfig) -> Result<String> {
     let connection = connection(config).await?;
-    let channel = connection
-        .create_channel()
-        .await
-        .map_err(|e| unavailable("opening a channel", e))?;
+    let channel = open_channel(&connection).await?;
     declare(&channel, config).await?;
     let queue = sink_queue(config);
-    let durable = QueueDeclareOptions {
-        durable: true,
-        ..Default::default()
-    };
-    channel
-        .queue_declare(s(&queue), durable, FieldTable::default())
-        .await
-        .map_err(|e| unavailable(&format!("declaring queue {queue}"), e))?;
-    channel
-        .queue_bind(
-            s(&queue),
-            s(&config.events_exchange),
-            s("#"),
-            QueueBindOptions::default(),
-            FieldTable::default(),
-        )
-        .await
-        .map_err(|e| unavailable(&format!("binding queue {queue}"), e))?;
+    declare_queue(&channel, &queue).await?;
+    bind_queue(&channel, &queue, &config.events_exchange, "#").await?;
     let _ = connection.close(200, "done".into()).await;
     Ok(queue)
 }
@@ -261,10 +243,7 @@ pub async fn declare_sink(config: &RabbitmqConfig) -> Result<String> {
 pub async fn delete_topology(config: &RabbitmqConfig) -> Result<()> {
     use lapin::options::{ExchangeDeleteOptions, QueueDeleteOptions};
     let connection = connection(config).await?;
-    let channel = connection
-        .create_channel()
-        .await
-        .map_err(|e| unavailable("opening a channel", e))?;
+    let channel = open_channel(&connection).await?;
     for queue in [
         &config.commands_queue,
         &config.dead_letter_queue,
@@ -289,54 +268,48 @@ pub async fn delete_topology(config: &RabbitmqConfig) -> Result<()> {
 /// for dead letters. Declaring what exists with the same settings is a no-op; with other
 /// settings the broker refuses and the error says so.
 async fn declare(channel: &Channel, c: &RabbitmqConfig) -> Result<()> {
-    let durable_queue = QueueDeclareOptions {
+    let durable = ExchangeDeclareOptions {
         durable: true,
         ..Default::default()
     };
-    let durable_exchange = ExchangeDeclareOptions {
+    declare_queue(channel, &c.commands_queue).await?;
+    for (exchange, kind) in [
+        (&c.events_exchange, ExchangeKind::Topic),
+        (&c.dead_letter_exchange, ExchangeKind::Fanout),
+    ] {
+        channel
+            .exchange_declare(s(exchange), kind, durable, FieldTable::default())
+            .await
+            .map_err(|e| unavailable(&format!("declaring exchange {exchange}"), e))?;
+    }
+    declare_queue(channel, &c.dead_letter_queue).await?;
+    bind_queue(channel, &c.dead_letter_queue, &c.dead_letter_exchange, "").await
+}
+
+/// A durable queue.
+async fn declare_queue(channel: &Channel, queue: &str) -> Result<()> {
+    let durable = QueueDeclareOptions {
         durable: true,
         ..Default::default()
     };
     channel
-        .queue_declare(s(&c.commands_queue), durable_queue, FieldTable::default())
+        .queue_declare(s(queue), durable, FieldTable::default())
         .await
-        .map_err(|e| unavailable(&format!("declaring queue {}", c.commands_queue), e))?;
-    channel
-        .exchange_declare(
-            s(&c.events_exchange),
-            ExchangeKind::Topic,
-            durable_exchange,
-            FieldTable::default(),
-        )
-        .await
-        .map_err(|e| unavailable(&format!("declaring exchange {}", c.events_exchange), e))?;
-    channel
-        .exchange_declare(
-            s(&c.dead_letter_exchange),
-            ExchangeKind::Fanout,
-            durable_exchange,
-            FieldTable::default(),
-        )
-        .await
-        .map_err(|e| unavailable(&format!("declaring exchange {}", c.dead_letter_exchange), e))?;
-    channel
-        .queue_declare(
-            s(&c.dead_letter_queue),
-            durable_queue,
-            FieldTable::default(),
-        )
-        .await
-        .map_err(|e| unavailable(&format!("declaring queue {}", c.dead_letter_queue), e))?;
+        .map(|_| ())
+        .map_err(|e| unavailable(&format!("declaring queue {queue}"), e))
+}
+
+async fn bind_queue(channel: &Channel, queue: &str, exchange: &str, key: &str) -> Result<()> {
     channel
         .queue_bind(
-            s(&c.dead_letter_queue),
-            s(&c.dead_letter_exchange),
-            s(""),
+            s(queue),
+            s(exchange),
+            s(key),
             QueueBindOptions::default(),
             FieldTable::default(),
         )
         .await
-        .map_err(|e| unavailable("binding the dead-letter queue", e))
+        .map_err(|e| unavailable(&format!("binding queue {queue}"), e))
 }
 
 /// Waits for every publisher confirm. A nack, a lost channel, or a message returned as
