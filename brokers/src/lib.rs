@@ -9,3 +9,5 @@ pub mod memory;
 pub mod nats;
 #[cfg(feature = "rabbitmq")]
 pub mod rabbitmq;
+#[cfg(any(feature = "nats", feature = "rabbitmq", feature = "kafka"))]
+mod shared;

@@ -9,6 +9,7 @@ pub mod error;
 pub mod model;
 pub mod plugin;
 pub mod recurrence;
+pub mod redact;
 pub mod store;
 pub mod wire;
 
