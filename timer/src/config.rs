@@ -176,7 +176,8 @@ mod tests {
     #[test]
     fn engine_check_names_the_key() {
         assert!(EngineConfig::default().check().is_ok());
-        let cases: [(fn(&mut EngineConfig), &str); 4] = [
+        type Change = fn(&mut EngineConfig);
+        let cases: [(Change, &str); 4] = [
             (
                 |c| c.purge_interval = Duration::ZERO,
                 "engine.purge_interval",
