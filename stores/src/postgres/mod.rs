@@ -10,17 +10,20 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use sqlx::postgres::{
-    PgConnectOptions, PgConnection, PgListener, PgPool, PgPoolOptions, PgRow, PgSslMode,
+    PgConnectOptions, PgConnection, PgListener, PgPool, PgPoolOptions, PgQueryResult, PgSslMode,
+    Postgres,
 };
 use sqlx::{Connection, Row};
 use timer_core::{
-    CancelOutcome, ClaimedTimer, Error, ErrorKind, Lease, NewTimer, Recurrence, Result,
-    ScheduleOutcome, Settlement, Store, TenantCounts, Timer, TimerKey, TimerState, Timestamp,
+    CancelOutcome, ClaimedTimer, Error, Lease, NewTimer, Recurrence, Result, ScheduleOutcome,
+    Settlement, Store, TenantCounts, Timer, TimerKey, TimerState, Timestamp,
 };
 use tokio::sync::broadcast;
 use tracing::{info, warn};
 
 pub use config::PostgresConfig;
+
+use crate::sql::{self, Dialect, Statements, TimerRow};
 
 pub struct PostgresStore {
     pool: PgPool,
@@ -39,29 +42,48 @@ impl Drop for PostgresStore {
     }
 }
 
+impl Dialect for PostgresStore {
+    type Db = Postgres;
+    type State = i16;
+    type Count = i32;
+    const NAME: &'static str = "postgres";
+    // SKIP LOCKED: concurrent claimers take different rows instead of waiting on each other.
+    const CLAIM: &'static str =
+        "UPDATE timers t SET lease_owner = $1, available_at = $2, lease_until = $2 \
+        FROM (SELECT tenant_id, service_call_id FROM timers \
+              WHERE state = 0 AND available_at <= $3 \
+              ORDER BY available_at LIMIT $4 FOR UPDATE SKIP LOCKED) c \
+        WHERE t.tenant_id = c.tenant_id AND t.service_call_id = c.service_call_id \
+        RETURNING t.tenant_id, t.service_call_id, t.due_at, t.registered_at, \
+                  t.correlation_id, t.payload, t.attempts, t.revision, t.recurrence, \
+                  t.occurrences";
+    // FOR UPDATE: a claim (which locks the row too) and this cancel are ordered.
+    const CANCEL_STATE: &'static str = "SELECT state, COALESCE(lease_until > $3, false) \
+        FROM timers WHERE tenant_id = $1 AND service_call_id = $2 FOR UPDATE";
+    const PURGE: &'static str = "DELETE FROM timers WHERE ctid IN (SELECT ctid FROM timers \
+        WHERE state <> 0 AND finished_at < $1 LIMIT $2)";
+
+    fn retryable(e: &sqlx::Error) -> bool {
+        match e {
+            // SQLSTATE classes that pass: connection (08), transaction rollback such as deadlock
+            // or serialization (40), insufficient resources (53), operator intervention (57).
+            // Others (permission denied, syntax, constraint) will fail again the same way.
+            sqlx::Error::Database(db) => db.code().is_some_and(|c| {
+                ["08", "40", "53", "57"]
+                    .iter()
+                    .any(|class| c.starts_with(class))
+            }),
+            _ => true,
+        }
+    }
+
+    fn rows_affected(done: &PgQueryResult) -> u64 {
+        done.rows_affected()
+    }
+}
+
 fn db_err(op: &str, e: sqlx::Error) -> Error {
-    let retryable = match &e {
-        sqlx::Error::ColumnDecode { .. }
-        | sqlx::Error::ColumnNotFound(_)
-        | sqlx::Error::Decode(_) => false,
-        // SQLSTATE classes that pass: connection (08), transaction rollback such as deadlock or
-        // serialization (40), insufficient resources (53), operator intervention (57). Others
-        // (permission denied, syntax, constraint) will fail again the same way.
-        sqlx::Error::Database(db) => db.code().is_some_and(|c| {
-            ["08", "40", "53", "57"]
-                .iter()
-                .any(|class| c.starts_with(class))
-        }),
-        _ => true,
-    };
-    let kind = if retryable {
-        ErrorKind::Unavailable
-    } else {
-        ErrorKind::Internal
-    };
-    Error::new(kind, format!("postgres store: {op} failed"))
-        .with_retryable(retryable)
-        .with_source(e)
+    sql::db_err::<PostgresStore>(op, e)
 }
 
 /// A schema name used unquoted in SQL and in the NOTIFY channel name.
@@ -228,6 +250,10 @@ impl PostgresStore {
             .map_err(|e| db_err("dropping the schema", e))
     }
 
+    fn statements(&self) -> Statements<'_, Self> {
+        sql::on(&self.pool)
+    }
+
     /// Keys of `timers` as two parallel arrays, for `UNNEST`.
     fn key_arrays<'a>(keys: impl Iterator<Item = &'a TimerKey>) -> (Vec<&'a str>, Vec<&'a str>) {
         keys.map(|k| (k.tenant_id.as_str(), k.service_call_id.as_str()))
@@ -283,89 +309,6 @@ async fn listen(pool: PgPool, channel: String, tx: broadcast::Sender<Timestamp>)
         failures += 1;
         tokio::time::sleep(pause(failures)).await;
     }
-}
-
-fn int(row: &PgRow, col: &str) -> Result<i64> {
-    row.try_get::<i64, _>(col)
-        .map_err(|e| db_err("reading a timer", e))
-}
-
-fn text(row: &PgRow, col: &str) -> Result<String> {
-    row.try_get::<String, _>(col)
-        .map_err(|e| db_err("reading a timer", e))
-}
-
-fn opt_text(row: &PgRow, col: &str) -> Result<Option<String>> {
-    row.try_get::<Option<String>, _>(col)
-        .map_err(|e| db_err("reading a timer", e))
-}
-
-fn key_of(row: &PgRow) -> Result<TimerKey> {
-    Ok(TimerKey {
-        tenant_id: text(row, "tenant_id")?,
-        service_call_id: text(row, "service_call_id")?,
-    })
-}
-
-fn attempts_of(row: &PgRow) -> Result<u32> {
-    let n = row
-        .try_get::<i32, _>("attempts")
-        .map_err(|e| db_err("reading a timer", e))?;
-    Ok(u32::try_from(n).unwrap_or(0))
-}
-
-fn recurrence_of(row: &PgRow) -> Result<Option<Recurrence>> {
-    opt_text(row, "recurrence")?
-        .as_deref()
-        .map(Recurrence::from_json)
-        .transpose()
-}
-
-fn occurrences_of(row: &PgRow) -> Result<u32> {
-    let n = row
-        .try_get::<i32, _>("occurrences")
-        .map_err(|e| db_err("reading a timer", e))?;
-    Ok(u32::try_from(n).unwrap_or(0))
-}
-
-fn timer_from_row(row: &PgRow) -> Result<Timer> {
-    let code = row
-        .try_get::<i16, _>("state")
-        .map_err(|e| db_err("reading a timer", e))?;
-    let state = TimerState::from_code(i64::from(code))
-        .ok_or_else(|| Error::internal(format!("postgres store: unknown state code {code}")))?;
-    Ok(Timer {
-        key: key_of(row)?,
-        due_at: Timestamp::from_millis(int(row, "due_at")?),
-        state,
-        registered_at: Timestamp::from_millis(int(row, "registered_at")?),
-        reached_at: row
-            .try_get::<Option<i64>, _>("reached_at")
-            .map_err(|e| db_err("reading a timer", e))?
-            .map(Timestamp::from_millis),
-        correlation_id: opt_text(row, "correlation_id")?,
-        payload: opt_text(row, "payload")?,
-        attempts: attempts_of(row)?,
-        last_error: opt_text(row, "last_error")?,
-        lease_owner: opt_text(row, "lease_owner")?,
-        available_at: Timestamp::from_millis(int(row, "available_at")?),
-        recurrence: recurrence_of(row)?,
-        occurrences: occurrences_of(row)?,
-    })
-}
-
-fn claimed_from_row(row: &PgRow) -> Result<ClaimedTimer> {
-    Ok(ClaimedTimer {
-        key: key_of(row)?,
-        due_at: Timestamp::from_millis(int(row, "due_at")?),
-        registered_at: Timestamp::from_millis(int(row, "registered_at")?),
-        correlation_id: opt_text(row, "correlation_id")?,
-        payload: opt_text(row, "payload")?,
-        attempts: attempts_of(row)?,
-        revision: int(row, "revision")?,
-        recurrence: recurrence_of(row)?,
-        occurrences: occurrences_of(row)?,
-    })
 }
 
 #[async_trait]
@@ -450,7 +393,7 @@ impl Store for PostgresStore {
             } else {
                 ScheduleOutcome::Updated
             };
-            outcome.insert(key_of(row)?, o);
+            outcome.insert(TimerRow::<Self>::of(row).key()?, o);
         }
         if outcome.len() < rows.len() {
             // The rest already fired or were cancelled: say which.
@@ -471,7 +414,7 @@ impl Store for PostgresStore {
                     Some(TimerState::Failed) => ScheduleOutcome::AlreadyFailed,
                     _ => ScheduleOutcome::AlreadyCancelled,
                 };
-                outcome.insert(key_of(row)?, o);
+                outcome.insert(TimerRow::<Self>::of(row).key()?, o);
             }
         }
         if let Some(channel) = &self.channel {
@@ -521,33 +464,7 @@ impl Store for PostgresStore {
         limit: usize,
         lease: &Lease,
     ) -> Result<Vec<ClaimedTimer>> {
-        if limit == 0 {
-            return Ok(Vec::new());
-        }
-        // SKIP LOCKED: concurrent claimers take different rows instead of waiting on each other.
-        let rows = sqlx::query(
-            "UPDATE timers t SET lease_owner = $1, available_at = $2, lease_until = $2 \
-             FROM (SELECT tenant_id, service_call_id FROM timers \
-                   WHERE state = 0 AND available_at <= $3 \
-                   ORDER BY available_at LIMIT $4 FOR UPDATE SKIP LOCKED) c \
-             WHERE t.tenant_id = c.tenant_id AND t.service_call_id = c.service_call_id \
-             RETURNING t.tenant_id, t.service_call_id, t.due_at, t.registered_at, \
-                       t.correlation_id, t.payload, t.attempts, t.revision, t.recurrence, \
-                       t.occurrences",
-        )
-        .bind(&lease.owner)
-        .bind(lease.until.as_millis())
-        .bind(now.as_millis())
-        .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-        .fetch_all(&self.pool)
-        .await
-        .map_err(|e| db_err("claiming due timers", e))?;
-        let mut claimed = rows
-            .iter()
-            .map(claimed_from_row)
-            .collect::<Result<Vec<_>>>()?;
-        claimed.sort_by(|a, b| a.due_at.cmp(&b.due_at).then_with(|| a.key.cmp(&b.key)));
-        Ok(claimed)
+        self.statements().claim(now, limit, lease).await
     }
 
     async fn settle(
@@ -689,95 +606,27 @@ impl Store for PostgresStore {
     }
 
     async fn next_due_at(&self) -> Result<Option<Timestamp>> {
-        let next: Option<i64> =
-            sqlx::query_scalar("SELECT MIN(available_at) FROM timers WHERE state = 0")
-                .fetch_one(&self.pool)
-                .await
-                .map_err(|e| db_err("reading the next due time", e))?;
-        Ok(next.map(Timestamp::from_millis))
+        self.statements().next_due_at().await
     }
 
     async fn get(&self, key: &TimerKey) -> Result<Option<Timer>> {
-        let row = sqlx::query(
-            "SELECT tenant_id, service_call_id, due_at, state, registered_at, reached_at, \
-                    correlation_id, payload, attempts, last_error, lease_owner, available_at, \
-                    recurrence, occurrences \
-             FROM timers WHERE tenant_id = $1 AND service_call_id = $2",
-        )
-        .bind(&key.tenant_id)
-        .bind(&key.service_call_id)
-        .fetch_optional(&self.pool)
-        .await
-        .map_err(|e| db_err("reading a timer", e))?;
-        row.as_ref().map(timer_from_row).transpose()
+        self.statements().get(key).await
     }
 
     async fn cancel(&self, key: &TimerKey, now: Timestamp) -> Result<CancelOutcome> {
-        let op = "cancelling a timer";
-        let mut tx = self.pool.begin().await.map_err(|e| db_err(op, e))?;
-        // FOR UPDATE: a claim (which locks the row too) and this cancel are ordered.
-        let row: Option<(i16, bool)> = sqlx::query_as(
-            "SELECT state, COALESCE(lease_until > $3, false) FROM timers \
-             WHERE tenant_id = $1 AND service_call_id = $2 FOR UPDATE",
-        )
-        .bind(&key.tenant_id)
-        .bind(&key.service_call_id)
-        .bind(now.as_millis())
-        .fetch_optional(&mut *tx)
-        .await
-        .map_err(|e| db_err(op, e))?;
-        let state = row.map(|(code, firing)| (TimerState::from_code(i64::from(code)), firing));
-        let outcome = match state {
-            None | Some((None, _)) => CancelOutcome::NotFound,
-            Some((Some(TimerState::Reached), _)) => CancelOutcome::AlreadyReached,
-            Some((Some(TimerState::Cancelled), _)) => CancelOutcome::AlreadyCancelled,
-            Some((Some(TimerState::Failed), _)) => CancelOutcome::AlreadyFailed,
-            Some((Some(TimerState::Scheduled), true)) => CancelOutcome::Firing,
-            Some((Some(TimerState::Scheduled), false)) => {
-                sqlx::query(
-                    "UPDATE timers SET state = 2, finished_at = $3 \
-                     WHERE tenant_id = $1 AND service_call_id = $2",
-                )
-                .bind(&key.tenant_id)
-                .bind(&key.service_call_id)
-                .bind(now.as_millis())
-                .execute(&mut *tx)
-                .await
-                .map_err(|e| db_err(op, e))?;
-                CancelOutcome::Cancelled
-            }
-        };
-        tx.commit().await.map_err(|e| db_err(op, e))?;
-        Ok(outcome)
+        self.statements().cancel(key, now).await
     }
 
     async fn purge(&self, older_than: Timestamp, limit: usize) -> Result<u64> {
-        let done = sqlx::query(
-            "DELETE FROM timers WHERE ctid IN (SELECT ctid FROM timers \
-             WHERE state <> 0 AND finished_at < $1 LIMIT $2)",
-        )
-        .bind(older_than.as_millis())
-        .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-        .execute(&self.pool)
-        .await
-        .map_err(|e| db_err("purging finished timers", e))?;
-        Ok(done.rows_affected())
+        self.statements().purge(older_than, limit).await
     }
 
     async fn scheduled_count(&self) -> Result<u64> {
-        let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM timers WHERE state = 0")
-            .fetch_one(&self.pool)
-            .await
-            .map_err(|e| db_err("counting Scheduled timers", e))?;
-        Ok(u64::try_from(n).unwrap_or(0))
+        self.statements().scheduled_count().await
     }
 
     async fn health(&self) -> Result<()> {
-        sqlx::query("SELECT 1")
-            .execute(&self.pool)
-            .await
-            .map(|_| ())
-            .map_err(|e| db_err("health check", e))
+        self.statements().health().await
     }
 
     fn wakeups(&self) -> Option<broadcast::Receiver<Timestamp>> {
