@@ -23,6 +23,8 @@ use tracing::{info, warn};
 
 pub use config::PostgresConfig;
 
+type PgQuery<'q> = sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments>;
+
 use crate::sql::{self, Dialect, Statements, TimerRow};
 
 pub struct PostgresStore {
@@ -500,41 +502,10 @@ impl Store for PostgresStore {
 
         let mut queries = Vec::new();
         if !reached.is_empty() {
-            queries.push((
-                true,
-                sqlx::query(
-                    "UPDATE timers t SET state = 1, reached_at = $4, finished_at = $4, \
-                       occurrences = t.occurrences + CASE WHEN t.recurrence IS NULL THEN 0 ELSE 1 END \
-                     FROM UNNEST($1::text[], $2::text[], $3::bigint[]) AS m(tenant_id, service_call_id, revision) \
-                     WHERE t.tenant_id = m.tenant_id AND t.service_call_id = m.service_call_id \
-                       AND t.revision = m.revision AND t.state = 0 AND t.lease_owner = $5",
-                )
-                .bind(&reached.tenants)
-                .bind(&reached.ids)
-                .bind(&reached.revisions)
-                .bind(at.as_millis())
-                .bind(owner),
-            ));
+            queries.push((true, reached.bind(SETTLE_REACHED, owner, at)));
         }
         if !next.is_empty() {
-            queries.push((
-                true,
-                sqlx::query(
-                    "UPDATE timers t SET due_at = m.next, available_at = m.next, \
-                       revision = t.revision + 1, attempts = 0, last_error = NULL, lease_owner = NULL, \
-                       lease_until = NULL, reached_at = $5, occurrences = t.occurrences + 1 \
-                     FROM UNNEST($1::text[], $2::text[], $3::bigint[], $4::bigint[]) \
-                          AS m(tenant_id, service_call_id, revision, next) \
-                     WHERE t.tenant_id = m.tenant_id AND t.service_call_id = m.service_call_id \
-                       AND t.revision = m.revision AND t.state = 0 AND t.lease_owner = $6",
-                )
-                .bind(&next.tenants)
-                .bind(&next.ids)
-                .bind(&next.revisions)
-                .bind(&nexts)
-                .bind(at.as_millis())
-                .bind(owner),
-            ));
+            queries.push((true, next.bind(SETTLE_NEXT, owner, at).bind(&nexts)));
             if let (Some(channel), Some(soonest)) = (&self.channel, nexts.iter().min()) {
                 // Other instances may sleep past the next occurrence: tell them.
                 // A SELECT: its row is not a settled timer.
@@ -547,44 +518,16 @@ impl Store for PostgresStore {
             }
         }
         if !failed.is_empty() {
-            queries.push((
-                true,
-                sqlx::query(
-                    "UPDATE timers t SET state = 3, finished_at = $4, attempts = t.attempts + 1, \
-                       last_error = m.error \
-                     FROM UNNEST($1::text[], $2::text[], $3::bigint[], $5::text[]) \
-                          AS m(tenant_id, service_call_id, revision, error) \
-                     WHERE t.tenant_id = m.tenant_id AND t.service_call_id = m.service_call_id \
-                       AND t.revision = m.revision AND t.state = 0 AND t.lease_owner = $6",
-                )
-                .bind(&failed.tenants)
-                .bind(&failed.ids)
-                .bind(&failed.revisions)
-                .bind(at.as_millis())
-                .bind(&errors)
-                .bind(owner),
-            ));
+            queries.push((true, failed.bind(SETTLE_FAILED, owner, at).bind(&errors)));
         }
         if !retry_claims.is_empty() {
-            // At any revision: the lease goes back even when the timer changed meanwhile.
-            queries.push((
-                true,
-                sqlx::query(
-                    "UPDATE timers t SET lease_owner = NULL, lease_until = NULL, \
-                       available_at = GREATEST(m.retry_at, t.due_at), \
-                       attempts = t.attempts + CASE WHEN m.error IS NULL THEN 0 ELSE 1 END, \
-                       last_error = COALESCE(m.error, t.last_error) \
-                     FROM UNNEST($1::text[], $2::text[], $3::bigint[], $4::text[]) \
-                          AS m(tenant_id, service_call_id, retry_at, error) \
-                     WHERE t.tenant_id = m.tenant_id AND t.service_call_id = m.service_call_id \
-                       AND t.state = 0 AND t.lease_owner = $5",
-                )
+            let retry = sqlx::query(SETTLE_RETRY)
                 .bind(&retry_claims.tenants)
                 .bind(&retry_claims.ids)
                 .bind(&retry_at)
                 .bind(&retry_errors)
-                .bind(owner),
-            ));
+                .bind(owner);
+            queries.push((true, retry));
         }
         if queries.len() == 1 {
             if let Some((_, query)) = queries.pop() {
@@ -656,6 +599,60 @@ impl TenantCounts for PostgresStore {
     }
 }
 
+/// A settlement over arrays of claims, all or none of them at once. Parameters: $1 tenants,
+/// $2 service call ids, $3 claimed revisions, $4 the lease owner, $5 the settle time, then the
+/// settlement's own arrays from $6 (`arrays`), named in `m` after the revision (`columns`).
+/// Only rows still Scheduled, leased by the owner, at the claimed revision change.
+macro_rules! settle_sql {
+    ($set:literal, $arrays:literal, $columns:literal) => {
+        concat!(
+            "UPDATE timers t SET ",
+            $set,
+            " FROM UNNEST($1::text[], $2::text[], $3::bigint[]",
+            $arrays,
+            ") AS m(tenant_id, service_call_id, revision",
+            $columns,
+            ") WHERE t.tenant_id = m.tenant_id AND t.service_call_id = m.service_call_id \
+               AND t.state = 0 AND t.lease_owner = $4 AND t.revision = m.revision"
+        )
+    };
+}
+
+const SETTLE_REACHED: &str = settle_sql!(
+    "state = 1, reached_at = $5, finished_at = $5, \
+     occurrences = t.occurrences + CASE WHEN t.recurrence IS NULL THEN 0 ELSE 1 END",
+    "",
+    ""
+);
+
+/// $6 the next occurrences.
+const SETTLE_NEXT: &str = settle_sql!(
+    "due_at = m.next, available_at = m.next, revision = t.revision + 1, attempts = 0, \
+     last_error = NULL, lease_owner = NULL, lease_until = NULL, reached_at = $5, \
+     occurrences = t.occurrences + 1",
+    ", $6::bigint[]",
+    ", next"
+);
+
+/// $6 the errors.
+const SETTLE_FAILED: &str = settle_sql!(
+    "state = 3, finished_at = $5, attempts = t.attempts + 1, last_error = m.error",
+    ", $6::text[]",
+    ", error"
+);
+
+/// $1 tenants, $2 service call ids, $3 when each becomes claimable, $4 the errors (NULL for
+/// none), $5 the lease owner. At any revision: the lease goes back even when the timer changed
+/// meanwhile.
+const SETTLE_RETRY: &str = "UPDATE timers t SET lease_owner = NULL, lease_until = NULL, \
+      available_at = GREATEST(m.retry_at, t.due_at), \
+      attempts = t.attempts + CASE WHEN m.error IS NULL THEN 0 ELSE 1 END, \
+      last_error = COALESCE(m.error, t.last_error) \
+    FROM UNNEST($1::text[], $2::text[], $3::bigint[], $4::text[]) \
+         AS m(tenant_id, service_call_id, retry_at, error) \
+    WHERE t.tenant_id = m.tenant_id AND t.service_call_id = m.service_call_id \
+      AND t.state = 0 AND t.lease_owner = $5";
+
 /// Keys and claimed revisions of some claims, as the arrays an `UNNEST` reads.
 struct Columns<'a> {
     tenants: Vec<&'a str>,
@@ -680,5 +677,16 @@ impl<'a> Columns<'a> {
 
     fn is_empty(&self) -> bool {
         self.tenants.is_empty()
+    }
+
+    /// `sql` (of [`settle_sql!`]) with these claims, the lease owner and the settle time bound
+    /// as its first parameters.
+    fn bind<'q>(&'q self, sql: &'q str, owner: &'q str, at: Timestamp) -> PgQuery<'q> {
+        sqlx::query(sql)
+            .bind(&self.tenants)
+            .bind(&self.ids)
+            .bind(&self.revisions)
+            .bind(owner)
+            .bind(at.as_millis())
     }
 }
