@@ -12,7 +12,7 @@ use timer_core::{
 };
 
 /// How a sqlx store differs where the code is otherwise shared.
-pub(crate) trait Dialect: Send + Sync + 'static {
+pub(crate) trait Dialect {
     type Db: Database;
     /// The Rust type the `state` column decodes as.
     type State: Into<i64> + for<'r> Decode<'r, Self::Db> + Type<Self::Db>;
@@ -20,13 +20,14 @@ pub(crate) trait Dialect: Send + Sync + 'static {
     type Count: Into<i64> + for<'r> Decode<'r, Self::Db> + Type<Self::Db>;
     /// `sqlite`, `postgres`: how messages name the store.
     const NAME: &'static str;
-    /// Leases up to parameter 4 rows claimable at parameter 3 to owner 1 until 2, earliest
-    /// `available_at` first, returning the claimed rows.
+    /// `claim_due` in one atomic statement: leases the claimable rows, earliest `available_at`
+    /// first, and returns them with the columns of [`TimerRow::claimed`]. Parameters: 1 the
+    /// lease owner, 2 the lease end (also their `available_at`), 3 now, 4 the limit.
     const CLAIM: &'static str;
-    /// For `cancel`: a row's state, and whether a live lease holds it (its end lies after
-    /// parameter 3, the time of the cancel); parameters 1 and 2 are the key.
+    /// For `cancel`: a row's state, and whether a live lease holds it. Parameters: 1 tenant,
+    /// 2 service call id, 3 the time of the cancel.
     const CANCEL_STATE: &'static str;
-    /// Deletes up to parameter 2 finished rows that finished before parameter 1.
+    /// `purge`: deletes finished rows. Parameters: 1 finished before, 2 the limit.
     const PURGE: &'static str;
 
     /// Whether an error that is not a decoding error may pass when tried again.
@@ -114,7 +115,7 @@ where
     }
 
     /// The `state` column.
-    pub(crate) fn state(&self) -> Result<TimerState> {
+    fn state(&self) -> Result<TimerState> {
         let code: i64 = self.get::<D::State>("state")?.into();
         TimerState::from_code(code)
             .ok_or_else(|| Error::internal(format!("{} store: unknown state code {code}", D::NAME)))
