@@ -52,13 +52,13 @@ impl Dialect for PostgresStore {
     // SKIP LOCKED: concurrent claimers take different rows instead of waiting on each other.
     const CLAIM: &'static str =
         "UPDATE timers t SET lease_owner = $1, available_at = $2, lease_until = $2 \
-        FROM (SELECT tenant_id, service_call_id FROM timers \
-              WHERE state = 0 AND available_at <= $3 \
-              ORDER BY available_at LIMIT $4 FOR UPDATE SKIP LOCKED) c \
-        WHERE t.tenant_id = c.tenant_id AND t.service_call_id = c.service_call_id \
-        RETURNING t.tenant_id, t.service_call_id, t.due_at, t.registered_at, \
-                  t.correlation_id, t.payload, t.attempts, t.revision, t.recurrence, \
-                  t.occurrences";
+         FROM (SELECT tenant_id, service_call_id FROM timers \
+               WHERE state = 0 AND available_at <= $3 \
+               ORDER BY available_at LIMIT $4 FOR UPDATE SKIP LOCKED) c \
+         WHERE t.tenant_id = c.tenant_id AND t.service_call_id = c.service_call_id \
+         RETURNING t.tenant_id, t.service_call_id, t.due_at, t.registered_at, \
+                   t.correlation_id, t.payload, t.attempts, t.revision, t.recurrence, \
+                   t.occurrences";
     // FOR UPDATE: a claim (which locks the row too) and this cancel are ordered.
     const CANCEL_STATE: &'static str = "SELECT state, COALESCE(lease_until > $3, false) \
         FROM timers WHERE tenant_id = $1 AND service_call_id = $2 FOR UPDATE";

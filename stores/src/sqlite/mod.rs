@@ -31,12 +31,12 @@ impl Dialect for SqliteStore {
     type Count = i64;
     const NAME: &'static str = "sqlite";
     // One statement, so one implicit transaction: the select and the lease are atomic.
-    const CLAIM: &'static str = "UPDATE timers SET lease_owner = ?1, available_at = ?2, \
-        lease_until = ?2 \
-        WHERE rowid IN (SELECT rowid FROM timers WHERE state = 0 AND available_at <= ?3 \
-                        ORDER BY available_at LIMIT ?4) \
-        RETURNING tenant_id, service_call_id, due_at, registered_at, correlation_id, payload, \
-                  attempts, revision, recurrence, occurrences";
+    const CLAIM: &'static str =
+        "UPDATE timers SET lease_owner = ?1, available_at = ?2, lease_until = ?2 \
+         WHERE rowid IN (SELECT rowid FROM timers WHERE state = 0 AND available_at <= ?3 \
+                         ORDER BY available_at LIMIT ?4) \
+         RETURNING tenant_id, service_call_id, due_at, registered_at, correlation_id, payload, \
+                   attempts, revision, recurrence, occurrences";
     const CANCEL_STATE: &'static str = "SELECT state, COALESCE(lease_until > ?3, 0) FROM timers \
         WHERE tenant_id = ?1 AND service_call_id = ?2";
     const PURGE: &'static str = "DELETE FROM timers WHERE rowid IN (SELECT rowid FROM timers \
