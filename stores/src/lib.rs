@@ -5,5 +5,7 @@
 pub mod memory;
 #[cfg(feature = "postgres")]
 pub mod postgres;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod sql;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
