@@ -50,15 +50,12 @@ pub(crate) fn db_err<D: Dialect>(op: &str, e: sqlx::Error) -> Error {
         e,
         sqlx::Error::ColumnDecode { .. } | sqlx::Error::ColumnNotFound(_) | sqlx::Error::Decode(_)
     );
-    let retryable = !decoding && D::retryable(&e);
-    let kind = if retryable {
+    let kind = if !decoding && D::retryable(&e) {
         ErrorKind::Unavailable
     } else {
         ErrorKind::Internal
     };
-    Error::new(kind, format!("{} store: {op} failed", D::NAME))
-        .with_retryable(retryable)
-        .with_source(e)
+    Error::new(kind, format!("{} store: {op} failed", D::NAME)).with_source(e)
 }
 
 /// A counter as stored, clamped into `u32` (a negative one reads as 0).
