@@ -324,31 +324,19 @@ pub fn render_redacted(config: &Config) -> Result<String, Error> {
 
 /// The effective config as a TOML value: every section, plugin sections as their plugins render
 /// them; keys left unset (`None`) are left out.
-pub fn to_toml(config: &Config) -> Result<toml::Value, Error> {
-    let cannot = |e: serde_json::Error| Error::internal("cannot render the config").with_source(e);
-    let mut value = serde_json::json!({
-        "store": config.store.to_value()?,
-        "broker": config.broker.to_value()?,
-        "engine": serde_json::to_value(&config.engine).map_err(cannot)?,
-        "http": serde_json::to_value(&config.http).map_err(cannot)?,
-        "limits": serde_json::to_value(&config.limits).map_err(cannot)?,
-        "log": serde_json::to_value(&config.log).map_err(cannot)?,
-    });
-    drop_nulls(&mut value);
-    toml::Value::try_from(value)
-        .map_err(|e| Error::internal("cannot render the config").with_source(e))
-}
-
-/// Removes `null` entries (unset options), which TOML cannot hold.
-fn drop_nulls(value: &mut serde_json::Value) {
-    match value {
-        serde_json::Value::Object(map) => {
-            map.retain(|_, v| !v.is_null());
-            map.values_mut().for_each(drop_nulls);
-        }
-        serde_json::Value::Array(items) => items.iter_mut().for_each(drop_nulls),
-        _ => {}
+fn to_toml(config: &Config) -> Result<toml::Value, Error> {
+    fn toml(value: impl Serialize) -> Result<toml::Value, Error> {
+        toml::Value::try_from(value)
+            .map_err(|e| Error::internal("cannot render the config").with_source(e))
     }
+    let mut table = toml::Table::new();
+    table.insert("store".into(), toml(config.store.to_value()?)?);
+    table.insert("broker".into(), toml(config.broker.to_value()?)?);
+    table.insert("engine".into(), toml(&config.engine)?);
+    table.insert("http".into(), toml(&config.http)?);
+    table.insert("limits".into(), toml(&config.limits)?);
+    table.insert("log".into(), toml(&config.log)?);
+    Ok(toml::Value::Table(table))
 }
 
 /// Keys whose values are secrets (matched as substrings of the lowercased key).

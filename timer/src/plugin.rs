@@ -329,10 +329,24 @@ impl ConfigSection<'_> {
     }
 }
 
-/// A typed config as the value [`StoreConfig::to_value`] and [`BrokerConfig::to_value`] return.
+/// A typed config as the value [`StoreConfig::to_value`] and [`BrokerConfig::to_value`] return:
+/// as TOML would hold it, so unset options (`None`, `null`) are left out.
 pub fn to_value(config: &impl serde::Serialize) -> Result<serde_json::Value> {
-    serde_json::to_value(config)
-        .map_err(|e| Error::internal("cannot render a plugin config").with_source(e))
+    let mut value = serde_json::to_value(config)
+        .map_err(|e| Error::internal("cannot render a plugin config").with_source(e))?;
+    drop_nulls(&mut value);
+    Ok(value)
+}
+
+fn drop_nulls(value: &mut serde_json::Value) {
+    match value {
+        serde_json::Value::Object(map) => {
+            map.retain(|_, v| !v.is_null());
+            map.values_mut().for_each(drop_nulls);
+        }
+        serde_json::Value::Array(items) => items.iter_mut().for_each(drop_nulls),
+        _ => {}
+    }
 }
 
 #[cfg(test)]
@@ -405,6 +419,23 @@ mod tests {
         assert_eq!(registry.iter().count(), 1);
         assert!(registry.get("a").is_some() && registry.get("b").is_none());
         assert!(registry.known("b").is_some() && registry.known("c").is_none());
+    }
+
+    #[test]
+    fn values_leave_unset_options_out() {
+        #[derive(serde::Serialize)]
+        struct Options {
+            kind: &'static str,
+            token: Option<String>,
+            inner: Vec<Option<u8>>,
+        }
+        let v = to_value(&Options {
+            kind: "x",
+            token: None,
+            inner: vec![Some(1)],
+        })
+        .unwrap();
+        assert_eq!(v, serde_json::json!({"kind": "x", "inner": [1]}));
     }
 
     #[test]
