@@ -19,15 +19,3 @@ pub const PLUGINS: Registry<StorePlugin> = Registry(&[
     known!("sqlite", sqlite),
     known!("postgres", postgres),
 ]);
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn registry_lines_name_their_plugins() {
-        for known in super::PLUGINS.0 {
-            if let Some(plugin) = known.plugin {
-                assert_eq!(plugin.kind, known.kind);
-            }
-        }
-    }
-}
