@@ -116,6 +116,29 @@ macro_rules! known {
     }};
 }
 
+/// A plugin crate's registry, a line per plugin: `sqlite = "sqlite"` declares the folder
+/// (module) `sqlite` behind the cargo feature `"sqlite"` and lists it in `PLUGINS`, in order.
+///
+/// ```ignore
+/// timer_core::plugins! { StorePlugin:
+///     memory = "memory",
+///     sqlite = "sqlite",
+/// }
+/// ```
+#[macro_export]
+macro_rules! plugins {
+    ($descriptor:ident: $($module:ident = $kind:literal),* $(,)?) => {
+        $(
+            #[cfg(feature = $kind)]
+            pub mod $module;
+        )*
+
+        /// Every kind of this crate, with its descriptor when its cargo feature is compiled in.
+        pub const PLUGINS: $crate::plugin::Registry<$crate::plugin::$descriptor> =
+            $crate::plugin::Registry(&[$($crate::known!($kind, $module)),*]);
+    };
+}
+
 /// The plugins of one crate: every kind it has, each with its descriptor when compiled in.
 pub struct Registry<P: 'static>(pub &'static [Known<P>]);
 
