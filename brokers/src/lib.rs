@@ -1,13 +1,14 @@
-//! Broker plugins of timer-service, one module per broker behind its cargo feature. Each knows its
-//! SDK and `timer-core`, nothing of other plugins or of HTTP.
+//! Broker plugins of timer-service, one folder per broker behind its cargo feature. Each knows its
+//! SDK and `timer-core`, nothing of other plugins or of HTTP; each exports a
+//! [`BrokerPlugin`](timer_core::BrokerPlugin) that `PLUGINS` lists. A new broker is its folder,
+//! its feature in Cargo.toml and one line here.
 
-#[cfg(feature = "kafka")]
-pub mod kafka;
-#[cfg(feature = "memory")]
-pub mod memory;
-#[cfg(feature = "nats")]
-pub mod nats;
-#[cfg(feature = "rabbitmq")]
-pub mod rabbitmq;
 #[cfg(any(feature = "nats", feature = "rabbitmq", feature = "kafka"))]
 mod shared;
+
+timer_core::plugins! { BrokerPlugin:
+    memory = "memory",
+    nats = "nats",
+    kafka = "kafka",
+    rabbitmq = "rabbitmq",
+}

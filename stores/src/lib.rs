@@ -1,11 +1,14 @@
-//! Store plugins of timer-service, one module per store behind its cargo feature. Each knows its
-//! SDK and `timer-core`, nothing of other plugins or of HTTP.
+//! Store plugins of timer-service, one folder per store behind its cargo feature. Each knows its
+//! SDK and `timer-core`, nothing of other plugins or of HTTP; each exports a
+//! [`StorePlugin`](timer_core::StorePlugin) that `PLUGINS` lists. A new store is its folder,
+//! its feature in Cargo.toml and one line here.
 
-#[cfg(feature = "memory")]
-pub mod memory;
-#[cfg(feature = "postgres")]
-pub mod postgres;
+/// What the sqlx-based stores share.
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod sql;
-#[cfg(feature = "sqlite")]
-pub mod sqlite;
+
+timer_core::plugins! { StorePlugin:
+    memory = "memory",
+    sqlite = "sqlite",
+    postgres = "postgres",
+}

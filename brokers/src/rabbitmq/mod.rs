@@ -6,6 +6,8 @@
 //! connection are requeued by the broker.
 
 mod config;
+mod plugin;
+mod testing;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -29,6 +31,8 @@ use timer_core::{Broker, Delivery, Error, OutboundEvent, Result};
 use crate::shared::DeliveryTags;
 
 pub use config::RabbitmqConfig;
+pub use plugin::{PLUGIN, TEST_SERVER};
+pub use testing::RabbitmqTestClient;
 
 /// Header carrying the reason of a dead letter.
 pub const REASON_HEADER: &str = "x-timer-dead-letter-reason";

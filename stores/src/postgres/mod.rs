@@ -3,6 +3,7 @@
 //! scheduled batch wakes every instance's firing task when a sooner timer arrives.
 
 mod config;
+mod plugin;
 
 use std::collections::HashMap;
 use std::str::FromStr;
@@ -22,6 +23,7 @@ use tokio::sync::broadcast;
 use tracing::{info, warn};
 
 pub use config::PostgresConfig;
+pub use plugin::{PLUGIN, TEST_SERVER};
 
 type PgQuery<'q> = sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments>;
 

@@ -1,0 +1,29 @@
+//! The `memory` plugin.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use timer_core::plugin::{Isolated, Section, StoreConfig, StorePlugin};
+use timer_core::{Result, Store};
+
+use super::{MemoryConfig, MemoryStore};
+
+pub const PLUGIN: StorePlugin = StorePlugin::of::<MemoryConfig>();
+
+impl Section for MemoryConfig {
+    const KIND: &'static str = "memory";
+}
+
+#[async_trait]
+impl StoreConfig for MemoryConfig {
+    /// A new, empty store every time.
+    async fn open(&self) -> Result<Arc<dyn Store>> {
+        Ok(Arc::new(MemoryStore::new()))
+    }
+    fn shared(&self) -> bool {
+        false
+    }
+    fn isolated(&self, _prefix: &str) -> Result<Isolated<dyn StoreConfig>> {
+        Ok(Isolated::new(Box::new(self.clone())))
+    }
+}

@@ -1,0 +1,38 @@
+//! The `sqlite` plugin: its descriptor, a temp file for an isolated run.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use timer_core::plugin::{Isolated, Section, StoreConfig, StorePlugin};
+use timer_core::{Error, Result, Store};
+
+use super::{SqliteConfig, SqliteStore};
+
+pub const PLUGIN: StorePlugin = StorePlugin::of::<SqliteConfig>();
+
+impl Section for SqliteConfig {
+    const KIND: &'static str = "sqlite";
+}
+
+#[async_trait]
+impl StoreConfig for SqliteConfig {
+    async fn open(&self) -> Result<Arc<dyn Store>> {
+        Ok(Arc::new(SqliteStore::open(self).await?))
+    }
+    /// Never the configured file: `<prefix>.db` in a new temp dir, removed when the guard drops.
+    fn isolated(&self, prefix: &str) -> Result<Isolated<dyn StoreConfig>> {
+        let dir = tempfile::tempdir()
+            .map_err(|e| Error::internal("cannot create a temp dir").with_source(e))?;
+        let config = SqliteConfig {
+            url: format!(
+                "sqlite://{}",
+                dir.path().join(format!("{prefix}.db")).display()
+            ),
+            ..self.clone()
+        };
+        Ok(Isolated {
+            config: Box::new(config),
+            guard: Box::new(dir),
+        })
+    }
+}
