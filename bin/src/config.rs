@@ -12,6 +12,7 @@ use figment::providers::{Env, Format, Toml};
 use figment::Figment;
 use serde::{Deserialize, Serialize};
 use timer_core::config::duration;
+use timer_core::redact;
 use timer_core::plugin::{BrokerConfig, ConfigSection, Registry, StoreConfig};
 use timer_core::{EngineConfig, Error, Limits};
 
@@ -339,21 +340,6 @@ fn to_toml(config: &Config) -> Result<toml::Value, Error> {
     Ok(toml::Value::Table(table))
 }
 
-/// Keys whose values are secrets (matched as substrings of the lowercased key).
-const SECRET_KEYS: &[&str] = &[
-    "password",
-    "passwd",
-    "token",
-    "secret",
-    "credential",
-    "private_key",
-    "api_key",
-    "nkey",
-    // librdkafka: an inline private key, and OAUTHBEARER settings that may hold a secret.
-    "key.pem",
-    "oauthbearer.config",
-];
-
 /// Replaces secret-looking values and the password inside URLs, recursively.
 pub fn redact(value: &mut toml::Value, key: &str) {
     match value {
@@ -364,56 +350,13 @@ pub fn redact(value: &mut toml::Value, key: &str) {
         }
         toml::Value::Array(items) => items.iter_mut().for_each(|v| redact(v, key)),
         toml::Value::String(s) => {
-            let lower = key.to_ascii_lowercase();
-            if !s.is_empty() && SECRET_KEYS.iter().any(|k| lower.contains(k)) {
+            if !s.is_empty() && redact::is_secret_key(key) {
                 *s = "***".into();
             } else {
-                *s = redact_url(s);
+                *s = redact::redact_url(s);
             }
         }
         _ => {}
-    }
-}
-
-/// `postgres://app:hunter2@db/timers` → `postgres://app:***@db/timers`, and secret query
-/// parameters (`?password=...`) likewise; other text unchanged.
-pub fn redact_url(text: &str) -> String {
-    let Ok(mut url) = url::Url::parse(text) else {
-        return text.to_owned();
-    };
-    let mut changed = false;
-    if url.password().is_some() {
-        let _ = url.set_password(Some("***"));
-        changed = true;
-    } else if matches!(url.scheme(), "nats" | "tls") && !url.username().is_empty() {
-        // `nats://TOKEN@host`: the user part is a token.
-        let _ = url.set_username("***");
-        changed = true;
-    }
-    let secret = |k: &str| {
-        SECRET_KEYS
-            .iter()
-            .any(|s| k.to_ascii_lowercase().contains(s))
-    };
-    if url.query_pairs().any(|(k, _)| secret(&k)) {
-        let pairs: Vec<(String, String)> = url
-            .query_pairs()
-            .map(|(k, v)| {
-                let v = if secret(&k) {
-                    "***".to_owned()
-                } else {
-                    v.into_owned()
-                };
-                (k.into_owned(), v)
-            })
-            .collect();
-        url.query_pairs_mut().clear().extend_pairs(pairs);
-        changed = true;
-    }
-    if changed {
-        url.to_string()
-    } else {
-        text.to_owned()
     }
 }
 
@@ -648,11 +591,11 @@ mod tests {
     #[test]
     fn redaction_hides_secrets() {
         assert_eq!(
-            redact_url("postgres://app:hunter2@db:5432/timers"),
+            redact::redact_url("postgres://app:hunter2@db:5432/timers"),
             "postgres://app:***@db:5432/timers"
         );
         assert_eq!(
-            redact_url("sqlite://timer-service.db"),
+            redact::redact_url("sqlite://timer-service.db"),
             "sqlite://timer-service.db"
         );
         let mut v: toml::Value = toml::from_str("[broker]\nurl = \"nats://u:pw@h:4222\"\ntoken = \"abc\"\n[x]\nsasl_password = \"p\"\nname = \"ok\"").unwrap();
