@@ -12,8 +12,8 @@ use figment::providers::{Env, Format, Toml};
 use figment::Figment;
 use serde::{Deserialize, Serialize};
 use timer_core::config::duration;
-use timer_core::redact;
 use timer_core::plugin::{BrokerConfig, ConfigSection, Registry, StoreConfig};
+use timer_core::redact;
 use timer_core::{EngineConfig, Error, Limits};
 
 /// Where the service looks for a config file when `--config` is not given.

@@ -63,14 +63,7 @@ enum Command {
         api: Api,
     },
     /// Show a timer: state, due time, when it fired, attempts.
-    Get {
-        #[arg(long)]
-        tenant: String,
-        #[arg(long)]
-        id: String,
-        #[command(flatten)]
-        api: Api,
-    },
+    Get(TimerArgs),
     /// Measure lateness, herd, ingest, pending and restart on the configured store and broker
     /// (in this process, on a fresh temp SQLite file or PostgreSQL schema and broker resources
     /// of its own, never the configured data).
@@ -85,14 +78,19 @@ enum Command {
         seed: u64,
     },
     /// Cancel a scheduled timer.
-    Cancel {
-        #[arg(long)]
-        tenant: String,
-        #[arg(long)]
-        id: String,
-        #[command(flatten)]
-        api: Api,
-    },
+    Cancel(TimerArgs),
+}
+
+/// One timer of a running service, by its key.
+#[derive(clap::Args)]
+struct TimerArgs {
+    #[arg(long)]
+    tenant: String,
+    /// The service call id (the timer's id within the tenant).
+    #[arg(long)]
+    id: String,
+    #[command(flatten)]
+    api: Api,
 }
 
 #[derive(clap::Args)]
@@ -176,12 +174,12 @@ async fn dispatch(cli: Cli) -> anyhow::Result<()> {
             print(api_client(&api)?.schedule(cmd).await?);
             Ok(())
         }
-        Command::Get { tenant, id, api } => {
-            print(api_client(&api)?.get(&tenant, &id).await?);
+        Command::Get(t) => {
+            print(api_client(&t.api)?.get(&t.tenant, &t.id).await?);
             Ok(())
         }
-        Command::Cancel { tenant, id, api } => {
-            print(api_client(&api)?.cancel(&tenant, &id).await?);
+        Command::Cancel(t) => {
+            print(api_client(&t.api)?.cancel(&t.tenant, &t.id).await?);
             Ok(())
         }
     }

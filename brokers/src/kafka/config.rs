@@ -134,29 +134,22 @@ mod tests {
     #[test]
     fn defaults_pass_and_mistakes_are_named() {
         assert!(KafkaConfig::default().check().is_ok());
+        let refused = |config: KafkaConfig| config.check().unwrap_err().to_string();
         let same = KafkaConfig {
             events_topic: "timer.commands".into(),
             ..KafkaConfig::default()
         };
-        assert!(same
-            .check()
-            .unwrap_err()
-            .to_string()
-            .contains("three different"));
+        assert!(refused(same).contains("three different"));
         let mut fixed = KafkaConfig::default();
         fixed
             .properties
             .insert("enable.auto.commit".into(), "true".into());
-        let e = fixed.check().unwrap_err().to_string();
+        let e = refused(fixed);
         assert!(e.contains("enable.auto.commit"), "{e}");
         let empty = KafkaConfig {
             brokers: " ".into(),
             ..KafkaConfig::default()
         };
-        assert!(empty
-            .check()
-            .unwrap_err()
-            .to_string()
-            .contains("broker.brokers"));
+        assert!(refused(empty).contains("broker.brokers"));
     }
 }

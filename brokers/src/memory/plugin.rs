@@ -102,26 +102,18 @@ impl TestClient for MemoryTestClient {
         self.hub.send_command(body)
     }
     async fn events(&self) -> Result<Vec<ReadEvent>> {
-        Ok(self
-            .hub
-            .events()?
-            .into_iter()
-            .map(|e| ReadEvent {
-                id: e.id,
-                body: e.body,
-            })
-            .collect())
+        let read = |e: super::PublishedEvent| ReadEvent {
+            id: e.id,
+            body: e.body,
+        };
+        Ok(self.hub.events()?.into_iter().map(read).collect())
     }
     async fn dead_letters(&self) -> Result<Vec<ReadDeadLetter>> {
-        Ok(self
-            .hub
-            .dead_letters()?
-            .into_iter()
-            .map(|d| ReadDeadLetter {
-                body: d.body.into_bytes(),
-                reason: d.reason,
-            })
-            .collect())
+        let read = |d: super::DeadLetter| ReadDeadLetter {
+            body: d.body.into_bytes(),
+            reason: d.reason,
+        };
+        Ok(self.hub.dead_letters()?.into_iter().map(read).collect())
     }
     fn as_any(&self) -> &dyn Any {
         self
