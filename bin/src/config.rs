@@ -375,6 +375,22 @@ mod tests {
         load(&figment)
     }
 
+    /// The error `load` gives with these environment variables set (and nothing else).
+    fn refused_with(env: &[(&str, &str)]) -> String {
+        let mut error = String::new();
+        Jail::expect_with(|jail| {
+            for (name, value) in env {
+                jail.set_env(name, value);
+            }
+            error = match load_in_jail(None) {
+                Ok(_) => "loaded without an error".into(),
+                Err(e) => e.to_string(),
+            };
+            Ok(())
+        });
+        error
+    }
+
     #[test]
     fn defaults_are_the_embedded_setup() {
         Jail::expect_with(|_| {
@@ -428,14 +444,10 @@ mod tests {
 
     #[test]
     fn unknown_kind_lists_the_known_ones() {
-        Jail::expect_with(|jail| {
-            jail.set_env("TIMER_STORE__KIND", "nope");
-            let e = load_in_jail(None).unwrap_err().to_string();
-            assert!(e.contains("store.kind = \"nope\""), "{e}");
-            assert!(e.contains("known: memory, sqlite, postgres"), "{e}");
-            assert!(e.contains("TIMER_"), "names the source: {e}");
-            Ok(())
-        });
+        let e = refused_with(&[("TIMER_STORE__KIND", "nope")]);
+        assert!(e.contains("store.kind = \"nope\""), "{e}");
+        assert!(e.contains("known: memory, sqlite, postgres"), "{e}");
+        assert!(e.contains("TIMER_"), "names the source: {e}");
     }
 
     #[test]
@@ -531,12 +543,8 @@ mod tests {
 
     #[test]
     fn engine_settings_that_would_spin_are_refused() {
-        Jail::expect_with(|jail| {
-            jail.set_env("TIMER_ENGINE__PURGE_INTERVAL", "0s");
-            let e = load_in_jail(None).unwrap_err().to_string();
-            assert!(e.contains("engine.purge_interval"), "{e}");
-            Ok(())
-        });
+        let e = refused_with(&[("TIMER_ENGINE__PURGE_INTERVAL", "0s")]);
+        assert!(e.contains("engine.purge_interval"), "{e}");
     }
 
     #[test]
@@ -558,27 +566,15 @@ mod tests {
 
     #[test]
     fn bad_values_are_errors() {
-        Jail::expect_with(|jail| {
-            jail.set_env("TIMER_ENGINE__POLL_INTERVAL", "soon");
-            let e = load_in_jail(None).unwrap_err().to_string().to_lowercase();
-            assert!(
-                e.contains("soon") && e.contains("engine.poll_interval"),
-                "{e}"
-            );
-            Ok(())
-        });
-        Jail::expect_with(|jail| {
-            jail.set_env("TIMER_HTTP__TOKEN", " ");
-            let e = load_in_jail(None).unwrap_err().to_string();
-            assert!(e.contains("http.token is empty"), "{e}");
-            Ok(())
-        });
-        Jail::expect_with(|jail| {
-            jail.set_env("TIMER_ENGINE__BATCH_SIZE", "0");
-            let e = load_in_jail(None).unwrap_err().to_string();
-            assert!(e.contains("engine.batch_size"), "{e}");
-            Ok(())
-        });
+        let e = refused_with(&[("TIMER_ENGINE__POLL_INTERVAL", "soon")]).to_lowercase();
+        assert!(
+            e.contains("soon") && e.contains("engine.poll_interval"),
+            "{e}"
+        );
+        let e = refused_with(&[("TIMER_HTTP__TOKEN", " ")]);
+        assert!(e.contains("http.token is empty"), "{e}");
+        let e = refused_with(&[("TIMER_ENGINE__BATCH_SIZE", "0")]);
+        assert!(e.contains("engine.batch_size"), "{e}");
         Jail::expect_with(|_| {
             let e = figment(Some(Path::new("missing.toml")))
                 .unwrap_err()
