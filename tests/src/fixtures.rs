@@ -12,41 +12,35 @@ pub fn require_servers() -> bool {
     std::env::var("TIMER_TEST_REQUIRE").is_ok_and(|v| v == "1")
 }
 
-/// A fresh store of a store plugin (a temp file, a schema of its own on the test server), with
-/// the config naming it and whatever keeps it alive.
-pub struct FreshStore {
-    pub store: Arc<dyn Store>,
-    pub config: Box<dyn StoreConfig>,
+/// A resource of a plugin under test (a store, a broker's test client) on fresh, isolated
+/// resources (a temp file, a schema, streams or queues of its own), with the config naming them
+/// and whatever keeps them alive. They stay behind on the throwaway test servers; names never
+/// collide.
+pub struct Fresh<R, C: ?Sized> {
+    pub it: R,
+    pub config: Box<C>,
     _guard: Box<dyn std::any::Any + Send + Sync>,
 }
 
-/// A fresh, isolated store of `plugin`. Schemas stay behind in the throwaway test database;
-/// names never collide.
-pub async fn fresh_store(plugin: &StorePlugin) -> Result<FreshStore> {
+/// A fresh, isolated store of `plugin`.
+pub async fn fresh_store(plugin: &StorePlugin) -> Result<Fresh<Arc<dyn Store>, dyn StoreConfig>> {
     let isolated = (plugin.isolated)("t")?;
-    let store = isolated.config.open().await?;
-    Ok(FreshStore {
-        store,
+    let it = isolated.config.open().await?;
+    Ok(Fresh {
+        it,
         config: isolated.config,
         _guard: isolated.guard,
     })
 }
 
-/// A test client on fresh resources of a broker plugin's test server (streams, queues, topics
-/// of its own), with the config naming them and whatever keeps them alive.
-pub struct FreshBroker {
-    pub client: Arc<dyn TestClient>,
-    pub config: Box<dyn BrokerConfig>,
-    _guard: Box<dyn std::any::Any + Send + Sync>,
-}
-
-/// Fresh resources of `plugin` and a test client on them. Resources stay behind on the
-/// throwaway test servers; names never collide.
-pub async fn fresh_broker(plugin: &BrokerPlugin) -> Result<FreshBroker> {
+/// Fresh resources of the broker `plugin`, and a test client on them.
+pub async fn fresh_broker(
+    plugin: &BrokerPlugin,
+) -> Result<Fresh<Arc<dyn TestClient>, dyn BrokerConfig>> {
     let isolated = (plugin.isolated)("t")?;
-    let client = isolated.config.test_client().await?;
-    Ok(FreshBroker {
-        client,
+    let it = isolated.config.test_client().await?;
+    Ok(Fresh {
+        it,
         config: isolated.config,
         _guard: isolated.guard,
     })

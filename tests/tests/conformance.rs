@@ -3,42 +3,61 @@
 //! `conformance::broker::<plugin>::<check>`. A plugin whose server is missing shows its trials
 //! as ignored (reason printed), or fails them when `TIMER_TEST_REQUIRE=1`.
 
-use libtest_mimic::Arguments;
+use std::future::Future;
+
+use libtest_mimic::{Arguments, Trial};
 use timer_conformance::fixtures::{fresh_broker, fresh_store};
-use timer_conformance::{broker, server_trial, store};
+use timer_conformance::{broker, server_trial, store, Check};
 
 fn main() {
     let args = Arguments::from_args();
     let mut trials = Vec::new();
     for plugin in timer_stores::PLUGINS.iter() {
-        for check in store::checks() {
-            let name = format!("conformance::store::{}::{}", plugin.kind, check.name);
-            trials.push(server_trial(
-                &name,
-                plugin.unavailable(),
-                move || async move {
-                    let fresh = fresh_store(plugin)
-                        .await
-                        .unwrap_or_else(|e| panic!("{}", e.chain()));
-                    (check.run)(fresh.store.clone()).await;
-                },
-            ));
-        }
+        let fresh = move || async move { fresh_store(plugin).await.map(|f| (f.it.clone(), f)) };
+        trials.extend(suite(
+            "store",
+            plugin.kind,
+            plugin.unavailable(),
+            store::checks(),
+            fresh,
+        ));
     }
     for plugin in timer_brokers::PLUGINS.iter() {
-        for check in broker::checks() {
-            let name = format!("conformance::broker::{}::{}", plugin.kind, check.name);
-            trials.push(server_trial(
-                &name,
-                plugin.unavailable(),
-                move || async move {
-                    let fresh = fresh_broker(plugin)
-                        .await
-                        .unwrap_or_else(|e| panic!("{}", e.chain()));
-                    (check.run)(fresh.client.clone()).await;
-                },
-            ));
-        }
+        let fresh = move || async move { fresh_broker(plugin).await.map(|f| (f.it.clone(), f)) };
+        trials.extend(suite(
+            "broker",
+            plugin.kind,
+            plugin.unavailable(),
+            broker::checks(),
+            fresh,
+        ));
     }
     libtest_mimic::run(&args, trials).exit();
+}
+
+/// One trial per check, each on a fresh resource from `fresh` (the resource, and what keeps it
+/// alive until the check ends).
+fn suite<R, K, F, Fut>(
+    family: &str,
+    kind: &str,
+    missing: Option<String>,
+    checks: Vec<Check<R>>,
+    fresh: F,
+) -> Vec<Trial>
+where
+    R: Send + 'static,
+    K: Send + 'static,
+    F: Fn() -> Fut + Copy + Send + 'static,
+    Fut: Future<Output = timer_core::Result<(R, K)>>,
+{
+    checks
+        .into_iter()
+        .map(|check| {
+            let name = format!("conformance::{family}::{kind}::{}", check.name);
+            server_trial(&name, missing.clone(), move || async move {
+                let (resource, _keep) = fresh().await.unwrap_or_else(|e| panic!("{}", e.chain()));
+                (check.run)(resource).await;
+            })
+        })
+        .collect()
 }
