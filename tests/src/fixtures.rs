@@ -4,7 +4,9 @@
 
 use std::sync::Arc;
 
-use timer_core::plugin::{BrokerConfig, BrokerPlugin, StoreConfig, StorePlugin, TestClient};
+use timer_core::plugin::{
+    BrokerConfig, BrokerPlugin, Isolated, StoreConfig, StorePlugin, TestClient,
+};
 use timer_core::{Result, Store};
 
 /// Whether missing servers must fail the run instead of skipping (`TIMER_TEST_REQUIRE=1`).
@@ -22,15 +24,21 @@ pub struct Fresh<R, C: ?Sized> {
     _guard: Box<dyn std::any::Any + Send + Sync>,
 }
 
+impl<R, C: ?Sized> Fresh<R, C> {
+    fn of(it: R, isolated: Isolated<C>) -> Self {
+        Fresh {
+            it,
+            config: isolated.config,
+            _guard: isolated.guard,
+        }
+    }
+}
+
 /// A fresh, isolated store of `plugin`.
 pub async fn fresh_store(plugin: &StorePlugin) -> Result<Fresh<Arc<dyn Store>, dyn StoreConfig>> {
     let isolated = (plugin.isolated)("t")?;
     let it = isolated.config.open().await?;
-    Ok(Fresh {
-        it,
-        config: isolated.config,
-        _guard: isolated.guard,
-    })
+    Ok(Fresh::of(it, isolated))
 }
 
 /// Fresh resources of the broker `plugin`, and a test client on them.
@@ -39,11 +47,7 @@ pub async fn fresh_broker(
 ) -> Result<Fresh<Arc<dyn TestClient>, dyn BrokerConfig>> {
     let isolated = (plugin.isolated)("t")?;
     let it = isolated.config.test_client().await?;
-    Ok(Fresh {
-        it,
-        config: isolated.config,
-        _guard: isolated.guard,
-    })
+    Ok(Fresh::of(it, isolated))
 }
 
 // The test servers' variables, for the end-to-end files that name them; each plugin's

@@ -14,20 +14,16 @@ fn main() {
     let mut trials = Vec::new();
     for plugin in timer_stores::PLUGINS.iter() {
         let fresh = move || async move { fresh_store(plugin).await.map(|f| (f.it.clone(), f)) };
-        trials.extend(suite(
-            "store",
-            plugin.kind,
-            plugin.unavailable(),
-            store::checks(),
-            fresh,
-        ));
+        let missing = plugin.unavailable();
+        trials.extend(suite("store", plugin.kind, missing, store::checks(), fresh));
     }
     for plugin in timer_brokers::PLUGINS.iter() {
         let fresh = move || async move { fresh_broker(plugin).await.map(|f| (f.it.clone(), f)) };
+        let missing = plugin.unavailable();
         trials.extend(suite(
             "broker",
             plugin.kind,
-            plugin.unavailable(),
+            missing,
             broker::checks(),
             fresh,
         ));
