@@ -19,7 +19,7 @@ use libtest_mimic::Arguments;
 use sqlx::Connection;
 use timer_brokers::nats::{NatsBroker, NatsConfig};
 use timer_brokers::rabbitmq::{RabbitmqBroker, RabbitmqConfig};
-use timer_conformance::e2e::{free_addr, Service};
+use timer_conformance::e2e::{free_addr, missing_var, refused_to_run, run_ok, Service};
 use timer_conformance::fixtures::POSTGRES_URL_VAR;
 use timer_conformance::{server_trial, wait_for};
 use timer_core::Broker;
@@ -29,14 +29,14 @@ const CA_VAR: &str = "TIMER_TEST_POSTGRES_CA";
 
 fn main() {
     let args = Arguments::from_args();
-    let pg_missing = [POSTGRES_URL_VAR, CA_VAR]
-        .iter()
-        .find(|v| std::env::var(v).is_err())
-        .map(|v| format!("{v} is not set (bash scripts/test.sh starts PostgreSQL with TLS)"));
-    let rabbit_missing = ["TIMER_TEST_RABBITMQ_TLS_URL", "TIMER_TEST_RABBITMQ_CA"]
-        .iter()
-        .find(|v| std::env::var(v).is_err())
-        .map(|v| format!("{v} is not set (bash scripts/test.sh starts RabbitMQ with amqps)"));
+    let pg_missing = missing_var(
+        &[POSTGRES_URL_VAR, CA_VAR],
+        "bash scripts/test.sh starts PostgreSQL with TLS",
+    );
+    let rabbit_missing = missing_var(
+        &["TIMER_TEST_RABBITMQ_TLS_URL", "TIMER_TEST_RABBITMQ_CA"],
+        "bash scripts/test.sh starts RabbitMQ with amqps",
+    );
     let nats_missing = which("nats-server")
         .is_none()
         .then(|| "nats-server is not installed (bash scripts/test.sh installs it)".to_owned());
@@ -73,20 +73,20 @@ fn which(program: &str) -> Option<PathBuf> {
     })
 }
 
+/// The error of a connect with a CA that did not sign the server's certificate.
+fn refused<T>(connect: timer_core::Result<T>) -> timer_core::Error {
+    match connect {
+        Ok(_) => panic!("a certificate from an unknown CA must be refused"),
+        Err(e) => e,
+    }
+}
+
 /// A CA and a server certificate for 127.0.0.1 in `dir` (`scripts/servers/tls.sh`).
 async fn make_certificates(dir: &Path) {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/servers/tls.sh");
-    let out = tokio::process::Command::new("bash")
-        .arg(script)
-        .arg(dir)
-        .output()
-        .await
-        .expect("run tls.sh");
-    assert!(
-        out.status.success(),
-        "tls.sh: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let mut command = tokio::process::Command::new("bash");
+    command.arg(script).arg(dir);
+    run_ok(&mut command, "tls.sh").await;
 }
 
 fn postgres_env(schema: &str, root_cert: &Path) -> Vec<(&'static str, String)> {
@@ -146,24 +146,11 @@ async fn postgres_with_another_ca_refuses() {
     let dir = tempfile::tempdir().expect("tempdir");
     let other = dir.path().join("other-ca");
     make_certificates(&other).await;
-    let mut command = tokio::process::Command::new(BIN);
-    command
-        .arg("run")
-        .current_dir(dir.path())
-        .env("TIMER_HTTP__ADDR", "127.0.0.1:0")
-        .env("TIMER_STORE__CONNECT_TIMEOUT", "5s")
-        // A service that starts after all must not outlive the test.
-        .kill_on_drop(true);
-    for (k, v) in postgres_env("tls_refused", &other.join("ca.pem")) {
-        command.env(k, v);
-    }
-    let out = tokio::time::timeout(Duration::from_secs(60), command.output())
-        .await
-        .expect("exits within a minute")
-        .expect("run");
-    let err = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert_eq!(out.status.code(), Some(1), "{err}");
-    let last = err.lines().last().unwrap_or_default().to_lowercase();
+    let mut env = postgres_env("tls_refused", &other.join("ca.pem"));
+    env.push(("TIMER_STORE__CONNECT_TIMEOUT", "5s".into()));
+    let exit = refused_to_run(Path::new(BIN), &["run"], dir.path(), &env).await;
+    let err = &exit.stderr;
+    let last = exit.last_line().to_lowercase();
     assert!(
         last.starts_with("error: postgres store") && last.contains("certificate"),
         "names the certificate problem: {err}"
@@ -226,10 +213,9 @@ async fn nats_tls_is_honoured() {
         tls_root_cert: None,
         ..config.clone()
     };
-    let err = match NatsBroker::connect(&without).await {
-        Ok(_) => panic!("a certificate from an unknown CA must be refused"),
-        Err(e) => e.chain().to_lowercase(),
-    };
+    let err = refused(NatsBroker::connect(&without).await)
+        .chain()
+        .to_lowercase();
     assert!(
         err.contains("cannot connect") && (err.contains("certificate") || err.contains("tls")),
         "{err}"
@@ -266,10 +252,7 @@ async fn rabbitmq_tls_is_honoured() {
         tls_root_cert: None,
         ..config.clone()
     };
-    let err = match RabbitmqBroker::connect(&without).await {
-        Ok(_) => panic!("a certificate from an unknown CA must be refused"),
-        Err(e) => e.chain(),
-    };
+    let err = refused(RabbitmqBroker::connect(&without).await).chain();
     println!("without the CA: {err}");
     assert!(
         err.contains("cannot connect to amqps://***@127.0.0.1") && err.contains("UnknownIssuer"),
