@@ -1,46 +1,19 @@
-//! The Broker conformance suite. A [`BrokerFixture`] gives each check a fresh, isolated resource
-//! (queue, stream, topics) plus an independent producer and reader, as a real client would be.
+//! The Broker conformance suite. Each check gets a [`TestClient`] on fresh, isolated resources
+//! (queue, stream, topics): an independent producer and reader, as a real client would be, that
+//! also connects the plugin under test.
 
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
-use timer_core::{Broker, OutboundEvent, Result, TimerKey};
+pub use timer_core::plugin::{ReadDeadLetter, ReadEvent, TestClient};
+use timer_core::{Broker, OutboundEvent, TimerKey};
 use uuid::Uuid;
 
 use crate::{wait_for, Check};
 
-/// An event as an independent consumer read it back.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ReadEvent {
-    /// The de-duplication id the broker carried (header, message id).
-    pub id: Uuid,
-    pub body: Vec<u8>,
-}
-
-/// A dead letter as an independent consumer read it back.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ReadDeadLetter {
-    pub body: Vec<u8>,
-    pub reason: String,
-}
-
-/// One isolated broker resource for one check.
-#[async_trait]
-pub trait BrokerFixture: Send + Sync + 'static {
-    /// A new connection of the plugin under test to this resource; dropping it disconnects.
-    async fn connect(&self) -> Result<Box<dyn Broker>>;
-    /// Sends a command as a producing service would.
-    async fn send_command(&self, body: &[u8]) -> Result<()>;
-    /// Every event published so far, as a consumer reads them.
-    async fn events(&self) -> Result<Vec<ReadEvent>>;
-    /// Every dead letter so far.
-    async fn dead_letters(&self) -> Result<Vec<ReadDeadLetter>>;
-}
-
 /// Every Broker check, by name.
-pub fn checks() -> Vec<Check<Arc<dyn BrokerFixture>>> {
+pub fn checks() -> Vec<Check<Arc<dyn TestClient>>> {
     crate::checks![
         published_event_readable_with_its_id,
         many_events_confirmed_together,
@@ -76,7 +49,7 @@ async fn receive_all(broker: &dyn Broker, n: usize) -> Vec<timer_core::Delivery>
     got
 }
 
-pub async fn published_event_readable_with_its_id(fx: Arc<dyn BrokerFixture>) {
+pub async fn published_event_readable_with_its_id(fx: Arc<dyn TestClient>) {
     let broker = fx.connect().await.expect("connect");
     let events: Vec<OutboundEvent> = (0..3).map(event).collect();
     broker.publish(&events).await.expect("publish");
@@ -92,7 +65,7 @@ pub async fn published_event_readable_with_its_id(fx: Arc<dyn BrokerFixture>) {
     }
 }
 
-pub async fn many_events_confirmed_together(fx: Arc<dyn BrokerFixture>) {
+pub async fn many_events_confirmed_together(fx: Arc<dyn TestClient>) {
     const N: usize = 1_000;
     let broker = fx.connect().await.expect("connect");
     let events: Vec<OutboundEvent> = (0..N).map(event).collect();
@@ -112,7 +85,7 @@ pub async fn many_events_confirmed_together(fx: Arc<dyn BrokerFixture>) {
     );
 }
 
-pub async fn unacked_command_redelivered(fx: Arc<dyn BrokerFixture>) {
+pub async fn unacked_command_redelivered(fx: Arc<dyn TestClient>) {
     fx.send_command(b"first").await.expect("send");
     let first = fx.connect().await.expect("connect");
     let got = receive_all(first.as_ref(), 1).await;
@@ -130,7 +103,7 @@ pub async fn unacked_command_redelivered(fx: Arc<dyn BrokerFixture>) {
     second.ack(&[again[0].tag]).await.expect("ack");
 }
 
-pub async fn acked_command_not_redelivered(fx: Arc<dyn BrokerFixture>) {
+pub async fn acked_command_not_redelivered(fx: Arc<dyn TestClient>) {
     fx.send_command(b"once").await.expect("send");
     let first = fx.connect().await.expect("connect");
     let got = receive_all(first.as_ref(), 1).await;
@@ -160,7 +133,7 @@ pub async fn acked_command_not_redelivered(fx: Arc<dyn BrokerFixture>) {
     );
 }
 
-pub async fn commands_arrive_in_batches(fx: Arc<dyn BrokerFixture>) {
+pub async fn commands_arrive_in_batches(fx: Arc<dyn TestClient>) {
     const N: usize = 200;
     for i in 0..N {
         fx.send_command(format!("cmd{i}").as_bytes())
@@ -184,7 +157,7 @@ pub async fn commands_arrive_in_batches(fx: Arc<dyn BrokerFixture>) {
     );
 }
 
-pub async fn dead_letter_carries_the_reason(fx: Arc<dyn BrokerFixture>) {
+pub async fn dead_letter_carries_the_reason(fx: Arc<dyn TestClient>) {
     let broker = fx.connect().await.expect("connect");
     broker
         .dead_letter(
@@ -205,7 +178,7 @@ pub async fn dead_letter_carries_the_reason(fx: Arc<dyn BrokerFixture>) {
     );
 }
 
-pub async fn health_ok_when_reachable(fx: Arc<dyn BrokerFixture>) {
+pub async fn health_ok_when_reachable(fx: Arc<dyn TestClient>) {
     let broker = fx.connect().await.expect("connect");
     broker.health().await.expect("healthy");
 }

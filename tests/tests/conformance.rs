@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use libtest_mimic::Arguments;
-use timer_conformance::fixtures::{broker_factories, store_factories, BrokerFactory, StoreFactory};
+use timer_conformance::fixtures::{fresh_broker, store_factories, StoreFactory};
 use timer_conformance::{broker, server_trial, store};
 
 fn main() {
@@ -30,20 +30,17 @@ fn main() {
             ));
         }
     }
-    for factory in broker_factories() {
-        let factory: Arc<dyn BrokerFactory> = Arc::from(factory);
+    for plugin in timer_brokers::PLUGINS.iter() {
         for check in broker::checks() {
-            let name = format!("conformance::broker::{}::{}", factory.name(), check.name);
-            let factory = factory.clone();
+            let name = format!("conformance::broker::{}::{}", plugin.kind, check.name);
             trials.push(server_trial(
                 &name,
-                factory.unavailable(),
+                plugin.unavailable(),
                 move || async move {
-                    let fixture = factory
-                        .fresh()
+                    let fresh = fresh_broker(plugin)
                         .await
                         .unwrap_or_else(|e| panic!("{}", e.chain()));
-                    (check.run)(fixture).await;
+                    (check.run)(fresh.client.clone()).await;
                 },
             ));
         }

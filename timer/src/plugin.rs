@@ -71,6 +71,60 @@ impl BrokerPlugin {
     }
 }
 
+/// One line of a plugin crate's registry: a kind the crate has, and its descriptor when the
+/// kind's cargo feature is compiled in. Write it with [`known!`](crate::known).
+pub struct Known<P: 'static> {
+    pub kind: &'static str,
+    pub plugin: Option<&'static P>,
+}
+
+/// `known!("sqlite", sqlite)`: the registry line of the plugin whose folder (module) is
+/// `sqlite` and whose cargo feature and kind are `"sqlite"`; `plugin` is `None` when the
+/// feature is off in the crate that writes the line.
+#[macro_export]
+macro_rules! known {
+    ($kind:literal, $module:ident) => {{
+        #[cfg(feature = $kind)]
+        let plugin = Some(&$module::PLUGIN);
+        #[cfg(not(feature = $kind))]
+        let plugin = None;
+        $crate::plugin::Known {
+            kind: $kind,
+            plugin,
+        }
+    }};
+}
+
+/// The plugins of one crate: every kind it has, each with its descriptor when compiled in.
+pub struct Registry<P: 'static>(pub &'static [Known<P>]);
+
+impl<P> Registry<P> {
+    /// The descriptors compiled into this build, in registry order.
+    pub fn iter(&self) -> impl Iterator<Item = &'static P> {
+        self.0.iter().filter_map(|k| k.plugin)
+    }
+
+    /// Every kind the crate has, compiled in or not.
+    pub fn kinds(&self) -> impl Iterator<Item = &'static str> {
+        self.0.iter().map(|k| k.kind)
+    }
+
+    /// The kinds compiled into this build.
+    pub fn compiled_kinds(&self) -> impl Iterator<Item = &'static str> {
+        self.0.iter().filter(|k| k.plugin.is_some()).map(|k| k.kind)
+    }
+
+    /// The registry line of `kind`, if the crate has that kind.
+    pub fn known(&self, kind: &str) -> Option<&'static Known<P>> {
+        self.0.iter().find(|k| k.kind == kind)
+    }
+
+    /// The descriptor of `kind`, if compiled in.
+    pub fn get(&self, kind: &str) -> Option<&'static P> {
+        self.known(kind).and_then(|k| k.plugin)
+    }
+}
+
 /// A typed store config, as loaded by its plugin.
 #[async_trait]
 pub trait StoreConfig: Debug + Send + Sync + 'static {
@@ -82,6 +136,10 @@ pub trait StoreConfig: Debug + Send + Sync + 'static {
     /// The section as TOML would hold it, `kind` included (secrets too: redact before showing).
     fn to_value(&self) -> Result<serde_json::Value>;
     async fn open(&self) -> Result<Arc<dyn Store>>;
+    /// This config on fresh resources of the same server (a temp file, a new schema named
+    /// `prefix`…); other settings kept. The bench runs on the configured server with it, and
+    /// [`StorePlugin::isolated`] applies it to a config for the test server.
+    fn isolated(&self, prefix: &str) -> Result<Isolated<dyn StoreConfig>>;
     /// Removes what an [`isolated`](StorePlugin::isolated) run created (a bench schema); a
     /// no-op where nothing outlives the run.
     async fn clean_up(&self) -> Result<()> {
@@ -105,6 +163,10 @@ pub trait BrokerConfig: Debug + Send + Sync + 'static {
     /// events and dead letters as a real service would. Creates the resources first when they
     /// are missing, so commands can be sent before the service starts.
     async fn test_client(&self) -> Result<Arc<dyn TestClient>>;
+    /// This config on fresh resources of the same server (streams, queues, topics, consumer
+    /// group named after `prefix`); other settings kept. The bench runs on the configured
+    /// server with it, and [`BrokerPlugin::isolated`] applies it to a config for the test server.
+    fn isolated(&self, prefix: &str) -> Result<Isolated<dyn BrokerConfig>>;
     /// Removes what an [`isolated`](BrokerPlugin::isolated) run created, where the server
     /// allows it safely; a no-op otherwise.
     async fn clean_up(&self) -> Result<()> {
@@ -245,6 +307,27 @@ impl ConfigSection<'_> {
             ))
         })
     }
+
+    /// [`parse`](Self::parse) for the loader of plugin `kind`: a `kind` key in the section
+    /// must name it.
+    pub fn parse_as<T: DeserializeOwned + Default>(&self, kind: &str) -> Result<T> {
+        match self.value.get("kind") {
+            Some(given) if given.as_str() != Some(kind) => {
+                let key = format!("{}.kind", self.name);
+                Err(Error::config(format!(
+                    "invalid configuration: {key} = {given}{}: the {kind} plugin cannot load it",
+                    (self.locate)(&key)
+                )))
+            }
+            _ => self.parse(),
+        }
+    }
+}
+
+/// A typed config as the value [`StoreConfig::to_value`] and [`BrokerConfig::to_value`] return.
+pub fn to_value(config: &impl serde::Serialize) -> Result<serde_json::Value> {
+    serde_json::to_value(config)
+        .map_err(|e| Error::internal("cannot render a plugin config").with_source(e))
 }
 
 #[cfg(test)]
@@ -286,6 +369,37 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("unknown field `urll`"), "{e}");
+        let d: Demo = section(serde_json::json!({"kind": "x"}))
+            .parse_as("x")
+            .unwrap();
+        assert_eq!(d.kind, "x");
+        let e = section(serde_json::json!({"kind": "y"}))
+            .parse_as::<Demo>("x")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("store.kind = \"y\" (at store.kind)"), "{e}");
+    }
+
+    #[test]
+    fn registries_tell_compiled_from_known_kinds() {
+        struct Demo;
+        static DEMO: Demo = Demo;
+        static LINES: &[Known<Demo>] = &[
+            Known {
+                kind: "a",
+                plugin: Some(&DEMO),
+            },
+            Known {
+                kind: "b",
+                plugin: None,
+            },
+        ];
+        let registry = Registry(LINES);
+        assert_eq!(registry.kinds().collect::<Vec<_>>(), ["a", "b"]);
+        assert_eq!(registry.compiled_kinds().collect::<Vec<_>>(), ["a"]);
+        assert_eq!(registry.iter().count(), 1);
+        assert!(registry.get("a").is_some() && registry.get("b").is_none());
+        assert!(registry.known("b").is_some() && registry.known("c").is_none());
     }
 
     #[test]

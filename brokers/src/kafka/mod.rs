@@ -8,6 +8,8 @@
 //! delivery report is OK, with all of them in flight together.
 
 mod config;
+mod plugin;
+mod testing;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -30,8 +32,10 @@ use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use timer_core::{Broker, Delivery, Error, OutboundEvent, Result};
 
 pub use config::{KafkaConfig, FIXED_PROPERTIES};
+pub use plugin::{PLUGIN, TEST_SERVER};
 /// The client library, for tests and tools that talk to the same cluster.
 pub use rdkafka;
+pub use testing::KafkaTestClient;
 
 /// Header carrying the envelope id of a `DueTimeReached` event.
 pub const EVENT_ID_HEADER: &str = "timer-event-id";

@@ -2,6 +2,8 @@
 //! delivered until acknowledged); events and dead letters are kept in a bounded buffer that the
 //! HTTP API and tests can read. Nothing survives a restart.
 
+mod plugin;
+
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -14,6 +16,8 @@ use timer_core::{Broker, Delivery, Error, OutboundEvent, Result, TimerKey};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use uuid::Uuid;
+
+pub use plugin::{HubConfig, MemoryTestClient, PLUGIN};
 
 /// Config section of `broker.kind = "memory"`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

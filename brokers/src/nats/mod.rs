@@ -4,6 +4,8 @@
 //! arrived. The client reconnects by itself; a broken pull stream is opened again.
 
 mod config;
+mod plugin;
+mod testing;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -18,6 +20,8 @@ use timer_core::broker::routing_token;
 use timer_core::{Broker, Delivery, Error, OutboundEvent, Result};
 
 pub use config::NatsConfig;
+pub use plugin::{PLUGIN, TEST_SERVER};
+pub use testing::NatsTestClient;
 
 /// Header carrying the reason of a dead letter.
 pub const REASON_HEADER: &str = "Timer-Dead-Letter-Reason";

@@ -6,6 +6,8 @@
 //! connection are requeued by the broker.
 
 mod config;
+mod plugin;
+mod testing;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -27,6 +29,8 @@ use timer_core::broker::routing_token;
 use timer_core::{Broker, Delivery, Error, OutboundEvent, Result};
 
 pub use config::RabbitmqConfig;
+pub use plugin::{PLUGIN, TEST_SERVER};
+pub use testing::RabbitmqTestClient;
 
 /// Header carrying the reason of a dead letter.
 pub const REASON_HEADER: &str = "x-timer-dead-letter-reason";

@@ -1,0 +1,119 @@
+//! The `kafka` plugin descriptor: config loading and checks, isolated resources for a run.
+
+use std::any::Any;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use timer_core::plugin::{
+    fresh_name, to_value, BrokerConfig, BrokerPlugin, ConfigSection, Isolated, TestClient,
+    TestServer,
+};
+use timer_core::{Broker, EngineConfig, Error, Result};
+
+use super::testing::KafkaTestClient;
+use super::{KafkaBroker, KafkaConfig};
+
+pub const PLUGIN: BrokerPlugin = BrokerPlugin {
+    kind: "kafka",
+    load,
+    test_server: Some(TEST_SERVER),
+    isolated,
+};
+
+/// The Kafka-protocol server the tests use (`scripts/servers/kafka.sh start` prints it).
+pub const TEST_SERVER: TestServer = TestServer {
+    address_env: "TIMER_TEST_KAFKA_BROKERS",
+    dir_env: "TIMER_TEST_KAFKA_DIR",
+    script: "kafka",
+    port_env: "KAFKA_PORT",
+};
+
+fn load(section: &ConfigSection) -> Result<Box<dyn BrokerConfig>> {
+    let config: KafkaConfig = section.parse_as(PLUGIN.kind)?;
+    config.check()?;
+    Ok(Box::new(config))
+}
+
+fn isolated(prefix: &str) -> Result<Isolated<dyn BrokerConfig>> {
+    KafkaConfig {
+        brokers: TEST_SERVER.address()?,
+        ..KafkaConfig::default()
+    }
+    .isolated(prefix)
+}
+
+#[async_trait]
+impl BrokerConfig for KafkaConfig {
+    fn kind(&self) -> &'static str {
+        PLUGIN.kind
+    }
+    fn check(&self, engine: &EngineConfig) -> Result<()> {
+        // The engine stops waiting for a publish after half the lease; librdkafka would still
+        // deliver a queued event later, after a cancel may have succeeded.
+        if self.publish_timeout >= engine.lease / 2 {
+            return Err(Error::config(format!(
+                "broker.publish_timeout ({}) must be below half of engine.lease ({})",
+                humantime::format_duration(self.publish_timeout),
+                humantime::format_duration(engine.lease)
+            )));
+        }
+        Ok(())
+    }
+    fn to_value(&self) -> Result<serde_json::Value> {
+        to_value(self)
+    }
+    async fn connect(&self) -> Result<Arc<dyn Broker>> {
+        Ok(Arc::new(KafkaBroker::connect(self).await?))
+    }
+    async fn test_client(&self) -> Result<Arc<dyn TestClient>> {
+        Ok(Arc::new(KafkaTestClient::new(self.clone()).await?))
+    }
+    /// Topics and a consumer group of their own.
+    fn isolated(&self, prefix: &str) -> Result<Isolated<dyn BrokerConfig>> {
+        let name = fresh_name(prefix);
+        Ok(Isolated::new(Box::new(KafkaConfig {
+            group_id: name.clone(),
+            commands_topic: format!("{name}.commands"),
+            events_topic: format!("{name}.events"),
+            dead_letter_topic: format!("{name}.dead"),
+            ..self.clone()
+        })))
+    }
+    /// Leaves the topics: tansu 0.6.0 (the Kafka test server) panics in its storage and sends
+    /// metadata that crashes librdkafka once a topic is deleted. Says so, naming them.
+    async fn clean_up(&self) -> Result<()> {
+        eprintln!(
+            "note: the kafka topics {}, {} and {} stay on {}; delete them with your cluster's \
+             tools",
+            self.commands_topic, self.events_topic, self.dead_letter_topic, self.brokers
+        );
+        Ok(())
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn publish_timeout_must_stay_below_half_the_lease() {
+        let engine = EngineConfig {
+            lease: Duration::from_secs(30),
+            ..EngineConfig::default()
+        };
+        let slow = KafkaConfig {
+            publish_timeout: Duration::from_secs(20),
+            ..KafkaConfig::default()
+        };
+        let e = BrokerConfig::check(&slow, &engine).unwrap_err().to_string();
+        assert!(
+            e.contains("broker.publish_timeout (20s) must be below half of engine.lease (30s)"),
+            "{e}"
+        );
+        assert!(BrokerConfig::check(&KafkaConfig::default(), &engine).is_ok());
+    }
+}

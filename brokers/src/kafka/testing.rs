@@ -1,0 +1,193 @@
+//! An independent Kafka client on one config's topics, for tests: produces commands (keyed, as
+//! a service would) and reads whole topics from the beginning with a throwaway reader.
+
+use std::any::Any;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::{Headers, Message, OwnedMessage};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::{Offset, TopicPartitionList};
+use timer_core::plugin::{ReadDeadLetter, ReadEvent, TestClient};
+use timer_core::{Broker, Error, Result};
+
+use super::{client_config, KafkaBroker, KafkaConfig, EVENT_ID_HEADER, REASON_HEADER};
+
+fn unavailable(what: &str, e: impl std::fmt::Display) -> Error {
+    Error::unavailable(format!("kafka test client: {what}: {e}"))
+}
+
+/// An independent Kafka client on one config's topics: produces commands, reads topics.
+pub struct KafkaTestClient {
+    pub config: KafkaConfig,
+    producer: FutureProducer,
+}
+
+impl KafkaTestClient {
+    /// Creates the topics (through the plugin, as the service does) and a producer.
+    pub async fn new(config: KafkaConfig) -> Result<Self> {
+        drop(KafkaBroker::connect(&config).await?);
+        let producer = ClientConfig::new()
+            .set("bootstrap.servers", &config.brokers)
+            .set("linger.ms", "0")
+            .create()
+            .map_err(|e| unavailable("producer", e))?;
+        Ok(KafkaTestClient { config, producer })
+    }
+
+    /// Produces `body` to the commands topic (keyed, as a service would) and waits for the ack.
+    pub async fn produce(&self, key: &str, body: &[u8]) -> Result<()> {
+        self.produce_all(vec![(key, body)]).await
+    }
+
+    /// Produces many `(key, body)` commands, all in flight together, and waits for every ack.
+    pub async fn produce_many(&self, commands: &[(String, String)]) -> Result<()> {
+        self.produce_all(
+            commands
+                .iter()
+                .map(|(key, body)| (key.as_str(), body.as_bytes()))
+                .collect(),
+        )
+        .await
+    }
+
+    /// Produces `(key, body)` commands, a thousand in flight at a time, waiting for every ack.
+    async fn produce_all(&self, commands: Vec<(&str, &[u8])>) -> Result<()> {
+        for chunk in commands.chunks(1_000) {
+            let sends = chunk.iter().map(|(key, body)| {
+                self.producer.send(
+                    FutureRecord::to(&self.config.commands_topic)
+                        .key(*key)
+                        .payload(*body),
+                    Duration::from_secs(10),
+                )
+            });
+            for result in futures::future::join_all(sends).await {
+                result.map_err(|(e, _)| unavailable("produce", e))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Every message of `topic` from the beginning up to its current end.
+    pub async fn read_all(&self, topic: &str) -> Result<Vec<OwnedMessage>> {
+        let config = self.config.clone();
+        let topic = topic.to_owned();
+        tokio::task::spawn_blocking(move || read_topic(&config, &topic))
+            .await
+            .map_err(|e| unavailable("reader task", e))?
+    }
+}
+
+fn read_topic(config: &KafkaConfig, topic: &str) -> Result<Vec<OwnedMessage>> {
+    let consumer: BaseConsumer = client_config(config)
+        .set("group.id", format!("reader-{}", uuid::Uuid::new_v4()))
+        .set("enable.auto.commit", "false")
+        .set("fetch.wait.max.ms", "10")
+        .create()
+        .map_err(|e| unavailable("reader", e))?;
+    let timeout = Duration::from_secs(10);
+    let metadata = consumer
+        .fetch_metadata(Some(topic), timeout)
+        .map_err(|e| unavailable("metadata", e))?;
+    let partitions: Vec<i32> = metadata
+        .topics()
+        .iter()
+        .filter(|t| t.name() == topic)
+        .flat_map(|t| t.partitions().iter().map(|p| p.id()))
+        .collect();
+    let mut list = TopicPartitionList::new();
+    let mut remaining = 0usize;
+    let mut ends = std::collections::HashMap::new();
+    for p in partitions {
+        let (low, high) = consumer
+            .fetch_watermarks(topic, p, timeout)
+            .map_err(|e| unavailable("watermarks", e))?;
+        if high > low {
+            remaining += (high - low) as usize;
+            ends.insert(p, high);
+            list.add_partition_offset(topic, p, Offset::Beginning)
+                .map_err(|e| unavailable("assignment", e))?;
+        }
+    }
+    if remaining == 0 {
+        return Ok(Vec::new());
+    }
+    consumer
+        .assign(&list)
+        .map_err(|e| unavailable("assign", e))?;
+    let mut out = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !ends.is_empty() {
+        if Instant::now() > deadline {
+            return Err(unavailable(
+                "reading",
+                format!("{topic}: {} of {remaining} messages after 30 s", out.len()),
+            ));
+        }
+        match consumer.poll(Duration::from_millis(100)) {
+            None => {}
+            Some(Err(e)) => return Err(unavailable("reading", e)),
+            Some(Ok(m)) => {
+                let (p, offset) = (m.partition(), m.offset());
+                if ends.get(&p).is_some_and(|end| offset + 1 >= *end) {
+                    ends.remove(&p);
+                }
+                out.push(m.detach());
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn header(m: &OwnedMessage, key: &str) -> Option<String> {
+    let headers = m.headers()?;
+    headers
+        .iter()
+        .find(|h| h.key == key)
+        .and_then(|h| h.value)
+        .map(|v| String::from_utf8_lossy(v).into_owned())
+}
+
+#[async_trait]
+impl TestClient for KafkaTestClient {
+    async fn connect(&self) -> Result<Box<dyn Broker>> {
+        Ok(Box::new(KafkaBroker::connect(&self.config).await?))
+    }
+    async fn send_command(&self, body: &[u8]) -> Result<()> {
+        self.produce("test", body).await
+    }
+    async fn send_commands(&self, bodies: &[Vec<u8>]) -> Result<()> {
+        self.produce_all(bodies.iter().map(|b| ("test", b.as_slice())).collect())
+            .await
+    }
+    async fn events(&self) -> Result<Vec<ReadEvent>> {
+        let mut out = Vec::new();
+        for m in self.read_all(&self.config.events_topic).await? {
+            let id = header(&m, EVENT_ID_HEADER)
+                .and_then(|v| uuid::Uuid::parse_str(&v).ok())
+                .ok_or_else(|| Error::internal("event without a timer-event-id header"))?;
+            out.push(ReadEvent {
+                id,
+                body: m.payload().unwrap_or_default().to_vec(),
+            });
+        }
+        Ok(out)
+    }
+    async fn dead_letters(&self) -> Result<Vec<ReadDeadLetter>> {
+        Ok(self
+            .read_all(&self.config.dead_letter_topic)
+            .await?
+            .into_iter()
+            .map(|m| ReadDeadLetter {
+                reason: header(&m, REASON_HEADER).unwrap_or_default(),
+                body: m.payload().unwrap_or_default().to_vec(),
+            })
+            .collect())
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}

@@ -1,0 +1,120 @@
+//! The `memory` plugin descriptor. Its loaded config owns the [`MemoryHub`]: every connect,
+//! test client and the binary's HTTP API (which feeds commands in and shows dead letters) share
+//! that one in-process broker.
+
+use std::any::Any;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use timer_core::plugin::{
+    to_value, BrokerConfig, BrokerPlugin, ConfigSection, Isolated, ReadDeadLetter, ReadEvent,
+    TestClient,
+};
+use timer_core::{Broker, Result};
+
+use super::{MemoryConfig, MemoryHub};
+
+pub const PLUGIN: BrokerPlugin = BrokerPlugin {
+    kind: "memory",
+    load,
+    test_server: None,
+    isolated,
+};
+
+fn load(section: &ConfigSection) -> Result<Box<dyn BrokerConfig>> {
+    let config: MemoryConfig = section.parse_as(PLUGIN.kind)?;
+    Ok(Box::new(HubConfig::new(config)))
+}
+
+fn isolated(_prefix: &str) -> Result<Isolated<dyn BrokerConfig>> {
+    Ok(Isolated::new(Box::new(HubConfig::new(
+        MemoryConfig::default(),
+    ))))
+}
+
+/// The loaded `memory` config: the settings, and the hub made from them.
+#[derive(Clone)]
+pub struct HubConfig {
+    pub config: MemoryConfig,
+    pub hub: MemoryHub,
+}
+
+impl HubConfig {
+    pub fn new(config: MemoryConfig) -> Self {
+        HubConfig {
+            hub: MemoryHub::new(config.clone()),
+            config,
+        }
+    }
+}
+
+impl std::fmt::Debug for HubConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.config.fmt(f)
+    }
+}
+
+#[async_trait]
+impl BrokerConfig for HubConfig {
+    fn kind(&self) -> &'static str {
+        PLUGIN.kind
+    }
+    fn to_value(&self) -> Result<serde_json::Value> {
+        to_value(&self.config)
+    }
+    async fn connect(&self) -> Result<Arc<dyn Broker>> {
+        Ok(Arc::new(self.hub.connect()))
+    }
+    async fn test_client(&self) -> Result<Arc<dyn TestClient>> {
+        Ok(Arc::new(MemoryTestClient {
+            hub: self.hub.clone(),
+        }))
+    }
+    /// A hub of its own.
+    fn isolated(&self, _prefix: &str) -> Result<Isolated<dyn BrokerConfig>> {
+        Ok(Isolated::new(Box::new(HubConfig::new(self.config.clone()))))
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+/// A producer and reader on a hub, as the tests use it.
+pub struct MemoryTestClient {
+    pub hub: MemoryHub,
+}
+
+#[async_trait]
+impl TestClient for MemoryTestClient {
+    async fn connect(&self) -> Result<Box<dyn Broker>> {
+        Ok(Box::new(self.hub.connect()))
+    }
+    async fn send_command(&self, body: &[u8]) -> Result<()> {
+        self.hub.send_command(body)
+    }
+    async fn events(&self) -> Result<Vec<ReadEvent>> {
+        Ok(self
+            .hub
+            .events()?
+            .into_iter()
+            .map(|e| ReadEvent {
+                id: e.id,
+                body: e.body,
+            })
+            .collect())
+    }
+    async fn dead_letters(&self) -> Result<Vec<ReadDeadLetter>> {
+        Ok(self
+            .hub
+            .dead_letters()?
+            .into_iter()
+            .map(|d| ReadDeadLetter {
+                body: d.body.into_bytes(),
+                reason: d.reason,
+            })
+            .collect())
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}

@@ -1,0 +1,133 @@
+//! An independent NATS client on one config's streams, for tests: publishes commands as a
+//! producing service would and reads the event and dead-letter streams from the start.
+
+use std::any::Any;
+use std::time::Duration;
+
+use async_nats::jetstream::{self, consumer};
+use async_trait::async_trait;
+use futures::StreamExt;
+use timer_core::plugin::{ReadDeadLetter, ReadEvent, TestClient};
+use timer_core::{Broker, Error, Result};
+
+use super::{connect_client, NatsBroker, NatsConfig, REASON_HEADER};
+
+pub struct NatsTestClient {
+    pub config: NatsConfig,
+    pub js: jetstream::Context,
+}
+
+fn unavailable(what: &str, e: impl std::fmt::Display) -> Error {
+    Error::unavailable(format!("nats test client: {what}: {e}"))
+}
+
+impl NatsTestClient {
+    /// Creates the streams and the consumer (through the plugin, as the service does), so
+    /// commands can be sent before a connect.
+    pub async fn new(config: NatsConfig) -> Result<Self> {
+        drop(NatsBroker::connect(&config).await?);
+        let js = jetstream::new(connect_client(&config).await?);
+        Ok(NatsTestClient { config, js })
+    }
+
+    /// Every message of `stream` from the start, read by a throwaway consumer.
+    pub async fn read_all(&self, stream: &str) -> Result<Vec<jetstream::Message>> {
+        let stream = self
+            .js
+            .get_stream(stream)
+            .await
+            .map_err(|e| unavailable("stream", e))?;
+        let reader = stream
+            .create_consumer(consumer::pull::Config {
+                ack_policy: consumer::AckPolicy::None,
+                deliver_policy: consumer::DeliverPolicy::All,
+                inactive_threshold: Duration::from_secs(30),
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| unavailable("reader consumer", e))?;
+        let mut out = Vec::new();
+        loop {
+            let mut batch = reader
+                .fetch()
+                .max_messages(1_000)
+                .messages()
+                .await
+                .map_err(|e| unavailable("fetch", e))?;
+            let before = out.len();
+            while let Some(message) = batch.next().await {
+                out.push(message.map_err(|e| unavailable("fetch", e))?);
+            }
+            if out.len() == before {
+                return Ok(out);
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl TestClient for NatsTestClient {
+    async fn connect(&self) -> Result<Box<dyn Broker>> {
+        Ok(Box::new(NatsBroker::connect(&self.config).await?))
+    }
+    async fn send_command(&self, body: &[u8]) -> Result<()> {
+        self.send_commands(&[body.to_vec()]).await
+    }
+    async fn send_commands(&self, bodies: &[Vec<u8>]) -> Result<()> {
+        let subject = self.config.commands_subject.replace('>', "test");
+        for chunk in bodies.chunks(1_000) {
+            let mut acks = Vec::with_capacity(chunk.len());
+            for body in chunk {
+                acks.push(
+                    self.js
+                        .publish(subject.clone(), body.clone().into())
+                        .await
+                        .map_err(|e| unavailable("publish", e))?,
+                );
+            }
+            for ack in futures::future::join_all(
+                acks.into_iter().map(std::future::IntoFuture::into_future),
+            )
+            .await
+            {
+                ack.map_err(|e| unavailable("PubAck", e))?;
+            }
+        }
+        Ok(())
+    }
+    async fn events(&self) -> Result<Vec<ReadEvent>> {
+        let mut out = Vec::new();
+        for m in self.read_all(&self.config.events_stream).await? {
+            let id = m
+                .headers
+                .as_ref()
+                .and_then(|h| h.get(async_nats::header::NATS_MESSAGE_ID))
+                .and_then(|v| uuid::Uuid::parse_str(v.as_str()).ok())
+                .ok_or_else(|| Error::internal("event without a Nats-Msg-Id"))?;
+            out.push(ReadEvent {
+                id,
+                body: m.payload.to_vec(),
+            });
+        }
+        Ok(out)
+    }
+    async fn dead_letters(&self) -> Result<Vec<ReadDeadLetter>> {
+        Ok(self
+            .read_all(&self.config.dead_letter_stream)
+            .await?
+            .into_iter()
+            .map(|m| ReadDeadLetter {
+                reason: m
+                    .headers
+                    .as_ref()
+                    .and_then(|h| h.get(REASON_HEADER))
+                    .map(|v| v.as_str().to_owned())
+                    .unwrap_or_default(),
+                body: m.payload.to_vec(),
+            })
+            .collect())
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
