@@ -17,12 +17,13 @@ use anyhow::{bail, Context};
 use futures::StreamExt;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::Serialize;
-use timer_brokers::memory::MemoryHub;
-use timer_core::{Broker, Engine, NewTimer, Store, SystemClock, TimerKey, Timestamp};
+use timer_brokers::memory::{HubConfig, MemoryConfig, MemoryHub};
+use timer_core::plugin::{BrokerConfig, Isolated, StoreConfig, TestClient};
+use timer_core::{Engine, NewTimer, Store, SystemClock, TimerKey, Timestamp};
 use tokio::sync::broadcast::error::RecvError;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{BrokerConfig, Config, StoreConfig};
+use crate::config::Config;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Workload {
@@ -60,16 +61,19 @@ pub struct Figure {
     pub runs: Vec<f64>,
 }
 
-/// Engines on one fresh store for one run, and whatever must be cleaned up after it. With
-/// several instances each engine has its own store handle (its own pool) on the same data, as
-/// separate processes would; timers are scheduled through the first.
+/// Engines on one fresh store for one run, and the store and broker resources of the run,
+/// removed after it. With several instances each engine has its own store handle (its own pool)
+/// on the same data, as separate processes would; timers are scheduled through the first.
 struct Rig {
     engine: Engine,
     engines: Vec<Engine>,
     hub: Option<MemoryHub>,
     shutdown: CancellationToken,
     tasks: Vec<tokio::task::JoinHandle<()>>,
-    cleanup: Vec<Cleanup>,
+    store: Isolated<dyn StoreConfig>,
+    broker: Isolated<dyn BrokerConfig>,
+    /// Holds the broker's resources ready for the run (RabbitMQ's events need a bound queue).
+    client: Arc<dyn TestClient>,
     /// Events of the first engine from before it started.
     first_events: tokio::sync::broadcast::Receiver<Arc<timer_core::FiredEvent>>,
     /// When the engines were started.
@@ -87,19 +91,6 @@ struct Preload {
     due_now: usize,
 }
 
-enum Cleanup {
-    None,
-    TempDir(#[allow(dead_code)] tempfile::TempDir),
-    #[cfg(feature = "postgres")]
-    Schema(Arc<timer_stores::postgres::PostgresStore>),
-    #[cfg(feature = "nats")]
-    NatsStreams(Box<timer_brokers::nats::NatsConfig>),
-    #[cfg(feature = "rabbitmq")]
-    RabbitmqTopology(Box<timer_brokers::rabbitmq::RabbitmqConfig>),
-    #[cfg(feature = "kafka")]
-    KafkaTopics(Box<timer_brokers::kafka::KafkaConfig>),
-}
-
 impl Rig {
     async fn stop(self) {
         self.shutdown.cancel();
@@ -110,32 +101,11 @@ impl Rig {
         drop(self.engine);
         drop(self.engines);
         drop(self.hub);
-        for cleanup in self.cleanup {
-            let result: timer_core::Result<()> = match cleanup {
-                Cleanup::None | Cleanup::TempDir(_) => Ok(()),
-                #[cfg(feature = "postgres")]
-                Cleanup::Schema(store) => store.drop_schema().await,
-                #[cfg(feature = "nats")]
-                Cleanup::NatsStreams(config) => timer_brokers::nats::delete_streams(&config).await,
-                #[cfg(feature = "rabbitmq")]
-                Cleanup::RabbitmqTopology(config) => {
-                    timer_brokers::rabbitmq::delete_topology(&config).await
-                }
-                #[cfg(feature = "kafka")]
-                Cleanup::KafkaTopics(config) => {
-                    // Not deleted: tansu 0.6.0 (the Kafka test server) panics in its storage
-                    // and sends metadata that crashes librdkafka once a topic is deleted.
-                    eprintln!(
-                        "note: the kafka topics {}, {} and {} stay on {}; delete them with your \
-                         cluster's tools",
-                        config.commands_topic,
-                        config.events_topic,
-                        config.dead_letter_topic,
-                        config.brokers
-                    );
-                    Ok(())
-                }
-            };
+        drop(self.client);
+        for result in [
+            self.store.config.clean_up().await,
+            self.broker.config.clean_up().await,
+        ] {
             if let Err(e) = result {
                 eprintln!("warning: cleaning up after the bench: {}", e.chain());
             }
@@ -143,64 +113,42 @@ impl Rig {
     }
 }
 
-/// A fresh store, a second handle on it for every further instance, and its cleanup.
+/// A fresh store (never the configured data: a temp file, a schema of its own on the configured
+/// server) and a second handle on it for every further instance.
 async fn fresh_stores(
-    config: &StoreConfig,
+    config: &dyn StoreConfig,
     instances: usize,
-) -> anyhow::Result<(Vec<Arc<dyn Store>>, Cleanup)> {
+) -> anyhow::Result<(Vec<Arc<dyn Store>>, Isolated<dyn StoreConfig>)> {
     let err = |e: timer_core::Error| anyhow::anyhow!(e.chain());
-    Ok(match config {
-        StoreConfig::Memory(_) => {
-            if instances > 1 {
-                bail!("--instances needs a shared store (sqlite or postgres), not memory");
-            }
-            (
-                vec![Arc::new(timer_stores::memory::MemoryStore::new())],
-                Cleanup::None,
-            )
-        }
-        #[cfg(feature = "sqlite")]
-        StoreConfig::Sqlite(c) => {
-            // Never the configured file: a bench fills and drains a database of its own.
-            let dir = tempfile::tempdir().context("creating a temp dir for the bench database")?;
-            let config = timer_stores::sqlite::SqliteConfig {
-                url: format!("sqlite://{}", dir.path().join("bench.db").display()),
-                ..c.clone()
-            };
-            let mut stores: Vec<Arc<dyn Store>> = Vec::new();
-            for _ in 0..instances {
-                stores.push(Arc::new(
-                    timer_stores::sqlite::SqliteStore::open(&config)
-                        .await
-                        .map_err(err)?,
-                ));
-            }
-            (stores, Cleanup::TempDir(dir))
-        }
-        #[cfg(feature = "postgres")]
-        StoreConfig::Postgres(c) => {
-            // A schema of its own on the configured server, dropped afterwards.
-            let id = uuid::Uuid::new_v4().simple().to_string();
-            let config = timer_stores::postgres::PostgresConfig {
-                schema: format!("bench_{}", &id[..12]),
-                ..c.clone()
-            };
-            let first = Arc::new(
-                timer_stores::postgres::PostgresStore::open(&config)
-                    .await
-                    .map_err(err)?,
-            );
-            let mut stores: Vec<Arc<dyn Store>> = vec![first.clone()];
-            for _ in 1..instances {
-                stores.push(Arc::new(
-                    timer_stores::postgres::PostgresStore::open(&config)
-                        .await
-                        .map_err(err)?,
-                ));
-            }
-            (stores, Cleanup::Schema(first))
-        }
-    })
+    if instances > 1 && !config.shared() {
+        bail!(
+            "--instances needs a shared store, not {} (each open of it is a store of its own)",
+            config.kind()
+        );
+    }
+    let isolated = config.isolated("bench").map_err(err)?;
+    let mut stores = Vec::new();
+    for _ in 0..instances {
+        stores.push(isolated.config.open().await.map_err(err)?);
+    }
+    Ok((stores, isolated))
+}
+
+/// Broker resources of its own on the configured server (streams, queues, topics), and a client
+/// that keeps them ready. The memory broker keeps no events for reading back.
+async fn fresh_broker(
+    config: &dyn BrokerConfig,
+) -> anyhow::Result<(Isolated<dyn BrokerConfig>, Arc<dyn TestClient>)> {
+    let err = |e: timer_core::Error| anyhow::anyhow!(e.chain());
+    let mut isolated = config.isolated("bench").map_err(err)?;
+    if let Some(memory) = isolated.config.as_any().downcast_ref::<HubConfig>() {
+        isolated = Isolated::new(Box::new(HubConfig::new(MemoryConfig {
+            retain: 1,
+            ..memory.config.clone()
+        })));
+    }
+    let client = isolated.config.test_client().await.map_err(err)?;
+    Ok((isolated, client))
 }
 
 async fn start_rig(config: &Config, instances: usize) -> anyhow::Result<Rig> {
@@ -241,109 +189,20 @@ async fn preload(store: &Arc<dyn Store>, preload: Preload) -> anyhow::Result<f64
 }
 
 async fn start_rig_with(config: &Config, instances: usize, load: Preload) -> anyhow::Result<Rig> {
-    let (stores, store_cleanup) = fresh_stores(&config.store, instances.max(1)).await?;
+    let (stores, store) = fresh_stores(config.store.as_ref(), instances.max(1)).await?;
     let preload_rate = preload(&stores[0], load).await?;
-    #[allow(unused_mut)] // only broker plugins add to it
-    let mut cleanup = vec![store_cleanup];
-    #[cfg(feature = "nats")]
-    let nats = match &config.broker {
-        // Streams of its own on the configured server, deleted afterwards.
-        BrokerConfig::Nats(c) => {
-            let id = &uuid::Uuid::new_v4().simple().to_string()[..12];
-            let c = timer_brokers::nats::NatsConfig {
-                commands_stream: format!("BENCH_{id}_COMMANDS"),
-                commands_subject: format!("bench{id}.commands.>"),
-                consumer: format!("bench{id}"),
-                events_stream: format!("BENCH_{id}_EVENTS"),
-                events_subject: format!("bench{id}.events"),
-                dead_letter_stream: format!("BENCH_{id}_DEAD"),
-                dead_letter_subject: format!("bench{id}.dead"),
-                ..(**c).clone()
-            };
-            cleanup.push(Cleanup::NatsStreams(Box::new(c.clone())));
-            Some(c)
-        }
-        _ => None,
-    };
-    #[cfg(feature = "rabbitmq")]
-    let rabbitmq = match &config.broker {
-        // Queues and exchanges of its own on the configured server, deleted afterwards.
-        BrokerConfig::Rabbitmq(c) => {
-            let id = &uuid::Uuid::new_v4().simple().to_string()[..12];
-            let c = timer_brokers::rabbitmq::RabbitmqConfig {
-                commands_queue: format!("bench{id}.commands"),
-                events_exchange: format!("bench{id}.events"),
-                dead_letter_exchange: format!("bench{id}.dead"),
-                dead_letter_queue: format!("bench{id}.dead"),
-                ..(**c).clone()
-            };
-            cleanup.push(Cleanup::RabbitmqTopology(Box::new(c.clone())));
-            // Events need a queue to go to: unroutable ones come back and are retried.
-            timer_brokers::rabbitmq::declare_sink(&c)
-                .await
-                .map_err(|e| anyhow::anyhow!(e.chain()))?;
-            Some(c)
-        }
-        _ => None,
-    };
-    #[cfg(feature = "kafka")]
-    let kafka = match &config.broker {
-        // Topics and a consumer group of its own on the configured server (left there).
-        BrokerConfig::Kafka(c) => {
-            let id = &uuid::Uuid::new_v4().simple().to_string()[..12];
-            let c = timer_brokers::kafka::KafkaConfig {
-                group_id: format!("bench{id}"),
-                commands_topic: format!("bench{id}.commands"),
-                events_topic: format!("bench{id}.events"),
-                dead_letter_topic: format!("bench{id}.dead"),
-                ..(**c).clone()
-            };
-            cleanup.push(Cleanup::KafkaTopics(Box::new(c.clone())));
-            Some(c)
-        }
-        _ => None,
-    };
+    let (broker, client) = fresh_broker(config.broker.as_ref()).await?;
     let shutdown = CancellationToken::new();
     let mut engines = Vec::new();
-    let mut first_hub = None;
     for store in stores {
-        let (broker, hub): (Arc<dyn Broker>, Option<MemoryHub>) = match &config.broker {
-            BrokerConfig::Memory(c) => {
-                let hub = MemoryHub::new(timer_brokers::memory::MemoryConfig {
-                    retain: 1,
-                    ..c.clone()
-                });
-                (Arc::new(hub.connect()), Some(hub))
-            }
-            #[cfg(feature = "nats")]
-            BrokerConfig::Nats(_) => {
-                let c = nats.as_ref().context("bench nats config")?;
-                let broker = timer_brokers::nats::NatsBroker::connect(c)
-                    .await
-                    .map_err(|e| anyhow::anyhow!(e.chain()))?;
-                (Arc::new(broker), None)
-            }
-            #[cfg(feature = "rabbitmq")]
-            BrokerConfig::Rabbitmq(_) => {
-                let c = rabbitmq.as_ref().context("bench rabbitmq config")?;
-                let broker = timer_brokers::rabbitmq::RabbitmqBroker::connect(c)
-                    .await
-                    .map_err(|e| anyhow::anyhow!(e.chain()))?;
-                (Arc::new(broker), None)
-            }
-            #[cfg(feature = "kafka")]
-            BrokerConfig::Kafka(_) => {
-                let c = kafka.as_ref().context("bench kafka config")?;
-                let broker = timer_brokers::kafka::KafkaBroker::connect(c)
-                    .await
-                    .map_err(|e| anyhow::anyhow!(e.chain()))?;
-                (Arc::new(broker), None)
-            }
-        };
-        first_hub = first_hub.or(hub);
+        let connected = broker
+            .config
+            .connect()
+            .await
+            .map_err(|e| anyhow::anyhow!(e.chain()))?;
         let engine = Engine::new(
             store,
-            broker,
+            connected,
             Arc::new(SystemClock),
             config.engine.clone(),
             config.limits.clone(),
@@ -356,10 +215,12 @@ async fn start_rig_with(config: &Config, instances: usize, load: Preload) -> any
     Ok(Rig {
         engine: engines[0].clone(),
         engines,
-        hub: first_hub,
+        hub: crate::plugins::memory_hub(broker.config.as_ref()),
         shutdown,
         tasks,
-        cleanup,
+        store,
+        broker,
+        client,
         first_events,
         started,
         preload_rate,
@@ -752,22 +613,8 @@ pub async fn run(config: Config, options: Options) -> anyhow::Result<()> {
     if options.timers == 0 || options.runs == 0 {
         bail!("--timers and --runs must be at least 1");
     }
-    let store = match &config.store {
-        StoreConfig::Memory(_) => "memory",
-        #[cfg(feature = "sqlite")]
-        StoreConfig::Sqlite(_) => "sqlite",
-        #[cfg(feature = "postgres")]
-        StoreConfig::Postgres(_) => "postgres",
-    };
-    let broker = match &config.broker {
-        BrokerConfig::Memory(_) => "memory",
-        #[cfg(feature = "nats")]
-        BrokerConfig::Nats(_) => "nats",
-        #[cfg(feature = "rabbitmq")]
-        BrokerConfig::Rabbitmq(_) => "rabbitmq",
-        #[cfg(feature = "kafka")]
-        BrokerConfig::Kafka(_) => "kafka",
-    };
+    let store = config.store.kind();
+    let broker = config.broker.kind();
     let workloads: &[Workload] = match options.workload {
         Workload::All => &[Workload::Lateness, Workload::Herd, Workload::Ingest],
         Workload::Lateness => &[Workload::Lateness],

@@ -1,7 +1,8 @@
 //! Configuration: built-in defaults ← TOML file (`--config`, else `config/timer-service.toml` if
 //! present) ← the seed's environment names ← `TIMER_*` environment (`__` nests:
-//! `TIMER_STORE__URL`). Each plugin section is extracted into the plugin's own typed config after
-//! its `kind` was checked against what is known and what is compiled in.
+//! `TIMER_STORE__URL`). Each plugin section is loaded by the plugin its `kind` names, found in
+//! the plugin crate's registry (`timer_stores::PLUGINS`, `timer_brokers::PLUGINS`), after the
+//! kind was checked against what is known and what is compiled in.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -11,6 +12,7 @@ use figment::providers::{Env, Format, Toml};
 use figment::Figment;
 use serde::{Deserialize, Serialize};
 use timer_core::config::duration;
+use timer_core::plugin::{BrokerConfig, ConfigSection, Registry, StoreConfig};
 use timer_core::{EngineConfig, Error, Limits};
 
 /// Where the service looks for a config file when `--config` is not given.
@@ -22,46 +24,6 @@ const SEED_ENV: &[(&str, &str)] = &[
     ("TIMER_BATCH_SIZE", "engine.batch_size"),
     ("TIMER_DB_PATH", "store.url"),
     ("TIMER_BROKER_URL", "broker.url"),
-];
-
-/// One plugin kind: its name (also its cargo feature and folder) and whether this build has it.
-pub struct Kind {
-    pub name: &'static str,
-    pub compiled: bool,
-}
-
-pub const STORE_KINDS: &[Kind] = &[
-    Kind {
-        name: "memory",
-        compiled: true,
-    },
-    Kind {
-        name: "sqlite",
-        compiled: cfg!(feature = "sqlite"),
-    },
-    Kind {
-        name: "postgres",
-        compiled: cfg!(feature = "postgres"),
-    },
-];
-
-pub const BROKER_KINDS: &[Kind] = &[
-    Kind {
-        name: "memory",
-        compiled: true,
-    },
-    Kind {
-        name: "nats",
-        compiled: cfg!(feature = "nats"),
-    },
-    Kind {
-        name: "kafka",
-        compiled: cfg!(feature = "kafka"),
-    },
-    Kind {
-        name: "rabbitmq",
-        compiled: cfg!(feature = "rabbitmq"),
-    },
 ];
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -124,33 +86,11 @@ struct TopLevel {
     log: LogConfig,
 }
 
-#[derive(Debug, Clone, Serialize)]
-#[serde(untagged)]
-pub enum StoreConfig {
-    Memory(timer_stores::memory::MemoryConfig),
-    #[cfg(feature = "sqlite")]
-    Sqlite(timer_stores::sqlite::SqliteConfig),
-    #[cfg(feature = "postgres")]
-    Postgres(timer_stores::postgres::PostgresConfig),
-}
-
-#[derive(Debug, Clone, Serialize)]
-#[serde(untagged)]
-pub enum BrokerConfig {
-    Memory(timer_brokers::memory::MemoryConfig),
-    #[cfg(feature = "nats")]
-    Nats(Box<timer_brokers::nats::NatsConfig>),
-    #[cfg(feature = "rabbitmq")]
-    Rabbitmq(Box<timer_brokers::rabbitmq::RabbitmqConfig>),
-    #[cfg(feature = "kafka")]
-    Kafka(Box<timer_brokers::kafka::KafkaConfig>),
-}
-
 /// The effective configuration.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug)]
 pub struct Config {
-    pub store: StoreConfig,
-    pub broker: BrokerConfig,
+    pub store: Box<dyn StoreConfig>,
+    pub broker: Box<dyn BrokerConfig>,
     pub engine: EngineConfig,
     pub http: HttpConfig,
     pub limits: Limits,
@@ -195,46 +135,16 @@ pub fn figment(path: Option<&Path>) -> Result<Figment, Error> {
 /// Reads and checks the whole configuration.
 pub fn load(figment: &Figment) -> Result<Config, Error> {
     let top: TopLevel = figment.extract().map_err(|e| figment_err(e, None))?;
-    let store_kind = kind_of(figment, "store", STORE_KINDS, default_store_kind())?;
-    let store = match store_kind {
-        "memory" => StoreConfig::Memory(section(figment, "store")?),
-        #[cfg(feature = "sqlite")]
-        "sqlite" => StoreConfig::Sqlite(section(figment, "store")?),
-        #[cfg(feature = "postgres")]
-        "postgres" => {
-            let c: timer_stores::postgres::PostgresConfig = section(figment, "store")?;
-            c.check()?;
-            StoreConfig::Postgres(c)
-        }
-        other => {
-            return Err(Error::internal(format!(
-                "store kind {other:?} has no config"
-            )))
-        }
-    };
-    let broker_kind = kind_of(figment, "broker", BROKER_KINDS, "memory")?;
-    let broker = match broker_kind {
-        "memory" => BrokerConfig::Memory(section(figment, "broker")?),
-        #[cfg(feature = "nats")]
-        "nats" => {
-            let c: timer_brokers::nats::NatsConfig = section(figment, "broker")?;
-            c.check()?;
-            BrokerConfig::Nats(Box::new(c))
-        }
-        #[cfg(feature = "rabbitmq")]
-        "rabbitmq" => BrokerConfig::Rabbitmq(Box::new(section(figment, "broker")?)),
-        #[cfg(feature = "kafka")]
-        "kafka" => {
-            let c: timer_brokers::kafka::KafkaConfig = section(figment, "broker")?;
-            c.check()?;
-            BrokerConfig::Kafka(Box::new(c))
-        }
-        other => {
-            return Err(Error::internal(format!(
-                "broker kind {other:?} has no config"
-            )))
-        }
-    };
+    let locate = |key: &str| locate(figment, key);
+    let store = plugin_of(
+        figment,
+        "store",
+        &timer_stores::PLUGINS,
+        default_store_kind(),
+    )?;
+    let store = (store.load)(&section(figment, "store", &locate)?)?;
+    let broker = plugin_of(figment, "broker", &timer_brokers::PLUGINS, "memory")?;
+    let broker = (broker.load)(&section(figment, "broker", &locate)?)?;
     let _ = (top.store, top.broker);
     let config = Config {
         store,
@@ -264,18 +174,8 @@ fn validate(config: &Config) -> Result<(), Error> {
             "engine.lease must be at least 1s (a lease shorter than a publish fires timers twice)",
         ));
     }
-    #[cfg(feature = "kafka")]
-    if let BrokerConfig::Kafka(k) = &config.broker {
-        // The engine stops waiting for a publish after half the lease; librdkafka would still
-        // deliver a queued event later, after a cancel may have succeeded.
-        if k.publish_timeout >= e.lease / 2 {
-            return Err(Error::config(format!(
-                "broker.publish_timeout ({}) must be below half of engine.lease ({})",
-                humantime::format_duration(k.publish_timeout),
-                humantime::format_duration(e.lease)
-            )));
-        }
-    }
+    config.store.check(e)?;
+    config.broker.check(e)?;
     if config
         .http
         .token
@@ -294,56 +194,62 @@ fn validate(config: &Config) -> Result<(), Error> {
     Ok(())
 }
 
-/// Reads `<section>.kind` and checks it against the known and the compiled-in kinds.
-fn kind_of(
+/// Reads `<section>.kind`, checks it against the kinds the registry knows and the ones compiled
+/// in, and gives that plugin's descriptor.
+fn plugin_of<P>(
     figment: &Figment,
     section: &str,
-    kinds: &'static [Kind],
-    default: &'static str,
-) -> Result<&'static str, Error> {
+    registry: &Registry<P>,
+    default: &str,
+) -> Result<&'static P, Error> {
     let key = format!("{section}.kind");
     let given: Option<String> = figment.extract_inner(&key).ok();
-    let Some(given) = given else {
-        return Ok(default);
-    };
+    let given = given.as_deref().unwrap_or(default);
     let source = source_of(figment, &key);
-    let known = || kinds.iter().map(|k| k.name).collect::<Vec<_>>().join(", ");
-    let compiled = || {
-        kinds
-            .iter()
-            .filter(|k| k.compiled)
-            .map(|k| k.name)
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
-    let Some(kind) = kinds.iter().find(|k| k.name == given) else {
+    let list = |kinds: &mut dyn Iterator<Item = &str>| kinds.collect::<Vec<_>>().join(", ");
+    let Some(known) = registry.known(given) else {
         return Err(Error::config(format!(
             "{key} = {given:?}{source}: unknown {section} kind (known: {})",
-            known()
+            list(&mut registry.kinds())
         )));
     };
-    if !kind.compiled {
-        return Err(Error::unsupported(format!(
+    known.plugin.ok_or_else(|| {
+        Error::unsupported(format!(
             "{key} = {given:?}{source}: {section} \"{}\" is not compiled in; rebuild with \
              --features {} (compiled in: {})",
-            kind.name,
-            kind.name,
-            compiled()
-        )));
-    }
-    Ok(kind.name)
+            known.kind,
+            known.kind,
+            list(&mut registry.compiled_kinds())
+        ))
+    })
 }
 
-fn section<T: serde::de::DeserializeOwned + Default>(
+/// The `name` section as its plugin reads it: the merged keys of every source.
+fn section<'a>(
     figment: &Figment,
-    name: &str,
-) -> Result<T, Error> {
-    if figment.find_value(name).is_err() {
-        return Ok(T::default());
-    }
+    name: &'a str,
+    locate: &'a dyn Fn(&str) -> String,
+) -> Result<ConfigSection<'a>, Error> {
+    let value = match figment.find_value(name) {
+        Ok(value) => value
+            .deserialize::<serde_json::Value>()
+            .map_err(|e| figment_err(e, Some(name)))?,
+        Err(_) => serde_json::Value::Null,
+    };
+    Ok(ConfigSection {
+        name,
+        value,
+        locate,
+    })
+}
+
+/// Where `key` was set, as ` (environment variable TIMER_STORE__URL)` or
+/// ` (in TOML file x.toml)`; empty when figment does not know.
+fn locate(figment: &Figment, key: &str) -> String {
     figment
-        .extract_inner(name)
-        .map_err(|e| figment_err(e, Some(name)))
+        .find_metadata(key)
+        .map(|m| from(m, key))
+        .unwrap_or_default()
 }
 
 /// " (from <source>)" for a key, when figment knows where it came from.
@@ -375,20 +281,27 @@ fn describe(e: &figment::Error, section: Option<&str>) -> String {
         }
     }
     let key = path.join(".");
-    let from = match &e.metadata {
-        Some(m) if m.name.contains("environment") => {
-            format!(" (environment variable {})", env_name(&key))
-        }
-        Some(m) => match &m.source {
-            Some(source) => format!(" (in {} {source})", m.name),
-            None => format!(" (from {})", m.name),
-        },
-        None => String::new(),
-    };
+    let from = e
+        .metadata
+        .as_ref()
+        .map(|m| from(m, &key))
+        .unwrap_or_default();
     if key.is_empty() {
         format!("{}{from}", e.kind)
     } else {
         format!("{key}: {}{from}", e.kind)
+    }
+}
+
+/// ` (environment variable X)`, ` (in TOML file x.toml)` or ` (from <provider>)` for `key` set
+/// by the source `m` describes.
+fn from(m: &figment::Metadata, key: &str) -> String {
+    if m.name.contains("environment") {
+        return format!(" (environment variable {})", env_name(key));
+    }
+    match &m.source {
+        Some(source) => format!(" (in {} {source})", m.name),
+        None => format!(" (from {})", m.name),
     }
 }
 
@@ -403,11 +316,39 @@ fn env_name(key: &str) -> String {
 
 /// The effective config as TOML, with secrets replaced by `***`.
 pub fn render_redacted(config: &Config) -> Result<String, Error> {
-    let mut value = toml::Value::try_from(config)
-        .map_err(|e| Error::internal("cannot render the config").with_source(e))?;
+    let mut value = to_toml(config)?;
     redact(&mut value, "");
     toml::to_string_pretty(&value)
         .map_err(|e| Error::internal("cannot render the config").with_source(e))
+}
+
+/// The effective config as a TOML value: every section, plugin sections as their plugins render
+/// them; keys left unset (`None`) are left out.
+pub fn to_toml(config: &Config) -> Result<toml::Value, Error> {
+    let cannot = |e: serde_json::Error| Error::internal("cannot render the config").with_source(e);
+    let mut value = serde_json::json!({
+        "store": config.store.to_value()?,
+        "broker": config.broker.to_value()?,
+        "engine": serde_json::to_value(&config.engine).map_err(cannot)?,
+        "http": serde_json::to_value(&config.http).map_err(cannot)?,
+        "limits": serde_json::to_value(&config.limits).map_err(cannot)?,
+        "log": serde_json::to_value(&config.log).map_err(cannot)?,
+    });
+    drop_nulls(&mut value);
+    toml::Value::try_from(value)
+        .map_err(|e| Error::internal("cannot render the config").with_source(e))
+}
+
+/// Removes `null` entries (unset options), which TOML cannot hold.
+fn drop_nulls(value: &mut serde_json::Value) {
+    match value {
+        serde_json::Value::Object(map) => {
+            map.retain(|_, v| !v.is_null());
+            map.values_mut().for_each(drop_nulls);
+        }
+        serde_json::Value::Array(items) => items.iter_mut().for_each(drop_nulls),
+        _ => {}
+    }
 }
 
 /// Keys whose values are secrets (matched as substrings of the lowercased key).
@@ -507,9 +448,9 @@ mod tests {
     fn defaults_are_the_embedded_setup() {
         Jail::expect_with(|_| {
             let c = load_in_jail(None).map_err(|e| e.to_string())?;
-            assert!(matches!(c.broker, BrokerConfig::Memory(_)));
+            assert_eq!(c.broker.kind(), "memory");
             #[cfg(feature = "sqlite")]
-            assert!(matches!(c.store, StoreConfig::Sqlite(_)));
+            assert_eq!(c.store.kind(), "sqlite");
             assert_eq!(c.http.addr.to_string(), "127.0.0.1:8080");
             assert_eq!(c.engine.poll_interval, Duration::from_secs(5));
             Ok(())
@@ -540,9 +481,13 @@ mod tests {
             assert_eq!(c.engine.poll_interval, Duration::from_millis(250));
             assert_eq!(c.engine.batch_size, 42);
             #[cfg(feature = "sqlite")]
-            match c.store {
-                StoreConfig::Sqlite(s) => assert_eq!(s.path(), "/tmp/x/event_service.db"),
-                other => panic!("{other:?}"),
+            match c
+                .store
+                .as_any()
+                .downcast_ref::<timer_stores::sqlite::SqliteConfig>()
+            {
+                Some(s) => assert_eq!(s.path(), "/tmp/x/event_service.db"),
+                None => panic!("{:?}", c.store),
             }
             Ok(())
         });
@@ -562,21 +507,24 @@ mod tests {
 
     #[test]
     fn kind_not_compiled_in_names_the_feature() {
-        // A table of its own: with --all-features every real kind is compiled in.
-        const KINDS: &[Kind] = &[
-            Kind {
-                name: "memory",
-                compiled: true,
+        // A registry of its own: with --all-features every real kind is compiled in.
+        use timer_core::plugin::{BrokerPlugin, Known};
+        static LINES: &[Known<BrokerPlugin>] = &[
+            Known {
+                kind: "memory",
+                plugin: Some(&timer_brokers::memory::PLUGIN),
             },
-            Kind {
-                name: "kafka",
-                compiled: false,
+            Known {
+                kind: "kafka",
+                plugin: None,
             },
         ];
         Jail::expect_with(|jail| {
             jail.set_env("TIMER_BROKER__KIND", "kafka");
             let figment = figment(None).map_err(|e| e.to_string())?;
-            let e = kind_of(&figment, "broker", KINDS, "memory").unwrap_err();
+            let Err(e) = plugin_of(&figment, "broker", &Registry(LINES), "memory") else {
+                panic!("kafka is not compiled into this registry");
+            };
             assert_eq!(e.kind(), timer_core::ErrorKind::Unsupported);
             let e = e.to_string();
             assert!(
@@ -602,6 +550,48 @@ mod tests {
             );
             jail.set_env("TIMER_BROKER__PUBLISH_TIMEOUT", "10s");
             assert!(load_in_jail(None).is_ok());
+            Ok(())
+        });
+    }
+
+    /// Every file in `config/` loads through the real loader, and one named after a plugin
+    /// (`config/nats.toml`) configures that plugin.
+    #[cfg(all(
+        feature = "sqlite",
+        feature = "postgres",
+        feature = "nats",
+        feature = "kafka",
+        feature = "rabbitmq"
+    ))]
+    #[test]
+    fn every_config_file_loads() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../config");
+        let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+            .expect("the config directory")
+            .map(|entry| entry.expect("a config directory entry").path())
+            .filter(|path| path.extension().is_some_and(|e| e == "toml"))
+            .collect();
+        files.sort();
+        assert!(
+            files.len() >= 2,
+            "config files in {}: {files:?}",
+            dir.display()
+        );
+        Jail::expect_with(|_| {
+            for file in &files {
+                let c = figment(Some(file))
+                    .and_then(|f| load(&f))
+                    .map_err(|e| format!("{}: {}", file.display(), e.chain()))?;
+                let stem = file
+                    .file_stem()
+                    .and_then(|s| s.to_str())
+                    .unwrap_or_default();
+                if timer_stores::PLUGINS.known(stem).is_some() {
+                    assert_eq!(c.store.kind(), stem, "{}", file.display());
+                } else if timer_brokers::PLUGINS.known(stem).is_some() {
+                    assert_eq!(c.broker.kind(), stem, "{}", file.display());
+                }
+            }
             Ok(())
         });
     }

@@ -283,10 +283,12 @@ fn init_metrics() -> anyhow::Result<PrometheusHandle> {
 async fn run(config: Config) -> anyhow::Result<()> {
     init_logging(&config);
     let metrics = init_metrics()?;
-    let store = plugins::store(&config.store)
+    let store = config
+        .store
+        .open()
         .await
         .map_err(|e| anyhow::anyhow!(e.chain()))?;
-    let (broker, memory_hub) = plugins::broker(&config.broker)
+    let (broker, memory_hub) = plugins::broker(config.broker.as_ref())
         .await
         .map_err(|e| anyhow::anyhow!(e.chain()))?;
     let engine = Engine::new(

@@ -1,7 +1,7 @@
 //! timer-conformance: the Store and Broker conformance suites as libraries of async check
-//! functions, the fixtures that give each check a fresh isolated resource, and helpers for the
-//! end-to-end tests. Each plugin's test is a few lines: a fixture, then `store::checks()` or
-//! `broker::checks()`.
+//! functions, the fixtures that give each check a fresh isolated resource of a plugin, and
+//! helpers for the end-to-end tests. `tests/conformance.rs` runs every check on every plugin of
+//! the registries; a plugin needs nothing here.
 
 pub mod broker;
 pub mod e2e;

@@ -136,6 +136,11 @@ pub trait StoreConfig: Debug + Send + Sync + 'static {
     /// The section as TOML would hold it, `kind` included (secrets too: redact before showing).
     fn to_value(&self) -> Result<serde_json::Value>;
     async fn open(&self) -> Result<Arc<dyn Store>>;
+    /// Whether stores opened from this config share their timers, so several engines (as
+    /// separate instances would) can run on one store; `false` for a store in process memory.
+    fn shared(&self) -> bool {
+        true
+    }
     /// This config on fresh resources of the same server (a temp file, a new schema named
     /// `prefix`…); other settings kept. The bench runs on the configured server with it, and
     /// [`StorePlugin::isolated`] applies it to a config for the test server.

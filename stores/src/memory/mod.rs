@@ -1,5 +1,7 @@
 //! `memory`: timers in process memory. Lost at exit; for tests and trying things out.
 
+mod plugin;
+
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Mutex;
 
@@ -9,6 +11,8 @@ use timer_core::{
     CancelOutcome, ClaimedTimer, Error, Lease, NewTimer, Result, ScheduleOutcome, Store, Timer,
     TimerKey, TimerState, Timestamp,
 };
+
+pub use plugin::PLUGIN;
 
 /// Config section of `store.kind = "memory"`: nothing to set.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -3,6 +3,7 @@
 //! scheduled batch wakes every instance's firing task when a sooner timer arrives.
 
 mod config;
+mod plugin;
 
 use std::collections::HashMap;
 use std::str::FromStr;
@@ -21,6 +22,7 @@ use tokio::sync::broadcast;
 use tracing::{info, warn};
 
 pub use config::PostgresConfig;
+pub use plugin::{PLUGIN, TEST_SERVER};
 
 pub struct PostgresStore {
     pool: PgPool,

@@ -2,6 +2,7 @@
 //! they never contend inside the process; reads use a small pool.
 
 mod config;
+mod plugin;
 
 use std::collections::HashMap;
 use std::str::FromStr;
@@ -18,6 +19,7 @@ use timer_core::{
 };
 
 pub use config::{SqliteConfig, Synchronous};
+pub use plugin::PLUGIN;
 
 pub struct SqliteStore {
     write: SqlitePool,
