@@ -11,23 +11,19 @@ use std::time::Duration;
 
 use libtest_mimic::Arguments;
 use timer_conformance::e2e::{
-    assert_reached, count_by_key, drained, free_addr, lateness_ms, missing_var, new_timers, now_ms,
-    percentiles, refused_to_run, signal, store_timers, EventLog, Service,
+    assert_reached, count_by_key, drained, free_addr, lateness_ms, new_timers, now_ms, percentiles,
+    refused_to_run, signal, store_timers, EventLog, Service,
 };
-use timer_conformance::fixtures::POSTGRES_URL_VAR;
 use timer_conformance::{server_trial, wait_for};
 use timer_core::plugin::fresh_name;
 use timer_core::{NewTimer, Store, Timestamp};
-use timer_stores::postgres::{PostgresConfig, PostgresStore};
+use timer_stores::postgres::{PostgresConfig, PostgresStore, PLUGIN, TEST_SERVER};
 
 const BIN: &str = env!("CARGO_BIN_EXE_timer-service");
 
 fn main() {
     let args = Arguments::from_args();
-    let missing = missing_var(
-        &[POSTGRES_URL_VAR],
-        "bash scripts/test.sh starts PostgreSQL",
-    );
+    let missing = PLUGIN.unavailable();
     let trials = vec![
         server_trial(
             "postgres::notify_reaches_another_store_handle",
@@ -61,7 +57,9 @@ fn main() {
 /// The test server with a schema of this test's own.
 fn schema_config() -> PostgresConfig {
     PostgresConfig {
-        url: std::env::var(POSTGRES_URL_VAR).expect("TIMER_TEST_POSTGRES_URL is set"),
+        url: TEST_SERVER
+            .address()
+            .expect("TIMER_TEST_POSTGRES_URL is set"),
         schema: fresh_name("e_"),
         ..PostgresConfig::default()
     }

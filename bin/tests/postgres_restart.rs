@@ -8,23 +8,18 @@ use std::time::Duration;
 
 use libtest_mimic::Arguments;
 use timer_conformance::e2e::{
-    assert_reached, count_by_key, drained, missing_var, new_timers, now_ms, store_timers,
-    ScriptedServer, Service,
+    assert_reached, count_by_key, drained, new_timers, now_ms, store_timers, ScriptedServer,
+    Service,
 };
-use timer_conformance::fixtures::POSTGRES_URL_VAR;
 use timer_conformance::{server_trial, wait_for};
 use timer_core::plugin::fresh_name;
-use timer_stores::postgres::{PostgresConfig, PostgresStore};
+use timer_stores::postgres::{PostgresConfig, PostgresStore, TEST_SERVER};
 
 const BIN: &str = env!("CARGO_BIN_EXE_timer-service");
-const DIR_VAR: &str = "TIMER_TEST_POSTGRES_DIR";
 
 fn main() {
     let args = Arguments::from_args();
-    let missing = missing_var(
-        &[POSTGRES_URL_VAR, DIR_VAR],
-        "bash scripts/test.sh starts PostgreSQL",
-    );
+    let missing = ScriptedServer::of(&TEST_SERVER).err();
     let trials = vec![server_trial(
         "postgres::restart_under_load_loses_nothing",
         missing,
@@ -39,11 +34,7 @@ async fn readyz(service: &Service) -> u16 {
 
 async fn restart_under_load_loses_nothing() {
     const N: usize = 3_000;
-    let url = std::env::var(POSTGRES_URL_VAR).expect("url");
-    let port = url::Url::parse(&url)
-        .ok()
-        .and_then(|u| u.port())
-        .unwrap_or(5432);
+    let url = TEST_SERVER.address().expect("url");
     let config = PostgresConfig {
         url: url.clone(),
         schema: fresh_name("r_"),
@@ -69,8 +60,7 @@ async fn restart_under_load_loses_nothing() {
         .await
         .expect("firing started");
 
-    let dir = std::env::var(DIR_VAR).expect("TIMER_TEST_POSTGRES_DIR");
-    let server = ScriptedServer::new("postgres", dir, "PG_PORT", port);
+    let server = ScriptedServer::of(&TEST_SERVER).expect("the PostgreSQL test server");
     server.run("stop").await;
     // Whatever happens next, the server is running again for the test binaries after this one.
     let _restart = server.restart_guard();

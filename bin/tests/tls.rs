@@ -20,9 +20,10 @@ use sqlx::Connection;
 use timer_brokers::nats::{NatsBroker, NatsConfig};
 use timer_brokers::rabbitmq::{RabbitmqBroker, RabbitmqConfig};
 use timer_conformance::e2e::{free_addr, missing_var, refused_to_run, run_ok, Service};
-use timer_conformance::fixtures::POSTGRES_URL_VAR;
 use timer_conformance::{server_trial, wait_for};
+use timer_core::plugin::BrokerConfig;
 use timer_core::Broker;
+use timer_stores::postgres::TEST_SERVER as POSTGRES;
 
 const BIN: &str = env!("CARGO_BIN_EXE_timer-service");
 const CA_VAR: &str = "TIMER_TEST_POSTGRES_CA";
@@ -30,7 +31,7 @@ const CA_VAR: &str = "TIMER_TEST_POSTGRES_CA";
 fn main() {
     let args = Arguments::from_args();
     let pg_missing = missing_var(
-        &[POSTGRES_URL_VAR, CA_VAR],
+        &[POSTGRES.address_env, CA_VAR],
         "bash scripts/test.sh starts PostgreSQL with TLS",
     );
     let rabbit_missing = missing_var(
@@ -73,6 +74,17 @@ fn which(program: &str) -> Option<PathBuf> {
     })
 }
 
+/// `config` on fresh resources of its own (streams, queues) on the same server.
+fn isolated<C: BrokerConfig + Clone>(config: C) -> C {
+    let fresh = config.isolated("tls").expect("fresh names");
+    fresh
+        .config
+        .as_any()
+        .downcast_ref::<C>()
+        .expect("the same kind of config")
+        .clone()
+}
+
 /// The error of a connect with a CA that did not sign the server's certificate.
 fn refused<T>(connect: timer_core::Result<T>) -> timer_core::Error {
     match connect {
@@ -92,10 +104,7 @@ async fn make_certificates(dir: &Path) {
 fn postgres_env(schema: &str, root_cert: &Path) -> Vec<(&'static str, String)> {
     vec![
         ("TIMER_STORE__KIND", "postgres".into()),
-        (
-            "TIMER_STORE__URL",
-            std::env::var(POSTGRES_URL_VAR).unwrap_or_default(),
-        ),
+        ("TIMER_STORE__URL", POSTGRES.address().unwrap_or_default()),
         ("TIMER_STORE__SCHEMA", schema.into()),
         ("TIMER_STORE__SSL_MODE", "verify-full".into()),
         (
@@ -119,7 +128,7 @@ async fn tls_connections(admin: &mut sqlx::PgConnection) -> i64 {
 
 async fn postgres_verify_full_connects_over_tls() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let url = std::env::var(POSTGRES_URL_VAR).expect("url");
+    let url = POSTGRES.address().expect("url");
     // This connection itself stays in plain text, so it does not count.
     let mut admin = sqlx::PgConnection::connect(&format!("{url}?sslmode=disable"))
         .await
@@ -187,20 +196,12 @@ async fn nats_tls_is_honoured() {
     })
     .await;
     assert!(up.is_some(), "nats-server with TLS listens");
-    let id = &uuid::Uuid::new_v4().simple().to_string()[..12];
-    let config = NatsConfig {
+    let config: NatsConfig = isolated(NatsConfig {
         url: format!("tls://127.0.0.1:{port}"),
         tls_root_cert: Some(tls.join("ca.pem")),
         connect_timeout: Duration::from_secs(5),
-        commands_stream: format!("TC_{id}"),
-        commands_subject: format!("tls{id}.commands.>"),
-        consumer: format!("tls{id}"),
-        events_stream: format!("TE_{id}"),
-        events_subject: format!("tls{id}.events"),
-        dead_letter_stream: format!("TD_{id}"),
-        dead_letter_subject: format!("tls{id}.dead"),
         ..NatsConfig::default()
-    };
+    });
     // JetStream may need a moment after the port opens; the first connect may retry.
     let broker = wait_for(Duration::from_secs(30), || async {
         NatsBroker::connect(&config).await.ok()
@@ -226,19 +227,13 @@ async fn nats_tls_is_honoured() {
 }
 
 async fn rabbitmq_tls_is_honoured() {
-    let id = &uuid::Uuid::new_v4().simple().to_string()[..12];
-    let url = std::env::var("TIMER_TEST_RABBITMQ_TLS_URL").expect("url");
-    let config = RabbitmqConfig {
-        url: url.clone(),
+    let config: RabbitmqConfig = isolated(RabbitmqConfig {
+        url: std::env::var("TIMER_TEST_RABBITMQ_TLS_URL").expect("url"),
         tls_root_cert: Some(PathBuf::from(
             std::env::var("TIMER_TEST_RABBITMQ_CA").expect("ca"),
         )),
-        commands_queue: format!("tls{id}.commands"),
-        events_exchange: format!("tls{id}.events"),
-        dead_letter_exchange: format!("tls{id}.dead"),
-        dead_letter_queue: format!("tls{id}.dead"),
         ..RabbitmqConfig::default()
-    };
+    });
     let broker = RabbitmqBroker::connect(&config)
         .await
         .expect("connects over amqps with the CA given");

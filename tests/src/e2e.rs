@@ -242,6 +242,17 @@ pub async fn signal(pid: u32, signal: &str) {
     assert!(status.success(), "kill {signal} {pid}");
 }
 
+/// Whether process `pid` still runs (a zombie does not: it holds no port any more).
+fn running(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            let state = stat.rsplit_once(") ")?.1.chars().next()?;
+            Some(state != 'Z' && state != 'X')
+        })
+        .unwrap_or(false)
+}
+
 /// One event as received, with the wall-clock time it arrived (epoch ms).
 #[derive(Debug, Clone)]
 pub struct Received {
@@ -505,16 +516,25 @@ impl ScriptedServer {
         run_ok(&mut command, format!("{} {action}", self.script.display())).await;
     }
 
-    /// SIGKILL to the server, by the pid its script recorded (`DIR/<name>.pid`).
+    /// SIGKILL to the server, by the pid its script recorded (`DIR/<name>.pid`); returns once
+    /// it is gone (its port free for the next start).
     pub async fn kill9(&self) {
         let pid_file = Path::new(&self.dir).join(format!("{}.pid", self.name));
-        let pid = std::fs::read_to_string(&pid_file)
-            .unwrap_or_else(|e| panic!("{}: {e}", pid_file.display()));
-        let pid = pid
+        let pid: u32 = std::fs::read_to_string(&pid_file)
+            .unwrap_or_else(|e| panic!("{}: {e}", pid_file.display()))
             .trim()
             .parse()
             .unwrap_or_else(|e| panic!("{}: {e}", pid_file.display()));
         signal(pid, "-KILL").await;
+        let gone = wait_for(Duration::from_secs(30), || async {
+            (!running(pid)).then_some(())
+        })
+        .await;
+        assert!(
+            gone.is_some(),
+            "{} (pid {pid}) ended after SIGKILL",
+            self.name
+        );
     }
 
     /// While the returned guard lives, a test ending (or panicking) with the server down

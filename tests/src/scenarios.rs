@@ -21,7 +21,6 @@ use timer_core::plugin::{
     BrokerConfig, Isolated, ReadDeadLetter, ReadEvent, StoreConfig, TestClient,
 };
 use timer_core::{BrokerPlugin, Store, StorePlugin};
-use uuid::Uuid;
 
 use crate::e2e::{
     free_addr, now_ms, percentiles, refused_to_run, schedule, write_config, EventLog,
@@ -57,6 +56,9 @@ pub struct BrokerTraits {
     /// How many commands the service's consumer has acknowledged to the broker, where the
     /// broker tells (Kafka: the group's committed offsets). They must all be stored.
     pub acknowledged: Option<for<'a> fn(&'a dyn BrokerConfig) -> BoxFuture<'a, u64>>,
+    /// Why the test server cannot hand a killed consumer's commands to its successor, where it
+    /// cannot: the ingest-kill scenario is left out, saying so.
+    pub no_takeover: Option<&'static str>,
 }
 
 impl Default for BrokerTraits {
@@ -67,6 +69,7 @@ impl Default for BrokerTraits {
             max_repeated: Some(0),
             unreachable: None,
             acknowledged: None,
+            no_takeover: None,
         }
     }
 }
@@ -109,6 +112,10 @@ pub fn trials(
         missing.clone(),
         checks,
     );
+    if let Some(why) = case.traits.no_takeover {
+        eprintln!("brokers::{kind}: service_killed_during_ingest_loses_no_command left out: {why}");
+        return trials;
+    }
     for store in stores {
         let case = Arc::new(BrokerCase {
             store,
@@ -311,29 +318,6 @@ pub fn timers(events: &[ReadEvent]) -> HashSet<String> {
         .collect()
 }
 
-/// What one client read before an outage and what a new one reads after it, each event the
-/// broker holds once: where reading took events off a queue (RabbitMQ) the new client reads on
-/// from there; where it reads a log from the start (NATS, Kafka) it reads them again.
-fn merged(before: &[ReadEvent], after: Vec<ReadEvent>) -> Vec<ReadEvent> {
-    let mut read_again: HashMap<(Uuid, &[u8]), usize> = HashMap::new();
-    for e in &after {
-        *read_again.entry((e.id, e.body.as_slice())).or_default() += 1;
-    }
-    let mut all: Vec<ReadEvent> = before
-        .iter()
-        .filter(|e| match read_again.get_mut(&(e.id, e.body.as_slice())) {
-            Some(n) if *n > 0 => {
-                *n -= 1;
-                false
-            }
-            _ => true,
-        })
-        .cloned()
-        .collect();
-    all.extend(after);
-    all
-}
-
 /// `n` commands `<prefix>00000`, ... of tenants `tenant-0` to `tenant-<tenants - 1>`, due evenly
 /// over `spread_ms` from `due_from`.
 pub fn commands(
@@ -472,7 +456,9 @@ pub async fn service_killed_during_ingest_loses_no_command(case: Arc<BrokerCase>
         let client = client.clone();
         tokio::spawn(async move { client.send_commands(&bodies).await })
     };
-    let mid = stored(store.as_ref(), 1).await.expect("ingest started");
+    let mid = stored(store.as_ref(), 1)
+        .await
+        .unwrap_or_else(|| service.fail("ingest started"));
     service.kill9().await;
     let stored_at_kill = store.pending().await.expect("pending");
     println!(
@@ -513,7 +499,9 @@ pub async fn ten_thousand_timers_survive_a_service_restart_and_a_server_outage(
     let all = commands("n", N, 7, now_ms() + 30_000, 6_000);
     let service = setup.start().await;
     client.send_commands(&all[..N / 2]).await.expect("send");
-    stored(store.as_ref(), 1).await.expect("ingest started");
+    if stored(store.as_ref(), 1).await.is_none() {
+        service.fail("ingest started");
+    }
     assert_eq!(service.terminate().await, Some(0), "a clean stop");
     let stored_at_stop = store.pending().await.expect("pending");
     let acknowledged = match case.traits.acknowledged {
@@ -533,7 +521,10 @@ pub async fn ten_thousand_timers_survive_a_service_restart_and_a_server_outage(
     if stored(store.as_ref(), N).await.is_none() {
         service.fail(format!(
             "every command stored after the restart ({} of {N}, {stored_at_stop} at the stop)",
-            store.pending().await.unwrap_or(0)
+            match store.pending().await {
+                Ok(n) => n.to_string(),
+                Err(e) => e.to_string(),
+            }
         ));
     }
     println!(
@@ -541,9 +532,11 @@ pub async fn ten_thousand_timers_survive_a_service_restart_and_a_server_outage(
          after the restart all {N}"
     );
 
-    // The server goes down once firing is well under way, and comes back on the same files.
-    let before = wait_for(Duration::from_secs(90), || async {
-        client.events().await.ok().filter(|e| e.len() >= 3_000)
+    // The server goes down once firing is well under way (3,000 fired), and comes back on the
+    // same files.
+    let unfired = wait_for(Duration::from_secs(90), || async {
+        let pending = store.pending().await.ok()?;
+        (pending <= (N - 3_000) as u64).then_some(pending)
     })
     .await
     .unwrap_or_else(|| service.fail("firing started"));
@@ -562,21 +555,21 @@ pub async fn ten_thousand_timers_survive_a_service_restart_and_a_server_outage(
     server.run("start").await;
     drop(guard);
     println!(
-        "{:?} of the {} server after {} events were read; started again",
+        "{:?} of the {} server with {} of {N} timers fired; started again",
         case.traits.outage,
         case.plugin.kind,
-        before.len()
+        N as u64 - unfired
     );
     assert!(
-        timers(&before).len() < N,
+        unfired > 0,
         "the outage came while timers were still firing"
     );
 
-    // A client of its own after the outage: RabbitMQ's closes with the server.
+    // The events wait on the broker; read them with a client of its own after the outage
+    // (RabbitMQ's connection closes with the server).
     let client = setup.client().await;
     let read = wait_for(Duration::from_secs(180), || async {
-        let all = merged(&before, client.events().await.ok()?);
-        (timers(&all).len() >= N).then_some(all)
+        client.events().await.ok().filter(|e| timers(e).len() >= N)
     })
     .await
     .unwrap_or_else(|| service.fail("not every timer fired"));

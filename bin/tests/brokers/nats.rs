@@ -29,6 +29,7 @@ pub fn traits() -> BrokerTraits {
             "error: nats broker: cannot connect to nats://***@127.0.0.1:{port}",
         )),
         acknowledged: None,
+        no_takeover: None,
     }
 }
 

@@ -23,6 +23,7 @@ pub fn traits() -> BrokerTraits {
             "error: rabbitmq broker: cannot connect to amqp://***@127.0.0.1:{port}/%2f",
         )),
         acknowledged: None,
+        no_takeover: None,
     }
 }
 
