@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, as CI runs it: installs what is missing, starts every server the tests
 # need on 127.0.0.1, runs all tests of every compiled plugin, stops what it started, and prints a
-# summary. Usage: bash scripts/test.sh [extra cargo test args]
+# summary. First it compiles the default build and each plugin feature alone (scripts/builds.sh).
+# Usage: bash scripts/test.sh [extra cargo test args]
 #
 # Servers: PostgreSQL (scripts/servers/postgres.sh), NATS with JetStream (scripts/servers/nats.sh),
 # RabbitMQ (scripts/servers/rabbitmq.sh), a Kafka-protocol broker (tansu, scripts/servers/kafka.sh;
@@ -12,6 +13,9 @@ cd "$(dirname "$0")/.."
 
 bash scripts/deps.sh # build dependencies of --all-features, installed with apt when missing
 
+# The default build and each plugin feature alone compile (before any server starts).
+bash scripts/builds.sh
+
 # This script provides every server, so a test that cannot reach one is a failure, not a skip.
 export TIMER_TEST_REQUIRE="${TIMER_TEST_REQUIRE:-1}"
 
@@ -20,10 +24,9 @@ servers="$(mktemp -d /tmp/timer-service-test.XXXXXX)"
 chmod 755 "$servers"
 log="$servers/test.log"
 stop_servers() {
-    bash scripts/servers/postgres.sh stop "$servers/postgres" || true
-    bash scripts/servers/nats.sh stop "$servers/nats" || true
-    bash scripts/servers/rabbitmq.sh stop "$servers/rabbitmq" || true
-    bash scripts/servers/kafka.sh stop "$servers/kafka" || true
+    for name in postgres nats rabbitmq kafka; do
+        bash "scripts/servers/$name.sh" stop "$servers/$name" || true
+    done
     rm -rf "$servers"
 }
 trap stop_servers EXIT
@@ -35,18 +38,22 @@ free_port() {
     echo "$port"
 }
 
-bash scripts/servers/postgres.sh install
-# Assigned first, so a failed start stops the script (set -e does not see inside eval "$(...)").
-pg_env=$(PG_PORT=$(free_port 15432) bash scripts/servers/postgres.sh start "$servers/postgres")
-eval "$pg_env"
+# server NAME [VAR=VALUE...]: installs scripts/servers/NAME.sh's server when missing, starts it
+# with those variables in $servers/NAME and exports what it prints.
+server() {
+    local name=$1 out; shift
+    bash "scripts/servers/$name.sh" install
+    # Assigned first, so a failed start stops the script (set -e does not see inside eval "$(...)").
+    out=$(env "$@" bash "scripts/servers/$name.sh" start "$servers/$name")
+    eval "$out"
+}
+
+server postgres PG_PORT="$(free_port 15432)"
 echo "PostgreSQL: $TIMER_TEST_POSTGRES_URL (pid $TIMER_TEST_POSTGRES_PID)"
 
-bash scripts/servers/nats.sh install
-nats_env=$(NATS_PORT=$(free_port 14222) bash scripts/servers/nats.sh start "$servers/nats")
-eval "$nats_env"
+server nats NATS_PORT="$(free_port 14222)"
 echo "NATS: $TIMER_TEST_NATS_URL (pid $TIMER_TEST_NATS_PID)"
 
-bash scripts/servers/rabbitmq.sh install
 # Its own epmd; amqps is on the AMQP port + 1 and the Erlang distribution port on + 100, so
 # take the first port P from 16572 with all three free.
 rabbit_port=$(free_port 16572)
@@ -54,14 +61,10 @@ while [ "$(free_port $((rabbit_port + 1)))" != $((rabbit_port + 1)) ] \
     || [ "$(free_port $((rabbit_port + 100)))" != $((rabbit_port + 100)) ]; do
     rabbit_port=$(free_port $((rabbit_port + 1)))
 done
-rabbit_env=$(RABBITMQ_PORT=$rabbit_port RABBITMQ_EPMD_PORT=$(free_port 16369) \
-    bash scripts/servers/rabbitmq.sh start "$servers/rabbitmq")
-eval "$rabbit_env"
+server rabbitmq RABBITMQ_PORT="$rabbit_port" RABBITMQ_EPMD_PORT="$(free_port 16369)"
 echo "RabbitMQ: $TIMER_TEST_RABBITMQ_URL"
 
-bash scripts/servers/kafka.sh install
-kafka_env=$(KAFKA_PORT=$(free_port 19092) bash scripts/servers/kafka.sh start "$servers/kafka")
-eval "$kafka_env"
+server kafka KAFKA_PORT="$(free_port 19092)"
 echo "Kafka (tansu): $TIMER_TEST_KAFKA_BROKERS (pid $TIMER_TEST_KAFKA_PID)"
 
 started=$(date +%s)

@@ -498,7 +498,7 @@ async fn wait_pending(store: &Arc<dyn Store>, n: u64, bar: &ProgressBar) -> anyh
     let end = Instant::now() + Duration::from_secs(600);
     loop {
         let pending = store
-            .pending()
+            .scheduled_count()
             .await
             .map_err(|e| anyhow::anyhow!(e.chain()))?;
         bar.set_position(pending);

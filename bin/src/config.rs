@@ -12,6 +12,7 @@ use figment::providers::{Env, Format, Toml};
 use figment::Figment;
 use serde::{Deserialize, Serialize};
 use timer_core::config::duration;
+use timer_core::redact;
 use timer_core::plugin::{BrokerConfig, ConfigSection, Registry, StoreConfig};
 use timer_core::{EngineConfig, Error, Limits};
 
@@ -324,47 +325,20 @@ pub fn render_redacted(config: &Config) -> Result<String, Error> {
 
 /// The effective config as a TOML value: every section, plugin sections as their plugins render
 /// them; keys left unset (`None`) are left out.
-pub fn to_toml(config: &Config) -> Result<toml::Value, Error> {
-    let cannot = |e: serde_json::Error| Error::internal("cannot render the config").with_source(e);
-    let mut value = serde_json::json!({
-        "store": config.store.to_value()?,
-        "broker": config.broker.to_value()?,
-        "engine": serde_json::to_value(&config.engine).map_err(cannot)?,
-        "http": serde_json::to_value(&config.http).map_err(cannot)?,
-        "limits": serde_json::to_value(&config.limits).map_err(cannot)?,
-        "log": serde_json::to_value(&config.log).map_err(cannot)?,
-    });
-    drop_nulls(&mut value);
-    toml::Value::try_from(value)
-        .map_err(|e| Error::internal("cannot render the config").with_source(e))
-}
-
-/// Removes `null` entries (unset options), which TOML cannot hold.
-fn drop_nulls(value: &mut serde_json::Value) {
-    match value {
-        serde_json::Value::Object(map) => {
-            map.retain(|_, v| !v.is_null());
-            map.values_mut().for_each(drop_nulls);
-        }
-        serde_json::Value::Array(items) => items.iter_mut().for_each(drop_nulls),
-        _ => {}
+fn to_toml(config: &Config) -> Result<toml::Value, Error> {
+    fn toml(value: impl Serialize) -> Result<toml::Value, Error> {
+        toml::Value::try_from(value)
+            .map_err(|e| Error::internal("cannot render the config").with_source(e))
     }
+    let mut table = toml::Table::new();
+    table.insert("store".into(), toml(config.store.to_value()?)?);
+    table.insert("broker".into(), toml(config.broker.to_value()?)?);
+    table.insert("engine".into(), toml(&config.engine)?);
+    table.insert("http".into(), toml(&config.http)?);
+    table.insert("limits".into(), toml(&config.limits)?);
+    table.insert("log".into(), toml(&config.log)?);
+    Ok(toml::Value::Table(table))
 }
-
-/// Keys whose values are secrets (matched as substrings of the lowercased key).
-const SECRET_KEYS: &[&str] = &[
-    "password",
-    "passwd",
-    "token",
-    "secret",
-    "credential",
-    "private_key",
-    "api_key",
-    "nkey",
-    // librdkafka: an inline private key, and OAUTHBEARER settings that may hold a secret.
-    "key.pem",
-    "oauthbearer.config",
-];
 
 /// Replaces secret-looking values and the password inside URLs, recursively.
 pub fn redact(value: &mut toml::Value, key: &str) {
@@ -376,56 +350,13 @@ pub fn redact(value: &mut toml::Value, key: &str) {
         }
         toml::Value::Array(items) => items.iter_mut().for_each(|v| redact(v, key)),
         toml::Value::String(s) => {
-            let lower = key.to_ascii_lowercase();
-            if !s.is_empty() && SECRET_KEYS.iter().any(|k| lower.contains(k)) {
+            if !s.is_empty() && redact::is_secret_key(key) {
                 *s = "***".into();
             } else {
-                *s = redact_url(s);
+                *s = redact::redact_url(s);
             }
         }
         _ => {}
-    }
-}
-
-/// `postgres://app:hunter2@db/timers` → `postgres://app:***@db/timers`, and secret query
-/// parameters (`?password=...`) likewise; other text unchanged.
-pub fn redact_url(text: &str) -> String {
-    let Ok(mut url) = url::Url::parse(text) else {
-        return text.to_owned();
-    };
-    let mut changed = false;
-    if url.password().is_some() {
-        let _ = url.set_password(Some("***"));
-        changed = true;
-    } else if matches!(url.scheme(), "nats" | "tls") && !url.username().is_empty() {
-        // `nats://TOKEN@host`: the user part is a token.
-        let _ = url.set_username("***");
-        changed = true;
-    }
-    let secret = |k: &str| {
-        SECRET_KEYS
-            .iter()
-            .any(|s| k.to_ascii_lowercase().contains(s))
-    };
-    if url.query_pairs().any(|(k, _)| secret(&k)) {
-        let pairs: Vec<(String, String)> = url
-            .query_pairs()
-            .map(|(k, v)| {
-                let v = if secret(&k) {
-                    "***".to_owned()
-                } else {
-                    v.into_owned()
-                };
-                (k.into_owned(), v)
-            })
-            .collect();
-        url.query_pairs_mut().clear().extend_pairs(pairs);
-        changed = true;
-    }
-    if changed {
-        url.to_string()
-    } else {
-        text.to_owned()
     }
 }
 
@@ -476,6 +407,8 @@ mod tests {
         Jail::expect_with(|jail| {
             jail.set_env("TIMER_POLLING_INTERVAL", "250");
             jail.set_env("TIMER_BATCH_SIZE", "42");
+            // The seed's store name is the SQLite file: a build without SQLite has no such key.
+            #[cfg(feature = "sqlite")]
             jail.set_env("TIMER_DB_PATH", "/tmp/x/event_service.db");
             let c = load_in_jail(None).map_err(|e| e.to_string())?;
             assert_eq!(c.engine.poll_interval, Duration::from_millis(250));
@@ -658,11 +591,11 @@ mod tests {
     #[test]
     fn redaction_hides_secrets() {
         assert_eq!(
-            redact_url("postgres://app:hunter2@db:5432/timers"),
+            redact::redact_url("postgres://app:hunter2@db:5432/timers"),
             "postgres://app:***@db:5432/timers"
         );
         assert_eq!(
-            redact_url("sqlite://timer-service.db"),
+            redact::redact_url("sqlite://timer-service.db"),
             "sqlite://timer-service.db"
         );
         let mut v: toml::Value = toml::from_str("[broker]\nurl = \"nats://u:pw@h:4222\"\ntoken = \"abc\"\n[x]\nsasl_password = \"p\"\nname = \"ok\"").unwrap();

@@ -17,7 +17,7 @@ use serde_json::{json, Value};
 use timer_brokers::memory::MemoryHub;
 use timer_core::engine::metric;
 use timer_core::{
-    decode_command, CancelOutcome, Engine, Error, ErrorKind, Rejection, ScheduleOutcome, Timer,
+    CancelOutcome, Engine, Error, ErrorKind, Reason, Rejection, ScheduleOutcome, Scheduled, Timer,
     TimerKey,
 };
 use tokio_stream::wrappers::errors::BroadcastStreamRecvError;
@@ -136,7 +136,7 @@ async fn json_payload_too_large(response: Response) -> Response {
 fn rejection(r: &Rejection) -> Response {
     error_body(
         StatusCode::BAD_REQUEST,
-        r.reason,
+        r.reason.as_str(),
         r.field.as_deref(),
         &r.message,
     )
@@ -182,34 +182,29 @@ pub fn timer_view(t: &Timer) -> Value {
 }
 
 async fn schedule(State(app): State<AppState>, body: Bytes) -> Response {
-    metrics::counter!(metric::COMMANDS_RECEIVED).increment(1);
-    let timer = match decode_command(&body, app.engine.limits(), app.engine.clock().now()) {
+    let timer = match app.engine.admit_schedule(&body) {
         Ok(t) => t,
-        Err(r) => {
-            metrics::counter!(metric::COMMANDS_REJECTED, "reason" => r.reason).increment(1);
-            return rejection(&r);
-        }
+        Err(r) => return rejection(&r),
     };
     let key = timer.key.clone();
     let (status, outcome) = match app.engine.schedule_one(timer).await {
-        Ok(ScheduleOutcome::Created) => (StatusCode::CREATED, "created"),
-        Ok(ScheduleOutcome::Updated) => (StatusCode::OK, "updated"),
-        Ok(ScheduleOutcome::AlreadyReached) => (StatusCode::CONFLICT, "already_reached"),
-        Ok(ScheduleOutcome::AlreadyCancelled) => (StatusCode::CONFLICT, "already_cancelled"),
-        Ok(ScheduleOutcome::AlreadyFailed) => (StatusCode::CONFLICT, "already_failed"),
-        Ok(ScheduleOutcome::TenantLimit) => {
-            metrics::counter!(metric::COMMANDS_REJECTED, "reason" => "tenant_limit").increment(1);
-            return error_body(
-                StatusCode::TOO_MANY_REQUESTS,
-                "tenant_limit",
-                None,
-                &format!(
-                    "tenant {:?} has {} Scheduled timers already \
-                     (limits.max_pending_per_tenant); nothing was stored",
-                    key.tenant_id,
-                    app.engine.limits().max_pending_per_tenant
-                ),
-            );
+        Ok(Scheduled::Stored(ScheduleOutcome::Created)) => (StatusCode::CREATED, "created"),
+        Ok(Scheduled::Stored(ScheduleOutcome::Updated)) => (StatusCode::OK, "updated"),
+        Ok(Scheduled::Stored(ScheduleOutcome::AlreadyReached)) => {
+            (StatusCode::CONFLICT, "already_reached")
+        }
+        Ok(Scheduled::Stored(ScheduleOutcome::AlreadyCancelled)) => {
+            (StatusCode::CONFLICT, "already_cancelled")
+        }
+        Ok(Scheduled::Stored(ScheduleOutcome::AlreadyFailed)) => {
+            (StatusCode::CONFLICT, "already_failed")
+        }
+        Ok(Scheduled::Refused(r)) => {
+            let status = match r.reason {
+                Reason::TenantLimit => StatusCode::TOO_MANY_REQUESTS,
+                _ => StatusCode::BAD_REQUEST,
+            };
+            return error_body(status, r.reason.as_str(), r.field.as_deref(), &r.message);
         }
         Err(e) => return server_error(&e),
     };
@@ -368,7 +363,7 @@ async fn metrics(State(app): State<AppState>) -> Response {
     }
 }
 
-/// Keeps the pending gauge current (a count is too costly for every scrape on a big store).
+/// Keeps the `timer.pending` gauge (Scheduled timers) current (a count is too costly for every scrape on a big store).
 pub async fn pending_gauge(engine: Engine, shutdown: CancellationToken) {
     let mut tick = tokio::time::interval(std::time::Duration::from_secs(5));
     loop {
@@ -376,7 +371,7 @@ pub async fn pending_gauge(engine: Engine, shutdown: CancellationToken) {
             _ = shutdown.cancelled() => return,
             _ = tick.tick() => {}
         }
-        if let Ok(n) = engine.store().pending().await {
+        if let Ok(n) = engine.store().scheduled_count().await {
             metrics::gauge!(metric::PENDING).set(n as f64);
         }
     }

@@ -252,31 +252,7 @@ fn init_metrics() -> anyhow::Result<PrometheusHandle> {
         .context("metrics buckets")?
         .install_recorder()
         .context("installing the metrics recorder")?;
-    metrics::describe_counter!(
-        metric::COMMANDS_RECEIVED,
-        "Commands received (broker and HTTP)"
-    );
-    metrics::describe_counter!(metric::COMMANDS_REJECTED, "Commands rejected, by reason");
-    metrics::describe_counter!(metric::SCHEDULES_PROCESSED, "Timers created or rescheduled");
-    metrics::describe_counter!(
-        metric::TIMERS_FIRED,
-        "DueTimeReached events confirmed by the broker"
-    );
-    metrics::describe_counter!(
-        metric::PUBLISH_FAILURES,
-        "Timers whose publish failed (retried)"
-    );
-    metrics::describe_histogram!(
-        metric::POLLING_DURATION,
-        metrics::Unit::Seconds,
-        "Duration of one claim query"
-    );
-    metrics::describe_histogram!(
-        metric::FIRE_LATENESS,
-        metrics::Unit::Seconds,
-        "Fire time minus due time"
-    );
-    metrics::describe_gauge!(metric::PENDING, "Timers in state Scheduled");
+    metric::describe();
     Ok(handle)
 }
 

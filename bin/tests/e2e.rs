@@ -119,7 +119,7 @@ async fn kill9_during_firing_then_restart_fires_every_timer() {
     let store = SqliteStore::open(&SqliteConfig::for_path(&db))
         .await
         .expect("open the file");
-    let left = store.pending().await.expect("pending");
+    let left = store.scheduled_count().await.expect("pending");
     println!(
         "SIGKILL with {left} of {N} timers not yet fired; {} events seen before",
         events.len()

@@ -1,6 +1,6 @@
-//! The broker × store matrix (issue #10): one binary built with every feature, and the same
-//! end-to-end run for every pair of store (memory, sqlite, postgres) and broker (memory, nats,
-//! rabbitmq, kafka), chosen by configuration (environment variables) only.
+//! The broker × store matrix: one binary built with every feature, and the same end-to-end run
+//! for every pair of a store plugin and a broker plugin of the registries, chosen by
+//! configuration only: the plugins' isolated sections written to a TOML file (`TIMER_CONFIG`).
 //!
 //! Each run: 200 timers over HTTP due within the next 2 s plus one cancelled before it is due;
 //! every timer's `DueTimeReached` confirmed by the broker and seen once on the event stream, the
@@ -14,31 +14,21 @@ use futures::StreamExt;
 use libtest_mimic::Arguments;
 use serde_json::json;
 use timer_conformance::e2e::{count_by_key, percentiles, Service};
-use timer_conformance::fixtures::{
-    KAFKA_BROKERS_VAR, NATS_URL_VAR, POSTGRES_URL_VAR, RABBITMQ_URL_VAR,
-};
 use timer_conformance::{server_trial, wait_for};
+use timer_core::plugin::{BrokerPlugin, StorePlugin};
 
 const BIN: &str = env!("CARGO_BIN_EXE_timer-service");
-const STORES: &[&str] = &["memory", "sqlite", "postgres"];
-const BROKERS: &[&str] = &["memory", "nats", "rabbitmq", "kafka"];
 
 fn main() {
     let mut args = Arguments::from_args();
     // Each run starts a service and loads its servers; two at a time keep a 2-core box sane.
     args.test_threads.get_or_insert(2);
     let mut trials = Vec::new();
-    for store in STORES {
-        for broker in BROKERS {
-            let missing = [needs(store), needs(broker)]
-                .into_iter()
-                .flatten()
-                .find(|var| std::env::var(var).is_err())
-                .map(|var| format!("{var} is not set (bash scripts/test.sh starts every server)"));
-            let (store, broker) = (*store, *broker);
+    for store in timer_stores::PLUGINS.iter() {
+        for broker in timer_brokers::PLUGINS.iter() {
             trials.push(server_trial(
-                &format!("matrix::{store}_store_with_{broker}_broker"),
-                missing,
+                &format!("matrix::{}_store_with_{}_broker", store.kind, broker.kind),
+                store.unavailable().or_else(|| broker.unavailable()),
                 move || run_pair(store, broker),
             ));
         }
@@ -46,125 +36,40 @@ fn main() {
     libtest_mimic::run(&args, trials).exit();
 }
 
-/// The environment variable naming the test server a plugin needs, if any.
-fn needs(kind: &str) -> Option<&'static str> {
-    match kind {
-        "postgres" => Some(POSTGRES_URL_VAR),
-        "nats" => Some(NATS_URL_VAR),
-        "rabbitmq" => Some(RABBITMQ_URL_VAR),
-        "kafka" => Some(KAFKA_BROKERS_VAR),
-        _ => None,
-    }
+/// The value of a step of this test's own setup; its failure ends the test with the error chain.
+fn ok<T>(result: timer_core::Result<T>) -> T {
+    result.unwrap_or_else(|e| panic!("{}", e.chain()))
 }
 
-fn var(name: &str) -> String {
-    std::env::var(name).unwrap_or_default()
+/// The service's whole configuration: the plugins' sections and a short poll interval.
+fn config_file(dir: &Path, store: serde_json::Value, broker: serde_json::Value) -> String {
+    let config = json!({
+        "store": store,
+        "broker": broker,
+        "engine": {"poll_interval": "1s"},
+    });
+    let text =
+        toml::to_string(&toml::Value::try_from(config).expect("a TOML config")).expect("TOML text");
+    let path = dir.join("matrix.toml");
+    std::fs::write(&path, text).expect("write the config file");
+    path.display().to_string()
 }
 
-/// The whole configuration of one pair, as `TIMER_*` variables; names are fresh per run.
-fn environment(dir: &Path, store: &str, broker: &str, id: &str) -> Vec<(&'static str, String)> {
-    let mut env = vec![
-        ("TIMER_STORE__KIND", store.to_owned()),
-        ("TIMER_BROKER__KIND", broker.to_owned()),
-        ("TIMER_ENGINE__POLL_INTERVAL", "1s".to_owned()),
-    ];
-    match store {
-        "sqlite" => env.push((
-            "TIMER_STORE__URL",
-            format!("sqlite://{}", dir.join("timers.db").display()),
-        )),
-        "postgres" => {
-            env.push(("TIMER_STORE__URL", var(POSTGRES_URL_VAR)));
-            env.push(("TIMER_STORE__SCHEMA", format!("matrix_{id}")));
-        }
-        _ => {}
-    }
-    match broker {
-        "nats" => env.extend([
-            ("TIMER_BROKER__URL", var(NATS_URL_VAR)),
-            ("TIMER_BROKER__COMMANDS_STREAM", format!("MC_{id}")),
-            (
-                "TIMER_BROKER__COMMANDS_SUBJECT",
-                format!("m{id}.commands.>"),
-            ),
-            ("TIMER_BROKER__CONSUMER", format!("m{id}")),
-            ("TIMER_BROKER__EVENTS_STREAM", format!("ME_{id}")),
-            ("TIMER_BROKER__EVENTS_SUBJECT", format!("m{id}.events")),
-            ("TIMER_BROKER__DEAD_LETTER_STREAM", format!("MD_{id}")),
-            ("TIMER_BROKER__DEAD_LETTER_SUBJECT", format!("m{id}.dead")),
-        ]),
-        "rabbitmq" => env.extend([
-            ("TIMER_BROKER__URL", var(RABBITMQ_URL_VAR)),
-            ("TIMER_BROKER__COMMANDS_QUEUE", format!("m{id}.commands")),
-            ("TIMER_BROKER__EVENTS_EXCHANGE", format!("m{id}.events")),
-            ("TIMER_BROKER__DEAD_LETTER_EXCHANGE", format!("m{id}.dead")),
-            ("TIMER_BROKER__DEAD_LETTER_QUEUE", format!("m{id}.dead")),
-        ]),
-        "kafka" => env.extend([
-            ("TIMER_BROKER__BROKERS", var(KAFKA_BROKERS_VAR)),
-            ("TIMER_BROKER__GROUP_ID", format!("m{id}")),
-            ("TIMER_BROKER__COMMANDS_TOPIC", format!("m{id}.commands")),
-            ("TIMER_BROKER__EVENTS_TOPIC", format!("m{id}.events")),
-            ("TIMER_BROKER__DEAD_LETTER_TOPIC", format!("m{id}.dead")),
-        ]),
-        _ => {}
-    }
-    env
-}
-
-/// The RabbitMQ names `environment` gives the service for run `id`.
-fn rabbitmq_config(id: &str) -> timer_brokers::rabbitmq::RabbitmqConfig {
-    timer_brokers::rabbitmq::RabbitmqConfig {
-        url: var(RABBITMQ_URL_VAR),
-        commands_queue: format!("m{id}.commands"),
-        events_exchange: format!("m{id}.events"),
-        dead_letter_exchange: format!("m{id}.dead"),
-        dead_letter_queue: format!("m{id}.dead"),
-        ..Default::default()
-    }
-}
-
-/// RabbitMQ returns events no queue is bound to (and the service retries them): bind a queue
-/// first, as a consumer of the events would.
-async fn prepare(broker: &str, id: &str) {
-    if broker == "rabbitmq" {
-        timer_brokers::rabbitmq::declare_sink(&rabbitmq_config(id))
-            .await
-            .expect("bind a queue to the events exchange");
-    }
-}
-
-async fn clean_up(broker: &str, id: &str) {
-    match broker {
-        "rabbitmq" => {
-            let _ = timer_brokers::rabbitmq::delete_topology(&rabbitmq_config(id)).await;
-        }
-        "nats" => {
-            let config = timer_brokers::nats::NatsConfig {
-                url: var(NATS_URL_VAR),
-                commands_stream: format!("MC_{id}"),
-                events_stream: format!("ME_{id}"),
-                dead_letter_stream: format!("MD_{id}"),
-                ..Default::default()
-            };
-            let _ = timer_brokers::nats::delete_streams(&config).await;
-        }
-        // Kafka topics stay: tansu breaks when a topic is deleted (see README).
-        _ => {}
-    }
-}
-
-async fn run_pair(store: &str, broker: &str) {
+async fn run_pair(store_plugin: &StorePlugin, broker_plugin: &BrokerPlugin) {
     const N: usize = 200;
-    let id = &uuid::Uuid::new_v4().simple().to_string()[..12];
+    let (store, broker) = (store_plugin.kind, broker_plugin.kind);
+    let store_resources = ok((store_plugin.isolated)("m"));
+    let broker_resources = ok((broker_plugin.isolated)("m"));
+    // Creates the broker's resources first, as a consumer of the events would (RabbitMQ returns
+    // events no queue is bound to, and the service retries them).
+    let client = ok(broker_resources.config.test_client().await);
     let dir = tempfile::tempdir().expect("tempdir");
-    prepare(broker, id).await;
-    let service = Service::start(
-        Path::new(BIN),
+    let config = config_file(
         dir.path(),
-        &environment(dir.path(), store, broker, id),
-    )
-    .await;
+        ok(store_resources.config.to_value()),
+        ok(broker_resources.config.to_value()),
+    );
+    let service = Service::start(Path::new(BIN), dir.path(), &[("TIMER_CONFIG", config)]).await;
     let (_, ready) = service.get("/readyz").await;
     assert_eq!(ready["store"]["kind"], store, "{ready}");
     assert_eq!(ready["broker"]["kind"], broker, "{ready}");
@@ -228,5 +133,7 @@ async fn run_pair(store: &str, broker: &str) {
     let (p50, p99, max) = percentiles(late);
     println!("{store} + {broker}: {N} fired once each, lateness ms p50 {p50} p99 {p99} max {max}");
     assert_eq!(service.terminate().await, Some(0), "a clean stop");
-    clean_up(broker, id).await;
+    drop(client);
+    let _ = store_resources.config.clean_up().await;
+    let _ = broker_resources.config.clean_up().await;
 }

@@ -16,12 +16,12 @@
 set -euo pipefail
 export LC_ALL=C
 
+SERVER=kafka
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 PORT=${KAFKA_PORT:-19092}
 VERSION=0.6.0
 ROOT=${TANSU_ROOT:-${XDG_CACHE_HOME:-$HOME/.cache}/timer-service/tansu-$VERSION}
 BIN=${TANSU_BIN:-$ROOT/bin/tansu}
-log() { echo "[kafka] $*" >&2; }
-die() { log "ERROR: $*"; exit 1; }
 
 install() {
     if [ -x "$BIN" ] && "$BIN" --version 2>/dev/null | grep -qF "$VERSION"; then
@@ -37,10 +37,9 @@ install() {
     log "tansu built in $(( $(date +%s) - started )) s"
 }
 
-ours() { # is $1 a tansu broker running in this data dir?
-    [ -n "$1" ] && kill -0 "$1" 2>/dev/null \
-        && [ "$(readlink "/proc/$1/cwd" 2>/dev/null)" = "$DATA_DIR" ] \
-        && tr '\0' ' ' <"/proc/$1/cmdline" 2>/dev/null | grep -qF -- " broker --cluster-id"
+ours() { # a tansu broker running in this data dir
+    alive_with "$1" " broker --cluster-id" \
+        && [ "$(readlink "/proc/$1/cwd" 2>/dev/null)" = "$DATA_DIR" ]
 }
 
 # A real Kafka request: ApiVersions v0 (api key 18, correlation id 1, client id "svc"); the
@@ -58,18 +57,13 @@ metadata_ok() {
     (cd "$DATA_DIR" && timeout 10 "$BIN" topic list --broker "tcp://127.0.0.1:$PORT" >/dev/null 2>&1)
 }
 
+ready() { api_versions_ok && metadata_ok; }
+
 start() {
     [ -x "$BIN" ] || die "tansu not found at $BIN; run: $0 install"
-    if ! { [ -f "$PIDFILE" ] && ours "$(cat "$PIDFILE")"; }; then
-        if (exec 3<>"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null; then
-            die "port $PORT on 127.0.0.1 is already in use by another process"
-        fi
-        # After a kill -9 the old process lingers as a zombie for a moment; wait for it.
-        local old; old=$(cat "$PIDFILE" 2>/dev/null || true)
-        for _ in $(seq 1 50); do
-            [ -n "$old" ] && grep -qs '^State:[[:space:]]*Z' "/proc/$old/status" || break
-            sleep 0.1
-        done
+    if ! running; then
+        require_free "$PORT"
+        wait_zombie "$(recorded_pid)" 5
         # tansu reads a `.env` from its working directory and resolves sqlite:// paths against
         # it, so it runs inside DATA_DIR.
         (
@@ -83,37 +77,13 @@ start() {
         )
         log "started pid $(cat "$PIDFILE") on 127.0.0.1:$PORT (log $DATA_DIR/tansu.log)"
     fi
-    local deadline=$(( $(date +%s) + 30 ))
-    until api_versions_ok && metadata_ok; do
-        kill -0 "$(cat "$PIDFILE")" 2>/dev/null || { tail -n 20 "$DATA_DIR/tansu.log" >&2 || true; die "tansu exited"; }
-        [ "$(date +%s)" -lt "$deadline" ] || die "not ready after 30 s; see $DATA_DIR/tansu.log"
-        sleep 0.1
-    done
+    wait_ready 30 "$DATA_DIR/tansu.log" ready
     echo "export TIMER_TEST_KAFKA_BROKERS=127.0.0.1:$PORT"
     echo "export TIMER_TEST_KAFKA_PID=$(cat "$PIDFILE")"
     echo "export TIMER_TEST_KAFKA_DIR=$DATA_DIR"
     echo "export TIMER_TEST_KAFKA_BIN=$BIN"
 }
 
-stop() {
-    [ -f "$PIDFILE" ] || { log "not running"; return 0; }
-    local pid; pid=$(cat "$PIDFILE")
-    if ! ours "$pid"; then rm -f "$PIDFILE"; log "stale pid file removed"; return 0; fi
-    kill -TERM "$pid"
-    for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    kill -0 "$pid" 2>/dev/null && kill -KILL "$pid" 2>/dev/null || true
-    rm -f "$PIDFILE"
-    log "stopped pid $pid"
-}
+stop() { stop_recorded; }
 
-cmd=${1:-}
-case $cmd in
-    install) install ;;
-    start|stop)
-        DATA_DIR=${2:?usage: $0 $cmd DATA_DIR}
-        mkdir -p "$DATA_DIR"
-        DATA_DIR=$(cd "$DATA_DIR" && pwd -P)
-        PIDFILE=$DATA_DIR/kafka.pid
-        "$cmd" ;;
-    *) die "usage: $0 install | start DATA_DIR | stop DATA_DIR" ;;
-esac
+server_main "$@"

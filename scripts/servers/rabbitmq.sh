@@ -12,27 +12,14 @@
 set -euo pipefail
 export LC_ALL=C.UTF-8   # the Elixir CLI tools misbehave under a non-UTF-8 locale
 
+SERVER=rabbitmq
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 SBIN=/usr/lib/rabbitmq/bin
-log() { echo "[rabbitmq] $*" >&2; }
-die() { log "ERROR: $*"; exit 1; }
 
 install() {
     [ -x "$SBIN/rabbitmq-server" ] && command -v epmd >/dev/null && return 0
-    log "installing rabbitmq-server with apt"
-    [ "$(id -u)" = 0 ] || die "RabbitMQ is missing and installing it needs root (apt-get install -y rabbitmq-server)"
-    DEBIAN_FRONTEND=noninteractive apt-get update -qq >&2
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq rabbitmq-server >&2
+    apt_install rabbitmq-server RabbitMQ
 }
-
-alive_with() { # PID PATTERN: alive and its command line contains PATTERN
-    [ -n "$1" ] && kill -0 "$1" 2>/dev/null || return 1
-    tr '\0' ' ' <"/proc/$1/cmdline" 2>/dev/null | grep -qF -- "$2"
-}
-wait_gone() { # PID SECONDS
-    for _ in $(seq 1 $(( $2 * 10 ))); do kill -0 "$1" 2>/dev/null || return 0; sleep 0.1; done
-    ! kill -0 "$1" 2>/dev/null
-}
-port_busy() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 amqp_ready() ( # the server answers the AMQP 0-9-1 protocol header with Connection.Start
     exec 2>/dev/null
     exec 3<>"/dev/tcp/127.0.0.1/$PORT" || exit 1
@@ -63,7 +50,7 @@ export RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS='-kernel inet_dist_use_interface {127
 EOV
     : >"$DATA_DIR/rabbitmq-env.conf"
     # amqps on the AMQP port + 1, with a certificate from a throwaway CA (tls.sh).
-    bash "$(dirname "$0")/tls.sh" "$DATA_DIR/tls"
+    tls_files "$DATA_DIR/tls"
     cat >"$DATA_DIR/rabbitmq.conf" <<EOC
 log.console = false
 log.file.level = info
@@ -95,7 +82,7 @@ start() {
     [ -x "$SBIN/rabbitmq-server" ] || die "RabbitMQ not found in $SBIN; run: $0 install"
     local epmd; epmd=$(command -v epmd) || die "epmd not found (Debian package erlang-base)"
     write_env
-    if alive_with "$(cat "$PIDFILE" 2>/dev/null || true)" rabbitmq-server; then
+    if alive_with "$(recorded_pid)" rabbitmq-server; then
         amqp_ready || die "running but not answering AMQP; see $DATA_DIR/log"
         emit_env; return 0
     fi
@@ -106,14 +93,12 @@ start() {
     fi
     rm -f "$PIDFILE" "$BEAM_PIDFILE"
     if ! alive_with "$(cat "$EPMD_PIDFILE" 2>/dev/null || true)" "-port $EPMD_PORT"; then
-        port_busy "$EPMD_PORT" && die "port $EPMD_PORT (epmd) on 127.0.0.1 is already in use"
+        require_free "$EPMD_PORT" epmd
         nohup "$epmd" -port "$EPMD_PORT" -address 127.0.0.1 </dev/null >>"$DATA_DIR/log/epmd.log" 2>&1 &
         echo $! >"$EPMD_PIDFILE"
-        for _ in $(seq 1 50); do "$epmd" -port "$EPMD_PORT" -names >/dev/null 2>&1 && break; sleep 0.1; done
+        poll 5 "$epmd" -port "$EPMD_PORT" -names >/dev/null 2>&1 || true
     fi
-    for p in "$PORT" "$TLS_PORT" "$DIST_PORT"; do
-        port_busy "$p" && die "port $p on 127.0.0.1 is already in use by another process"
-    done
+    for p in "$PORT" "$TLS_PORT" "$DIST_PORT"; do require_free "$p"; done
     (
         # shellcheck disable=SC1090
         . "$ENVFILE"
@@ -122,12 +107,7 @@ start() {
         echo $! >"$PIDFILE"
     )
     log "started rabbitmq-server pid $(cat "$PIDFILE") on 127.0.0.1:$PORT (logs $DATA_DIR/log)"
-    local deadline=$(( $(date +%s) + 90 ))
-    until amqp_ready; do
-        kill -0 "$(cat "$PIDFILE")" 2>/dev/null || { tail -n 30 "$DATA_DIR/log/startup.log" >&2 || true; die "rabbitmq-server exited"; }
-        [ "$(date +%s)" -lt "$deadline" ] || die "not ready after 90 s; see $DATA_DIR/log"
-        sleep 0.2
-    done
+    wait_ready 90 "$DATA_DIR/log/startup.log" amqp_ready
     # The AMQP port answers a little before the node finished booting.
     "$DATA_DIR/bin/rabbitmqctl" -q await_startup --timeout 90 >/dev/null || die "await_startup failed; see $DATA_DIR/log"
     emit_env
@@ -156,25 +136,19 @@ stop() {
     log "stopped"
 }
 
-cmd=${1:-}
-case $cmd in
-    install) install ;;
-    start|stop)
-        DATA_DIR=${2:?usage: $0 $cmd DATA_DIR}
-        mkdir -p "$DATA_DIR"
-        DATA_DIR=$(cd "$DATA_DIR" && pwd -P)
-        PIDFILE=$DATA_DIR/rabbitmq.pid
-        BEAM_PIDFILE=$DATA_DIR/rabbitmq-beam.pid
-        EPMD_PIDFILE=$DATA_DIR/epmd.pid
-        ENVFILE=$DATA_DIR/rabbitmq.env
-        # Ports given now, else the ones this DATA_DIR used before (a restart keeps them).
-        [ -f "$DATA_DIR/ports" ] && . "$DATA_DIR/ports"
-        PORT=${RABBITMQ_PORT:-${SAVED_PORT:-16572}}
-        EPMD_PORT=${RABBITMQ_EPMD_PORT:-${SAVED_EPMD_PORT:-16369}}
-        DIST_PORT=$((PORT + 100))
-        TLS_PORT=$((PORT + 1))
-        NODENAME=timer-test-$PORT@localhost
-        printf 'SAVED_PORT=%s\nSAVED_EPMD_PORT=%s\n' "$PORT" "$EPMD_PORT" >"$DATA_DIR/ports"
-        "$cmd" ;;
-    *) die "usage: $0 install | start DATA_DIR | stop DATA_DIR" ;;
-esac
+configure() {
+    BEAM_PIDFILE=$DATA_DIR/rabbitmq-beam.pid
+    EPMD_PIDFILE=$DATA_DIR/epmd.pid
+    ENVFILE=$DATA_DIR/rabbitmq.env
+    # Ports given now, else the ones this DATA_DIR used before (a restart keeps them).
+    # shellcheck disable=SC1091
+    [ -f "$DATA_DIR/ports" ] && . "$DATA_DIR/ports"
+    PORT=${RABBITMQ_PORT:-${SAVED_PORT:-16572}}
+    EPMD_PORT=${RABBITMQ_EPMD_PORT:-${SAVED_EPMD_PORT:-16369}}
+    DIST_PORT=$((PORT + 100))
+    TLS_PORT=$((PORT + 1))
+    NODENAME=timer-test-$PORT@localhost
+    printf 'SAVED_PORT=%s\nSAVED_EPMD_PORT=%s\n' "$PORT" "$EPMD_PORT" >"$DATA_DIR/ports"
+}
+
+server_main "$@"

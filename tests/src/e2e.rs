@@ -365,7 +365,7 @@ pub async fn store_timers(store: &dyn Store, timers: &[NewTimer]) {
 /// Waits until `store` has no pending timer; false at the deadline.
 pub async fn drained(store: &dyn Store, deadline: Duration) -> bool {
     wait_for(deadline, || async {
-        (store.pending().await.ok()? == 0).then_some(())
+        (store.scheduled_count().await.ok()? == 0).then_some(())
     })
     .await
     .is_some()

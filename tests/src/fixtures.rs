@@ -85,3 +85,16 @@ pub mod kafka {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn registry_lines_name_their_plugins() {
+        for known in timer_stores::PLUGINS.0 {
+            assert!(known.plugin.is_none_or(|p| p.kind == known.kind));
+        }
+        for known in timer_brokers::PLUGINS.0 {
+            assert!(known.plugin.is_none_or(|p| p.kind == known.kind));
+        }
+    }
+}

@@ -343,7 +343,7 @@ pub fn commands(
 /// Waits until `store` holds at least `n` pending timers; how many, or `None` at the deadline.
 async fn stored(store: &dyn Store, n: usize) -> Option<u64> {
     wait_for(WAIT, || async {
-        let pending = store.pending().await.ok()?;
+        let pending = store.scheduled_count().await.ok()?;
         (pending >= n as u64).then_some(pending)
     })
     .await
@@ -460,7 +460,7 @@ pub async fn service_killed_during_ingest_loses_no_command(case: Arc<BrokerCase>
         .await
         .unwrap_or_else(|| service.fail("ingest started"));
     service.kill9().await;
-    let stored_at_kill = store.pending().await.expect("pending");
+    let stored_at_kill = store.scheduled_count().await.expect("pending");
     println!(
         "killed the service ({} store) during ingest: {mid} stored when seen, {stored_at_kill} \
          after the kill",
@@ -503,7 +503,7 @@ pub async fn ten_thousand_timers_survive_a_service_restart_and_a_server_outage(
         service.fail("ingest started");
     }
     assert_eq!(service.terminate().await, Some(0), "a clean stop");
-    let stored_at_stop = store.pending().await.expect("pending");
+    let stored_at_stop = store.scheduled_count().await.expect("pending");
     let acknowledged = match case.traits.acknowledged {
         Some(acknowledged) => {
             let n = acknowledged(setup.broker.config.as_ref()).await;
@@ -521,7 +521,7 @@ pub async fn ten_thousand_timers_survive_a_service_restart_and_a_server_outage(
     if stored(store.as_ref(), N).await.is_none() {
         service.fail(format!(
             "every command stored after the restart ({} of {N}, {stored_at_stop} at the stop)",
-            match store.pending().await {
+            match store.scheduled_count().await {
                 Ok(n) => n.to_string(),
                 Err(e) => e.to_string(),
             }
@@ -535,7 +535,7 @@ pub async fn ten_thousand_timers_survive_a_service_restart_and_a_server_outage(
     // The server goes down once firing is well under way (3,000 fired), and comes back on the
     // same files.
     let unfired = wait_for(Duration::from_secs(90), || async {
-        let pending = store.pending().await.ok()?;
+        let pending = store.scheduled_count().await.ok()?;
         (pending <= (N - 3_000) as u64).then_some(pending)
     })
     .await

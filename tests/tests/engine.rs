@@ -7,12 +7,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use timer_brokers::memory::{MemoryConfig, MemoryHub};
+use timer_brokers::memory::{DeadLetter, MemoryBroker, MemoryConfig, MemoryHub, PublishedEvent};
 use timer_conformance::wait_for;
 use timer_core::{
     Broker, CancelOutcome, ClaimedTimer, Delivery, Engine, EngineConfig, Error, Lease, Limits,
-    ManualClock, NewTimer, OutboundEvent, Recurrence, Result, ScheduleOutcome, Store, Timer,
-    TimerKey, TimerState, Timestamp,
+    ManualClock, NewTimer, OutboundEvent, Reason, Recurrence, Result, ScheduleOutcome, Scheduled,
+    Settlement, Store, Timer, TimerKey, TimerState, Timestamp,
 };
 use timer_stores::memory::MemoryStore;
 use tokio_util::sync::CancellationToken;
@@ -36,6 +36,48 @@ fn config() -> EngineConfig {
     }
 }
 
+/// What an engine under test runs on. The default: a fresh memory store, the memory broker
+/// publishing normally, a manual clock at T0, `config()` and default limits; a test changes
+/// what it needs.
+struct Setup {
+    store: Arc<dyn Store>,
+    hub: MemoryHub,
+    clock: Arc<ManualClock>,
+    publish: Publish,
+    config: EngineConfig,
+    limits: Limits,
+}
+
+impl Setup {
+    fn on(store: Arc<dyn Store>) -> Self {
+        Setup {
+            store,
+            ..Setup::default()
+        }
+    }
+
+    fn publishing(publish: Publish) -> Self {
+        Setup {
+            publish,
+            ..Setup::default()
+        }
+    }
+}
+
+impl Default for Setup {
+    fn default() -> Self {
+        Setup {
+            store: Arc::new(MemoryStore::new()),
+            hub: MemoryHub::new(MemoryConfig::default()),
+            clock: Arc::new(ManualClock::new(T0)),
+            publish: Publish::Works,
+            config: config(),
+            limits: Limits::default(),
+        }
+    }
+}
+
+/// A started engine and what it runs on.
 struct Rig {
     clock: Arc<ManualClock>,
     store: Arc<dyn Store>,
@@ -45,42 +87,38 @@ struct Rig {
     task: tokio::task::JoinHandle<()>,
 }
 
-fn start(
-    store: Arc<dyn Store>,
-    broker: Arc<dyn Broker>,
-    hub: MemoryHub,
-    clock: Arc<ManualClock>,
-    config: EngineConfig,
-) -> Rig {
-    let engine = Engine::new(
-        store.clone(),
-        broker,
-        clock.clone(),
-        config,
-        Limits::default(),
-    );
-    let shutdown = CancellationToken::new();
-    let task = engine.start(shutdown.clone());
-    Rig {
-        clock,
-        store,
-        hub,
-        engine,
-        shutdown,
-        task,
+impl Setup {
+    fn start(self) -> Rig {
+        let broker = FaultyBroker::new(self.hub.connect(), self.publish);
+        let engine = Engine::new(
+            self.store.clone(),
+            Arc::new(broker),
+            self.clock.clone(),
+            self.config,
+            self.limits,
+        );
+        let shutdown = CancellationToken::new();
+        let task = engine.start(shutdown.clone());
+        Rig {
+            clock: self.clock,
+            store: self.store,
+            hub: self.hub,
+            engine,
+            shutdown,
+            task,
+        }
+    }
+}
+
+impl Rig {
+    /// Schedules through the engine, which must accept the batch.
+    async fn schedule(&self, timers: &[NewTimer]) -> Vec<Scheduled> {
+        self.engine.schedule(timers).await.expect("schedule")
     }
 }
 
 fn rig() -> Rig {
-    let hub = MemoryHub::new(MemoryConfig::default());
-    let broker: Arc<dyn Broker> = Arc::new(hub.connect());
-    start(
-        Arc::new(MemoryStore::new()),
-        broker,
-        hub,
-        Arc::new(ManualClock::new(T0)),
-        config(),
-    )
+    Setup::default().start()
 }
 
 fn timer(id: &str, due: Timestamp) -> NewTimer {
@@ -97,19 +135,44 @@ fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
 }
 
-async fn events(hub: &MemoryHub, n: usize) -> Option<Vec<timer_brokers::memory::PublishedEvent>> {
+fn secs(n: u64) -> Duration {
+    Duration::from_secs(n)
+}
+
+async fn events(hub: &MemoryHub, n: usize) -> Option<Vec<PublishedEvent>> {
     wait_for(WAIT, || async {
         hub.events().ok().filter(|e| e.len() >= n)
     })
     .await
 }
 
-async fn no_events_for_a_while(hub: &MemoryHub) {
-    let fired = wait_for(QUIET, || async {
-        hub.events().ok().filter(|e| !e.is_empty())
+/// The events beyond the first `n`, if more go out while the test watches.
+async fn more_events(hub: &MemoryHub, n: usize) -> Option<Vec<PublishedEvent>> {
+    wait_for(QUIET, || async {
+        hub.events().ok().filter(|e| e.len() > n)
     })
-    .await;
+    .await
+}
+
+async fn no_events_for_a_while(hub: &MemoryHub) {
+    let fired = more_events(hub, 0).await;
     assert!(fired.is_none(), "fired too early: {fired:?}");
+}
+
+async fn dead_letters(hub: &MemoryHub, n: usize) -> Option<Vec<DeadLetter>> {
+    wait_for(WAIT, || async {
+        hub.dead_letters().ok().filter(|d| d.len() >= n)
+    })
+    .await
+}
+
+/// Whether every command sent is acknowledged within the wait.
+async fn all_acknowledged(hub: &MemoryHub) -> bool {
+    wait_for(WAIT, || async {
+        (hub.unacknowledged().ok()? == 0).then_some(())
+    })
+    .await
+    .is_some()
 }
 
 async fn timer_where(store: &Arc<dyn Store>, id: &str, pred: impl Fn(&Timer) -> bool) -> Timer {
@@ -121,15 +184,150 @@ async fn timer_where(store: &Arc<dyn Store>, id: &str, pred: impl Fn(&Timer) -> 
     .unwrap_or_else(|| panic!("timer {id} never reached the expected state"))
 }
 
+/// A memory store with injected faults: the first `schedule_failures` schedules fail, as an
+/// unreachable database would; with `hang_reached`, settling a fired one-shot timer never
+/// returns (the process "dies" between publishing and marking).
+struct Faulty {
+    inner: Arc<dyn Store>,
+    schedule_failures: AtomicU32,
+    hang_reached: bool,
+}
+
+impl Faulty {
+    fn new(inner: Arc<dyn Store>) -> Self {
+        Faulty {
+            inner,
+            schedule_failures: AtomicU32::new(0),
+            hang_reached: false,
+        }
+    }
+}
+
+/// Takes one of the injected failures left in `counter`, if any is.
+fn injected(counter: &AtomicU32) -> bool {
+    counter
+        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+        .is_ok()
+}
+
+#[async_trait]
+impl Store for Faulty {
+    fn name(&self) -> &'static str {
+        "faulty"
+    }
+    async fn schedule(&self, t: &[NewTimer], now: Timestamp) -> Result<Vec<ScheduleOutcome>> {
+        if injected(&self.schedule_failures) {
+            return Err(Error::unavailable("injected store outage"));
+        }
+        self.inner.schedule(t, now).await
+    }
+    async fn claim_due(
+        &self,
+        now: Timestamp,
+        limit: usize,
+        lease: &Lease,
+    ) -> Result<Vec<ClaimedTimer>> {
+        self.inner.claim_due(now, limit, lease).await
+    }
+    async fn settle(
+        &self,
+        claims: &[(ClaimedTimer, Settlement)],
+        owner: &str,
+        at: Timestamp,
+    ) -> Result<u64> {
+        if self.hang_reached && claims.iter().any(|(_, s)| *s == Settlement::Reached) {
+            std::future::pending::<()>().await;
+        }
+        self.inner.settle(claims, owner, at).await
+    }
+    async fn next_due_at(&self) -> Result<Option<Timestamp>> {
+        self.inner.next_due_at().await
+    }
+    async fn get(&self, key: &TimerKey) -> Result<Option<Timer>> {
+        self.inner.get(key).await
+    }
+    async fn cancel(&self, key: &TimerKey, now: Timestamp) -> Result<CancelOutcome> {
+        self.inner.cancel(key, now).await
+    }
+    async fn purge(&self, older_than: Timestamp, limit: usize) -> Result<u64> {
+        self.inner.purge(older_than, limit).await
+    }
+    async fn scheduled_count(&self) -> Result<u64> {
+        self.inner.scheduled_count().await
+    }
+    async fn health(&self) -> Result<()> {
+        self.inner.health().await
+    }
+}
+
+/// How the test broker publishes.
+#[derive(Debug, Clone, Copy)]
+enum Publish {
+    /// As the memory broker does.
+    Works,
+    /// The first `n` publishes fail.
+    FailsFirst(u32),
+    /// No publish ever completes.
+    Hangs,
+}
+
+/// The memory broker, its publishing as [`Publish`] says.
+struct FaultyBroker {
+    inner: MemoryBroker,
+    failures: AtomicU32,
+    hangs: bool,
+}
+
+impl FaultyBroker {
+    fn new(inner: MemoryBroker, publish: Publish) -> Self {
+        let (failures, hangs) = match publish {
+            Publish::Works => (0, false),
+            Publish::FailsFirst(n) => (n, false),
+            Publish::Hangs => (0, true),
+        };
+        FaultyBroker {
+            inner,
+            failures: AtomicU32::new(failures),
+            hangs,
+        }
+    }
+}
+
+#[async_trait]
+impl Broker for FaultyBroker {
+    fn name(&self) -> &'static str {
+        "faulty"
+    }
+    async fn receive(&self, max: usize, wait: Duration) -> Result<Vec<Delivery>> {
+        self.inner.receive(max, wait).await
+    }
+    async fn ack(&self, tags: &[u64]) -> Result<()> {
+        self.inner.ack(tags).await
+    }
+    async fn publish(&self, events: &[OutboundEvent]) -> Result<()> {
+        if self.hangs {
+            std::future::pending::<()>().await;
+        }
+        if injected(&self.failures) {
+            return Err(Error::unavailable("injected publish failure"));
+        }
+        self.inner.publish(events).await
+    }
+    async fn dead_letter(&self, body: &[u8], reason: &str) -> Result<()> {
+        self.inner.dead_letter(body, reason).await
+    }
+    async fn health(&self) -> Result<()> {
+        self.inner.health().await
+    }
+}
+
 #[tokio::test]
 async fn timer_due_in_50ms_fires_without_waiting_for_the_poll_interval() {
     let r = rig();
     let out = r
-        .engine
         .schedule(&[timer("soon", T0.saturating_add(ms(50)))])
-        .await
-        .expect("schedule");
-    assert_eq!(out, vec![ScheduleOutcome::Created]);
+        .await;
+    assert_eq!(out, vec![Scheduled::Stored(ScheduleOutcome::Created)]);
     r.clock.advance(ms(49));
     no_events_for_a_while(&r.hub).await;
     r.clock.advance(ms(1));
@@ -150,20 +348,16 @@ async fn timer_due_in_50ms_fires_without_waiting_for_the_poll_interval() {
 #[tokio::test]
 async fn a_sooner_timer_wakes_the_sleeping_firing_task() {
     let r = rig();
-    r.engine
-        .schedule(&[timer("late", T0.saturating_add(Duration::from_secs(600)))])
-        .await
-        .expect("schedule");
+    r.schedule(&[timer("late", T0.saturating_add(secs(600)))])
+        .await;
     // Let the firing task go to sleep until the late timer; then a sooner one must wake it.
     let planned = wait_for(WAIT, || async {
         r.store.next_due_at().await.ok().flatten()
     })
     .await;
     assert!(planned.is_some());
-    r.engine
-        .schedule(&[timer("early", T0.saturating_add(ms(20)))])
-        .await
-        .expect("schedule");
+    r.schedule(&[timer("early", T0.saturating_add(ms(20)))])
+        .await;
     r.clock.advance(ms(20));
     let fired = events(&r.hub, 1).await.expect("the sooner timer fired");
     assert_eq!(fired[0].key.service_call_id, "early");
@@ -175,13 +369,11 @@ async fn past_due_timers_fire_at_once_in_due_order() {
     let r = rig();
     let batch: Vec<NewTimer> = (0..5)
         .map(|i| {
-            timer(
-                &format!("p{i}"),
-                Timestamp::from_millis(T0.as_millis() - 1000 + i),
-            )
+            let due = Timestamp::from_millis(T0.as_millis() - 1000 + i);
+            timer(&format!("p{i}"), due)
         })
         .collect();
-    r.engine.schedule(&batch).await.expect("schedule");
+    r.schedule(&batch).await;
     let fired = events(&r.hub, 5)
         .await
         .expect("all past-due timers fired without moving the clock");
@@ -192,131 +384,48 @@ async fn past_due_timers_fire_at_once_in_due_order() {
     assert_eq!(order, ["p0", "p1", "p2", "p3", "p4"]);
 }
 
-/// A store whose `mark_reached` never returns while `hang` is set: the process "dies" between
-/// publishing and marking.
-struct MarkHangs {
-    inner: Arc<dyn Store>,
-}
-
-#[async_trait]
-impl Store for MarkHangs {
-    fn name(&self) -> &'static str {
-        "mark-hangs"
-    }
-    async fn schedule(&self, t: &[NewTimer], now: Timestamp) -> Result<Vec<ScheduleOutcome>> {
-        self.inner.schedule(t, now).await
-    }
-    async fn claim_due(
-        &self,
-        now: Timestamp,
-        limit: usize,
-        lease: &Lease,
-    ) -> Result<Vec<ClaimedTimer>> {
-        self.inner.claim_due(now, limit, lease).await
-    }
-    async fn mark_reached(&self, _: &[ClaimedTimer], _: &str, _: Timestamp) -> Result<u64> {
-        std::future::pending().await
-    }
-    async fn advance(
-        &self,
-        t: &[(ClaimedTimer, Timestamp)],
-        o: &str,
-        at: Timestamp,
-    ) -> Result<u64> {
-        self.inner.advance(t, o, at).await
-    }
-    async fn fail(&self, t: &[ClaimedTimer], o: &str, at: Timestamp, e: &str) -> Result<u64> {
-        self.inner.fail(t, o, at, e).await
-    }
-    async fn release(
-        &self,
-        t: &[ClaimedTimer],
-        o: &str,
-        at: Timestamp,
-        e: Option<&str>,
-    ) -> Result<()> {
-        self.inner.release(t, o, at, e).await
-    }
-    async fn next_due_at(&self) -> Result<Option<Timestamp>> {
-        self.inner.next_due_at().await
-    }
-    async fn get(&self, key: &TimerKey) -> Result<Option<Timer>> {
-        self.inner.get(key).await
-    }
-    async fn cancel(&self, key: &TimerKey, now: Timestamp) -> Result<CancelOutcome> {
-        self.inner.cancel(key, now).await
-    }
-    async fn purge(&self, older_than: Timestamp, limit: usize) -> Result<u64> {
-        self.inner.purge(older_than, limit).await
-    }
-    async fn pending(&self) -> Result<u64> {
-        self.inner.pending().await
-    }
-    async fn pending_by_tenant(
-        &self,
-        tenants: &[String],
-    ) -> Result<std::collections::HashMap<String, u64>> {
-        self.inner.pending_by_tenant(tenants).await
-    }
-    async fn health(&self) -> Result<()> {
-        self.inner.health().await
-    }
-}
-
 #[tokio::test]
 async fn crash_between_publish_and_mark_gives_a_duplicate_not_a_loss() {
     let durable: Arc<dyn Store> = Arc::new(MemoryStore::new());
     let hub = MemoryHub::new(MemoryConfig::default());
     let clock = Arc::new(ManualClock::new(T0));
-    let first = start(
-        Arc::new(MarkHangs {
-            inner: durable.clone(),
+    let first = Setup {
+        store: Arc::new(Faulty {
+            hang_reached: true,
+            ..Faulty::new(durable.clone())
         }),
-        Arc::new(hub.connect()),
-        hub.clone(),
-        clock.clone(),
-        config(),
-    );
-    first
-        .engine
-        .schedule(&[timer("dup", T0)])
-        .await
-        .expect("schedule");
+        hub: hub.clone(),
+        clock: clock.clone(),
+        ..Setup::default()
+    }
+    .start();
+    first.schedule(&[timer("dup", T0)]).await;
     events(&hub, 1).await.expect("published once");
     first.task.abort(); // the crash: published, never marked
     let _ = first.task.await;
-    assert_eq!(
-        durable
-            .get(&TimerKey::new("t", "dup"))
-            .await
-            .expect("get")
-            .expect("row")
-            .state,
-        TimerState::Scheduled
-    );
+    let t = timer_where(&durable, "dup", |_| true).await;
+    assert_eq!(t.state, TimerState::Scheduled);
 
-    let second = start(
-        durable.clone(),
-        Arc::new(hub.connect()),
-        hub.clone(),
-        clock.clone(),
-        EngineConfig {
+    let second = Setup {
+        store: durable.clone(),
+        hub: hub.clone(),
+        clock: clock.clone(),
+        config: EngineConfig {
             instance_id: "engine-b".into(),
             ..config()
         },
-    );
+        ..Setup::default()
+    }
+    .start();
     // Nothing happens while the dead instance's lease lives...
-    clock.advance(Duration::from_secs(9));
-    let early = wait_for(QUIET, || async {
-        hub.events().ok().filter(|e| e.len() > 1)
-    })
-    .await;
+    clock.advance(secs(9));
+    let early = more_events(&hub, 1).await;
     assert!(
         early.is_none(),
         "fired again while the lease lived: {early:?}"
     );
     // ...and the timer fires again once it expired.
-    clock.advance(Duration::from_secs(1));
+    clock.advance(secs(1));
     let fired = events(&hub, 2)
         .await
         .expect("fired again after the lease expired");
@@ -331,59 +440,10 @@ async fn crash_between_publish_and_mark_gives_a_duplicate_not_a_loss() {
     second.shutdown.cancel();
 }
 
-/// A broker whose first `failures` publishes fail.
-struct FlakyBroker {
-    inner: timer_brokers::memory::MemoryBroker,
-    failures: AtomicU32,
-}
-
-#[async_trait]
-impl Broker for FlakyBroker {
-    fn name(&self) -> &'static str {
-        "flaky"
-    }
-    async fn receive(&self, max: usize, wait: Duration) -> Result<Vec<Delivery>> {
-        self.inner.receive(max, wait).await
-    }
-    async fn ack(&self, tags: &[u64]) -> Result<()> {
-        self.inner.ack(tags).await
-    }
-    async fn publish(&self, events: &[OutboundEvent]) -> Result<()> {
-        if self
-            .failures
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-            .is_ok()
-        {
-            return Err(Error::unavailable("injected publish failure"));
-        }
-        self.inner.publish(events).await
-    }
-    async fn dead_letter(&self, body: &[u8], reason: &str) -> Result<()> {
-        self.inner.dead_letter(body, reason).await
-    }
-    async fn health(&self) -> Result<()> {
-        self.inner.health().await
-    }
-}
-
 #[tokio::test]
 async fn failed_publish_is_retried_with_exponential_backoff() {
-    let hub = MemoryHub::new(MemoryConfig::default());
-    let broker = Arc::new(FlakyBroker {
-        inner: hub.connect(),
-        failures: AtomicU32::new(2),
-    });
-    let r = start(
-        Arc::new(MemoryStore::new()),
-        broker,
-        hub.clone(),
-        Arc::new(ManualClock::new(T0)),
-        config(),
-    );
-    r.engine
-        .schedule(&[timer("retry", T0)])
-        .await
-        .expect("schedule");
+    let r = Setup::publishing(Publish::FailsFirst(2)).start();
+    r.schedule(&[timer("retry", T0)]).await;
 
     let t = timer_where(&r.store, "retry", |t| t.attempts == 1).await;
     assert_eq!(t.state, TimerState::Scheduled);
@@ -395,70 +455,31 @@ async fn failed_publish_is_retried_with_exponential_backoff() {
     );
     assert_eq!(
         t.available_at,
-        T0.saturating_add(Duration::from_secs(1)),
+        T0.saturating_add(secs(1)),
         "first retry after retry_base"
     );
 
-    r.clock.advance(Duration::from_secs(1));
+    r.clock.advance(secs(1));
     let t = timer_where(&r.store, "retry", |t| t.attempts == 2).await;
     assert_eq!(
         t.available_at,
-        T0.saturating_add(Duration::from_secs(3)),
+        T0.saturating_add(secs(3)),
         "second retry after 2 x retry_base"
     );
     r.clock.advance(ms(1999));
-    no_events_for_a_while(&hub).await;
+    no_events_for_a_while(&r.hub).await;
     r.clock.advance(ms(1));
-    events(&hub, 1)
+    events(&r.hub, 1)
         .await
         .expect("published on the third attempt");
     let t = timer_where(&r.store, "retry", |t| t.state == TimerState::Reached).await;
     assert_eq!(t.attempts, 2, "attempts stay visible after success");
 }
 
-/// A broker whose publish never completes.
-struct StuckBroker {
-    inner: timer_brokers::memory::MemoryBroker,
-}
-
-#[async_trait]
-impl Broker for StuckBroker {
-    fn name(&self) -> &'static str {
-        "stuck"
-    }
-    async fn receive(&self, max: usize, wait: Duration) -> Result<Vec<Delivery>> {
-        self.inner.receive(max, wait).await
-    }
-    async fn ack(&self, tags: &[u64]) -> Result<()> {
-        self.inner.ack(tags).await
-    }
-    async fn publish(&self, _: &[OutboundEvent]) -> Result<()> {
-        std::future::pending().await
-    }
-    async fn dead_letter(&self, body: &[u8], reason: &str) -> Result<()> {
-        self.inner.dead_letter(body, reason).await
-    }
-    async fn health(&self) -> Result<()> {
-        self.inner.health().await
-    }
-}
-
 #[tokio::test]
 async fn shutdown_releases_claims() {
-    let hub = MemoryHub::new(MemoryConfig::default());
-    let r = start(
-        Arc::new(MemoryStore::new()),
-        Arc::new(StuckBroker {
-            inner: hub.connect(),
-        }),
-        hub,
-        Arc::new(ManualClock::new(T0)),
-        config(),
-    );
-    r.engine
-        .schedule(&[timer("held", T0)])
-        .await
-        .expect("schedule");
+    let r = Setup::publishing(Publish::Hangs).start();
+    r.schedule(&[timer("held", T0)]).await;
     timer_where(&r.store, "held", |t| {
         t.lease_owner.as_deref() == Some("engine-a")
     })
@@ -468,17 +489,12 @@ async fn shutdown_releases_claims() {
         .await
         .expect("engine stops within the grace period")
         .expect("no panic");
-    let t = r
-        .store
-        .get(&TimerKey::new("t", "held"))
-        .await
-        .expect("get")
-        .expect("row");
+    let t = timer_where(&r.store, "held", |_| true).await;
     assert_eq!(t.lease_owner, None, "claim released");
     assert_eq!(t.attempts, 0, "a shutdown is not a failed attempt");
     let lease = Lease {
         owner: "engine-b".into(),
-        until: T0.saturating_add(Duration::from_secs(10)),
+        until: T0.saturating_add(secs(10)),
     };
     let claimed = r.store.claim_due(T0, 10, &lease).await.expect("claim");
     assert_eq!(
@@ -497,35 +513,25 @@ async fn ingest_stores_valid_commands_and_dead_letters_bad_ones() {
             T0.as_millis() + 60_000
         )
     };
-    r.hub.send_command(good("g1")).expect("send");
-    r.hub.send_command("{not json").expect("send");
-    r.hub
-        .send_command(r#"{"tenantId":"t","dueTimeMs":1}"#)
-        .expect("send");
-    r.hub
-        .send_command(format!(
+    for body in [
+        good("g1"),
+        "{not json".to_owned(),
+        r#"{"tenantId":"t","dueTimeMs":1}"#.to_owned(),
+        format!(
             r#"{{"tenantId":"t","serviceCallId":"{}","dueTimeMs":1}}"#,
             "x".repeat(500)
-        ))
-        .expect("send");
-    r.hub
-        .send_command(r#"{"tenantId":"t\u0001","serviceCallId":"c","dueTimeMs":1}"#)
-        .expect("send");
-    r.hub
-        .send_command(r#"{"tenantId":"t","serviceCallId":"c","dueAt":"next tuesday"}"#)
-        .expect("send");
-    r.hub
-        .send_command(r#"{"type":"Explode","tenantId":"t"}"#)
-        .expect("send");
-    r.hub.send_command(good("g2")).expect("send");
+        ),
+        r#"{"tenantId":"t\u0001","serviceCallId":"c","dueTimeMs":1}"#.to_owned(),
+        r#"{"tenantId":"t","serviceCallId":"c","dueAt":"next tuesday"}"#.to_owned(),
+        r#"{"type":"Explode","tenantId":"t"}"#.to_owned(),
+        good("g2"),
+    ] {
+        r.hub.send_command(body).expect("send");
+    }
 
     timer_where(&r.store, "g2", |t| t.state == TimerState::Scheduled).await;
     timer_where(&r.store, "g1", |t| t.state == TimerState::Scheduled).await;
-    let letters = wait_for(WAIT, || async {
-        r.hub.dead_letters().ok().filter(|d| d.len() >= 6)
-    })
-    .await
-    .expect("6 dead letters");
+    let letters = dead_letters(&r.hub, 6).await.expect("6 dead letters");
     let reasons: Vec<&str> = letters.iter().map(|d| d.reason.as_str()).collect();
     for (expected, body_part) in [
         ("invalid_json", "{not json"),
@@ -542,152 +548,47 @@ async fn ingest_stores_valid_commands_and_dead_letters_bad_ones() {
             "a dead letter {expected:?} for {body_part:?} in {reasons:?}"
         );
     }
-    let acked = wait_for(WAIT, || async {
-        (r.hub.unacknowledged().ok()? == 0).then_some(())
-    })
-    .await;
     assert!(
-        acked.is_some(),
+        all_acknowledged(&r.hub).await,
         "every command acknowledged, good or bad: the stream keeps flowing"
     );
 }
 
-/// A store whose first `failures` schedule calls fail, as an unreachable database would.
-struct SchedulesFail {
-    inner: Arc<dyn Store>,
-    failures: AtomicU32,
-}
-
-#[async_trait]
-impl Store for SchedulesFail {
-    fn name(&self) -> &'static str {
-        "schedules-fail"
-    }
-    async fn schedule(&self, t: &[NewTimer], now: Timestamp) -> Result<Vec<ScheduleOutcome>> {
-        if self
-            .failures
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-            .is_ok()
-        {
-            return Err(Error::unavailable("injected store outage"));
-        }
-        self.inner.schedule(t, now).await
-    }
-    async fn claim_due(
-        &self,
-        now: Timestamp,
-        limit: usize,
-        lease: &Lease,
-    ) -> Result<Vec<ClaimedTimer>> {
-        self.inner.claim_due(now, limit, lease).await
-    }
-    async fn mark_reached(&self, t: &[ClaimedTimer], o: &str, at: Timestamp) -> Result<u64> {
-        self.inner.mark_reached(t, o, at).await
-    }
-    async fn advance(
-        &self,
-        t: &[(ClaimedTimer, Timestamp)],
-        o: &str,
-        at: Timestamp,
-    ) -> Result<u64> {
-        self.inner.advance(t, o, at).await
-    }
-    async fn fail(&self, t: &[ClaimedTimer], o: &str, at: Timestamp, e: &str) -> Result<u64> {
-        self.inner.fail(t, o, at, e).await
-    }
-    async fn release(
-        &self,
-        t: &[ClaimedTimer],
-        o: &str,
-        at: Timestamp,
-        e: Option<&str>,
-    ) -> Result<()> {
-        self.inner.release(t, o, at, e).await
-    }
-    async fn next_due_at(&self) -> Result<Option<Timestamp>> {
-        self.inner.next_due_at().await
-    }
-    async fn get(&self, key: &TimerKey) -> Result<Option<Timer>> {
-        self.inner.get(key).await
-    }
-    async fn cancel(&self, key: &TimerKey, now: Timestamp) -> Result<CancelOutcome> {
-        self.inner.cancel(key, now).await
-    }
-    async fn purge(&self, older_than: Timestamp, limit: usize) -> Result<u64> {
-        self.inner.purge(older_than, limit).await
-    }
-    async fn pending(&self) -> Result<u64> {
-        self.inner.pending().await
-    }
-    async fn pending_by_tenant(
-        &self,
-        tenants: &[String],
-    ) -> Result<std::collections::HashMap<String, u64>> {
-        self.inner.pending_by_tenant(tenants).await
-    }
-    async fn health(&self) -> Result<()> {
-        self.inner.health().await
-    }
-}
-
 #[tokio::test]
 async fn commands_are_not_acknowledged_until_the_store_committed_them() {
-    let hub = MemoryHub::new(MemoryConfig::default());
     let inner: Arc<dyn Store> = Arc::new(MemoryStore::new());
-    let store = Arc::new(SchedulesFail {
-        inner: inner.clone(),
-        failures: AtomicU32::new(2),
-    });
-    let r = start(
-        store,
-        Arc::new(hub.connect()),
-        hub.clone(),
-        Arc::new(ManualClock::new(T0)),
-        EngineConfig {
-            retry_base: ms(20),
-            ..config()
-        },
-    );
-    hub.send_command(format!(
-        r#"{{"tenantId":"t","serviceCallId":"kept","dueTimeMs":{}}}"#,
-        T0.as_millis()
-    ))
-    .expect("send");
+    let mut setup = Setup::on(Arc::new(Faulty {
+        schedule_failures: AtomicU32::new(2),
+        ..Faulty::new(inner.clone())
+    }));
+    setup.config.retry_base = ms(20);
+    let r = setup.start();
+    r.hub
+        .send_command(format!(
+            r#"{{"tenantId":"t","serviceCallId":"kept","dueTimeMs":{}}}"#,
+            T0.as_millis()
+        ))
+        .expect("send");
     // While the store fails, the command stays unacknowledged; once it recovers, it is stored,
     // acknowledged and fired.
-    events(&hub, 1)
+    events(&r.hub, 1)
         .await
         .expect("fired after the store recovered");
-    assert_eq!(hub.unacknowledged().expect("count"), 0);
+    assert_eq!(r.hub.unacknowledged().expect("count"), 0);
     timer_where(&inner, "kept", |t| t.state == TimerState::Reached).await;
     r.shutdown.cancel();
 }
 
 #[tokio::test]
 async fn a_timer_fails_after_max_attempts_with_a_timer_failed_dead_letter() {
-    let hub = MemoryHub::new(MemoryConfig::default());
-    let broker = Arc::new(FlakyBroker {
-        inner: hub.connect(),
-        failures: AtomicU32::new(u32::MAX),
-    });
-    let r = start(
-        Arc::new(MemoryStore::new()),
-        broker,
-        hub.clone(),
-        Arc::new(ManualClock::new(T0)),
-        EngineConfig {
-            max_attempts: 3,
-            ..config()
-        },
-    );
-    r.engine
-        .schedule(&[timer("doomed", T0)])
-        .await
-        .expect("schedule");
+    let mut setup = Setup::publishing(Publish::FailsFirst(u32::MAX));
+    setup.config.max_attempts = 3;
+    let r = setup.start();
+    r.schedule(&[timer("doomed", T0)]).await;
     timer_where(&r.store, "doomed", |t| t.attempts == 1).await;
-    r.clock.advance(Duration::from_secs(1));
+    r.clock.advance(secs(1));
     timer_where(&r.store, "doomed", |t| t.attempts == 2).await;
-    r.clock.advance(Duration::from_secs(2));
+    r.clock.advance(secs(2));
     let t = timer_where(&r.store, "doomed", |t| t.state == TimerState::Failed).await;
     assert_eq!(t.attempts, 3, "every attempt counted");
     assert!(
@@ -696,11 +597,9 @@ async fn a_timer_fails_after_max_attempts_with_a_timer_failed_dead_letter() {
             .is_some_and(|e| e.contains("injected publish failure")),
         "{t:?}"
     );
-    let letters = wait_for(WAIT, || async {
-        hub.dead_letters().ok().filter(|d| !d.is_empty())
-    })
-    .await
-    .expect("a TimerFailed dead letter");
+    let letters = dead_letters(&r.hub, 1)
+        .await
+        .expect("a TimerFailed dead letter");
     assert_eq!(letters.len(), 1);
     let v: serde_json::Value = serde_json::from_str(&letters[0].body).expect("json");
     assert_eq!(v["type"], "TimerFailed");
@@ -712,8 +611,8 @@ async fn a_timer_fails_after_max_attempts_with_a_timer_failed_dead_letter() {
         letters[0].reason
     );
     // Failed is final: no further attempts, no event.
-    r.clock.advance(Duration::from_secs(600));
-    no_events_for_a_while(&hub).await;
+    r.clock.advance(secs(600));
+    no_events_for_a_while(&r.hub).await;
     let t = timer_where(&r.store, "doomed", |_| true).await;
     assert_eq!((t.state, t.attempts), (TimerState::Failed, 3));
 }
@@ -730,7 +629,7 @@ fn every_second(id: &str, first: Timestamp) -> NewTimer {
     }
 }
 
-fn payload_of(e: &timer_brokers::memory::PublishedEvent) -> serde_json::Value {
+fn payload_of(e: &PublishedEvent) -> serde_json::Value {
     serde_json::from_slice::<serde_json::Value>(&e.body).expect("event json")["payload"].clone()
 }
 
@@ -738,86 +637,64 @@ fn payload_of(e: &timer_brokers::memory::PublishedEvent) -> serde_json::Value {
 async fn a_recurring_timer_fires_each_occurrence_and_a_missed_run_once() {
     let r = rig();
     // T0 is a whole second.
-    let first = T0.saturating_add(Duration::from_secs(1));
-    r.engine
-        .schedule(&[every_second("tick", first)])
-        .await
-        .expect("schedule");
+    let first = T0.saturating_add(secs(1));
+    r.schedule(&[every_second("tick", first)]).await;
     no_events_for_a_while(&r.hub).await;
-    r.clock.advance(Duration::from_secs(1));
+    r.clock.advance(secs(1));
     let e = events(&r.hub, 1).await.expect("first occurrence");
     assert_eq!(payload_of(&e[0])["dueAt"], first.to_rfc3339());
     assert_eq!(payload_of(&e[0])["occurrence"], 1);
     let t = timer_where(&r.store, "tick", |t| t.occurrences == 1).await;
     assert_eq!(t.state, TimerState::Scheduled);
-    assert_eq!(t.due_at, T0.saturating_add(Duration::from_secs(2)));
+    assert_eq!(t.due_at, T0.saturating_add(secs(2)));
 
-    r.clock.advance(Duration::from_secs(1));
+    r.clock.advance(secs(1));
     events(&r.hub, 2).await.expect("second occurrence");
     // Ten seconds pass at once (the service was down): one late fire, not ten.
-    r.clock.advance(Duration::from_secs(10));
+    r.clock.advance(secs(10));
     let e = events(&r.hub, 3).await.expect("the missed occurrence");
     assert_eq!(
         payload_of(&e[2])["dueAt"],
-        T0.saturating_add(Duration::from_secs(3)).to_rfc3339()
+        T0.saturating_add(secs(3)).to_rfc3339()
     );
     let t = timer_where(&r.store, "tick", |t| t.occurrences == 3).await;
     assert_eq!(
         t.due_at,
-        T0.saturating_add(Duration::from_secs(13)),
+        T0.saturating_add(secs(13)),
         "the rhythm continues from now"
     );
-    let quiet = wait_for(QUIET, || async {
-        r.hub.events().ok().filter(|e| e.len() > 3)
-    })
-    .await;
+    let quiet = more_events(&r.hub, 3).await;
     assert!(quiet.is_none(), "no flood of missed occurrences: {quiet:?}");
-    r.clock.advance(Duration::from_secs(1));
+    r.clock.advance(secs(1));
     events(&r.hub, 4).await.expect("back in rhythm");
 }
 
 #[tokio::test]
 async fn finished_timers_are_purged_after_the_retention() {
-    let hub = MemoryHub::new(MemoryConfig::default());
-    let broker: Arc<dyn Broker> = Arc::new(hub.connect());
-    let r = start(
-        Arc::new(MemoryStore::new()),
-        broker,
-        hub.clone(),
-        Arc::new(ManualClock::new(T0)),
-        EngineConfig {
-            retention: Duration::from_secs(60),
-            purge_interval: Duration::from_secs(10),
-            ..config()
-        },
-    );
-    r.engine
-        .schedule(&[
-            timer("old", T0),
-            timer("later", T0.saturating_add(Duration::from_secs(3600))),
-        ])
-        .await
-        .expect("schedule");
+    let mut setup = Setup::default();
+    setup.config.retention = secs(60);
+    setup.config.purge_interval = secs(10);
+    let r = setup.start();
+    r.schedule(&[
+        timer("old", T0),
+        timer("later", T0.saturating_add(secs(3600))),
+    ])
+    .await;
     timer_where(&r.store, "old", |t| t.state == TimerState::Reached).await;
-    r.clock.advance(Duration::from_secs(30));
-    let kept = wait_for(QUIET, || async {
-        r.store
-            .get(&TimerKey::new("t", "old"))
-            .await
-            .ok()
-            .filter(|t| t.is_none())
-    })
-    .await;
+    let purged = |wait| {
+        wait_for(wait, || async {
+            r.store
+                .get(&TimerKey::new("t", "old"))
+                .await
+                .ok()
+                .filter(|t| t.is_none())
+        })
+    };
+    r.clock.advance(secs(30));
+    let kept = purged(QUIET).await;
     assert!(kept.is_none(), "younger than the retention: kept");
-    r.clock.advance(Duration::from_secs(40));
-    let gone = wait_for(WAIT, || async {
-        r.store
-            .get(&TimerKey::new("t", "old"))
-            .await
-            .ok()
-            .filter(|t| t.is_none())
-    })
-    .await;
+    r.clock.advance(secs(40));
+    let gone = purged(WAIT).await;
     assert!(gone.is_some(), "purged once older than the retention");
     timer_where(&r.store, "later", |t| t.state == TimerState::Scheduled).await;
 }
@@ -837,39 +714,28 @@ async fn cancel_commands_apply_in_order_with_schedules() {
     }
     timer_where(&r.store, "a", |t| t.state == TimerState::Cancelled).await;
     timer_where(&r.store, "b", |t| t.state == TimerState::Scheduled).await;
-    wait_for(WAIT, || async {
-        (r.hub.unacknowledged().ok()? == 0).then_some(())
-    })
-    .await
-    .expect("all acknowledged");
-    r.clock.advance(Duration::from_secs(1));
+    assert!(all_acknowledged(&r.hub).await, "all acknowledged");
+    r.clock.advance(secs(1));
     let e = events(&r.hub, 1).await.expect("b fires");
     assert_eq!(e.len(), 1, "the cancelled timer does not: {e:?}");
     assert_eq!(payload_of(&e[0])["serviceCallId"], "b");
 }
 
+/// Timer `racing` being fired by an engine whose publishes never complete; each gives up after
+/// half the 600 ms lease (real time), and the timer is released for a retry.
+async fn racing_fire() -> Rig {
+    let mut setup = Setup::publishing(Publish::Hangs);
+    setup.config.lease = ms(600);
+    let r = setup.start();
+    r.schedule(&[timer("racing", T0)]).await;
+    timer_where(&r.store, "racing", |t| t.lease_owner.is_some()).await;
+    r
+}
+
 #[tokio::test]
 async fn cancel_is_refused_while_publishing_and_wins_after_a_failed_publish() {
-    let hub = MemoryHub::new(MemoryConfig::default());
-    let r = start(
-        Arc::new(MemoryStore::new()),
-        Arc::new(StuckBroker {
-            inner: hub.connect(),
-        }),
-        hub.clone(),
-        Arc::new(ManualClock::new(T0)),
-        EngineConfig {
-            // The publish gives up after half the lease (real time): 300 ms.
-            lease: Duration::from_millis(600),
-            ..config()
-        },
-    );
+    let r = racing_fire().await;
     let key = TimerKey::new("t", "racing");
-    r.engine
-        .schedule(&[timer("racing", T0)])
-        .await
-        .expect("schedule");
-    timer_where(&r.store, "racing", |t| t.lease_owner.is_some()).await;
     assert_eq!(
         r.engine.cancel(&key).await.expect("cancel"),
         CancelOutcome::Firing,
@@ -884,62 +750,32 @@ async fn cancel_is_refused_while_publishing_and_wins_after_a_failed_publish() {
         r.engine.cancel(&key).await.expect("cancel"),
         CancelOutcome::Cancelled
     );
-    r.clock.advance(Duration::from_secs(3600));
+    r.clock.advance(secs(3600));
     let t = timer_where(&r.store, "racing", |_| true).await;
     assert_eq!(t.state, TimerState::Cancelled, "never claimed again");
 }
 
 #[tokio::test]
 async fn a_cancel_command_that_meets_a_fire_waits_for_it_and_then_applies() {
-    let hub = MemoryHub::new(MemoryConfig::default());
-    let r = start(
-        Arc::new(MemoryStore::new()),
-        Arc::new(StuckBroker {
-            inner: hub.connect(),
-        }),
-        hub.clone(),
-        Arc::new(ManualClock::new(T0)),
-        EngineConfig {
-            lease: Duration::from_millis(600),
-            ..config()
-        },
-    );
-    r.engine
-        .schedule(&[timer("racing", T0)])
-        .await
-        .expect("schedule");
-    timer_where(&r.store, "racing", |t| t.lease_owner.is_some()).await;
-    hub.send_command(r#"{"type":"CancelTimer","tenantId":"t","serviceCallId":"racing"}"#)
+    let r = racing_fire().await;
+    r.hub
+        .send_command(r#"{"type":"CancelTimer","tenantId":"t","serviceCallId":"racing"}"#)
         .expect("send");
     // Not dropped as "firing": once the publish gave up (300 ms) the cancel applies.
     let t = timer_where(&r.store, "racing", |t| t.state == TimerState::Cancelled).await;
     assert_eq!(t.attempts, 1, "after the failed publish");
-    wait_for(WAIT, || async {
-        (hub.unacknowledged().ok()? == 0).then_some(())
-    })
-    .await
-    .expect("the cancel is acknowledged once applied");
+    assert!(
+        all_acknowledged(&r.hub).await,
+        "the cancel is acknowledged once applied"
+    );
 }
 
 #[tokio::test]
 async fn a_tenant_over_its_limit_is_refused_and_others_are_not() {
-    let hub = MemoryHub::new(MemoryConfig::default());
-    let broker: Arc<dyn Broker> = Arc::new(hub.connect());
-    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
-    let clock = Arc::new(ManualClock::new(T0));
-    let engine = Engine::new(
-        store.clone(),
-        broker,
-        clock.clone(),
-        config(),
-        Limits {
-            max_pending_per_tenant: 2,
-            ..Limits::default()
-        },
-    );
-    let shutdown = CancellationToken::new();
-    let task = engine.start(shutdown.clone());
-    let later = T0.saturating_add(Duration::from_secs(60));
+    let mut setup = Setup::default();
+    setup.limits.max_pending_per_tenant = 2;
+    let r = setup.start();
+    let later = T0.saturating_add(secs(60));
     let cmd = |tenant: &str, id: &str| {
         format!(
             r#"{{"tenantId":"{tenant}","serviceCallId":"{id}","dueTimeMs":{}}}"#,
@@ -952,13 +788,11 @@ async fn a_tenant_over_its_limit_is_refused_and_others_are_not() {
         cmd("big", "3"),
         cmd("small", "1"),
     ] {
-        hub.send_command(body).expect("send");
+        r.hub.send_command(body).expect("send");
     }
-    let letters = wait_for(WAIT, || async {
-        hub.dead_letters().ok().filter(|d| !d.is_empty())
-    })
-    .await
-    .expect("the third timer of `big` is dead-lettered");
+    let letters = dead_letters(&r.hub, 1)
+        .await
+        .expect("the third timer of `big` is dead-lettered");
     assert_eq!(letters.len(), 1);
     assert!(
         letters[0].reason.starts_with("tenant_limit"),
@@ -970,13 +804,9 @@ async fn a_tenant_over_its_limit_is_refused_and_others_are_not() {
         "{}",
         letters[0].body
     );
-    wait_for(WAIT, || async {
-        (hub.unacknowledged().ok()? == 0).then_some(())
-    })
-    .await
-    .expect("all acknowledged");
+    assert!(all_acknowledged(&r.hub).await, "all acknowledged");
     let exists = |tenant: &'static str, id: &'static str| {
-        let store = store.clone();
+        let store = r.store.clone();
         async move {
             store
                 .get(&TimerKey::new(tenant, id))
@@ -991,17 +821,19 @@ async fn a_tenant_over_its_limit_is_refused_and_others_are_not() {
     // At the limit, moving an existing timer is still allowed; a new one is not.
     let moved = NewTimer {
         key: TimerKey::new("big", "1"),
-        ..timer("x", later.saturating_add(Duration::from_secs(1)))
+        ..timer("x", later.saturating_add(secs(1)))
     };
     let fresh = NewTimer {
         key: TimerKey::new("big", "4"),
         ..timer("x", later)
     };
-    let outcomes = engine.schedule(&[moved, fresh]).await.expect("schedule");
-    assert_eq!(
-        outcomes,
-        vec![ScheduleOutcome::Updated, ScheduleOutcome::TenantLimit]
+    let outcomes = r.schedule(&[moved, fresh]).await;
+    assert_eq!(outcomes[0], Scheduled::Stored(ScheduleOutcome::Updated));
+    assert!(
+        matches!(&outcomes[1], Scheduled::Refused(r) if r.reason == Reason::TenantLimit),
+        "{outcomes:?}"
     );
-    shutdown.cancel();
-    let _ = task.await;
+    assert_eq!(outcomes.len(), 2);
+    r.shutdown.cancel();
+    let _ = r.task.await;
 }

@@ -1,4 +1,4 @@
-//! The `Broker` contract (DESIGN §4). Every broker plugin implements it and passes the Broker
+//! The `Broker` contract. Every broker plugin implements it and passes the Broker
 //! conformance suite in `timer-conformance`.
 
 use std::time::Duration;

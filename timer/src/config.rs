@@ -176,37 +176,22 @@ mod tests {
     #[test]
     fn engine_check_names_the_key() {
         assert!(EngineConfig::default().check().is_ok());
-        let cases = [
+        type Change = fn(&mut EngineConfig);
+        let cases: [(Change, &str); 4] = [
             (
-                EngineConfig {
-                    purge_interval: Duration::ZERO,
-                    ..EngineConfig::default()
-                },
+                |c| c.purge_interval = Duration::ZERO,
                 "engine.purge_interval",
             ),
             (
-                EngineConfig {
-                    retry_jitter_percent: 101,
-                    ..EngineConfig::default()
-                },
+                |c| c.retry_jitter_percent = 101,
                 "engine.retry_jitter_percent",
             ),
-            (
-                EngineConfig {
-                    batch_size: 0,
-                    ..EngineConfig::default()
-                },
-                "engine.batch_size",
-            ),
-            (
-                EngineConfig {
-                    purge_batch: 0,
-                    ..EngineConfig::default()
-                },
-                "engine.purge_batch",
-            ),
+            (|c| c.batch_size = 0, "engine.batch_size"),
+            (|c| c.purge_batch = 0, "engine.purge_batch"),
         ];
-        for (config, key) in cases {
+        for (change, key) in cases {
+            let mut config = EngineConfig::default();
+            change(&mut config);
             let e = config.check().unwrap_err().to_string();
             assert!(e.contains(key), "{key}: {e}");
         }

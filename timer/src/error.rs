@@ -1,5 +1,5 @@
-//! The one error type of timer-service: a kind, a human context, whether a retry can help, and
-//! the source. Plugins map their SDK errors into it at their boundary.
+//! The one error type of timer-service: a kind (`Unavailable` is the one a retry can cure), a
+//! human context, and the source. Plugins map their SDK errors into it at their boundary.
 
 use std::fmt;
 
@@ -49,19 +49,16 @@ type Source = Box<dyn std::error::Error + Send + Sync + 'static>;
 pub struct Error {
     kind: ErrorKind,
     context: String,
-    retryable: bool,
     source: Option<Source>,
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
-    /// A new error; `retryable` defaults to true only for [`ErrorKind::Unavailable`].
     pub fn new(kind: ErrorKind, context: impl Into<String>) -> Self {
         Error {
             kind,
             context: context.into(),
-            retryable: kind == ErrorKind::Unavailable,
             source: None,
         }
     }
@@ -91,22 +88,12 @@ impl Error {
         self
     }
 
-    pub fn with_retryable(mut self, retryable: bool) -> Self {
-        self.retryable = retryable;
-        self
-    }
-
     pub fn kind(&self) -> ErrorKind {
         self.kind
     }
 
     pub fn context(&self) -> &str {
         &self.context
-    }
-
-    /// Whether trying the same operation again later can succeed.
-    pub fn is_retryable(&self) -> bool {
-        self.retryable
     }
 
     /// The message and every source, joined by `: `, on one line (for logs and `last_error`).
@@ -151,8 +138,7 @@ mod tests {
             err.chain(),
             "cannot reach 127.0.0.1:5432: connection refused"
         );
-        assert!(err.is_retryable());
         assert_eq!(err.kind(), ErrorKind::Unavailable);
-        assert!(!Error::invalid("x").is_retryable());
+        assert_eq!(Error::invalid("x").kind(), ErrorKind::Invalid);
     }
 }

@@ -9,18 +9,21 @@ pub mod error;
 pub mod model;
 pub mod plugin;
 pub mod recurrence;
+pub mod redact;
 pub mod store;
 pub mod wire;
 
 pub use broker::{Broker, Delivery, OutboundEvent};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::{EngineConfig, Limits};
-pub use engine::{Engine, FiredEvent};
+pub use engine::{Engine, FiredEvent, Scheduled};
 pub use error::{Error, ErrorKind, Result};
 pub use model::{
     CancelOutcome, ClaimedTimer, Lease, NewTimer, Recurrence, ScheduleOutcome, Timer, TimerKey,
     TimerState, Timestamp,
 };
 pub use plugin::{BrokerPlugin, StorePlugin};
-pub use store::Store;
-pub use wire::{decode, decode_command, Command, DueTimeReachedEnvelope, Rejection};
+pub use store::{Settlement, Store, TenantCounts};
+pub use wire::{
+    decode_command, decode_schedule, Command, DueTimeReachedEnvelope, Reason, Rejection,
+};

@@ -190,9 +190,6 @@ pub enum ScheduleOutcome {
     AlreadyCancelled,
     /// The timer failed; nothing changed.
     AlreadyFailed,
-    /// Refused by the engine, not stored: its tenant has `limits.max_pending_per_tenant`
-    /// Scheduled timers already. (Stores never return it.)
-    TenantLimit,
 }
 
 /// What `cancel` did.

@@ -21,6 +21,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use serde::de::DeserializeOwned;
+use serde::Serialize;
 use uuid::Uuid;
 
 use crate::broker::Broker;
@@ -58,6 +59,16 @@ pub struct BrokerPlugin {
 }
 
 impl StorePlugin {
+    /// The descriptor of the store whose config section is `C`.
+    pub const fn of<C: Section + StoreConfig>() -> Self {
+        StorePlugin {
+            kind: C::KIND,
+            load: |section| Ok(Box::new(load_section::<C>(section)?)),
+            test_server: C::TEST_SERVER,
+            isolated: |prefix| test_config::<C>()?.isolated(prefix),
+        }
+    }
+
     /// Why this plugin's test server cannot be used, if it cannot.
     pub fn unavailable(&self) -> Option<String> {
         self.test_server.as_ref().and_then(TestServer::unavailable)
@@ -65,6 +76,16 @@ impl StorePlugin {
 }
 
 impl BrokerPlugin {
+    /// The descriptor of the broker whose config section is `C`.
+    pub const fn of<C: Section + BrokerConfig>() -> Self {
+        BrokerPlugin {
+            kind: C::KIND,
+            load: |section| Ok(Box::new(load_section::<C>(section)?)),
+            test_server: C::TEST_SERVER,
+            isolated: |prefix| test_config::<C>()?.isolated(prefix),
+        }
+    }
+
     /// Why this plugin's test server cannot be used, if it cannot.
     pub fn unavailable(&self) -> Option<String> {
         self.test_server.as_ref().and_then(TestServer::unavailable)
@@ -93,6 +114,29 @@ macro_rules! known {
             plugin,
         }
     }};
+}
+
+/// A plugin crate's registry, a line per plugin: `sqlite = "sqlite"` declares the folder
+/// (module) `sqlite` behind the cargo feature `"sqlite"` and lists it in `PLUGINS`, in order.
+///
+/// ```ignore
+/// timer_core::plugins! { StorePlugin:
+///     memory = "memory",
+///     sqlite = "sqlite",
+/// }
+/// ```
+#[macro_export]
+macro_rules! plugins {
+    ($descriptor:ident: $($module:ident = $kind:literal),* $(,)?) => {
+        $(
+            #[cfg(feature = $kind)]
+            pub mod $module;
+        )*
+
+        /// Every kind of this crate, with its descriptor when its cargo feature is compiled in.
+        pub const PLUGINS: $crate::plugin::Registry<$crate::plugin::$descriptor> =
+            $crate::plugin::Registry(&[$($crate::known!($kind, $module)),*]);
+    };
 }
 
 /// The plugins of one crate: every kind it has, each with its descriptor when compiled in.
@@ -125,16 +169,75 @@ impl<P> Registry<P> {
     }
 }
 
+/// What every plugin config tells of itself. Provided for every [`Section`] type; written by hand
+/// only for a config that is more than its section (the memory broker's holds its hub).
+pub trait PluginConfig: Debug + Send + Sync + 'static {
+    /// `store.kind` / `broker.kind`.
+    fn kind(&self) -> &'static str;
+    /// The section as TOML would hold it, `kind` included (secrets too: redact before showing).
+    fn to_value(&self) -> Result<serde_json::Value>;
+    /// For a downcast to the plugin's own type (the memory broker's hub, a test's helpers).
+    fn as_any(&self) -> &dyn Any;
+}
+
+/// A plugin's config section type. [`StorePlugin::of`] and [`BrokerPlugin::of`] make the
+/// descriptor from it: `load` parses the section and runs [`validate`](Section::validate);
+/// `isolated` applies [`StoreConfig::isolated`] / [`BrokerConfig::isolated`] to
+/// [`for_test_server`](Section::for_test_server).
+pub trait Section: Serialize + DeserializeOwned + Default + Debug + Send + Sync + 'static {
+    /// `store.kind` / `broker.kind`, also the cargo feature and the folder name.
+    const KIND: &'static str;
+    /// The server its tests need; `None` when it runs in process or on a local file.
+    const TEST_SERVER: Option<TestServer> = None;
+    /// What can be checked without a server; `load` runs it.
+    fn validate(&self) -> Result<()> {
+        Ok(())
+    }
+    /// The config reaching the test server at `address` (before isolation); only called when
+    /// there is a [`TEST_SERVER`](Section::TEST_SERVER).
+    fn for_test_server(_address: String) -> Self {
+        Self::default()
+    }
+}
+
+impl<C: Section> PluginConfig for C {
+    fn kind(&self) -> &'static str {
+        C::KIND
+    }
+    fn to_value(&self) -> Result<serde_json::Value> {
+        let mut value = to_value(self)?;
+        if let Some(section) = value.as_object_mut() {
+            section.insert("kind".into(), C::KIND.into());
+        }
+        Ok(value)
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+/// The section of `C`, checked; its `kind`, when given, must be `C`'s.
+fn load_section<C: Section>(section: &ConfigSection) -> Result<C> {
+    let config: C = section.parse_as(C::KIND)?;
+    config.validate()?;
+    Ok(config)
+}
+
+/// `C` for its test server, or its defaults when it has none.
+fn test_config<C: Section>() -> Result<C> {
+    match C::TEST_SERVER {
+        Some(server) => Ok(C::for_test_server(server.address()?)),
+        None => Ok(C::default()),
+    }
+}
+
 /// A typed store config, as loaded by its plugin.
 #[async_trait]
-pub trait StoreConfig: Debug + Send + Sync + 'static {
-    fn kind(&self) -> &'static str;
+pub trait StoreConfig: PluginConfig {
     /// Rules that involve the engine settings; the default has none.
     fn check(&self, _engine: &EngineConfig) -> Result<()> {
         Ok(())
     }
-    /// The section as TOML would hold it, `kind` included (secrets too: redact before showing).
-    fn to_value(&self) -> Result<serde_json::Value>;
     async fn open(&self) -> Result<Arc<dyn Store>>;
     /// Whether stores opened from this config share their timers, so several engines (as
     /// separate instances would) can run on one store; `false` for a store in process memory.
@@ -150,19 +253,15 @@ pub trait StoreConfig: Debug + Send + Sync + 'static {
     async fn clean_up(&self) -> Result<()> {
         Ok(())
     }
-    fn as_any(&self) -> &dyn Any;
 }
 
 /// A typed broker config, as loaded by its plugin.
 #[async_trait]
-pub trait BrokerConfig: Debug + Send + Sync + 'static {
-    fn kind(&self) -> &'static str;
+pub trait BrokerConfig: PluginConfig {
     /// Rules that involve the engine settings (a publish must end within half the lease).
     fn check(&self, _engine: &EngineConfig) -> Result<()> {
         Ok(())
     }
-    /// The section as TOML would hold it, `kind` included (secrets too: redact before showing).
-    fn to_value(&self) -> Result<serde_json::Value>;
     async fn connect(&self) -> Result<Arc<dyn Broker>>;
     /// An independent client on the resources this config names: produces commands and reads
     /// events and dead letters as a real service would. Creates the resources first when they
@@ -177,7 +276,6 @@ pub trait BrokerConfig: Debug + Send + Sync + 'static {
     async fn clean_up(&self) -> Result<()> {
         Ok(())
     }
-    fn as_any(&self) -> &dyn Any;
 }
 
 /// A config on isolated resources, with whatever keeps them alive (a temp dir) until dropped.
@@ -247,6 +345,20 @@ pub struct TestServer {
 }
 
 impl TestServer {
+    pub const fn new(
+        address_env: &'static str,
+        dir_env: &'static str,
+        script: &'static str,
+        port_env: &'static str,
+    ) -> Self {
+        TestServer {
+            address_env,
+            dir_env,
+            script,
+            port_env,
+        }
+    }
+
     /// The server's address, or an error naming the variable and how to get a server.
     pub fn address(&self) -> Result<String> {
         std::env::var(self.address_env).map_err(|_| {
@@ -329,10 +441,24 @@ impl ConfigSection<'_> {
     }
 }
 
-/// A typed config as the value [`StoreConfig::to_value`] and [`BrokerConfig::to_value`] return.
-pub fn to_value(config: &impl serde::Serialize) -> Result<serde_json::Value> {
-    serde_json::to_value(config)
-        .map_err(|e| Error::internal("cannot render a plugin config").with_source(e))
+/// A typed config as the value [`StoreConfig::to_value`] and [`BrokerConfig::to_value`] return:
+/// as TOML would hold it, so unset options (`None`, `null`) are left out.
+pub fn to_value(config: &impl Serialize) -> Result<serde_json::Value> {
+    let mut value = serde_json::to_value(config)
+        .map_err(|e| Error::internal("cannot render a plugin config").with_source(e))?;
+    drop_nulls(&mut value);
+    Ok(value)
+}
+
+fn drop_nulls(value: &mut serde_json::Value) {
+    match value {
+        serde_json::Value::Object(map) => {
+            map.retain(|_, v| !v.is_null());
+            map.values_mut().for_each(drop_nulls);
+        }
+        serde_json::Value::Array(items) => items.iter_mut().for_each(drop_nulls),
+        _ => {}
+    }
 }
 
 #[cfg(test)]
@@ -405,6 +531,23 @@ mod tests {
         assert_eq!(registry.iter().count(), 1);
         assert!(registry.get("a").is_some() && registry.get("b").is_none());
         assert!(registry.known("b").is_some() && registry.known("c").is_none());
+    }
+
+    #[test]
+    fn values_leave_unset_options_out() {
+        #[derive(serde::Serialize)]
+        struct Options {
+            kind: &'static str,
+            token: Option<String>,
+            inner: Vec<Option<u8>>,
+        }
+        let v = to_value(&Options {
+            kind: "x",
+            token: None,
+            inner: vec![Some(1)],
+        })
+        .unwrap();
+        assert_eq!(v, serde_json::json!({"kind": "x", "inner": [1]}));
     }
 
     #[test]

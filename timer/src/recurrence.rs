@@ -146,15 +146,17 @@ mod tests {
         Timestamp::from_datetime(&DateTime::parse_from_rfc3339(text).unwrap())
     }
 
-    fn schedule(cron: &str, tz: &str) -> Schedule {
+    fn recurrence(cron: &str, tz: &str) -> Recurrence {
         Recurrence {
             cron: cron.into(),
             time_zone: tz.into(),
             end_at: None,
             max_occurrences: None,
         }
-        .schedule()
-        .unwrap()
+    }
+
+    fn schedule(cron: &str, tz: &str) -> Schedule {
+        recurrence(cron, tz).schedule().unwrap()
     }
 
     #[test]
@@ -241,17 +243,7 @@ mod tests {
 
     #[test]
     fn bad_patterns_and_zones_name_the_field() {
-        let bad = |cron: &str, tz: &str| {
-            Recurrence {
-                cron: cron.into(),
-                time_zone: tz.into(),
-                end_at: None,
-                max_occurrences: None,
-            }
-            .schedule()
-            .unwrap_err()
-            .field
-        };
+        let bad = |cron: &str, tz: &str| recurrence(cron, tz).schedule().unwrap_err().field;
         assert_eq!(bad("61 * * * *", "UTC"), "cron");
         assert_eq!(bad("* * *", "UTC"), "cron");
         assert_eq!(bad("* * * * *", "Mars/Olympus"), "timeZone");

@@ -1,5 +1,10 @@
-//! The `Store` contract (DESIGN §3). Every store plugin implements it and passes the Store
-//! conformance suite in `timer-conformance`.
+//! The `Store` contract. Every store plugin implements it and passes the Store conformance suite
+//! in `timer-conformance`.
+//!
+//! The trait holds what the engine needs from every store. Abilities that only some features
+//! need are separate traits a store may offer through an accessor that defaults to `None`
+//! ([`Store::tenant_counts`]), so a new ability (listing, pausing, history) adds a trait and an
+//! accessor, not a required method on every plugin.
 
 use std::collections::HashMap;
 
@@ -11,6 +16,30 @@ use crate::model::{
     CancelOutcome, ClaimedTimer, Lease, NewTimer, ScheduleOutcome, Timer, TimerKey, Timestamp,
 };
 
+/// What becomes of a claimed timer when its fire ends: the one step that settles a lease.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Settlement {
+    /// Its event went out and it was a one-shot timer: Scheduled → Reached at the settle time
+    /// (a recurring timer whose series ended also counts the occurrence).
+    Reached,
+    /// Its event went out and it recurs: `due_at` and `available_at` become this next
+    /// occurrence, the revision is bumped, `occurrences` incremented, `reached_at` set, attempts
+    /// and last error cleared, the lease released.
+    Next(Timestamp),
+    /// Its last allowed publish failed: Scheduled → Failed, attempts incremented, `last_error`
+    /// set, finished at the settle time.
+    Failed(String),
+    /// Its lease is given back: it stays Scheduled and becomes claimable at `at` (never before
+    /// its due time). With an `error` (a failed publish) attempts are incremented and
+    /// `last_error` set; without (shutdown, a reschedule during the fire) they are unchanged.
+    /// Unlike the others this ignores the revision: the lease is returned even when the timer
+    /// was rescheduled while it fired.
+    Retry {
+        at: Timestamp,
+        error: Option<String>,
+    },
+}
+
 /// Durable timer storage.
 ///
 /// A row is claimable when it is `Scheduled` and its `available_at` (the due time, or the end
@@ -18,13 +47,13 @@ use crate::model::{
 /// makes the row claimable again, which is how a crashed instance's timers are recovered.
 #[async_trait]
 pub trait Store: Send + Sync + 'static {
-    /// The plugin's name: `memory`, `sqlite`, `postgres`.
+    /// The plugin's kind: `memory`, `sqlite`, `postgres`.
     fn name(&self) -> &'static str;
 
     /// Upserts a batch in one transaction, all or nothing. New key → `Created`; existing
     /// Scheduled → due time, correlation id and payload replaced (`Updated`; a changed due time
-    /// bumps the revision and resets attempts); Reached or Cancelled → unchanged. One outcome per
-    /// input, in order. A key given twice in a batch is applied in order.
+    /// bumps the revision and resets attempts); Reached, Cancelled or Failed → unchanged. One
+    /// outcome per input, in order. A key given twice in a batch is applied in order.
     async fn schedule(&self, timers: &[NewTimer], now: Timestamp) -> Result<Vec<ScheduleOutcome>>;
 
     /// Atomically leases up to `limit` claimable rows to `lease.owner` until `lease.until`,
@@ -36,47 +65,16 @@ pub trait Store: Send + Sync + 'static {
         lease: &Lease,
     ) -> Result<Vec<ClaimedTimer>>;
 
-    /// Marks fired timers Reached. Only rows still leased by `owner` at the claimed revision
-    /// change (a timer rescheduled while it fired stays Scheduled). Returns how many changed.
-    async fn mark_reached(
+    /// Settles claims in one transaction, each as its [`Settlement`] says, at time `at`. Only
+    /// rows still Scheduled and leased by `owner` change, and except for
+    /// [`Settlement::Retry`] only at the claimed revision (a timer rescheduled while it fired
+    /// stays Scheduled with its new due time). Returns how many rows changed.
+    async fn settle(
         &self,
-        timers: &[ClaimedTimer],
+        claims: &[(ClaimedTimer, Settlement)],
         owner: &str,
         at: Timestamp,
     ) -> Result<u64>;
-
-    /// Moves fired occurrences of recurring timers to their next occurrence: `due_at` and
-    /// `available_at` become `next`, the revision is bumped, `occurrences` incremented,
-    /// `reached_at` set to `at`, attempts and last error cleared, the lease released. Same
-    /// guard as `mark_reached` (leased by `owner` at the claimed revision). Returns how many
-    /// changed.
-    async fn advance(
-        &self,
-        timers: &[(ClaimedTimer, Timestamp)],
-        owner: &str,
-        at: Timestamp,
-    ) -> Result<u64>;
-
-    /// Scheduled → Failed after the last allowed publish attempt: attempts incremented,
-    /// `last_error` set, finished at `at`. Same guard as `mark_reached`. Returns how many changed.
-    async fn fail(
-        &self,
-        timers: &[ClaimedTimer],
-        owner: &str,
-        at: Timestamp,
-        error: &str,
-    ) -> Result<u64>;
-
-    /// Gives claims back: the rows stay Scheduled and become claimable at `retry_at`. With an
-    /// `error`, `attempts` is incremented and `last_error` set (a failed publish); without
-    /// (shutdown), attempts are unchanged.
-    async fn release(
-        &self,
-        timers: &[ClaimedTimer],
-        owner: &str,
-        retry_at: Timestamp,
-        error: Option<&str>,
-    ) -> Result<()>;
 
     /// The earliest `available_at` of any Scheduled row: when the next claim can succeed.
     async fn next_due_at(&self) -> Result<Option<Timestamp>>;
@@ -84,7 +82,7 @@ pub trait Store: Send + Sync + 'static {
     async fn get(&self, key: &TimerKey) -> Result<Option<Timer>>;
 
     /// Scheduled → Cancelled, unless an instance holds a live lease on it (the lease end a claim
-    /// recorded lies after `now`; `release` and `advance` clear it): then
+    /// recorded lies after `now`; settling with `Next` or `Retry` clears it): then
     /// [`CancelOutcome::Firing`] and nothing changes, so a cancel that succeeded can never be
     /// followed by the timer's event.
     async fn cancel(&self, key: &TimerKey, now: Timestamp) -> Result<CancelOutcome>;
@@ -92,13 +90,8 @@ pub trait Store: Send + Sync + 'static {
     /// Deletes up to `limit` Reached, Cancelled or Failed rows finished before `older_than`.
     async fn purge(&self, older_than: Timestamp, limit: usize) -> Result<u64>;
 
-    /// How many timers are Scheduled.
-    async fn pending(&self) -> Result<u64>;
-
-    /// How many timers of each of `tenants` are Scheduled; tenants without any are absent.
-    /// Used for `limits.max_pending_per_tenant` (a count over the tenant's rows, so only asked
-    /// when that limit is set).
-    async fn pending_by_tenant(&self, tenants: &[String]) -> Result<HashMap<String, u64>>;
+    /// How many timers are Scheduled (the `timer.pending` gauge).
+    async fn scheduled_count(&self) -> Result<u64>;
 
     /// Ok when the store answers a trivial query.
     async fn health(&self) -> Result<()>;
@@ -109,4 +102,17 @@ pub trait Store: Send + Sync + 'static {
     fn wakeups(&self) -> Option<broadcast::Receiver<Timestamp>> {
         None
     }
+
+    /// Counting Scheduled timers per tenant, for `limits.max_pending_per_tenant`; `None` when
+    /// the store cannot (the engine then refuses that limit at start).
+    fn tenant_counts(&self) -> Option<&dyn TenantCounts> {
+        None
+    }
+}
+
+/// An optional store ability: Scheduled timers counted per tenant.
+#[async_trait]
+pub trait TenantCounts: Send + Sync {
+    /// How many timers of each of `tenants` are Scheduled; tenants without any are absent.
+    async fn scheduled_by_tenant(&self, tenants: &[String]) -> Result<HashMap<String, u64>>;
 }

@@ -3,7 +3,7 @@
 //! A command is accepted bare (`{"tenantId", "serviceCallId", "dueAt"}`) or inside an envelope
 //! whose `type` is `ScheduleTimer` (or `CancelTimer`) and whose `payload` holds the command. A
 //! `ScheduleTimer` gives a due time, or a `cron` pattern (with `timeZone`) for a recurring timer.
-//! The event is always an envelope (seed 002): UUIDv7 id, `causationId` null because time, not
+//! The event is always an envelope: UUIDv7 id, `causationId` null because time, not
 //! a message, caused it.
 
 use serde::{Deserialize, Serialize};
@@ -18,18 +18,97 @@ pub const SCHEDULE_TIMER: &str = "ScheduleTimer";
 pub const CANCEL_TIMER: &str = "CancelTimer";
 pub const DUE_TIME_REACHED: &str = "DueTimeReached";
 
-/// Why a command was refused: a stable `reason` code (used as a metric label and in dead
-/// letters), the offending field when there is one, and a message for humans.
+/// Why a command was refused, as a stable code: a metric label, the `reason` of an HTTP error
+/// and the start of a dead letter's reason.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Reason {
+    /// The command is larger than `limits.max_message_bytes`.
+    TooLarge,
+    /// Not JSON, or a field of the wrong type.
+    InvalidJson,
+    /// An envelope `type` other than `ScheduleTimer` or `CancelTimer`.
+    UnknownType,
+    /// A required field is absent.
+    MissingField,
+    /// An id is empty, too long, or holds control characters.
+    InvalidId,
+    /// A due time that is not a valid instant.
+    InvalidTime,
+    /// A due time beyond `limits.max_horizon`.
+    TooFar,
+    /// A payload larger than `limits.max_payload_bytes`.
+    PayloadTooLarge,
+    /// A cron pattern, time zone, end or count that does not work.
+    InvalidRecurrence,
+    /// A command this path does not take (a `CancelTimer` on `POST /v1/timers`).
+    NotAcceptedHere,
+    /// The tenant has `limits.max_pending_per_tenant` Scheduled timers already.
+    TenantLimit,
+}
+
+impl Reason {
+    /// Every reason, for dashboards, docs and tests.
+    pub const ALL: &'static [Reason] = &[
+        Reason::TooLarge,
+        Reason::InvalidJson,
+        Reason::UnknownType,
+        Reason::MissingField,
+        Reason::InvalidId,
+        Reason::InvalidTime,
+        Reason::TooFar,
+        Reason::PayloadTooLarge,
+        Reason::InvalidRecurrence,
+        Reason::NotAcceptedHere,
+        Reason::TenantLimit,
+    ];
+
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Reason::TooLarge => "too_large",
+            Reason::InvalidJson => "invalid_json",
+            Reason::UnknownType => "unknown_type",
+            Reason::MissingField => "missing_field",
+            Reason::InvalidId => "invalid_id",
+            Reason::InvalidTime => "invalid_time",
+            Reason::TooFar => "too_far",
+            Reason::PayloadTooLarge => "payload_too_large",
+            Reason::InvalidRecurrence => "invalid_recurrence",
+            Reason::NotAcceptedHere => "not_accepted_here",
+            Reason::TenantLimit => "tenant_limit",
+        }
+    }
+}
+
+impl PartialEq<&str> for Reason {
+    fn eq(&self, other: &&str) -> bool {
+        self.as_str() == *other
+    }
+}
+
+impl std::fmt::Display for Reason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl Serialize for Reason {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.as_str())
+    }
+}
+
+/// Why a command was refused: its [`Reason`], the offending field when there is one, and a
+/// message for humans.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Rejection {
-    pub reason: &'static str,
+    pub reason: Reason,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub field: Option<String>,
     pub message: String,
 }
 
 impl Rejection {
-    fn new(reason: &'static str, field: Option<&str>, message: impl Into<String>) -> Self {
+    pub fn new(reason: Reason, field: Option<&str>, message: impl Into<String>) -> Self {
         Rejection {
             reason,
             field: field.map(str::to_owned),
@@ -48,21 +127,6 @@ impl std::fmt::Display for Rejection {
 }
 
 impl std::error::Error for Rejection {}
-
-/// Every reason code [`decode_command`] can give, for dashboards and docs.
-pub const REJECTION_REASONS: &[&str] = &[
-    "too_large",
-    "invalid_json",
-    "unknown_type",
-    "missing_field",
-    "invalid_id",
-    "invalid_time",
-    "too_far",
-    "payload_too_large",
-    "invalid_recurrence",
-    "not_accepted_here",
-    "tenant_limit",
-];
 
 /// A decoded command.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -107,27 +171,27 @@ fn parse<'a>(bytes: &'a [u8], prefix: &str) -> Result<WireCommand<'a>, Rejection
         // serde_path_to_error prints "." for the root and "?" where it lost track.
         let field = (path != "." && !path.contains('?')).then(|| format!("{prefix}{path}"));
         Rejection {
-            reason: "invalid_json",
+            reason: Reason::InvalidJson,
             field,
             message: e.into_inner().to_string(),
         }
     })?;
     de.end()
-        .map_err(|e| Rejection::new("invalid_json", None, e.to_string()))?;
+        .map_err(|e| Rejection::new(Reason::InvalidJson, None, e.to_string()))?;
     Ok(cmd)
 }
 
 /// Decodes and validates one `ScheduleTimer` command (the HTTP API's `POST /v1/timers`); a
 /// `CancelTimer` is refused here with `not_accepted_here`.
-pub fn decode_command(
+pub fn decode_schedule(
     bytes: &[u8],
     limits: &Limits,
     now: Timestamp,
 ) -> Result<NewTimer, Rejection> {
-    match decode(bytes, limits, now)? {
+    match decode_command(bytes, limits, now)? {
         Command::Schedule(timer) => Ok(timer),
         Command::Cancel(_) => Err(Rejection::new(
-            "not_accepted_here",
+            Reason::NotAcceptedHere,
             Some("type"),
             "a CancelTimer is not accepted here (DELETE /v1/tenants/{tenantId}/timers/{serviceCallId} \
              cancels over HTTP)",
@@ -137,10 +201,10 @@ pub fn decode_command(
 
 /// Decodes and validates one command from the broker: `ScheduleTimer` or `CancelTimer`. `now`
 /// bounds the due-time horizon and anchors the first occurrence of a recurring timer.
-pub fn decode(bytes: &[u8], limits: &Limits, now: Timestamp) -> Result<Command, Rejection> {
+pub fn decode_command(bytes: &[u8], limits: &Limits, now: Timestamp) -> Result<Command, Rejection> {
     if bytes.len() > limits.max_message_bytes {
         return Err(Rejection::new(
-            "too_large",
+            Reason::TooLarge,
             None,
             format!(
                 "command is {} bytes, the limit is {} (limits.max_message_bytes)",
@@ -155,7 +219,7 @@ pub fn decode(bytes: &[u8], limits: &Limits, now: Timestamp) -> Result<Command, 
         Some(CANCEL_TIMER) => true,
         Some(kind) => {
             return Err(Rejection::new(
-                "unknown_type",
+                Reason::UnknownType,
                 Some("type"),
                 format!("unknown command type {kind:?} (known: {SCHEDULE_TIMER}, {CANCEL_TIMER})"),
             ))
@@ -169,7 +233,7 @@ pub fn decode(bytes: &[u8], limits: &Limits, now: Timestamp) -> Result<Command, 
     } else {
         let Some(inner_raw) = outer.payload else {
             return Err(Rejection::new(
-                "missing_field",
+                Reason::MissingField,
                 Some("payload"),
                 format!(
                     "an envelope of type {kind} needs the command in `payload` (or give \
@@ -181,7 +245,7 @@ pub fn decode(bytes: &[u8], limits: &Limits, now: Timestamp) -> Result<Command, 
         match (&outer.tenant_id, &inner.tenant_id) {
             (Some(a), Some(b)) if a != b => {
                 return Err(Rejection::new(
-                    "invalid_id",
+                    Reason::InvalidId,
                     Some("payload.tenantId"),
                     format!("tenantId {b:?} differs from the envelope's {a:?}"),
                 ))
@@ -224,7 +288,7 @@ fn validate_cancel(
     ];
     if let Some((name, _)) = extra.iter().find(|(_, given)| *given) {
         return Err(Rejection::new(
-            "invalid_json",
+            Reason::InvalidJson,
             Some(&field(name)),
             "a CancelTimer takes only tenantId, serviceCallId and correlationId",
         ));
@@ -241,7 +305,7 @@ fn parse_time(text: &str, field: &str) -> Result<Timestamp, Rejection> {
         .map(|t| Timestamp::from_datetime(&t))
         .map_err(|e| {
             Rejection::new(
-                "invalid_time",
+                Reason::InvalidTime,
                 Some(field),
                 format!(
                     "{:?} is not an RFC 3339 timestamp with offset ({e})",
@@ -266,7 +330,7 @@ fn recurrence(
         ];
         if let Some((name, _)) = stray.iter().find(|(_, given)| *given) {
             return Err(Rejection::new(
-                "invalid_recurrence",
+                Reason::InvalidRecurrence,
                 Some(&field(name)),
                 "only a recurring timer (with `cron`) takes this field",
             ));
@@ -275,7 +339,7 @@ fn recurrence(
     };
     if cmd.due_at.is_some() || cmd.due_time_ms.is_some() {
         return Err(Rejection::new(
-            "invalid_recurrence",
+            Reason::InvalidRecurrence,
             Some(&field("cron")),
             "give either a due time (dueAt, dueTimeMs) or a cron pattern, not both",
         ));
@@ -284,7 +348,7 @@ fn recurrence(
     for (name, value) in [("cron", &cron), ("timeZone", &time_zone)] {
         if value.len() > limits.max_id_bytes {
             return Err(Rejection::new(
-                "invalid_recurrence",
+                Reason::InvalidRecurrence,
                 Some(&field(name)),
                 format!(
                     "is {} bytes, the limit is {} (limits.max_id_bytes)",
@@ -306,10 +370,10 @@ fn recurrence(
     };
     let schedule = recurrence
         .schedule()
-        .map_err(|e| Rejection::new("invalid_recurrence", Some(&field(e.field)), e.message))?;
+        .map_err(|e| Rejection::new(Reason::InvalidRecurrence, Some(&field(e.field)), e.message))?;
     let Some(first) = schedule.first(now) else {
         return Err(Rejection::new(
-            "invalid_recurrence",
+            Reason::InvalidRecurrence,
             Some(&field("cron")),
             "the pattern has no occurrence from now on (before endAt, and within the years the \
              cron library computes)",
@@ -339,13 +403,13 @@ fn validate(
         ),
         (Some(_), Some(_)) => {
             return Err(Rejection::new(
-                "invalid_time",
+                Reason::InvalidTime,
                 Some(&field("dueAt")),
                 "give either dueAt or dueTimeMs, not both",
             ))
         }
         (None, None) => return Err(Rejection::new(
-            "missing_field",
+            Reason::MissingField,
             Some(&field("dueAt")),
             "dueAt (RFC 3339 with offset), dueTimeMs (epoch milliseconds) or cron (a recurring \
                  timer) is required",
@@ -356,7 +420,7 @@ fn validate(
     let (due_at, due_field) = due_at;
     if due_at < Timestamp::EPOCH {
         return Err(Rejection::new(
-            "invalid_time",
+            Reason::InvalidTime,
             Some(&due_field),
             format!(
                 "due time {} ms lies before 1970-01-01T00:00:00Z",
@@ -367,7 +431,7 @@ fn validate(
     let horizon = now.saturating_add(limits.max_horizon).min(Timestamp::MAX);
     if due_at > horizon {
         return Err(Rejection::new(
-            "too_far",
+            Reason::TooFar,
             Some(&due_field),
             format!(
                 "due time lies after {} (limits.max_horizon = {})",
@@ -379,7 +443,7 @@ fn validate(
     let payload = match cmd.payload {
         Some(raw) if raw.get().len() > limits.max_payload_bytes => {
             return Err(Rejection::new(
-                "payload_too_large",
+                Reason::PayloadTooLarge,
                 Some(&field("payload")),
                 format!(
                     "payload is {} bytes, the limit is {} (limits.max_payload_bytes)",
@@ -393,7 +457,7 @@ fn validate(
             // would hit it, so apply one here.
             if json_depth(raw.get()) > MAX_PAYLOAD_DEPTH {
                 return Err(Rejection::new(
-                    "invalid_json",
+                    Reason::InvalidJson,
                     Some(&field("payload")),
                     format!("payload nests deeper than {MAX_PAYLOAD_DEPTH} levels"),
                 ));
@@ -417,7 +481,11 @@ fn validate(
 fn required_id(value: Option<String>, field: &str, limits: &Limits) -> Result<String, Rejection> {
     match value {
         Some(v) => check_id(v, field, limits),
-        None => Err(Rejection::new("missing_field", Some(field), "is required")),
+        None => Err(Rejection::new(
+            Reason::MissingField,
+            Some(field),
+            "is required",
+        )),
     }
 }
 
@@ -426,14 +494,14 @@ fn required_id(value: Option<String>, field: &str, limits: &Limits) -> Result<St
 fn check_id(value: String, field: &str, limits: &Limits) -> Result<String, Rejection> {
     if value.is_empty() {
         return Err(Rejection::new(
-            "invalid_id",
+            Reason::InvalidId,
             Some(field),
             "must not be empty",
         ));
     }
     if value.len() > limits.max_id_bytes {
         return Err(Rejection::new(
-            "invalid_id",
+            Reason::InvalidId,
             Some(field),
             format!(
                 "is {} bytes, the limit is {} (limits.max_id_bytes)",
@@ -444,7 +512,7 @@ fn check_id(value: String, field: &str, limits: &Limits) -> Result<String, Rejec
     }
     if let Some(pos) = value.chars().position(char::is_control) {
         return Err(Rejection::new(
-            "invalid_id",
+            Reason::InvalidId,
             Some(field),
             format!("contains a control character at position {pos}"),
         ));
@@ -510,21 +578,49 @@ pub fn event_id(timer: &ClaimedTimer) -> Uuid {
     uuid::Builder::from_unix_timestamp_millis(millis, &bits).into_uuid()
 }
 
-/// The `DueTimeReached` envelope, as published and as consumers read it.
+/// The envelope our events and dead letters travel in: a UUID id, the `type`, tenant and
+/// aggregate (the serviceCallId), and `causationId` always null because time, not a message,
+/// caused it.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct DueTimeReachedEnvelope {
+pub struct Envelope<P> {
     pub id: Uuid,
     #[serde(rename = "type")]
     pub kind: String,
     pub tenant_id: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub correlation_id: Option<String>,
-    /// Always null: time, not a message, caused this event.
     pub causation_id: Option<String>,
     pub aggregate_id: String,
     pub timestamp_ms: i64,
-    pub payload: DueTimeReached,
+    pub payload: P,
+}
+
+/// The `DueTimeReached` event, as published and as consumers read it.
+pub type DueTimeReachedEnvelope = Envelope<DueTimeReached>;
+
+/// The `TimerFailed` dead letter sent when a timer's publish failed `engine.max_attempts`
+/// times.
+pub type TimerFailedEnvelope = Envelope<TimerFailed>;
+
+impl<P: Serialize> Envelope<P> {
+    fn about(timer: &ClaimedTimer, id: Uuid, kind: &str, at: Timestamp, payload: P) -> Self {
+        Envelope {
+            id,
+            kind: kind.to_owned(),
+            tenant_id: timer.key.tenant_id.clone(),
+            correlation_id: timer.correlation_id.clone(),
+            causation_id: None,
+            aggregate_id: timer.key.service_call_id.clone(),
+            timestamp_ms: at.as_millis(),
+            payload,
+        }
+    }
+
+    pub fn to_json(&self) -> Vec<u8> {
+        // Serializing owned strings, numbers and valid raw JSON cannot fail.
+        serde_json::to_vec(self).unwrap_or_default()
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -542,7 +638,7 @@ pub struct DueTimeReached {
     pub payload: Option<Box<RawValue>>,
 }
 
-impl DueTimeReachedEnvelope {
+impl Envelope<DueTimeReached> {
     /// The event for a claimed timer. Its id is [`event_id`]: every fire of the same timer
     /// revision carries the same id, so a repeat (after a crash between publish and mark, or a
     /// publish retried after an outage) is dropped by the broker's de-duplication and is
@@ -555,15 +651,13 @@ impl DueTimeReachedEnvelope {
                 .map_err(|e| tracing::error!(timer = %timer.key, error = %e, "stored payload is not JSON; dropped from event"))
                 .ok()
         });
-        DueTimeReachedEnvelope {
-            id: event_id(timer),
-            kind: DUE_TIME_REACHED.to_owned(),
-            tenant_id: timer.key.tenant_id.clone(),
-            correlation_id: timer.correlation_id.clone(),
-            causation_id: None,
-            aggregate_id: timer.key.service_call_id.clone(),
-            timestamp_ms: reached_at.as_millis(),
-            payload: DueTimeReached {
+        let id = event_id(timer);
+        Self::about(
+            timer,
+            id,
+            DUE_TIME_REACHED,
+            reached_at,
+            DueTimeReached {
                 tenant_id: timer.key.tenant_id.clone(),
                 service_call_id: timer.key.service_call_id.clone(),
                 due_at: timer.due_at.to_rfc3339(),
@@ -574,33 +668,11 @@ impl DueTimeReachedEnvelope {
                     .map(|_| timer.occurrences.saturating_add(1)),
                 payload,
             },
-        }
-    }
-
-    pub fn to_json(&self) -> Vec<u8> {
-        // Serializing owned strings, numbers and valid raw JSON cannot fail.
-        serde_json::to_vec(self).unwrap_or_default()
+        )
     }
 }
 
 pub const TIMER_FAILED: &str = "TimerFailed";
-
-/// The `TimerFailed` envelope sent to the dead-letter destination when a timer's publish
-/// failed `engine.max_attempts` times.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct TimerFailedEnvelope {
-    pub id: Uuid,
-    #[serde(rename = "type")]
-    pub kind: String,
-    pub tenant_id: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub correlation_id: Option<String>,
-    pub causation_id: Option<String>,
-    pub aggregate_id: String,
-    pub timestamp_ms: i64,
-    pub payload: TimerFailed,
-}
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -618,21 +690,18 @@ pub struct TimerFailed {
     pub payload: Option<Box<RawValue>>,
 }
 
-impl TimerFailedEnvelope {
+impl Envelope<TimerFailed> {
     /// The dead letter for `timer`, whose `attempts`-th publish failed with `error`. Its id is
     /// derived from the fire's id, so a repeat carries the same one.
     pub fn for_timer(timer: &ClaimedTimer, at: Timestamp, attempts: u32, error: &str) -> Self {
         let fire = event_id(timer);
         let id = Uuid::new_v5(&fire, TIMER_FAILED.as_bytes());
-        TimerFailedEnvelope {
+        Self::about(
+            timer,
             id,
-            kind: TIMER_FAILED.to_owned(),
-            tenant_id: timer.key.tenant_id.clone(),
-            correlation_id: timer.correlation_id.clone(),
-            causation_id: None,
-            aggregate_id: timer.key.service_call_id.clone(),
-            timestamp_ms: at.as_millis(),
-            payload: TimerFailed {
+            TIMER_FAILED,
+            at,
+            TimerFailed {
                 tenant_id: timer.key.tenant_id.clone(),
                 service_call_id: timer.key.service_call_id.clone(),
                 due_at: timer.due_at.to_rfc3339(),
@@ -648,11 +717,7 @@ impl TimerFailedEnvelope {
                     .as_ref()
                     .and_then(|p| RawValue::from_string(p.clone()).ok()),
             },
-        }
-    }
-
-    pub fn to_json(&self) -> Vec<u8> {
-        serde_json::to_vec(self).unwrap_or_default()
+        )
     }
 }
 
@@ -661,10 +726,22 @@ mod tests {
     use super::*;
     use std::time::Duration;
 
+    #[test]
+    fn every_reason_has_its_own_code() {
+        let mut codes: Vec<&str> = Reason::ALL.iter().map(|r| r.as_str()).collect();
+        codes.sort_unstable();
+        codes.dedup();
+        assert_eq!(codes.len(), Reason::ALL.len());
+        assert_eq!(
+            serde_json::to_string(&Reason::TooFar).unwrap(),
+            "\"too_far\""
+        );
+    }
+
     const NOW: Timestamp = Timestamp::from_millis(1_800_000_000_000);
 
     fn decode(s: &str) -> Result<NewTimer, Rejection> {
-        decode_command(s.as_bytes(), &Limits::default(), NOW)
+        decode_schedule(s.as_bytes(), &Limits::default(), NOW)
     }
 
     #[test]
@@ -783,7 +860,6 @@ mod tests {
             let e = decode(input).expect_err(input);
             assert_eq!(e.reason, reason, "{input}: {e}");
             assert_eq!(e.field.as_deref(), field, "{input}: {e}");
-            assert!(REJECTION_REASONS.contains(&e.reason));
         }
     }
 
@@ -796,7 +872,7 @@ mod tests {
             max_horizon: Duration::from_secs(60),
             max_pending_per_tenant: 0,
         };
-        let d = |s: &str| decode_command(s.as_bytes(), &limits, NOW).unwrap_err();
+        let d = |s: &str| decode_schedule(s.as_bytes(), &limits, NOW).unwrap_err();
         assert_eq!(
             d(r#"{"tenantId":"toolong","serviceCallId":"c","dueTimeMs":5}"#).reason,
             "invalid_id"
@@ -819,7 +895,7 @@ mod tests {
     #[test]
     fn invalid_utf8_and_deep_json_are_rejected() {
         assert_eq!(
-            decode_command(b"{\"tenantId\":\"\xff\"}", &Limits::default(), NOW)
+            decode_schedule(b"{\"tenantId\":\"\xff\"}", &Limits::default(), NOW)
                 .unwrap_err()
                 .reason,
             "invalid_json"
@@ -839,7 +915,7 @@ mod tests {
     }
 
     fn decode_any(s: &str) -> Result<Command, Rejection> {
-        super::decode(s.as_bytes(), &Limits::default(), NOW)
+        super::decode_command(s.as_bytes(), &Limits::default(), NOW)
     }
 
     #[test]
@@ -916,7 +992,6 @@ mod tests {
         for (input, field) in cases {
             let e = decode(input).unwrap_err();
             assert_eq!(e.field.as_deref(), Some(field), "{input}: {e}");
-            assert!(REJECTION_REASONS.contains(&e.reason), "{input}: {e}");
         }
     }
 

@@ -12,7 +12,6 @@ mod plugin;
 mod testing;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -31,6 +30,8 @@ use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use timer_core::{Broker, Delivery, Error, OutboundEvent, Result};
 
+use crate::shared::DeliveryTags;
+
 pub use config::{KafkaConfig, FIXED_PROPERTIES};
 pub use plugin::{PLUGIN, TEST_SERVER};
 /// The client library, for tests and tools that talk to the same cluster.
@@ -42,8 +43,8 @@ pub const EVENT_ID_HEADER: &str = "timer-event-id";
 /// Header carrying the reason of a dead letter.
 pub const REASON_HEADER: &str = "timer-dead-letter-reason";
 
-fn unavailable(what: &str, e: impl std::fmt::Display) -> Error {
-    Error::unavailable(format!("kafka broker: {what}: {e}"))
+fn unavailable(what: &str, e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Error {
+    Error::unavailable(format!("kafka broker: {what}")).with_source(e)
 }
 
 /// The settings every client shares: the servers, the connect timeout and the user's
@@ -87,7 +88,7 @@ fn producer(config: &KafkaConfig) -> Result<FutureProducer> {
         .set("acks", "all")
         .set("allow.auto.create.topics", "false");
     c.create()
-        .map_err(|e| Error::config(format!("kafka broker: producer settings: {e}")))
+        .map_err(|e| Error::config("kafka broker: producer settings").with_source(e))
 }
 
 /// Which commands were delivered and which of them the store committed, per partition.
@@ -96,8 +97,6 @@ struct Tracking {
     /// Bumped at every revocation, so acks of deliveries from before it are recognised.
     epoch: u64,
     partitions: HashMap<i32, PartitionTrack>,
-    /// tag → (partition, offset, epoch of the partition's track).
-    tags: HashMap<u64, (i32, i64, u64)>,
 }
 
 struct PartitionTrack {
@@ -150,7 +149,8 @@ pub struct KafkaBroker {
     consumer: Arc<StreamConsumer<GroupContext>>,
     producer: FutureProducer,
     tracking: Arc<Mutex<Tracking>>,
-    next_tag: AtomicU64,
+    /// Delivered, not yet acknowledged: (partition, offset, epoch of the partition's track).
+    tags: DeliveryTags<(i32, i64, u64)>,
     config: KafkaConfig,
 }
 
@@ -178,7 +178,7 @@ impl KafkaBroker {
                 commands_topic: config.commands_topic.clone(),
                 tracking: tracking.clone(),
             })
-            .map_err(|e| Error::config(format!("kafka broker: consumer settings: {e}")))?;
+            .map_err(|e| Error::config("kafka broker: consumer settings").with_source(e))?;
         consumer
             .subscribe(&[config.commands_topic.as_str()])
             .map_err(|e| {
@@ -191,7 +191,7 @@ impl KafkaBroker {
             consumer: Arc::new(consumer),
             producer,
             tracking,
-            next_tag: AtomicU64::new(1),
+            tags: DeliveryTags::new("kafka"),
             config: config.clone(),
         })
     }
@@ -199,40 +199,36 @@ impl KafkaBroker {
     /// Records a received command as delivered and not yet acknowledged.
     fn remember(&self, message: &BorrowedMessage<'_>) -> Result<Delivery> {
         let (partition, offset) = (message.partition(), message.offset());
-        let tag = self.next_tag.fetch_add(1, Ordering::Relaxed);
-        let mut tracking = self
-            .tracking
-            .lock()
-            .map_err(|_| Error::internal("kafka broker: tracking poisoned"))?;
-        let epoch = tracking.epoch;
-        let track = tracking
-            .partitions
-            .entry(partition)
-            .or_insert_with(|| PartitionTrack {
-                epoch,
-                offsets: BTreeMap::new(),
-            });
-        track.offsets.insert(offset, false);
-        let track_epoch = track.epoch;
-        tracking.tags.insert(tag, (partition, offset, track_epoch));
-        Ok(Delivery {
-            tag,
-            body: message.payload().unwrap_or_default().to_vec(),
-        })
+        let track_epoch = {
+            let mut tracking = self
+                .tracking
+                .lock()
+                .map_err(|_| Error::internal("kafka broker: tracking poisoned"))?;
+            let epoch = tracking.epoch;
+            let track = tracking
+                .partitions
+                .entry(partition)
+                .or_insert_with(|| PartitionTrack {
+                    epoch,
+                    offsets: BTreeMap::new(),
+                });
+            track.offsets.insert(offset, false);
+            track.epoch
+        };
+        let body = message.payload().unwrap_or_default().to_vec();
+        self.tags.remember((partition, offset, track_epoch), body)
     }
 
     /// Marks `tags` acknowledged and returns, per partition, the offset to commit: one past
     /// the last acknowledged command with no unacknowledged one before it.
     fn settle(&self, tags: &[u64]) -> Result<Vec<(i32, i64)>> {
+        let settled = self.tags.take(tags)?;
         let mut tracking = self
             .tracking
             .lock()
             .map_err(|_| Error::internal("kafka broker: tracking poisoned"))?;
         let mut touched = HashSet::new();
-        for tag in tags {
-            let Some((partition, offset, epoch)) = tracking.tags.remove(tag) else {
-                continue;
-            };
+        for (partition, offset, epoch) in settled {
             if let Some(track) = tracking.partitions.get_mut(&partition) {
                 if track.epoch == epoch {
                     if let Some(acked) = track.offsets.get_mut(&offset) {
@@ -264,7 +260,7 @@ impl KafkaBroker {
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Result<T> {
     tokio::task::spawn_blocking(f)
         .await
-        .map_err(|e| Error::internal(format!("kafka broker: blocking call failed: {e}")))
+        .map_err(|e| Error::internal("kafka broker: blocking call failed").with_source(e))
 }
 
 /// Whether `topic` exists: a metadata request for it, naming the server when it cannot be
@@ -315,7 +311,7 @@ async fn ensure_topics(config: &KafkaConfig, producer: &FutureProducer) -> Resul
     }
     let admin: AdminClient<DefaultClientContext> = client_config(config)
         .create()
-        .map_err(|e| Error::config(format!("kafka broker: admin client settings: {e}")))?;
+        .map_err(|e| Error::config("kafka broker: admin client settings").with_source(e))?;
     let new: Vec<NewTopic<'_>> = missing
         .iter()
         .map(|name| {
@@ -350,11 +346,14 @@ async fn ensure_topics(config: &KafkaConfig, producer: &FutureProducer) -> Resul
     Ok(())
 }
 
-fn delivery_error(e: KafkaError) -> String {
-    match e.rdkafka_error_code() {
-        Some(code) => format!("{e} ({code:?})"),
-        None => e.to_string(),
-    }
+/// A failed delivery report: the code's name (`MessageTimedOut`) joins the context, the error
+/// stays the source.
+fn delivery_failed(what: String, e: KafkaError) -> Error {
+    let what = match e.rdkafka_error_code() {
+        Some(code) => format!("{what} ({code:?})"),
+        None => what,
+    };
+    unavailable(&what, e)
 }
 
 #[async_trait]
@@ -398,7 +397,7 @@ impl Broker for KafkaBroker {
                 partition,
                 Offset::Offset(offset),
             )
-            .map_err(|e| Error::internal(format!("kafka broker: offset list: {e}")))?;
+            .map_err(|e| Error::internal("kafka broker: offset list").with_source(e))?;
         }
         let consumer = self.consumer.clone();
         blocking(move || consumer.commit(&list, CommitMode::Sync))
@@ -428,9 +427,9 @@ impl Broker for KafkaBroker {
             .collect();
         match failed.into_iter().next() {
             None => Ok(()),
-            Some(first) => Err(unavailable(
-                &format!("publishing events to {}", self.config.events_topic),
-                delivery_error(first),
+            Some(first) => Err(delivery_failed(
+                format!("publishing events to {}", self.config.events_topic),
+                first,
             )),
         }
     }
@@ -448,9 +447,9 @@ impl Broker for KafkaBroker {
             .await
             .map(|_| ())
             .map_err(|(e, _)| {
-                unavailable(
-                    &format!("dead-lettering to {}", self.config.dead_letter_topic),
-                    delivery_error(e),
+                delivery_failed(
+                    format!("dead-lettering to {}", self.config.dead_letter_topic),
+                    e,
                 )
             })
     }

@@ -1,52 +1,42 @@
-//! The `kafka` plugin descriptor: config loading and checks, isolated resources for a run.
+//! The `kafka` plugin: its descriptor and checks, isolated resources for a run.
 
-use std::any::Any;
 use std::sync::Arc;
 
 use async_trait::async_trait;
 use timer_core::plugin::{
-    fresh_name, to_value, BrokerConfig, BrokerPlugin, ConfigSection, Isolated, TestClient,
-    TestServer,
+    fresh_name, BrokerConfig, BrokerPlugin, Isolated, Section, TestClient, TestServer,
 };
 use timer_core::{Broker, EngineConfig, Error, Result};
 
 use super::testing::KafkaTestClient;
 use super::{KafkaBroker, KafkaConfig};
 
-pub const PLUGIN: BrokerPlugin = BrokerPlugin {
-    kind: "kafka",
-    load,
-    test_server: Some(TEST_SERVER),
-    isolated,
-};
+pub const PLUGIN: BrokerPlugin = BrokerPlugin::of::<KafkaConfig>();
 
 /// The Kafka-protocol server the tests use (`scripts/servers/kafka.sh start` prints it).
-pub const TEST_SERVER: TestServer = TestServer {
-    address_env: "TIMER_TEST_KAFKA_BROKERS",
-    dir_env: "TIMER_TEST_KAFKA_DIR",
-    script: "kafka",
-    port_env: "KAFKA_PORT",
-};
+pub const TEST_SERVER: TestServer = TestServer::new(
+    "TIMER_TEST_KAFKA_BROKERS",
+    "TIMER_TEST_KAFKA_DIR",
+    "kafka",
+    "KAFKA_PORT",
+);
 
-fn load(section: &ConfigSection) -> Result<Box<dyn BrokerConfig>> {
-    let config: KafkaConfig = section.parse_as(PLUGIN.kind)?;
-    config.check()?;
-    Ok(Box::new(config))
-}
-
-fn isolated(prefix: &str) -> Result<Isolated<dyn BrokerConfig>> {
-    KafkaConfig {
-        brokers: TEST_SERVER.address()?,
-        ..KafkaConfig::default()
+impl Section for KafkaConfig {
+    const KIND: &'static str = "kafka";
+    const TEST_SERVER: Option<TestServer> = Some(TEST_SERVER);
+    fn validate(&self) -> Result<()> {
+        self.check()
     }
-    .isolated(prefix)
+    fn for_test_server(brokers: String) -> Self {
+        KafkaConfig {
+            brokers,
+            ..KafkaConfig::default()
+        }
+    }
 }
 
 #[async_trait]
 impl BrokerConfig for KafkaConfig {
-    fn kind(&self) -> &'static str {
-        PLUGIN.kind
-    }
     fn check(&self, engine: &EngineConfig) -> Result<()> {
         // The engine stops waiting for a publish after half the lease; librdkafka would still
         // deliver a queued event later, after a cancel may have succeeded.
@@ -58,9 +48,6 @@ impl BrokerConfig for KafkaConfig {
             )));
         }
         Ok(())
-    }
-    fn to_value(&self) -> Result<serde_json::Value> {
-        to_value(self)
     }
     async fn connect(&self) -> Result<Arc<dyn Broker>> {
         Ok(Arc::new(KafkaBroker::connect(self).await?))
@@ -88,9 +75,6 @@ impl BrokerConfig for KafkaConfig {
             self.commands_topic, self.events_topic, self.dead_letter_topic, self.brokers
         );
         Ok(())
-    }
-    fn as_any(&self) -> &dyn Any {
-        self
     }
 }
 

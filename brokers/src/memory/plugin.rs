@@ -7,15 +7,17 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use timer_core::plugin::{
-    to_value, BrokerConfig, BrokerPlugin, ConfigSection, Isolated, ReadDeadLetter, ReadEvent,
-    TestClient,
+    BrokerConfig, BrokerPlugin, ConfigSection, Isolated, PluginConfig, ReadDeadLetter, ReadEvent,
+    Section, TestClient,
 };
 use timer_core::{Broker, Result};
 
 use super::{MemoryConfig, MemoryHub};
 
+/// Written out, not [`BrokerPlugin::of`]: the loaded config is a [`HubConfig`], more than its
+/// section.
 pub const PLUGIN: BrokerPlugin = BrokerPlugin {
-    kind: "memory",
+    kind: MemoryConfig::KIND,
     load,
     test_server: None,
     isolated,
@@ -24,6 +26,10 @@ pub const PLUGIN: BrokerPlugin = BrokerPlugin {
 fn load(section: &ConfigSection) -> Result<Box<dyn BrokerConfig>> {
     let config: MemoryConfig = section.parse_as(PLUGIN.kind)?;
     Ok(Box::new(HubConfig::new(config)))
+}
+
+impl Section for MemoryConfig {
+    const KIND: &'static str = "memory";
 }
 
 fn isolated(_prefix: &str) -> Result<Isolated<dyn BrokerConfig>> {
@@ -54,14 +60,20 @@ impl std::fmt::Debug for HubConfig {
     }
 }
 
-#[async_trait]
-impl BrokerConfig for HubConfig {
+impl PluginConfig for HubConfig {
     fn kind(&self) -> &'static str {
         PLUGIN.kind
     }
     fn to_value(&self) -> Result<serde_json::Value> {
-        to_value(&self.config)
+        self.config.to_value()
     }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+#[async_trait]
+impl BrokerConfig for HubConfig {
     async fn connect(&self) -> Result<Arc<dyn Broker>> {
         Ok(Arc::new(self.hub.connect()))
     }
@@ -73,9 +85,6 @@ impl BrokerConfig for HubConfig {
     /// A hub of its own.
     fn isolated(&self, _prefix: &str) -> Result<Isolated<dyn BrokerConfig>> {
         Ok(Isolated::new(Box::new(HubConfig::new(self.config.clone()))))
-    }
-    fn as_any(&self) -> &dyn Any {
-        self
     }
 }
 

@@ -7,9 +7,6 @@ mod config;
 mod plugin;
 mod testing;
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
 use std::time::Duration;
 
 use async_nats::header::{HeaderMap, NATS_MESSAGE_ID};
@@ -17,7 +14,10 @@ use async_nats::jetstream::{self, consumer, stream, ErrorCode};
 use async_trait::async_trait;
 use futures::{FutureExt, StreamExt};
 use timer_core::broker::routing_token;
+use timer_core::redact::hide_userinfo;
 use timer_core::{Broker, Delivery, Error, OutboundEvent, Result};
+
+use crate::shared::DeliveryTags;
 
 pub use config::NatsConfig;
 pub use plugin::{PLUGIN, TEST_SERVER};
@@ -32,15 +32,14 @@ pub struct NatsBroker {
     consumer: consumer::PullConsumer,
     /// The open pull stream; dropped and opened again after an error.
     messages: tokio::sync::Mutex<Option<consumer::pull::Stream>>,
-    /// Delivered, not yet acknowledged, by tag.
-    pending: Mutex<HashMap<u64, jetstream::Message>>,
-    next_tag: AtomicU64,
+    /// Delivered, not yet acknowledged.
+    pending: DeliveryTags<jetstream::Message>,
     events_subject: String,
     dead_letter_subject: String,
 }
 
-fn unavailable(what: &str, e: impl std::fmt::Display) -> Error {
-    Error::unavailable(format!("nats broker: {what}: {e}"))
+fn unavailable(what: &str, e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Error {
+    Error::unavailable(format!("nats broker: {what}")).with_source(e)
 }
 
 impl NatsBroker {
@@ -99,21 +98,15 @@ impl NatsBroker {
             js,
             consumer,
             messages: tokio::sync::Mutex::new(None),
-            pending: Mutex::new(HashMap::new()),
-            next_tag: AtomicU64::new(1),
+            pending: DeliveryTags::new("nats"),
             events_subject: config.events_subject.clone(),
             dead_letter_subject: config.dead_letter_subject.clone(),
         })
     }
 
     fn remember(&self, message: jetstream::Message) -> Result<Delivery> {
-        let tag = self.next_tag.fetch_add(1, Ordering::Relaxed);
         let body = message.payload.to_vec();
-        self.pending
-            .lock()
-            .map_err(|_| Error::internal("nats broker: pending map poisoned"))?
-            .insert(tag, message);
-        Ok(Delivery { tag, body })
+        self.pending.remember(message, body)
     }
 }
 
@@ -128,9 +121,10 @@ struct Target {
 fn connect_target(config: &NatsConfig) -> Result<Target> {
     let mut url = url::Url::parse(&config.url).map_err(|e| {
         Error::config(format!(
-            "broker.url {:?} is not a URL: {e}",
-            redacted(&config.url)
+            "broker.url {:?} is not a URL",
+            hide_userinfo(&config.url)
         ))
+        .with_source(e)
     })?;
     // `nats://user:password@host` is user and password; `nats://TOKEN@host` is a token.
     let (from_url, token_from_url) = match (url.username(), url.password()) {
@@ -184,7 +178,7 @@ pub async fn connect_client(config: &NatsConfig) -> Result<async_nats::Client> {
     }
     if let Some(path) = &config.credentials_file {
         options = options.credentials_file(path).await.map_err(|e| {
-            Error::config(format!("broker.credentials_file {}: {e}", path.display()))
+            Error::config(format!("broker.credentials_file {}", path.display())).with_source(e)
         })?;
     }
     if let Some(path) = &config.tls_root_cert {
@@ -196,10 +190,10 @@ pub async fn connect_client(config: &NatsConfig) -> Result<async_nats::Client> {
     async_nats::connect_with_options(target.url.as_str(), options)
         .await
         .map_err(|e| {
-            Error::unavailable(format!(
-                "nats broker: cannot connect to {}: {e}",
-                redacted(&config.url)
-            ))
+            unavailable(
+                &format!("cannot connect to {}", hide_userinfo(&config.url)),
+                e,
+            )
         })
 }
 
@@ -219,17 +213,6 @@ pub async fn delete_streams(config: &NatsConfig) -> Result<()> {
         }
     }
     Ok(())
-}
-
-/// The URL without credentials, for messages.
-fn redacted(url: &str) -> String {
-    match url.rsplit_once('@') {
-        Some((scheme_and_user, host)) => {
-            let scheme = scheme_and_user.split("://").next().unwrap_or("nats");
-            format!("{scheme}://***@{host}")
-        }
-        None => url.to_owned(),
-    }
 }
 
 /// Checks that `name` exists and captures exactly `subject`, or creates it. An existing stream
@@ -330,14 +313,7 @@ impl Broker for NatsBroker {
     }
 
     async fn ack(&self, tags: &[u64]) -> Result<()> {
-        let messages: Vec<jetstream::Message> = {
-            let mut pending = self
-                .pending
-                .lock()
-                .map_err(|_| Error::internal("nats broker: pending map poisoned"))?;
-            tags.iter().filter_map(|t| pending.remove(t)).collect()
-        };
-        for message in &messages {
+        for message in &self.pending.take(tags)? {
             message
                 .ack()
                 .await
@@ -439,11 +415,5 @@ mod tests {
             ..NatsConfig::default()
         };
         assert!(connect_target(&not_url).is_err());
-    }
-
-    #[test]
-    fn urls_lose_their_credentials_in_messages() {
-        assert_eq!(redacted("nats://u:p@host:4222"), "nats://***@host:4222");
-        assert_eq!(redacted("nats://host:4222"), "nats://host:4222");
     }
 }

@@ -1,58 +1,46 @@
-//! The `nats` plugin descriptor: config loading, isolated resources for a run, clean-up.
+//! The `nats` plugin: its descriptor, isolated resources for a run, clean-up.
 
-use std::any::Any;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use timer_core::plugin::{
-    fresh_name, to_value, BrokerConfig, BrokerPlugin, ConfigSection, Isolated, TestClient,
-    TestServer,
+    fresh_name, BrokerConfig, BrokerPlugin, Isolated, Section, TestClient, TestServer,
 };
 use timer_core::{Broker, Result};
 
 use super::testing::NatsTestClient;
 use super::{NatsBroker, NatsConfig};
 
-pub const PLUGIN: BrokerPlugin = BrokerPlugin {
-    kind: "nats",
-    load,
-    test_server: Some(TEST_SERVER),
-    isolated,
-};
+pub const PLUGIN: BrokerPlugin = BrokerPlugin::of::<NatsConfig>();
 
 /// The NATS server the tests use (`scripts/servers/nats.sh start` prints it).
-pub const TEST_SERVER: TestServer = TestServer {
-    address_env: "TIMER_TEST_NATS_URL",
-    dir_env: "TIMER_TEST_NATS_DIR",
-    script: "nats",
-    port_env: "NATS_PORT",
-};
+pub const TEST_SERVER: TestServer = TestServer::new(
+    "TIMER_TEST_NATS_URL",
+    "TIMER_TEST_NATS_DIR",
+    "nats",
+    "NATS_PORT",
+);
 
-fn load(section: &ConfigSection) -> Result<Box<dyn BrokerConfig>> {
-    let config: NatsConfig = section.parse_as(PLUGIN.kind)?;
-    config.check()?;
-    Ok(Box::new(config))
-}
-
-fn isolated(prefix: &str) -> Result<Isolated<dyn BrokerConfig>> {
-    NatsConfig {
-        url: TEST_SERVER.address()?,
-        // Redelivery within a check's patience.
-        ack_wait: Duration::from_secs(2),
-        ..NatsConfig::default()
+impl Section for NatsConfig {
+    const KIND: &'static str = "nats";
+    const TEST_SERVER: Option<TestServer> = Some(TEST_SERVER);
+    fn validate(&self) -> Result<()> {
+        self.check()
     }
-    .isolated(prefix)
+    fn for_test_server(url: String) -> Self {
+        // Redelivery within a check's patience.
+        let ack_wait = Duration::from_secs(2);
+        NatsConfig {
+            url,
+            ack_wait,
+            ..NatsConfig::default()
+        }
+    }
 }
 
 #[async_trait]
 impl BrokerConfig for NatsConfig {
-    fn kind(&self) -> &'static str {
-        PLUGIN.kind
-    }
-    fn to_value(&self) -> Result<serde_json::Value> {
-        to_value(self)
-    }
     async fn connect(&self) -> Result<Arc<dyn Broker>> {
         Ok(Arc::new(NatsBroker::connect(self).await?))
     }
@@ -75,8 +63,5 @@ impl BrokerConfig for NatsConfig {
     }
     async fn clean_up(&self) -> Result<()> {
         super::delete_streams(self).await
-    }
-    fn as_any(&self) -> &dyn Any {
-        self
     }
 }

@@ -9,9 +9,8 @@ mod config;
 mod plugin;
 mod testing;
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -26,7 +25,10 @@ use lapin::{
     BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, ExchangeKind,
 };
 use timer_core::broker::routing_token;
+use timer_core::redact::hide_userinfo;
 use timer_core::{Broker, Delivery, Error, OutboundEvent, Result};
+
+use crate::shared::DeliveryTags;
 
 pub use config::RabbitmqConfig;
 pub use plugin::{PLUGIN, TEST_SERVER};
@@ -43,9 +45,8 @@ pub struct RabbitmqBroker {
     session: tokio::sync::Mutex<Option<Arc<Session>>>,
     /// The consumer of the current session (its generation); only `receive` waits on it.
     consumer: tokio::sync::Mutex<Option<(u64, lapin::Consumer)>>,
-    /// Delivered, not yet acknowledged: our tag → (session generation, AMQP delivery tag).
-    pending: Mutex<HashMap<u64, (u64, u64)>>,
-    next_tag: AtomicU64,
+    /// Delivered, not yet acknowledged: (session generation, AMQP delivery tag).
+    pending: DeliveryTags<(u64, u64)>,
     generation: AtomicU64,
 }
 
@@ -73,19 +74,15 @@ struct Session {
     publish: Channel,
 }
 
-fn unavailable(what: &str, e: impl std::fmt::Display) -> Error {
-    Error::unavailable(format!("rabbitmq broker: {what}: {e}"))
+fn unavailable(what: &str, e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Error {
+    Error::unavailable(format!("rabbitmq broker: {what}")).with_source(e)
 }
 
-/// The URL without credentials, for messages.
-fn redacted(url: &str) -> String {
-    match url.rsplit_once('@') {
-        Some((scheme_and_user, host)) => {
-            let scheme = scheme_and_user.split("://").next().unwrap_or("amqp");
-            format!("{scheme}://***@{host}")
-        }
-        None => url.to_owned(),
-    }
+async fn open_channel(connection: &Connection) -> Result<Channel> {
+    connection
+        .create_channel()
+        .await
+        .map_err(|e| unavailable("opening a channel", e))
 }
 
 fn s(text: &str) -> ShortString {
@@ -99,15 +96,16 @@ async fn connection(config: &RabbitmqConfig) -> Result<Connection> {
             identity: None,
             cert_chain: Some(std::fs::read_to_string(path).map_err(|e| {
                 Error::config(format!(
-                    "broker.tls_root_cert {}: cannot read it: {e}",
+                    "broker.tls_root_cert {}: cannot read it",
                     path.display()
                 ))
+                .with_source(e)
             })?),
         },
         None => lapin::tcp::OwnedTLSConfig::default(),
     };
     let runtime = lapin::runtime::default_runtime()
-        .map_err(|e| Error::internal(format!("rabbitmq broker: no async runtime: {e}")))?;
+        .map_err(|e| Error::internal("rabbitmq broker: no async runtime").with_source(e))?;
     tokio::time::timeout(
         config.connect_timeout,
         Connection::connect_with_config(&config.url, ConnectionProperties::default(), tls, runtime),
@@ -116,15 +114,15 @@ async fn connection(config: &RabbitmqConfig) -> Result<Connection> {
     .map_err(|_| {
         Error::unavailable(format!(
             "rabbitmq broker: cannot connect to {}: no answer within {:?}",
-            redacted(&config.url),
+            hide_userinfo(&config.url),
             config.connect_timeout
         ))
     })?
     .map_err(|e| {
-        Error::unavailable(format!(
-            "rabbitmq broker: cannot connect to {}: {e}",
-            redacted(&config.url)
-        ))
+        unavailable(
+            &format!("cannot connect to {}", hide_userinfo(&config.url)),
+            e,
+        )
     })
 }
 
@@ -136,8 +134,7 @@ impl RabbitmqBroker {
             config: config.clone(),
             session: tokio::sync::Mutex::new(None),
             consumer: tokio::sync::Mutex::new(None),
-            pending: Mutex::new(HashMap::new()),
-            next_tag: AtomicU64::new(1),
+            pending: DeliveryTags::new("rabbitmq"),
             generation: AtomicU64::new(0),
         };
         broker.session().await?;
@@ -147,19 +144,13 @@ impl RabbitmqBroker {
     async fn open(&self) -> Result<Session> {
         let c = &self.config;
         let connection = connection(c).await?;
-        let consume = connection
-            .create_channel()
-            .await
-            .map_err(|e| unavailable("opening a channel", e))?;
+        let consume = open_channel(&connection).await?;
         declare(&consume, c).await?;
         consume
             .basic_qos(c.prefetch, BasicQosOptions::default())
             .await
             .map_err(|e| unavailable("setting the prefetch", e))?;
-        let publish = connection
-            .create_channel()
-            .await
-            .map_err(|e| unavailable("opening a channel", e))?;
+        let publish = open_channel(&connection).await?;
         publish
             .confirm_select(ConfirmSelectOptions::default())
             .await
@@ -202,15 +193,8 @@ impl RabbitmqBroker {
     }
 
     fn remember(&self, generation: u64, delivery: lapin::message::Delivery) -> Result<Delivery> {
-        let tag = self.next_tag.fetch_add(1, Ordering::Relaxed);
         self.pending
-            .lock()
-            .map_err(|_| Error::internal("rabbitmq broker: pending map poisoned"))?
-            .insert(tag, (generation, delivery.delivery_tag));
-        Ok(Delivery {
-            tag,
-            body: delivery.data,
-        })
+            .remember((generation, delivery.delivery_tag), delivery.data)
     }
 
     /// Publishes on the confirm channel with `mandatory`, so an event no queue would take comes
@@ -249,30 +233,11 @@ pub fn sink_queue(config: &RabbitmqConfig) -> String {
 /// so events have somewhere to go (benchmarks and tests; consumers bind their own queues).
 pub async fn declare_sink(config: &RabbitmqConfig) -> Result<String> {
     let connection = connection(config).await?;
-    let channel = connection
-        .create_channel()
-        .await
-        .map_err(|e| unavailable("opening a channel", e))?;
+    let channel = open_channel(&connection).await?;
     declare(&channel, config).await?;
     let queue = sink_queue(config);
-    let durable = QueueDeclareOptions {
-        durable: true,
-        ..Default::default()
-    };
-    channel
-        .queue_declare(s(&queue), durable, FieldTable::default())
-        .await
-        .map_err(|e| unavailable(&format!("declaring queue {queue}"), e))?;
-    channel
-        .queue_bind(
-            s(&queue),
-            s(&config.events_exchange),
-            s("#"),
-            QueueBindOptions::default(),
-            FieldTable::default(),
-        )
-        .await
-        .map_err(|e| unavailable(&format!("binding queue {queue}"), e))?;
+    declare_queue(&channel, &queue).await?;
+    bind_queue(&channel, &queue, &config.events_exchange, "#").await?;
     let _ = connection.close(200, "done".into()).await;
     Ok(queue)
 }
@@ -282,10 +247,7 @@ pub async fn declare_sink(config: &RabbitmqConfig) -> Result<String> {
 pub async fn delete_topology(config: &RabbitmqConfig) -> Result<()> {
     use lapin::options::{ExchangeDeleteOptions, QueueDeleteOptions};
     let connection = connection(config).await?;
-    let channel = connection
-        .create_channel()
-        .await
-        .map_err(|e| unavailable("opening a channel", e))?;
+    let channel = open_channel(&connection).await?;
     for queue in [
         &config.commands_queue,
         &config.dead_letter_queue,
@@ -310,54 +272,48 @@ pub async fn delete_topology(config: &RabbitmqConfig) -> Result<()> {
 /// for dead letters. Declaring what exists with the same settings is a no-op; with other
 /// settings the broker refuses and the error says so.
 async fn declare(channel: &Channel, c: &RabbitmqConfig) -> Result<()> {
-    let durable_queue = QueueDeclareOptions {
+    let durable = ExchangeDeclareOptions {
         durable: true,
         ..Default::default()
     };
-    let durable_exchange = ExchangeDeclareOptions {
+    declare_queue(channel, &c.commands_queue).await?;
+    for (exchange, kind) in [
+        (&c.events_exchange, ExchangeKind::Topic),
+        (&c.dead_letter_exchange, ExchangeKind::Fanout),
+    ] {
+        channel
+            .exchange_declare(s(exchange), kind, durable, FieldTable::default())
+            .await
+            .map_err(|e| unavailable(&format!("declaring exchange {exchange}"), e))?;
+    }
+    declare_queue(channel, &c.dead_letter_queue).await?;
+    bind_queue(channel, &c.dead_letter_queue, &c.dead_letter_exchange, "").await
+}
+
+/// A durable queue.
+async fn declare_queue(channel: &Channel, queue: &str) -> Result<()> {
+    let durable = QueueDeclareOptions {
         durable: true,
         ..Default::default()
     };
     channel
-        .queue_declare(s(&c.commands_queue), durable_queue, FieldTable::default())
+        .queue_declare(s(queue), durable, FieldTable::default())
         .await
-        .map_err(|e| unavailable(&format!("declaring queue {}", c.commands_queue), e))?;
-    channel
-        .exchange_declare(
-            s(&c.events_exchange),
-            ExchangeKind::Topic,
-            durable_exchange,
-            FieldTable::default(),
-        )
-        .await
-        .map_err(|e| unavailable(&format!("declaring exchange {}", c.events_exchange), e))?;
-    channel
-        .exchange_declare(
-            s(&c.dead_letter_exchange),
-            ExchangeKind::Fanout,
-            durable_exchange,
-            FieldTable::default(),
-        )
-        .await
-        .map_err(|e| unavailable(&format!("declaring exchange {}", c.dead_letter_exchange), e))?;
-    channel
-        .queue_declare(
-            s(&c.dead_letter_queue),
-            durable_queue,
-            FieldTable::default(),
-        )
-        .await
-        .map_err(|e| unavailable(&format!("declaring queue {}", c.dead_letter_queue), e))?;
+        .map(|_| ())
+        .map_err(|e| unavailable(&format!("declaring queue {queue}"), e))
+}
+
+async fn bind_queue(channel: &Channel, queue: &str, exchange: &str, key: &str) -> Result<()> {
     channel
         .queue_bind(
-            s(&c.dead_letter_queue),
-            s(&c.dead_letter_exchange),
-            s(""),
+            s(queue),
+            s(exchange),
+            s(key),
             QueueBindOptions::default(),
             FieldTable::default(),
         )
         .await
-        .map_err(|e| unavailable("binding the dead-letter queue", e))
+        .map_err(|e| unavailable(&format!("binding queue {queue}"), e))
 }
 
 /// Waits for every publisher confirm. A nack, a lost channel, or a message returned as
@@ -456,13 +412,7 @@ impl Broker for RabbitmqBroker {
     }
 
     async fn ack(&self, tags: &[u64]) -> Result<()> {
-        let deliveries: Vec<(u64, u64)> = {
-            let mut pending = self
-                .pending
-                .lock()
-                .map_err(|_| Error::internal("rabbitmq broker: pending map poisoned"))?;
-            tags.iter().filter_map(|t| pending.remove(t)).collect()
-        };
+        let deliveries = self.pending.take(tags)?;
         let Some(session) = self.session.lock().await.clone() else {
             // The connection they came on is gone; the broker requeued them already.
             return Ok(());
@@ -549,19 +499,5 @@ impl Broker for RabbitmqBroker {
 
     async fn health(&self) -> Result<()> {
         self.session().await.map(|_| ())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn urls_lose_their_credentials_in_messages() {
-        assert_eq!(
-            redacted("amqp://u:p@host:5672/%2f"),
-            "amqp://***@host:5672/%2f"
-        );
-        assert_eq!(redacted("amqp://host"), "amqp://host");
     }
 }

@@ -1,54 +1,39 @@
-//! The `rabbitmq` plugin descriptor: config loading, isolated resources for a run, clean-up.
+//! The `rabbitmq` plugin: its descriptor, isolated resources for a run, clean-up.
 
-use std::any::Any;
 use std::sync::Arc;
 
 use async_trait::async_trait;
 use timer_core::plugin::{
-    fresh_name, to_value, BrokerConfig, BrokerPlugin, ConfigSection, Isolated, TestClient,
-    TestServer,
+    fresh_name, BrokerConfig, BrokerPlugin, Isolated, Section, TestClient, TestServer,
 };
 use timer_core::{Broker, Result};
 
 use super::testing::RabbitmqTestClient;
 use super::{RabbitmqBroker, RabbitmqConfig};
 
-pub const PLUGIN: BrokerPlugin = BrokerPlugin {
-    kind: "rabbitmq",
-    load,
-    test_server: Some(TEST_SERVER),
-    isolated,
-};
+pub const PLUGIN: BrokerPlugin = BrokerPlugin::of::<RabbitmqConfig>();
 
 /// The RabbitMQ server the tests use (`scripts/servers/rabbitmq.sh start` prints it).
-pub const TEST_SERVER: TestServer = TestServer {
-    address_env: "TIMER_TEST_RABBITMQ_URL",
-    dir_env: "TIMER_TEST_RABBITMQ_DIR",
-    script: "rabbitmq",
-    port_env: "RABBITMQ_PORT",
-};
+pub const TEST_SERVER: TestServer = TestServer::new(
+    "TIMER_TEST_RABBITMQ_URL",
+    "TIMER_TEST_RABBITMQ_DIR",
+    "rabbitmq",
+    "RABBITMQ_PORT",
+);
 
-fn load(section: &ConfigSection) -> Result<Box<dyn BrokerConfig>> {
-    let config: RabbitmqConfig = section.parse_as(PLUGIN.kind)?;
-    Ok(Box::new(config))
-}
-
-fn isolated(prefix: &str) -> Result<Isolated<dyn BrokerConfig>> {
-    RabbitmqConfig {
-        url: TEST_SERVER.address()?,
-        ..RabbitmqConfig::default()
+impl Section for RabbitmqConfig {
+    const KIND: &'static str = "rabbitmq";
+    const TEST_SERVER: Option<TestServer> = Some(TEST_SERVER);
+    fn for_test_server(url: String) -> Self {
+        RabbitmqConfig {
+            url,
+            ..RabbitmqConfig::default()
+        }
     }
-    .isolated(prefix)
 }
 
 #[async_trait]
 impl BrokerConfig for RabbitmqConfig {
-    fn kind(&self) -> &'static str {
-        PLUGIN.kind
-    }
-    fn to_value(&self) -> Result<serde_json::Value> {
-        to_value(self)
-    }
     async fn connect(&self) -> Result<Arc<dyn Broker>> {
         Ok(Arc::new(RabbitmqBroker::connect(self).await?))
     }
@@ -70,8 +55,5 @@ impl BrokerConfig for RabbitmqConfig {
     }
     async fn clean_up(&self) -> Result<()> {
         super::delete_topology(self).await
-    }
-    fn as_any(&self) -> &dyn Any {
-        self
     }
 }

@@ -8,8 +8,8 @@ use std::sync::Mutex;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use timer_core::{
-    CancelOutcome, ClaimedTimer, Error, Lease, NewTimer, Result, ScheduleOutcome, Store, Timer,
-    TimerKey, TimerState, Timestamp,
+    CancelOutcome, ClaimedTimer, Error, Lease, NewTimer, Result, ScheduleOutcome, Settlement,
+    Store, TenantCounts, Timer, TimerKey, TimerState, Timestamp,
 };
 
 pub use plugin::PLUGIN;
@@ -30,9 +30,11 @@ pub struct MemoryStore {
 #[derive(Debug, Default)]
 struct State {
     rows: HashMap<TimerKey, Row>,
-    /// Scheduled rows by `available_at`: what `claim_due` and `next_due_at` read.
-    ready: BTreeSet<(Timestamp, TimerKey)>,
+    ready: Ready,
 }
+
+/// Scheduled rows by `available_at`: what `claim_due` and `next_due_at` read.
+type Ready = BTreeSet<(Timestamp, TimerKey)>;
 
 #[derive(Debug, Clone)]
 struct Row {
@@ -55,32 +57,45 @@ impl MemoryStore {
     }
 }
 
-impl State {
-    /// Moves a Scheduled row to a new `available_at`, keeping the ready index in step.
-    fn set_available(&mut self, key: &TimerKey, at: Timestamp) {
-        if let Some(row) = self.rows.get_mut(key) {
-            self.ready.remove(&(row.timer.available_at, key.clone()));
-            row.timer.available_at = at;
-            self.ready.insert((at, key.clone()));
+impl Row {
+    /// Moves this Scheduled row to a new `available_at`, keeping the ready index in step.
+    fn set_available(&mut self, ready: &mut Ready, at: Timestamp) {
+        ready.remove(&(self.timer.available_at, self.timer.key.clone()));
+        self.timer.available_at = at;
+        ready.insert((at, self.timer.key.clone()));
+    }
+
+    fn finish(&mut self, ready: &mut Ready, state: TimerState, at: Timestamp) {
+        ready.remove(&(self.timer.available_at, self.timer.key.clone()));
+        self.timer.state = state;
+        self.finished_at = Some(at);
+        if state == TimerState::Reached {
+            self.timer.reached_at = Some(at);
         }
     }
 
-    fn finish(&mut self, key: &TimerKey, state: TimerState, at: Timestamp) {
-        if let Some(row) = self.rows.get_mut(key) {
-            self.ready.remove(&(row.timer.available_at, key.clone()));
-            row.timer.state = state;
-            row.finished_at = Some(at);
-            if state == TimerState::Reached {
-                row.timer.reached_at = Some(at);
-            }
-        }
+    fn leased_by(&self, owner: &str) -> bool {
+        self.timer.state == TimerState::Scheduled
+            && self.timer.lease_owner.as_deref() == Some(owner)
     }
 
-    fn leased_by(&self, claim: &ClaimedTimer, owner: &str) -> bool {
-        self.rows.get(&claim.key).is_some_and(|row| {
-            row.timer.state == TimerState::Scheduled
-                && row.timer.lease_owner.as_deref() == Some(owner)
-        })
+    /// Leases this row to `lease.owner`: it is claimable again once the lease ends.
+    fn claim(&mut self, ready: &mut Ready, lease: &Lease) -> ClaimedTimer {
+        self.set_available(ready, lease.until);
+        self.timer.lease_owner = Some(lease.owner.clone());
+        self.lease_until = Some(lease.until);
+        let t = &self.timer;
+        ClaimedTimer {
+            key: t.key.clone(),
+            due_at: t.due_at,
+            registered_at: t.registered_at,
+            correlation_id: t.correlation_id.clone(),
+            payload: t.payload.clone(),
+            attempts: t.attempts,
+            revision: self.revision,
+            recurrence: t.recurrence.clone(),
+            occurrences: t.occurrences,
+        }
     }
 }
 
@@ -92,9 +107,10 @@ impl Store for MemoryStore {
 
     async fn schedule(&self, timers: &[NewTimer], now: Timestamp) -> Result<Vec<ScheduleOutcome>> {
         let mut state = self.lock()?;
+        let State { rows, ready } = &mut *state;
         let mut outcomes = Vec::with_capacity(timers.len());
         for new in timers {
-            let Some(row) = state.rows.get_mut(&new.key) else {
+            let Some(row) = rows.get_mut(&new.key) else {
                 let timer = Timer {
                     key: new.key.clone(),
                     due_at: new.due_at,
@@ -110,8 +126,8 @@ impl Store for MemoryStore {
                     recurrence: new.recurrence.clone(),
                     occurrences: 0,
                 };
-                state.ready.insert((new.due_at, new.key.clone()));
-                state.rows.insert(
+                ready.insert((new.due_at, new.key.clone()));
+                rows.insert(
                     new.key.clone(),
                     Row {
                         timer,
@@ -148,7 +164,7 @@ impl Store for MemoryStore {
                         row.timer.recurrence = new.recurrence.clone();
                         row.timer.occurrences = 0;
                     }
-                    state.set_available(&new.key, available);
+                    row.set_available(ready, available);
                     outcomes.push(ScheduleOutcome::Updated);
                 }
             }
@@ -163,8 +179,8 @@ impl Store for MemoryStore {
         lease: &Lease,
     ) -> Result<Vec<ClaimedTimer>> {
         let mut state = self.lock()?;
-        let keys: Vec<TimerKey> = state
-            .ready
+        let State { rows, ready } = &mut *state;
+        let keys: Vec<TimerKey> = ready
             .iter()
             .take_while(|(at, _)| *at <= now)
             .take(limit)
@@ -172,136 +188,70 @@ impl Store for MemoryStore {
             .collect();
         let mut claimed = Vec::with_capacity(keys.len());
         for key in keys {
-            state.set_available(&key, lease.until);
-            if let Some(row) = state.rows.get_mut(&key) {
-                row.timer.lease_owner = Some(lease.owner.clone());
-                row.lease_until = Some(lease.until);
-                claimed.push(ClaimedTimer {
-                    key,
-                    due_at: row.timer.due_at,
-                    registered_at: row.timer.registered_at,
-                    correlation_id: row.timer.correlation_id.clone(),
-                    payload: row.timer.payload.clone(),
-                    attempts: row.timer.attempts,
-                    revision: row.revision,
-                    recurrence: row.timer.recurrence.clone(),
-                    occurrences: row.timer.occurrences,
-                });
+            if let Some(row) = rows.get_mut(&key) {
+                claimed.push(row.claim(ready, lease));
             }
         }
         Ok(claimed)
     }
 
-    async fn mark_reached(
+    async fn settle(
         &self,
-        timers: &[ClaimedTimer],
+        claims: &[(ClaimedTimer, Settlement)],
         owner: &str,
         at: Timestamp,
     ) -> Result<u64> {
         let mut state = self.lock()?;
-        let mut marked = 0;
-        for claim in timers {
-            let same_revision = state
-                .rows
-                .get(&claim.key)
-                .is_some_and(|row| row.revision == claim.revision);
-            if state.leased_by(claim, owner) && same_revision {
-                state.finish(&claim.key, TimerState::Reached, at);
-                if let Some(row) = state.rows.get_mut(&claim.key) {
+        let State { rows, ready } = &mut *state;
+        let mut changed = 0;
+        for (claim, settlement) in claims {
+            let Some(row) = rows.get_mut(&claim.key).filter(|row| row.leased_by(owner)) else {
+                continue;
+            };
+            let retry = matches!(settlement, Settlement::Retry { .. });
+            if !retry && row.revision != claim.revision {
+                continue;
+            }
+            changed += 1;
+            match settlement {
+                Settlement::Reached => {
                     if row.timer.recurrence.is_some() {
                         row.timer.occurrences = row.timer.occurrences.saturating_add(1);
                     }
+                    row.finish(ready, TimerState::Reached, at);
                 }
-                marked += 1;
+                Settlement::Next(next) => {
+                    row.revision += 1;
+                    row.timer.due_at = *next;
+                    row.timer.attempts = 0;
+                    row.timer.last_error = None;
+                    row.timer.lease_owner = None;
+                    row.lease_until = None;
+                    row.timer.reached_at = Some(at);
+                    row.timer.occurrences = row.timer.occurrences.saturating_add(1);
+                    row.set_available(ready, *next);
+                }
+                Settlement::Failed(error) => {
+                    row.timer.attempts = row.timer.attempts.saturating_add(1);
+                    row.timer.last_error = Some(error.clone());
+                    row.finish(ready, TimerState::Failed, at);
+                }
+                Settlement::Retry {
+                    at: retry_at,
+                    error,
+                } => {
+                    row.timer.lease_owner = None;
+                    row.lease_until = None;
+                    if let Some(error) = error {
+                        row.timer.attempts = row.timer.attempts.saturating_add(1);
+                        row.timer.last_error = Some(error.clone());
+                    }
+                    let available = (*retry_at).max(row.timer.due_at);
+                    row.set_available(ready, available);
+                }
             }
         }
-        Ok(marked)
-    }
-
-    async fn advance(
-        &self,
-        timers: &[(ClaimedTimer, Timestamp)],
-        owner: &str,
-        at: Timestamp,
-    ) -> Result<u64> {
-        let mut state = self.lock()?;
-        let mut moved = 0;
-        for (claim, next) in timers {
-            if !state.leased_by(claim, owner) {
-                continue;
-            }
-            let Some(row) = state.rows.get_mut(&claim.key) else {
-                continue;
-            };
-            if row.revision != claim.revision {
-                continue;
-            }
-            row.revision += 1;
-            row.timer.due_at = *next;
-            row.timer.attempts = 0;
-            row.timer.last_error = None;
-            row.timer.lease_owner = None;
-            row.lease_until = None;
-            row.timer.reached_at = Some(at);
-            row.timer.occurrences = row.timer.occurrences.saturating_add(1);
-            state.set_available(&claim.key, *next);
-            moved += 1;
-        }
-        Ok(moved)
-    }
-
-    async fn fail(
-        &self,
-        timers: &[ClaimedTimer],
-        owner: &str,
-        at: Timestamp,
-        error: &str,
-    ) -> Result<u64> {
-        let mut state = self.lock()?;
-        let mut failed = 0;
-        for claim in timers {
-            if !state.leased_by(claim, owner) {
-                continue;
-            }
-            let Some(row) = state.rows.get_mut(&claim.key) else {
-                continue;
-            };
-            if row.revision != claim.revision {
-                continue;
-            }
-            row.timer.attempts = row.timer.attempts.saturating_add(1);
-            row.timer.last_error = Some(error.to_owned());
-            state.finish(&claim.key, TimerState::Failed, at);
-            failed += 1;
-        }
-        Ok(failed)
-    }
-
-    async fn release(
-        &self,
-        timers: &[ClaimedTimer],
-        owner: &str,
-        retry_at: Timestamp,
-        error: Option<&str>,
-    ) -> Result<()> {
-        let mut state = self.lock()?;
-        for claim in timers {
-            if !state.leased_by(claim, owner) {
-                continue;
-            }
-            let Some(row) = state.rows.get_mut(&claim.key) else {
-                continue;
-            };
-            row.timer.lease_owner = None;
-            row.lease_until = None;
-            if let Some(error) = error {
-                row.timer.attempts += 1;
-                row.timer.last_error = Some(error.to_owned());
-            }
-            let at = retry_at.max(row.timer.due_at);
-            state.set_available(&claim.key, at);
-        }
-        Ok(())
+        Ok(changed)
     }
 
     async fn next_due_at(&self) -> Result<Option<Timestamp>> {
@@ -314,7 +264,8 @@ impl Store for MemoryStore {
 
     async fn cancel(&self, key: &TimerKey, now: Timestamp) -> Result<CancelOutcome> {
         let mut state = self.lock()?;
-        let Some(row) = state.rows.get(key) else {
+        let State { rows, ready } = &mut *state;
+        let Some(row) = rows.get_mut(key) else {
             return Ok(CancelOutcome::NotFound);
         };
         Ok(match row.timer.state {
@@ -325,7 +276,7 @@ impl Store for MemoryStore {
                 CancelOutcome::Firing
             }
             TimerState::Scheduled => {
-                state.finish(key, TimerState::Cancelled, now);
+                row.finish(ready, TimerState::Cancelled, now);
                 CancelOutcome::Cancelled
             }
         })
@@ -346,11 +297,22 @@ impl Store for MemoryStore {
         Ok(old.len() as u64)
     }
 
-    async fn pending(&self) -> Result<u64> {
+    async fn scheduled_count(&self) -> Result<u64> {
         Ok(self.lock()?.ready.len() as u64)
     }
 
-    async fn pending_by_tenant(&self, tenants: &[String]) -> Result<HashMap<String, u64>> {
+    async fn health(&self) -> Result<()> {
+        self.lock().map(|_| ())
+    }
+
+    fn tenant_counts(&self) -> Option<&dyn TenantCounts> {
+        Some(self)
+    }
+}
+
+#[async_trait]
+impl TenantCounts for MemoryStore {
+    async fn scheduled_by_tenant(&self, tenants: &[String]) -> Result<HashMap<String, u64>> {
         let state = self.lock()?;
         let mut counts = HashMap::new();
         for (_, key) in &state.ready {
@@ -359,9 +321,5 @@ impl Store for MemoryStore {
             }
         }
         Ok(counts)
-    }
-
-    async fn health(&self) -> Result<()> {
-        self.lock().map(|_| ())
     }
 }

@@ -11,18 +11,23 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use sqlx::postgres::{
-    PgConnectOptions, PgConnection, PgListener, PgPool, PgPoolOptions, PgRow, PgSslMode,
+    PgConnectOptions, PgConnection, PgListener, PgPool, PgPoolOptions, PgQueryResult, PgSslMode,
+    Postgres,
 };
 use sqlx::{Connection, Row};
 use timer_core::{
-    CancelOutcome, ClaimedTimer, Error, ErrorKind, Lease, NewTimer, Recurrence, Result,
-    ScheduleOutcome, Store, Timer, TimerKey, TimerState, Timestamp,
+    CancelOutcome, ClaimedTimer, Error, Lease, NewTimer, Recurrence, Result, ScheduleOutcome,
+    Settlement, Store, TenantCounts, Timer, TimerKey, TimerState, Timestamp,
 };
 use tokio::sync::broadcast;
 use tracing::{info, warn};
 
 pub use config::PostgresConfig;
 pub use plugin::{PLUGIN, TEST_SERVER};
+
+type PgQuery<'q> = sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments>;
+
+use crate::sql::{self, Dialect, Statements, TimerRow};
 
 pub struct PostgresStore {
     pool: PgPool,
@@ -41,29 +46,48 @@ impl Drop for PostgresStore {
     }
 }
 
+impl Dialect for PostgresStore {
+    type Db = Postgres;
+    type State = i16;
+    type Count = i32;
+    const NAME: &'static str = "postgres";
+    // SKIP LOCKED: concurrent claimers take different rows instead of waiting on each other.
+    const CLAIM: &'static str =
+        "UPDATE timers t SET lease_owner = $1, available_at = $2, lease_until = $2 \
+         FROM (SELECT tenant_id, service_call_id FROM timers \
+               WHERE state = 0 AND available_at <= $3 \
+               ORDER BY available_at LIMIT $4 FOR UPDATE SKIP LOCKED) c \
+         WHERE t.tenant_id = c.tenant_id AND t.service_call_id = c.service_call_id \
+         RETURNING t.tenant_id, t.service_call_id, t.due_at, t.registered_at, \
+                   t.correlation_id, t.payload, t.attempts, t.revision, t.recurrence, \
+                   t.occurrences";
+    // FOR UPDATE: a claim (which locks the row too) and this cancel are ordered.
+    const CANCEL_STATE: &'static str = "SELECT state, COALESCE(lease_until > $3, false) \
+        FROM timers WHERE tenant_id = $1 AND service_call_id = $2 FOR UPDATE";
+    const PURGE: &'static str = "DELETE FROM timers WHERE ctid IN (SELECT ctid FROM timers \
+        WHERE state <> 0 AND finished_at < $1 LIMIT $2)";
+
+    fn retryable(e: &sqlx::Error) -> bool {
+        match e {
+            // SQLSTATE classes that pass: connection (08), transaction rollback such as deadlock
+            // or serialization (40), insufficient resources (53), operator intervention (57).
+            // Others (permission denied, syntax, constraint) will fail again the same way.
+            sqlx::Error::Database(db) => db.code().is_some_and(|c| {
+                ["08", "40", "53", "57"]
+                    .iter()
+                    .any(|class| c.starts_with(class))
+            }),
+            _ => true,
+        }
+    }
+
+    fn rows_affected(done: &PgQueryResult) -> u64 {
+        done.rows_affected()
+    }
+}
+
 fn db_err(op: &str, e: sqlx::Error) -> Error {
-    let retryable = match &e {
-        sqlx::Error::ColumnDecode { .. }
-        | sqlx::Error::ColumnNotFound(_)
-        | sqlx::Error::Decode(_) => false,
-        // SQLSTATE classes that pass: connection (08), transaction rollback such as deadlock or
-        // serialization (40), insufficient resources (53), operator intervention (57). Others
-        // (permission denied, syntax, constraint) will fail again the same way.
-        sqlx::Error::Database(db) => db.code().is_some_and(|c| {
-            ["08", "40", "53", "57"]
-                .iter()
-                .any(|class| c.starts_with(class))
-        }),
-        _ => true,
-    };
-    let kind = if retryable {
-        ErrorKind::Unavailable
-    } else {
-        ErrorKind::Internal
-    };
-    Error::new(kind, format!("postgres store: {op} failed"))
-        .with_retryable(retryable)
-        .with_source(e)
+    sql::db_err::<PostgresStore>(op, e)
 }
 
 /// A schema name used unquoted in SQL and in the NOTIFY channel name.
@@ -230,6 +254,10 @@ impl PostgresStore {
             .map_err(|e| db_err("dropping the schema", e))
     }
 
+    fn statements(&self) -> Statements<'_, Self> {
+        sql::on(&self.pool)
+    }
+
     /// Keys of `timers` as two parallel arrays, for `UNNEST`.
     fn key_arrays<'a>(keys: impl Iterator<Item = &'a TimerKey>) -> (Vec<&'a str>, Vec<&'a str>) {
         keys.map(|k| (k.tenant_id.as_str(), k.service_call_id.as_str()))
@@ -285,89 +313,6 @@ async fn listen(pool: PgPool, channel: String, tx: broadcast::Sender<Timestamp>)
         failures += 1;
         tokio::time::sleep(pause(failures)).await;
     }
-}
-
-fn int(row: &PgRow, col: &str) -> Result<i64> {
-    row.try_get::<i64, _>(col)
-        .map_err(|e| db_err("reading a timer", e))
-}
-
-fn text(row: &PgRow, col: &str) -> Result<String> {
-    row.try_get::<String, _>(col)
-        .map_err(|e| db_err("reading a timer", e))
-}
-
-fn opt_text(row: &PgRow, col: &str) -> Result<Option<String>> {
-    row.try_get::<Option<String>, _>(col)
-        .map_err(|e| db_err("reading a timer", e))
-}
-
-fn key_of(row: &PgRow) -> Result<TimerKey> {
-    Ok(TimerKey {
-        tenant_id: text(row, "tenant_id")?,
-        service_call_id: text(row, "service_call_id")?,
-    })
-}
-
-fn attempts_of(row: &PgRow) -> Result<u32> {
-    let n = row
-        .try_get::<i32, _>("attempts")
-        .map_err(|e| db_err("reading a timer", e))?;
-    Ok(u32::try_from(n).unwrap_or(0))
-}
-
-fn recurrence_of(row: &PgRow) -> Result<Option<Recurrence>> {
-    opt_text(row, "recurrence")?
-        .as_deref()
-        .map(Recurrence::from_json)
-        .transpose()
-}
-
-fn occurrences_of(row: &PgRow) -> Result<u32> {
-    let n = row
-        .try_get::<i32, _>("occurrences")
-        .map_err(|e| db_err("reading a timer", e))?;
-    Ok(u32::try_from(n).unwrap_or(0))
-}
-
-fn timer_from_row(row: &PgRow) -> Result<Timer> {
-    let code = row
-        .try_get::<i16, _>("state")
-        .map_err(|e| db_err("reading a timer", e))?;
-    let state = TimerState::from_code(i64::from(code))
-        .ok_or_else(|| Error::internal(format!("postgres store: unknown state code {code}")))?;
-    Ok(Timer {
-        key: key_of(row)?,
-        due_at: Timestamp::from_millis(int(row, "due_at")?),
-        state,
-        registered_at: Timestamp::from_millis(int(row, "registered_at")?),
-        reached_at: row
-            .try_get::<Option<i64>, _>("reached_at")
-            .map_err(|e| db_err("reading a timer", e))?
-            .map(Timestamp::from_millis),
-        correlation_id: opt_text(row, "correlation_id")?,
-        payload: opt_text(row, "payload")?,
-        attempts: attempts_of(row)?,
-        last_error: opt_text(row, "last_error")?,
-        lease_owner: opt_text(row, "lease_owner")?,
-        available_at: Timestamp::from_millis(int(row, "available_at")?),
-        recurrence: recurrence_of(row)?,
-        occurrences: occurrences_of(row)?,
-    })
-}
-
-fn claimed_from_row(row: &PgRow) -> Result<ClaimedTimer> {
-    Ok(ClaimedTimer {
-        key: key_of(row)?,
-        due_at: Timestamp::from_millis(int(row, "due_at")?),
-        registered_at: Timestamp::from_millis(int(row, "registered_at")?),
-        correlation_id: opt_text(row, "correlation_id")?,
-        payload: opt_text(row, "payload")?,
-        attempts: attempts_of(row)?,
-        revision: int(row, "revision")?,
-        recurrence: recurrence_of(row)?,
-        occurrences: occurrences_of(row)?,
-    })
 }
 
 #[async_trait]
@@ -452,7 +397,7 @@ impl Store for PostgresStore {
             } else {
                 ScheduleOutcome::Updated
             };
-            outcome.insert(key_of(row)?, o);
+            outcome.insert(TimerRow::<Self>::of(row).key()?, o);
         }
         if outcome.len() < rows.len() {
             // The rest already fired or were cancelled: say which.
@@ -473,7 +418,7 @@ impl Store for PostgresStore {
                     Some(TimerState::Failed) => ScheduleOutcome::AlreadyFailed,
                     _ => ScheduleOutcome::AlreadyCancelled,
                 };
-                outcome.insert(key_of(row)?, o);
+                outcome.insert(TimerRow::<Self>::of(row).key()?, o);
             }
         }
         if let Some(channel) = &self.channel {
@@ -523,250 +468,124 @@ impl Store for PostgresStore {
         limit: usize,
         lease: &Lease,
     ) -> Result<Vec<ClaimedTimer>> {
-        if limit == 0 {
-            return Ok(Vec::new());
+        self.statements().claim(now, limit, lease).await
+    }
+
+    async fn settle(
+        &self,
+        claims: &[(ClaimedTimer, Settlement)],
+        owner: &str,
+        at: Timestamp,
+    ) -> Result<u64> {
+        let op = "settling claimed timers";
+        // One statement per kind of settlement, each over arrays of its rows.
+        let mut reached = Vec::new();
+        let mut next = Vec::new();
+        let mut failed = Vec::new();
+        let mut retry = Vec::new();
+        for (t, settlement) in claims {
+            match settlement {
+                Settlement::Reached => reached.push(t),
+                Settlement::Next(at) => next.push((t, at.as_millis())),
+                Settlement::Failed(error) => failed.push((t, error.as_str())),
+                Settlement::Retry { at, error } => {
+                    retry.push((t, at.as_millis(), error.as_deref()))
+                }
+            }
         }
-        // SKIP LOCKED: concurrent claimers take different rows instead of waiting on each other.
-        let rows = sqlx::query(
-            "UPDATE timers t SET lease_owner = $1, available_at = $2, lease_until = $2 \
-             FROM (SELECT tenant_id, service_call_id FROM timers \
-                   WHERE state = 0 AND available_at <= $3 \
-                   ORDER BY available_at LIMIT $4 FOR UPDATE SKIP LOCKED) c \
-             WHERE t.tenant_id = c.tenant_id AND t.service_call_id = c.service_call_id \
-             RETURNING t.tenant_id, t.service_call_id, t.due_at, t.registered_at, \
-                       t.correlation_id, t.payload, t.attempts, t.revision, t.recurrence, \
-                       t.occurrences",
-        )
-        .bind(&lease.owner)
-        .bind(lease.until.as_millis())
-        .bind(now.as_millis())
-        .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-        .fetch_all(&self.pool)
-        .await
-        .map_err(|e| db_err("claiming due timers", e))?;
-        let mut claimed = rows
-            .iter()
-            .map(claimed_from_row)
-            .collect::<Result<Vec<_>>>()?;
-        claimed.sort_by(|a, b| a.due_at.cmp(&b.due_at).then_with(|| a.key.cmp(&b.key)));
-        Ok(claimed)
-    }
+        let reached = Columns::of(reached.iter().copied());
+        let (next_claims, nexts): (Vec<&ClaimedTimer>, Vec<i64>) = next.into_iter().unzip();
+        let next = Columns::of(next_claims.into_iter());
+        let (failed_claims, errors): (Vec<&ClaimedTimer>, Vec<&str>) = failed.into_iter().unzip();
+        let failed = Columns::of(failed_claims.into_iter());
+        let retry_claims = Columns::of(retry.iter().map(|(t, _, _)| *t));
+        let retry_at: Vec<i64> = retry.iter().map(|(_, at, _)| *at).collect();
+        let retry_errors: Vec<Option<&str>> = retry.iter().map(|(_, _, e)| *e).collect();
 
-    async fn mark_reached(
-        &self,
-        timers: &[ClaimedTimer],
-        owner: &str,
-        at: Timestamp,
-    ) -> Result<u64> {
-        let (tenants, ids) = Self::key_arrays(timers.iter().map(|t| &t.key));
-        let revisions: Vec<i64> = timers.iter().map(|t| t.revision).collect();
-        let done = sqlx::query(
-            "UPDATE timers t SET state = 1, reached_at = $4, finished_at = $4, \
-               occurrences = t.occurrences + CASE WHEN t.recurrence IS NULL THEN 0 ELSE 1 END \
-             FROM UNNEST($1::text[], $2::text[], $3::bigint[]) AS m(tenant_id, service_call_id, revision) \
-             WHERE t.tenant_id = m.tenant_id AND t.service_call_id = m.service_call_id \
-               AND t.revision = m.revision AND t.state = 0 AND t.lease_owner = $5",
-        )
-        .bind(&tenants)
-        .bind(&ids)
-        .bind(&revisions)
-        .bind(at.as_millis())
-        .bind(owner)
-        .execute(&self.pool)
-        .await
-        .map_err(|e| db_err("marking timers reached", e))?;
-        Ok(done.rows_affected())
-    }
-
-    async fn advance(
-        &self,
-        timers: &[(ClaimedTimer, Timestamp)],
-        owner: &str,
-        at: Timestamp,
-    ) -> Result<u64> {
-        let (tenants, ids) = Self::key_arrays(timers.iter().map(|(t, _)| &t.key));
-        let revisions: Vec<i64> = timers.iter().map(|(t, _)| t.revision).collect();
-        let nexts: Vec<i64> = timers.iter().map(|(_, next)| next.as_millis()).collect();
-        let mut tx = self
-            .pool
-            .begin()
-            .await
-            .map_err(|e| db_err("moving recurring timers", e))?;
-        let done = sqlx::query(
-            "UPDATE timers t SET due_at = m.next, available_at = m.next, \
-               revision = t.revision + 1, attempts = 0, last_error = NULL, lease_owner = NULL, \
-               lease_until = NULL, \
-               reached_at = $5, occurrences = t.occurrences + 1 \
-             FROM UNNEST($1::text[], $2::text[], $3::bigint[], $4::bigint[]) \
-                  AS m(tenant_id, service_call_id, revision, next) \
-             WHERE t.tenant_id = m.tenant_id AND t.service_call_id = m.service_call_id \
-               AND t.revision = m.revision AND t.state = 0 AND t.lease_owner = $6",
-        )
-        .bind(&tenants)
-        .bind(&ids)
-        .bind(&revisions)
-        .bind(&nexts)
-        .bind(at.as_millis())
-        .bind(owner)
-        .execute(&mut *tx)
-        .await
-        .map_err(|e| db_err("moving recurring timers to their next occurrence", e))?;
-        if let (Some(channel), Some(soonest)) = (&self.channel, nexts.iter().min()) {
-            // Other instances may sleep past the next occurrence: tell them.
-            sqlx::query("SELECT pg_notify($1, $2)")
-                .bind(channel)
-                .bind(soonest.to_string())
-                .execute(&mut *tx)
-                .await
-                .map_err(|e| db_err("notifying the next occurrence", e))?;
+        let mut queries = Vec::new();
+        if !reached.is_empty() {
+            queries.push((true, reached.bind(SETTLE_REACHED, owner, at)));
         }
-        tx.commit()
-            .await
-            .map_err(|e| db_err("moving recurring timers", e))?;
-        Ok(done.rows_affected())
-    }
-
-    async fn fail(
-        &self,
-        timers: &[ClaimedTimer],
-        owner: &str,
-        at: Timestamp,
-        error: &str,
-    ) -> Result<u64> {
-        let (tenants, ids) = Self::key_arrays(timers.iter().map(|t| &t.key));
-        let revisions: Vec<i64> = timers.iter().map(|t| t.revision).collect();
-        let done = sqlx::query(
-            "UPDATE timers t SET state = 3, finished_at = $4, attempts = t.attempts + 1, \
-               last_error = $5 \
-             FROM UNNEST($1::text[], $2::text[], $3::bigint[]) AS m(tenant_id, service_call_id, revision) \
-             WHERE t.tenant_id = m.tenant_id AND t.service_call_id = m.service_call_id \
-               AND t.revision = m.revision AND t.state = 0 AND t.lease_owner = $6",
-        )
-        .bind(&tenants)
-        .bind(&ids)
-        .bind(&revisions)
-        .bind(at.as_millis())
-        .bind(error)
-        .bind(owner)
-        .execute(&self.pool)
-        .await
-        .map_err(|e| db_err("marking timers failed", e))?;
-        Ok(done.rows_affected())
-    }
-
-    async fn release(
-        &self,
-        timers: &[ClaimedTimer],
-        owner: &str,
-        retry_at: Timestamp,
-        error: Option<&str>,
-    ) -> Result<()> {
-        let (tenants, ids) = Self::key_arrays(timers.iter().map(|t| &t.key));
-        sqlx::query(
-            "UPDATE timers t SET lease_owner = NULL, lease_until = NULL, \
-               available_at = GREATEST($3, t.due_at), \
-               attempts = t.attempts + $4, last_error = COALESCE($5, t.last_error) \
-             FROM UNNEST($1::text[], $2::text[]) AS m(tenant_id, service_call_id) \
-             WHERE t.tenant_id = m.tenant_id AND t.service_call_id = m.service_call_id \
-               AND t.state = 0 AND t.lease_owner = $6",
-        )
-        .bind(&tenants)
-        .bind(&ids)
-        .bind(retry_at.as_millis())
-        .bind(i32::from(error.is_some()))
-        .bind(error)
-        .bind(owner)
-        .execute(&self.pool)
-        .await
-        .map_err(|e| db_err("releasing timers", e))?;
-        Ok(())
+        if !next.is_empty() {
+            queries.push((true, next.bind(SETTLE_NEXT, owner, at).bind(&nexts)));
+            if let (Some(channel), Some(soonest)) = (&self.channel, nexts.iter().min()) {
+                // Other instances may sleep past the next occurrence: tell them.
+                // A SELECT: its row is not a settled timer.
+                queries.push((
+                    false,
+                    sqlx::query("SELECT pg_notify($1, $2)")
+                        .bind(channel)
+                        .bind(soonest.to_string()),
+                ));
+            }
+        }
+        if !failed.is_empty() {
+            queries.push((true, failed.bind(SETTLE_FAILED, owner, at).bind(&errors)));
+        }
+        if !retry_claims.is_empty() {
+            let retry = sqlx::query(SETTLE_RETRY)
+                .bind(&retry_claims.tenants)
+                .bind(&retry_claims.ids)
+                .bind(&retry_at)
+                .bind(&retry_errors)
+                .bind(owner);
+            queries.push((true, retry));
+        }
+        if queries.len() == 1 {
+            if let Some((_, query)) = queries.pop() {
+                // One statement commits by itself: no transaction round trips on the hot path.
+                let done = query.execute(&self.pool).await.map_err(|e| db_err(op, e))?;
+                return Ok(done.rows_affected());
+            }
+        }
+        let mut changed = 0;
+        let mut tx = self.pool.begin().await.map_err(|e| db_err(op, e))?;
+        for (counts, query) in queries {
+            let done = query.execute(&mut *tx).await.map_err(|e| db_err(op, e))?;
+            if counts {
+                changed += done.rows_affected();
+            }
+        }
+        tx.commit().await.map_err(|e| db_err(op, e))?;
+        Ok(changed)
     }
 
     async fn next_due_at(&self) -> Result<Option<Timestamp>> {
-        let next: Option<i64> =
-            sqlx::query_scalar("SELECT MIN(available_at) FROM timers WHERE state = 0")
-                .fetch_one(&self.pool)
-                .await
-                .map_err(|e| db_err("reading the next due time", e))?;
-        Ok(next.map(Timestamp::from_millis))
+        self.statements().next_due_at().await
     }
 
     async fn get(&self, key: &TimerKey) -> Result<Option<Timer>> {
-        let row = sqlx::query(
-            "SELECT tenant_id, service_call_id, due_at, state, registered_at, reached_at, \
-                    correlation_id, payload, attempts, last_error, lease_owner, available_at, \
-                    recurrence, occurrences \
-             FROM timers WHERE tenant_id = $1 AND service_call_id = $2",
-        )
-        .bind(&key.tenant_id)
-        .bind(&key.service_call_id)
-        .fetch_optional(&self.pool)
-        .await
-        .map_err(|e| db_err("reading a timer", e))?;
-        row.as_ref().map(timer_from_row).transpose()
+        self.statements().get(key).await
     }
 
     async fn cancel(&self, key: &TimerKey, now: Timestamp) -> Result<CancelOutcome> {
-        let op = "cancelling a timer";
-        let mut tx = self.pool.begin().await.map_err(|e| db_err(op, e))?;
-        // FOR UPDATE: a claim (which locks the row too) and this cancel are ordered.
-        let row: Option<(i16, bool)> = sqlx::query_as(
-            "SELECT state, COALESCE(lease_until > $3, false) FROM timers \
-             WHERE tenant_id = $1 AND service_call_id = $2 FOR UPDATE",
-        )
-        .bind(&key.tenant_id)
-        .bind(&key.service_call_id)
-        .bind(now.as_millis())
-        .fetch_optional(&mut *tx)
-        .await
-        .map_err(|e| db_err(op, e))?;
-        let state = row.map(|(code, firing)| (TimerState::from_code(i64::from(code)), firing));
-        let outcome = match state {
-            None | Some((None, _)) => CancelOutcome::NotFound,
-            Some((Some(TimerState::Reached), _)) => CancelOutcome::AlreadyReached,
-            Some((Some(TimerState::Cancelled), _)) => CancelOutcome::AlreadyCancelled,
-            Some((Some(TimerState::Failed), _)) => CancelOutcome::AlreadyFailed,
-            Some((Some(TimerState::Scheduled), true)) => CancelOutcome::Firing,
-            Some((Some(TimerState::Scheduled), false)) => {
-                sqlx::query(
-                    "UPDATE timers SET state = 2, finished_at = $3 \
-                     WHERE tenant_id = $1 AND service_call_id = $2",
-                )
-                .bind(&key.tenant_id)
-                .bind(&key.service_call_id)
-                .bind(now.as_millis())
-                .execute(&mut *tx)
-                .await
-                .map_err(|e| db_err(op, e))?;
-                CancelOutcome::Cancelled
-            }
-        };
-        tx.commit().await.map_err(|e| db_err(op, e))?;
-        Ok(outcome)
+        self.statements().cancel(key, now).await
     }
 
     async fn purge(&self, older_than: Timestamp, limit: usize) -> Result<u64> {
-        let done = sqlx::query(
-            "DELETE FROM timers WHERE ctid IN (SELECT ctid FROM timers \
-             WHERE state <> 0 AND finished_at < $1 LIMIT $2)",
-        )
-        .bind(older_than.as_millis())
-        .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-        .execute(&self.pool)
-        .await
-        .map_err(|e| db_err("purging finished timers", e))?;
-        Ok(done.rows_affected())
+        self.statements().purge(older_than, limit).await
     }
 
-    async fn pending(&self) -> Result<u64> {
-        let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM timers WHERE state = 0")
-            .fetch_one(&self.pool)
-            .await
-            .map_err(|e| db_err("counting pending timers", e))?;
-        Ok(u64::try_from(n).unwrap_or(0))
+    async fn scheduled_count(&self) -> Result<u64> {
+        self.statements().scheduled_count().await
     }
 
-    async fn pending_by_tenant(&self, tenants: &[String]) -> Result<HashMap<String, u64>> {
+    async fn health(&self) -> Result<()> {
+        self.statements().health().await
+    }
+
+    fn wakeups(&self) -> Option<broadcast::Receiver<Timestamp>> {
+        self.channel.as_ref().map(|_| self.wakeups.subscribe())
+    }
+
+    fn tenant_counts(&self) -> Option<&dyn TenantCounts> {
+        Some(self)
+    }
+}
+
+#[async_trait]
+impl TenantCounts for PostgresStore {
+    async fn scheduled_by_tenant(&self, tenants: &[String]) -> Result<HashMap<String, u64>> {
         let rows: Vec<(String, i64)> = sqlx::query_as(
             "SELECT tenant_id, COUNT(*) FROM timers WHERE state = 0 AND tenant_id = ANY($1) \
              GROUP BY tenant_id",
@@ -774,22 +593,102 @@ impl Store for PostgresStore {
         .bind(tenants)
         .fetch_all(&self.pool)
         .await
-        .map_err(|e| db_err("counting pending timers per tenant", e))?;
+        .map_err(|e| db_err("counting Scheduled timers per tenant", e))?;
         Ok(rows
             .into_iter()
             .map(|(tenant, n)| (tenant, u64::try_from(n).unwrap_or(0)))
             .collect())
     }
+}
 
-    async fn health(&self) -> Result<()> {
-        sqlx::query("SELECT 1")
-            .execute(&self.pool)
-            .await
-            .map(|_| ())
-            .map_err(|e| db_err("health check", e))
+/// A settlement over arrays of claims, all or none of them at once. Parameters: $1 tenants,
+/// $2 service call ids, $3 claimed revisions, $4 the lease owner, $5 the settle time, then the
+/// settlement's own arrays from $6 (`arrays`), named in `m` after the revision (`columns`).
+/// Only rows still Scheduled, leased by the owner, at the claimed revision change.
+macro_rules! settle_sql {
+    ($set:literal, $arrays:literal, $columns:literal) => {
+        concat!(
+            "UPDATE timers t SET ",
+            $set,
+            " FROM UNNEST($1::text[], $2::text[], $3::bigint[]",
+            $arrays,
+            ") AS m(tenant_id, service_call_id, revision",
+            $columns,
+            ") WHERE t.tenant_id = m.tenant_id AND t.service_call_id = m.service_call_id \
+               AND t.state = 0 AND t.lease_owner = $4 AND t.revision = m.revision"
+        )
+    };
+}
+
+const SETTLE_REACHED: &str = settle_sql!(
+    "state = 1, reached_at = $5, finished_at = $5, \
+     occurrences = t.occurrences + CASE WHEN t.recurrence IS NULL THEN 0 ELSE 1 END",
+    "",
+    ""
+);
+
+/// $6 the next occurrences.
+const SETTLE_NEXT: &str = settle_sql!(
+    "due_at = m.next, available_at = m.next, revision = t.revision + 1, attempts = 0, \
+     last_error = NULL, lease_owner = NULL, lease_until = NULL, reached_at = $5, \
+     occurrences = t.occurrences + 1",
+    ", $6::bigint[]",
+    ", next"
+);
+
+/// $6 the errors.
+const SETTLE_FAILED: &str = settle_sql!(
+    "state = 3, finished_at = $5, attempts = t.attempts + 1, last_error = m.error",
+    ", $6::text[]",
+    ", error"
+);
+
+/// $1 tenants, $2 service call ids, $3 when each becomes claimable, $4 the errors (NULL for
+/// none), $5 the lease owner. At any revision: the lease goes back even when the timer changed
+/// meanwhile.
+const SETTLE_RETRY: &str = "UPDATE timers t SET lease_owner = NULL, lease_until = NULL, \
+      available_at = GREATEST(m.retry_at, t.due_at), \
+      attempts = t.attempts + CASE WHEN m.error IS NULL THEN 0 ELSE 1 END, \
+      last_error = COALESCE(m.error, t.last_error) \
+    FROM UNNEST($1::text[], $2::text[], $3::bigint[], $4::text[]) \
+         AS m(tenant_id, service_call_id, retry_at, error) \
+    WHERE t.tenant_id = m.tenant_id AND t.service_call_id = m.service_call_id \
+      AND t.state = 0 AND t.lease_owner = $5";
+
+/// Keys and claimed revisions of some claims, as the arrays an `UNNEST` reads.
+struct Columns<'a> {
+    tenants: Vec<&'a str>,
+    ids: Vec<&'a str>,
+    revisions: Vec<i64>,
+}
+
+impl<'a> Columns<'a> {
+    fn of(claims: impl Iterator<Item = &'a ClaimedTimer>) -> Self {
+        let mut columns = Columns {
+            tenants: Vec::new(),
+            ids: Vec::new(),
+            revisions: Vec::new(),
+        };
+        for t in claims {
+            columns.tenants.push(t.key.tenant_id.as_str());
+            columns.ids.push(t.key.service_call_id.as_str());
+            columns.revisions.push(t.revision);
+        }
+        columns
     }
 
-    fn wakeups(&self) -> Option<broadcast::Receiver<Timestamp>> {
-        self.channel.as_ref().map(|_| self.wakeups.subscribe())
+    fn is_empty(&self) -> bool {
+        self.tenants.is_empty()
+    }
+
+    /// `sql` (of [`settle_sql!`]) with these claims, the lease owner and the settle time bound
+    /// as its first parameters.
+    fn bind<'q>(&'q self, sql: &'q str, owner: &'q str, at: Timestamp) -> PgQuery<'q> {
+        sqlx::query(sql)
+            .bind(&self.tenants)
+            .bind(&self.ids)
+            .bind(&self.revisions)
+            .bind(owner)
+            .bind(at.as_millis())
     }
 }

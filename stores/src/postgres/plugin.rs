@@ -1,56 +1,42 @@
-//! The `postgres` plugin descriptor: config loading and checks, a schema of its own for an
-//! isolated run, dropped by clean-up.
+//! The `postgres` plugin: its descriptor and checks, a schema of its own for an isolated run,
+//! dropped by clean-up.
 
-use std::any::Any;
 use std::sync::Arc;
 
 use async_trait::async_trait;
 use sqlx::{Connection, PgConnection};
-use timer_core::plugin::{
-    fresh_name, to_value, ConfigSection, Isolated, StoreConfig, StorePlugin, TestServer,
-};
+use timer_core::plugin::{fresh_name, Isolated, Section, StoreConfig, StorePlugin, TestServer};
 use timer_core::{Error, Result, Store};
 
 use super::{PostgresConfig, PostgresStore};
 
-pub const PLUGIN: StorePlugin = StorePlugin {
-    kind: "postgres",
-    load,
-    test_server: Some(TEST_SERVER),
-    isolated,
-};
+pub const PLUGIN: StorePlugin = StorePlugin::of::<PostgresConfig>();
 
 /// The PostgreSQL server the tests use (`scripts/servers/postgres.sh start` prints it).
-pub const TEST_SERVER: TestServer = TestServer {
-    address_env: "TIMER_TEST_POSTGRES_URL",
-    dir_env: "TIMER_TEST_POSTGRES_DIR",
-    script: "postgres",
-    port_env: "PG_PORT",
-};
+pub const TEST_SERVER: TestServer = TestServer::new(
+    "TIMER_TEST_POSTGRES_URL",
+    "TIMER_TEST_POSTGRES_DIR",
+    "postgres",
+    "PG_PORT",
+);
 
-fn load(section: &ConfigSection) -> Result<Box<dyn StoreConfig>> {
-    let config: PostgresConfig = section.parse_as(PLUGIN.kind)?;
-    config.check()?;
-    Ok(Box::new(config))
-}
-
-fn isolated(prefix: &str) -> Result<Isolated<dyn StoreConfig>> {
-    PostgresConfig {
-        url: TEST_SERVER.address()?,
-        max_connections: 8,
-        ..PostgresConfig::default()
+impl Section for PostgresConfig {
+    const KIND: &'static str = "postgres";
+    const TEST_SERVER: Option<TestServer> = Some(TEST_SERVER);
+    fn validate(&self) -> Result<()> {
+        self.check()
     }
-    .isolated(prefix)
+    fn for_test_server(url: String) -> Self {
+        PostgresConfig {
+            url,
+            max_connections: 8,
+            ..PostgresConfig::default()
+        }
+    }
 }
 
 #[async_trait]
 impl StoreConfig for PostgresConfig {
-    fn kind(&self) -> &'static str {
-        PLUGIN.kind
-    }
-    fn to_value(&self) -> Result<serde_json::Value> {
-        to_value(self)
-    }
     async fn open(&self) -> Result<Arc<dyn Store>> {
         Ok(Arc::new(PostgresStore::open(self).await?))
     }
@@ -80,8 +66,5 @@ impl StoreConfig for PostgresConfig {
             });
         let _ = conn.close().await;
         dropped
-    }
-    fn as_any(&self) -> &dyn Any {
-        self
     }
 }

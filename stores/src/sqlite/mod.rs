@@ -9,36 +9,53 @@ use std::str::FromStr;
 
 use async_trait::async_trait;
 use sqlx::sqlite::{
-    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
-    SqliteSynchronous,
+    Sqlite, SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
+    SqliteQueryResult, SqliteSynchronous,
 };
-use sqlx::Row;
 use timer_core::{
     CancelOutcome, ClaimedTimer, Error, Lease, NewTimer, Recurrence, Result, ScheduleOutcome,
-    Store, Timer, TimerKey, TimerState, Timestamp,
+    Settlement, Store, TenantCounts, Timer, TimerKey, TimerState, Timestamp,
 };
 
 pub use config::{SqliteConfig, Synchronous};
 pub use plugin::PLUGIN;
+
+use crate::sql::{self, Dialect, Statements};
 
 pub struct SqliteStore {
     write: SqlitePool,
     read: SqlitePool,
 }
 
+impl Dialect for SqliteStore {
+    type Db = Sqlite;
+    type State = i64;
+    type Count = i64;
+    const NAME: &'static str = "sqlite";
+    // One statement, so one implicit transaction: the select and the lease are atomic.
+    const CLAIM: &'static str =
+        "UPDATE timers SET lease_owner = ?1, available_at = ?2, lease_until = ?2 \
+         WHERE rowid IN (SELECT rowid FROM timers WHERE state = 0 AND available_at <= ?3 \
+                         ORDER BY available_at LIMIT ?4) \
+         RETURNING tenant_id, service_call_id, due_at, registered_at, correlation_id, payload, \
+                   attempts, revision, recurrence, occurrences";
+    const CANCEL_STATE: &'static str = "SELECT state, COALESCE(lease_until > ?3, 0) FROM timers \
+        WHERE tenant_id = ?1 AND service_call_id = ?2";
+    const PURGE: &'static str = "DELETE FROM timers WHERE rowid IN (SELECT rowid FROM timers \
+        WHERE state <> 0 AND finished_at < ?1 LIMIT ?2)";
+
+    /// Every error but a decoding one: a busy or locked database, a full disk, I/O.
+    fn retryable(_: &sqlx::Error) -> bool {
+        true
+    }
+
+    fn rows_affected(done: &SqliteQueryResult) -> u64 {
+        done.rows_affected()
+    }
+}
+
 fn db_err(op: &str, e: sqlx::Error) -> Error {
-    let retryable = !matches!(
-        e,
-        sqlx::Error::ColumnDecode { .. } | sqlx::Error::ColumnNotFound(_) | sqlx::Error::Decode(_)
-    );
-    let kind = if retryable {
-        timer_core::ErrorKind::Unavailable
-    } else {
-        timer_core::ErrorKind::Internal
-    };
-    Error::new(kind, format!("sqlite store: {op} failed"))
-        .with_retryable(retryable)
-        .with_source(e)
+    sql::db_err::<SqliteStore>(op, e)
 }
 
 impl SqliteStore {
@@ -119,86 +136,52 @@ const RESCHEDULE_TIMER: &str = "UPDATE timers SET \
     occurrences = CASE WHEN recurrence IS ?7 THEN occurrences ELSE 0 END, recurrence = ?7 \
     WHERE tenant_id = ?1 AND service_call_id = ?2";
 
-const TIMER_COLUMNS: &str = "tenant_id, service_call_id, due_at, state, registered_at, \
-    reached_at, correlation_id, payload, attempts, last_error, lease_owner, available_at, \
-    recurrence, occurrences";
-
-fn recurrence_from_row(row: &SqliteRow) -> Result<Option<Recurrence>> {
-    row.try_get::<Option<String>, _>("recurrence")
-        .map_err(|e| db_err("reading a timer", e))?
-        .as_deref()
-        .map(Recurrence::from_json)
-        .transpose()
+/// The guard every settlement shares: ?1 tenant, ?2 service call id, ?4 lease owner, ?5 the
+/// claimed revision (?3 is the settle time).
+macro_rules! settle_sql {
+    ($set:literal) => {
+        concat!(
+            "UPDATE timers SET ",
+            $set,
+            " WHERE tenant_id = ?1 AND service_call_id = ?2 AND state = 0 AND lease_owner = ?4 \
+              AND revision = ?5"
+        )
+    };
 }
 
-fn occurrences_from_row(row: &SqliteRow) -> Result<u32> {
-    Ok(row
-        .try_get::<i64, _>("occurrences")
-        .map_err(|e| db_err("reading a timer", e))?
-        .try_into()
-        .unwrap_or(u32::MAX))
-}
+const SETTLE_REACHED: &str = settle_sql!(
+    "state = 1, reached_at = ?3, finished_at = ?3, \
+     occurrences = occurrences + (recurrence IS NOT NULL)"
+);
 
-fn timer_from_row(row: &SqliteRow) -> Result<Timer> {
-    let code: i64 = row
-        .try_get("state")
-        .map_err(|e| db_err("reading a timer", e))?;
-    let state = TimerState::from_code(code)
-        .ok_or_else(|| Error::internal(format!("sqlite store: unknown state code {code}")))?;
-    let get = |e| db_err("reading a timer", e);
-    Ok(Timer {
-        key: TimerKey {
-            tenant_id: row.try_get("tenant_id").map_err(get)?,
-            service_call_id: row.try_get("service_call_id").map_err(get)?,
-        },
-        due_at: Timestamp::from_millis(row.try_get("due_at").map_err(get)?),
-        state,
-        registered_at: Timestamp::from_millis(row.try_get("registered_at").map_err(get)?),
-        reached_at: row
-            .try_get::<Option<i64>, _>("reached_at")
-            .map_err(get)?
-            .map(Timestamp::from_millis),
-        correlation_id: row.try_get("correlation_id").map_err(get)?,
-        payload: row.try_get("payload").map_err(get)?,
-        attempts: row
-            .try_get::<i64, _>("attempts")
-            .map_err(get)?
-            .try_into()
-            .unwrap_or(u32::MAX),
-        last_error: row.try_get("last_error").map_err(get)?,
-        lease_owner: row.try_get("lease_owner").map_err(get)?,
-        available_at: Timestamp::from_millis(row.try_get("available_at").map_err(get)?),
-        recurrence: recurrence_from_row(row)?,
-        occurrences: occurrences_from_row(row)?,
-    })
-}
+/// ?6 the next occurrence.
+const SETTLE_NEXT: &str = settle_sql!(
+    "due_at = ?6, available_at = ?6, revision = revision + 1, attempts = 0, last_error = NULL, \
+     lease_owner = NULL, lease_until = NULL, reached_at = ?3, occurrences = occurrences + 1"
+);
 
-fn claimed_from_row(row: &SqliteRow) -> Result<ClaimedTimer> {
-    let get = |e| db_err("reading a claimed timer", e);
-    Ok(ClaimedTimer {
-        key: TimerKey {
-            tenant_id: row.try_get("tenant_id").map_err(get)?,
-            service_call_id: row.try_get("service_call_id").map_err(get)?,
-        },
-        due_at: Timestamp::from_millis(row.try_get("due_at").map_err(get)?),
-        registered_at: Timestamp::from_millis(row.try_get("registered_at").map_err(get)?),
-        correlation_id: row.try_get("correlation_id").map_err(get)?,
-        payload: row.try_get("payload").map_err(get)?,
-        attempts: row
-            .try_get::<i64, _>("attempts")
-            .map_err(get)?
-            .try_into()
-            .unwrap_or(u32::MAX),
-        revision: row.try_get("revision").map_err(get)?,
-        recurrence: recurrence_from_row(row)?,
-        occurrences: occurrences_from_row(row)?,
-    })
-}
+/// ?6 the error.
+const SETTLE_FAILED: &str =
+    settle_sql!("state = 3, finished_at = ?3, attempts = attempts + 1, last_error = ?6");
+
+/// ?6 when it becomes claimable, ?7 the error or NULL. At any revision (?3 and ?5 unused).
+const SETTLE_RETRY: &str = "UPDATE timers SET lease_owner = NULL, lease_until = NULL, \
+    available_at = MAX(?6, due_at), attempts = attempts + (?7 IS NOT NULL), \
+    last_error = COALESCE(?7, last_error) \
+    WHERE tenant_id = ?1 AND service_call_id = ?2 AND state = 0 AND lease_owner = ?4";
 
 /// One statement per row, prepared with its parameters.
 type RowUpdate<'q> = sqlx::query::Query<'q, sqlx::Sqlite, sqlx::sqlite::SqliteArguments<'q>>;
 
 impl SqliteStore {
+    fn reads(&self) -> Statements<'_, Self> {
+        sql::on(&self.read)
+    }
+
+    fn writes(&self) -> Statements<'_, Self> {
+        sql::on(&self.write)
+    }
+
     /// Runs `updates` in one write transaction, all or nothing; returns the rows they changed.
     async fn update_rows(&self, op: &str, updates: Vec<RowUpdate<'_>>) -> Result<u64> {
         let mut tx = self.write.begin().await.map_err(|e| db_err(op, e))?;
@@ -274,220 +257,75 @@ impl Store for SqliteStore {
         limit: usize,
         lease: &Lease,
     ) -> Result<Vec<ClaimedTimer>> {
-        // One statement, so one implicit transaction: the select and the lease are atomic.
-        let rows = sqlx::query(
-            "UPDATE timers SET lease_owner = ?1, available_at = ?2, lease_until = ?2 \
-             WHERE rowid IN (SELECT rowid FROM timers WHERE state = 0 AND available_at <= ?3 \
-                             ORDER BY available_at LIMIT ?4) \
-             RETURNING tenant_id, service_call_id, due_at, registered_at, correlation_id, \
-                       payload, attempts, revision, recurrence, occurrences",
-        )
-        .bind(&lease.owner)
-        .bind(lease.until.as_millis())
-        .bind(now.as_millis())
-        .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-        .fetch_all(&self.write)
-        .await
-        .map_err(|e| db_err("claiming due timers", e))?;
-        let mut claimed = rows
-            .iter()
-            .map(claimed_from_row)
-            .collect::<Result<Vec<_>>>()?;
-        claimed.sort_by_key(|c| c.due_at);
-        Ok(claimed)
+        self.writes().claim(now, limit, lease).await
     }
 
-    async fn mark_reached(
+    async fn settle(
         &self,
-        timers: &[ClaimedTimer],
+        claims: &[(ClaimedTimer, Settlement)],
         owner: &str,
         at: Timestamp,
     ) -> Result<u64> {
-        let updates = timers
+        let updates = claims
             .iter()
-            .map(|t| {
-                sqlx::query(
-                    "UPDATE timers SET state = 1, reached_at = ?3, finished_at = ?3, \
-                       occurrences = occurrences + (recurrence IS NOT NULL) \
-                     WHERE tenant_id = ?1 AND service_call_id = ?2 AND state = 0 \
-                       AND lease_owner = ?4 AND revision = ?5",
-                )
-                .bind(&t.key.tenant_id)
-                .bind(&t.key.service_call_id)
-                .bind(at.as_millis())
-                .bind(owner)
-                .bind(t.revision)
+            .map(|(t, settlement)| {
+                let sql = match settlement {
+                    Settlement::Reached => SETTLE_REACHED,
+                    Settlement::Next(_) => SETTLE_NEXT,
+                    Settlement::Failed(_) => SETTLE_FAILED,
+                    Settlement::Retry { .. } => SETTLE_RETRY,
+                };
+                let query = sqlx::query(sql)
+                    .bind(&t.key.tenant_id)
+                    .bind(&t.key.service_call_id)
+                    .bind(at.as_millis())
+                    .bind(owner)
+                    .bind(t.revision);
+                match settlement {
+                    Settlement::Reached => query,
+                    Settlement::Next(next) => query.bind(next.as_millis()),
+                    Settlement::Failed(error) => query.bind(error.as_str()),
+                    Settlement::Retry { at, error } => {
+                        query.bind(at.as_millis()).bind(error.as_deref())
+                    }
+                }
             })
             .collect();
-        self.update_rows("marking timers reached", updates).await
-    }
-
-    async fn advance(
-        &self,
-        timers: &[(ClaimedTimer, Timestamp)],
-        owner: &str,
-        at: Timestamp,
-    ) -> Result<u64> {
-        let updates = timers
-            .iter()
-            .map(|(t, next)| {
-                sqlx::query(
-                    "UPDATE timers SET due_at = ?3, available_at = ?3, revision = revision + 1, \
-                       attempts = 0, last_error = NULL, lease_owner = NULL, lease_until = NULL, \
-                       reached_at = ?4, occurrences = occurrences + 1 \
-                     WHERE tenant_id = ?1 AND service_call_id = ?2 AND state = 0 \
-                       AND lease_owner = ?5 AND revision = ?6",
-                )
-                .bind(&t.key.tenant_id)
-                .bind(&t.key.service_call_id)
-                .bind(next.as_millis())
-                .bind(at.as_millis())
-                .bind(owner)
-                .bind(t.revision)
-            })
-            .collect();
-        self.update_rows("moving recurring timers to their next occurrence", updates)
-            .await
-    }
-
-    async fn fail(
-        &self,
-        timers: &[ClaimedTimer],
-        owner: &str,
-        at: Timestamp,
-        error: &str,
-    ) -> Result<u64> {
-        let updates = timers
-            .iter()
-            .map(|t| {
-                sqlx::query(
-                    "UPDATE timers SET state = 3, finished_at = ?3, attempts = attempts + 1, \
-                       last_error = ?4 \
-                     WHERE tenant_id = ?1 AND service_call_id = ?2 AND state = 0 \
-                       AND lease_owner = ?5 AND revision = ?6",
-                )
-                .bind(&t.key.tenant_id)
-                .bind(&t.key.service_call_id)
-                .bind(at.as_millis())
-                .bind(error)
-                .bind(owner)
-                .bind(t.revision)
-            })
-            .collect();
-        self.update_rows("marking timers failed", updates).await
-    }
-
-    async fn release(
-        &self,
-        timers: &[ClaimedTimer],
-        owner: &str,
-        retry_at: Timestamp,
-        error: Option<&str>,
-    ) -> Result<()> {
-        let updates = timers
-            .iter()
-            .map(|t| {
-                sqlx::query(
-                    "UPDATE timers SET lease_owner = NULL, lease_until = NULL, \
-                       available_at = MAX(?3, due_at), \
-                       attempts = attempts + ?4, last_error = COALESCE(?5, last_error) \
-                     WHERE tenant_id = ?1 AND service_call_id = ?2 AND state = 0 \
-                       AND lease_owner = ?6",
-                )
-                .bind(&t.key.tenant_id)
-                .bind(&t.key.service_call_id)
-                .bind(retry_at.as_millis())
-                .bind(i64::from(error.is_some()))
-                .bind(error)
-                .bind(owner)
-            })
-            .collect();
-        self.update_rows("releasing timers", updates)
-            .await
-            .map(|_| ())
+        self.update_rows("settling claimed timers", updates).await
     }
 
     async fn next_due_at(&self) -> Result<Option<Timestamp>> {
-        let next: Option<i64> =
-            sqlx::query_scalar("SELECT MIN(available_at) FROM timers WHERE state = 0")
-                .fetch_one(&self.read)
-                .await
-                .map_err(|e| db_err("reading the next due time", e))?;
-        Ok(next.map(Timestamp::from_millis))
+        self.reads().next_due_at().await
     }
 
     async fn get(&self, key: &TimerKey) -> Result<Option<Timer>> {
-        let row = sqlx::query(&format!(
-            "SELECT {TIMER_COLUMNS} FROM timers WHERE tenant_id = ?1 AND service_call_id = ?2"
-        ))
-        .bind(&key.tenant_id)
-        .bind(&key.service_call_id)
-        .fetch_optional(&self.read)
-        .await
-        .map_err(|e| db_err("reading a timer", e))?;
-        row.as_ref().map(timer_from_row).transpose()
+        self.reads().get(key).await
     }
 
     async fn cancel(&self, key: &TimerKey, now: Timestamp) -> Result<CancelOutcome> {
-        let op = "cancelling a timer";
-        let mut tx = self.write.begin().await.map_err(|e| db_err(op, e))?;
-        let row: Option<(i64, bool)> = sqlx::query_as(
-            "SELECT state, COALESCE(lease_until > ?3, 0) FROM timers \
-             WHERE tenant_id = ?1 AND service_call_id = ?2",
-        )
-        .bind(&key.tenant_id)
-        .bind(&key.service_call_id)
-        .bind(now.as_millis())
-        .fetch_optional(&mut *tx)
-        .await
-        .map_err(|e| db_err(op, e))?;
-        let state = row.map(|(code, firing)| (TimerState::from_code(code), firing));
-        let outcome = match state {
-            None | Some((None, _)) => CancelOutcome::NotFound,
-            Some((Some(TimerState::Reached), _)) => CancelOutcome::AlreadyReached,
-            Some((Some(TimerState::Cancelled), _)) => CancelOutcome::AlreadyCancelled,
-            Some((Some(TimerState::Failed), _)) => CancelOutcome::AlreadyFailed,
-            Some((Some(TimerState::Scheduled), true)) => CancelOutcome::Firing,
-            Some((Some(TimerState::Scheduled), false)) => {
-                sqlx::query(
-                    "UPDATE timers SET state = 2, finished_at = ?3 \
-                     WHERE tenant_id = ?1 AND service_call_id = ?2",
-                )
-                .bind(&key.tenant_id)
-                .bind(&key.service_call_id)
-                .bind(now.as_millis())
-                .execute(&mut *tx)
-                .await
-                .map_err(|e| db_err(op, e))?;
-                CancelOutcome::Cancelled
-            }
-        };
-        tx.commit().await.map_err(|e| db_err(op, e))?;
-        Ok(outcome)
+        self.writes().cancel(key, now).await
     }
 
     async fn purge(&self, older_than: Timestamp, limit: usize) -> Result<u64> {
-        let result = sqlx::query(
-            "DELETE FROM timers WHERE rowid IN (SELECT rowid FROM timers \
-             WHERE state <> 0 AND finished_at < ?1 LIMIT ?2)",
-        )
-        .bind(older_than.as_millis())
-        .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-        .execute(&self.write)
-        .await
-        .map_err(|e| db_err("purging finished timers", e))?;
-        Ok(result.rows_affected())
+        self.writes().purge(older_than, limit).await
     }
 
-    async fn pending(&self) -> Result<u64> {
-        let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM timers WHERE state = 0")
-            .fetch_one(&self.read)
-            .await
-            .map_err(|e| db_err("counting pending timers", e))?;
-        Ok(n.try_into().unwrap_or(0))
+    async fn scheduled_count(&self) -> Result<u64> {
+        self.reads().scheduled_count().await
     }
 
-    async fn pending_by_tenant(&self, tenants: &[String]) -> Result<HashMap<String, u64>> {
+    async fn health(&self) -> Result<()> {
+        self.reads().health().await
+    }
+
+    fn tenant_counts(&self) -> Option<&dyn TenantCounts> {
+        Some(self)
+    }
+}
+
+#[async_trait]
+impl TenantCounts for SqliteStore {
+    async fn scheduled_by_tenant(&self, tenants: &[String]) -> Result<HashMap<String, u64>> {
         let mut counts = HashMap::new();
         // SQLite allows 32,766 parameters per statement; a batch names far fewer tenants, but
         // stay well below the limit whatever the batch size.
@@ -504,20 +342,12 @@ impl Store for SqliteStore {
             for (tenant, n) in query
                 .fetch_all(&self.read)
                 .await
-                .map_err(|e| db_err("counting pending timers per tenant", e))?
+                .map_err(|e| db_err("counting Scheduled timers per tenant", e))?
             {
                 counts.insert(tenant, u64::try_from(n).unwrap_or(0));
             }
         }
         Ok(counts)
-    }
-
-    async fn health(&self) -> Result<()> {
-        sqlx::query("SELECT 1")
-            .execute(&self.read)
-            .await
-            .map(|_| ())
-            .map_err(|e| db_err("health check", e))
     }
 }
 

@@ -1,38 +1,21 @@
-//! The `sqlite` plugin descriptor: config loading, a temp file for an isolated run.
+//! The `sqlite` plugin: its descriptor, a temp file for an isolated run.
 
-use std::any::Any;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use timer_core::plugin::{to_value, ConfigSection, Isolated, StoreConfig, StorePlugin};
+use timer_core::plugin::{Isolated, Section, StoreConfig, StorePlugin};
 use timer_core::{Error, Result, Store};
 
 use super::{SqliteConfig, SqliteStore};
 
-pub const PLUGIN: StorePlugin = StorePlugin {
-    kind: "sqlite",
-    load,
-    test_server: None,
-    isolated,
-};
+pub const PLUGIN: StorePlugin = StorePlugin::of::<SqliteConfig>();
 
-fn load(section: &ConfigSection) -> Result<Box<dyn StoreConfig>> {
-    let config: SqliteConfig = section.parse_as(PLUGIN.kind)?;
-    Ok(Box::new(config))
-}
-
-fn isolated(prefix: &str) -> Result<Isolated<dyn StoreConfig>> {
-    SqliteConfig::default().isolated(prefix)
+impl Section for SqliteConfig {
+    const KIND: &'static str = "sqlite";
 }
 
 #[async_trait]
 impl StoreConfig for SqliteConfig {
-    fn kind(&self) -> &'static str {
-        PLUGIN.kind
-    }
-    fn to_value(&self) -> Result<serde_json::Value> {
-        to_value(self)
-    }
     async fn open(&self) -> Result<Arc<dyn Store>> {
         Ok(Arc::new(SqliteStore::open(self).await?))
     }
@@ -51,8 +34,5 @@ impl StoreConfig for SqliteConfig {
             config: Box::new(config),
             guard: Box::new(dir),
         })
-    }
-    fn as_any(&self) -> &dyn Any {
-        self
     }
 }

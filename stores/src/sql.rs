@@ -1,0 +1,309 @@
+//! What the two sqlx stores (`sqlite`, `postgres`) share. Both keep timers in one `timers` table
+//! with the same columns (`migrations/`), so decoding a row, mapping errors, and the statements
+//! that are the same SQL in both dialects live here once; each store's [`Dialect`] says how it
+//! differs. Shared statements number their parameters `$1`, `$2`, …, which SQLite takes too.
+
+use std::marker::PhantomData;
+
+use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Pool, Row, Type};
+use timer_core::{
+    CancelOutcome, ClaimedTimer, Error, ErrorKind, Lease, Recurrence, Result, Timer, TimerKey,
+    TimerState, Timestamp,
+};
+
+/// How a sqlx store differs where the code is otherwise shared.
+pub(crate) trait Dialect {
+    type Db: Database;
+    /// The Rust type the `state` column decodes as.
+    type State: Into<i64> + for<'r> Decode<'r, Self::Db> + Type<Self::Db>;
+    /// The Rust type the counters (`attempts`, `occurrences`) decode as.
+    type Count: Into<i64> + for<'r> Decode<'r, Self::Db> + Type<Self::Db>;
+    /// `sqlite`, `postgres`: how messages name the store.
+    const NAME: &'static str;
+    /// `claim_due` in one atomic statement: leases the claimable rows, earliest `available_at`
+    /// first, and returns them with the columns of [`TimerRow::claimed`]. Parameters: 1 the
+    /// lease owner, 2 the lease end (also their `available_at`), 3 now, 4 the limit.
+    const CLAIM: &'static str;
+    /// For `cancel`: a row's state, and whether a live lease holds it. Parameters: 1 tenant,
+    /// 2 service call id, 3 the time of the cancel.
+    const CANCEL_STATE: &'static str;
+    /// `purge`: deletes finished rows. Parameters: 1 finished before, 2 the limit.
+    const PURGE: &'static str;
+
+    /// Whether an error that is not a decoding error may pass when tried again.
+    fn retryable(e: &sqlx::Error) -> bool;
+
+    /// How many rows a statement changed (sqlx has no trait for it).
+    fn rows_affected(done: &<Self::Db as Database>::QueryResult) -> u64;
+}
+
+/// The columns of `timers` that make a [`Timer`] (the revision too, which a claim reads with the
+/// same columns).
+pub(crate) const TIMER_COLUMNS: &str = "tenant_id, service_call_id, due_at, state, \
+    registered_at, reached_at, correlation_id, payload, attempts, last_error, lease_owner, \
+    available_at, recurrence, occurrences, revision";
+
+/// A failed database operation `op`, with the sqlx error as its source. Decoding errors are a
+/// bug or a foreign schema and will not pass when retried; the dialect judges the others.
+pub(crate) fn db_err<D: Dialect>(op: &str, e: sqlx::Error) -> Error {
+    let decoding = matches!(
+        e,
+        sqlx::Error::ColumnDecode { .. } | sqlx::Error::ColumnNotFound(_) | sqlx::Error::Decode(_)
+    );
+    let kind = if !decoding && D::retryable(&e) {
+        ErrorKind::Unavailable
+    } else {
+        ErrorKind::Internal
+    };
+    Error::new(kind, format!("{} store: {op} failed", D::NAME)).with_source(e)
+}
+
+/// A counter as stored, clamped into `u32` (a negative one reads as 0).
+fn count(n: i64) -> u32 {
+    u32::try_from(n.max(0)).unwrap_or(u32::MAX)
+}
+
+/// One row of `timers`, decoded with the dialect's column types.
+pub(crate) struct TimerRow<'r, D: Dialect> {
+    row: &'r <D::Db as Database>::Row,
+    dialect: PhantomData<D>,
+}
+
+impl<'r, D> TimerRow<'r, D>
+where
+    D: Dialect,
+    &'static str: ColumnIndex<<D::Db as Database>::Row>,
+    i64: Decode<'r, D::Db> + Type<D::Db>,
+    String: Decode<'r, D::Db> + Type<D::Db>,
+{
+    pub(crate) fn of(row: &'r <D::Db as Database>::Row) -> Self {
+        TimerRow {
+            row,
+            dialect: PhantomData,
+        }
+    }
+
+    fn get<T: Decode<'r, D::Db> + Type<D::Db>>(&self, column: &'static str) -> Result<T> {
+        self.row
+            .try_get(column)
+            .map_err(|e| db_err::<D>("reading a timer", e))
+    }
+
+    fn time(&self, column: &'static str) -> Result<Timestamp> {
+        self.get(column).map(Timestamp::from_millis)
+    }
+
+    fn count(&self, column: &'static str) -> Result<u32> {
+        Ok(count(self.get::<D::Count>(column)?.into()))
+    }
+
+    pub(crate) fn key(&self) -> Result<TimerKey> {
+        Ok(TimerKey {
+            tenant_id: self.get("tenant_id")?,
+            service_call_id: self.get("service_call_id")?,
+        })
+    }
+
+    fn recurrence(&self) -> Result<Option<Recurrence>> {
+        self.get::<Option<String>>("recurrence")?
+            .as_deref()
+            .map(Recurrence::from_json)
+            .transpose()
+    }
+
+    /// The `state` column.
+    fn state(&self) -> Result<TimerState> {
+        let code: i64 = self.get::<D::State>("state")?.into();
+        TimerState::from_code(code)
+            .ok_or_else(|| Error::internal(format!("{} store: unknown state code {code}", D::NAME)))
+    }
+
+    /// A row a claim returned.
+    pub(crate) fn claimed(&self) -> Result<ClaimedTimer> {
+        Ok(ClaimedTimer {
+            key: self.key()?,
+            due_at: self.time("due_at")?,
+            registered_at: self.time("registered_at")?,
+            correlation_id: self.get("correlation_id")?,
+            payload: self.get("payload")?,
+            attempts: self.count("attempts")?,
+            revision: self.get("revision")?,
+            recurrence: self.recurrence()?,
+            occurrences: self.count("occurrences")?,
+        })
+    }
+
+    /// A row of [`TIMER_COLUMNS`]: what a claim returns, with the state, the last fire and the
+    /// lease besides.
+    pub(crate) fn timer(&self) -> Result<Timer> {
+        let ClaimedTimer {
+            key,
+            due_at,
+            registered_at,
+            correlation_id,
+            payload,
+            attempts,
+            revision: _,
+            recurrence,
+            occurrences,
+        } = self.claimed()?;
+        Ok(Timer {
+            key,
+            due_at,
+            state: self.state()?,
+            registered_at,
+            reached_at: self
+                .get::<Option<i64>>("reached_at")?
+                .map(Timestamp::from_millis),
+            correlation_id,
+            payload,
+            attempts,
+            last_error: self.get("last_error")?,
+            lease_owner: self.get("lease_owner")?,
+            available_at: self.time("available_at")?,
+            recurrence,
+            occurrences,
+        })
+    }
+}
+
+/// The statements that are the same SQL in both dialects, run on one pool.
+pub(crate) struct Statements<'p, D: Dialect> {
+    pool: &'p Pool<D::Db>,
+}
+
+pub(crate) fn on<D: Dialect>(pool: &Pool<D::Db>) -> Statements<'_, D> {
+    Statements { pool }
+}
+
+impl<D> Statements<'_, D>
+where
+    D: Dialect,
+    for<'c> &'c mut <D::Db as Database>::Connection: Executor<'c, Database = D::Db>,
+    for<'q> <D::Db as Database>::Arguments<'q>: IntoArguments<'q, D::Db>,
+    for<'q> &'q str: Encode<'q, D::Db> + Type<D::Db>,
+    for<'q> i64: Encode<'q, D::Db> + Decode<'q, D::Db> + Type<D::Db>,
+    for<'r> String: Decode<'r, D::Db> + Type<D::Db>,
+    for<'r> bool: Decode<'r, D::Db> + Type<D::Db>,
+    &'static str: ColumnIndex<<D::Db as Database>::Row>,
+    usize: ColumnIndex<<D::Db as Database>::Row>,
+{
+    pub(crate) async fn get(&self, key: &TimerKey) -> Result<Option<Timer>> {
+        let sql = format!(
+            "SELECT {TIMER_COLUMNS} FROM timers WHERE tenant_id = $1 AND service_call_id = $2"
+        );
+        let row = sqlx::query(&sql)
+            .bind(key.tenant_id.as_str())
+            .bind(key.service_call_id.as_str())
+            .fetch_optional(self.pool)
+            .await
+            .map_err(|e| db_err::<D>("reading a timer", e))?;
+        row.as_ref()
+            .map(|row| TimerRow::<D>::of(row).timer())
+            .transpose()
+    }
+
+    pub(crate) async fn claim(
+        &self,
+        now: Timestamp,
+        limit: usize,
+        lease: &Lease,
+    ) -> Result<Vec<ClaimedTimer>> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let rows = sqlx::query(D::CLAIM)
+            .bind(lease.owner.as_str())
+            .bind(lease.until.as_millis())
+            .bind(now.as_millis())
+            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .fetch_all(self.pool)
+            .await
+            .map_err(|e| db_err::<D>("claiming due timers", e))?;
+        let mut claimed = rows
+            .iter()
+            .map(|row| TimerRow::<D>::of(row).claimed())
+            .collect::<Result<Vec<_>>>()?;
+        claimed.sort_by(|a, b| a.due_at.cmp(&b.due_at).then_with(|| a.key.cmp(&b.key)));
+        Ok(claimed)
+    }
+
+    pub(crate) async fn cancel(&self, key: &TimerKey, now: Timestamp) -> Result<CancelOutcome> {
+        let op = "cancelling a timer";
+        let err = |e| db_err::<D>(op, e);
+        // Both statements take the key and the time of the cancel.
+        let statement = |sql| {
+            sqlx::query(sql)
+                .bind(key.tenant_id.as_str())
+                .bind(key.service_call_id.as_str())
+                .bind(now.as_millis())
+        };
+        let mut tx = self.pool.begin().await.map_err(err)?;
+        let row = statement(D::CANCEL_STATE)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(err)?;
+        let state = match &row {
+            None => None,
+            Some(row) => {
+                let code: D::State = row.try_get(0).map_err(err)?;
+                let firing: bool = row.try_get(1).map_err(err)?;
+                Some((TimerState::from_code(code.into()), firing))
+            }
+        };
+        let outcome = match state {
+            None | Some((None, _)) => CancelOutcome::NotFound,
+            Some((Some(TimerState::Reached), _)) => CancelOutcome::AlreadyReached,
+            Some((Some(TimerState::Cancelled), _)) => CancelOutcome::AlreadyCancelled,
+            Some((Some(TimerState::Failed), _)) => CancelOutcome::AlreadyFailed,
+            Some((Some(TimerState::Scheduled), true)) => CancelOutcome::Firing,
+            Some((Some(TimerState::Scheduled), false)) => {
+                statement(
+                    "UPDATE timers SET state = 2, finished_at = $3 \
+                     WHERE tenant_id = $1 AND service_call_id = $2",
+                )
+                .execute(&mut *tx)
+                .await
+                .map_err(err)?;
+                CancelOutcome::Cancelled
+            }
+        };
+        tx.commit().await.map_err(err)?;
+        Ok(outcome)
+    }
+
+    pub(crate) async fn purge(&self, older_than: Timestamp, limit: usize) -> Result<u64> {
+        let done = sqlx::query(D::PURGE)
+            .bind(older_than.as_millis())
+            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .execute(self.pool)
+            .await
+            .map_err(|e| db_err::<D>("purging finished timers", e))?;
+        Ok(D::rows_affected(&done))
+    }
+
+    pub(crate) async fn next_due_at(&self) -> Result<Option<Timestamp>> {
+        let next: Option<i64> =
+            sqlx::query_scalar("SELECT MIN(available_at) FROM timers WHERE state = 0")
+                .fetch_one(self.pool)
+                .await
+                .map_err(|e| db_err::<D>("reading the next due time", e))?;
+        Ok(next.map(Timestamp::from_millis))
+    }
+
+    pub(crate) async fn scheduled_count(&self) -> Result<u64> {
+        let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM timers WHERE state = 0")
+            .fetch_one(self.pool)
+            .await
+            .map_err(|e| db_err::<D>("counting Scheduled timers", e))?;
+        Ok(u64::try_from(n).unwrap_or(0))
+    }
+
+    pub(crate) async fn health(&self) -> Result<()> {
+        sqlx::query("SELECT 1")
+            .execute(self.pool)
+            .await
+            .map(|_| ())
+            .map_err(|e| db_err::<D>("health check", e))
+    }
+}

@@ -1,0 +1,156 @@
+//! The one way in for commands, from the broker and from HTTP alike: decode with the limits,
+//! count, refuse what breaks a rule, schedule in one transaction, wake the firing task.
+
+use std::sync::atomic::Ordering;
+
+use super::{metrics as metric, Engine};
+use crate::error::{Error, Result};
+use crate::model::{CancelOutcome, NewTimer, ScheduleOutcome, TimerKey, TimerState};
+use crate::wire::{decode_command, decode_schedule, Command, Reason, Rejection};
+
+/// What the engine did with one timer given to [`Engine::schedule`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Scheduled {
+    /// The store took it (or found it finished), as the outcome says.
+    Stored(ScheduleOutcome),
+    /// Refused before the store: a limit (the reason says which); nothing was stored.
+    Refused(Rejection),
+}
+
+impl Engine {
+    /// Decodes one command as received from a broker (`ScheduleTimer` or `CancelTimer`),
+    /// counting it and, when refused, its reason.
+    pub fn admit(&self, body: &[u8]) -> Result<Command, Rejection> {
+        self.counted(decode_command(
+            body,
+            &self.inner.limits,
+            self.inner.clock.now(),
+        ))
+    }
+
+    /// Decodes one `ScheduleTimer` as received over HTTP (a `CancelTimer` is refused with
+    /// [`Reason::NotAcceptedHere`]), counting it like [`admit`](Self::admit).
+    pub fn admit_schedule(&self, body: &[u8]) -> Result<NewTimer, Rejection> {
+        self.counted(decode_schedule(
+            body,
+            &self.inner.limits,
+            self.inner.clock.now(),
+        ))
+    }
+
+    fn counted<T>(&self, decoded: Result<T, Rejection>) -> Result<T, Rejection> {
+        ::metrics::counter!(metric::COMMANDS_RECEIVED).increment(1);
+        if let Err(r) = &decoded {
+            rejected(r.reason);
+        }
+        decoded
+    }
+
+    /// Stores a batch (one transaction) and wakes the firing task if a timer is due sooner than
+    /// it planned to look. Timers a limit refuses are not stored (and counted as rejected).
+    pub async fn schedule(&self, timers: &[NewTimer]) -> Result<Vec<Scheduled>> {
+        if timers.is_empty() {
+            return Ok(Vec::new());
+        }
+        let inner = &self.inner;
+        let refused = self.over_tenant_limit(timers).await?;
+        let allowed: Vec<NewTimer> = timers
+            .iter()
+            .zip(&refused)
+            .filter(|(_, r)| r.is_none())
+            .map(|(t, _)| t.clone())
+            .collect();
+        let mut stored = if allowed.is_empty() {
+            Vec::new()
+        } else {
+            inner.store.schedule(&allowed, inner.clock.now()).await?
+        }
+        .into_iter();
+        let mut results = Vec::with_capacity(timers.len());
+        let mut soonest = i64::MAX;
+        let mut changed = 0u64;
+        for (timer, refusal) in timers.iter().zip(refused) {
+            if let Some(rejection) = refusal {
+                rejected(rejection.reason);
+                results.push(Scheduled::Refused(rejection));
+                continue;
+            }
+            let outcome = stored
+                .next()
+                .ok_or_else(|| Error::internal("the store returned fewer outcomes than timers"))?;
+            if matches!(outcome, ScheduleOutcome::Created | ScheduleOutcome::Updated) {
+                changed += 1;
+                soonest = soonest.min(timer.due_at.as_millis());
+            }
+            results.push(Scheduled::Stored(outcome));
+        }
+        ::metrics::counter!(metric::SCHEDULES_PROCESSED).increment(changed);
+        if soonest < inner.planned.load(Ordering::SeqCst) {
+            inner.wake.notify_one();
+        }
+        Ok(results)
+    }
+
+    /// Which timers `limits.max_pending_per_tenant` refuses: new timers of a tenant that has
+    /// that many Scheduled ones (counting this batch). A timer that already exists as Scheduled
+    /// is a reschedule and always allowed. Instances check independently, so several of them
+    /// together may overshoot by up to one batch each.
+    async fn over_tenant_limit(&self, timers: &[NewTimer]) -> Result<Vec<Option<Rejection>>> {
+        let inner = &self.inner;
+        let limit = inner.limits.max_pending_per_tenant;
+        if limit == 0 {
+            return Ok(vec![None; timers.len()]);
+        }
+        let Some(counter) = inner.store.tenant_counts() else {
+            return Err(Error::config(format!(
+                "limits.max_pending_per_tenant needs a store that counts timers per tenant; the \
+                 {} store does not",
+                inner.store.name()
+            )));
+        };
+        let mut tenants: Vec<String> = timers.iter().map(|t| t.key.tenant_id.clone()).collect();
+        tenants.sort_unstable();
+        tenants.dedup();
+        let mut counts = counter.scheduled_by_tenant(&tenants).await?;
+        let mut refused = Vec::with_capacity(timers.len());
+        for timer in timers {
+            let count = counts.entry(timer.key.tenant_id.clone()).or_insert(0);
+            if *count < limit {
+                *count += 1; // as if new; a reschedule counted twice only refuses early
+                refused.push(None);
+                continue;
+            }
+            let existing = inner.store.get(&timer.key).await?;
+            let reschedule = existing.is_some_and(|t| t.state == TimerState::Scheduled);
+            refused.push((!reschedule).then(|| {
+                Rejection::new(
+                    Reason::TenantLimit,
+                    None,
+                    format!(
+                        "tenant {:?} has {limit} Scheduled timers already \
+                         (limits.max_pending_per_tenant); nothing was stored",
+                        timer.key.tenant_id
+                    ),
+                )
+            }));
+        }
+        Ok(refused)
+    }
+
+    /// Cancels a timer (the HTTP API's DELETE and the broker's `CancelTimer`).
+    pub async fn cancel(&self, key: &TimerKey) -> Result<CancelOutcome> {
+        let outcome = self.inner.store.cancel(key, self.inner.clock.now()).await?;
+        let label = match outcome {
+            CancelOutcome::Cancelled => "cancelled",
+            CancelOutcome::Firing => "firing",
+            CancelOutcome::NotFound => "not_found",
+            _ => "already_finished",
+        };
+        ::metrics::counter!(metric::CANCELS_PROCESSED, "outcome" => label).increment(1);
+        Ok(outcome)
+    }
+}
+
+fn rejected(reason: Reason) {
+    ::metrics::counter!(metric::COMMANDS_REJECTED, "reason" => reason.as_str()).increment(1);
+}

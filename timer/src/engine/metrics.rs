@@ -1,0 +1,89 @@
+//! The engine's metrics: each name with its kind and description, in one table. The binary
+//! installs an exporter and calls [`describe`].
+
+/// Commands read from the broker or the HTTP API.
+pub const COMMANDS_RECEIVED: &str = "timer.commands.received";
+/// Commands refused, labelled by `reason` (a [`Reason`](crate::wire::Reason) code).
+pub const COMMANDS_REJECTED: &str = "timer.commands.rejected";
+pub const SCHEDULES_PROCESSED: &str = "timer.schedules.processed";
+pub const POLLING_DURATION: &str = "timer.polling.duration";
+pub const TIMERS_FIRED: &str = "timer.timers.fired";
+pub const PUBLISH_FAILURES: &str = "timer.publish.failures";
+pub const FIRE_LATENESS: &str = "timer.fire.lateness";
+pub const PENDING: &str = "timer.pending";
+pub const CANCELS_PROCESSED: &str = "timer.cancels.processed";
+pub const TIMERS_FAILED: &str = "timer.timers.failed";
+pub const TIMERS_PURGED: &str = "timer.timers.purged";
+
+/// How a metric is recorded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Counter,
+    Gauge,
+    /// In seconds.
+    Histogram,
+}
+
+/// Every metric: name, kind, description.
+pub const ALL: &[(&str, Kind, &str)] = &[
+    (
+        COMMANDS_RECEIVED,
+        Kind::Counter,
+        "Commands received (broker and HTTP)",
+    ),
+    (
+        COMMANDS_REJECTED,
+        Kind::Counter,
+        "Commands rejected, by reason",
+    ),
+    (
+        SCHEDULES_PROCESSED,
+        Kind::Counter,
+        "Timers created or rescheduled",
+    ),
+    (
+        TIMERS_FIRED,
+        Kind::Counter,
+        "DueTimeReached events confirmed by the broker",
+    ),
+    (
+        PUBLISH_FAILURES,
+        Kind::Counter,
+        "Timers whose publish failed (retried)",
+    ),
+    (
+        POLLING_DURATION,
+        Kind::Histogram,
+        "Duration of one claim query",
+    ),
+    (FIRE_LATENESS, Kind::Histogram, "Fire time minus due time"),
+    (PENDING, Kind::Gauge, "Timers in state Scheduled"),
+    (
+        CANCELS_PROCESSED,
+        Kind::Counter,
+        "Cancels, by outcome (cancelled, firing, not_found, already_finished)",
+    ),
+    (
+        TIMERS_FAILED,
+        Kind::Counter,
+        "Timers given up after engine.max_attempts publishes (TimerFailed sent)",
+    ),
+    (
+        TIMERS_PURGED,
+        Kind::Counter,
+        "Finished timers deleted after engine.retention",
+    ),
+];
+
+/// Registers every description with the installed recorder.
+pub fn describe() {
+    for (name, kind, text) in ALL {
+        match kind {
+            Kind::Counter => ::metrics::describe_counter!(*name, *text),
+            Kind::Gauge => ::metrics::describe_gauge!(*name, *text),
+            Kind::Histogram => {
+                ::metrics::describe_histogram!(*name, ::metrics::Unit::Seconds, *text)
+            }
+        }
+    }
+}

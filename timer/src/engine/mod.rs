@@ -1,0 +1,177 @@
+//! The engine: an ingest task (commands → store → ack) and a firing task (claim → publish →
+//! settle), plus retention. Publish comes before settle: a crash between them repeats an event,
+//! it never loses one.
+//!
+//! - [`admit`]: the one entry for commands from either path: decode, limits, schedule, metrics;
+//! - [`group_commit`]: single schedules (HTTP) written together in one transaction;
+//! - [`ingest`]: the broker path, in batches, acknowledged after the store committed;
+//! - [`fire`]: claim due timers, publish their events within half the lease;
+//! - [`settle`]: what becomes of a claim after its publish (reached, next occurrence, retry,
+//!   failed);
+//! - [`retry`]: the backoff and the retry loop every task uses;
+//! - [`purge`]: deleting finished timers after `engine.retention`;
+//! - [`metrics`]: metric names and descriptions.
+
+mod admit;
+mod fire;
+mod group_commit;
+mod ingest;
+pub mod metrics;
+mod purge;
+pub mod retry;
+mod settle;
+
+use std::sync::atomic::{AtomicBool, AtomicI64};
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::{broadcast, Notify};
+use tokio_util::sync::CancellationToken;
+use tracing::error;
+
+use crate::broker::Broker;
+use crate::clock::Clock;
+use crate::config::{EngineConfig, Limits};
+use crate::store::Store;
+
+pub use admit::Scheduled;
+pub use retry::backoff;
+
+/// Metric names, as before the split (`timer_core::engine::metric::TIMERS_FIRED`).
+pub use self::metrics as metric;
+
+/// A `DueTimeReached` the broker confirmed, as the HTTP event stream shows it.
+#[derive(Debug, Clone)]
+pub struct FiredEvent {
+    pub tenant_id: String,
+    pub json: String,
+}
+
+/// Shared handle on a running engine: the HTTP API schedules through it and streams its events.
+#[derive(Clone)]
+pub struct Engine {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    store: Arc<dyn Store>,
+    broker: Arc<dyn Broker>,
+    clock: Arc<dyn Clock>,
+    config: EngineConfig,
+    limits: Limits,
+    owner: String,
+    /// Wakes the firing task early when a sooner timer arrives.
+    wake: Notify,
+    /// When the firing task plans to look next (ms); `i64::MAX` while it is busy or planning,
+    /// so every schedule wakes it then (a stored permit makes it plan again at once).
+    planned: AtomicI64,
+    fired: broadcast::Sender<Arc<FiredEvent>>,
+    /// Single schedules waiting to be written together ([`group_commit`]).
+    queue: Mutex<Vec<group_commit::Waiting>>,
+    /// Whether a flush task is writing `queue`.
+    flushing: AtomicBool,
+}
+
+impl Engine {
+    pub fn new(
+        store: Arc<dyn Store>,
+        broker: Arc<dyn Broker>,
+        clock: Arc<dyn Clock>,
+        config: EngineConfig,
+        limits: Limits,
+    ) -> Self {
+        let owner = if config.instance_id.is_empty() {
+            let id = uuid::Uuid::now_v7().simple().to_string();
+            format!("{}-{}", std::process::id(), &id[id.len() - 8..])
+        } else {
+            config.instance_id.clone()
+        };
+        // Room for a burst of fires while a watcher (event stream, bench) catches up.
+        let (fired, _) = broadcast::channel(65_536);
+        Engine {
+            inner: Arc::new(Inner {
+                store,
+                broker,
+                clock,
+                config,
+                limits,
+                owner,
+                wake: Notify::new(),
+                planned: AtomicI64::new(i64::MAX),
+                fired,
+                queue: Mutex::new(Vec::new()),
+                flushing: AtomicBool::new(false),
+            }),
+        }
+    }
+
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.inner.store
+    }
+
+    pub fn broker(&self) -> &Arc<dyn Broker> {
+        &self.inner.broker
+    }
+
+    pub fn clock(&self) -> &Arc<dyn Clock> {
+        &self.inner.clock
+    }
+
+    pub fn limits(&self) -> &Limits {
+        &self.inner.limits
+    }
+
+    /// The lease owner name of this instance.
+    pub fn instance_id(&self) -> &str {
+        &self.inner.owner
+    }
+
+    /// Events as they fire (after the broker confirmed them). Slow receivers lag and skip.
+    pub fn subscribe(&self) -> broadcast::Receiver<Arc<FiredEvent>> {
+        self.inner.fired.subscribe()
+    }
+
+    /// Starts the ingest, firing and purge tasks. The returned task ends once `shutdown` is
+    /// cancelled and all have stopped (claims finished or released). Aborting it aborts them
+    /// all at once, which is how tests simulate a crash.
+    pub fn start(&self, shutdown: CancellationToken) -> tokio::task::JoinHandle<()> {
+        let mut tasks = tokio::task::JoinSet::new();
+        tasks.spawn(self.clone().ingest_loop(shutdown.clone()));
+        tasks.spawn(self.clone().purge_loop(shutdown.clone()));
+        tasks.spawn(self.clone().fire_loop(shutdown));
+        tokio::spawn(async move {
+            while let Some(result) = tasks.join_next().await {
+                if let Err(e) = result {
+                    error!(error = %e, "engine task panicked");
+                }
+            }
+        })
+    }
+
+    /// How a task of this engine retries on the store.
+    fn store_retry<'a>(
+        &'a self,
+        shutdown: &'a CancellationToken,
+        what: &'static str,
+    ) -> retry::Retry<'a> {
+        retry::Retry {
+            config: &self.inner.config,
+            shutdown,
+            what,
+            plugin: ("store", self.inner.store.name()),
+            level: tracing::Level::WARN,
+            max_failures: None,
+        }
+    }
+
+    /// How a task of this engine retries on the broker.
+    fn broker_retry<'a>(
+        &'a self,
+        shutdown: &'a CancellationToken,
+        what: &'static str,
+    ) -> retry::Retry<'a> {
+        retry::Retry {
+            plugin: ("broker", self.inner.broker.name()),
+            ..self.store_retry(shutdown, what)
+        }
+    }
+}

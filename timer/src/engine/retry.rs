@@ -1,0 +1,157 @@
+//! Retrying: the backoff of failed publishes, and the one loop every engine task uses when the
+//! store or the broker fails (count the failures in a row, log, pause, try again).
+
+use std::future::Future;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+use tracing::{error, warn, Level};
+
+use crate::config::EngineConfig;
+use crate::error::{Error, Result};
+
+/// Exponential backoff: `retry_base * 2^(attempt-1)`, capped at `retry_max`.
+pub fn backoff(config: &EngineConfig, attempt: u32) -> Duration {
+    let exp = attempt.saturating_sub(1).min(30);
+    config
+        .retry_base
+        .saturating_mul(1u32 << exp)
+        .min(config.retry_max)
+}
+
+/// Shortens `delay` by a random share of up to `percent` percent.
+pub(super) fn jittered(delay: Duration, percent: u32) -> Duration {
+    let percent = u128::from(percent.min(100));
+    if percent == 0 {
+        return delay;
+    }
+    let cut = uuid::Uuid::new_v4().as_u128() % (percent + 1);
+    let ms = delay.as_millis() * (100 - cut) / 100;
+    Duration::from_millis(u64::try_from(ms).unwrap_or(u64::MAX))
+}
+
+/// Waits `d` unless shutdown comes first; false when shutting down.
+pub(super) async fn pause(shutdown: &CancellationToken, d: Duration) -> bool {
+    tokio::select! {
+        _ = shutdown.cancelled() => false,
+        _ = tokio::time::sleep(d) => true,
+    }
+}
+
+/// How one task retries an operation on the store or the broker.
+pub(super) struct Retry<'a> {
+    pub config: &'a EngineConfig,
+    pub shutdown: &'a CancellationToken,
+    /// What failed, for the log line: "claiming due timers failed; retrying".
+    pub what: &'static str,
+    /// Which plugin it asked (`store`/`broker` = its kind), for the log line.
+    pub plugin: (&'static str, &'static str),
+    /// `Level::ERROR` where a failure holds up acknowledged work, else `Level::WARN`.
+    pub level: Level,
+    /// Gives up after this many failures in a row (`None`: only shutdown stops it).
+    pub max_failures: Option<u32>,
+}
+
+impl Retry<'_> {
+    /// Runs `op` until it succeeds, pausing after each failure: the retry backoff, but never
+    /// longer than the poll interval, so a recovered server is used again promptly. `None`
+    /// when shutdown came first or `max_failures` was reached.
+    pub async fn until_ok<T, F, Fut>(&self, mut op: F) -> Option<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T>>,
+    {
+        let mut failures = 0u32;
+        loop {
+            if self.shutdown.is_cancelled() {
+                return None;
+            }
+            let e: Error = match op().await {
+                Ok(value) => return Some(value),
+                Err(e) => e,
+            };
+            failures += 1;
+            let (role, kind) = self.plugin;
+            if self.level == Level::ERROR {
+                error!(plugin = role, kind, failures, error = %e.chain(), "{} failed; retrying", self.what);
+            } else {
+                warn!(plugin = role, kind, failures, error = %e.chain(), "{} failed; retrying", self.what);
+            }
+            if self.max_failures.is_some_and(|max| failures >= max) {
+                return None;
+            }
+            let wait = backoff(self.config, failures).min(self.config.poll_interval);
+            if !pause(self.shutdown, wait).await {
+                return None;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_and_caps() {
+        let config = EngineConfig {
+            retry_base: Duration::from_millis(100),
+            retry_max: Duration::from_secs(1),
+            ..EngineConfig::default()
+        };
+        let got: Vec<u128> = (1..=6).map(|a| backoff(&config, a).as_millis()).collect();
+        assert_eq!(got, vec![100, 200, 400, 800, 1000, 1000]);
+        assert_eq!(backoff(&config, u32::MAX), Duration::from_secs(1));
+    }
+
+    #[test]
+    fn jitter_only_shortens_within_its_share() {
+        let d = Duration::from_millis(1_000);
+        assert_eq!(jittered(d, 0), d);
+        let got: Vec<Duration> = (0..200).map(|_| jittered(d, 20)).collect();
+        assert!(got
+            .iter()
+            .all(|g| *g >= Duration::from_millis(800) && *g <= d));
+        assert!(got.iter().any(|g| *g < d), "some delays are shortened");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn until_ok_retries_and_gives_up_or_stops() {
+        let config = EngineConfig::default();
+        let shutdown = CancellationToken::new();
+        let retry = Retry {
+            config: &config,
+            shutdown: &shutdown,
+            what: "testing",
+            plugin: ("store", "memory"),
+            level: Level::WARN,
+            max_failures: Some(3),
+        };
+        let mut calls = 0;
+        let got = retry
+            .until_ok(|| {
+                calls += 1;
+                let n = calls;
+                async move {
+                    if n < 3 {
+                        Err(Error::unavailable("down"))
+                    } else {
+                        Ok(n)
+                    }
+                }
+            })
+            .await;
+        assert_eq!(got, Some(3));
+        let mut calls = 0;
+        let got: Option<()> = retry
+            .until_ok(|| {
+                calls += 1;
+                async { Err(Error::unavailable("down")) }
+            })
+            .await;
+        assert_eq!((got, calls), (None, 3), "gives up after max_failures");
+        shutdown.cancel();
+        let got = retry.until_ok(|| async { Ok(1) }).await;
+        assert_eq!(got, None, "stops at shutdown");
+    }
+}
