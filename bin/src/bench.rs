@@ -38,13 +38,29 @@ pub enum Workload {
     All,
 }
 
+/// What `timer-service bench` measures, and how often.
+#[derive(Debug, clap::Args)]
 pub struct Options {
+    #[arg(long, value_enum, default_value = "all")]
     pub workload: Workload,
+    /// Timers per run.
+    #[arg(long, default_value_t = 10_000)]
     pub timers: usize,
+    /// Lateness workload: spread the due times over this long.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     pub over: Duration,
+    /// Runs per workload; the table shows the median.
+    #[arg(long, default_value_t = 3)]
     pub runs: usize,
+    /// Engines sharing the store (each with its own connection pool), as separate
+    /// instances would; for lateness and herd.
+    #[arg(long, default_value_t = 1)]
     pub instances: usize,
+    /// Pending (far-future) timers for the pending and restart workloads.
+    #[arg(long, default_value_t = 1_000_000)]
     pub pending: usize,
+    /// Machine-readable output.
+    #[arg(long)]
     pub json: bool,
 }
 

@@ -74,29 +74,7 @@ enum Command {
     /// Measure lateness, herd, ingest, pending and restart on the configured store and broker
     /// (in this process, on a fresh temp SQLite file or PostgreSQL schema and broker resources
     /// of its own, never the configured data).
-    Bench {
-        #[arg(long, value_enum, default_value = "all")]
-        workload: bench::Workload,
-        /// Timers per run.
-        #[arg(long, default_value_t = 10_000)]
-        timers: usize,
-        /// Lateness workload: spread the due times over this long.
-        #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
-        over: Duration,
-        /// Runs per workload; the table shows the median.
-        #[arg(long, default_value_t = 3)]
-        runs: usize,
-        /// Engines sharing the store (each with its own connection pool), as separate
-        /// instances would; for lateness and herd.
-        #[arg(long, default_value_t = 1)]
-        instances: usize,
-        /// Pending (far-future) timers for the pending and restart workloads.
-        #[arg(long, default_value_t = 1_000_000)]
-        pending: usize,
-        /// Machine-readable output.
-        #[arg(long)]
-        json: bool,
-    },
+    Bench(bench::Options),
     /// Feed generated inputs to the command decoder: every one must get a typed answer.
     Fuzz {
         /// How many inputs.
@@ -169,26 +147,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<()> {
     };
     match cli.command {
         Command::Run => run(config).await,
-        Command::Bench {
-            workload,
-            timers,
-            over,
-            runs,
-            instances,
-            pending,
-            json,
-        } => {
-            let options = bench::Options {
-                workload,
-                timers,
-                over,
-                runs,
-                instances,
-                pending,
-                json,
-            };
-            bench::run(config, options).await
-        }
+        Command::Bench(options) => bench::run(config, options).await,
         Command::Fuzz { inputs, seed } => fuzz::run(inputs, seed, &config.limits),
         Command::CheckConfig => {
             print!(
