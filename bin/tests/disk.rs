@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use libtest_mimic::Arguments;
 use serde_json::json;
-use timer_conformance::e2e::{count_by_key, Service};
+use timer_conformance::e2e::{count_by_key, now_ms, refused_to_run, run_ok, Service};
 use timer_conformance::server_trial;
 
 const BIN: &str = env!("CARGO_BIN_EXE_timer-service");
@@ -88,23 +88,13 @@ fn env(db_dir: &Path) -> Vec<(&'static str, String)> {
     ]
 }
 
-fn now_ms() -> i64 {
-    chrono::Utc::now().timestamp_millis()
-}
-
 /// Runs `mount ARGS` inside the service's mount namespace.
 async fn mount_in(service: &Service, args: &[&str]) {
-    let out = tokio::process::Command::new("nsenter")
+    let mut command = tokio::process::Command::new("nsenter");
+    command
         .args(["-t", &service.pid().to_string(), "-m", "mount"])
-        .args(args)
-        .output()
-        .await
-        .expect("nsenter");
-    assert!(
-        out.status.success(),
-        "mount {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+        .args(args);
+    run_ok(&mut command, format!("mount {args:?}")).await;
 }
 
 async fn full_disk() {
@@ -159,7 +149,7 @@ async fn full_disk() {
     let fired = events
         .wait(accepted.len(), Duration::from_secs(60))
         .await
-        .unwrap_or_else(|| panic!("accepted timers fire; log:\n{}", service.log_text()));
+        .unwrap_or_else(|| service.fail("accepted timers fire"));
     let counts = count_by_key(&fired);
     for id in &accepted {
         assert!(counts.contains_key(&format!("t/{id}")), "{id} fired");
@@ -194,28 +184,10 @@ async fn read_only() {
         ),
     )
     .expect("write launcher");
-    let mut command = tokio::process::Command::new("sh");
-    command
-        .arg(&script)
-        .current_dir(dir.path())
-        .env("TIMER_HTTP__ADDR", "127.0.0.1:0")
-        // A service that starts after all must not outlive the test.
-        .kill_on_drop(true);
-    for (k, v) in env(&db_dir) {
-        command.env(k, v);
-    }
-    let out = tokio::time::timeout(Duration::from_secs(60), command.output())
-        .await
-        .expect("exits within a minute")
-        .expect("run");
-    let err = String::from_utf8_lossy(&out.stderr).into_owned();
-    println!(
-        "read-only: exit {:?}: {}",
-        out.status.code(),
-        err.lines().last().unwrap_or_default()
-    );
-    assert_eq!(out.status.code(), Some(1), "refuses to run: {err}");
-    let last = err.lines().last().unwrap_or_default();
+    let script = script.display().to_string();
+    let exit = refused_to_run(Path::new("sh"), &[&script], dir.path(), &env(&db_dir)).await;
+    let (err, last) = (&exit.stderr, exit.last_line());
+    println!("read-only: {last}");
     assert!(
         last.starts_with("error: sqlite store: cannot open database file")
             && last.contains(&db_dir.join("timers.db").display().to_string()),

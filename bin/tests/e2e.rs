@@ -6,9 +6,12 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use serde_json::{json, Value};
-use timer_conformance::e2e::{count_by_key, percentiles, Service};
+use timer_conformance::e2e::{
+    assert_reached, count_by_key, drained, due_ms, lateness_ms, now_ms, percentiles, run_to_end,
+    schedule as command, Service,
+};
 use timer_conformance::wait_for;
-use timer_core::{Store, TimerKey, TimerState};
+use timer_core::{Store, TimerKey};
 use timer_stores::sqlite::{SqliteConfig, SqliteStore};
 
 const BIN: &str = env!("CARGO_BIN_EXE_timer-service");
@@ -24,14 +27,6 @@ fn embedded(dir: &Path, extra: &[(&'static str, &str)]) -> Vec<(&'static str, St
     ];
     env.extend(extra.iter().map(|(k, v)| (*k, v.to_string())));
     env
-}
-
-fn now_ms() -> i64 {
-    chrono::Utc::now().timestamp_millis()
-}
-
-fn command(tenant: &str, id: &str, due_ms: i64) -> String {
-    json!({ "tenantId": tenant, "serviceCallId": id, "dueTimeMs": due_ms }).to_string()
 }
 
 /// POSTs every command to `path` with bounded concurrency; returns the status codes.
@@ -61,13 +56,7 @@ async fn thousand_timers_over_http_fire_once_each_on_time() {
     let got = events
         .wait(1000, Duration::from_secs(60))
         .await
-        .unwrap_or_else(|| {
-            panic!(
-                "only {} of 1000 events arrived; log:\n{}",
-                events.len(),
-                service.log_text()
-            )
-        });
+        .unwrap_or_else(|| service.fail(format!("only {} of 1000 events arrived", events.len())));
     let counts = count_by_key(&got);
     assert_eq!(counts.len(), 1000, "every timer fired");
     assert!(counts.values().all(|n| *n == 1), "each exactly once");
@@ -75,14 +64,16 @@ async fn thousand_timers_over_http_fire_once_each_on_time() {
     let mut service_late = Vec::new();
     let mut client_late = Vec::new();
     for e in &got {
-        let due = chrono::DateTime::parse_from_rfc3339(
-            e.envelope["payload"]["dueAt"].as_str().expect("dueAt"),
-        )
-        .expect("rfc3339")
-        .timestamp_millis();
-        let reached = e.envelope["timestampMs"].as_i64().expect("timestampMs");
-        assert!(reached >= due, "never fired early: {}", e.envelope);
-        service_late.push(reached - due);
+        let due = due_ms(&e.envelope);
+        assert!(due > 0, "dueAt: {}", e.envelope);
+        assert!(
+            e.envelope["timestampMs"].is_i64(),
+            "timestampMs: {}",
+            e.envelope
+        );
+        let late = lateness_ms(&e.envelope);
+        assert!(late >= 0, "never fired early: {}", e.envelope);
+        service_late.push(late);
         client_late.push(e.at_ms - due);
     }
     let (p50, p99, max) = percentiles(service_late);
@@ -121,7 +112,7 @@ async fn kill9_during_firing_then_restart_fires_every_timer() {
     events
         .wait(1000, Duration::from_secs(60))
         .await
-        .unwrap_or_else(|| panic!("firing never started; log:\n{}", service.log_text()));
+        .unwrap_or_else(|| service.fail("firing never started"));
     service.kill9().await;
 
     let db = dir.path().join("timers.db");
@@ -143,29 +134,14 @@ async fn kill9_during_firing_then_restart_fires_every_timer() {
     let store = SqliteStore::open(&SqliteConfig::for_path(&db))
         .await
         .expect("open the file");
-    let done = wait_for(Duration::from_secs(120), || async {
-        (store.scheduled_count().await.ok()? == 0).then_some(())
-    })
-    .await;
-    assert!(
-        done.is_some(),
-        "all timers fired after the restart; log:\n{}",
-        service.log_text()
-    );
-    assert_eq!(service.terminate().await, Some(0));
-    // Reached means the broker confirmed the publish first (publish, then mark).
-    let mut reached = 0;
-    for i in 0..N {
-        let key = TimerKey::new(format!("tenant-{}", i % 10), format!("k{i:05}"));
-        let t = store.get(&key).await.expect("get").expect("row exists");
-        assert_eq!(t.state, TimerState::Reached, "{key}");
-        assert!(
-            t.reached_at.expect("reached_at") >= t.due_at,
-            "{key} not fired early"
-        );
-        reached += 1;
+    if !drained(&store, Duration::from_secs(120)).await {
+        service.fail("all timers fired after the restart");
     }
-    assert_eq!(reached, N);
+    assert_eq!(service.terminate().await, Some(0));
+    let keys: Vec<TimerKey> = (0..N)
+        .map(|i| TimerKey::new(format!("tenant-{}", i % 10), format!("k{i:05}")))
+        .collect();
+    assert_reached(&store, &keys).await;
     let dupes: usize = count_by_key(&events.snapshot())
         .values()
         .filter(|n| **n > 1)
@@ -236,15 +212,7 @@ async fn bad_input_over_http_is_a_400_naming_the_field() {
         .post("/v1/timers", command("t", "fine", now_ms()))
         .await;
     assert_eq!(status, 201, "{v}");
-    let metrics = service
-        .http
-        .get(format!("{}/metrics", service.base))
-        .send()
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("text");
+    let metrics = service.text("/metrics").await;
     assert!(
         metrics.contains("timer_commands_rejected{reason=\"invalid_time\"} 2"),
         "{metrics}"
@@ -269,53 +237,6 @@ async fn oversized_post_status(service: &Service) -> u16 {
         .nth(1)
         .and_then(|c| c.parse().ok())
         .unwrap_or_else(|| panic!("no status in {line:?}"))
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn bad_input_on_the_broker_path_is_dead_lettered_and_the_stream_continues() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let service = Service::start(Path::new(BIN), dir.path(), &embedded(dir.path(), &[])).await;
-    let events = service.events().await;
-    let bad = [
-        ("{not json", "invalid_json"),
-        (
-            r#"{"tenantId":"t","dueTimeMs":1}"#,
-            "serviceCallId (missing_field)",
-        ),
-        (r#"{"type":"Nope","tenantId":"t"}"#, "type (unknown_type)"),
-        (
-            r#"{"tenantId":"t","serviceCallId":"c","dueAt":"yesterday"}"#,
-            "dueAt (invalid_time)",
-        ),
-    ];
-    for (body, _) in bad {
-        let (status, v) = service.post("/v1/commands", body).await;
-        assert_eq!(status, 202, "{v}");
-    }
-    let (status, _) = service
-        .post("/v1/commands", command("t", "after-bad", now_ms()))
-        .await;
-    assert_eq!(status, 202);
-    let fired = events
-        .wait(1, Duration::from_secs(30))
-        .await
-        .expect("the good command fired");
-    assert_eq!(fired[0].envelope["aggregateId"], "after-bad");
-    let letters = wait_for(Duration::from_secs(30), || async {
-        let (_, v) = service.get("/v1/dead-letters").await;
-        let list = v["deadLetters"].as_array()?.clone();
-        (list.len() >= bad.len()).then_some(list)
-    })
-    .await
-    .expect("dead letters listed");
-    for (body, reason) in bad {
-        assert!(
-            letters.iter().any(|l| l["body"] == body
-                && l["reason"].as_str().is_some_and(|r| r.starts_with(reason))),
-            "{body} dead-lettered with {reason}: {letters:?}"
-        );
-    }
-    service.terminate().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -418,17 +339,7 @@ async fn cron_timer_over_http_and_cancel_on_the_broker_path() {
         .wait(3, Duration::from_secs(30))
         .await
         .expect("three occurrences");
-    let dues: Vec<i64> = fired
-        .iter()
-        .take(3)
-        .map(|e| {
-            chrono::DateTime::parse_from_rfc3339(
-                e.envelope["payload"]["dueAt"].as_str().unwrap_or(""),
-            )
-            .map(|d| d.timestamp_millis())
-            .unwrap_or(0)
-        })
-        .collect();
+    let dues: Vec<i64> = fired.iter().take(3).map(|e| due_ms(&e.envelope)).collect();
     // One per second; a fire more than a second late (a loaded box) skips to the next second.
     for pair in dues.windows(2) {
         let gap = pair[1] - pair[0];
@@ -462,15 +373,7 @@ async fn cron_timer_over_http_and_cancel_on_the_broker_path() {
     })
     .await;
     assert!(more.is_none(), "no occurrences after the cancel");
-    let metrics = service
-        .http
-        .get(format!("{}/metrics", service.base))
-        .send()
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("text");
+    let metrics = service.text("/metrics").await;
     assert!(
         metrics.contains("timer_cancels_processed") && metrics.contains("outcome=\"cancelled\""),
         "{metrics}"
@@ -517,17 +420,8 @@ async fn a_tenant_over_its_pending_limit_gets_429_and_others_do_not() {
 
 /// Runs the binary with `args` and env; returns (exit code, stdout, stderr).
 async fn run_cli(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
-    let mut cmd = tokio::process::Command::new(BIN);
-    cmd.args(args).current_dir(dir);
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    let out = cmd.output().await.expect("run timer-service");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    let exit = run_to_end(Path::new(BIN), dir, args, env, Duration::from_secs(600)).await;
+    (exit.code.unwrap_or(-1), exit.stdout, exit.stderr)
 }
 
 #[tokio::test]
@@ -629,66 +523,40 @@ async fn cli_client_schedules_gets_and_cancels() {
     let dir = tempfile::tempdir().expect("tempdir");
     let service = Service::start(Path::new(BIN), dir.path(), &embedded(dir.path(), &[])).await;
     let url = service.base.clone();
-    let (code, out, err) = run_cli(
-        dir.path(),
-        &[
-            "schedule",
-            "--tenant",
-            "acme",
-            "--id",
-            "cli-1",
-            "--in",
-            "1h",
-            "--payload",
-            r#"{"a":1}"#,
-            "--url",
-            &url,
-        ],
-        &[],
+    // `timer-service VERB --tenant acme --id ID ARGS...`.
+    let cli = |verb: &'static str, id: &'static str, args: Vec<&str>| {
+        let mut all = vec![verb, "--tenant", "acme", "--id", id];
+        all.extend(args);
+        let all: Vec<String> = all.into_iter().map(str::to_owned).collect();
+        let dir = dir.path().to_owned();
+        async move {
+            let all: Vec<&str> = all.iter().map(String::as_str).collect();
+            run_cli(&dir, &all, &[]).await
+        }
+    };
+    let (code, out, err) = cli(
+        "schedule",
+        "cli-1",
+        vec!["--in", "1h", "--payload", r#"{"a":1}"#, "--url", &url],
     )
     .await;
     assert_eq!(code, 0, "{err}");
     let v: Value = serde_json::from_str(&out).expect("json output");
     assert_eq!(v["outcome"], "created");
     assert_eq!(v["timer"]["payload"]["a"], 1);
-    let (code, out, _) = run_cli(
-        dir.path(),
-        &["get", "--tenant", "acme", "--id", "cli-1", "--url", &url],
-        &[],
-    )
-    .await;
+    let (code, out, _) = cli("get", "cli-1", vec!["--url", &url]).await;
     assert_eq!(code, 0);
     assert!(out.contains("\"Scheduled\""), "{out}");
-    let (code, out, _) = run_cli(
-        dir.path(),
-        &["cancel", "--tenant", "acme", "--id", "cli-1", "--url", &url],
-        &[],
-    )
-    .await;
+    let (code, out, _) = cli("cancel", "cli-1", vec!["--url", &url]).await;
     assert_eq!(code, 0);
     assert!(out.contains("cancelled"), "{out}");
-    let (code, _, err) = run_cli(
-        dir.path(),
-        &["get", "--tenant", "acme", "--id", "missing", "--url", &url],
-        &[],
-    )
-    .await;
+    let (code, _, err) = cli("get", "missing", vec!["--url", &url]).await;
     assert_eq!(code, 1);
     assert!(err.contains("404"), "{err}");
-    let (code, _, err) = run_cli(
-        dir.path(),
-        &[
-            "schedule",
-            "--tenant",
-            "acme",
-            "--id",
-            "x",
-            "--in",
-            "1s",
-            "--url",
-            "http://127.0.0.1:9",
-        ],
-        &[],
+    let (code, _, err) = cli(
+        "schedule",
+        "x",
+        vec!["--in", "1s", "--url", "http://127.0.0.1:9"],
     )
     .await;
     assert_eq!(code, 1);
@@ -697,6 +565,14 @@ async fn cli_client_schedules_gets_and_cancels() {
         "{err}"
     );
     service.terminate().await;
+}
+
+/// The median of `metric` (of `workload`, when given) among `bench --json` figures.
+fn median(figures: &[Value], workload: Option<&str>, metric: &str) -> Option<f64> {
+    figures
+        .iter()
+        .find(|f| workload.is_none_or(|w| f["workload"] == w) && f["metric"] == metric)
+        .and_then(|f| f["median"].as_f64())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -714,10 +590,7 @@ async fn bench_runs_every_workload_at_a_tiny_size() {
         assert_eq!(code, 0, "{store}: {err}");
         let figures: Vec<Value> = serde_json::from_str(&out).expect("bench --json prints JSON");
         let get = |workload: &str, metric: &str| {
-            figures
-                .iter()
-                .find(|f| f["workload"] == workload && f["metric"] == metric)
-                .and_then(|f| f["median"].as_f64())
+            median(&figures, Some(workload), metric)
                 .unwrap_or_else(|| panic!("{store}: no {workload}/{metric} in {out}"))
         };
         assert_eq!(get("lateness", "missing"), 0.0, "{store}");
@@ -753,12 +626,7 @@ async fn bench_runs_every_workload_at_a_tiny_size() {
         .await;
         assert_eq!(code, 0, "{workload}: {err}");
         let figures: Vec<Value> = serde_json::from_str(&out).expect("JSON");
-        let metric = |name: &str| {
-            figures
-                .iter()
-                .find(|f| f["metric"] == name)
-                .and_then(|f| f["median"].as_f64())
-        };
+        let metric = |name: &str| median(&figures, None, name);
         assert_eq!(metric("pending timers"), Some(500.0), "{out}");
         if workload == "pending" {
             assert_eq!(metric("missing"), Some(0.0), "{out}");
@@ -823,22 +691,13 @@ async fn http_token_guards_the_api_but_not_health_and_never_leaks() {
         401,
         "reads are guarded too"
     );
-    let events = service
-        .http
-        .get(format!("{}/v1/events", service.base))
-        .send()
-        .await
-        .expect("events");
-    assert_eq!(events.status().as_u16(), 401, "the event stream too");
+    assert_eq!(
+        service.get("/v1/events").await.0,
+        401,
+        "the event stream too"
+    );
     for open in ["/healthz", "/readyz", "/metrics"] {
-        let status = service
-            .http
-            .get(format!("{}{open}", service.base))
-            .send()
-            .await
-            .expect("get")
-            .status();
-        assert_eq!(status.as_u16(), 200, "{open} stays open");
+        assert_eq!(service.get(open).await.0, 200, "{open} stays open");
     }
     // The CLI sends the configured token.
     let (code, out, err) = run_cli(

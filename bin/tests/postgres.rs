@@ -10,19 +10,20 @@ use std::path::Path;
 use std::time::Duration;
 
 use libtest_mimic::Arguments;
-use timer_conformance::e2e::{count_by_key, percentiles, EventLog, Service};
-use timer_conformance::fixtures::POSTGRES_URL_VAR;
+use timer_conformance::e2e::{
+    assert_reached, count_by_key, drained, free_addr, lateness_ms, new_timers, now_ms, percentiles,
+    refused_to_run, signal, store_timers, EventLog, Service,
+};
 use timer_conformance::{server_trial, wait_for};
-use timer_core::{NewTimer, Store, TimerKey, TimerState, Timestamp};
-use timer_stores::postgres::{PostgresConfig, PostgresStore};
+use timer_core::plugin::fresh_name;
+use timer_core::{NewTimer, Store, Timestamp};
+use timer_stores::postgres::{PostgresConfig, PostgresStore, PLUGIN, TEST_SERVER};
 
 const BIN: &str = env!("CARGO_BIN_EXE_timer-service");
 
 fn main() {
     let args = Arguments::from_args();
-    let missing = std::env::var(POSTGRES_URL_VAR)
-        .is_err()
-        .then(|| format!("{POSTGRES_URL_VAR} is not set (bash scripts/test.sh starts PostgreSQL)"));
+    let missing = PLUGIN.unavailable();
     let trials = vec![
         server_trial(
             "postgres::notify_reaches_another_store_handle",
@@ -55,10 +56,11 @@ fn main() {
 
 /// The test server with a schema of this test's own.
 fn schema_config() -> PostgresConfig {
-    let id = uuid::Uuid::new_v4().simple().to_string();
     PostgresConfig {
-        url: std::env::var(POSTGRES_URL_VAR).expect("TIMER_TEST_POSTGRES_URL is set"),
-        schema: format!("e_{}", &id[..16]),
+        url: TEST_SERVER
+            .address()
+            .expect("TIMER_TEST_POSTGRES_URL is set"),
+        schema: fresh_name("e_"),
         ..PostgresConfig::default()
     }
 }
@@ -74,20 +76,9 @@ fn env_for(config: &PostgresConfig, extra: &[(&'static str, &str)]) -> Vec<(&'st
     env
 }
 
-fn now_ms() -> i64 {
-    chrono::Utc::now().timestamp_millis()
-}
-
+/// `n` timers of ten tenants, due evenly over `spread_ms` from `due_from`.
 fn timers(prefix: &str, n: usize, due_from: i64, spread_ms: i64) -> Vec<NewTimer> {
-    (0..n)
-        .map(|i| NewTimer {
-            key: TimerKey::new(format!("tenant-{}", i % 10), format!("{prefix}{i:05}")),
-            due_at: Timestamp::from_millis(due_from + (i as i64 * spread_ms) / n as i64),
-            correlation_id: None,
-            payload: None,
-            recurrence: None,
-        })
-        .collect()
+    new_timers(prefix, n, 10, due_from, spread_ms)
 }
 
 /// Events of several streams together.
@@ -134,13 +125,7 @@ async fn three_instances_fire_20k_timers_once() {
         logs.push(s.events().await);
     }
     let due_from = now_ms() + 3_000;
-    store
-        .schedule(
-            &timers("k", N, due_from, 5_000),
-            Timestamp::from_millis(now_ms()),
-        )
-        .await
-        .expect("schedule 20k");
+    store_timers(&store, &timers("k", N, due_from, 5_000)).await;
     let refs: Vec<&EventLog> = logs.iter().collect();
     let done = wait_for(Duration::from_secs(120), || async {
         let events = all_events(&refs);
@@ -158,17 +143,7 @@ async fn three_instances_fire_20k_timers_once() {
     assert!(twice.is_empty(), "no timer fired twice, got {twice:?}");
     assert_eq!(counts.len(), N);
     let per_instance: Vec<usize> = logs.iter().map(|l| l.len()).collect();
-    let late: Vec<i64> = events
-        .iter()
-        .map(|e| {
-            let due = chrono::DateTime::parse_from_rfc3339(
-                e.envelope["payload"]["dueAt"].as_str().unwrap_or_default(),
-            )
-            .map(|d| d.timestamp_millis())
-            .unwrap_or(0);
-            e.envelope["timestampMs"].as_i64().unwrap_or(0) - due
-        })
-        .collect();
+    let late: Vec<i64> = events.iter().map(|e| lateness_ms(&e.envelope)).collect();
     let (p50, p99, max) = percentiles(late);
     println!("3 instances, {N} timers over 5 s: per instance {per_instance:?}; lateness ms p50 {p50} p99 {p99} max {max}");
     assert_eq!(store.scheduled_count().await.expect("pending"), 0);
@@ -192,13 +167,8 @@ async fn killed_instance_timers_fired_by_the_others() {
     let mut services = start_instances(dir.path(), &env, 3).await;
     let victim_log = services[0].events().await;
     let due_from = now_ms() + 2_000;
-    store
-        .schedule(
-            &timers("v", N, due_from, 5_000),
-            Timestamp::from_millis(now_ms()),
-        )
-        .await
-        .expect("schedule");
+    let all = timers("v", N, due_from, 5_000);
+    store_timers(&store, &all).await;
     // Kill one instance while it holds leases: freeze it (SIGSTOP) the moment it holds some,
     // check it still does (a mark may have landed meanwhile), then SIGKILL it.
     victim_log
@@ -240,19 +210,12 @@ async fn killed_instance_timers_fired_by_the_others() {
         "killed instance pid {victim_pid} holding {leased_by_victim} leases, after it fired {} events",
         victim_log.len()
     );
-    let done = wait_for(Duration::from_secs(120), || async {
-        (store.scheduled_count().await.ok()? == 0).then_some(())
-    })
-    .await;
     assert!(
-        done.is_some(),
+        drained(&store, Duration::from_secs(120)).await,
         "every timer fired after the kill ({} pending)",
         store.scheduled_count().await.unwrap_or(0)
     );
-    for t in &timers("v", N, due_from, 5_000) {
-        let row = store.get(&t.key).await.expect("get").expect("row");
-        assert_eq!(row.state, TimerState::Reached, "{}", t.key);
-    }
+    assert_reached(&store, all.iter().map(|t| &t.key)).await;
     assert_eq!(
         leased(victim_pid).await,
         0,
@@ -279,12 +242,7 @@ async fn notify_wakes_another_instance() {
     let got = events
         .wait(1, Duration::from_secs(10))
         .await
-        .unwrap_or_else(|| {
-            panic!(
-                "B did not fire it within 10 s (poll interval 60 s); log:\n{}",
-                b.log_text()
-            )
-        });
+        .unwrap_or_else(|| b.fail("B did not fire it within 10 s (poll interval 60 s)"));
     assert_eq!(got[0].envelope["aggregateId"], "w");
     let late = got[0].envelope["timestampMs"].as_i64().unwrap_or(0) - due;
     println!("fired by the other instance {late} ms after due");
@@ -301,16 +259,6 @@ async fn kill_now(a: &Service) {
     signal(a.pid(), "-KILL").await;
 }
 
-/// Sends a signal to the process we started, by its pid.
-async fn signal(pid: u32, signal: &str) {
-    let status = tokio::process::Command::new("kill")
-        .args([signal, &pid.to_string()])
-        .status()
-        .await
-        .expect("kill");
-    assert!(status.success(), "kill {signal} {pid}");
-}
-
 async fn wrong_password_or_port_is_a_one_line_error() {
     let dir = tempfile::tempdir().expect("tempdir");
     let config = schema_config();
@@ -321,26 +269,21 @@ async fn wrong_password_or_port_is_a_one_line_error() {
         (
             format!(
                 "postgres://postgres:x@127.0.0.1:{}/test",
-                timer_conformance::e2e::free_addr().port()
+                free_addr().port()
             ),
             "refused",
         ),
     ];
     let mut outputs = HashMap::new();
     for (url, cause) in cases {
-        let out = tokio::process::Command::new(BIN)
-            .arg("run")
-            .current_dir(dir.path())
-            .env("TIMER_STORE__KIND", "postgres")
-            .env("TIMER_STORE__URL", &url)
-            .env("TIMER_STORE__CONNECT_TIMEOUT", "3s")
-            .env("TIMER_HTTP__ADDR", "127.0.0.1:0")
-            .output()
-            .await
-            .expect("run");
-        let err = String::from_utf8_lossy(&out.stderr).into_owned();
-        assert_eq!(out.status.code(), Some(1), "{err}");
-        let last = err.lines().last().unwrap_or_default().to_string();
+        let env = [
+            ("TIMER_STORE__KIND", "postgres".to_owned()),
+            ("TIMER_STORE__URL", url),
+            ("TIMER_STORE__CONNECT_TIMEOUT", "3s".to_owned()),
+        ];
+        let exit = refused_to_run(Path::new(BIN), &["run"], dir.path(), &env).await;
+        let err = &exit.stderr;
+        let last = exit.last_line().to_owned();
         assert!(
             last.starts_with("error: postgres store: cannot connect to 127.0.0.1:"),
             "{err}"

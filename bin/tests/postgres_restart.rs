@@ -7,21 +7,19 @@ use std::path::Path;
 use std::time::Duration;
 
 use libtest_mimic::Arguments;
-use timer_conformance::e2e::{count_by_key, ScriptedServer, Service};
-use timer_conformance::fixtures::POSTGRES_URL_VAR;
+use timer_conformance::e2e::{
+    assert_reached, count_by_key, drained, new_timers, now_ms, store_timers, ScriptedServer,
+    Service,
+};
 use timer_conformance::{server_trial, wait_for};
-use timer_core::{NewTimer, Store, TimerKey, TimerState, Timestamp};
-use timer_stores::postgres::{PostgresConfig, PostgresStore};
+use timer_core::plugin::fresh_name;
+use timer_stores::postgres::{PostgresConfig, PostgresStore, TEST_SERVER};
 
 const BIN: &str = env!("CARGO_BIN_EXE_timer-service");
-const DIR_VAR: &str = "TIMER_TEST_POSTGRES_DIR";
 
 fn main() {
     let args = Arguments::from_args();
-    let missing = [POSTGRES_URL_VAR, DIR_VAR]
-        .iter()
-        .find(|v| std::env::var(v).is_err())
-        .map(|v| format!("{v} is not set (bash scripts/test.sh starts PostgreSQL)"));
+    let missing = ScriptedServer::of(&TEST_SERVER).err();
     let trials = vec![server_trial(
         "postgres::restart_under_load_loses_nothing",
         missing,
@@ -30,25 +28,16 @@ fn main() {
     libtest_mimic::run(&args, trials).exit();
 }
 
-fn now_ms() -> i64 {
-    chrono::Utc::now().timestamp_millis()
-}
-
 async fn readyz(service: &Service) -> u16 {
     service.get("/readyz").await.0
 }
 
 async fn restart_under_load_loses_nothing() {
     const N: usize = 3_000;
-    let url = std::env::var(POSTGRES_URL_VAR).expect("url");
-    let port = url::Url::parse(&url)
-        .ok()
-        .and_then(|u| u.port())
-        .unwrap_or(5432);
-    let id = uuid::Uuid::new_v4().simple().to_string();
+    let url = TEST_SERVER.address().expect("url");
     let config = PostgresConfig {
         url: url.clone(),
-        schema: format!("r_{}", &id[..16]),
+        schema: fresh_name("r_"),
         ..PostgresConfig::default()
     };
     let store = PostgresStore::open(&config).await.expect("open");
@@ -64,27 +53,14 @@ async fn restart_under_load_loses_nothing() {
     ];
     let service = Service::start(Path::new(BIN), dir.path(), &env).await;
     let events = service.events().await;
-    let due_from = now_ms() + 1_000;
-    let timers: Vec<NewTimer> = (0..N)
-        .map(|i| NewTimer {
-            key: TimerKey::new("t", format!("r{i:05}")),
-            due_at: Timestamp::from_millis(due_from + (i as i64 * 8_000) / N as i64),
-            correlation_id: None,
-            payload: None,
-            recurrence: None,
-        })
-        .collect();
-    store
-        .schedule(&timers, Timestamp::from_millis(now_ms()))
-        .await
-        .expect("schedule");
+    let timers = new_timers("r", N, 1, now_ms() + 1_000, 8_000);
+    store_timers(&store, &timers).await;
     events
         .wait(100, Duration::from_secs(30))
         .await
         .expect("firing started");
 
-    let dir = std::env::var(DIR_VAR).expect("TIMER_TEST_POSTGRES_DIR");
-    let server = ScriptedServer::new("postgres", dir, "PG_PORT", port);
+    let server = ScriptedServer::of(&TEST_SERVER).expect("the PostgreSQL test server");
     server.run("stop").await;
     // Whatever happens next, the server is running again for the test binaries after this one.
     let _restart = server.restart_guard();
@@ -108,19 +84,12 @@ async fn restart_under_load_loses_nothing() {
         service.log_text()
     );
 
-    let done = wait_for(Duration::from_secs(120), || async {
-        (store.scheduled_count().await.ok()? == 0).then_some(())
-    })
-    .await;
     assert!(
-        done.is_some(),
+        drained(&store, Duration::from_secs(120)).await,
         "every timer fired after the restart; log:\n{}",
         service.log_text()
     );
-    for t in &timers {
-        let row = store.get(&t.key).await.expect("get").expect("row");
-        assert_eq!(row.state, TimerState::Reached, "{}", t.key);
-    }
+    assert_reached(&store, timers.iter().map(|t| &t.key)).await;
     let counts = count_by_key(&events.snapshot());
     let seen = counts.len();
     let repeated = counts.values().filter(|n| **n > 1).count();

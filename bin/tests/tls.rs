@@ -19,24 +19,25 @@ use libtest_mimic::Arguments;
 use sqlx::Connection;
 use timer_brokers::nats::{NatsBroker, NatsConfig};
 use timer_brokers::rabbitmq::{RabbitmqBroker, RabbitmqConfig};
-use timer_conformance::e2e::{free_addr, Service};
-use timer_conformance::fixtures::POSTGRES_URL_VAR;
+use timer_conformance::e2e::{free_addr, missing_var, refused_to_run, run_ok, Service};
 use timer_conformance::{server_trial, wait_for};
+use timer_core::plugin::BrokerConfig;
 use timer_core::Broker;
+use timer_stores::postgres::TEST_SERVER as POSTGRES;
 
 const BIN: &str = env!("CARGO_BIN_EXE_timer-service");
 const CA_VAR: &str = "TIMER_TEST_POSTGRES_CA";
 
 fn main() {
     let args = Arguments::from_args();
-    let pg_missing = [POSTGRES_URL_VAR, CA_VAR]
-        .iter()
-        .find(|v| std::env::var(v).is_err())
-        .map(|v| format!("{v} is not set (bash scripts/test.sh starts PostgreSQL with TLS)"));
-    let rabbit_missing = ["TIMER_TEST_RABBITMQ_TLS_URL", "TIMER_TEST_RABBITMQ_CA"]
-        .iter()
-        .find(|v| std::env::var(v).is_err())
-        .map(|v| format!("{v} is not set (bash scripts/test.sh starts RabbitMQ with amqps)"));
+    let pg_missing = missing_var(
+        &[POSTGRES.address_env, CA_VAR],
+        "bash scripts/test.sh starts PostgreSQL with TLS",
+    );
+    let rabbit_missing = missing_var(
+        &["TIMER_TEST_RABBITMQ_TLS_URL", "TIMER_TEST_RABBITMQ_CA"],
+        "bash scripts/test.sh starts RabbitMQ with amqps",
+    );
     let nats_missing = which("nats-server")
         .is_none()
         .then(|| "nats-server is not installed (bash scripts/test.sh installs it)".to_owned());
@@ -73,29 +74,37 @@ fn which(program: &str) -> Option<PathBuf> {
     })
 }
 
+/// `config` on fresh resources of its own (streams, queues) on the same server.
+fn isolated<C: BrokerConfig + Clone>(config: C) -> C {
+    let fresh = config.isolated("tls").expect("fresh names");
+    fresh
+        .config
+        .as_any()
+        .downcast_ref::<C>()
+        .expect("the same kind of config")
+        .clone()
+}
+
+/// The error of a connect with a CA that did not sign the server's certificate.
+fn refused<T>(connect: timer_core::Result<T>) -> timer_core::Error {
+    match connect {
+        Ok(_) => panic!("a certificate from an unknown CA must be refused"),
+        Err(e) => e,
+    }
+}
+
 /// A CA and a server certificate for 127.0.0.1 in `dir` (`scripts/servers/tls.sh`).
 async fn make_certificates(dir: &Path) {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/servers/tls.sh");
-    let out = tokio::process::Command::new("bash")
-        .arg(script)
-        .arg(dir)
-        .output()
-        .await
-        .expect("run tls.sh");
-    assert!(
-        out.status.success(),
-        "tls.sh: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let mut command = tokio::process::Command::new("bash");
+    command.arg(script).arg(dir);
+    run_ok(&mut command, "tls.sh").await;
 }
 
 fn postgres_env(schema: &str, root_cert: &Path) -> Vec<(&'static str, String)> {
     vec![
         ("TIMER_STORE__KIND", "postgres".into()),
-        (
-            "TIMER_STORE__URL",
-            std::env::var(POSTGRES_URL_VAR).unwrap_or_default(),
-        ),
+        ("TIMER_STORE__URL", POSTGRES.address().unwrap_or_default()),
         ("TIMER_STORE__SCHEMA", schema.into()),
         ("TIMER_STORE__SSL_MODE", "verify-full".into()),
         (
@@ -119,7 +128,7 @@ async fn tls_connections(admin: &mut sqlx::PgConnection) -> i64 {
 
 async fn postgres_verify_full_connects_over_tls() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let url = std::env::var(POSTGRES_URL_VAR).expect("url");
+    let url = POSTGRES.address().expect("url");
     // This connection itself stays in plain text, so it does not count.
     let mut admin = sqlx::PgConnection::connect(&format!("{url}?sslmode=disable"))
         .await
@@ -146,24 +155,11 @@ async fn postgres_with_another_ca_refuses() {
     let dir = tempfile::tempdir().expect("tempdir");
     let other = dir.path().join("other-ca");
     make_certificates(&other).await;
-    let mut command = tokio::process::Command::new(BIN);
-    command
-        .arg("run")
-        .current_dir(dir.path())
-        .env("TIMER_HTTP__ADDR", "127.0.0.1:0")
-        .env("TIMER_STORE__CONNECT_TIMEOUT", "5s")
-        // A service that starts after all must not outlive the test.
-        .kill_on_drop(true);
-    for (k, v) in postgres_env("tls_refused", &other.join("ca.pem")) {
-        command.env(k, v);
-    }
-    let out = tokio::time::timeout(Duration::from_secs(60), command.output())
-        .await
-        .expect("exits within a minute")
-        .expect("run");
-    let err = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert_eq!(out.status.code(), Some(1), "{err}");
-    let last = err.lines().last().unwrap_or_default().to_lowercase();
+    let mut env = postgres_env("tls_refused", &other.join("ca.pem"));
+    env.push(("TIMER_STORE__CONNECT_TIMEOUT", "5s".into()));
+    let exit = refused_to_run(Path::new(BIN), &["run"], dir.path(), &env).await;
+    let err = &exit.stderr;
+    let last = exit.last_line().to_lowercase();
     assert!(
         last.starts_with("error: postgres store") && last.contains("certificate"),
         "names the certificate problem: {err}"
@@ -200,20 +196,12 @@ async fn nats_tls_is_honoured() {
     })
     .await;
     assert!(up.is_some(), "nats-server with TLS listens");
-    let id = &uuid::Uuid::new_v4().simple().to_string()[..12];
-    let config = NatsConfig {
+    let config: NatsConfig = isolated(NatsConfig {
         url: format!("tls://127.0.0.1:{port}"),
         tls_root_cert: Some(tls.join("ca.pem")),
         connect_timeout: Duration::from_secs(5),
-        commands_stream: format!("TC_{id}"),
-        commands_subject: format!("tls{id}.commands.>"),
-        consumer: format!("tls{id}"),
-        events_stream: format!("TE_{id}"),
-        events_subject: format!("tls{id}.events"),
-        dead_letter_stream: format!("TD_{id}"),
-        dead_letter_subject: format!("tls{id}.dead"),
         ..NatsConfig::default()
-    };
+    });
     // JetStream may need a moment after the port opens; the first connect may retry.
     let broker = wait_for(Duration::from_secs(30), || async {
         NatsBroker::connect(&config).await.ok()
@@ -226,10 +214,9 @@ async fn nats_tls_is_honoured() {
         tls_root_cert: None,
         ..config.clone()
     };
-    let err = match NatsBroker::connect(&without).await {
-        Ok(_) => panic!("a certificate from an unknown CA must be refused"),
-        Err(e) => e.chain().to_lowercase(),
-    };
+    let err = refused(NatsBroker::connect(&without).await)
+        .chain()
+        .to_lowercase();
     assert!(
         err.contains("cannot connect") && (err.contains("certificate") || err.contains("tls")),
         "{err}"
@@ -240,19 +227,13 @@ async fn nats_tls_is_honoured() {
 }
 
 async fn rabbitmq_tls_is_honoured() {
-    let id = &uuid::Uuid::new_v4().simple().to_string()[..12];
-    let url = std::env::var("TIMER_TEST_RABBITMQ_TLS_URL").expect("url");
-    let config = RabbitmqConfig {
-        url: url.clone(),
+    let config: RabbitmqConfig = isolated(RabbitmqConfig {
+        url: std::env::var("TIMER_TEST_RABBITMQ_TLS_URL").expect("url"),
         tls_root_cert: Some(PathBuf::from(
             std::env::var("TIMER_TEST_RABBITMQ_CA").expect("ca"),
         )),
-        commands_queue: format!("tls{id}.commands"),
-        events_exchange: format!("tls{id}.events"),
-        dead_letter_exchange: format!("tls{id}.dead"),
-        dead_letter_queue: format!("tls{id}.dead"),
         ..RabbitmqConfig::default()
-    };
+    });
     let broker = RabbitmqBroker::connect(&config)
         .await
         .expect("connects over amqps with the CA given");
@@ -266,10 +247,7 @@ async fn rabbitmq_tls_is_honoured() {
         tls_root_cert: None,
         ..config.clone()
     };
-    let err = match RabbitmqBroker::connect(&without).await {
-        Ok(_) => panic!("a certificate from an unknown CA must be refused"),
-        Err(e) => e.chain(),
-    };
+    let err = refused(RabbitmqBroker::connect(&without).await).chain();
     println!("without the CA: {err}");
     assert!(
         err.contains("cannot connect to amqps://***@127.0.0.1") && err.contains("UnknownIssuer"),

@@ -1,16 +1,21 @@
 //! Helpers for end-to-end tests on the built `timer-service` binary: start it on a free port
-//! with a config given as environment, wait until it is ready, read its event stream, stop it
-//! with SIGTERM or SIGKILL (by the pid we started, never by name).
+//! with a config given as environment or as a TOML file, wait until it is ready, read its event
+//! stream, stop it with SIGTERM or SIGKILL (by the pid we started, never by name); run a command
+//! to its end; restart a test server through its script; read figures off event envelopes.
 
 use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::fmt::Display;
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
+use std::process::{Output, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
-use serde_json::Value;
+use serde_json::{json, Value};
+use timer_core::plugin::TestServer;
+use timer_core::{NewTimer, Store, TimerKey, TimerState, Timestamp};
 use tokio::process::{Child, Command};
 
 use crate::wait_for;
@@ -28,6 +33,36 @@ pub struct Service {
 pub fn free_addr() -> SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
     listener.local_addr().expect("local addr")
+}
+
+/// The wall clock, epoch ms.
+pub fn now_ms() -> i64 {
+    chrono::Utc::now().timestamp_millis()
+}
+
+/// A `ScheduleTimer` command body.
+pub fn schedule(tenant: &str, id: &str, due_ms: i64) -> String {
+    json!({ "tenantId": tenant, "serviceCallId": id, "dueTimeMs": due_ms }).to_string()
+}
+
+/// Writes `config` (sections as JSON objects: `store`, `broker`, `engine`, ...) to
+/// `dir/timer-service.toml` for `TIMER_CONFIG`; keys whose value is `null` are left out.
+pub fn write_config(dir: &Path, config: &Value) -> PathBuf {
+    fn without_nulls(v: &Value) -> Value {
+        match v {
+            Value::Object(map) => Value::Object(
+                map.iter()
+                    .filter(|(_, v)| !v.is_null())
+                    .map(|(k, v)| (k.clone(), without_nulls(v)))
+                    .collect(),
+            ),
+            other => other.clone(),
+        }
+    }
+    let text = toml::to_string(&without_nulls(config)).expect("the config renders as TOML");
+    let path = dir.join("timer-service.toml");
+    std::fs::write(&path, text).expect("write the config file");
+    path
 }
 
 impl Service {
@@ -66,18 +101,7 @@ impl Service {
     }
 
     async fn wait_ready(&mut self) {
-        let url = format!("{}/readyz", self.base);
-        let http = self.http.clone();
-        let ready = wait_for(Duration::from_secs(60), || {
-            let http = http.clone();
-            let url = url.clone();
-            async move {
-                let r = http.get(&url).send().await.ok()?;
-                r.status().is_success().then_some(())
-            }
-        })
-        .await;
-        if ready.is_none() {
+        if !self.ready_again(Duration::from_secs(60)).await {
             let status = self.child.try_wait().ok().flatten();
             panic!(
                 "timer-service did not become ready (exit status {status:?}); log:\n{}",
@@ -86,8 +110,26 @@ impl Service {
         }
     }
 
+    /// Waits until `/readyz` answers 200 (again, after an outage), within `deadline`.
+    pub async fn ready_again(&self, deadline: Duration) -> bool {
+        wait_for(deadline, || async {
+            let (status, _) = self
+                .send(reqwest::Method::GET, "/readyz", None)
+                .await
+                .ok()?;
+            (status == 200).then_some(())
+        })
+        .await
+        .is_some()
+    }
+
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Fails the test: `what` did not happen, with the service's log.
+    pub fn fail(&self, what: impl Display) -> ! {
+        panic!("{what}; log:\n{}", self.log_text())
     }
 
     /// SIGKILL: the crash.
@@ -98,13 +140,7 @@ impl Service {
 
     /// SIGTERM, then waits for exit; returns the exit code.
     pub async fn terminate(mut self) -> Option<i32> {
-        let pid = self.pid().to_string();
-        let status = Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .await
-            .expect("run kill");
-        assert!(status.success(), "kill -TERM {pid}");
+        signal(self.pid(), "-TERM").await;
         let exit = tokio::time::timeout(Duration::from_secs(30), self.child.wait())
             .await
             .expect("service exits within 30 s of SIGTERM")
@@ -112,39 +148,54 @@ impl Service {
         exit.code()
     }
 
-    pub async fn post(&self, path: &str, body: impl Into<String>) -> (u16, Value) {
-        let r = self
-            .http
-            .post(format!("{}{path}", self.base))
-            .header("content-type", "application/json")
-            .body(body.into())
-            .send()
-            .await
-            .expect("POST");
+    /// Sends `method path` with a JSON `body`; the status and the JSON answer (`Null` when it is
+    /// not JSON).
+    pub async fn send(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<String>,
+    ) -> reqwest::Result<(u16, Value)> {
+        let mut request = self.http.request(method, format!("{}{path}", self.base));
+        if let Some(body) = body {
+            request = request
+                .header("content-type", "application/json")
+                .body(body);
+        }
+        let r = request.send().await?;
         let status = r.status().as_u16();
-        (status, r.json().await.unwrap_or(Value::Null))
+        Ok((status, r.json().await.unwrap_or(Value::Null)))
+    }
+
+    pub async fn post(&self, path: &str, body: impl Into<String>) -> (u16, Value) {
+        let body = Some(body.into());
+        self.send(reqwest::Method::POST, path, body)
+            .await
+            .expect("POST")
     }
 
     pub async fn get(&self, path: &str) -> (u16, Value) {
-        let r = self
-            .http
-            .get(format!("{}{path}", self.base))
-            .send()
+        self.send(reqwest::Method::GET, path, None)
             .await
-            .expect("GET");
-        let status = r.status().as_u16();
-        (status, r.json().await.unwrap_or(Value::Null))
+            .expect("GET")
     }
 
     pub async fn delete(&self, path: &str) -> (u16, Value) {
-        let r = self
-            .http
-            .delete(format!("{}{path}", self.base))
+        self.send(reqwest::Method::DELETE, path, None)
+            .await
+            .expect("DELETE")
+    }
+
+    /// `GET path` as text (`/metrics`).
+    pub async fn text(&self, path: &str) -> String {
+        self.http
+            .get(format!("{}{path}", self.base))
             .send()
             .await
-            .expect("DELETE");
-        let status = r.status().as_u16();
-        (status, r.json().await.unwrap_or(Value::Null))
+            .expect("GET")
+            .text()
+            .await
+            .expect("a text answer")
     }
 
     /// Subscribes to `/v1/events` and collects events in the background.
@@ -181,6 +232,27 @@ impl Service {
     }
 }
 
+/// Sends `signal` (`-TERM`, `-KILL`, `-STOP`, ...) to a process this test started, by its pid.
+pub async fn signal(pid: u32, signal: &str) {
+    let status = Command::new("kill")
+        .args([signal, &pid.to_string()])
+        .status()
+        .await
+        .expect("run kill");
+    assert!(status.success(), "kill {signal} {pid}");
+}
+
+/// Whether process `pid` still runs (a zombie does not: it holds no port any more).
+fn running(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            let state = stat.rsplit_once(") ")?.1.chars().next()?;
+            Some(state != 'Z' && state != 'X')
+        })
+        .unwrap_or(false)
+}
+
 /// One event as received, with the wall-clock time it arrived (epoch ms).
 #[derive(Debug, Clone)]
 pub struct Received {
@@ -195,7 +267,7 @@ pub struct EventLog {
 
 impl EventLog {
     fn push(&self, envelope: Value) {
-        let at_ms = chrono::Utc::now().timestamp_millis();
+        let at_ms = now_ms();
         if let Ok(mut v) = self.inner.lock() {
             v.push(Received { at_ms, envelope });
         }
@@ -222,16 +294,32 @@ impl EventLog {
     }
 }
 
-/// How many times each `tenantId/serviceCallId` appears.
+/// The timer a `DueTimeReached` envelope is about: `tenantId/aggregateId`.
+pub fn timer_of(envelope: &Value) -> String {
+    format!(
+        "{}/{}",
+        envelope["tenantId"].as_str().unwrap_or("?"),
+        envelope["aggregateId"].as_str().unwrap_or("?")
+    )
+}
+
+/// The due time of an envelope (`payload.dueAt`), epoch ms; 0 when it has none.
+pub fn due_ms(envelope: &Value) -> i64 {
+    chrono::DateTime::parse_from_rfc3339(envelope["payload"]["dueAt"].as_str().unwrap_or(""))
+        .map(|d| d.timestamp_millis())
+        .unwrap_or(0)
+}
+
+/// How late the service fired it: `timestampMs` − `payload.dueAt`, ms.
+pub fn lateness_ms(envelope: &Value) -> i64 {
+    envelope["timestampMs"].as_i64().unwrap_or(0) - due_ms(envelope)
+}
+
+/// How many times each `tenantId/aggregateId` appears.
 pub fn count_by_key(events: &[Received]) -> HashMap<String, usize> {
     let mut counts = HashMap::new();
     for e in events {
-        let key = format!(
-            "{}/{}",
-            e.envelope["tenantId"].as_str().unwrap_or("?"),
-            e.envelope["aggregateId"].as_str().unwrap_or("?")
-        );
-        *counts.entry(key).or_insert(0) += 1;
+        *counts.entry(timer_of(&e.envelope)).or_insert(0) += 1;
     }
     counts
 }
@@ -246,9 +334,142 @@ pub fn percentiles(mut values: Vec<i64>) -> (i64, i64, i64) {
     (at(0.50), at(0.99), at(1.0))
 }
 
+/// `n` timers `<prefix>00000`, ... of tenants `tenant-0` to `tenant-<tenants - 1>` in turn, due
+/// evenly over `spread_ms` from `due_from` (epoch ms).
+pub fn new_timers(
+    prefix: &str,
+    n: usize,
+    tenants: usize,
+    due_from: i64,
+    spread_ms: i64,
+) -> Vec<NewTimer> {
+    (0..n)
+        .map(|i| NewTimer {
+            key: TimerKey::new(format!("tenant-{}", i % tenants), format!("{prefix}{i:05}")),
+            due_at: Timestamp::from_millis(due_from + (i as i64 * spread_ms) / n as i64),
+            correlation_id: None,
+            payload: None,
+            recurrence: None,
+        })
+        .collect()
+}
+
+/// Stores `timers` directly (as an instance sharing the store would).
+pub async fn store_timers(store: &dyn Store, timers: &[NewTimer]) {
+    store
+        .schedule(timers, Timestamp::from_millis(now_ms()))
+        .await
+        .expect("schedule");
+}
+
+/// Waits until `store` has no pending timer; false at the deadline.
+pub async fn drained(store: &dyn Store, deadline: Duration) -> bool {
+    wait_for(deadline, || async {
+        (store.scheduled_count().await.ok()? == 0).then_some(())
+    })
+    .await
+    .is_some()
+}
+
+/// Asserts that every timer of `keys` is stored as Reached, and did not fire before it was due
+/// (Reached means the broker confirmed the publish first: publish, then mark).
+pub async fn assert_reached<'a>(store: &dyn Store, keys: impl IntoIterator<Item = &'a TimerKey>) {
+    for key in keys {
+        let t = store.get(key).await.expect("get").expect("row exists");
+        assert_eq!(t.state, TimerState::Reached, "{key}");
+        assert!(
+            t.reached_at.expect("reached_at") >= t.due_at,
+            "{key} not fired early"
+        );
+    }
+}
+
+/// How a command run to its end went.
+pub struct Exit {
+    /// The exit code; `None` when a signal ended it.
+    pub code: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Exit {
+    /// The last line it wrote to stderr (where `run` reports why it stopped).
+    pub fn last_line(&self) -> &str {
+        self.stderr.lines().last().unwrap_or_default()
+    }
+}
+
+/// Runs `program args` in `dir` with `env` added, to its end, which must come `within` that
+/// long; killed if the test ends first (a service that starts after all must not outlive it).
+pub async fn run_to_end<K, V>(
+    program: &Path,
+    dir: &Path,
+    args: &[&str],
+    env: &[(K, V)],
+    within: Duration,
+) -> Exit
+where
+    K: AsRef<OsStr>,
+    V: AsRef<OsStr>,
+{
+    let mut command = Command::new(program);
+    command.args(args).current_dir(dir).kill_on_drop(true);
+    for (k, v) in env {
+        command.env(k, v);
+    }
+    let out = tokio::time::timeout(within, command.output())
+        .await
+        .unwrap_or_else(|_| panic!("{} exits within {within:?}", program.display()))
+        .unwrap_or_else(|e| panic!("run {}: {e}", program.display()));
+    Exit {
+        code: out.status.code(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+/// Runs `program args` (a `run` of the service, perhaps through a launcher) that must refuse
+/// to start: it exits 1 within a minute. Returns how it went, for the message to be checked.
+pub async fn refused_to_run(
+    program: &Path,
+    args: &[&str],
+    dir: &Path,
+    env: &[(&str, String)],
+) -> Exit {
+    let mut env = env.to_vec();
+    // Should it start after all, on a port of its own.
+    env.push(("TIMER_HTTP__ADDR", "127.0.0.1:0".to_owned()));
+    let exit = run_to_end(program, dir, args, &env, Duration::from_secs(60)).await;
+    assert_eq!(exit.code, Some(1), "refuses to run: {}", exit.stderr);
+    exit
+}
+
+/// Runs `command` to its end and panics, with its stderr, unless it succeeds.
+pub async fn run_ok(command: &mut Command, what: impl Display) -> Output {
+    let out = command
+        .output()
+        .await
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
+    assert!(
+        out.status.success(),
+        "{what}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// Why a test needing all of `vars` cannot run, if one is not set; `starts` says what sets
+/// them (`bash scripts/test.sh starts PostgreSQL`).
+pub fn missing_var(vars: &[&str], starts: &str) -> Option<String> {
+    vars.iter()
+        .find(|v| std::env::var(v).is_err())
+        .map(|v| format!("{v} is not set ({starts})"))
+}
+
 /// A test server started by one of the project's scripts (`scripts/servers/<name>.sh`), which a
 /// test stops and starts again (by the pid the script recorded, never by name).
 pub struct ScriptedServer {
+    name: String,
     script: PathBuf,
     dir: String,
     port_env: &'static str,
@@ -263,6 +484,7 @@ impl ScriptedServer {
             .join("../scripts/servers")
             .join(format!("{name}.sh"));
         ScriptedServer {
+            name: name.to_owned(),
             script,
             dir,
             port_env,
@@ -270,20 +492,48 @@ impl ScriptedServer {
         }
     }
 
+    /// The server a plugin's tests run against, as its variables describe it; the reason when
+    /// one is missing.
+    pub fn of(server: &TestServer) -> Result<Self, String> {
+        let starts = format!("bash scripts/test.sh starts {}", server.script);
+        if let Some(why) = missing_var(&[server.address_env, server.dir_env], &starts) {
+            return Err(why);
+        }
+        let dir = std::env::var(server.dir_env).map_err(|e| e.to_string())?;
+        let port = server
+            .port()
+            .ok_or_else(|| format!("no port in {}", server.address_env))?;
+        Ok(Self::new(server.script, dir, server.port_env, port))
+    }
+
     /// Runs `script start|stop DIR`; panics with the script's output when it fails.
     pub async fn run(&self, action: &str) {
-        let out = Command::new("bash")
+        let mut command = Command::new("bash");
+        command
             .arg(&self.script)
             .args([action, &self.dir])
-            .env(self.port_env, self.port.to_string())
-            .output()
-            .await
-            .expect("run the server script");
+            .env(self.port_env, self.port.to_string());
+        run_ok(&mut command, format!("{} {action}", self.script.display())).await;
+    }
+
+    /// SIGKILL to the server, by the pid its script recorded (`DIR/<name>.pid`); returns once
+    /// it is gone (its port free for the next start).
+    pub async fn kill9(&self) {
+        let pid_file = Path::new(&self.dir).join(format!("{}.pid", self.name));
+        let pid: u32 = std::fs::read_to_string(&pid_file)
+            .unwrap_or_else(|e| panic!("{}: {e}", pid_file.display()))
+            .trim()
+            .parse()
+            .unwrap_or_else(|e| panic!("{}: {e}", pid_file.display()));
+        signal(pid, "-KILL").await;
+        let gone = wait_for(Duration::from_secs(30), || async {
+            (!running(pid)).then_some(())
+        })
+        .await;
         assert!(
-            out.status.success(),
-            "{} {action}: {}",
-            self.script.display(),
-            String::from_utf8_lossy(&out.stderr)
+            gone.is_some(),
+            "{} (pid {pid}) ended after SIGKILL",
+            self.name
         );
     }
 

@@ -1,0 +1,215 @@
+//! What is NATS's own: JetStream drops a publish with an id it already stored (so an outage
+//! repeats no event), a stream of another's is never overwritten, and events go to the tenant's
+//! subject (checked on a cron timer that fires every second through a stop of the service).
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::jetstream;
+use serde_json::{json, Value};
+use timer_brokers::nats::{NatsBroker, NatsConfig, NatsTestClient};
+use timer_conformance::e2e::{due_ms, now_ms, percentiles};
+use timer_conformance::scenarios::{BrokerCase, BrokerTraits, Outage, Setup};
+use timer_conformance::{checks, wait_for, Check};
+use timer_core::plugin::TestClient;
+
+pub fn traits() -> BrokerTraits {
+    BrokerTraits {
+        // As a service would run it (the isolated config redelivers after 2 s, for the
+        // conformance checks' patience).
+        settings: json!({ "ack_wait": "5s" }),
+        outage: Outage::Kill,
+        // A publish again with the same envelope id (Nats-Msg-Id) within the duplicate window
+        // is dropped by the stream.
+        max_repeated: Some(0),
+        unreachable: Some((
+            json!({"kind": "nats", "url": "nats://user:secret@127.0.0.1:{port}",
+                   "connect_timeout": "2s"}),
+            "error: nats broker: cannot connect to nats://***@127.0.0.1:{port}",
+        )),
+        acknowledged: None,
+        no_takeover: None,
+    }
+}
+
+pub fn checks() -> Vec<Check<Arc<BrokerCase>>> {
+    checks![
+        a_stream_with_other_subjects_is_an_error_not_an_overwrite,
+        cron_every_second_in_berlin_fires_one_catch_up_after_a_stop,
+    ]
+}
+
+fn nats_config(setup: &Setup) -> &NatsConfig {
+    setup
+        .broker
+        .config
+        .as_any()
+        .downcast_ref()
+        .expect("a nats config")
+}
+
+async fn a_stream_with_other_subjects_is_an_error_not_an_overwrite(case: Arc<BrokerCase>) {
+    let setup = Setup::new(&case);
+    let c = nats_config(&setup);
+    let js = jetstream::new(
+        timer_brokers::nats::connect_client(c)
+            .await
+            .expect("connect to nats"),
+    );
+    js.create_stream(jetstream::stream::Config {
+        name: c.events_stream.clone(),
+        subjects: vec!["somebody.else.>".into()],
+        ..Default::default()
+    })
+    .await
+    .expect("create a foreign stream");
+    let err = match NatsBroker::connect(c).await {
+        Ok(_) => panic!("connecting over a mismatching stream must fail"),
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        err.contains(&c.events_stream) && err.contains("somebody.else.>"),
+        "{err}"
+    );
+    assert!(
+        err.contains("broker.events_subject"),
+        "names the key: {err}"
+    );
+    let info = js
+        .get_stream(&c.events_stream)
+        .await
+        .expect("still there")
+        .cached_info()
+        .clone();
+    assert_eq!(
+        info.config.subjects,
+        vec!["somebody.else.>".to_string()],
+        "left unchanged"
+    );
+    setup.clean_up().await;
+}
+
+/// One occurrence as read from the events stream.
+struct Occurrence {
+    n: i64,
+    id: String,
+    due: i64,
+    fired: i64,
+}
+
+/// Each fire once (a repeat of one fire carries the same id), in due order.
+async fn occurrences(client: &dyn TestClient) -> Vec<Occurrence> {
+    let mut seen = HashSet::new();
+    let mut out: Vec<Occurrence> = client
+        .events()
+        .await
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|e| serde_json::from_slice::<Value>(&e.body).ok())
+        .map(|v| Occurrence {
+            n: v["payload"]["occurrence"].as_i64().unwrap_or(0),
+            id: v["id"].as_str().unwrap_or_default().to_owned(),
+            due: due_ms(&v),
+            fired: v["timestampMs"].as_i64().unwrap_or(0),
+        })
+        .filter(|o| seen.insert(o.id.clone()))
+        .collect();
+    out.sort_by_key(|o| o.due);
+    out
+}
+
+/// `*/1 * * * * *` in Europe/Berlin fires every second for 10 s; the service is stopped for
+/// 5 s and started again: exactly one catch-up fire, then the rhythm continues. Every event is
+/// on the subject `<events_subject>.<tenant>`.
+async fn cron_every_second_in_berlin_fires_one_catch_up_after_a_stop(case: Arc<BrokerCase>) {
+    let setup = Setup::new(&case);
+    let service = setup.start().await;
+    let client = setup.client().await;
+    let command = json!({"tenantId": "t", "serviceCallId": "tick", "cron": "*/1 * * * * *",
+                         "timeZone": "Europe/Berlin"});
+    client
+        .send_command(command.to_string().as_bytes())
+        .await
+        .expect("send");
+    let before = wait_for(Duration::from_secs(40), || async {
+        let o = occurrences(client.as_ref()).await;
+        (o.len() >= 10).then_some(o)
+    })
+    .await
+    .unwrap_or_else(|| panic!("10 occurrences; log:\n{}", service.log_text()));
+    assert_eq!(service.terminate().await, Some(0));
+    let stopped_at = now_ms();
+    let fired_before = occurrences(client.as_ref()).await.len();
+    // The scenario's downtime (what is tested is what happens after it, not a wait for a
+    // condition).
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let restarted_at = now_ms();
+    let service = setup.start().await;
+    let all = wait_for(Duration::from_secs(40), || async {
+        let o = occurrences(client.as_ref()).await;
+        (o.len() >= fired_before + 4).then_some(o)
+    })
+    .await
+    .unwrap_or_else(|| panic!("firing resumed; log:\n{}", service.log_text()));
+    assert_eq!(service.terminate().await, Some(0));
+
+    // Every second for the first ten, numbered in order (a fire more than a second late, on a
+    // loaded box, moves the next one to the following second).
+    for pair in before.windows(2).take(9) {
+        let gap = pair[1].due - pair[0].due;
+        assert!(gap >= 1_000 && gap % 1_000 == 0, "one per second: {gap} ms");
+        assert_eq!(pair[1].n, pair[0].n + 1, "numbered in order");
+    }
+    let catch_ups: Vec<&Occurrence> = all
+        .iter()
+        .filter(|o| o.due < restarted_at && o.fired >= restarted_at)
+        .collect();
+    assert_eq!(
+        catch_ups.len(),
+        1,
+        "exactly one catch-up fire for the occurrences missed while stopped"
+    );
+    let catch_up = catch_ups[0];
+    assert!(
+        catch_up.due >= stopped_at - 1_000,
+        "it is the first missed one"
+    );
+    let after: Vec<&Occurrence> = all.iter().filter(|o| o.due > catch_up.due).collect();
+    assert!(after.len() >= 3, "the rhythm continues");
+    assert!(
+        after[0].due >= restarted_at,
+        "no backlog: the next occurrence lies after the restart"
+    );
+    for pair in after.windows(2) {
+        let gap = pair[1].due - pair[0].due;
+        assert!(
+            gap >= 1_000 && gap % 1_000 == 0,
+            "one per second again: {gap} ms"
+        );
+    }
+    let late: Vec<i64> = before.iter().map(|o| o.fired - o.due).collect();
+    let (p50, p99, max) = percentiles(late);
+    println!(
+        "cron every second: {} fires before the stop (lateness ms p50 {p50} p99 {p99} max \
+         {max}), stopped {} ms, one catch-up {} ms late, {} on time after it",
+        before.len(),
+        restarted_at - stopped_at,
+        catch_up.fired - catch_up.due,
+        after.len()
+    );
+    let c = nats_config(&setup);
+    let raw = client
+        .as_any()
+        .downcast_ref::<NatsTestClient>()
+        .expect("the nats test client")
+        .read_all(&c.events_stream)
+        .await
+        .expect("read the events stream");
+    let subject = format!("{}.t", c.events_subject);
+    assert!(
+        raw.iter().all(|m| m.subject.as_str() == subject),
+        "events go to {subject}"
+    );
+    setup.clean_up().await;
+}
