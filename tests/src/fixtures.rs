@@ -50,40 +50,6 @@ pub async fn fresh_broker(
     Ok(Fresh::of(it, isolated))
 }
 
-// The test servers' variables, for the end-to-end files that name them; each plugin's
-// `TEST_SERVER` is where they are defined.
-
-/// `timer_stores::postgres::TEST_SERVER.address_env`.
-pub const POSTGRES_URL_VAR: &str = "TIMER_TEST_POSTGRES_URL";
-/// `timer_brokers::nats::TEST_SERVER.address_env`.
-pub const NATS_URL_VAR: &str = "TIMER_TEST_NATS_URL";
-/// `timer_brokers::rabbitmq::TEST_SERVER.address_env`.
-pub const RABBITMQ_URL_VAR: &str = "TIMER_TEST_RABBITMQ_URL";
-/// `timer_brokers::kafka::TEST_SERVER.address_env`.
-pub const KAFKA_BROKERS_VAR: &str = "TIMER_TEST_KAFKA_BROKERS";
-
-/// The Kafka test client under its former name, for the Kafka end-to-end file until it uses the
-/// plugin descriptor.
-#[cfg(feature = "kafka")]
-pub mod kafka {
-    use timer_brokers::kafka::KafkaConfig;
-    pub use timer_brokers::kafka::KafkaTestClient as KafkaFixture;
-
-    pub struct KafkaBrokers;
-
-    impl KafkaBrokers {
-        /// A config with fresh names on the test server, if one is configured.
-        pub fn config() -> Option<KafkaConfig> {
-            let isolated = (timer_brokers::kafka::PLUGIN.isolated)("t").ok()?;
-            isolated
-                .config
-                .as_any()
-                .downcast_ref::<KafkaConfig>()
-                .cloned()
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     #[test]
