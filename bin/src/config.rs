@@ -19,7 +19,7 @@ use timer_core::{EngineConfig, Error, Limits};
 /// Where the service looks for a config file when `--config` is not given.
 pub const DEFAULT_CONFIG_FILE: &str = "config/timer-service.toml";
 
-/// The seed's environment names (seed 000) and the keys they set.
+/// Environment names of the original timer service, kept working, and the keys they set.
 const SEED_ENV: &[(&str, &str)] = &[
     ("TIMER_POLLING_INTERVAL", "engine.poll_interval"),
     ("TIMER_BATCH_SIZE", "engine.batch_size"),

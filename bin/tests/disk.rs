@@ -1,4 +1,4 @@
-//! SQLite on a full disk and on a read-only file system (issue #10): the service runs in a mount
+//! SQLite on a full disk and on a read-only file system: the service runs in a mount
 //! namespace of its own (`unshare -m`) with its database on a small tmpfs, so the test can fill
 //! it up, grow it, or mount it read-only without touching the machine. Each asserts a clear error
 //! naming what is wrong and that every write that was acknowledged (HTTP 201) is there (and, once

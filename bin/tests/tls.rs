@@ -1,4 +1,4 @@
-//! TLS settings are honoured (issue #10), against servers with a certificate from a throwaway CA
+//! TLS settings are honoured, against servers with a certificate from a throwaway CA
 //! (`scripts/servers/tls.sh`):
 //! - PostgreSQL (the test server has TLS on): `store.ssl_mode = "verify-full"` with
 //!   `store.ssl_root_cert` = that CA connects over TLS (seen in `pg_stat_ssl`); with another CA
