@@ -119,7 +119,7 @@ macro_rules! known {
 /// A plugin crate's registry, a line per plugin: `sqlite = "sqlite"` declares the folder
 /// (module) `sqlite` behind the cargo feature `"sqlite"` and lists it in `PLUGINS`, in order.
 ///
-/// ```ignore
+/// ```text
 /// timer_core::plugins! { StorePlugin:
 ///     memory = "memory",
 ///     sqlite = "sqlite",
