@@ -29,43 +29,38 @@ use crate::config::EngineConfig;
 use crate::error::{Error, Result};
 use crate::store::Store;
 
-/// A store plugin. One `pub const PLUGIN: StorePlugin` per store folder.
-pub struct StorePlugin {
-    /// `store.kind`, the cargo feature and the folder name: `memory`, `sqlite`, `postgres`.
+/// A plugin's descriptor; `C` is its family's config trait object. One `pub const PLUGIN` per
+/// plugin folder, usually `StorePlugin::of::<Config>()` / `BrokerPlugin::of::<Config>()`.
+pub struct Plugin<C: ?Sized + 'static> {
+    /// `store.kind` / `broker.kind`, the cargo feature and the folder name: `memory`,
+    /// `sqlite`, `postgres`, `nats`, `kafka`, `rabbitmq`.
     pub kind: &'static str,
-    /// Reads the `[store]` section (defaults for the keys left out) and checks what can be
+    /// Reads the plugin's section (defaults for the keys left out) and checks what can be
     /// checked without a server.
-    pub load: fn(&ConfigSection) -> Result<Box<dyn StoreConfig>>,
+    pub load: fn(&ConfigSection) -> Result<Box<C>>,
     /// The server its tests need; `None` when it runs in process or on a local file.
     pub test_server: Option<TestServer>,
-    /// A config on fresh, isolated resources for one test or bench run; `prefix` starts the
-    /// names it makes (`t`, `bench`). Fails with [`ErrorKind::Config`](crate::ErrorKind) naming
-    /// the variable when the test server is not configured.
-    pub isolated: fn(prefix: &str) -> Result<Isolated<dyn StoreConfig>>,
+    /// A config on fresh, isolated resources (a temp file, a schema, streams, queues, topics,
+    /// a consumer group) for one test or bench run; `prefix` starts the names it makes (`t`,
+    /// `bench`). Fails with [`ErrorKind::Config`](crate::ErrorKind) naming the variable when
+    /// the test server is not configured.
+    pub isolated: fn(prefix: &str) -> Result<Isolated<C>>,
 }
 
-/// A broker plugin. One `pub const PLUGIN: BrokerPlugin` per broker folder.
-pub struct BrokerPlugin {
-    /// `broker.kind`, the cargo feature and the folder name: `memory`, `nats`, `kafka`, ...
-    pub kind: &'static str,
-    /// Reads the `[broker]` section (defaults for the keys left out) and checks what can be
-    /// checked without a server.
-    pub load: fn(&ConfigSection) -> Result<Box<dyn BrokerConfig>>,
-    /// The server its tests need; `None` when it runs in process.
-    pub test_server: Option<TestServer>,
-    /// A config on fresh, isolated resources (streams, queues, topics, consumer group) for one
-    /// test or bench run; `prefix` starts the names it makes.
-    pub isolated: fn(prefix: &str) -> Result<Isolated<dyn BrokerConfig>>,
-}
+/// A store plugin's descriptor.
+pub type StorePlugin = Plugin<dyn StoreConfig>;
 
-impl StorePlugin {
-    /// The descriptor of the store whose config section is `C`.
-    pub const fn of<C: Section + StoreConfig>() -> Self {
-        StorePlugin {
+/// A broker plugin's descriptor.
+pub type BrokerPlugin = Plugin<dyn BrokerConfig>;
+
+impl<D: ?Sized + 'static> Plugin<D> {
+    /// The descriptor of the plugin whose config section is `C`.
+    pub const fn of<C: Section + Family<D>>() -> Self {
+        Plugin {
             kind: C::KIND,
-            load: |section| Ok(Box::new(load_section::<C>(section)?)),
+            load: |section| Ok(load_section::<C>(section)?.boxed()),
             test_server: C::TEST_SERVER,
-            isolated: |prefix| test_config::<C>()?.isolated(prefix),
+            isolated: |prefix| test_config::<C>()?.isolate(prefix),
         }
     }
 
@@ -75,20 +70,28 @@ impl StorePlugin {
     }
 }
 
-impl BrokerPlugin {
-    /// The descriptor of the broker whose config section is `C`.
-    pub const fn of<C: Section + BrokerConfig>() -> Self {
-        BrokerPlugin {
-            kind: C::KIND,
-            load: |section| Ok(Box::new(load_section::<C>(section)?)),
-            test_server: C::TEST_SERVER,
-            isolated: |prefix| test_config::<C>()?.isolated(prefix),
-        }
-    }
+/// A config of the plugin family whose trait object is `D` (`dyn StoreConfig`,
+/// `dyn BrokerConfig`): what [`Plugin::of`] needs to make a descriptor of it.
+pub trait Family<D: ?Sized> {
+    fn boxed(self) -> Box<D>;
+    fn isolate(&self, prefix: &str) -> Result<Isolated<D>>;
+}
 
-    /// Why this plugin's test server cannot be used, if it cannot.
-    pub fn unavailable(&self) -> Option<String> {
-        self.test_server.as_ref().and_then(TestServer::unavailable)
+impl<C: StoreConfig> Family<dyn StoreConfig> for C {
+    fn boxed(self) -> Box<dyn StoreConfig> {
+        Box::new(self)
+    }
+    fn isolate(&self, prefix: &str) -> Result<Isolated<dyn StoreConfig>> {
+        self.isolated(prefix)
+    }
+}
+
+impl<C: BrokerConfig> Family<dyn BrokerConfig> for C {
+    fn boxed(self) -> Box<dyn BrokerConfig> {
+        Box::new(self)
+    }
+    fn isolate(&self, prefix: &str) -> Result<Isolated<dyn BrokerConfig>> {
+        self.isolated(prefix)
     }
 }
 
