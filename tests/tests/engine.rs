@@ -261,7 +261,7 @@ impl Store for Faulty {
 }
 
 /// How the test broker publishes.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 enum Publish {
     /// As the memory broker does.
     Works,
@@ -269,6 +269,8 @@ enum Publish {
     FailsFirst(u32),
     /// No publish ever completes.
     Hangs,
+    /// Each publish waits until the gate is opened (`notify_one`), then works.
+    Gated(Arc<tokio::sync::Notify>),
 }
 
 /// The memory broker, its publishing as [`Publish`] says.
@@ -276,19 +278,22 @@ struct FaultyBroker {
     inner: MemoryBroker,
     failures: AtomicU32,
     hangs: bool,
+    gate: Option<Arc<tokio::sync::Notify>>,
 }
 
 impl FaultyBroker {
     fn new(inner: MemoryBroker, publish: Publish) -> Self {
-        let (failures, hangs) = match publish {
-            Publish::Works => (0, false),
-            Publish::FailsFirst(n) => (n, false),
-            Publish::Hangs => (0, true),
+        let (failures, hangs, gate) = match publish {
+            Publish::Works => (0, false, None),
+            Publish::FailsFirst(n) => (n, false, None),
+            Publish::Hangs => (0, true, None),
+            Publish::Gated(gate) => (0, false, Some(gate)),
         };
         FaultyBroker {
             inner,
             failures: AtomicU32::new(failures),
             hangs,
+            gate,
         }
     }
 }
@@ -307,6 +312,9 @@ impl Broker for FaultyBroker {
     async fn publish(&self, events: &[OutboundEvent]) -> Result<()> {
         if self.hangs {
             std::future::pending::<()>().await;
+        }
+        if let Some(gate) = &self.gate {
+            gate.notified().await;
         }
         if injected(&self.failures) {
             return Err(Error::unavailable("injected publish failure"));
@@ -501,6 +509,38 @@ async fn shutdown_releases_claims() {
         claimed.len(),
         1,
         "another instance can fire it at once, without waiting for the lease"
+    );
+}
+
+#[tokio::test]
+async fn a_publish_confirmed_during_the_shutdown_grace_is_settled() {
+    let gate = Arc::new(tokio::sync::Notify::new());
+    let r = Setup {
+        config: EngineConfig {
+            shutdown_grace: secs(30),
+            ..config()
+        },
+        ..Setup::publishing(Publish::Gated(gate.clone()))
+    }
+    .start();
+    r.schedule(&[timer("in-flight", T0)]).await;
+    timer_where(&r.store, "in-flight", |t| {
+        t.lease_owner.as_deref() == Some("engine-a")
+    })
+    .await;
+    // Shutdown while the publish waits; the broker confirms it within the grace.
+    r.shutdown.cancel();
+    gate.notify_one();
+    tokio::time::timeout(WAIT, r.task)
+        .await
+        .expect("engine stops once the publish is settled")
+        .expect("no panic");
+    events(&r.hub, 1).await.expect("the event went out");
+    let t = timer_where(&r.store, "in-flight", |_| true).await;
+    assert_eq!(
+        t.state,
+        TimerState::Reached,
+        "settled at once, not left leased to fire again when the lease ends"
     );
 }
 

@@ -55,7 +55,7 @@ pub(super) struct Retry<'a> {
 impl Retry<'_> {
     /// Runs `op` until it succeeds, pausing after each failure: the retry backoff, but never
     /// longer than the poll interval, so a recovered server is used again promptly. `None`
-    /// when shutdown came first or `max_failures` was reached.
+    /// when it failed and shutdown came, or `max_failures` was reached.
     pub async fn until_ok<T, F, Fut>(&self, mut op: F) -> Option<T>
     where
         F: FnMut() -> Fut,
@@ -63,9 +63,9 @@ impl Retry<'_> {
     {
         let mut failures = 0u32;
         loop {
-            if self.shutdown.is_cancelled() {
-                return None;
-            }
+            // The first attempt runs even during shutdown: work already in hand (a batch
+            // received, a publish the broker confirmed within the grace) is finished, not left
+            // to a redelivery or an expiring lease. Shutdown only ends the retries.
             let e: Error = match op().await {
                 Ok(value) => return Some(value),
                 Err(e) => e,
@@ -152,6 +152,14 @@ mod tests {
         assert_eq!((got, calls), (None, 3), "gives up after max_failures");
         shutdown.cancel();
         let got = retry.until_ok(|| async { Ok(1) }).await;
-        assert_eq!(got, None, "stops at shutdown");
+        assert_eq!(got, Some(1), "the first attempt runs during shutdown too");
+        let mut calls = 0;
+        let got: Option<()> = retry
+            .until_ok(|| {
+                calls += 1;
+                async { Err(Error::unavailable("down")) }
+            })
+            .await;
+        assert_eq!((got, calls), (None, 1), "no retry after shutdown");
     }
 }
