@@ -1,6 +1,7 @@
 //! The one way in for commands, from the broker and from HTTP alike: decode with the limits,
 //! count, refuse what breaks a rule, schedule in one transaction, wake the firing task.
 
+use std::borrow::Cow;
 use std::sync::atomic::Ordering;
 
 use super::{metrics as metric, Engine};
@@ -54,12 +55,13 @@ impl Engine {
         }
         let inner = &self.inner;
         let refused = self.over_tenant_limit(timers).await?;
-        let allowed: Vec<NewTimer> = timers
-            .iter()
-            .zip(&refused)
-            .filter(|(_, r)| r.is_none())
-            .map(|(t, _)| t.clone())
-            .collect();
+        // Copies only when a limit refused some: the usual batch goes to the store as it is.
+        let allowed: Cow<[NewTimer]> = if refused.iter().all(Option::is_none) {
+            Cow::Borrowed(timers)
+        } else {
+            let allowed = timers.iter().zip(&refused).filter(|(_, r)| r.is_none());
+            Cow::Owned(allowed.map(|(t, _)| t.clone()).collect())
+        };
         let mut stored = if allowed.is_empty() {
             Vec::new()
         } else {

@@ -14,7 +14,6 @@ use super::{metrics as metric, Engine};
 use crate::broker::OutboundEvent;
 use crate::error::{Error, Result};
 use crate::model::{ClaimedTimer, Lease, Timestamp};
-use crate::store::Settlement;
 use crate::wire::DueTimeReachedEnvelope;
 
 impl Engine {
@@ -103,22 +102,8 @@ impl Engine {
                     timers = claimed.len(),
                     "shutdown while publishing; releasing claims"
                 );
-                let now = inner.clock.now();
-                let released: Vec<(ClaimedTimer, Settlement)> = claimed
-                    .into_iter()
-                    .map(|t| {
-                        (
-                            t,
-                            Settlement::Retry {
-                                at: now,
-                                error: None,
-                            },
-                        )
-                    })
-                    .collect();
-                if let Err(e) = inner.store.settle(&released, &inner.owner, now).await {
-                    warn!(error = %e.chain(), "releasing claims at shutdown failed; they return when the lease expires");
-                }
+                self.give_back(&claimed, inner.clock.now(), "releasing claims at shutdown")
+                    .await;
             }
         }
     }

@@ -142,24 +142,30 @@ mod tests {
             })
             .await;
         assert_eq!(got, Some(3));
-        let mut calls = 0;
-        let got: Option<()> = retry
-            .until_ok(|| {
-                calls += 1;
-                async { Err(Error::unavailable("down")) }
-            })
-            .await;
-        assert_eq!((got, calls), (None, 3), "gives up after max_failures");
+        assert_eq!(
+            always_failing(&retry).await,
+            (None, 3),
+            "gives up after max_failures"
+        );
         shutdown.cancel();
         let got = retry.until_ok(|| async { Ok(1) }).await;
         assert_eq!(got, Some(1), "the first attempt runs during shutdown too");
+        assert_eq!(
+            always_failing(&retry).await,
+            (None, 1),
+            "no retry after shutdown"
+        );
+    }
+
+    /// What `until_ok` gives for an operation that always fails, and how often it was tried.
+    async fn always_failing(retry: &Retry<'_>) -> (Option<()>, u32) {
         let mut calls = 0;
-        let got: Option<()> = retry
+        let got = retry
             .until_ok(|| {
                 calls += 1;
                 async { Err(Error::unavailable("down")) }
             })
             .await;
-        assert_eq!((got, calls), (None, 1), "no retry after shutdown");
+        (got, calls)
     }
 }

@@ -64,7 +64,7 @@ impl Engine {
 
     /// Returns leases unchanged (`Retry` at `at`, no error); a failure only logs: the leases
     /// expire by themselves.
-    async fn give_back(&self, claimed: &[ClaimedTimer], at: Timestamp, what: &str) {
+    pub(super) async fn give_back(&self, claimed: &[ClaimedTimer], at: Timestamp, what: &str) {
         let inner = &self.inner;
         let released: Vec<(ClaimedTimer, Settlement)> = claimed
             .iter()
