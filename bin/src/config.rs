@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use figment::providers::{Env, Format, Toml};
 use figment::Figment;
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use timer_core::config::duration;
 use timer_core::plugin::{BrokerConfig, ConfigSection, Registry, StoreConfig};
@@ -19,6 +20,9 @@ use timer_core::{EngineConfig, Error, Limits};
 /// Where the service looks for a config file when `--config` is not given.
 pub const DEFAULT_CONFIG_FILE: &str = "config/timer-service.toml";
 
+/// `broker.kind` when none is given.
+pub const DEFAULT_BROKER_KIND: &str = "memory";
+
 /// Environment names of the original timer service, kept working, and the keys they set.
 const SEED_ENV: &[(&str, &str)] = &[
     ("TIMER_POLLING_INTERVAL", "engine.poll_interval"),
@@ -27,16 +31,22 @@ const SEED_ENV: &[(&str, &str)] = &[
     ("TIMER_BROKER_URL", "broker.url"),
 ];
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// The HTTP API, with health and metrics on the same address.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct HttpConfig {
-    /// Address of the HTTP API, health and metrics.
+    /// Address of the API, health and metrics. Without `http.token` the API has no
+    /// authentication: bind it to a private address, or set a token.
+    #[schemars(with = "String")]
     pub addr: SocketAddr,
-    /// Longest a request may take (not the event stream).
+    /// Longest a request may take (not the event stream); a slower one is answered 408.
     #[serde(with = "duration")]
+    #[schemars(with = "String")]
     pub request_timeout: Duration,
-    /// When set, every `/v1/...` request needs `Authorization: Bearer <token>` (health and
-    /// metrics stay open). The CLI client sends it too.
+    /// When set, every `/v1/...` request (the event stream too) needs `Authorization: Bearer
+    /// <token>`, compared in constant time, and is answered 401 without it; `/healthz`,
+    /// `/readyz` and `/metrics` stay open. The CLI client sends it (`--token`, by default this
+    /// key). Must not be empty. `check-config` shows `***`.
     pub token: Option<String>,
 }
 
@@ -50,19 +60,24 @@ impl Default for HttpConfig {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum LogFormat {
+    /// For people.
     Text,
+    /// One JSON object per line, for log shippers.
     Json,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// Logging. Logs go to stderr.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct LogConfig {
-    /// `text` for people, `json` for log shippers.
+    /// `text` for people, `json` (one object per line) for log shippers.
     pub format: LogFormat,
-    /// A tracing filter (`info`, `timer_core=debug,info`); `RUST_LOG` overrides it.
+    /// A tracing filter such as `info` or `timer_core=debug,info`. The `RUST_LOG` environment
+    /// variable overrides it.
     pub level: String,
 }
 
@@ -144,7 +159,12 @@ pub fn load(figment: &Figment) -> Result<Config, Error> {
         default_store_kind(),
     )?;
     let store = (store.load)(&section(figment, "store", &locate)?)?;
-    let broker = plugin_of(figment, "broker", &timer_brokers::PLUGINS, "memory")?;
+    let broker = plugin_of(
+        figment,
+        "broker",
+        &timer_brokers::PLUGINS,
+        DEFAULT_BROKER_KIND,
+    )?;
     let broker = (broker.load)(&section(figment, "broker", &locate)?)?;
     let _ = (top.store, top.broker);
     let config = Config {
@@ -159,7 +179,8 @@ pub fn load(figment: &Figment) -> Result<Config, Error> {
     Ok(config)
 }
 
-fn default_store_kind() -> &'static str {
+/// `store.kind` when none is given: `sqlite`, or `memory` in a build without SQLite.
+pub fn default_store_kind() -> &'static str {
     if cfg!(feature = "sqlite") {
         "sqlite"
     } else {

@@ -6,6 +6,16 @@ mod config;
 mod fuzz;
 mod http;
 mod plugins;
+// The docs cover every plugin, so their generator and checks need every plugin compiled in.
+#[cfg(all(
+    test,
+    feature = "sqlite",
+    feature = "postgres",
+    feature = "nats",
+    feature = "rabbitmq",
+    feature = "kafka"
+))]
+mod reference;
 
 use std::path::PathBuf;
 use std::process::ExitCode;

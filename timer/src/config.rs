@@ -3,24 +3,33 @@
 
 use std::time::Duration;
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-/// Limits applied to every inbound command, on the broker path and the HTTP path alike.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// Limits applied to every command, on the broker path and the HTTP API alike. A command over
+/// a limit is refused with a reason code (see the wire contract's rejections).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct Limits {
-    /// Largest command accepted, in bytes.
+    /// Largest command, in bytes (reason `too_large`). An HTTP request body larger than this
+    /// plus 1 KiB is answered 413 before it is read. At least 1.
     pub max_message_bytes: usize,
-    /// Longest `tenantId`, `serviceCallId` or `correlationId`, in bytes.
+    /// Longest `tenantId`, `serviceCallId`, `correlationId`, `cron` and `timeZone`, in bytes.
+    /// At least 1.
     pub max_id_bytes: usize,
-    /// Largest opaque `payload`, in bytes of JSON text.
+    /// Largest opaque `payload`, in bytes of JSON text (reason `payload_too_large`).
     pub max_payload_bytes: usize,
-    /// How far in the future a due time may lie.
+    /// How far in the future a due time, or a recurring timer's first occurrence, may lie
+    /// (reason `too_far`).
     #[serde(with = "duration")]
+    #[schemars(with = "String")]
     pub max_horizon: Duration,
-    /// Most Scheduled timers one tenant may have; a new timer over it is refused with reason
-    /// `tenant_limit` (rescheduling an existing one stays allowed). 0 (the default) sets no
-    /// limit. Checking it counts the tenant's timers for every batch that names the tenant.
+    /// Most Scheduled timers one tenant may have; 0 sets no limit. A new timer over it is
+    /// refused with reason `tenant_limit` (HTTP 429; on the broker path a dead letter, and the
+    /// command is acknowledged); rescheduling an existing Scheduled timer stays allowed, and
+    /// other tenants are not affected. Checking costs a count of the tenant's timers for every
+    /// batch that names the tenant, which is why it is off unless set; several instances check
+    /// independently and may together overshoot by up to one batch each.
     pub max_pending_per_tenant: u64,
 }
 
@@ -37,44 +46,64 @@ impl Default for Limits {
     }
 }
 
-/// How the engine runs its ingest and firing tasks.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// How the engine runs: the firing task (claim, publish, settle), retries after failures, the
+/// purge of finished timers, and shutdown.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct EngineConfig {
-    /// The longest the firing task sleeps without looking at the store. Exact wake-ups make
-    /// timers fire on time regardless; polling finds timers other instances inserted.
+    /// The longest the firing task sleeps without asking the store. Above 0. Timers fire on time
+    /// without it (the task sleeps until the next due time and is woken by new timers); it is
+    /// the safety net, and how an instance finds timers other instances inserted when the store
+    /// sends no wake-ups (`sqlite`, `memory`, `postgres` with `store.notify = false`).
     #[serde(with = "duration")]
+    #[schemars(with = "String")]
     pub poll_interval: Duration,
-    /// Most timers claimed (and commands read) in one batch.
+    /// Most timers claimed, and most commands read, in one batch. At least 1.
     pub batch_size: usize,
-    /// How long a claim holds a timer; a crashed instance's timers fire after it expires.
+    /// How long a claim holds a timer. At least 1s. A publish not confirmed after half of it
+    /// counts as failed; a cancel is refused (`firing`) while a lease is live; a crashed
+    /// instance's timers are claimable again when their lease runs out.
     #[serde(with = "duration")]
+    #[schemars(with = "String")]
     pub lease: Duration,
-    /// First retry delay after a failed publish; doubled per attempt up to `retry_max`.
+    /// First retry delay after a failed publish, doubled per attempt up to `engine.retry_max`.
+    /// Also the first pause of a task whose store or broker call failed.
     #[serde(with = "duration")]
+    #[schemars(with = "String")]
     pub retry_base: Duration,
+    /// Cap on the retry delay after failed publishes, and on the pause between tries of a
+    /// failed store or broker call (which `engine.poll_interval` caps too).
     #[serde(with = "duration")]
+    #[schemars(with = "String")]
     pub retry_max: Duration,
-    /// Random jitter on each retry delay, in percent: a delay is shortened by up to this much,
-    /// so timers that failed together do not retry in lockstep. 0 turns it off.
+    /// Each retry delay is shortened by a random share of up to this many percent, so timers
+    /// that failed together do not retry at once. 0 turns it off; at most 100.
     pub retry_jitter_percent: u32,
-    /// Publish attempts before a timer is given up: it becomes `Failed` and a `TimerFailed`
-    /// dead letter with the last error goes out. 0 (the default) retries forever, so a broker
-    /// outage of any length loses nothing.
+    /// Failed publishes after which a timer is given up: it becomes Failed and a `TimerFailed`
+    /// goes to the dead-letter destination. 0 retries forever, so an outage of any length loses
+    /// nothing; above 0, a long outage of event publishing turns timers into Failed timers.
     pub max_attempts: u32,
-    /// Reached, Cancelled and Failed timers are deleted this long after they finished; 0 keeps
-    /// them forever.
+    /// How long Reached, Cancelled and Failed timers are kept after they finished; then the
+    /// purge task deletes them, `GET` answers 404 and the key is free for a new timer. 0 keeps
+    /// them forever. Keep it longer than any command can come back (a broker's retention of
+    /// commands, a replay).
     #[serde(with = "duration")]
+    #[schemars(with = "String")]
     pub retention: Duration,
-    /// How often the retention task runs, and how many rows it deletes per statement (small
-    /// batches, so firing never waits long for it).
+    /// How often the purge task looks for timers older than `engine.retention`. Above 0 while
+    /// `engine.retention` is set.
     #[serde(with = "duration")]
+    #[schemars(with = "String")]
     pub purge_interval: Duration,
+    /// Most timers the purge task deletes in one statement (small, so firing never waits long
+    /// for it); it repeats until fewer are left. At least 1.
     pub purge_batch: usize,
-    /// How long shutdown waits for an in-flight publish before releasing its claims.
+    /// How long shutdown waits for an in-flight publish before it releases its claims.
     #[serde(with = "duration")]
+    #[schemars(with = "String")]
     pub shutdown_grace: Duration,
-    /// Name of this instance in leases; empty means `<pid>-<8 random hex digits>`.
+    /// This instance's name in leases. Empty means `<pid>-<8 random hex digits>`; when you set
+    /// it, give every instance its own.
     pub instance_id: String,
 }
 

@@ -20,6 +20,7 @@ use std::fmt::Debug;
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use schemars::JsonSchema;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use uuid::Uuid;
@@ -45,6 +46,9 @@ pub struct Plugin<C: ?Sized + 'static> {
     /// `bench`). Fails with [`ErrorKind::Config`](crate::ErrorKind) naming the variable when
     /// the test server is not configured.
     pub isolated: fn(prefix: &str) -> Result<Isolated<C>>,
+    /// The JSON Schema of its config section: every key with its doc comment and default,
+    /// from which the configuration reference and the example file are generated.
+    pub schema: fn() -> schemars::Schema,
 }
 
 /// A store plugin's descriptor.
@@ -61,6 +65,7 @@ impl<D: ?Sized + 'static> Plugin<D> {
             load: |section| Ok(load_section::<C>(section)?.boxed()),
             test_server: C::TEST_SERVER,
             isolated: |prefix| test_config::<C>()?.isolate(prefix),
+            schema: || schemars::schema_for!(C),
         }
     }
 
@@ -186,8 +191,11 @@ pub trait PluginConfig: Debug + Send + Sync + 'static {
 /// A plugin's config section type. [`StorePlugin::of`] and [`BrokerPlugin::of`] make the
 /// descriptor from it: `load` parses the section and runs [`validate`](Section::validate);
 /// `isolated` applies [`StoreConfig::isolated`] / [`BrokerConfig::isolated`] to
-/// [`for_test_server`](Section::for_test_server).
-pub trait Section: Serialize + DeserializeOwned + Default + Debug + Send + Sync + 'static {
+/// [`for_test_server`](Section::for_test_server). Its doc comments are the configuration
+/// reference (`JsonSchema`): document every key there, for operators.
+pub trait Section:
+    Serialize + DeserializeOwned + JsonSchema + Default + Debug + Send + Sync + 'static
+{
     /// `store.kind` / `broker.kind`, also the cargo feature and the folder name.
     const KIND: &'static str;
     /// The server its tests need; `None` when it runs in process or on a local file.

@@ -1,43 +1,56 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use timer_core::config::duration;
 use timer_core::{Error, Result};
 
-/// Config section of `broker.kind = "kafka"`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// The Kafka broker (through librdkafka): commands from a topic that the instances read as one
+/// consumer group, events to a topic keyed by tenant, dead letters to a third topic.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct KafkaConfig {
     /// Always `kafka`; checked by the binary.
     pub kind: String,
-    /// Bootstrap servers, `host:port[,host:port...]` (librdkafka `bootstrap.servers`).
+    /// Bootstrap servers, `HOST:PORT[,HOST:PORT...]` (librdkafka `bootstrap.servers`).
     pub brokers: String,
-    /// The consumer group every instance joins; the command partitions are split among them.
+    /// The consumer group every instance joins; the partitions of the commands topic are split
+    /// among its members. Auto-commit is off: an offset is committed after the store committed
+    /// the commands before it. A new group reads every retained command again.
     pub group_id: String,
     /// The topic commands arrive on.
     pub commands_topic: String,
-    /// The topic `DueTimeReached` events go to, keyed by tenant.
+    /// The topic events are published to, keyed by tenant, with the envelope id in the header
+    /// `timer-event-id`.
     pub events_topic: String,
-    /// The topic rejected commands go to (reason in the `timer-dead-letter-reason` header).
+    /// The topic rejected commands and `TimerFailed` envelopes go to; the reason is in the
+    /// header `timer-dead-letter-reason`. The three topics must differ.
     pub dead_letter_topic: String,
-    /// Create missing topics at start-up with the admin API. When off, or when the broker
-    /// refuses, a missing topic stops the start with an error naming it.
+    /// Create missing topics at start-up with the admin API. `false`: a missing topic is an
+    /// error at start-up, naming the topic and its key. An existing topic is used as it is.
     pub create_topics: bool,
-    /// Partitions and replication factor of topics the service creates.
+    /// Partitions of the topics the service creates. At least 1.
     pub partitions: i32,
+    /// Replication factor of the topics the service creates. At least 1.
     pub replication_factor: i32,
-    /// How long connecting, metadata and admin requests may take.
+    /// How long connecting, metadata requests and topic creation may take. When the servers
+    /// cannot be reached at start-up, `run` exits 1.
     #[serde(with = "duration")]
+    #[schemars(with = "String")]
     pub connect_timeout: Duration,
-    /// How long a publish may wait for the broker's acknowledgement (`message.timeout.ms`);
-    /// keep it below the engine's lease so a stuck publish is retried by this instance.
+    /// How long a publish may wait for the broker's acknowledgement (librdkafka
+    /// `message.timeout.ms`). Must be below half of `engine.lease`, where the engine stops
+    /// waiting, so no event arrives after a cancel that succeeded.
     #[serde(with = "duration")]
+    #[schemars(with = "String")]
     pub publish_timeout: Duration,
-    /// Extra librdkafka properties for every client (consumer, producer, admin), e.g.
-    /// `security.protocol = "SASL_SSL"`, `sasl.mechanisms = "SCRAM-SHA-512"`,
-    /// `sasl.username`, `sasl.password`, `ssl.ca.location`. They override the service's own
-    /// settings, except the ones its guarantees rest on (see [`FIXED_PROPERTIES`]).
+    /// Extra librdkafka properties for every client (consumer, producer, admin): TLS, SASL,
+    /// tuning, e.g. `"security.protocol" = "SASL_SSL"`. The ones the delivery guarantees rest on
+    /// are refused: `bootstrap.servers`, `group.id`, `enable.auto.commit`,
+    /// `enable.auto.offset.store`, `enable.idempotence`, `acks`, `request.required.acks`,
+    /// `message.timeout.ms`, `delivery.timeout.ms` and `allow.auto.create.topics`.
+    /// `check-config` shows values whose key contains `password`, `secret` or `token` as `***`.
     pub properties: BTreeMap<String, String>,
 }
 
@@ -130,6 +143,20 @@ impl Default for KafkaConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_reference_lists_every_fixed_property() {
+        let schema = schemars::schema_for!(KafkaConfig);
+        let doc = schema
+            .get("properties")
+            .and_then(|p| p.get("properties"))
+            .and_then(|p| p.get("description"))
+            .and_then(|d| d.as_str())
+            .unwrap_or_default();
+        for property in FIXED_PROPERTIES {
+            assert!(doc.contains(&format!("`{property}`")), "{property}: {doc}");
+        }
+    }
 
     #[test]
     fn defaults_pass_and_mistakes_are_named() {

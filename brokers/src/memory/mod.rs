@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use timer_core::config::duration;
 use timer_core::{Broker, Delivery, Error, OutboundEvent, Result, TimerKey};
@@ -19,16 +20,20 @@ use uuid::Uuid;
 
 pub use plugin::{HubConfig, MemoryTestClient, PLUGIN};
 
-/// Config section of `broker.kind = "memory"`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// The memory broker, the embedded default: commands, events and dead letters inside this
+/// process, for one instance. Commands come from `POST /v1/commands`; events show on
+/// `/v1/events`, and dead letters on `GET /v1/dead-letters`. Nothing survives a restart.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct MemoryConfig {
     /// Always `memory`; checked by the binary.
     pub kind: String,
-    /// A delivered command not acknowledged within this time is delivered again.
+    /// A delivered command that is not acknowledged within this time is delivered again.
     #[serde(with = "duration")]
+    #[schemars(with = "String")]
     pub ack_wait: Duration,
-    /// How many published events (and dead letters) are kept for reading back.
+    /// How many published events, and how many dead letters, are kept for reading back (the
+    /// oldest go first).
     pub retain: usize,
 }
 

@@ -21,6 +21,7 @@ pub const PLUGIN: BrokerPlugin = BrokerPlugin {
     load,
     test_server: None,
     isolated,
+    schema: || schemars::schema_for!(MemoryConfig),
 };
 
 fn load(section: &ConfigSection) -> Result<Box<dyn BrokerConfig>> {

@@ -1,57 +1,77 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use timer_core::config::duration;
 
-/// Config section of `broker.kind = "nats"`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// The NATS JetStream broker: commands from a stream through one durable pull consumer that
+/// every instance shares, events to a stream of their own, dead letters to a third.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct NatsConfig {
     /// Always `nats`; checked by the binary.
     pub kind: String,
-    /// Server URL: `nats://127.0.0.1:4222` (`tls://` for TLS). A `user:password@` in it is
-    /// used when `user`/`password` are not set.
+    /// One server: `nats://HOST:PORT`, or `tls://HOST:PORT` for TLS. A comma-separated list is
+    /// not accepted; the client learns a cluster's other servers from the one it reaches. A
+    /// `user:password@` in the URL logs in when `broker.user` and `broker.password` are not set,
+    /// and a lone `TOKEN@` is a token (`broker.token` wins). `check-config` shows either as
+    /// `***`.
     pub url: String,
-    /// User and password authentication.
+    /// User for user and password authentication; give `broker.password` with it.
     pub user: Option<String>,
+    /// Password for user and password authentication; give `broker.user` with it.
     pub password: Option<String>,
     /// Token authentication.
     pub token: Option<String>,
-    /// NKey seed (`SU...`) authentication.
+    /// NKey authentication: the user's seed (`SU…`).
     pub nkey: Option<String>,
-    /// A `.creds` file (JWT + NKey seed).
+    /// A `.creds` file (JWT and NKey seed), for decentralized authentication.
     pub credentials_file: Option<PathBuf>,
-    /// Require TLS even for `nats://` URLs.
+    /// Insist on TLS also with a `nats://` URL. A server that requires TLS gets it in any case.
     pub tls_required: bool,
-    /// PEM file of the CA that signed the server certificate.
+    /// PEM file of the CA that signed the server certificate. Without it, a server certificate
+    /// from a private CA fails with `invalid peer certificate: UnknownIssuer`.
     pub tls_root_cert: Option<PathBuf>,
-    /// Client certificate and key (PEM) for mutual TLS.
+    /// Client certificate (PEM) for mutual TLS; give `broker.tls_client_key` with it.
     pub tls_client_cert: Option<PathBuf>,
+    /// Client key (PEM) for mutual TLS; give `broker.tls_client_cert` with it.
     pub tls_client_key: Option<PathBuf>,
-    /// How long connecting may take.
+    /// How long connecting may take. When the first connection fails, `run` exits 1.
     #[serde(with = "duration")]
+    #[schemars(with = "String")]
     pub connect_timeout: Duration,
-    /// The JetStream stream holding commands, and the subjects it captures.
+    /// The JetStream stream that holds the commands.
     pub commands_stream: String,
+    /// The one subject of the commands stream; producers publish to any subject it matches.
     pub commands_subject: String,
-    /// The durable pull consumer all instances share.
+    /// The durable pull consumer on the commands stream, shared by every instance, with
+    /// explicit acks: a command is acknowledged after the store committed it.
     pub consumer: String,
-    /// A delivered command not acknowledged within this time is delivered again.
+    /// A delivered command that is not acknowledged within this time is delivered again,
+    /// possibly to another instance. Applies when the consumer is created.
     #[serde(with = "duration")]
+    #[schemars(with = "String")]
     pub ack_wait: Duration,
-    /// Most commands delivered and not yet acknowledged, across all instances.
+    /// Most commands delivered and not yet acknowledged, across all instances. Applies when the
+    /// consumer is created.
     pub max_ack_pending: i64,
-    /// The stream holding `DueTimeReached` events; events go to `<events_subject>.<tenant>`.
+    /// The stream that holds the `DueTimeReached` events.
     pub events_stream: String,
+    /// An event goes to `<events_subject>.<tenant>`; the events stream captures
+    /// `<events_subject>.>`.
     pub events_subject: String,
-    /// The stream and subject of dead letters (rejected commands, reason in a header).
+    /// The stream that holds rejected commands and `TimerFailed` envelopes.
     pub dead_letter_stream: String,
+    /// The subject of dead letters; the reason is in the header `Timer-Dead-Letter-Reason`.
     pub dead_letter_subject: String,
-    /// How long JetStream remembers an envelope id to drop a duplicate publish.
+    /// De-duplication window of the streams the service creates: JetStream drops a message whose
+    /// `Nats-Msg-Id` (the envelope id) it has seen within this time.
     #[serde(with = "duration")]
+    #[schemars(with = "String")]
     pub duplicate_window: Duration,
-    /// Create missing streams at start-up (an existing stream is checked, never changed).
+    /// Create the three streams when they are missing. `false`: a missing stream is an error at
+    /// start-up. An existing stream is checked, never changed.
     pub create_streams: bool,
 }
 

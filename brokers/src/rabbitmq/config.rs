@@ -1,31 +1,45 @@
 use std::time::Duration;
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use timer_core::config::duration;
 
-/// Config section of `broker.kind = "rabbitmq"`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// The RabbitMQ broker (AMQP 0-9-1): commands from a durable queue that every instance
+/// consumes, events to a topic exchange with the tenant as routing key, dead letters to a
+/// fanout exchange and its queue.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct RabbitmqConfig {
     /// Always `rabbitmq`; checked by the binary.
     pub kind: String,
-    /// `amqp://USER:PASSWORD@HOST:PORT/VHOST` or `amqps://...` (TLS, checked against the
-    /// webpki root certificates and `tls_root_cert`). The default vhost `/` is written `%2f`.
+    /// `amqp://USER:PASSWORD@HOST:PORT/VHOST`, or `amqps://...` for TLS, where the server
+    /// certificate is checked against the webpki root certificates (the Mozilla set compiled
+    /// into the binary) and `broker.tls_root_cert`. The vhost `/` is written `%2f`.
+    /// `check-config` shows the password as `***`.
     pub url: String,
     /// PEM file of the CA that signed the server certificate, for `amqps://` with a CA of your
-    /// own (trusted besides the webpki roots).
+    /// own (trusted besides the webpki roots). Without it such a certificate fails with
+    /// `invalid peer certificate: UnknownIssuer`.
     pub tls_root_cert: Option<std::path::PathBuf>,
-    /// The durable queue commands arrive on; instances consume it as competing consumers.
+    /// The durable queue commands arrive on. Every instance consumes it (competing consumers);
+    /// a command is acknowledged after the store committed it.
     pub commands_queue: String,
-    /// The durable topic exchange events are published to; the routing key is the tenant.
+    /// The durable topic exchange events are published to, with the tenant as routing key. An
+    /// event that no bound queue matches comes back and is retried.
     pub events_exchange: String,
-    /// The durable fanout exchange and queue rejected commands go to (reason in a header).
+    /// The durable fanout exchange rejected commands and `TimerFailed` envelopes are published
+    /// to.
     pub dead_letter_exchange: String,
+    /// The durable queue bound to the dead-letter exchange; the reason is in the header
+    /// `x-timer-dead-letter-reason`.
     pub dead_letter_queue: String,
-    /// Most unacknowledged commands delivered to this instance at once (basic.qos).
+    /// Most commands delivered to this instance and not yet acknowledged (`basic.qos`), 0 to
+    /// 65535; 0 means no limit.
     pub prefetch: u16,
-    /// How long connecting may take.
+    /// How long opening a connection may take, at start-up and on every reconnect. When the
+    /// first connection fails, `run` exits 1.
     #[serde(with = "duration")]
+    #[schemars(with = "String")]
     pub connect_timeout: Duration,
 }
 

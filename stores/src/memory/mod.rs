@@ -6,6 +6,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::Mutex;
 
 use async_trait::async_trait;
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use timer_core::{
     CancelOutcome, ClaimedTimer, Error, Lease, NewTimer, Result, ScheduleOutcome, Settlement,
@@ -14,8 +15,9 @@ use timer_core::{
 
 pub use plugin::PLUGIN;
 
-/// Config section of `store.kind = "memory"`: nothing to set.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// The memory store: timers in process memory, lost at exit and not shared with other
+/// processes. For tests and trying things out.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct MemoryConfig {
     /// Always `memory`; checked by the binary.

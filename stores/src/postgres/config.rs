@@ -1,33 +1,43 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use timer_core::config::duration;
 
-/// Config section of `store.kind = "postgres"`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// The PostgreSQL store: timers in one schema that several instances share; they claim due
+/// timers with `FOR UPDATE SKIP LOCKED` and wake each other with LISTEN/NOTIFY.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct PostgresConfig {
     /// Always `postgres`; checked by the binary.
     pub kind: String,
-    /// `postgres://USER:PASSWORD@HOST:PORT/DATABASE` (libpq URL parameters such as `sslmode`
-    /// are honoured too).
+    /// `postgres://USER:PASSWORD@HOST:PORT/DATABASE` (`postgresql://` works too). libpq URL
+    /// parameters such as `sslmode` and `sslrootcert` are honoured. `check-config` shows the
+    /// password as `***`.
     pub url: String,
-    /// The schema holding the tables; created if missing. Instances sharing timers share it.
+    /// The schema that holds the tables; created if missing, and migrated at start-up. 1 to 50
+    /// lowercase letters, digits or `_`, not starting with a digit. Instances that share timers
+    /// use the same `store.url` and `store.schema`.
     pub schema: String,
-    /// Most connections in the pool (LISTEN uses one more, of its own).
+    /// Most connections in the pool. With `store.notify` on, LISTEN uses one more connection of
+    /// its own, outside the pool.
     pub max_connections: u32,
-    /// How long connecting (and waiting for a pooled connection) may take.
+    /// How long connecting may take at start-up, and how long a query waits for a connection
+    /// from the pool.
     #[serde(with = "duration")]
+    #[schemars(with = "String")]
     pub connect_timeout: Duration,
-    /// `disable`, `allow`, `prefer`, `require`, `verify-ca` or `verify-full` (TLS by rustls,
-    /// Mozilla's root certificates); overrides `sslmode` in the URL.
+    /// TLS: `disable`, `allow`, `prefer`, `require`, `verify-ca` or `verify-full` (rustls, with
+    /// Mozilla's root certificates and `store.ssl_root_cert`). Overrides `sslmode` in the URL;
+    /// when not set, the URL's `sslmode`, else `PGSSLMODE`, else `prefer`.
     pub ssl_mode: Option<String>,
-    /// PEM file of the CA that signed the server certificate (for `verify-ca`/`verify-full`);
-    /// overrides `sslrootcert` in the URL.
+    /// PEM file of the CA that signed the server certificate, for `verify-ca` and
+    /// `verify-full`. Overrides `sslrootcert` in the URL.
     pub ssl_root_cert: Option<PathBuf>,
-    /// Wake every instance at once when a timer due sooner is inserted (LISTEN/NOTIFY); polling
-    /// remains the safety net.
+    /// Wake every instance at once when a timer due sooner is scheduled, by LISTEN/NOTIFY.
+    /// `false`: this instance neither sends nor hears wake-ups, and finds timers other instances
+    /// scheduled by polling (`engine.poll_interval`).
     pub notify: bool,
 }
 

@@ -1,27 +1,32 @@
 use std::time::Duration;
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use timer_core::config::duration;
 
-/// Config section of `store.kind = "sqlite"`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// The SQLite store, the embedded default: timers in one local file, used by one instance.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct SqliteConfig {
     /// Always `sqlite`; checked by the binary.
     pub kind: String,
-    /// `sqlite://PATH` or a plain file path (seed name: `TIMER_DB_PATH`). Created if missing.
+    /// `sqlite://PATH` or a plain path, relative to the working directory. The file is created
+    /// if missing and migrated at start-up. `:memory:` and query parameters (`?mode=...`) are
+    /// refused.
     pub url: String,
-    /// `full` (default: an acknowledged command survives power loss) or `normal` (survives a
-    /// process crash; faster).
+    /// `full`: an accepted timer survives power loss. `normal`: it survives a crash of the
+    /// process, and writes are faster.
     pub synchronous: Synchronous,
     /// How long a statement waits for a lock held by another process on the same file.
     #[serde(with = "duration")]
+    #[schemars(with = "String")]
     pub busy_timeout: Duration,
-    /// Connections for reads (`get`, `next_due_at`, health); writes use one connection.
+    /// Connections for reads (get, next due time, health); writes use a single connection.
     pub read_connections: u32,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+/// SQLite's `synchronous` setting for the database file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Synchronous {
     Full,
