@@ -8,6 +8,9 @@ use crate::config::Limits;
 use crate::model::{ClaimedTimer, NewTimer, TimerKey, Timestamp};
 use crate::recurrence::Recurrence;
 
+#[cfg(test)]
+mod doc_tests;
+
 pub const SCHEDULE_TIMER: &str = "ScheduleTimer";
 pub const CANCEL_TIMER: &str = "CancelTimer";
 pub const DUE_TIME_REACHED: &str = "DueTimeReached";
