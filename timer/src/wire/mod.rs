@@ -1,10 +1,4 @@
-//! The wire contract: decoding `ScheduleTimer` commands and encoding `DueTimeReached` events.
-//!
-//! A command is accepted bare (`{"tenantId", "serviceCallId", "dueAt"}`) or inside an envelope
-//! whose `type` is `ScheduleTimer` (or `CancelTimer`) and whose `payload` holds the command. A
-//! `ScheduleTimer` gives a due time, or a `cron` pattern (with `timeZone`) for a recurring timer.
-//! The event is always an envelope: UUIDv7 id, `causationId` null because time, not
-//! a message, caused it.
+#![doc = include_str!("README.md")]
 
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
@@ -13,6 +7,9 @@ use uuid::Uuid;
 use crate::config::Limits;
 use crate::model::{ClaimedTimer, NewTimer, TimerKey, Timestamp};
 use crate::recurrence::Recurrence;
+
+#[cfg(test)]
+mod doc_tests;
 
 pub const SCHEDULE_TIMER: &str = "ScheduleTimer";
 pub const CANCEL_TIMER: &str = "CancelTimer";
