@@ -70,8 +70,10 @@ pub fn router(state: AppState, config: &Config) -> Router {
     Router::new()
         .merge(api)
         .merge(open)
-        .layer(axum::middleware::map_response(json_payload_too_large))
         .layer(RequestBodyLimitLayer::new(body_limit))
+        // Outside the limit, so its own answer to a too-large Content-Length (plain text) also
+        // becomes the JSON error body.
+        .layer(axum::middleware::map_response(json_payload_too_large))
         .layer(TraceLayer::new_for_http())
         .with_state(state)
 }

@@ -202,10 +202,11 @@ async fn bad_input_over_http_is_a_400_naming_the_field() {
             "{v}"
         );
     }
-    assert_eq!(
-        oversized_post_status(&service).await,
-        413,
-        "a body over the limit is refused"
+    let (status, body) = oversized_post(&service).await;
+    assert_eq!(status, 413, "a body over the limit is refused: {body}");
+    assert!(
+        body.contains(r#""reason":"too_large""#),
+        "the 413 has the JSON error body: {body}"
     );
     // The service keeps serving after all of that.
     let (status, v) = service
@@ -221,22 +222,33 @@ async fn bad_input_over_http_is_a_400_naming_the_field() {
 }
 
 /// Announces a 10 MB body and sends none of it: the limit answers from the header alone.
-/// (A client that really sends it sees the connection close mid-upload instead.)
-async fn oversized_post_status(service: &Service) -> u16 {
+/// (A client that really sends it sees the connection close mid-upload instead.) The status and
+/// the body of the answer.
+async fn oversized_post(service: &Service) -> (u16, String) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut conn = tokio::net::TcpStream::connect(service.addr)
         .await
         .expect("connect");
     let request = "POST /v1/timers HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n\
-                   Content-Length: 10000000\r\n\r\n";
+                   Connection: close\r\nContent-Length: 10000000\r\n\r\n";
     conn.write_all(request.as_bytes()).await.expect("write");
-    let mut head = vec![0u8; 64];
-    let n = conn.read(&mut head).await.expect("read");
-    let line = String::from_utf8_lossy(&head[..n]).into_owned();
-    line.split(' ')
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), conn.read_to_end(&mut answer))
+        .await
+        .expect("the server closes the connection after its answer")
+        .expect("read");
+    let answer = String::from_utf8_lossy(&answer).into_owned();
+    let status = answer
+        .split(' ')
         .nth(1)
         .and_then(|c| c.parse().ok())
-        .unwrap_or_else(|| panic!("no status in {line:?}"))
+        .unwrap_or_else(|| panic!("no status in {answer:?}"));
+    let body = answer
+        .split("\r\n\r\n")
+        .nth(1)
+        .unwrap_or_default()
+        .to_owned();
+    (status, body)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
