@@ -267,3 +267,178 @@ fn every_json_example_in_the_docs_parses() {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+/// The keys of every object in `value` (nested ones too) that `is_wanted`, with the path.
+fn objects<'a>(
+    value: &'a Value,
+    is_wanted: &dyn Fn(&serde_json::Map<String, Value>) -> bool,
+    out: &mut Vec<&'a serde_json::Map<String, Value>>,
+) {
+    match value {
+        Value::Object(map) => {
+            if is_wanted(map) {
+                out.push(map);
+            }
+            map.values().for_each(|v| objects(v, is_wanted, out));
+        }
+        Value::Array(items) => items.iter().for_each(|v| objects(v, is_wanted, out)),
+        _ => {}
+    }
+}
+
+/// Every timer resource shown in the docs (an object with `serviceCallId` and `registeredAt`)
+/// has the fields `GET /v1/tenants/{tenant}/timers/{id}` answers with, no more and no fewer;
+/// so has its `recurrence` when it is not null.
+#[test]
+fn every_timer_resource_in_the_docs_has_the_api_fields() {
+    use timer_core::{Recurrence, Timer, TimerKey, TimerState, Timestamp};
+    let recurrence: Recurrence =
+        serde_json::from_value(serde_json::json!({"cron": "* * * * *", "timeZone": "UTC"}))
+            .expect("a recurrence");
+    let at = Timestamp::from_millis(0);
+    let timer = Timer {
+        key: TimerKey {
+            tenant_id: "t".into(),
+            service_call_id: "s".into(),
+        },
+        due_at: at,
+        state: TimerState::Scheduled,
+        registered_at: at,
+        reached_at: None,
+        correlation_id: None,
+        payload: None,
+        attempts: 0,
+        last_error: None,
+        lease_owner: None,
+        available_at: at,
+        recurrence: Some(recurrence),
+        occurrences: 0,
+    };
+    let view = crate::http::timer_view(&timer);
+    let keys = |map: &serde_json::Map<String, Value>| map.keys().cloned().collect::<BTreeSet<_>>();
+    let wanted = view.as_object().map(keys).expect("an object");
+    let wanted_recurrence = view["recurrence"].as_object().map(keys).expect("an object");
+    let mut found = 0;
+    let mut failures = Vec::new();
+    for (file, text) in markdown_files() {
+        for (info, body, line) in code_blocks(&text) {
+            if info != "json" {
+                continue;
+            }
+            let values: Vec<Value> = match serde_json::from_str::<Value>(&body) {
+                Ok(value) => vec![value],
+                Err(_) => body
+                    .lines()
+                    .filter_map(|l| serde_json::from_str(l).ok())
+                    .collect(),
+            };
+            let mut timers = Vec::new();
+            let is_timer = |m: &serde_json::Map<String, Value>| {
+                m.contains_key("serviceCallId") && m.contains_key("registeredAt")
+            };
+            values
+                .iter()
+                .for_each(|v| objects(v, &is_timer, &mut timers));
+            for timer in timers {
+                found += 1;
+                if keys(timer) != wanted {
+                    failures.push(format!(
+                        "{file}:{line}: fields {:?}, the API has {wanted:?}",
+                        keys(timer)
+                    ));
+                }
+                if let Some(r) = timer.get("recurrence").and_then(Value::as_object) {
+                    if keys(r) != wanted_recurrence {
+                        failures.push(format!("{file}:{line}: recurrence fields {:?}, the API has {wanted_recurrence:?}", keys(r)));
+                    }
+                }
+            }
+        }
+    }
+    assert!(found > 0, "no timer resource found in the docs");
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// GitHub's anchors of a Markdown text's headings (`## Events: at least once` →
+/// `events-at-least-once`; a repeated heading gets `-1`, `-2`).
+fn anchors(text: &str) -> BTreeSet<String> {
+    let mut seen = BTreeSet::new();
+    let mut in_block = false;
+    for line in text.lines() {
+        if line.trim_start().starts_with("```") {
+            in_block = !in_block;
+        }
+        let Some(heading) = line.strip_prefix('#').filter(|_| !in_block) else {
+            continue;
+        };
+        let slug: String = heading
+            .trim_start_matches('#')
+            .trim()
+            .to_lowercase()
+            .chars()
+            .filter(|c| c.is_alphanumeric() || *c == ' ' || *c == '-' || *c == '_')
+            .map(|c| if c == ' ' { '-' } else { c })
+            .collect();
+        let mut anchor = slug.clone();
+        let mut n = 0;
+        while !seen.insert(anchor.clone()) {
+            n += 1;
+            anchor = format!("{slug}-{n}");
+        }
+    }
+    seen
+}
+
+/// Every relative link in the docs reaches a file of the repository, and its `#anchor` a
+/// heading of that file.
+#[test]
+fn every_link_in_the_docs_resolves() {
+    let root = root();
+    let files = markdown_files();
+    let mut checked = 0;
+    let mut broken = Vec::new();
+    for (file, text) in &files {
+        let dir = Path::new(file).parent().unwrap_or(Path::new(""));
+        let mut in_block = false;
+        for (n, line) in text.lines().enumerate() {
+            if line.trim_start().starts_with("```") {
+                in_block = !in_block;
+            }
+            if in_block {
+                continue;
+            }
+            for piece in line.split("](").skip(1) {
+                let Some(target) = piece.split(')').next() else {
+                    continue;
+                };
+                if target.contains("://") || target.starts_with("mailto:") {
+                    continue;
+                }
+                checked += 1;
+                let (path, anchor) = match target.split_once('#') {
+                    Some((path, anchor)) => (path, Some(anchor)),
+                    None => (target, None),
+                };
+                let resolved = if path.is_empty() {
+                    root.join(file)
+                } else {
+                    root.join(dir).join(path)
+                };
+                let at = format!("{file}:{}: {target}", n + 1);
+                if !resolved.exists() {
+                    broken.push(format!("{at}: no such file"));
+                    continue;
+                }
+                if let Some(anchor) = anchor {
+                    if resolved.extension().is_some_and(|e| e == "md")
+                        && !anchors(&read(&resolved)).contains(anchor)
+                    {
+                        broken.push(format!("{at}: no heading with this anchor"));
+                    }
+                }
+            }
+        }
+    }
+    assert!(checked > 20, "only {checked} links found");
+    assert!(broken.is_empty(), "broken links:\n{}", broken.join("\n"));
+}

@@ -29,12 +29,12 @@ pub const ALL: &[(&str, Kind, &str)] = &[
     (
         COMMANDS_RECEIVED,
         Kind::Counter,
-        "Commands received (broker and HTTP)",
+        "Commands received (ScheduleTimer and CancelTimer), from the broker and from POST /v1/timers",
     ),
     (
         COMMANDS_REJECTED,
         Kind::Counter,
-        "Commands rejected, by reason",
+        "Commands rejected, by reason code (label reason)",
     ),
     (
         SCHEDULES_PROCESSED,
@@ -44,29 +44,29 @@ pub const ALL: &[(&str, Kind, &str)] = &[
     (
         TIMERS_FIRED,
         Kind::Counter,
-        "DueTimeReached events confirmed by the broker",
+        "DueTimeReached events the broker confirmed (one per occurrence of a recurring timer)",
     ),
     (
         PUBLISH_FAILURES,
         Kind::Counter,
-        "Timers whose publish failed (retried)",
+        "Timers whose publish failed (they are retried, or given up after engine.max_attempts)",
     ),
     (
         POLLING_DURATION,
         Kind::Histogram,
         "Duration of one claim query",
     ),
-    (FIRE_LATENESS, Kind::Histogram, "Fire time minus due time"),
-    (PENDING, Kind::Gauge, "Timers in state Scheduled"),
+    (FIRE_LATENESS, Kind::Histogram, "Fire time minus due time; a timer scheduled with a due time in the past counts from when it was scheduled"),
+    (PENDING, Kind::Gauge, "Timers in state Scheduled (a recurring timer counts as one), refreshed every 5 s"),
     (
         CANCELS_PROCESSED,
         Kind::Counter,
-        "Cancels, by outcome (cancelled, firing, not_found, already_finished)",
+        "Cancels from CancelTimer commands and DELETE, by outcome (label outcome): cancelled, firing, not_found, already_finished (Reached, Cancelled or Failed)",
     ),
     (
         TIMERS_FAILED,
         Kind::Counter,
-        "Timers given up after engine.max_attempts publishes (TimerFailed sent)",
+        "Timers given up after engine.max_attempts failed publishes, whose TimerFailed was sent",
     ),
     (
         TIMERS_PURGED,
