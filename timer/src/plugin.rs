@@ -452,7 +452,7 @@ impl ConfigSection<'_> {
     }
 }
 
-/// A typed config as the value [`StoreConfig::to_value`] and [`BrokerConfig::to_value`] return:
+/// A typed config as the value [`PluginConfig::to_value`] returns:
 /// as TOML would hold it, so unset options (`None`, `null`) are left out.
 pub fn to_value(config: &impl Serialize) -> Result<serde_json::Value> {
     let mut value = serde_json::to_value(config)

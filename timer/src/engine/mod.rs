@@ -2,14 +2,14 @@
 //! settle), plus retention. Publish comes before settle: a crash between them repeats an event,
 //! it never loses one.
 //!
-//! - [`admit`]: the one entry for commands from either path: decode, limits, schedule, metrics;
-//! - [`group_commit`]: single schedules (HTTP) written together in one transaction;
-//! - [`ingest`]: the broker path, in batches, acknowledged after the store committed;
-//! - [`fire`]: claim due timers, publish their events within half the lease;
-//! - [`settle`]: what becomes of a claim after its publish (reached, next occurrence, retry,
+//! - `admit`: the one entry for commands from either path: decode, limits, schedule, metrics;
+//! - `group_commit`: single schedules (HTTP) written together in one transaction;
+//! - `ingest`: the broker path, in batches, acknowledged after the store committed;
+//! - `fire`: claim due timers, publish their events within half the lease;
+//! - `settle`: what becomes of a claim after its publish (reached, next occurrence, retry,
 //!   failed);
 //! - [`retry`]: the backoff and the retry loop every task uses;
-//! - [`purge`]: deleting finished timers after `engine.retention`;
+//! - `purge`: deleting finished timers after `engine.retention`;
 //! - [`metrics`]: metric names and descriptions.
 
 mod admit;
