@@ -29,6 +29,10 @@ pub(crate) trait Dialect {
     const CANCEL_STATE: &'static str;
     /// `purge`: deletes finished rows. Parameters: 1 finished before, 2 the limit.
     const PURGE: &'static str;
+    /// Starts a transaction that reads and then writes. SQLite: `BEGIN IMMEDIATE`, which takes
+    /// the write lock first and so waits `store.busy_timeout` for another process holding it (a
+    /// deferred transaction that reads first fails at once when it tries to write).
+    const BEGIN_WRITE: &'static str;
 
     /// Whether an error that is not a decoding error may pass when tried again.
     fn retryable(e: &sqlx::Error) -> bool;
@@ -238,7 +242,7 @@ where
                 .bind(key.service_call_id.as_str())
                 .bind(now.as_millis())
         };
-        let mut tx = self.pool.begin().await.map_err(err)?;
+        let mut tx = self.pool.begin_with(D::BEGIN_WRITE).await.map_err(err)?;
         let row = statement(D::CANCEL_STATE)
             .fetch_optional(&mut *tx)
             .await

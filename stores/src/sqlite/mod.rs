@@ -39,6 +39,7 @@ impl Dialect for SqliteStore {
                          ORDER BY available_at LIMIT ?4) \
          RETURNING tenant_id, service_call_id, due_at, registered_at, correlation_id, payload, \
                    attempts, revision, recurrence, occurrences";
+    const BEGIN_WRITE: &'static str = "BEGIN IMMEDIATE";
     const CANCEL_STATE: &'static str = "SELECT state, COALESCE(lease_until > ?3, 0) FROM timers \
         WHERE tenant_id = ?1 AND service_call_id = ?2";
     const PURGE: &'static str = "DELETE FROM timers WHERE rowid IN (SELECT rowid FROM timers \
@@ -184,7 +185,11 @@ impl SqliteStore {
 
     /// Runs `updates` in one write transaction, all or nothing; returns the rows they changed.
     async fn update_rows(&self, op: &str, updates: Vec<RowUpdate<'_>>) -> Result<u64> {
-        let mut tx = self.write.begin().await.map_err(|e| db_err(op, e))?;
+        let mut tx = self
+            .write
+            .begin_with(Self::BEGIN_WRITE)
+            .await
+            .map_err(|e| db_err(op, e))?;
         let mut changed = 0;
         for update in updates {
             changed += update
@@ -206,7 +211,11 @@ impl Store for SqliteStore {
 
     async fn schedule(&self, timers: &[NewTimer], now: Timestamp) -> Result<Vec<ScheduleOutcome>> {
         let op = "scheduling timers";
-        let mut tx = self.write.begin().await.map_err(|e| db_err(op, e))?;
+        let mut tx = self
+            .write
+            .begin_with(Self::BEGIN_WRITE)
+            .await
+            .map_err(|e| db_err(op, e))?;
         let mut outcomes = Vec::with_capacity(timers.len());
         for t in timers {
             let existing: Option<i64> = sqlx::query_scalar(
@@ -374,6 +383,44 @@ mod tests {
             assert_eq!(e.kind(), ErrorKind::Config, "{url}: {e}");
             assert!(e.to_string().contains(url), "{url}: {e}");
         }
+    }
+
+    /// Another process holding the write lock: schedule and cancel wait for it, up to
+    /// `store.busy_timeout`, instead of failing at once with "database is locked".
+    #[tokio::test]
+    async fn writes_wait_for_another_writer_on_the_same_file() {
+        use sqlx::Connection;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let config = SqliteConfig::for_path(dir.path().join("t.db"));
+        let store = SqliteStore::open(&config).await.expect("open");
+        let now = Timestamp::from_millis(1_000);
+        let timer = |id: &str| NewTimer {
+            key: TimerKey::new("t", id),
+            due_at: Timestamp::from_millis(60_000),
+            correlation_id: None,
+            payload: None,
+            recurrence: None,
+        };
+        store.schedule(&[timer("a")], now).await.expect("schedule");
+        let url = format!("sqlite://{}", config.path());
+        let mut other = sqlx::SqliteConnection::connect(&url).await.expect("connect");
+        for attempt in ["schedule", "cancel"] {
+            let lock = other.begin_with("BEGIN IMMEDIATE").await.expect("lock");
+            let write = async {
+                match attempt {
+                    "schedule" => store.schedule(&[timer("b")], now).await.map(drop),
+                    _ => store.cancel(&TimerKey::new("t", "a"), now).await.map(drop),
+                }
+            };
+            tokio::pin!(write);
+            // While the lock is held the write waits: it neither fails nor finishes.
+            let waiting = tokio::time::timeout(std::time::Duration::from_millis(300), &mut write).await;
+            assert!(waiting.is_err(), "{attempt} did not wait: {waiting:?}");
+            lock.commit().await.expect("release");
+            write.await.unwrap_or_else(|e| panic!("{attempt} after the lock: {e}"));
+        }
+        let a = store.get(&TimerKey::new("t", "a")).await.expect("get");
+        assert_eq!(a.map(|t| t.state), Some(TimerState::Cancelled));
     }
 
     #[tokio::test]
