@@ -33,7 +33,7 @@ pub struct MemoryConfig {
     #[schemars(with = "String")]
     pub ack_wait: Duration,
     /// How many published events, and how many dead letters, are kept for reading back (the
-    /// oldest go first).
+    /// oldest go first; 0 counts as 1).
     pub retain: usize,
 }
 
