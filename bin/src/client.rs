@@ -73,6 +73,25 @@ impl Client {
         self.send(self.http.get(self.timer_url(tenant, id))).await
     }
 
+    /// `GET /v1/tenants/{tenant}/timers` with these query parameters.
+    pub async fn list(&self, tenant: &str, query: &[(&str, String)]) -> anyhow::Result<Value> {
+        let url = format!("{}/v1/tenants/{}/timers", self.base, encode(tenant));
+        self.send(self.http.get(url).query(query)).await
+    }
+
+    /// `GET /v1/tenants/{tenant}/summary`, or `GET /v1/summary` for every tenant.
+    pub async fn summary(
+        &self,
+        tenant: Option<&str>,
+        query: &[(&str, String)],
+    ) -> anyhow::Result<Value> {
+        let url = match tenant {
+            Some(tenant) => format!("{}/v1/tenants/{}/summary", self.base, encode(tenant)),
+            None => format!("{}/v1/summary", self.base),
+        };
+        self.send(self.http.get(url).query(query)).await
+    }
+
     pub async fn cancel(&self, tenant: &str, id: &str) -> anyhow::Result<Value> {
         self.send(self.http.delete(self.timer_url(tenant, id)))
             .await

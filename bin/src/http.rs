@@ -46,6 +46,15 @@ pub fn router(state: AppState, config: &Config) -> Router {
             "/v1/tenants/{tenant}/timers/{id}",
             get(get_timer).delete(cancel_timer),
         )
+        .route(
+            "/v1/tenants/{tenant}/timers",
+            get(crate::control::list_timers),
+        )
+        .route(
+            "/v1/tenants/{tenant}/summary",
+            get(crate::control::tenant_summary),
+        )
+        .route("/v1/summary", get(crate::control::all_summaries))
         .route("/v1/commands", post(send_command))
         .route("/v1/dead-letters", get(dead_letters))
         // The event stream lives as long as the client wants, so it has no request timeout.
@@ -113,7 +122,12 @@ async fn require_token(
     response
 }
 
-fn error_body(status: StatusCode, reason: &str, field: Option<&str>, message: &str) -> Response {
+pub(crate) fn error_body(
+    status: StatusCode,
+    reason: &str,
+    field: Option<&str>,
+    message: &str,
+) -> Response {
     let mut error = json!({ "reason": reason, "message": message });
     if let Some(field) = field {
         error["field"] = json!(field);
@@ -144,7 +158,7 @@ fn rejection(r: &Rejection) -> Response {
     )
 }
 
-fn server_error(e: &Error) -> Response {
+pub(crate) fn server_error(e: &Error) -> Response {
     let status = match e.kind() {
         ErrorKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
         ErrorKind::Invalid => StatusCode::BAD_REQUEST,

@@ -3,6 +3,7 @@
 mod bench;
 mod client;
 mod config;
+mod control;
 mod fuzz;
 mod http;
 mod plugins;
@@ -89,6 +90,71 @@ enum Command {
     },
     /// Cancel a scheduled timer.
     Cancel(TimerArgs),
+    /// List a tenant's timers, earliest due first, with filters; one page, or every page with
+    /// --all (then one timer per line).
+    List(ListArgs),
+    /// Counts per state, next due time and recent failures: of one tenant, or of every tenant.
+    Summary {
+        /// One tenant; without it, every tenant (a page of them: --limit, --cursor).
+        #[arg(long)]
+        tenant: Option<String>,
+        #[arg(long)]
+        limit: Option<usize>,
+        #[arg(long)]
+        cursor: Option<String>,
+        #[command(flatten)]
+        api: Api,
+    },
+}
+
+/// The filters and paging of `list`, as `GET /v1/tenants/{tenant}/timers` takes them.
+#[derive(clap::Args)]
+struct ListArgs {
+    #[arg(long)]
+    tenant: String,
+    /// scheduled, reached, cancelled or failed; repeat it or separate with commas for several.
+    #[arg(long)]
+    state: Vec<String>,
+    /// Only timers whose id starts with this.
+    #[arg(long)]
+    prefix: Option<String>,
+    /// Due at or after this time (RFC 3339 with offset, or epoch milliseconds).
+    #[arg(long)]
+    due_after: Option<String>,
+    /// Due before this time (RFC 3339 with offset, or epoch milliseconds).
+    #[arg(long)]
+    due_before: Option<String>,
+    /// Only recurring timers (true) or only one-shot timers (false).
+    #[arg(long)]
+    recurring: Option<bool>,
+    /// Timers per page, 1 to 1000 (the service's default: 100).
+    #[arg(long)]
+    limit: Option<usize>,
+    /// Where to go on: the nextCursor of the page before.
+    #[arg(long, conflicts_with = "all")]
+    cursor: Option<String>,
+    /// Follow nextCursor to the last page and print every timer, one JSON object per line.
+    #[arg(long)]
+    all: bool,
+    #[command(flatten)]
+    api: Api,
+}
+
+impl ListArgs {
+    fn query(&self) -> Vec<(&'static str, String)> {
+        let mut query: Vec<(&'static str, String)> =
+            self.state.iter().map(|s| ("state", s.clone())).collect();
+        let optional = [
+            ("prefix", self.prefix.clone()),
+            ("dueAfter", self.due_after.clone()),
+            ("dueBefore", self.due_before.clone()),
+            ("recurring", self.recurring.map(|r| r.to_string())),
+            ("limit", self.limit.map(|n| n.to_string())),
+            ("cursor", self.cursor.clone()),
+        ];
+        query.extend(optional.into_iter().filter_map(|(k, v)| Some((k, v?))));
+        query
+    }
 }
 
 /// One timer of a running service, by its key.
@@ -190,6 +256,39 @@ async fn dispatch(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Cancel(t) => {
             print(api_client(&t.api)?.cancel(&t.tenant, &t.id).await?);
+            Ok(())
+        }
+        Command::List(args) => {
+            let client = api_client(&args.api)?;
+            let mut query = args.query();
+            if !args.all {
+                print(client.list(&args.tenant, &query).await?);
+                return Ok(());
+            }
+            loop {
+                let page = client.list(&args.tenant, &query).await?;
+                for timer in page["timers"].as_array().into_iter().flatten() {
+                    println!("{timer}");
+                }
+                let Some(cursor) = page["nextCursor"].as_str() else {
+                    return Ok(());
+                };
+                query.retain(|(k, _)| *k != "cursor");
+                query.push(("cursor", cursor.to_owned()));
+            }
+        }
+        Command::Summary {
+            tenant,
+            limit,
+            cursor,
+            api,
+        } => {
+            let query: Vec<(&str, String)> =
+                [("limit", limit.map(|n| n.to_string())), ("cursor", cursor)]
+                    .into_iter()
+                    .filter_map(|(k, v)| Some((k, v?)))
+                    .collect();
+            print(api_client(&api)?.summary(tenant.as_deref(), &query).await?);
             Ok(())
         }
     }

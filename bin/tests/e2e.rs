@@ -763,3 +763,120 @@ async fn fuzzed_commands_never_panic_the_decoder() {
         );
     }
 }
+
+/// The control plane's list and summaries over HTTP: pages follow `nextCursor` to the end,
+/// filters apply, bad parameters are a 400 naming the parameter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_and_summaries_over_http() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let service = Service::start(Path::new(BIN), dir.path(), &embedded(dir.path(), &[])).await;
+    let far = now_ms() + 3_600_000;
+    for i in 0..25 {
+        let (status, v) = service
+            .post(
+                "/v1/timers",
+                command("acme", &format!("order-{i:02}"), far + i),
+            )
+            .await;
+        assert_eq!(status, 201, "{v}");
+    }
+    service
+        .post("/v1/timers", command("acme", "invoice-1", far))
+        .await;
+    service.post("/v1/timers", command("beta", "x", far)).await;
+    let (status, v) = service.delete("/v1/tenants/acme/timers/order-03").await;
+    assert_eq!(status, 200, "{v}");
+
+    // Every page of scheduled orders, 10 at a time.
+    let mut seen = Vec::new();
+    let mut path = "/v1/tenants/acme/timers?state=scheduled&prefix=order-&limit=10".to_owned();
+    for _ in 0..10 {
+        let (status, page) = service.get(&path).await;
+        assert_eq!(status, 200, "{path}: {page}");
+        let timers = page["timers"].as_array().expect("timers");
+        assert!(timers.len() <= 10, "{page}");
+        seen.extend(
+            timers
+                .iter()
+                .map(|t| t["serviceCallId"].as_str().unwrap_or("").to_owned()),
+        );
+        match page["nextCursor"].as_str() {
+            Some(cursor) => {
+                path = format!(
+                "/v1/tenants/acme/timers?state=scheduled&prefix=order-&limit=10&cursor={cursor}"
+            )
+            }
+            None => break,
+        }
+    }
+    let wanted: Vec<String> = (0..25)
+        .filter(|i| *i != 3)
+        .map(|i| format!("order-{i:02}"))
+        .collect();
+    assert_eq!(seen, wanted, "in due order, the cancelled one left out");
+
+    let (status, v) = service.get("/v1/tenants/acme/timers?state=cancelled").await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["timers"][0]["serviceCallId"], "order-03", "{v}");
+    assert_eq!(v["nextCursor"], Value::Null, "{v}");
+
+    // A cursor is good only for its tenant and filters.
+    let (_, first) = service.get("/v1/tenants/acme/timers?limit=1").await;
+    let cursor = first["nextCursor"]
+        .as_str()
+        .expect("a next page")
+        .to_owned();
+    for (path, field) in [
+        (
+            format!("/v1/tenants/beta/timers?limit=1&cursor={cursor}"),
+            "cursor",
+        ),
+        (
+            format!("/v1/tenants/acme/timers?limit=1&state=failed&cursor={cursor}"),
+            "cursor",
+        ),
+        (
+            "/v1/tenants/acme/timers?cursor=nonsense".to_owned(),
+            "cursor",
+        ),
+        ("/v1/tenants/acme/timers?state=sleeping".to_owned(), "state"),
+        ("/v1/tenants/acme/timers?limit=1001".to_owned(), "limit"),
+        (
+            "/v1/tenants/acme/timers?dueAfter=soon".to_owned(),
+            "dueAfter",
+        ),
+        (
+            "/v1/tenants/acme/timers?recurring=maybe".to_owned(),
+            "recurring",
+        ),
+        ("/v1/tenants/acme/timers?sort=desc".to_owned(), "query"),
+        ("/v1/summary?limit=0".to_owned(), "limit"),
+    ] {
+        let (status, v) = service.get(&path).await;
+        assert_eq!(status, 400, "{path}: {v}");
+        assert_eq!(v["error"]["reason"], "invalid_parameter", "{path}: {v}");
+        assert_eq!(v["error"]["field"], field, "{path}: {v}");
+    }
+
+    let (status, v) = service.get("/v1/tenants/acme/summary").await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["tenantId"], "acme");
+    assert_eq!(v["counts"]["scheduled"], 25, "{v}");
+    assert_eq!(v["counts"]["cancelled"], 1, "{v}");
+    assert_eq!(v["counts"]["failed"], 0, "{v}");
+    assert_eq!(v["failedLast24h"], 0, "{v}");
+    assert!(v["nextDueAt"].is_string(), "{v}");
+
+    let (status, v) = service.get("/v1/summary?limit=1").await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["tenants"][0]["tenantId"], "acme", "{v}");
+    let cursor = v["nextCursor"].as_str().expect("a second page").to_owned();
+    let (status, v) = service
+        .get(&format!("/v1/summary?limit=1&cursor={cursor}"))
+        .await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["tenants"][0]["tenantId"], "beta", "{v}");
+    assert_eq!(v["tenants"][0]["counts"]["scheduled"], 1, "{v}");
+    assert_eq!(v["nextCursor"], Value::Null, "{v}");
+    service.terminate().await;
+}

@@ -7,8 +7,8 @@ use std::marker::PhantomData;
 
 use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Pool, Row, Type};
 use timer_core::{
-    CancelOutcome, ClaimedTimer, Error, ErrorKind, Lease, Recurrence, Result, Timer, TimerKey,
-    TimerState, Timestamp,
+    CancelOutcome, ClaimedTimer, Error, ErrorKind, Lease, PageAfter, Recurrence, Result,
+    TenantSummary, Timer, TimerFilter, TimerKey, TimerState, Timestamp,
 };
 
 /// How a sqlx store differs where the code is otherwise shared.
@@ -301,6 +301,142 @@ where
             .await
             .map_err(|e| db_err::<D>("counting Scheduled timers", e))?;
         Ok(u64::try_from(n).unwrap_or(0))
+    }
+
+    /// [`TimerQueries::list`](timer_core::TimerQueries::list): one statement on the index
+    /// `(tenant_id, due_at, service_call_id)`, starting after the last row of the page before.
+    pub(crate) async fn list(
+        &self,
+        tenant: &str,
+        filter: &TimerFilter,
+        after: Option<&PageAfter>,
+        limit: usize,
+    ) -> Result<Vec<Timer>> {
+        enum Arg {
+            Text(String),
+            Int(i64),
+        }
+        let mut args = vec![Arg::Text(tenant.to_owned())];
+        let mut sql = format!("SELECT {TIMER_COLUMNS} FROM timers WHERE tenant_id = $1");
+        // The next parameter's placeholder, once its value is pushed.
+        let next = |args: &mut Vec<Arg>, arg| {
+            args.push(arg);
+            format!("${}", args.len())
+        };
+        if !filter.states.is_empty() {
+            // Our own small integers, not input: written into the statement.
+            let codes: Vec<String> = filter.states.iter().map(|s| s.code().to_string()).collect();
+            sql += &format!(" AND state IN ({})", codes.join(", "));
+        }
+        if let Some(prefix) = filter.prefix.as_deref() {
+            let p = next(&mut args, Arg::Text(prefix.to_owned()));
+            sql += &format!(" AND substr(service_call_id, 1, length({p})) = {p}");
+        }
+        if let Some(t) = filter.due_after {
+            sql += &format!(
+                " AND due_at >= {}",
+                next(&mut args, Arg::Int(t.as_millis()))
+            );
+        }
+        if let Some(t) = filter.due_before {
+            sql += &format!(" AND due_at < {}", next(&mut args, Arg::Int(t.as_millis())));
+        }
+        match filter.recurring {
+            Some(true) => sql += " AND recurrence IS NOT NULL",
+            Some(false) => sql += " AND recurrence IS NULL",
+            None => {}
+        }
+        if let Some(after) = after {
+            let due = next(&mut args, Arg::Int(after.due_at.as_millis()));
+            let id = next(&mut args, Arg::Text(after.service_call_id.clone()));
+            sql += &format!(" AND (due_at, service_call_id) > ({due}, {id})");
+        }
+        let limit = next(
+            &mut args,
+            Arg::Int(i64::try_from(limit).unwrap_or(i64::MAX)),
+        );
+        sql += &format!(" ORDER BY due_at, service_call_id LIMIT {limit}");
+        let mut query = sqlx::query(&sql);
+        for arg in &args {
+            query = match arg {
+                Arg::Text(text) => query.bind(text.as_str()),
+                Arg::Int(n) => query.bind(*n),
+            };
+        }
+        let rows = query
+            .fetch_all(self.pool)
+            .await
+            .map_err(|e| db_err::<D>("listing timers", e))?;
+        rows.iter()
+            .map(|row| TimerRow::<D>::of(row).timer())
+            .collect()
+    }
+
+    pub(crate) async fn tenants(&self, after: Option<&str>, limit: usize) -> Result<Vec<String>> {
+        sqlx::query_scalar(
+            "SELECT DISTINCT tenant_id FROM timers WHERE tenant_id > $1 ORDER BY tenant_id LIMIT $2",
+        )
+        .bind(after.unwrap_or(""))
+        .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+        .fetch_all(self.pool)
+        .await
+        .map_err(|e| db_err::<D>("listing tenants", e))
+    }
+
+    pub(crate) async fn summaries(
+        &self,
+        tenants: &[String],
+        failed_since: Timestamp,
+    ) -> Result<Vec<TenantSummary>> {
+        let mut summaries: Vec<TenantSummary> = tenants
+            .iter()
+            .map(|t| TenantSummary {
+                tenant_id: t.clone(),
+                ..TenantSummary::default()
+            })
+            .collect();
+        // A page of tenants at a time keeps the parameters far below SQLite's limit.
+        for chunk in tenants.chunks(500) {
+            let list: Vec<String> = (0..chunk.len()).map(|i| format!("${}", i + 2)).collect();
+            let sql = format!(
+                "SELECT tenant_id, state, COUNT(*), MIN(due_at), \
+                        SUM(CASE WHEN finished_at >= $1 THEN 1 ELSE 0 END) \
+                 FROM timers WHERE tenant_id IN ({}) GROUP BY tenant_id, state",
+                list.join(", ")
+            );
+            let mut query = sqlx::query(&sql).bind(failed_since.as_millis());
+            for tenant in chunk {
+                query = query.bind(tenant.as_str());
+            }
+            let err = |e| db_err::<D>("summarizing tenants", e);
+            for row in query.fetch_all(self.pool).await.map_err(err)? {
+                let tenant: String = row.try_get(0).map_err(err)?;
+                let code: i64 = row.try_get::<D::State, usize>(1).map_err(err)?.into();
+                let count: i64 = row.try_get(2).map_err(err)?;
+                let first_due: Option<i64> = row.try_get(3).map_err(err)?;
+                let finished_since: Option<i64> = row.try_get(4).map_err(err)?;
+                let (Some(state), Some(summary)) = (
+                    TimerState::from_code(code),
+                    summaries.iter_mut().find(|s| s.tenant_id == tenant),
+                ) else {
+                    continue;
+                };
+                summary
+                    .counts
+                    .insert(state, u64::try_from(count).unwrap_or(0));
+                match state {
+                    TimerState::Scheduled => {
+                        summary.next_due_at = first_due.map(Timestamp::from_millis)
+                    }
+                    TimerState::Failed => {
+                        summary.failed_since =
+                            u64::try_from(finished_since.unwrap_or(0)).unwrap_or(0)
+                    }
+                    _ => {}
+                }
+            }
+        }
+        Ok(summaries)
     }
 
     pub(crate) async fn health(&self) -> Result<()> {

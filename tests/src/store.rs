@@ -6,8 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use timer_core::{
-    decode_schedule, CancelOutcome, ClaimedTimer, Lease, Limits, NewTimer, Recurrence,
-    ScheduleOutcome, Settlement, Store, Timer, TimerKey, TimerState, Timestamp,
+    decode_schedule, CancelOutcome, ClaimedTimer, Lease, Limits, NewTimer, PageAfter, Recurrence,
+    ScheduleOutcome, Settlement, Store, TenantSummary, Timer, TimerFilter, TimerKey, TimerQueries,
+    TimerState, Timestamp,
 };
 
 use crate::Check;
@@ -75,6 +76,10 @@ pub fn checks() -> Vec<Check<Arc<dyn Store>>> {
         advance_needs_the_lease_and_revision,
         rescheduling_a_recurring_timer_resets_its_count,
         scheduled_by_tenant_counts_scheduled_timers_only,
+        list_orders_by_due_time_then_id_within_the_tenant,
+        list_filters_combine,
+        list_pages_are_stable_under_concurrent_writes,
+        summaries_count_states_next_due_and_recent_failures,
     ]
 }
 
@@ -732,6 +737,296 @@ pub async fn scheduled_by_tenant_counts_scheduled_timers_only(store: Arc<dyn Sto
     assert_eq!(counts.get("nobody"), None);
     let only_b = scheduled_by_tenant(s, &["b"]).await;
     assert_eq!(only_b.len(), 1, "only the tenants asked for");
+}
+
+/// The store's listing ability; every store plugin of this project has it.
+fn queries(s: &dyn Store) -> &dyn TimerQueries {
+    s.queries()
+        .unwrap_or_else(|| panic!("the {} store offers no TimerQueries", s.name()))
+}
+
+/// Every page of `tenant`'s timers that pass `filter`, `limit` per page, as ids.
+async fn all_pages(s: &dyn Store, tenant: &str, filter: &TimerFilter, limit: usize) -> Vec<String> {
+    let mut ids = Vec::new();
+    let mut after: Option<PageAfter> = None;
+    for _ in 0..10_000 {
+        let page = queries(s)
+            .list(tenant, filter, after.as_ref(), limit)
+            .await
+            .unwrap_or_else(|e| panic!("listing {tenant} failed: {e}"));
+        assert!(
+            page.len() <= limit,
+            "a page of {} for limit {limit}",
+            page.len()
+        );
+        ids.extend(page.iter().map(|t| t.key.service_call_id.clone()));
+        match page.last() {
+            Some(last) if page.len() == limit => {
+                after = Some(PageAfter {
+                    due_at: last.due_at,
+                    service_call_id: last.key.service_call_id.clone(),
+                })
+            }
+            _ => return ids,
+        }
+    }
+    panic!("listing {tenant} did not end")
+}
+
+pub async fn list_orders_by_due_time_then_id_within_the_tenant(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    put(
+        s,
+        &[
+            timer("t", "c", T0_MS + 2_000),
+            timer("t", "b", T0_MS + 1_000),
+            timer("t", "a", T0_MS + 2_000),
+            timer("t", "d", T0_MS + 500),
+            timer("other", "x", T0_MS + 100),
+        ],
+        T0,
+    )
+    .await;
+    let every = TimerFilter::default();
+    assert_eq!(all_pages(s, "t", &every, 100).await, ["d", "b", "a", "c"]);
+    for limit in [1, 2, 3] {
+        assert_eq!(
+            all_pages(s, "t", &every, limit).await,
+            ["d", "b", "a", "c"],
+            "pages of {limit}"
+        );
+    }
+    assert_eq!(
+        all_pages(s, "nobody", &every, 10).await,
+        Vec::<String>::new()
+    );
+    let page = queries(s).list("t", &every, None, 1).await.expect("list");
+    assert_eq!(
+        page[0],
+        row(s, "t", "d").await,
+        "a listed timer is the stored timer"
+    );
+}
+
+pub async fn list_filters_combine(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    put(
+        s,
+        &[
+            timer("t", "order-1", T0_MS + 1_000),
+            timer("t", "order-2", T0_MS + 2_000),
+            timer("t", "ORDER-3", T0_MS + 3_000),
+            timer("t", "invoice-1", T0_MS + 4_000),
+            recurring("t", "order-r", T0_MS + 5_000, "0 * * * *"),
+            timer("t", "order-due", T0_MS),
+        ],
+        T0,
+    )
+    .await;
+    cancel(s, "t", "order-2", T0).await;
+    let claimed = claim(s, T0, 10, "i1", T0_MS + 1_000).await;
+    assert_eq!(ids(&claimed), ["order-due"]);
+    mark_reached(s, &claimed, "i1", T0).await;
+    let list = |filter: TimerFilter| async move { all_pages(s, "t", &filter, 2).await };
+    let prefix = |p: &str| Some(p.to_owned());
+    assert_eq!(
+        list(TimerFilter {
+            prefix: prefix("order-"),
+            ..TimerFilter::default()
+        })
+        .await,
+        ["order-due", "order-1", "order-2", "order-r"],
+        "a prefix is case-sensitive"
+    );
+    assert_eq!(
+        list(TimerFilter {
+            states: vec![TimerState::Scheduled],
+            prefix: prefix("order-"),
+            ..TimerFilter::default()
+        })
+        .await,
+        ["order-1", "order-r"]
+    );
+    assert_eq!(
+        list(TimerFilter {
+            states: vec![TimerState::Cancelled, TimerState::Reached],
+            ..TimerFilter::default()
+        })
+        .await,
+        ["order-due", "order-2"]
+    );
+    assert_eq!(
+        list(TimerFilter {
+            due_after: Some(at(T0_MS + 2_000)),
+            due_before: Some(at(T0_MS + 4_000)),
+            ..TimerFilter::default()
+        })
+        .await,
+        ["order-2", "ORDER-3"],
+        "dueAfter is inclusive, dueBefore exclusive"
+    );
+    assert_eq!(
+        list(TimerFilter {
+            recurring: Some(true),
+            ..TimerFilter::default()
+        })
+        .await,
+        ["order-r"]
+    );
+    assert_eq!(
+        list(TimerFilter {
+            recurring: Some(false),
+            prefix: prefix("ORDER"),
+            ..TimerFilter::default()
+        })
+        .await,
+        ["ORDER-3"]
+    );
+    assert_eq!(
+        list(TimerFilter {
+            prefix: prefix("%"),
+            ..TimerFilter::default()
+        })
+        .await,
+        Vec::<String>::new(),
+        "a prefix is text, not a pattern"
+    );
+}
+
+/// Timers written between two pages: a timer that was there all along is listed exactly once;
+/// one added before the cursor is not listed, one added after it is.
+pub async fn list_pages_are_stable_under_concurrent_writes(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    let batch: Vec<NewTimer> = (0..50)
+        .map(|i| timer("t", &format!("k{i:02}"), T0_MS + 1_000 * i))
+        .collect();
+    put(s, &batch, T0).await;
+    let every = TimerFilter::default();
+    let first = queries(s).list("t", &every, None, 20).await.expect("list");
+    let last = first.last().expect("a full page");
+    let after = PageAfter {
+        due_at: last.due_at,
+        service_call_id: last.key.service_call_id.clone(),
+    };
+    // Between the pages: one new timer before the cursor, one after, one moved from after to
+    // before it, and one with the cursor's own due time (its id sorts after the cursor's).
+    put(
+        s,
+        &[
+            timer("t", "early", T0_MS + 500),
+            timer("t", "late", T0_MS + 60_000),
+            timer("t", "k40", T0_MS + 1),
+            timer("t", "k19b", T0_MS + 19_000),
+        ],
+        T0,
+    )
+    .await;
+    let mut seen: Vec<String> = first
+        .iter()
+        .map(|t| t.key.service_call_id.clone())
+        .collect();
+    let mut next = Some(after);
+    while let Some(after) = next.take() {
+        let page = queries(s)
+            .list("t", &every, Some(&after), 20)
+            .await
+            .expect("list");
+        if let Some(last) = page.last().filter(|_| page.len() == 20) {
+            next = Some(PageAfter {
+                due_at: last.due_at,
+                service_call_id: last.key.service_call_id.clone(),
+            });
+        }
+        seen.extend(page.iter().map(|t| t.key.service_call_id.clone()));
+    }
+    let unique: HashSet<&String> = seen.iter().collect();
+    assert_eq!(unique.len(), seen.len(), "a timer listed twice: {seen:?}");
+    for i in (0..50).filter(|i| *i != 40) {
+        assert!(
+            seen.contains(&format!("k{i:02}")),
+            "k{i:02} missing: {seen:?}"
+        );
+    }
+    assert!(
+        seen.contains(&"late".to_owned()) && seen.contains(&"k19b".to_owned()),
+        "{seen:?}"
+    );
+    assert!(!seen.contains(&"early".to_owned()), "{seen:?}");
+}
+
+pub async fn summaries_count_states_next_due_and_recent_failures(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    put(
+        s,
+        &[
+            timer("a", "s1", T0_MS + 5_000),
+            timer("a", "s2", T0_MS + 3_000),
+            timer("a", "c", T0_MS + 1_000),
+            timer("a", "f-old", T0_MS),
+            timer("a", "f-new", T0_MS),
+            timer("b", "r", T0_MS),
+        ],
+        T0,
+    )
+    .await;
+    cancel(s, "a", "c", T0).await;
+    let claimed = claim(s, T0, 10, "i1", T0_MS + 1_000).await;
+    let (b, a): (Vec<ClaimedTimer>, Vec<ClaimedTimer>) =
+        claimed.into_iter().partition(|c| c.key.tenant_id == "b");
+    mark_reached(s, &b, "i1", T0).await;
+    let old: Vec<ClaimedTimer> = a
+        .iter()
+        .filter(|c| c.key.service_call_id == "f-old")
+        .cloned()
+        .collect();
+    let new: Vec<ClaimedTimer> = a
+        .iter()
+        .filter(|c| c.key.service_call_id == "f-new")
+        .cloned()
+        .collect();
+    fail(s, &old, "i1", at(T0_MS + 10), "down").await;
+    fail(s, &new, "i1", at(T0_MS + 1_000), "down").await;
+    let tenants = queries(s).tenants(None, 10).await.expect("tenants");
+    assert_eq!(tenants, ["a", "b"]);
+    assert_eq!(
+        queries(s).tenants(Some("a"), 10).await.expect("tenants"),
+        ["b"]
+    );
+    assert_eq!(queries(s).tenants(None, 1).await.expect("tenants"), ["a"]);
+    let wanted: Vec<String> = ["b", "a", "nobody"].map(String::from).to_vec();
+    let summaries = queries(s)
+        .summaries(&wanted, at(T0_MS + 500))
+        .await
+        .expect("summaries");
+    let names: Vec<&str> = summaries.iter().map(|x| x.tenant_id.as_str()).collect();
+    assert_eq!(names, ["b", "a", "nobody"], "in the order asked for");
+    let counts = |x: &TenantSummary| {
+        let mut c: Vec<(TimerState, u64)> = x.counts.iter().map(|(s, n)| (*s, *n)).collect();
+        c.sort_by_key(|(s, _)| s.code());
+        c
+    };
+    assert_eq!(counts(&summaries[0]), [(TimerState::Reached, 1)]);
+    assert_eq!(summaries[0].next_due_at, None);
+    assert_eq!(
+        counts(&summaries[1]),
+        [
+            (TimerState::Scheduled, 2),
+            (TimerState::Cancelled, 1),
+            (TimerState::Failed, 2)
+        ]
+    );
+    assert_eq!(summaries[1].next_due_at, Some(at(T0_MS + 3_000)));
+    assert_eq!(
+        summaries[1].failed_since, 1,
+        "only the failure at or after failed_since"
+    );
+    assert_eq!(
+        summaries[2],
+        TenantSummary {
+            tenant_id: "nobody".into(),
+            ..TenantSummary::default()
+        }
+    );
 }
 
 // The steps the checks are made of: one call of the Store API each, which must succeed (a check

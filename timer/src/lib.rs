@@ -23,7 +23,9 @@ pub use model::{
     TimerState, Timestamp,
 };
 pub use plugin::{BrokerPlugin, StorePlugin};
-pub use store::{Settlement, Store, TenantCounts};
+pub use store::{
+    PageAfter, Settlement, Store, TenantCounts, TenantSummary, TimerFilter, TimerQueries,
+};
 pub use wire::{
     decode_command, decode_schedule, Command, DueTimeReachedEnvelope, Reason, Rejection,
 };

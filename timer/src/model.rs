@@ -116,6 +116,14 @@ impl TimerState {
         }
     }
 
+    /// Every state, in code order.
+    pub const ALL: [TimerState; 4] = [
+        TimerState::Scheduled,
+        TimerState::Reached,
+        TimerState::Cancelled,
+        TimerState::Failed,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             TimerState::Scheduled => "Scheduled",

@@ -3,7 +3,7 @@
 //!
 //! The trait holds what the engine needs from every store. Abilities that only some features
 //! need are separate traits a store may offer through an accessor that defaults to `None`
-//! ([`Store::tenant_counts`]), so a new ability (listing, pausing, history) adds a trait and an
+//! ([`Store::tenant_counts`], [`Store::queries`]), so a new ability (listing, pausing, history) adds a trait and an
 //! accessor, not a required method on every plugin.
 
 use std::collections::HashMap;
@@ -13,7 +13,8 @@ use tokio::sync::broadcast;
 
 use crate::error::Result;
 use crate::model::{
-    CancelOutcome, ClaimedTimer, Lease, NewTimer, ScheduleOutcome, Timer, TimerKey, Timestamp,
+    CancelOutcome, ClaimedTimer, Lease, NewTimer, ScheduleOutcome, Timer, TimerKey, TimerState,
+    Timestamp,
 };
 
 /// What becomes of a claimed timer when its fire ends: the one step that settles a lease.
@@ -108,6 +109,89 @@ pub trait Store: Send + Sync + 'static {
     fn tenant_counts(&self) -> Option<&dyn TenantCounts> {
         None
     }
+
+    /// Listing, searching and counting a tenant's timers (the control plane); `None` when the
+    /// store cannot (those routes then answer `unsupported`).
+    fn queries(&self) -> Option<&dyn TimerQueries> {
+        None
+    }
+}
+
+/// Which of a tenant's timers a list shows. Every condition given must hold.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TimerFilter {
+    /// Any of these states; empty: every state.
+    pub states: Vec<TimerState>,
+    /// The `serviceCallId` starts with this (compared as text, case-sensitive).
+    pub prefix: Option<String>,
+    /// Due at or after this instant.
+    pub due_after: Option<Timestamp>,
+    /// Due before this instant.
+    pub due_before: Option<Timestamp>,
+    /// Only recurring timers (`true`) or only one-shot timers (`false`).
+    pub recurring: Option<bool>,
+}
+
+impl TimerFilter {
+    /// Whether `timer` passes the filter (the memory store's list, and tests).
+    pub fn matches(&self, timer: &Timer) -> bool {
+        (self.states.is_empty() || self.states.contains(&timer.state))
+            && self
+                .prefix
+                .as_deref()
+                .is_none_or(|p| timer.key.service_call_id.starts_with(p))
+            && self.due_after.is_none_or(|t| timer.due_at >= t)
+            && self.due_before.is_none_or(|t| timer.due_at < t)
+            && self
+                .recurring
+                .is_none_or(|r| r == timer.recurrence.is_some())
+    }
+}
+
+/// Where a page of a list starts: after the timer with this due time and id, in the list's order
+/// (due time, then `serviceCallId`).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct PageAfter {
+    pub due_at: Timestamp,
+    pub service_call_id: String,
+}
+
+/// One tenant's timers at a glance.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TenantSummary {
+    pub tenant_id: String,
+    /// How many timers are in each state; states without any are absent.
+    pub counts: HashMap<TimerState, u64>,
+    /// The earliest due time of a Scheduled timer.
+    pub next_due_at: Option<Timestamp>,
+    /// Timers that became Failed at or after the `failed_since` asked for.
+    pub failed_since: u64,
+}
+
+/// An optional store ability: reading a tenant's timers as pages, and counting them.
+#[async_trait]
+pub trait TimerQueries: Send + Sync {
+    /// Up to `limit` of `tenant`'s timers that pass `filter`, ordered by due time, then
+    /// `serviceCallId`, starting after `after`. Keyset pagination: a page is read from an index,
+    /// and timers written between pages never make a later page repeat or skip one that was
+    /// there all along.
+    async fn list(
+        &self,
+        tenant: &str,
+        filter: &TimerFilter,
+        after: Option<&PageAfter>,
+        limit: usize,
+    ) -> Result<Vec<Timer>>;
+
+    /// Up to `limit` tenants that have timers, in order, after `after`.
+    async fn tenants(&self, after: Option<&str>, limit: usize) -> Result<Vec<String>>;
+
+    /// A summary of each of `tenants` (in that order; one without timers has zero counts).
+    async fn summaries(
+        &self,
+        tenants: &[String],
+        failed_since: Timestamp,
+    ) -> Result<Vec<TenantSummary>>;
 }
 
 /// An optional store ability: Scheduled timers counted per tenant.

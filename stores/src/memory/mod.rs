@@ -10,7 +10,8 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use timer_core::{
     CancelOutcome, ClaimedTimer, Error, Lease, NewTimer, Result, ScheduleOutcome, Settlement,
-    Store, TenantCounts, Timer, TimerKey, TimerState, Timestamp,
+    Store, TenantCounts, TenantSummary, Timer, TimerFilter, TimerKey, TimerQueries, TimerState,
+    Timestamp, PageAfter,
 };
 
 pub use plugin::PLUGIN;
@@ -309,6 +310,81 @@ impl Store for MemoryStore {
 
     fn tenant_counts(&self) -> Option<&dyn TenantCounts> {
         Some(self)
+    }
+
+    fn queries(&self) -> Option<&dyn TimerQueries> {
+        Some(self)
+    }
+}
+
+/// A scan of every row: the memory store is for tests and trials, not for large tenants.
+#[async_trait]
+impl TimerQueries for MemoryStore {
+    async fn list(
+        &self,
+        tenant: &str,
+        filter: &TimerFilter,
+        after: Option<&PageAfter>,
+        limit: usize,
+    ) -> Result<Vec<Timer>> {
+        let state = self.lock()?;
+        let mut page: Vec<(PageAfter, &Timer)> = state
+            .rows
+            .values()
+            .map(|row| &row.timer)
+            .filter(|t| t.key.tenant_id == tenant && filter.matches(t))
+            .map(|t| {
+                let at = PageAfter {
+                    due_at: t.due_at,
+                    service_call_id: t.key.service_call_id.clone(),
+                };
+                (at, t)
+            })
+            .filter(|(at, _)| after.is_none_or(|after| at > after))
+            .collect();
+        page.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(page.into_iter().take(limit).map(|(_, t)| t.clone()).collect())
+    }
+
+    async fn tenants(&self, after: Option<&str>, limit: usize) -> Result<Vec<String>> {
+        let state = self.lock()?;
+        let tenants: BTreeSet<&str> = state
+            .rows
+            .keys()
+            .map(|k| k.tenant_id.as_str())
+            .filter(|t| after.is_none_or(|after| *t > after))
+            .collect();
+        Ok(tenants.into_iter().take(limit).map(str::to_owned).collect())
+    }
+
+    async fn summaries(
+        &self,
+        tenants: &[String],
+        failed_since: Timestamp,
+    ) -> Result<Vec<TenantSummary>> {
+        let state = self.lock()?;
+        let mut summaries: Vec<TenantSummary> = tenants
+            .iter()
+            .map(|t| TenantSummary {
+                tenant_id: t.clone(),
+                ..TenantSummary::default()
+            })
+            .collect();
+        for row in state.rows.values() {
+            let t = &row.timer;
+            let Some(summary) = summaries.iter_mut().find(|s| s.tenant_id == t.key.tenant_id)
+            else {
+                continue;
+            };
+            *summary.counts.entry(t.state).or_insert(0) += 1;
+            if t.state == TimerState::Scheduled {
+                summary.next_due_at = Some(summary.next_due_at.map_or(t.due_at, |n| n.min(t.due_at)));
+            }
+            if t.state == TimerState::Failed && row.finished_at.is_some_and(|f| f >= failed_since) {
+                summary.failed_since += 1;
+            }
+        }
+        Ok(summaries)
     }
 }
 

@@ -17,7 +17,8 @@ use sqlx::postgres::{
 use sqlx::{Connection, Row};
 use timer_core::{
     CancelOutcome, ClaimedTimer, Error, Lease, NewTimer, Recurrence, Result, ScheduleOutcome,
-    Settlement, Store, TenantCounts, Timer, TimerKey, TimerState, Timestamp,
+    PageAfter, Settlement, Store, TenantCounts, TenantSummary, Timer, TimerFilter, TimerKey,
+    TimerQueries, TimerState, Timestamp,
 };
 use tokio::sync::broadcast;
 use tracing::{info, warn};
@@ -582,6 +583,35 @@ impl Store for PostgresStore {
 
     fn tenant_counts(&self) -> Option<&dyn TenantCounts> {
         Some(self)
+    }
+
+    fn queries(&self) -> Option<&dyn TimerQueries> {
+        Some(self)
+    }
+}
+
+#[async_trait]
+impl TimerQueries for PostgresStore {
+    async fn list(
+        &self,
+        tenant: &str,
+        filter: &TimerFilter,
+        after: Option<&PageAfter>,
+        limit: usize,
+    ) -> Result<Vec<Timer>> {
+        self.statements().list(tenant, filter, after, limit).await
+    }
+
+    async fn tenants(&self, after: Option<&str>, limit: usize) -> Result<Vec<String>> {
+        self.statements().tenants(after, limit).await
+    }
+
+    async fn summaries(
+        &self,
+        tenants: &[String],
+        failed_since: Timestamp,
+    ) -> Result<Vec<TenantSummary>> {
+        self.statements().summaries(tenants, failed_since).await
     }
 }
 

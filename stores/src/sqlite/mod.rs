@@ -14,7 +14,8 @@ use sqlx::sqlite::{
 };
 use timer_core::{
     CancelOutcome, ClaimedTimer, Error, Lease, NewTimer, Recurrence, Result, ScheduleOutcome,
-    Settlement, Store, TenantCounts, Timer, TimerKey, TimerState, Timestamp,
+    PageAfter, Settlement, Store, TenantCounts, TenantSummary, Timer, TimerFilter, TimerKey,
+    TimerQueries, TimerState, Timestamp,
 };
 
 pub use config::{SqliteConfig, Synchronous};
@@ -329,6 +330,35 @@ impl Store for SqliteStore {
 
     fn tenant_counts(&self) -> Option<&dyn TenantCounts> {
         Some(self)
+    }
+
+    fn queries(&self) -> Option<&dyn TimerQueries> {
+        Some(self)
+    }
+}
+
+#[async_trait]
+impl TimerQueries for SqliteStore {
+    async fn list(
+        &self,
+        tenant: &str,
+        filter: &TimerFilter,
+        after: Option<&PageAfter>,
+        limit: usize,
+    ) -> Result<Vec<Timer>> {
+        self.reads().list(tenant, filter, after, limit).await
+    }
+
+    async fn tenants(&self, after: Option<&str>, limit: usize) -> Result<Vec<String>> {
+        self.reads().tenants(after, limit).await
+    }
+
+    async fn summaries(
+        &self,
+        tenants: &[String],
+        failed_since: Timestamp,
+    ) -> Result<Vec<TenantSummary>> {
+        self.reads().summaries(tenants, failed_since).await
     }
 }
 

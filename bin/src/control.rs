@@ -1,0 +1,416 @@
+//! The control plane's read routes: a tenant's timers as pages with filters, and summaries per
+//! tenant. They read through the store's [`TimerQueries`] ability.
+//!
+//! A page ends with an opaque `nextCursor`: base64url of a small JSON object holding the tenant,
+//! the filters and the last timer's position (due time, id). The next page starts after that
+//! position (keyset pagination), so writes between pages never repeat or skip a timer that was
+//! there all along. A cursor is only good for the tenant and filters it came from.
+
+use std::time::Duration;
+
+use axum::extract::{Path, RawQuery, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use base64::Engine as _;
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+use timer_core::{PageAfter, TenantSummary, TimerFilter, TimerQueries, TimerState, Timestamp};
+
+use crate::http::{error_body, server_error, timer_view, AppState};
+
+/// Default and largest page size.
+const DEFAULT_LIMIT: usize = 100;
+const MAX_LIMIT: usize = 1000;
+
+/// How far back `failedLast24h` counts.
+const FAILED_WINDOW: Duration = Duration::from_secs(24 * 3600);
+
+/// A query parameter that cannot be used: 400 naming it.
+#[derive(Debug, PartialEq, Eq)]
+pub struct BadParameter {
+    pub field: &'static str,
+    pub message: String,
+}
+
+impl BadParameter {
+    fn new(field: &'static str, message: impl Into<String>) -> Self {
+        BadParameter {
+            field,
+            message: message.into(),
+        }
+    }
+
+    fn response(&self) -> Response {
+        error_body(
+            StatusCode::BAD_REQUEST,
+            "invalid_parameter",
+            Some(self.field),
+            &self.message,
+        )
+    }
+}
+
+/// The parameters of `GET /v1/tenants/{tenant}/timers`.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct ListParams {
+    pub filter: TimerFilter,
+    pub limit: usize,
+    pub cursor: Option<String>,
+}
+
+impl ListParams {
+    /// Reads the query string: `state` (repeated or comma-separated), `prefix`, `dueAfter`,
+    /// `dueBefore` (RFC 3339 with offset, or epoch milliseconds), `recurring`, `limit`, `cursor`.
+    /// An unknown parameter is refused, so a typo does not silently list everything.
+    pub fn parse(query: Option<&str>) -> Result<ListParams, BadParameter> {
+        let mut params = ListParams {
+            limit: DEFAULT_LIMIT,
+            ..ListParams::default()
+        };
+        for (name, value) in url::form_urlencoded::parse(query.unwrap_or("").as_bytes()) {
+            match name.as_ref() {
+                "state" => {
+                    for word in value.split(',').filter(|w| !w.is_empty()) {
+                        let state = parse_state(word)?;
+                        if !params.filter.states.contains(&state) {
+                            params.filter.states.push(state);
+                        }
+                    }
+                }
+                "prefix" => params.filter.prefix = Some(value.into_owned()),
+                "dueAfter" => params.filter.due_after = Some(parse_time("dueAfter", &value)?),
+                "dueBefore" => params.filter.due_before = Some(parse_time("dueBefore", &value)?),
+                "recurring" => {
+                    params.filter.recurring = Some(match value.as_ref() {
+                        "true" => true,
+                        "false" => false,
+                        other => {
+                            return Err(BadParameter::new(
+                                "recurring",
+                                format!("{other:?} is neither true nor false"),
+                            ))
+                        }
+                    })
+                }
+                "limit" => params.limit = parse_limit(&value)?,
+                "cursor" => params.cursor = Some(value.into_owned()),
+                other => {
+                    return Err(BadParameter::new(
+                        "query",
+                        format!(
+                            "unknown parameter {other:?} (known: state, prefix, dueAfter, \
+                             dueBefore, recurring, limit, cursor)"
+                        ),
+                    ))
+                }
+            }
+        }
+        params.filter.states.sort_by_key(|s| s.code());
+        Ok(params)
+    }
+}
+
+fn parse_state(word: &str) -> Result<TimerState, BadParameter> {
+    TimerState::ALL
+        .into_iter()
+        .find(|s| s.as_str().eq_ignore_ascii_case(word))
+        .ok_or_else(|| {
+            BadParameter::new(
+                "state",
+                format!("{word:?} is not a state (scheduled, reached, cancelled, failed)"),
+            )
+        })
+}
+
+fn parse_time(field: &'static str, value: &str) -> Result<Timestamp, BadParameter> {
+    if let Ok(ms) = value.parse::<i64>() {
+        return Ok(Timestamp::from_millis(ms));
+    }
+    chrono::DateTime::parse_from_rfc3339(value)
+        .map(|t| Timestamp::from_datetime(&t))
+        .map_err(|e| {
+            BadParameter::new(
+                field,
+                format!("{value:?} is neither an RFC 3339 time with offset nor epoch milliseconds ({e})"),
+            )
+        })
+}
+
+fn parse_limit(value: &str) -> Result<usize, BadParameter> {
+    value
+        .parse::<usize>()
+        .ok()
+        .filter(|n| (1..=MAX_LIMIT).contains(n))
+        .ok_or_else(|| {
+            BadParameter::new(
+                "limit",
+                format!("{value:?} is not a number from 1 to {MAX_LIMIT}"),
+            )
+        })
+}
+
+/// What a list cursor holds: the page's tenant and filters, and where the next page starts.
+#[derive(Debug, Serialize, Deserialize, PartialEq, Eq)]
+struct ListCursor {
+    tenant: String,
+    states: Vec<i64>,
+    prefix: Option<String>,
+    due_after: Option<i64>,
+    due_before: Option<i64>,
+    recurring: Option<bool>,
+    due_at: i64,
+    id: String,
+}
+
+impl ListCursor {
+    fn new(tenant: &str, filter: &TimerFilter, after: &PageAfter) -> Self {
+        ListCursor {
+            tenant: tenant.to_owned(),
+            states: filter.states.iter().map(|s| s.code()).collect(),
+            prefix: filter.prefix.clone(),
+            due_after: filter.due_after.map(Timestamp::as_millis),
+            due_before: filter.due_before.map(Timestamp::as_millis),
+            recurring: filter.recurring,
+            due_at: after.due_at.as_millis(),
+            id: after.service_call_id.clone(),
+        }
+    }
+
+    /// Where the next page of `tenant` with `filter` starts, if `cursor` is one of theirs.
+    fn open(cursor: &str, tenant: &str, filter: &TimerFilter) -> Result<PageAfter, BadParameter> {
+        let decoded: ListCursor = decode(cursor)?;
+        let after = PageAfter {
+            due_at: Timestamp::from_millis(decoded.due_at),
+            service_call_id: decoded.id.clone(),
+        };
+        if decoded != ListCursor::new(tenant, filter, &after) {
+            return Err(BadParameter::new(
+                "cursor",
+                "the cursor belongs to another tenant or to other filters; list again without it",
+            ));
+        }
+        Ok(after)
+    }
+}
+
+/// What a summary cursor holds: the last tenant of the page.
+#[derive(Debug, Serialize, Deserialize)]
+struct TenantCursor {
+    after_tenant: String,
+}
+
+fn encode(value: &impl Serialize) -> String {
+    URL_SAFE_NO_PAD.encode(serde_json::to_vec(value).unwrap_or_default())
+}
+
+fn decode<T: for<'de> Deserialize<'de>>(cursor: &str) -> Result<T, BadParameter> {
+    URL_SAFE_NO_PAD
+        .decode(cursor)
+        .ok()
+        .and_then(|bytes| serde_json::from_slice(&bytes).ok())
+        .ok_or_else(|| {
+            BadParameter::new("cursor", "not a cursor this service gave out (nextCursor)")
+        })
+}
+
+fn unsupported(store: &str) -> Response {
+    error_body(
+        StatusCode::NOT_IMPLEMENTED,
+        "unsupported",
+        None,
+        &format!("the {store} store cannot list or count timers"),
+    )
+}
+
+/// `GET /v1/tenants/{tenant}/timers`
+pub async fn list_timers(
+    State(app): State<AppState>,
+    Path(tenant): Path<String>,
+    RawQuery(query): RawQuery,
+) -> Response {
+    let store = app.engine.store();
+    let Some(queries) = store.queries() else {
+        return unsupported(store.name());
+    };
+    let params = match ListParams::parse(query.as_deref()) {
+        Ok(params) => params,
+        Err(bad) => return bad.response(),
+    };
+    let after = match params.cursor.as_deref() {
+        Some(cursor) => match ListCursor::open(cursor, &tenant, &params.filter) {
+            Ok(after) => Some(after),
+            Err(bad) => return bad.response(),
+        },
+        None => None,
+    };
+    // One more than asked for tells whether there is a next page.
+    let mut timers = match queries
+        .list(&tenant, &params.filter, after.as_ref(), params.limit + 1)
+        .await
+    {
+        Ok(timers) => timers,
+        Err(e) => return server_error(&e),
+    };
+    let next = if timers.len() > params.limit {
+        timers.truncate(params.limit);
+        timers.last().map(|last| {
+            let after = PageAfter {
+                due_at: last.due_at,
+                service_call_id: last.key.service_call_id.clone(),
+            };
+            encode(&ListCursor::new(&tenant, &params.filter, &after))
+        })
+    } else {
+        None
+    };
+    let timers: Vec<Value> = timers.iter().map(timer_view).collect();
+    Json(json!({ "timers": timers, "nextCursor": next })).into_response()
+}
+
+/// `GET /v1/tenants/{tenant}/summary`
+pub async fn tenant_summary(State(app): State<AppState>, Path(tenant): Path<String>) -> Response {
+    let store = app.engine.store();
+    let Some(queries) = store.queries() else {
+        return unsupported(store.name());
+    };
+    match summaries(queries, &app, &[tenant]).await {
+        Ok(mut views) => Json(views.pop().unwrap_or(Value::Null)).into_response(),
+        Err(response) => response,
+    }
+}
+
+/// `GET /v1/summary`: every tenant's summary, a page of tenants at a time (`limit`, `cursor`).
+pub async fn all_summaries(State(app): State<AppState>, RawQuery(query): RawQuery) -> Response {
+    let store = app.engine.store();
+    let Some(queries) = store.queries() else {
+        return unsupported(store.name());
+    };
+    let mut limit = DEFAULT_LIMIT;
+    let mut after: Option<String> = None;
+    for (name, value) in url::form_urlencoded::parse(query.as_deref().unwrap_or("").as_bytes()) {
+        let parsed = match name.as_ref() {
+            "limit" => parse_limit(&value).map(|n| limit = n),
+            "cursor" => decode::<TenantCursor>(&value).map(|c| after = Some(c.after_tenant)),
+            other => Err(BadParameter::new(
+                "query",
+                format!("unknown parameter {other:?} (known: limit, cursor)"),
+            )),
+        };
+        if let Err(bad) = parsed {
+            return bad.response();
+        }
+    }
+    let mut tenants = match queries.tenants(after.as_deref(), limit + 1).await {
+        Ok(tenants) => tenants,
+        Err(e) => return server_error(&e),
+    };
+    let next = if tenants.len() > limit {
+        tenants.truncate(limit);
+        tenants.last().map(|last| {
+            encode(&TenantCursor {
+                after_tenant: last.clone(),
+            })
+        })
+    } else {
+        None
+    };
+    match summaries(queries, &app, &tenants).await {
+        Ok(views) => Json(json!({ "tenants": views, "nextCursor": next })).into_response(),
+        Err(response) => response,
+    }
+}
+
+async fn summaries(
+    queries: &dyn TimerQueries,
+    app: &AppState,
+    tenants: &[String],
+) -> Result<Vec<Value>, Response> {
+    let since = app.engine.clock().now().saturating_sub(FAILED_WINDOW);
+    let summaries = queries
+        .summaries(tenants, since)
+        .await
+        .map_err(|e| server_error(&e))?;
+    Ok(summaries.iter().map(summary_view).collect())
+}
+
+fn summary_view(s: &TenantSummary) -> Value {
+    let counts: serde_json::Map<String, Value> = TimerState::ALL
+        .iter()
+        .map(|state| {
+            let n = s.counts.get(state).copied().unwrap_or(0);
+            (state.as_str().to_ascii_lowercase(), json!(n))
+        })
+        .collect();
+    json!({
+        "tenantId": s.tenant_id,
+        "counts": counts,
+        "nextDueAt": s.next_due_at.map(Timestamp::to_rfc3339),
+        "failedLast24h": s.failed_since,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn list_parameters_are_read_and_checked() {
+        let p = ListParams::parse(Some(
+            "state=failed,Scheduled&state=failed&prefix=order-&dueAfter=2027-01-01T00:00:00Z\
+             &dueBefore=1800000000000&recurring=false&limit=5",
+        ))
+        .expect("valid");
+        assert_eq!(p.filter.states, [TimerState::Scheduled, TimerState::Failed]);
+        assert_eq!(p.filter.prefix.as_deref(), Some("order-"));
+        assert_eq!(
+            p.filter.due_after,
+            Some(Timestamp::from_millis(1_798_761_600_000))
+        );
+        assert_eq!(
+            p.filter.due_before,
+            Some(Timestamp::from_millis(1_800_000_000_000))
+        );
+        assert_eq!(p.filter.recurring, Some(false));
+        assert_eq!(p.limit, 5);
+        assert_eq!(ListParams::parse(None).expect("empty").limit, DEFAULT_LIMIT);
+        let refused = [
+            ("state=bogus", "state"),
+            ("limit=0", "limit"),
+            ("limit=1001", "limit"),
+            ("limit=ten", "limit"),
+            ("dueAfter=tomorrow", "dueAfter"),
+            ("dueBefore=2027-01-01T00:00:00", "dueBefore"),
+            ("recurring=yes", "recurring"),
+            ("stat=failed", "query"),
+        ];
+        for (query, field) in refused {
+            let e = ListParams::parse(Some(query)).expect_err(query);
+            assert_eq!(e.field, field, "{query}: {}", e.message);
+        }
+    }
+
+    #[test]
+    fn a_cursor_is_good_only_for_its_tenant_and_filters() {
+        let filter = TimerFilter {
+            states: vec![TimerState::Scheduled],
+            ..TimerFilter::default()
+        };
+        let after = PageAfter {
+            due_at: Timestamp::from_millis(7),
+            service_call_id: "x".into(),
+        };
+        let cursor = encode(&ListCursor::new("acme", &filter, &after));
+        assert_eq!(ListCursor::open(&cursor, "acme", &filter), Ok(after));
+        let other = TimerFilter::default();
+        for (tenant, filter) in [("other", &filter), ("acme", &other)] {
+            let e = ListCursor::open(&cursor, tenant, filter).expect_err("refused");
+            assert_eq!(e.field, "cursor");
+        }
+        for junk in ["", "!!", "e30"] {
+            let e = ListCursor::open(junk, "acme", &filter).expect_err(junk);
+            assert_eq!(e.field, "cursor", "{junk}");
+        }
+    }
+}
