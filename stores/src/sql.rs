@@ -29,10 +29,13 @@ pub(crate) trait Dialect {
     const CANCEL_STATE: &'static str;
     /// `purge`: deletes finished rows. Parameters: 1 finished before, 2 the limit.
     const PURGE: &'static str;
-    /// Starts a transaction that reads and then writes. SQLite: `BEGIN IMMEDIATE`, which takes
-    /// the write lock first and so waits `store.busy_timeout` for another process holding it (a
-    /// deferred transaction that reads first fails at once when it tries to write).
-    const BEGIN_WRITE: &'static str;
+    /// The first statement of a transaction that reads and then writes, if the database needs
+    /// one to take its write lock up front. SQLite: a write that changes nothing, so the
+    /// transaction waits `store.busy_timeout` for another process's write lock; a transaction
+    /// whose first statement reads fails at once when it then tries to write. (Not `BEGIN
+    /// IMMEDIATE`: sqlx refuses a custom BEGIN while it still counts a transaction open, as it
+    /// does after a failed commit, e.g. on a full disk.)
+    const LOCK_FOR_WRITE: Option<&'static str>;
 
     /// Whether an error that is not a decoding error may pass when tried again.
     fn retryable(e: &sqlx::Error) -> bool;
@@ -171,6 +174,23 @@ where
     }
 }
 
+/// A transaction that will write, holding the write lock from its start where the dialect needs
+/// that ([`Dialect::LOCK_FOR_WRITE`]).
+pub(crate) async fn begin_write<D>(
+    pool: &Pool<D::Db>,
+) -> std::result::Result<sqlx::Transaction<'static, D::Db>, sqlx::Error>
+where
+    D: Dialect,
+    for<'c> &'c mut <D::Db as Database>::Connection: Executor<'c, Database = D::Db>,
+    for<'q> <D::Db as Database>::Arguments<'q>: IntoArguments<'q, D::Db>,
+{
+    let mut tx = pool.begin().await?;
+    if let Some(lock) = D::LOCK_FOR_WRITE {
+        sqlx::query(lock).execute(&mut *tx).await?;
+    }
+    Ok(tx)
+}
+
 /// The statements that are the same SQL in both dialects, run on one pool.
 pub(crate) struct Statements<'p, D: Dialect> {
     pool: &'p Pool<D::Db>,
@@ -242,7 +262,7 @@ where
                 .bind(key.service_call_id.as_str())
                 .bind(now.as_millis())
         };
-        let mut tx = self.pool.begin_with(D::BEGIN_WRITE).await.map_err(err)?;
+        let mut tx = begin_write::<D>(self.pool).await.map_err(err)?;
         let row = statement(D::CANCEL_STATE)
             .fetch_optional(&mut *tx)
             .await

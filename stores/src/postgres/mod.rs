@@ -62,8 +62,8 @@ impl Dialect for PostgresStore {
          RETURNING t.tenant_id, t.service_call_id, t.due_at, t.registered_at, \
                    t.correlation_id, t.payload, t.attempts, t.revision, t.recurrence, \
                    t.occurrences";
-    // Row locks (FOR UPDATE) order writers; the transaction itself needs nothing special.
-    const BEGIN_WRITE: &'static str = "BEGIN";
+    // Row locks (FOR UPDATE) order writers; the transaction needs no lock up front.
+    const LOCK_FOR_WRITE: Option<&'static str> = None;
     // FOR UPDATE: a claim (which locks the row too) and this cancel are ordered.
     const CANCEL_STATE: &'static str = "SELECT state, COALESCE(lease_until > $3, false) \
         FROM timers WHERE tenant_id = $1 AND service_call_id = $2 FOR UPDATE";

@@ -40,7 +40,7 @@ impl Dialect for SqliteStore {
                          ORDER BY available_at LIMIT ?4) \
          RETURNING tenant_id, service_call_id, due_at, registered_at, correlation_id, payload, \
                    attempts, revision, recurrence, occurrences";
-    const BEGIN_WRITE: &'static str = "BEGIN IMMEDIATE";
+    const LOCK_FOR_WRITE: Option<&'static str> = Some("UPDATE timers SET state = state WHERE 0");
     const CANCEL_STATE: &'static str = "SELECT state, COALESCE(lease_until > ?3, 0) FROM timers \
         WHERE tenant_id = ?1 AND service_call_id = ?2";
     const PURGE: &'static str = "DELETE FROM timers WHERE rowid IN (SELECT rowid FROM timers \
@@ -186,9 +186,7 @@ impl SqliteStore {
 
     /// Runs `updates` in one write transaction, all or nothing; returns the rows they changed.
     async fn update_rows(&self, op: &str, updates: Vec<RowUpdate<'_>>) -> Result<u64> {
-        let mut tx = self
-            .write
-            .begin_with(Self::BEGIN_WRITE)
+        let mut tx = sql::begin_write::<Self>(&self.write)
             .await
             .map_err(|e| db_err(op, e))?;
         let mut changed = 0;
@@ -212,9 +210,7 @@ impl Store for SqliteStore {
 
     async fn schedule(&self, timers: &[NewTimer], now: Timestamp) -> Result<Vec<ScheduleOutcome>> {
         let op = "scheduling timers";
-        let mut tx = self
-            .write
-            .begin_with(Self::BEGIN_WRITE)
+        let mut tx = sql::begin_write::<Self>(&self.write)
             .await
             .map_err(|e| db_err(op, e))?;
         let mut outcomes = Vec::with_capacity(timers.len());
