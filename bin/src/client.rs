@@ -1,5 +1,7 @@
-//! `schedule`, `get`, `cancel`: talk to a running service's HTTP API.
+//! The CLI's client of a running service's HTTP API: schedule (one, or a file of commands in
+//! batches), get, cancel, list, summary.
 
+use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
@@ -49,6 +51,16 @@ impl Client {
             bail!("{status}: {message}{field}");
         }
         Ok(body)
+    }
+
+    /// `POST /v1/timers/batch` with these commands.
+    pub async fn schedule_batch(&self, commands: &[Value]) -> anyhow::Result<Value> {
+        self.send(
+            self.http
+                .post(format!("{}/v1/timers/batch", self.base))
+                .json(&json!({ "commands": commands })),
+        )
+        .await
     }
 
     pub async fn schedule(&self, command: Value) -> anyhow::Result<Value> {
@@ -140,4 +152,65 @@ pub fn command(
         cmd["payload"] = value;
     }
     Ok(cmd)
+}
+
+/// The commands in `path`: a JSON array of `ScheduleTimer` commands, or one command per line
+/// (NDJSON; empty lines are skipped). A line that is not JSON is an error naming it.
+pub fn read_commands(path: &Path) -> anyhow::Result<Vec<Value>> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    if text.trim_start().starts_with('[') {
+        return serde_json::from_str(&text)
+            .with_context(|| format!("{} is not a JSON array of commands", path.display()));
+    }
+    text.lines()
+        .enumerate()
+        .filter(|(_, line)| !line.trim().is_empty())
+        .map(|(n, line)| {
+            serde_json::from_str(line)
+                .with_context(|| format!("{} line {}: not a JSON command", path.display(), n + 1))
+        })
+        .collect()
+}
+
+/// Sends `commands` in batches of `batch_size`, one batch after the other, and counts the
+/// outcomes (`created`, `updated`, ... and `refused` for a command the store's limits refused).
+/// A batch the service refuses stops the run: the batches before it are stored, it is not.
+pub async fn schedule_all(
+    client: &Client,
+    commands: &[Value],
+    batch_size: usize,
+    progress: &indicatif::ProgressBar,
+) -> anyhow::Result<Value> {
+    let mut counts = serde_json::Map::new();
+    for (n, chunk) in commands.chunks(batch_size.max(1)).enumerate() {
+        let first = n * batch_size.max(1);
+        let answer = client.schedule_batch(chunk).await.with_context(|| {
+            let before = match first {
+                0 => "nothing was stored".to_owned(),
+                n => format!("the {n} commands before it were stored"),
+            };
+            format!(
+                "the batch of commands {first} to {} (counted from 0; commands[i] in the \
+                 message is command {first} + i) was refused and not stored; {before}",
+                first + chunk.len() - 1
+            )
+        })?;
+        for result in answer["results"].as_array().into_iter().flatten() {
+            let outcome = result["outcome"].as_str().unwrap_or("refused");
+            let count = counts.entry(outcome).or_insert(json!(0));
+            *count = json!(count.as_u64().unwrap_or(0) + 1);
+            if let Some(error) = result.get("error") {
+                progress.println(format!(
+                    "refused: {}/{}: {}",
+                    result["tenantId"].as_str().unwrap_or(""),
+                    result["serviceCallId"].as_str().unwrap_or(""),
+                    error["message"].as_str().unwrap_or("")
+                ));
+            }
+        }
+        progress.inc(chunk.len() as u64);
+    }
+    progress.finish_and_clear();
+    Ok(json!({ "sent": commands.len(), "outcomes": counts }))
 }

@@ -213,6 +213,11 @@ fn validate(config: &Config) -> Result<(), Error> {
             "limits.max_id_bytes and limits.max_message_bytes must be at least 1",
         ));
     }
+    if config.limits.max_batch == 0 || config.limits.max_batch_bytes == 0 {
+        return Err(Error::config(
+            "limits.max_batch and limits.max_batch_bytes must be at least 1",
+        ));
+    }
     Ok(())
 }
 

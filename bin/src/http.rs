@@ -38,10 +38,16 @@ pub struct AppState {
 }
 
 pub fn router(state: AppState, config: &Config) -> Router {
-    // Room for the largest command plus headers of a JSON body.
+    // Room for the largest command plus headers of a JSON body; a batch has a limit of its own.
     let body_limit = config.limits.max_message_bytes + 1024;
+    let batch_limit = config.limits.max_batch_bytes;
+    let limited = |limit| RequestBodyLimitLayer::new(limit);
     let api = Router::new()
-        .route("/v1/timers", post(schedule))
+        .route("/v1/timers", post(schedule).layer(limited(body_limit)))
+        .route(
+            "/v1/timers/batch",
+            post(crate::batch::schedule_batch).layer(limited(batch_limit)),
+        )
         .route(
             "/v1/tenants/{tenant}/timers/{id}",
             get(get_timer).delete(cancel_timer),
@@ -55,7 +61,10 @@ pub fn router(state: AppState, config: &Config) -> Router {
             get(crate::control::tenant_summary),
         )
         .route("/v1/summary", get(crate::control::all_summaries))
-        .route("/v1/commands", post(send_command))
+        .route(
+            "/v1/commands",
+            post(send_command).layer(limited(body_limit)),
+        )
         .route("/v1/dead-letters", get(dead_letters))
         // The event stream lives as long as the client wants, so it has no request timeout.
         .layer(TimeoutLayer::with_status_code(
@@ -79,7 +88,8 @@ pub fn router(state: AppState, config: &Config) -> Router {
     Router::new()
         .merge(api)
         .merge(open)
-        .layer(RequestBodyLimitLayer::new(body_limit))
+        // No route takes a body larger than this; the routes that read one have their own.
+        .layer(limited(body_limit.max(batch_limit)))
         // Outside the limit, so its own answer to a too-large Content-Length (plain text) also
         // becomes the JSON error body.
         .layer(axum::middleware::map_response(json_payload_too_large))
@@ -145,7 +155,8 @@ async fn json_payload_too_large(response: Response) -> Response {
         StatusCode::PAYLOAD_TOO_LARGE,
         "too_large",
         None,
-        "request body exceeds limits.max_message_bytes",
+        "request body exceeds its limit (limits.max_message_bytes, or limits.max_batch_bytes \
+         for POST /v1/timers/batch)",
     )
 }
 

@@ -1,5 +1,6 @@
 //! The timer-service binary: CLI, config, plugin assembly, HTTP API.
 
+mod batch;
 mod bench;
 mod client;
 mod config;
@@ -52,13 +53,21 @@ enum Command {
     Run,
     /// Print the effective configuration (secrets redacted); exit 1 naming what is wrong.
     CheckConfig,
-    /// Schedule (or reschedule) a timer through a running service's HTTP API.
+    /// Schedule (or reschedule) a timer through a running service's HTTP API; or, with
+    /// --file, every command of a file through the batch endpoint.
     Schedule {
-        #[arg(long)]
-        tenant: String,
+        #[arg(long, required_unless_present = "file")]
+        tenant: Option<String>,
         /// The service call id (the timer's id within the tenant).
-        #[arg(long)]
-        id: String,
+        #[arg(long, required_unless_present = "file")]
+        id: Option<String>,
+        /// A file of ScheduleTimer commands (a JSON array, or one JSON object per line), sent
+        /// in batches through POST /v1/timers/batch.
+        #[arg(long, conflicts_with_all = ["tenant", "id", "at", "due_in", "correlation_id", "payload"])]
+        file: Option<PathBuf>,
+        /// Commands per batch with --file (at most the service's limits.max_batch).
+        #[arg(long, default_value_t = 1000, requires = "file")]
+        batch_size: usize,
         /// Due time as RFC 3339 with offset, e.g. 2027-01-15T10:00:00+01:00.
         #[arg(long, conflicts_with = "due_in")]
         at: Option<String>,
@@ -231,6 +240,21 @@ async fn dispatch(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Schedule {
+            file: Some(file),
+            batch_size,
+            api,
+            ..
+        } => {
+            let commands = client::read_commands(&file)?;
+            let bar = indicatif::ProgressBar::with_draw_target(
+                Some(commands.len() as u64),
+                indicatif::ProgressDrawTarget::stderr(),
+            );
+            let client = api_client(&api)?;
+            print(client::schedule_all(&client, &commands, batch_size, &bar).await?);
+            Ok(())
+        }
+        Command::Schedule {
             tenant,
             id,
             at,
@@ -238,7 +262,12 @@ async fn dispatch(cli: Cli) -> anyhow::Result<()> {
             correlation_id,
             payload,
             api,
+            ..
         } => {
+            // clap requires both without --file.
+            let (Some(tenant), Some(id)) = (tenant, id) else {
+                anyhow::bail!("give --tenant and --id, or --file");
+            };
             let cmd = client::command(
                 &tenant,
                 &id,

@@ -880,3 +880,75 @@ async fn list_and_summaries_over_http() {
     assert_eq!(v["nextCursor"], Value::Null, "{v}");
     service.terminate().await;
 }
+
+/// `POST /v1/timers/batch`: one transaction, a result per command in order; a batch with a bad
+/// command or over `limits.max_batch` is a 400 naming the field, and nothing of it is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batch_schedules_all_or_refuses_naming_the_item() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let env = embedded(dir.path(), &[("TIMER_LIMITS__MAX_BATCH", "5")]);
+    let service = Service::start(Path::new(BIN), dir.path(), &env).await;
+    let far = now_ms() + 3_600_000;
+    let (status, v) = service.post("/v1/timers", command("acme", "c0", far)).await;
+    assert_eq!(status, 201, "{v}");
+    let batch = |items: Vec<String>| format!(r#"{{"commands":[{}]}}"#, items.join(","));
+
+    let items = (0..4)
+        .map(|i| command("acme", &format!("c{i}"), far + i))
+        .collect();
+    let (status, v) = service.post("/v1/timers/batch", batch(items)).await;
+    assert_eq!(status, 200, "{v}");
+    let outcomes: Vec<&str> = v["results"]
+        .as_array()
+        .expect("results")
+        .iter()
+        .map(|r| r["outcome"].as_str().unwrap_or(""))
+        .collect();
+    assert_eq!(
+        outcomes,
+        ["updated", "created", "created", "created"],
+        "{v}"
+    );
+    assert_eq!(v["results"][3]["serviceCallId"], "c3", "{v}");
+
+    // A bad command: 400 naming it, and none of the batch is written.
+    let items = vec![
+        command("acme", "new-1", far),
+        r#"{"tenantId":"acme","serviceCallId":"bad","dueAt":"tomorrow"}"#.to_owned(),
+        r#"{"tenantId":"acme"}"#.to_owned(),
+    ];
+    let (status, v) = service.post("/v1/timers/batch", batch(items)).await;
+    assert_eq!(status, 400, "{v}");
+    assert_eq!(v["error"]["field"], "commands[1].dueAt", "{v}");
+    assert_eq!(v["error"]["reason"], "invalid_time", "{v}");
+    assert_eq!(v["rejected"].as_array().map(Vec::len), Some(2), "{v}");
+    assert_eq!(v["rejected"][1]["index"], 2, "{v}");
+    assert_eq!(
+        v["rejected"][1]["error"]["field"], "commands[2].serviceCallId",
+        "{v}"
+    );
+    let (status, _) = service.get("/v1/tenants/acme/timers/new-1").await;
+    assert_eq!(status, 404, "nothing of a refused batch is written");
+
+    // Over limits.max_batch, and not a batch at all.
+    let items = (0..6)
+        .map(|i| command("acme", &format!("x{i}"), far))
+        .collect();
+    for (body, reason) in [
+        (batch(items), "too_large"),
+        (r#"{"command":[]}"#.to_owned(), "invalid_json"),
+        ("[]".to_owned(), "invalid_json"),
+    ] {
+        let (status, v) = service.post("/v1/timers/batch", body).await;
+        assert_eq!(status, 400, "{v}");
+        assert_eq!(v["error"]["reason"], reason, "{v}");
+        assert_eq!(v["error"]["field"], "commands", "{v}");
+    }
+    let (status, v) = service.get("/v1/tenants/acme/summary").await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(
+        v["counts"]["scheduled"], 4,
+        "only the first batch was written: {v}"
+    );
+    service.terminate().await;
+}

@@ -24,6 +24,11 @@ pub struct Limits {
     #[serde(with = "duration")]
     #[schemars(with = "String")]
     pub max_horizon: Duration,
+    /// Most commands in one `POST /v1/timers/batch`. At least 1.
+    pub max_batch: usize,
+    /// Largest `POST /v1/timers/batch` body, in bytes; a larger one is answered 413 before it
+    /// is read. Each command in it is also held to `limits.max_message_bytes`.
+    pub max_batch_bytes: usize,
     /// Most Scheduled timers one tenant may have; 0 sets no limit. A new timer over it is
     /// refused with reason `tenant_limit` (HTTP 429; on the broker path a dead letter, and the
     /// command is acknowledged); rescheduling an existing Scheduled timer stays allowed, and
@@ -41,6 +46,8 @@ impl Default for Limits {
             max_payload_bytes: 64 * 1024,
             // Ten years of 365.25 days (prints as "10years").
             max_horizon: Duration::from_secs(315_576_000),
+            max_batch: 1_000,
+            max_batch_bytes: 16 * 1024 * 1024,
             max_pending_per_tenant: 0,
         }
     }

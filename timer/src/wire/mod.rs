@@ -867,7 +867,7 @@ mod tests {
             max_id_bytes: 4,
             max_payload_bytes: 8,
             max_horizon: Duration::from_secs(60),
-            max_pending_per_tenant: 0,
+            ..Limits::default()
         };
         let d = |s: &str| decode_schedule(s.as_bytes(), &limits, NOW).unwrap_err();
         assert_eq!(
