@@ -1,5 +1,5 @@
-//! The control plane's read routes: a tenant's timers as pages with filters, and summaries per
-//! tenant. They read through the store's [`TimerQueries`] ability.
+//! The control plane's read routes: a tenant's timers as pages with filters, summaries per
+//! tenant (through the store's [`TimerQueries`] ability), and a timer's next occurrences.
 //!
 //! A page ends with an opaque `nextCursor`: base64url of a small JSON object holding the tenant,
 //! the filters and the last timer's position (due time, id). The next page starts after that
@@ -16,7 +16,9 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
-use timer_core::{PageAfter, TenantSummary, TimerFilter, TimerQueries, TimerState, Timestamp};
+use timer_core::{
+    PageAfter, TenantSummary, Timer, TimerFilter, TimerQueries, TimerState, Timestamp,
+};
 
 use crate::http::{error_body, server_error, timer_view, AppState};
 
@@ -42,7 +44,7 @@ impl BadParameter {
         }
     }
 
-    fn response(&self) -> Response {
+    pub fn response(&self) -> Response {
         error_body(
             StatusCode::BAD_REQUEST,
             "invalid_parameter",
@@ -149,6 +151,56 @@ fn parse_limit(value: &str) -> Result<usize, BadParameter> {
                 format!("{value:?} is not a number from 1 to {MAX_LIMIT}"),
             )
         })
+}
+
+/// Most occurrences `?next=` shows.
+const MAX_NEXT: usize = 100;
+
+/// The `next` parameter of `GET /v1/tenants/{tenant}/timers/{id}` (the only one it takes).
+pub fn next_parameter(query: Option<&str>) -> Result<Option<usize>, BadParameter> {
+    let mut next = None;
+    for (name, value) in url::form_urlencoded::parse(query.unwrap_or("").as_bytes()) {
+        if name != "next" {
+            return Err(BadParameter::new(
+                "query",
+                format!("unknown parameter {name:?} (known: next)"),
+            ));
+        }
+        let n = value
+            .parse::<usize>()
+            .ok()
+            .filter(|n| (1..=MAX_NEXT).contains(n))
+            .ok_or_else(|| {
+                BadParameter::new(
+                    "next",
+                    format!("{value:?} is not a number from 1 to {MAX_NEXT}"),
+                )
+            })?;
+        next = Some(n);
+    }
+    Ok(next)
+}
+
+/// Up to `n` coming fire times of `timer`, each in UTC and on the wall clock of its time zone:
+/// a Scheduled series' next occurrences, a Scheduled one-shot timer's due time, nothing for a
+/// finished timer.
+pub fn next_occurrences(timer: &Timer, now: Timestamp, n: usize) -> Value {
+    if timer.state != TimerState::Scheduled {
+        return json!([]);
+    }
+    let Some(recurrence) = &timer.recurrence else {
+        let at = timer.due_at.to_rfc3339();
+        return json!([{ "utc": at, "local": at }]);
+    };
+    let Ok(schedule) = recurrence.schedule() else {
+        return json!([]);
+    };
+    let coming: Vec<Value> = schedule
+        .upcoming(timer.due_at, timer.occurrences, now, n)
+        .into_iter()
+        .map(|at| json!({ "utc": at.to_rfc3339(), "local": schedule.local_rfc3339(at) }))
+        .collect();
+    json!(coming)
 }
 
 /// What a list cursor holds: the page's tenant and filters, and where the next page starts.

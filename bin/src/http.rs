@@ -4,7 +4,7 @@ use std::convert::Infallible;
 use std::sync::Arc;
 
 use axum::body::Bytes;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, Query, RawQuery, State};
 use axum::http::StatusCode;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
@@ -254,9 +254,21 @@ async fn schedule(State(app): State<AppState>, body: Bytes) -> Response {
 async fn get_timer(
     State(app): State<AppState>,
     Path((tenant, id)): Path<(String, String)>,
+    RawQuery(query): RawQuery,
 ) -> Response {
+    let next = match crate::control::next_parameter(query.as_deref()) {
+        Ok(next) => next,
+        Err(bad) => return bad.response(),
+    };
     match app.engine.store().get(&TimerKey::new(tenant, id)).await {
-        Ok(Some(t)) => Json(timer_view(&t)).into_response(),
+        Ok(Some(t)) => {
+            let mut view = timer_view(&t);
+            if let Some(n) = next {
+                let now = app.engine.clock().now();
+                view["nextOccurrences"] = crate::control::next_occurrences(&t, now, n);
+            }
+            Json(view).into_response()
+        }
         Ok(None) => error_body(StatusCode::NOT_FOUND, "not_found", None, "no such timer"),
         Err(e) => server_error(&e),
     }

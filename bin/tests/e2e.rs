@@ -952,3 +952,49 @@ async fn batch_schedules_all_or_refuses_naming_the_item() {
     );
     service.terminate().await;
 }
+
+/// `GET .../timers/{id}?next=N` adds the coming fire times, in UTC and in the series' zone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn next_occurrences_of_a_series_and_a_one_shot_timer() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let service = Service::start(Path::new(BIN), dir.path(), &embedded(dir.path(), &[])).await;
+    let series = r#"{"tenantId":"acme","serviceCallId":"daily","cron":"30 9 * * *","timeZone":"Europe/Berlin","maxOccurrences":3}"#;
+    let (status, v) = service.post("/v1/timers", series).await;
+    assert_eq!(status, 201, "{v}");
+    let (status, v) = service.get("/v1/tenants/acme/timers/daily?next=5").await;
+    assert_eq!(status, 200, "{v}");
+    let next = v["nextOccurrences"].as_array().expect("nextOccurrences");
+    assert_eq!(next.len(), 3, "maxOccurrences 3: {v}");
+    assert_eq!(next[0]["utc"], v["dueAt"], "{v}");
+    for occurrence in next {
+        let local = occurrence["local"].as_str().unwrap_or("");
+        assert!(local.contains("T09:30:00.000+0"), "09:30 in Berlin: {v}");
+    }
+    assert!(next[0]["utc"].as_str() < next[1]["utc"].as_str(), "{v}");
+
+    let far = now_ms() + 3_600_000;
+    service
+        .post("/v1/timers", command("acme", "once", far))
+        .await;
+    let (_, v) = service.get("/v1/tenants/acme/timers/once?next=3").await;
+    assert_eq!(
+        v["nextOccurrences"].as_array().map(Vec::len),
+        Some(1),
+        "{v}"
+    );
+    let (_, v) = service.get("/v1/tenants/acme/timers/once").await;
+    assert!(
+        v.get("nextOccurrences").is_none(),
+        "only when asked for: {v}"
+    );
+    for (path, field) in [
+        ("/v1/tenants/acme/timers/once?next=0", "next"),
+        ("/v1/tenants/acme/timers/once?next=101", "next"),
+        ("/v1/tenants/acme/timers/once?nxt=2", "query"),
+    ] {
+        let (status, v) = service.get(path).await;
+        assert_eq!(status, 400, "{path}: {v}");
+        assert_eq!(v["error"]["field"], field, "{path}: {v}");
+    }
+    service.terminate().await;
+}

@@ -111,6 +111,28 @@ impl Schedule {
         self.find(after, false)
     }
 
+    /// Up to `n` coming occurrences of a Scheduled series whose next occurrence is `due` and of
+    /// which `fired` occurrences fired: `due` itself, then each one after it as the series will
+    /// fire them from `now` on (after an overdue `due`, the next is the first after `now`).
+    pub fn upcoming(&self, due: Timestamp, fired: u32, now: Timestamp, n: usize) -> Vec<Timestamp> {
+        let mut out = Vec::with_capacity(n.min(100));
+        let mut next = Some(due);
+        while let Some(at) = next.filter(|_| out.len() < n) {
+            out.push(at);
+            let count = fired.saturating_add(u32::try_from(out.len()).unwrap_or(u32::MAX));
+            next = self.next(at.max(now), count);
+        }
+        out
+    }
+
+    /// `at` on the wall clock of the series' time zone, RFC 3339 with its offset and
+    /// milliseconds (`2026-11-25T09:30:00.000+01:00`).
+    pub fn local_rfc3339(&self, at: Timestamp) -> String {
+        at.to_datetime()
+            .with_timezone(&self.tz)
+            .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+    }
+
     fn find(&self, from: Timestamp, inclusive: bool) -> Option<Timestamp> {
         let start: DateTime<Utc> = from.to_datetime();
         let local = start.with_timezone(&self.tz);
@@ -137,6 +159,33 @@ impl Schedule {
 mod tests {
     use super::*;
     use chrono::TimeZone;
+
+    #[test]
+    fn upcoming_lists_the_next_occurrences_and_stops_at_the_maximum() {
+        let series = Recurrence {
+            max_occurrences: Some(4),
+            ..recurrence("30 9 * * MON-FRI", "Europe/Berlin")
+        };
+        let schedule = series.schedule().unwrap();
+        // Friday 2026-11-20 08:30Z is 09:30 in Berlin; one occurrence fired before it.
+        let due = utc("2026-11-20T08:30:00Z");
+        let now = utc("2026-11-19T12:00:00Z");
+        let got = schedule.upcoming(due, 1, now, 5);
+        let want = [
+            "2026-11-20T08:30:00Z",
+            "2026-11-23T08:30:00Z",
+            "2026-11-24T08:30:00Z",
+        ];
+        assert_eq!(got, want.map(utc), "the fourth occurrence is the last");
+        assert_eq!(
+            schedule.local_rfc3339(got[0]),
+            "2026-11-20T09:30:00.000+01:00"
+        );
+        // Overdue: the next one after it is the first after now, as the series will fire it.
+        let late = schedule.upcoming(due, 0, utc("2026-11-24T10:00:00Z"), 2);
+        assert_eq!(late, [due, utc("2026-11-25T08:30:00Z")]);
+        assert!(schedule.upcoming(due, 0, now, 0).is_empty());
+    }
 
     fn at(tz: Tz, y: i32, mo: u32, d: u32, h: u32, mi: u32, s: u32) -> Timestamp {
         Timestamp::from_datetime(&tz.with_ymd_and_hms(y, mo, d, h, mi, s).earliest().unwrap())
