@@ -13,26 +13,15 @@ use axum::Json;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
-use timer_core::{NewTimer, Reason, Rejection, ScheduleOutcome, Scheduled};
+use timer_core::{NewTimer, Reason, Rejection, Scheduled};
 
-use crate::http::{error_body, server_error, AppState};
+use crate::http::{error_body, outcome_code, server_error, AppState};
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Batch<'a> {
     #[serde(borrow)]
     commands: Vec<&'a RawValue>,
-}
-
-/// The outcome code of a stored command, as `POST /v1/timers` names it.
-pub fn outcome_code(outcome: ScheduleOutcome) -> &'static str {
-    match outcome {
-        ScheduleOutcome::Created => "created",
-        ScheduleOutcome::Updated => "updated",
-        ScheduleOutcome::AlreadyReached => "already_reached",
-        ScheduleOutcome::AlreadyCancelled => "already_cancelled",
-        ScheduleOutcome::AlreadyFailed => "already_failed",
-    }
 }
 
 fn rejection_json(r: &Rejection, field: Option<String>) -> Value {

@@ -208,6 +208,18 @@ pub fn timer_view(t: &Timer) -> Value {
     })
 }
 
+/// The outcome code of a stored schedule, as the API names it (`outcome`, and the reason of a
+/// 409).
+pub(crate) fn outcome_code(outcome: ScheduleOutcome) -> &'static str {
+    match outcome {
+        ScheduleOutcome::Created => "created",
+        ScheduleOutcome::Updated => "updated",
+        ScheduleOutcome::AlreadyReached => "already_reached",
+        ScheduleOutcome::AlreadyCancelled => "already_cancelled",
+        ScheduleOutcome::AlreadyFailed => "already_failed",
+    }
+}
+
 async fn schedule(State(app): State<AppState>, body: Bytes) -> Response {
     let timer = match app.engine.admit_schedule(&body) {
         Ok(t) => t,
@@ -215,16 +227,13 @@ async fn schedule(State(app): State<AppState>, body: Bytes) -> Response {
     };
     let key = timer.key.clone();
     let (status, outcome) = match app.engine.schedule_one(timer).await {
-        Ok(Scheduled::Stored(ScheduleOutcome::Created)) => (StatusCode::CREATED, "created"),
-        Ok(Scheduled::Stored(ScheduleOutcome::Updated)) => (StatusCode::OK, "updated"),
-        Ok(Scheduled::Stored(ScheduleOutcome::AlreadyReached)) => {
-            (StatusCode::CONFLICT, "already_reached")
-        }
-        Ok(Scheduled::Stored(ScheduleOutcome::AlreadyCancelled)) => {
-            (StatusCode::CONFLICT, "already_cancelled")
-        }
-        Ok(Scheduled::Stored(ScheduleOutcome::AlreadyFailed)) => {
-            (StatusCode::CONFLICT, "already_failed")
+        Ok(Scheduled::Stored(outcome)) => {
+            let status = match outcome {
+                ScheduleOutcome::Created => StatusCode::CREATED,
+                ScheduleOutcome::Updated => StatusCode::OK,
+                _ => StatusCode::CONFLICT,
+            };
+            (status, outcome_code(outcome))
         }
         Ok(Scheduled::Refused(r)) => {
             let status = match r.reason {
