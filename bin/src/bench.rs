@@ -535,14 +535,7 @@ async fn ingest_run(config: &Config, n: usize) -> anyhow::Result<Run> {
     // Broker path: commands on the in-process broker, read, decoded and stored in batches.
     let rig = start_rig(config, 1).await?;
     if let Some(hub) = &rig.hub {
-        let bodies: Vec<String> = (0..n)
-            .map(|i| {
-                format!(
-                    r#"{{"tenantId":"bench-{}","serviceCallId":"b{i:08}","dueTimeMs":{far}}}"#,
-                    i % 16
-                )
-            })
-            .collect();
+        let bodies: Vec<String> = (0..n).map(|i| ingest_command('b', i, far)).collect();
         let bar = progress(n, "broker path");
         let started = Instant::now();
         for body in bodies {
@@ -582,30 +575,9 @@ async fn ingest_run(config: &Config, n: usize) -> anyhow::Result<Run> {
     let url = format!("http://{addr}/v1/timers");
     let bar = progress(n, "http path");
     let started = Instant::now();
-    let failures = futures::stream::iter(0..n)
-        .map(|i| {
-            let body = format!(
-                r#"{{"tenantId":"bench-{}","serviceCallId":"h{i:08}","dueTimeMs":{far}}}"#,
-                i % 16
-            );
-            let request = client
-                .post(&url)
-                .header("content-type", "application/json")
-                .body(body);
-            let request = match &config.http.token {
-                Some(token) => request.bearer_auth(token),
-                None => request,
-            };
-            let bar = &bar;
-            async move {
-                let ok = matches!(request.send().await, Ok(r) if r.status().is_success());
-                bar.inc(1);
-                usize::from(!ok)
-            }
-        })
-        .buffer_unordered(64)
-        .fold(0usize, |acc, f| async move { acc + f })
-        .await;
+    let token = config.http.token.as_deref();
+    let singles = (0..n).map(|i| (ingest_command('h', i, far), 1)).collect();
+    let failures = post_all(&client, &url, token, singles, 64, &bar).await;
     let elapsed = started.elapsed().as_secs_f64();
     bar.finish_and_clear();
     if failures > 0 {
@@ -619,45 +591,19 @@ async fn ingest_run(config: &Config, n: usize) -> anyhow::Result<Run> {
     let per_batch = config.limits.max_batch.max(1);
     let bar = progress(n, "http batches");
     let started = Instant::now();
-    let batches: Vec<Vec<usize>> = (0..n)
+    let batches: Vec<(String, usize)> = (0..n)
         .collect::<Vec<_>>()
         .chunks(per_batch)
-        .map(<[usize]>::to_vec)
-        .collect();
-    let failures = futures::stream::iter(batches)
         .map(|batch| {
-            let commands: Vec<String> = batch
-                .iter()
-                .map(|i| {
-                    format!(
-                        r#"{{"tenantId":"bench-{}","serviceCallId":"m{i:08}","dueTimeMs":{far}}}"#,
-                        i % 16
-                    )
-                })
-                .collect();
-            let body = format!(r#"{{"commands":[{}]}}"#, commands.join(","));
-            let request = client
-                .post(&url)
-                .header("content-type", "application/json")
-                .body(body);
-            let request = match &config.http.token {
-                Some(token) => request.bearer_auth(token),
-                None => request,
-            };
-            let bar = &bar;
-            async move {
-                let ok = matches!(request.send().await, Ok(r) if r.status().is_success());
-                bar.inc(batch.len() as u64);
-                if ok {
-                    0
-                } else {
-                    batch.len()
-                }
-            }
+            let commands: Vec<String> =
+                batch.iter().map(|i| ingest_command('m', *i, far)).collect();
+            (
+                format!(r#"{{"commands":[{}]}}"#, commands.join(",")),
+                batch.len(),
+            )
         })
-        .buffer_unordered(4)
-        .fold(0usize, |acc, f| async move { acc + f })
-        .await;
+        .collect();
+    let failures = post_all(&client, &url, token, batches, 4, &bar).await;
     let elapsed = started.elapsed().as_secs_f64();
     bar.finish_and_clear();
     rig.stop().await;
@@ -666,6 +612,49 @@ async fn ingest_run(config: &Config, n: usize) -> anyhow::Result<Run> {
     }
     run.push(("http batch path", "schedules/s", n as f64 / elapsed));
     Ok(run)
+}
+
+/// The `i`-th command of an ingest run: 16 tenants, ids `<path><i>`, due at `far`.
+fn ingest_command(path: char, i: usize, far: i64) -> String {
+    format!(
+        r#"{{"tenantId":"bench-{}","serviceCallId":"{path}{i:08}","dueTimeMs":{far}}}"#,
+        i % 16
+    )
+}
+
+/// POSTs every body to `url`, `in_flight` at once, each carrying the given number of schedules;
+/// returns how many schedules were in a request that did not succeed.
+async fn post_all(
+    client: &reqwest::Client,
+    url: &str,
+    token: Option<&str>,
+    requests: Vec<(String, usize)>,
+    in_flight: usize,
+    bar: &ProgressBar,
+) -> usize {
+    futures::stream::iter(requests)
+        .map(|(body, schedules)| {
+            let request = client
+                .post(url)
+                .header("content-type", "application/json")
+                .body(body);
+            let request = match token {
+                Some(token) => request.bearer_auth(token),
+                None => request,
+            };
+            async move {
+                let ok = matches!(request.send().await, Ok(r) if r.status().is_success());
+                bar.inc(schedules as u64);
+                if ok {
+                    0
+                } else {
+                    schedules
+                }
+            }
+        })
+        .buffer_unordered(in_flight)
+        .fold(0usize, |acc, f| async move { acc + f })
+        .await
 }
 
 fn median(values: &[f64]) -> f64 {
