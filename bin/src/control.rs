@@ -141,15 +141,17 @@ fn parse_time(field: &'static str, value: &str) -> Result<Timestamp, BadParamete
 }
 
 fn parse_limit(value: &str) -> Result<usize, BadParameter> {
+    count("limit", value, MAX_LIMIT)
+}
+
+/// A count parameter from 1 to `max`.
+fn count(field: &'static str, value: &str, max: usize) -> Result<usize, BadParameter> {
     value
         .parse::<usize>()
         .ok()
-        .filter(|n| (1..=MAX_LIMIT).contains(n))
+        .filter(|n| (1..=max).contains(n))
         .ok_or_else(|| {
-            BadParameter::new(
-                "limit",
-                format!("{value:?} is not a number from 1 to {MAX_LIMIT}"),
-            )
+            BadParameter::new(field, format!("{value:?} is not a number from 1 to {max}"))
         })
 }
 
@@ -166,17 +168,7 @@ pub fn next_parameter(query: Option<&str>) -> Result<Option<usize>, BadParameter
                 format!("unknown parameter {name:?} (known: next)"),
             ));
         }
-        let n = value
-            .parse::<usize>()
-            .ok()
-            .filter(|n| (1..=MAX_NEXT).contains(n))
-            .ok_or_else(|| {
-                BadParameter::new(
-                    "next",
-                    format!("{value:?} is not a number from 1 to {MAX_NEXT}"),
-                )
-            })?;
-        next = Some(n);
+        next = Some(count("next", &value, MAX_NEXT)?);
     }
     Ok(next)
 }
@@ -267,6 +259,16 @@ fn decode<T: for<'de> Deserialize<'de>>(cursor: &str) -> Result<T, BadParameter>
         })
 }
 
+/// Cuts `items`, read with one more than `limit` asked for, to the page, and gives the cursor
+/// of the next page (made from the page's last item) when there is one.
+fn end_page<T>(items: &mut Vec<T>, limit: usize, cursor: impl Fn(&T) -> String) -> Option<String> {
+    if items.len() <= limit {
+        return None;
+    }
+    items.truncate(limit);
+    items.last().map(cursor)
+}
+
 fn unsupported(store: &str) -> Response {
     error_body(
         StatusCode::NOT_IMPLEMENTED,
@@ -305,18 +307,13 @@ pub async fn list_timers(
         Ok(timers) => timers,
         Err(e) => return server_error(&e),
     };
-    let next = if timers.len() > params.limit {
-        timers.truncate(params.limit);
-        timers.last().map(|last| {
-            let after = PageAfter {
-                due_at: last.due_at,
-                service_call_id: last.key.service_call_id.clone(),
-            };
-            encode(&ListCursor::new(&tenant, &params.filter, &after))
-        })
-    } else {
-        None
-    };
+    let next = end_page(&mut timers, params.limit, |last| {
+        let after = PageAfter {
+            due_at: last.due_at,
+            service_call_id: last.key.service_call_id.clone(),
+        };
+        encode(&ListCursor::new(&tenant, &params.filter, &after))
+    });
     let timers: Vec<Value> = timers.iter().map(timer_view).collect();
     Json(json!({ "timers": timers, "nextCursor": next })).into_response()
 }
@@ -358,16 +355,11 @@ pub async fn all_summaries(State(app): State<AppState>, RawQuery(query): RawQuer
         Ok(tenants) => tenants,
         Err(e) => return server_error(&e),
     };
-    let next = if tenants.len() > limit {
-        tenants.truncate(limit);
-        tenants.last().map(|last| {
-            encode(&TenantCursor {
-                after_tenant: last.clone(),
-            })
+    let next = end_page(&mut tenants, limit, |last| {
+        encode(&TenantCursor {
+            after_tenant: last.clone(),
         })
-    } else {
-        None
-    };
+    });
     match summaries(queries, &app, &tenants).await {
         Ok(views) => Json(json!({ "tenants": views, "nextCursor": next })).into_response(),
         Err(response) => response,
