@@ -408,13 +408,7 @@ where
         tenants: &[String],
         failed_since: Timestamp,
     ) -> Result<Vec<TenantSummary>> {
-        let mut summaries: Vec<TenantSummary> = tenants
-            .iter()
-            .map(|t| TenantSummary {
-                tenant_id: t.clone(),
-                ..TenantSummary::default()
-            })
-            .collect();
+        let mut summaries = TenantSummary::nothing_counted(tenants);
         // A page of tenants at a time keeps the parameters far below SQLite's limit.
         for chunk in tenants.chunks(500) {
             let list: Vec<String> = (0..chunk.len()).map(|i| format!("${}", i + 2)).collect();

@@ -168,6 +168,20 @@ pub struct TenantSummary {
     pub failed_since: u64,
 }
 
+impl TenantSummary {
+    /// A summary of each of `tenants`, in order, with nothing counted yet: where a store's
+    /// `summaries` starts.
+    pub fn nothing_counted(tenants: &[String]) -> Vec<TenantSummary> {
+        tenants
+            .iter()
+            .map(|t| TenantSummary {
+                tenant_id: t.clone(),
+                ..TenantSummary::default()
+            })
+            .collect()
+    }
+}
+
 /// An optional store ability: reading a tenant's timers as pages, and counting them.
 #[async_trait]
 pub trait TimerQueries: Send + Sync {

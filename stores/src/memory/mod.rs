@@ -363,13 +363,7 @@ impl TimerQueries for MemoryStore {
         failed_since: Timestamp,
     ) -> Result<Vec<TenantSummary>> {
         let state = self.lock()?;
-        let mut summaries: Vec<TenantSummary> = tenants
-            .iter()
-            .map(|t| TenantSummary {
-                tenant_id: t.clone(),
-                ..TenantSummary::default()
-            })
-            .collect();
+        let mut summaries = TenantSummary::nothing_counted(tenants);
         for row in state.rows.values() {
             let t = &row.timer;
             let Some(summary) = summaries.iter_mut().find(|s| s.tenant_id == t.key.tenant_id)
