@@ -76,6 +76,18 @@ fn code_blocks(text: &str) -> Vec<(String, String, usize)> {
     blocks
 }
 
+/// Each line of a Markdown text with its number (from 0) and whether it is inside a fenced code
+/// block (an opening fence counts as inside, a closing one as outside).
+fn lines_in_blocks(text: &str) -> impl Iterator<Item = (usize, &str, bool)> {
+    let mut in_block = false;
+    text.lines().enumerate().map(move |(n, line)| {
+        if line.trim_start().starts_with("```") {
+            in_block = !in_block;
+        }
+        (n, line, in_block)
+    })
+}
+
 /// Compares `generated` with the part of `path` between `begin` and `end` (the whole file when
 /// there are no markers); with `UPDATE_DOCS=1` writes it instead. Returns a complaint, if any.
 fn check_generated(path: &Path, markers: Option<(&str, &str)>, generated: &str) -> Option<String> {
@@ -177,11 +189,7 @@ fn every_config_key_named_in_the_docs_exists() {
     let mut named = 0;
     let mut unknown = Vec::new();
     for (file, text) in markdown_files() {
-        let mut in_block = false;
-        for (n, line) in text.lines().enumerate() {
-            if line.trim_start().starts_with("```") {
-                in_block = !in_block;
-            }
+        for (n, line, in_block) in lines_in_blocks(&text) {
             let mut keys: Vec<String> = line
                 .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
                 .filter_map(|word| word.strip_prefix("TIMER_")?.split_once("__"))
@@ -367,11 +375,7 @@ fn every_timer_resource_in_the_docs_has_the_api_fields() {
 /// `events-at-least-once`; a repeated heading gets `-1`, `-2`).
 fn anchors(text: &str) -> BTreeSet<String> {
     let mut seen = BTreeSet::new();
-    let mut in_block = false;
-    for line in text.lines() {
-        if line.trim_start().starts_with("```") {
-            in_block = !in_block;
-        }
+    for (_, line, in_block) in lines_in_blocks(text) {
         let Some(heading) = line.strip_prefix('#').filter(|_| !in_block) else {
             continue;
         };
@@ -403,14 +407,7 @@ fn every_link_in_the_docs_resolves() {
     let mut broken = Vec::new();
     for (file, text) in &files {
         let dir = Path::new(file).parent().unwrap_or(Path::new(""));
-        let mut in_block = false;
-        for (n, line) in text.lines().enumerate() {
-            if line.trim_start().starts_with("```") {
-                in_block = !in_block;
-            }
-            if in_block {
-                continue;
-            }
+        for (n, line, _) in lines_in_blocks(text).filter(|(_, _, in_block)| !in_block) {
             for piece in line.split("](").skip(1) {
                 let Some(target) = piece.split(')').next() else {
                     continue;
