@@ -6,9 +6,11 @@
 use std::marker::PhantomData;
 
 use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Pool, Row, Type};
+use timer_core::control::transition;
 use timer_core::{
-    CancelOutcome, ClaimedTimer, Error, ErrorKind, Lease, PageAfter, Recurrence, Result,
-    TenantSummary, Timer, TimerFilter, TimerKey, TimerState, Timestamp,
+    Action, Change, ClaimedTimer, ControlOutcome, Error, ErrorKind, HistoryEntry, Lease,
+    PageAfter, Recurrence, Result, TenantSummary, Timer, TimerFilter, TimerKey, TimerState,
+    Timestamp,
 };
 
 /// How a sqlx store differs where the code is otherwise shared.
@@ -24,9 +26,10 @@ pub(crate) trait Dialect {
     /// first, and returns them with the columns of [`TimerRow::claimed`]. Parameters: 1 the
     /// lease owner, 2 the lease end (also their `available_at`), 3 now, 4 the limit.
     const CLAIM: &'static str;
-    /// For `cancel`: a row's state, and whether a live lease holds it. Parameters: 1 tenant,
-    /// 2 service call id, 3 the time of the cancel.
-    const CANCEL_STATE: &'static str;
+    /// What ends the `SELECT` of a row a control action is about to change: a row lock where
+    /// the database needs one to order the action and a concurrent claim (PostgreSQL: ` FOR
+    /// UPDATE`; SQLite's write transaction already excludes every other writer).
+    const LOCK_ROW: &'static str;
     /// `purge`: deletes finished rows. Parameters: 1 finished before, 2 the limit.
     const PURGE: &'static str;
     /// The first statement of a transaction that reads and then writes, if the database needs
@@ -191,6 +194,56 @@ where
     Ok(tx)
 }
 
+/// Writes `changes` as the history entries of `key` numbered up to `last` (the row's
+/// `history_seq` after the change), then drops its entries beyond the newest `limit`. Nothing
+/// when `limit` is 0.
+pub(crate) async fn record<D>(
+    conn: &mut <D::Db as Database>::Connection,
+    key: &TimerKey,
+    last: i64,
+    at: Timestamp,
+    changes: &[Change],
+    limit: usize,
+) -> std::result::Result<(), sqlx::Error>
+where
+    D: Dialect,
+    for<'c> &'c mut <D::Db as Database>::Connection: Executor<'c, Database = D::Db>,
+    for<'q> <D::Db as Database>::Arguments<'q>: IntoArguments<'q, D::Db>,
+    for<'q> &'q str: Encode<'q, D::Db> + Type<D::Db>,
+    for<'q> String: Encode<'q, D::Db> + Type<D::Db>,
+    for<'q> i64: Encode<'q, D::Db> + Type<D::Db>,
+{
+    if limit == 0 || changes.is_empty() {
+        return Ok(());
+    }
+    let first = last - i64::try_from(changes.len()).unwrap_or(0) + 1;
+    for (seq, change) in (first..).zip(changes) {
+        sqlx::query(
+            "INSERT INTO timer_history (tenant_id, service_call_id, seq, at, change) \
+             VALUES ($1, $2, $3, $4, $5)",
+        )
+        .bind(key.tenant_id.as_str())
+        .bind(key.service_call_id.as_str())
+        .bind(seq)
+        .bind(at.as_millis())
+        .bind(change.to_json())
+        .execute(&mut *conn)
+        .await?;
+    }
+    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+    if last > limit {
+        sqlx::query(
+            "DELETE FROM timer_history WHERE tenant_id = $1 AND service_call_id = $2 AND seq <= $3",
+        )
+        .bind(key.tenant_id.as_str())
+        .bind(key.service_call_id.as_str())
+        .bind(last - limit)
+        .execute(&mut *conn)
+        .await?;
+    }
+    Ok(())
+}
+
 /// The statements that are the same SQL in both dialects, run on one pool.
 pub(crate) struct Statements<'p, D: Dialect> {
     pool: &'p Pool<D::Db>,
@@ -207,6 +260,8 @@ where
     for<'q> <D::Db as Database>::Arguments<'q>: IntoArguments<'q, D::Db>,
     for<'q> &'q str: Encode<'q, D::Db> + Type<D::Db>,
     for<'q> i64: Encode<'q, D::Db> + Decode<'q, D::Db> + Type<D::Db>,
+    for<'q> Option<i64>: Encode<'q, D::Db>,
+    for<'q> String: Encode<'q, D::Db>,
     for<'r> String: Decode<'r, D::Db> + Type<D::Db>,
     for<'r> bool: Decode<'r, D::Db> + Type<D::Db>,
     &'static str: ColumnIndex<<D::Db as Database>::Row>,
@@ -252,48 +307,132 @@ where
         Ok(claimed)
     }
 
-    pub(crate) async fn cancel(&self, key: &TimerKey, now: Timestamp) -> Result<CancelOutcome> {
-        let op = "cancelling a timer";
+    /// [`TimerControl::apply`](timer_core::TimerControl::apply): each row read (and locked,
+    /// [`Dialect::LOCK_ROW`]) and written in one transaction, its changes recorded.
+    pub(crate) async fn apply(
+        &self,
+        keys: &[TimerKey],
+        action: &Action,
+        now: Timestamp,
+        history: usize,
+    ) -> Result<Vec<ControlOutcome>> {
+        let op = match action {
+            Action::Pause { .. } => "pausing timers",
+            Action::Resume => "resuming timers",
+            Action::Cancel => "cancelling timers",
+        };
         let err = |e| db_err::<D>(op, e);
-        // Both statements take the key and the time of the cancel.
-        let statement = |sql| {
-            sqlx::query(sql)
+        let read = format!(
+            "SELECT {TIMER_COLUMNS}, COALESCE(lease_until > $3, FALSE) AS firing FROM timers \
+             WHERE tenant_id = $1 AND service_call_id = $2{}",
+            D::LOCK_ROW
+        );
+        let mut tx = begin_write::<D>(self.pool).await.map_err(err)?;
+        let mut outcomes = Vec::with_capacity(keys.len());
+        for key in keys {
+            let row = sqlx::query(&read)
                 .bind(key.tenant_id.as_str())
                 .bind(key.service_call_id.as_str())
                 .bind(now.as_millis())
-        };
-        let mut tx = begin_write::<D>(self.pool).await.map_err(err)?;
-        let row = statement(D::CANCEL_STATE)
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(err)?;
-        let state = match &row {
-            None => None,
-            Some(row) => {
-                let code: D::State = row.try_get(0).map_err(err)?;
-                let firing: bool = row.try_get(1).map_err(err)?;
-                Some((TimerState::from_code(code.into()), firing))
-            }
-        };
-        let outcome = match state {
-            None | Some((None, _)) => CancelOutcome::NotFound,
-            Some((Some(TimerState::Reached), _)) => CancelOutcome::AlreadyReached,
-            Some((Some(TimerState::Cancelled), _)) => CancelOutcome::AlreadyCancelled,
-            Some((Some(TimerState::Failed), _)) => CancelOutcome::AlreadyFailed,
-            Some((Some(TimerState::Scheduled), true)) => CancelOutcome::Firing,
-            Some((Some(TimerState::Scheduled), false)) => {
-                statement(
-                    "UPDATE timers SET state = 2, finished_at = $3 \
-                     WHERE tenant_id = $1 AND service_call_id = $2",
-                )
-                .execute(&mut *tx)
+                .fetch_optional(&mut *tx)
                 .await
                 .map_err(err)?;
-                CancelOutcome::Cancelled
-            }
-        };
+            let Some(row) = row else {
+                outcomes.push(ControlOutcome::NotFound);
+                continue;
+            };
+            let timer = TimerRow::<D>::of(&row).timer()?;
+            let firing: bool = row.try_get("firing").map_err(err)?;
+            let step = transition(&timer, firing, action, now);
+            outcomes.push(step.outcome);
+            let Some(write) = step.write else {
+                continue;
+            };
+            let seq: i64 = sqlx::query_scalar(
+                "UPDATE timers SET state = CAST($3 AS SMALLINT), \
+                   revision = revision + CASE WHEN due_at <> $4 THEN 1 ELSE 0 END, \
+                   due_at = $4, available_at = $4, finished_at = $5, \
+                   reached_at = CASE WHEN $3 = 1 THEN $5 ELSE reached_at END, \
+                   lease_until = NULL, history_seq = history_seq + $6 \
+                 WHERE tenant_id = $1 AND service_call_id = $2 RETURNING history_seq",
+            )
+            .bind(key.tenant_id.as_str())
+            .bind(key.service_call_id.as_str())
+            .bind(write.state.code())
+            .bind(write.due_at.as_millis())
+            .bind(write.finished_at.map(Timestamp::as_millis))
+            .bind(i64::try_from(write.changes.len()).unwrap_or(0))
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(err)?;
+            record::<D>(&mut *tx, key, seq, now, &write.changes, history)
+                .await
+                .map_err(err)?;
+        }
         tx.commit().await.map_err(err)?;
-        Ok(outcome)
+        Ok(outcomes)
+    }
+
+    /// [`TimerHistory::read`](timer_core::TimerHistory::read).
+    pub(crate) async fn history(
+        &self,
+        key: &TimerKey,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<HistoryEntry>> {
+        let err = |e| db_err::<D>("reading a timer's history", e);
+        let rows = sqlx::query(
+            "SELECT seq, at, change FROM timer_history \
+             WHERE tenant_id = $1 AND service_call_id = $2 AND seq > $3 ORDER BY seq LIMIT $4",
+        )
+        .bind(key.tenant_id.as_str())
+        .bind(key.service_call_id.as_str())
+        .bind(i64::try_from(after).unwrap_or(i64::MAX))
+        .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+        .fetch_all(self.pool)
+        .await
+        .map_err(err)?;
+        rows.iter()
+            .map(|row| {
+                let seq: i64 = row.try_get(0).map_err(err)?;
+                let at: i64 = row.try_get(1).map_err(err)?;
+                let change: String = row.try_get(2).map_err(err)?;
+                Ok(HistoryEntry {
+                    seq: u64::try_from(seq).unwrap_or(0),
+                    at: Timestamp::from_millis(at),
+                    change: Change::from_json(&change)?,
+                })
+            })
+            .collect()
+    }
+
+    /// [`TimerHistory::record`](timer_core::TimerHistory::record).
+    pub(crate) async fn record(
+        &self,
+        key: &TimerKey,
+        at: Timestamp,
+        change: &Change,
+        history: usize,
+    ) -> Result<bool> {
+        let err = |e| db_err::<D>("recording a timer's history", e);
+        let mut tx = begin_write::<D>(self.pool).await.map_err(err)?;
+        let seq: Option<i64> = sqlx::query_scalar(
+            "UPDATE timers SET history_seq = history_seq + 1 \
+             WHERE tenant_id = $1 AND service_call_id = $2 RETURNING history_seq",
+        )
+        .bind(key.tenant_id.as_str())
+        .bind(key.service_call_id.as_str())
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(err)?;
+        let Some(seq) = seq else {
+            return Ok(false);
+        };
+        record::<D>(&mut *tx, key, seq, at, std::slice::from_ref(change), history)
+            .await
+            .map_err(err)?;
+        tx.commit().await.map_err(err)?;
+        Ok(true)
     }
 
     pub(crate) async fn purge(&self, older_than: Timestamp, limit: usize) -> Result<u64> {
@@ -316,10 +455,18 @@ where
     }
 
     pub(crate) async fn scheduled_count(&self) -> Result<u64> {
-        let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM timers WHERE state = 0")
+        self.count(TimerState::Scheduled).await
+    }
+
+    /// [`TimerQueries::count`](timer_core::TimerQueries::count).
+    pub(crate) async fn count(&self, state: TimerState) -> Result<u64> {
+        // The code is our own small integer, written into the statement so the partial
+        // indexes (`WHERE state = 0`, `WHERE state = 4`) serve it.
+        let sql = format!("SELECT COUNT(*) FROM timers WHERE state = {}", state.code());
+        let n: i64 = sqlx::query_scalar(&sql)
             .fetch_one(self.pool)
             .await
-            .map_err(|e| db_err::<D>("counting Scheduled timers", e))?;
+            .map_err(|e| db_err::<D>(&format!("counting {} timers", state.as_str()), e))?;
         Ok(u64::try_from(n).unwrap_or(0))
     }
 

@@ -112,6 +112,9 @@ pub struct EngineConfig {
     /// This instance's name in leases. Empty means `<pid>-<8 random hex digits>`; when you set
     /// it, give every instance its own.
     pub instance_id: String,
+    /// Most history entries kept per timer (`GET /v1/tenants/{tenant}/timers/{id}/history`);
+    /// the oldest are dropped as new ones come. 0 records no history.
+    pub history_per_timer: usize,
 }
 
 impl Default for EngineConfig {
@@ -129,6 +132,7 @@ impl Default for EngineConfig {
             purge_batch: 1_000,
             shutdown_grace: Duration::from_secs(5),
             instance_id: String::new(),
+            history_per_timer: crate::control::DEFAULT_HISTORY,
         }
     }
 }

@@ -4,6 +4,7 @@
 pub mod broker;
 pub mod clock;
 pub mod config;
+pub mod control;
 pub mod engine;
 pub mod error;
 pub mod model;
@@ -18,13 +19,15 @@ pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::{EngineConfig, Limits};
 pub use engine::{Engine, FiredEvent, Scheduled};
 pub use error::{Error, ErrorKind, Result};
+pub use control::{Action, Change, HistoryEntry};
 pub use model::{
-    CancelOutcome, ClaimedTimer, Lease, NewTimer, Recurrence, ScheduleOutcome, Timer, TimerKey,
-    TimerState, Timestamp,
+    CancelOutcome, ClaimedTimer, ControlOutcome, Lease, NewTimer, Recurrence, ScheduleOutcome,
+    Timer, TimerKey, TimerState, Timestamp,
 };
 pub use plugin::{BrokerPlugin, StorePlugin};
 pub use store::{
-    PageAfter, Settlement, Store, TenantCounts, TenantSummary, TimerFilter, TimerQueries,
+    PageAfter, Settlement, Store, TenantCounts, TenantSummary, TimerControl, TimerFilter,
+    TimerHistory, TimerQueries,
 };
 pub use wire::{
     decode_command, decode_schedule, Command, DueTimeReachedEnvelope, Reason, Rejection,

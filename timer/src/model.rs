@@ -93,6 +93,9 @@ pub enum TimerState {
     Cancelled,
     /// Publishing failed `engine.max_attempts` times; a `TimerFailed` dead letter went out.
     Failed,
+    /// Held by an operator: it does not fire until resumed. A recurring series keeps its
+    /// cadence; the occurrences that fall into the pause are skipped.
+    Paused,
 }
 
 impl TimerState {
@@ -103,6 +106,7 @@ impl TimerState {
             TimerState::Reached => 1,
             TimerState::Cancelled => 2,
             TimerState::Failed => 3,
+            TimerState::Paused => 4,
         }
     }
 
@@ -112,17 +116,27 @@ impl TimerState {
             1 => Some(TimerState::Reached),
             2 => Some(TimerState::Cancelled),
             3 => Some(TimerState::Failed),
+            4 => Some(TimerState::Paused),
             _ => None,
         }
     }
 
     /// Every state, in code order.
-    pub const ALL: [TimerState; 4] = [
+    pub const ALL: [TimerState; 5] = [
         TimerState::Scheduled,
         TimerState::Reached,
         TimerState::Cancelled,
         TimerState::Failed,
+        TimerState::Paused,
     ];
+
+    /// Whether the timer is done for good (Reached, Cancelled, Failed): only these are purged.
+    pub const fn is_finished(self) -> bool {
+        matches!(
+            self,
+            TimerState::Reached | TimerState::Cancelled | TimerState::Failed
+        )
+    }
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -130,6 +144,7 @@ impl TimerState {
             TimerState::Reached => "Reached",
             TimerState::Cancelled => "Cancelled",
             TimerState::Failed => "Failed",
+            TimerState::Paused => "Paused",
         }
     }
 }
@@ -190,7 +205,8 @@ pub struct ClaimedTimer {
 pub enum ScheduleOutcome {
     /// A new timer.
     Created,
-    /// An existing Scheduled timer got the new due time (reschedule).
+    /// An existing Scheduled or Paused timer got the new due time (reschedule); a Paused one
+    /// stays Paused.
     Updated,
     /// The timer already fired; nothing changed.
     AlreadyReached,
@@ -211,6 +227,88 @@ pub enum CancelOutcome {
     /// changed; the fire completes (or, if it fails, the timer can be cancelled afterwards).
     Firing,
     NotFound,
+}
+
+/// What a control action ([`crate::store::Action`]) did with one timer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ControlOutcome {
+    Paused,
+    Resumed,
+    Cancelled,
+    /// Pause of a timer that is Paused already.
+    AlreadyPaused,
+    /// Resume of a timer that is Scheduled (not paused).
+    NotPaused,
+    AlreadyReached,
+    AlreadyCancelled,
+    AlreadyFailed,
+    /// An instance holds a live lease on it (its event is being published): nothing changed;
+    /// try again once the fire settled.
+    Firing,
+    NotFound,
+}
+
+impl ControlOutcome {
+    /// Whether the action changed the timer.
+    pub const fn changed(self) -> bool {
+        matches!(
+            self,
+            ControlOutcome::Paused | ControlOutcome::Resumed | ControlOutcome::Cancelled
+        )
+    }
+
+    /// The outcome for a timer in a state the action leaves alone.
+    pub const fn finished(state: TimerState) -> Option<Self> {
+        match state {
+            TimerState::Reached => Some(ControlOutcome::AlreadyReached),
+            TimerState::Cancelled => Some(ControlOutcome::AlreadyCancelled),
+            TimerState::Failed => Some(ControlOutcome::AlreadyFailed),
+            TimerState::Scheduled | TimerState::Paused => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ControlOutcome::Paused => "paused",
+            ControlOutcome::Resumed => "resumed",
+            ControlOutcome::Cancelled => "cancelled",
+            ControlOutcome::AlreadyPaused => "already_paused",
+            ControlOutcome::NotPaused => "not_paused",
+            ControlOutcome::AlreadyReached => "already_reached",
+            ControlOutcome::AlreadyCancelled => "already_cancelled",
+            ControlOutcome::AlreadyFailed => "already_failed",
+            ControlOutcome::Firing => "firing",
+            ControlOutcome::NotFound => "not_found",
+        }
+    }
+}
+
+impl From<CancelOutcome> for ControlOutcome {
+    fn from(o: CancelOutcome) -> Self {
+        match o {
+            CancelOutcome::Cancelled => ControlOutcome::Cancelled,
+            CancelOutcome::AlreadyReached => ControlOutcome::AlreadyReached,
+            CancelOutcome::AlreadyCancelled => ControlOutcome::AlreadyCancelled,
+            CancelOutcome::AlreadyFailed => ControlOutcome::AlreadyFailed,
+            CancelOutcome::Firing => ControlOutcome::Firing,
+            CancelOutcome::NotFound => ControlOutcome::NotFound,
+        }
+    }
+}
+
+impl From<ControlOutcome> for CancelOutcome {
+    /// A cancel applied as a control action, as `Store::cancel` says it.
+    fn from(o: ControlOutcome) -> Self {
+        match o {
+            ControlOutcome::AlreadyReached => CancelOutcome::AlreadyReached,
+            ControlOutcome::AlreadyCancelled => CancelOutcome::AlreadyCancelled,
+            ControlOutcome::AlreadyFailed => CancelOutcome::AlreadyFailed,
+            ControlOutcome::Firing => CancelOutcome::Firing,
+            ControlOutcome::NotFound => CancelOutcome::NotFound,
+            _ => CancelOutcome::Cancelled,
+        }
+    }
 }
 
 /// A lease on claimed rows: who holds them and until when.
@@ -246,12 +344,7 @@ mod tests {
 
     #[test]
     fn state_codes_round_trip() {
-        for s in [
-            TimerState::Scheduled,
-            TimerState::Reached,
-            TimerState::Cancelled,
-            TimerState::Failed,
-        ] {
+        for s in TimerState::ALL {
             assert_eq!(TimerState::from_code(s.code()), Some(s));
         }
         assert_eq!(TimerState::from_code(7), None);

@@ -38,6 +38,29 @@ pub struct Recurrence {
     pub max_occurrences: Option<u32>,
 }
 
+/// How many skipped occurrences [`Schedule::resume`] counts one by one (a per-second series
+/// paused for a day has 86,400).
+pub const MAX_COUNTED_SKIPS: u64 = 100_000;
+
+/// What [`Schedule::resume`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Resumed {
+    /// The occurrence the series continues with; `None` when it ended during the pause.
+    pub next: Option<Timestamp>,
+    /// The occurrences that fell into the pause, if any.
+    pub skipped: Option<Skipped>,
+}
+
+/// Occurrences of a series that were due while it was paused and never fire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Skipped {
+    pub count: u64,
+    pub first: Timestamp,
+    pub last: Timestamp,
+    /// Counting stopped at [`MAX_COUNTED_SKIPS`]: there were more.
+    pub at_least: bool,
+}
+
 /// A parsed [`Recurrence`], ready to compute occurrences.
 #[derive(Debug, Clone)]
 pub struct Schedule {
@@ -125,6 +148,40 @@ impl Schedule {
         out
     }
 
+    /// Where a paused series goes on when resumed at `now`, its next occurrence being `due`:
+    /// the occurrences before `now` (from `due` on) are skipped, the series continues with the
+    /// first one at or after `now` (the cadence is kept). Counting stops after
+    /// [`MAX_COUNTED_SKIPS`]; then [`Skipped::at_least`] is set.
+    pub fn resume(&self, due: Timestamp, now: Timestamp) -> Resumed {
+        if due >= now {
+            return Resumed {
+                next: Some(due),
+                skipped: None,
+            };
+        }
+        let mut skipped = Skipped {
+            count: 1,
+            first: due,
+            last: due,
+            at_least: false,
+        };
+        let mut next = self.find(due, false);
+        while let Some(at) = next.filter(|at| *at < now) {
+            if skipped.count >= MAX_COUNTED_SKIPS {
+                skipped.at_least = true;
+                next = self.first(now);
+                break;
+            }
+            skipped.count += 1;
+            skipped.last = at;
+            next = self.find(at, false);
+        }
+        Resumed {
+            next,
+            skipped: Some(skipped),
+        }
+    }
+
     /// `at` on the wall clock of the series' time zone, RFC 3339 with its offset and
     /// milliseconds (`2026-11-25T09:30:00.000+01:00`).
     pub fn local_rfc3339(&self, at: Timestamp) -> String {
@@ -185,6 +242,46 @@ mod tests {
         let late = schedule.upcoming(due, 0, utc("2026-11-24T10:00:00Z"), 2);
         assert_eq!(late, [due, utc("2026-11-25T08:30:00Z")]);
         assert!(schedule.upcoming(due, 0, now, 0).is_empty());
+    }
+
+    #[test]
+    fn resume_skips_what_fell_into_the_pause_and_keeps_the_cadence() {
+        let schedule = recurrence("0 * * * *", "UTC").schedule().unwrap();
+        let due = utc("2026-11-24T10:00:00Z");
+        // Resumed at 12:30: 10:00, 11:00 and 12:00 were missed; 13:00 is next.
+        let resumed = schedule.resume(due, utc("2026-11-24T12:30:00Z"));
+        assert_eq!(resumed.next, Some(utc("2026-11-24T13:00:00Z")));
+        let skipped = resumed.skipped.unwrap();
+        assert_eq!((skipped.count, skipped.at_least), (3, false));
+        assert_eq!(
+            (skipped.first, skipped.last),
+            (due, utc("2026-11-24T12:00:00Z"))
+        );
+        // Resumed before the next occurrence: nothing skipped, nothing moved.
+        let early = schedule.resume(due, utc("2026-11-24T09:59:00Z"));
+        assert_eq!((early.next, early.skipped), (Some(due), None));
+        // Exactly on an occurrence: that one fires.
+        let on_time = schedule.resume(due, utc("2026-11-24T12:00:00Z"));
+        assert_eq!(on_time.next, Some(utc("2026-11-24T12:00:00Z")));
+        assert_eq!(on_time.skipped.unwrap().count, 2);
+        // A series that ended during the pause has no next occurrence.
+        let ending = Recurrence {
+            end_at: Some(utc("2026-11-24T11:30:00Z")),
+            ..recurrence("0 * * * *", "UTC")
+        };
+        let over = ending.schedule().unwrap().resume(due, utc("2026-11-24T12:30:00Z"));
+        assert_eq!(over.next, None);
+        assert_eq!(over.skipped.unwrap().count, 2);
+    }
+
+    #[test]
+    fn resume_stops_counting_a_long_pause_of_a_fast_series() {
+        let schedule = recurrence("* * * * * *", "UTC").schedule().unwrap();
+        let due = utc("2026-11-24T00:00:00Z");
+        let resumed = schedule.resume(due, utc("2026-11-26T00:00:00.500Z"));
+        assert_eq!(resumed.next, Some(utc("2026-11-26T00:00:01Z")));
+        let skipped = resumed.skipped.unwrap();
+        assert_eq!((skipped.count, skipped.at_least), (MAX_COUNTED_SKIPS, true));
     }
 
     fn at(tz: Tz, y: i32, mo: u32, d: u32, h: u32, mi: u32, s: u32) -> Timestamp {

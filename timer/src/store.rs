@@ -3,18 +3,19 @@
 //!
 //! The trait holds what the engine needs from every store. Abilities that only some features
 //! need are separate traits a store may offer through an accessor that defaults to `None`
-//! ([`Store::tenant_counts`], [`Store::queries`]), so a new ability (listing, pausing, history) adds a trait and an
-//! accessor, not a required method on every plugin.
+//! ([`Store::tenant_counts`], [`Store::queries`], [`Store::control`], [`Store::history`]), so a
+//! new ability adds a trait and an accessor, not a required method on every plugin.
 
 use std::collections::HashMap;
 
 use async_trait::async_trait;
 use tokio::sync::broadcast;
 
+use crate::control::{Action, Change, HistoryEntry};
 use crate::error::Result;
 use crate::model::{
-    CancelOutcome, ClaimedTimer, Lease, NewTimer, ScheduleOutcome, Timer, TimerKey, TimerState,
-    Timestamp,
+    CancelOutcome, ClaimedTimer, ControlOutcome, Lease, NewTimer, ScheduleOutcome, Timer,
+    TimerKey, TimerState, Timestamp,
 };
 
 /// What becomes of a claimed timer when its fire ends: the one step that settles a lease.
@@ -52,9 +53,11 @@ pub trait Store: Send + Sync + 'static {
     fn name(&self) -> &'static str;
 
     /// Upserts a batch in one transaction, all or nothing. New key → `Created`; existing
-    /// Scheduled → due time, correlation id and payload replaced (`Updated`; a changed due time
-    /// bumps the revision and resets attempts); Reached, Cancelled or Failed → unchanged. One
-    /// outcome per input, in order. A key given twice in a batch is applied in order.
+    /// Scheduled or Paused → due time, correlation id and payload replaced (`Updated`; a changed
+    /// due time bumps the revision and resets attempts; a Paused timer stays Paused); Reached,
+    /// Cancelled or Failed → unchanged. One outcome per input, in order. A key given twice in a
+    /// batch is applied in order. A store with [`Store::history`] records `created` or
+    /// `rescheduled` in the same transaction (as `settle` and `cancel` record theirs).
     async fn schedule(&self, timers: &[NewTimer], now: Timestamp) -> Result<Vec<ScheduleOutcome>>;
 
     /// Atomically leases up to `limit` claimable rows to `lease.owner` until `lease.until`,
@@ -82,13 +85,14 @@ pub trait Store: Send + Sync + 'static {
 
     async fn get(&self, key: &TimerKey) -> Result<Option<Timer>>;
 
-    /// Scheduled → Cancelled, unless an instance holds a live lease on it (the lease end a claim
+    /// Scheduled or Paused → Cancelled, unless an instance holds a live lease on it (the lease end a claim
     /// recorded lies after `now`; settling with `Next` or `Retry` clears it): then
     /// [`CancelOutcome::Firing`] and nothing changes, so a cancel that succeeded can never be
     /// followed by the timer's event.
     async fn cancel(&self, key: &TimerKey, now: Timestamp) -> Result<CancelOutcome>;
 
-    /// Deletes up to `limit` Reached, Cancelled or Failed rows finished before `older_than`.
+    /// Deletes up to `limit` Reached, Cancelled or Failed rows finished before `older_than`,
+    /// with their history.
     async fn purge(&self, older_than: Timestamp, limit: usize) -> Result<u64>;
 
     /// How many timers are Scheduled (the `timer.pending` gauge).
@@ -115,6 +119,48 @@ pub trait Store: Send + Sync + 'static {
     fn queries(&self) -> Option<&dyn TimerQueries> {
         None
     }
+
+    /// Pausing, resuming and cancelling timers in batches (the control plane); `None` when the
+    /// store cannot.
+    fn control(&self) -> Option<&dyn TimerControl> {
+        None
+    }
+
+    /// Each timer's history of changes; `None` when the store keeps none.
+    fn history(&self) -> Option<&dyn TimerHistory> {
+        None
+    }
+}
+
+/// An optional store ability: control actions on timers.
+#[async_trait]
+pub trait TimerControl: Send + Sync {
+    /// Applies `action` at `now` to each of `keys` in one transaction, as
+    /// [`transition`](crate::control::transition) says for the row as it is then, recording
+    /// its changes in the history. One outcome per key, in order.
+    async fn apply(
+        &self,
+        keys: &[TimerKey],
+        action: &Action,
+        now: Timestamp,
+    ) -> Result<Vec<ControlOutcome>>;
+}
+
+/// An optional store ability: the history of each timer's changes, written by the store in the
+/// transaction of the change, at most [`limit`](TimerHistory::set_limit) entries per timer (the
+/// oldest dropped), deleted with the timer.
+#[async_trait]
+pub trait TimerHistory: Send + Sync {
+    /// How many entries to keep per timer from now on; 0 records none. The engine sets it from
+    /// `engine.history_per_timer` when it starts.
+    fn set_limit(&self, per_timer: usize);
+
+    /// Up to `limit` entries of `key`'s history, oldest first, after entry `after`.
+    async fn read(&self, key: &TimerKey, after: u64, limit: usize) -> Result<Vec<HistoryEntry>>;
+
+    /// Records `change` at `at` for `key`, a change made outside the store (a manual trigger).
+    /// False when there is no such timer.
+    async fn record(&self, key: &TimerKey, at: Timestamp, change: &Change) -> Result<bool>;
 }
 
 /// Which of a tenant's timers a list shows. Every condition given must hold.
@@ -206,6 +252,10 @@ pub trait TimerQueries: Send + Sync {
         tenants: &[String],
         failed_since: Timestamp,
     ) -> Result<Vec<TenantSummary>>;
+
+    /// How many timers of all tenants are in `state` (cheap for Scheduled and Paused, which
+    /// are indexed; a scan for the others).
+    async fn count(&self, state: TimerState) -> Result<u64>;
 }
 
 /// An optional store ability: Scheduled timers counted per tenant.

@@ -2,16 +2,18 @@
 
 mod plugin;
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use async_trait::async_trait;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
+use timer_core::control::{transition, DEFAULT_HISTORY};
 use timer_core::{
-    CancelOutcome, ClaimedTimer, Error, Lease, NewTimer, Result, ScheduleOutcome, Settlement,
-    Store, TenantCounts, TenantSummary, Timer, TimerFilter, TimerKey, TimerQueries, TimerState,
-    Timestamp, PageAfter,
+    Action, CancelOutcome, Change, ClaimedTimer, ControlOutcome, Error, HistoryEntry, Lease,
+    NewTimer, PageAfter, Result, ScheduleOutcome, Settlement, Store, TenantCounts, TenantSummary,
+    Timer, TimerControl, TimerFilter, TimerHistory, TimerKey, TimerQueries, TimerState, Timestamp,
 };
 
 pub use plugin::PLUGIN;
@@ -25,9 +27,20 @@ pub struct MemoryConfig {
     pub kind: String,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct MemoryStore {
     state: Mutex<State>,
+    /// History entries kept per timer ([`TimerHistory::set_limit`]).
+    history_limit: AtomicUsize,
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        MemoryStore {
+            state: Mutex::default(),
+            history_limit: AtomicUsize::new(DEFAULT_HISTORY),
+        }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -46,11 +59,19 @@ struct Row {
     finished_at: Option<Timestamp>,
     /// When the live lease ends; `None` when none was taken or it was given back.
     lease_until: Option<Timestamp>,
+    /// The newest entries of its history, oldest first.
+    history: VecDeque<HistoryEntry>,
+    /// The number of its last history entry.
+    history_seq: u64,
 }
 
 impl MemoryStore {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    fn limit(&self) -> usize {
+        self.history_limit.load(Ordering::Relaxed)
     }
 
     fn lock(&self) -> Result<std::sync::MutexGuard<'_, State>> {
@@ -74,6 +95,22 @@ impl Row {
         self.finished_at = Some(at);
         if state == TimerState::Reached {
             self.timer.reached_at = Some(at);
+        }
+    }
+
+    /// Appends `change` to its history, keeping the newest `limit` entries.
+    fn record(&mut self, at: Timestamp, change: Change, limit: usize) {
+        if limit == 0 {
+            return;
+        }
+        self.history_seq += 1;
+        self.history.push_back(HistoryEntry {
+            seq: self.history_seq,
+            at,
+            change,
+        });
+        while self.history.len() > limit {
+            self.history.pop_front();
         }
     }
 
@@ -109,6 +146,7 @@ impl Store for MemoryStore {
     }
 
     async fn schedule(&self, timers: &[NewTimer], now: Timestamp) -> Result<Vec<ScheduleOutcome>> {
+        let limit = self.limit();
         let mut state = self.lock()?;
         let State { rows, ready } = &mut *state;
         let mut outcomes = Vec::with_capacity(timers.len());
@@ -130,15 +168,16 @@ impl Store for MemoryStore {
                     occurrences: 0,
                 };
                 ready.insert((new.due_at, new.key.clone()));
-                rows.insert(
-                    new.key.clone(),
-                    Row {
-                        timer,
-                        revision: 0,
-                        finished_at: None,
-                        lease_until: None,
-                    },
-                );
+                let mut row = Row {
+                    timer,
+                    revision: 0,
+                    finished_at: None,
+                    lease_until: None,
+                    history: VecDeque::new(),
+                    history_seq: 0,
+                };
+                row.record(now, Change::Created { due_at: new.due_at }, limit);
+                rows.insert(new.key.clone(), row);
                 outcomes.push(ScheduleOutcome::Created);
                 continue;
             };
@@ -146,7 +185,8 @@ impl Store for MemoryStore {
                 TimerState::Reached => outcomes.push(ScheduleOutcome::AlreadyReached),
                 TimerState::Cancelled => outcomes.push(ScheduleOutcome::AlreadyCancelled),
                 TimerState::Failed => outcomes.push(ScheduleOutcome::AlreadyFailed),
-                TimerState::Scheduled => {
+                TimerState::Scheduled | TimerState::Paused => {
+                    row.record(now, Change::Rescheduled { due_at: new.due_at }, limit);
                     row.timer.correlation_id = new.correlation_id.clone();
                     row.timer.payload = new.payload.clone();
                     // A repeat of the same recurring series keeps its place.
@@ -167,7 +207,11 @@ impl Store for MemoryStore {
                         row.timer.recurrence = new.recurrence.clone();
                         row.timer.occurrences = 0;
                     }
-                    row.set_available(ready, available);
+                    if row.timer.state == TimerState::Paused {
+                        row.timer.available_at = available; // not claimable: not in `ready`
+                    } else {
+                        row.set_available(ready, available);
+                    }
                     outcomes.push(ScheduleOutcome::Updated);
                 }
             }
@@ -204,6 +248,7 @@ impl Store for MemoryStore {
         owner: &str,
         at: Timestamp,
     ) -> Result<u64> {
+        let limit = self.limit();
         let mut state = self.lock()?;
         let State { rows, ready } = &mut *state;
         let mut changed = 0;
@@ -216,6 +261,9 @@ impl Store for MemoryStore {
                 continue;
             }
             changed += 1;
+            if let Some(change) = Change::of_settlement(claim, settlement, owner, at) {
+                row.record(at, change, limit);
+            }
             match settlement {
                 Settlement::Reached => {
                     if row.timer.recurrence.is_some() {
@@ -266,23 +314,8 @@ impl Store for MemoryStore {
     }
 
     async fn cancel(&self, key: &TimerKey, now: Timestamp) -> Result<CancelOutcome> {
-        let mut state = self.lock()?;
-        let State { rows, ready } = &mut *state;
-        let Some(row) = rows.get_mut(key) else {
-            return Ok(CancelOutcome::NotFound);
-        };
-        Ok(match row.timer.state {
-            TimerState::Reached => CancelOutcome::AlreadyReached,
-            TimerState::Cancelled => CancelOutcome::AlreadyCancelled,
-            TimerState::Failed => CancelOutcome::AlreadyFailed,
-            TimerState::Scheduled if row.lease_until.is_some_and(|until| until > now) => {
-                CancelOutcome::Firing
-            }
-            TimerState::Scheduled => {
-                row.finish(ready, TimerState::Cancelled, now);
-                CancelOutcome::Cancelled
-            }
-        })
+        let outcome = self.apply(std::slice::from_ref(key), &Action::Cancel, now).await?;
+        Ok(outcome.first().copied().unwrap_or(ControlOutcome::NotFound).into())
     }
 
     async fn purge(&self, older_than: Timestamp, limit: usize) -> Result<u64> {
@@ -314,6 +347,92 @@ impl Store for MemoryStore {
 
     fn queries(&self) -> Option<&dyn TimerQueries> {
         Some(self)
+    }
+
+    fn control(&self) -> Option<&dyn TimerControl> {
+        Some(self)
+    }
+
+    fn history(&self) -> Option<&dyn TimerHistory> {
+        Some(self)
+    }
+}
+
+#[async_trait]
+impl TimerControl for MemoryStore {
+    async fn apply(
+        &self,
+        keys: &[TimerKey],
+        action: &Action,
+        now: Timestamp,
+    ) -> Result<Vec<ControlOutcome>> {
+        let limit = self.limit();
+        let mut state = self.lock()?;
+        let State { rows, ready } = &mut *state;
+        let mut outcomes = Vec::with_capacity(keys.len());
+        for key in keys {
+            let Some(row) = rows.get_mut(key) else {
+                outcomes.push(ControlOutcome::NotFound);
+                continue;
+            };
+            let firing = row.lease_until.is_some_and(|until| until > now);
+            let step = transition(&row.timer, firing, action, now);
+            outcomes.push(step.outcome);
+            let Some(write) = step.write else {
+                continue;
+            };
+            for change in write.changes {
+                row.record(now, change, limit);
+            }
+            if write.due_at != row.timer.due_at {
+                row.revision += 1;
+                row.timer.due_at = write.due_at;
+            }
+            // Out of `ready` unless it becomes Scheduled again.
+            ready.remove(&(row.timer.available_at, key.clone()));
+            row.lease_until = None;
+            row.timer.available_at = write.due_at;
+            match (write.state, write.finished_at) {
+                (TimerState::Scheduled, _) => {
+                    row.timer.state = TimerState::Scheduled;
+                    ready.insert((write.due_at, key.clone()));
+                }
+                (state, Some(at)) => row.finish(ready, state, at),
+                (state, None) => row.timer.state = state,
+            }
+        }
+        Ok(outcomes)
+    }
+}
+
+#[async_trait]
+impl TimerHistory for MemoryStore {
+    fn set_limit(&self, per_timer: usize) {
+        self.history_limit.store(per_timer, Ordering::Relaxed);
+    }
+
+    async fn read(&self, key: &TimerKey, after: u64, limit: usize) -> Result<Vec<HistoryEntry>> {
+        let state = self.lock()?;
+        Ok(state.rows.get(key).map_or_else(Vec::new, |row| {
+            row.history
+                .iter()
+                .filter(|e| e.seq > after)
+                .take(limit)
+                .cloned()
+                .collect()
+        }))
+    }
+
+    async fn record(&self, key: &TimerKey, at: Timestamp, change: &Change) -> Result<bool> {
+        let limit = self.limit();
+        let mut state = self.lock()?;
+        Ok(match state.rows.get_mut(key) {
+            Some(row) => {
+                row.record(at, change.clone(), limit);
+                true
+            }
+            None => false,
+        })
     }
 }
 
@@ -379,6 +498,10 @@ impl TimerQueries for MemoryStore {
             }
         }
         Ok(summaries)
+    }
+    async fn count(&self, state: TimerState) -> Result<u64> {
+        let rows = &self.lock()?.rows;
+        Ok(rows.values().filter(|row| row.timer.state == state).count() as u64)
     }
 }
 

@@ -7,6 +7,8 @@ mod plugin;
 
 use std::collections::HashMap;
 use std::str::FromStr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -15,10 +17,12 @@ use sqlx::postgres::{
     Postgres,
 };
 use sqlx::{Connection, Row};
+use timer_core::control::DEFAULT_HISTORY;
 use timer_core::{
-    CancelOutcome, ClaimedTimer, Error, Lease, NewTimer, Recurrence, Result, ScheduleOutcome,
-    PageAfter, Settlement, Store, TenantCounts, TenantSummary, Timer, TimerFilter, TimerKey,
-    TimerQueries, TimerState, Timestamp,
+    Action, CancelOutcome, Change, ClaimedTimer, ControlOutcome, Error, HistoryEntry, Lease,
+    NewTimer, PageAfter, Recurrence, Result, ScheduleOutcome, Settlement, Store, TenantCounts,
+    TenantSummary, Timer, TimerControl, TimerFilter, TimerHistory, TimerKey, TimerQueries,
+    TimerState, Timestamp,
 };
 use tokio::sync::broadcast;
 use tracing::{info, warn};
@@ -37,6 +41,8 @@ pub struct PostgresStore {
     channel: Option<String>,
     wakeups: broadcast::Sender<Timestamp>,
     listener: Option<tokio::task::JoinHandle<()>>,
+    /// History entries kept per timer ([`TimerHistory::set_limit`]).
+    history: AtomicUsize,
 }
 
 impl Drop for PostgresStore {
@@ -64,9 +70,8 @@ impl Dialect for PostgresStore {
                    t.occurrences";
     // Row locks (FOR UPDATE) order writers; the transaction needs no lock up front.
     const LOCK_FOR_WRITE: Option<&'static str> = None;
-    // FOR UPDATE: a claim (which locks the row too) and this cancel are ordered.
-    const CANCEL_STATE: &'static str = "SELECT state, COALESCE(lease_until > $3, false) \
-        FROM timers WHERE tenant_id = $1 AND service_call_id = $2 FOR UPDATE";
+    // A claim locks the row too: it and the action are ordered.
+    const LOCK_ROW: &'static str = " FOR UPDATE";
     const PURGE: &'static str = "DELETE FROM timers WHERE ctid IN (SELECT ctid FROM timers \
         WHERE state <> 0 AND finished_at < $1 LIMIT $2)";
 
@@ -211,6 +216,7 @@ impl PostgresStore {
             channel,
             wakeups,
             listener,
+            history: AtomicUsize::new(DEFAULT_HISTORY),
         })
     }
 
@@ -259,6 +265,10 @@ impl PostgresStore {
 
     fn statements(&self) -> Statements<'_, Self> {
         sql::on(&self.pool)
+    }
+
+    fn history_limit(&self) -> i64 {
+        i64::try_from(self.history.load(Ordering::Relaxed)).unwrap_or(i64::MAX)
     }
 
     /// Keys of `timers` as two parallel arrays, for `UNNEST`.
@@ -348,6 +358,15 @@ impl Store for PostgresStore {
             .iter()
             .map(|t| t.recurrence.as_ref().map(Recurrence::to_json))
             .collect();
+        // What the history records for each row, whichever way it is written.
+        let created: Vec<String> = rows
+            .iter()
+            .map(|t| Change::Created { due_at: t.due_at }.to_json())
+            .collect();
+        let rescheduled: Vec<String> = rows
+            .iter()
+            .map(|t| Change::Rescheduled { due_at: t.due_at }.to_json())
+            .collect();
 
         let mut tx = self.pool.begin().await.map_err(|e| db_err(op, e))?;
         // `xmax = 0` holds for a row this statement inserted, not for one it updated.
@@ -357,9 +376,10 @@ impl Store for PostgresStore {
             "EXCLUDED.recurrence IS NOT NULL AND t.recurrence IS NOT DISTINCT FROM EXCLUDED.recurrence";
         let upsert = format!(
             "INSERT INTO timers AS t (tenant_id, service_call_id, due_at, registered_at, \
-                                      correlation_id, payload, available_at, recurrence) \
+                                      correlation_id, payload, available_at, recurrence, \
+                                      history_seq) \
              SELECT i.tenant_id, i.service_call_id, i.due_at, $6, i.correlation_id, i.payload, \
-                    i.due_at, i.recurrence \
+                    i.due_at, i.recurrence, 1 \
              FROM UNNEST($1::text[], $2::text[], $3::bigint[], $4::text[], $5::text[], $7::text[]) \
                   AS i(tenant_id, service_call_id, due_at, correlation_id, payload, recurrence) \
              ON CONFLICT (tenant_id, service_call_id) DO UPDATE SET \
@@ -377,9 +397,18 @@ impl Store for PostgresStore {
                 payload = EXCLUDED.payload, \
                 occurrences = CASE WHEN t.recurrence IS NOT DISTINCT FROM EXCLUDED.recurrence \
                               THEN t.occurrences ELSE 0 END, \
-                recurrence = EXCLUDED.recurrence \
-             WHERE t.state = 0 \
-             RETURNING t.tenant_id, t.service_call_id, (t.xmax = 0) AS inserted"
+                recurrence = EXCLUDED.recurrence, \
+                history_seq = t.history_seq + 1 \
+             WHERE t.state IN (0, 4)"
+        );
+        let upsert = recorded(
+            &upsert,
+            ", (t.xmax = 0) AS inserted",
+            "UNNEST($1::text[], $2::text[], $8::text[], $9::text[]) \
+             AS c(tenant_id, service_call_id, created, rescheduled)",
+            "CASE WHEN s.inserted THEN c.created ELSE c.rescheduled END",
+            (6, 10),
+            "SELECT tenant_id, service_call_id, inserted FROM s",
         );
         let written = sqlx::query(&upsert)
             .bind(&tenants)
@@ -389,6 +418,9 @@ impl Store for PostgresStore {
             .bind(&payloads)
             .bind(now.as_millis())
             .bind(&recurrences)
+            .bind(&created)
+            .bind(&rescheduled)
+            .bind(self.history_limit())
             .fetch_all(&mut *tx)
             .await
             .map_err(|e| db_err(op, e))?;
@@ -403,11 +435,11 @@ impl Store for PostgresStore {
             outcome.insert(TimerRow::<Self>::of(row).key()?, o);
         }
         if outcome.len() < rows.len() {
-            // The rest already fired or were cancelled: say which.
+            // The rest already fired, failed or were cancelled: say which.
             let finished = sqlx::query(
                 "SELECT t.tenant_id, t.service_call_id, t.state FROM timers t \
                  JOIN UNNEST($1::text[], $2::text[]) AS k(tenant_id, service_call_id) \
-                   USING (tenant_id, service_call_id) WHERE t.state <> 0",
+                   USING (tenant_id, service_call_id) WHERE t.state IN (1, 2, 3)",
             )
             .bind(&tenants)
             .bind(&ids)
@@ -481,39 +513,60 @@ impl Store for PostgresStore {
         at: Timestamp,
     ) -> Result<u64> {
         let op = "settling claimed timers";
-        // One statement per kind of settlement, each over arrays of its rows.
+        // One statement per kind of settlement, each over arrays of its rows, recording each
+        // row's change (`Change::of_settlement`) in the same statement.
         let mut reached = Vec::new();
         let mut next = Vec::new();
         let mut failed = Vec::new();
         let mut retry = Vec::new();
         for (t, settlement) in claims {
+            let change = Change::of_settlement(t, settlement, owner, at).map(|c| c.to_json());
             match settlement {
-                Settlement::Reached => reached.push(t),
-                Settlement::Next(at) => next.push((t, at.as_millis())),
-                Settlement::Failed(error) => failed.push((t, error.as_str())),
+                Settlement::Reached => reached.push((t, change)),
+                Settlement::Next(at) => next.push((t, (at.as_millis(), change))),
+                Settlement::Failed(error) => failed.push((t, (error.as_str(), change))),
                 Settlement::Retry { at, error } => {
-                    retry.push((t, at.as_millis(), error.as_deref()))
+                    retry.push((t, (at.as_millis(), error.as_deref(), change)))
                 }
             }
         }
-        let reached = Columns::of(reached.iter().copied());
-        let (next_claims, nexts): (Vec<&ClaimedTimer>, Vec<i64>) = next.into_iter().unzip();
-        let next = Columns::of(next_claims.into_iter());
-        let (failed_claims, errors): (Vec<&ClaimedTimer>, Vec<&str>) = failed.into_iter().unzip();
-        let failed = Columns::of(failed_claims.into_iter());
-        let retry_claims = Columns::of(retry.iter().map(|(t, _, _)| *t));
-        let retry_at: Vec<i64> = retry.iter().map(|(_, at, _)| *at).collect();
-        let retry_errors: Vec<Option<&str>> = retry.iter().map(|(_, _, e)| *e).collect();
+        let (reached, reached_changes) = Columns::split(reached);
+        let (next, next_rest) = Columns::split(next);
+        let (nexts, next_changes): (Vec<i64>, Vec<Option<String>>) = next_rest.into_iter().unzip();
+        let (failed, failed_rest) = Columns::split(failed);
+        let (errors, failed_changes): (Vec<&str>, Vec<Option<String>>) =
+            failed_rest.into_iter().unzip();
+        let (retry_claims, retry_rest) = Columns::split(retry);
+        let mut retry_at = Vec::new();
+        let mut retry_errors = Vec::new();
+        let mut retry_changes = Vec::new();
+        for (at, error, change) in retry_rest {
+            retry_at.push(at);
+            retry_errors.push(error);
+            retry_changes.push(change);
+        }
+        let history = self.history_limit();
 
+        // (whether its rows count as settled, the statement)
         let mut queries = Vec::new();
         if !reached.is_empty() {
-            queries.push((true, reached.bind(SETTLE_REACHED, owner, at)));
+            let sql = SETTLE_REACHED.get_or_init(|| settled(SETTLE_REACHED_SQL, (6, 5, 7)));
+            queries.push((
+                true,
+                reached.bind(sql, owner, at).bind(&reached_changes).bind(history),
+            ));
         }
         if !next.is_empty() {
-            queries.push((true, next.bind(SETTLE_NEXT, owner, at).bind(&nexts)));
+            let sql = SETTLE_NEXT.get_or_init(|| settled(SETTLE_NEXT_SQL, (7, 5, 8)));
+            queries.push((
+                true,
+                next.bind(sql, owner, at)
+                    .bind(&nexts)
+                    .bind(&next_changes)
+                    .bind(history),
+            ));
             if let (Some(channel), Some(soonest)) = (&self.channel, nexts.iter().min()) {
                 // Other instances may sleep past the next occurrence: tell them.
-                // A SELECT: its row is not a settled timer.
                 queries.push((
                     false,
                     sqlx::query("SELECT pg_notify($1, $2)")
@@ -523,30 +576,46 @@ impl Store for PostgresStore {
             }
         }
         if !failed.is_empty() {
-            queries.push((true, failed.bind(SETTLE_FAILED, owner, at).bind(&errors)));
+            let sql = SETTLE_FAILED.get_or_init(|| settled(SETTLE_FAILED_SQL, (7, 5, 8)));
+            queries.push((
+                true,
+                failed
+                    .bind(sql, owner, at)
+                    .bind(&errors)
+                    .bind(&failed_changes)
+                    .bind(history),
+            ));
         }
         if !retry_claims.is_empty() {
-            let retry = sqlx::query(SETTLE_RETRY)
+            let sql = SETTLE_RETRY.get_or_init(|| settled(SETTLE_RETRY_SQL, (6, 7, 8)));
+            let retry = sqlx::query(sql)
                 .bind(&retry_claims.tenants)
                 .bind(&retry_claims.ids)
                 .bind(&retry_at)
                 .bind(&retry_errors)
-                .bind(owner);
+                .bind(owner)
+                .bind(&retry_changes)
+                .bind(at.as_millis())
+                .bind(history);
             queries.push((true, retry));
         }
+        let settled_rows = |row: &sqlx::postgres::PgRow| -> Result<u64> {
+            let n: i64 = row.try_get(0).map_err(|e| db_err(op, e))?;
+            Ok(u64::try_from(n).unwrap_or(0))
+        };
         if queries.len() == 1 {
             if let Some((_, query)) = queries.pop() {
                 // One statement commits by itself: no transaction round trips on the hot path.
-                let done = query.execute(&self.pool).await.map_err(|e| db_err(op, e))?;
-                return Ok(done.rows_affected());
+                let row = query.fetch_one(&self.pool).await.map_err(|e| db_err(op, e))?;
+                return settled_rows(&row);
             }
         }
         let mut changed = 0;
         let mut tx = self.pool.begin().await.map_err(|e| db_err(op, e))?;
         for (counts, query) in queries {
-            let done = query.execute(&mut *tx).await.map_err(|e| db_err(op, e))?;
+            let row = query.fetch_one(&mut *tx).await.map_err(|e| db_err(op, e))?;
             if counts {
-                changed += done.rows_affected();
+                changed += settled_rows(&row)?;
             }
         }
         tx.commit().await.map_err(|e| db_err(op, e))?;
@@ -562,7 +631,8 @@ impl Store for PostgresStore {
     }
 
     async fn cancel(&self, key: &TimerKey, now: Timestamp) -> Result<CancelOutcome> {
-        self.statements().cancel(key, now).await
+        let outcome = self.apply(std::slice::from_ref(key), &Action::Cancel, now).await?;
+        Ok(outcome.first().copied().unwrap_or(ControlOutcome::NotFound).into())
     }
 
     async fn purge(&self, older_than: Timestamp, limit: usize) -> Result<u64> {
@@ -588,6 +658,43 @@ impl Store for PostgresStore {
     fn queries(&self) -> Option<&dyn TimerQueries> {
         Some(self)
     }
+
+    fn control(&self) -> Option<&dyn TimerControl> {
+        Some(self)
+    }
+
+    fn history(&self) -> Option<&dyn TimerHistory> {
+        Some(self)
+    }
+}
+
+#[async_trait]
+impl TimerControl for PostgresStore {
+    async fn apply(
+        &self,
+        keys: &[TimerKey],
+        action: &Action,
+        now: Timestamp,
+    ) -> Result<Vec<ControlOutcome>> {
+        let limit = self.history.load(Ordering::Relaxed);
+        self.statements().apply(keys, action, now, limit).await
+    }
+}
+
+#[async_trait]
+impl TimerHistory for PostgresStore {
+    fn set_limit(&self, per_timer: usize) {
+        self.history.store(per_timer, Ordering::Relaxed);
+    }
+
+    async fn read(&self, key: &TimerKey, after: u64, limit: usize) -> Result<Vec<HistoryEntry>> {
+        self.statements().history(key, after, limit).await
+    }
+
+    async fn record(&self, key: &TimerKey, at: Timestamp, change: &Change) -> Result<bool> {
+        let limit = self.history.load(Ordering::Relaxed);
+        self.statements().record(key, at, change, limit).await
+    }
 }
 
 #[async_trait]
@@ -612,6 +719,10 @@ impl TimerQueries for PostgresStore {
         failed_since: Timestamp,
     ) -> Result<Vec<TenantSummary>> {
         self.statements().summaries(tenants, failed_since).await
+    }
+
+    async fn count(&self, state: TimerState) -> Result<u64> {
+        self.statements().count(state).await
     }
 }
 
@@ -642,6 +753,7 @@ macro_rules! settle_sql {
         concat!(
             "UPDATE timers t SET ",
             $set,
+            ", history_seq = t.history_seq + 1",
             " FROM UNNEST($1::text[], $2::text[], $3::bigint[]",
             $arrays,
             ") AS m(tenant_id, service_call_id, revision",
@@ -652,7 +764,7 @@ macro_rules! settle_sql {
     };
 }
 
-const SETTLE_REACHED: &str = settle_sql!(
+const SETTLE_REACHED_SQL: &str = settle_sql!(
     "state = 1, reached_at = $5, finished_at = $5, \
      occurrences = t.occurrences + CASE WHEN t.recurrence IS NULL THEN 0 ELSE 1 END",
     "",
@@ -660,7 +772,7 @@ const SETTLE_REACHED: &str = settle_sql!(
 );
 
 /// $6 the next occurrences.
-const SETTLE_NEXT: &str = settle_sql!(
+const SETTLE_NEXT_SQL: &str = settle_sql!(
     "due_at = m.next, available_at = m.next, revision = t.revision + 1, attempts = 0, \
      last_error = NULL, lease_owner = NULL, lease_until = NULL, reached_at = $5, \
      occurrences = t.occurrences + 1",
@@ -669,23 +781,78 @@ const SETTLE_NEXT: &str = settle_sql!(
 );
 
 /// $6 the errors.
-const SETTLE_FAILED: &str = settle_sql!(
+const SETTLE_FAILED_SQL: &str = settle_sql!(
     "state = 3, finished_at = $5, attempts = t.attempts + 1, last_error = m.error",
     ", $6::text[]",
     ", error"
 );
 
 /// $1 tenants, $2 service call ids, $3 when each becomes claimable, $4 the errors (NULL for
-/// none), $5 the lease owner. At any revision: the lease goes back even when the timer changed
-/// meanwhile.
-const SETTLE_RETRY: &str = "UPDATE timers t SET lease_owner = NULL, lease_until = NULL, \
+/// none; an error is a failed publish, recorded in the history), $5 the lease owner. At any
+/// revision: the lease goes back even when the timer changed meanwhile.
+const SETTLE_RETRY_SQL: &str = "UPDATE timers t SET lease_owner = NULL, lease_until = NULL, \
       available_at = GREATEST(m.retry_at, t.due_at), \
       attempts = t.attempts + CASE WHEN m.error IS NULL THEN 0 ELSE 1 END, \
-      last_error = COALESCE(m.error, t.last_error) \
+      last_error = COALESCE(m.error, t.last_error), \
+      history_seq = t.history_seq + CASE WHEN m.error IS NULL THEN 0 ELSE 1 END \
     FROM UNNEST($1::text[], $2::text[], $3::bigint[], $4::text[]) \
          AS m(tenant_id, service_call_id, retry_at, error) \
     WHERE t.tenant_id = m.tenant_id AND t.service_call_id = m.service_call_id \
       AND t.state = 0 AND t.lease_owner = $5";
+
+/// The settlements as they run: each recording its changes and counting its rows
+/// ([`settled`]), made once.
+static SETTLE_REACHED: OnceLock<String> = OnceLock::new();
+static SETTLE_NEXT: OnceLock<String> = OnceLock::new();
+static SETTLE_FAILED: OnceLock<String> = OnceLock::new();
+static SETTLE_RETRY: OnceLock<String> = OnceLock::new();
+
+/// A settlement statement (its first two parameters are the keys) as one statement that also
+/// records each settled row's change and answers how many rows it settled. `(changes, at,
+/// limit)` number the parameters of the changes (JSON, NULL for none; in the order of the
+/// keys), the settle time and the history limit.
+fn settled(update: &str, (changes, at, limit): (usize, usize, usize)) -> String {
+    recorded(
+        update,
+        "",
+        &format!(
+            "UNNEST($1::text[], $2::text[], ${changes}::text[]) \
+             AS c(tenant_id, service_call_id, change)"
+        ),
+        "c.change",
+        (at, limit),
+        "SELECT COUNT(*) FROM s",
+    )
+}
+
+/// `write` (an INSERT or UPDATE of `timers AS t`, without RETURNING) as one statement that
+/// also records a history entry for each row it wrote and drops that row's entries beyond the
+/// newest `$limit` (none are recorded when it is 0). The written rows are `s` (key,
+/// `history_seq`, and `returning`); `changes` is a relation `c` with the key columns, joined to
+/// them, and `change` the SQL of each row's change (JSON text; NULL records none); `at` and
+/// `limit` are the numbers of the parameters holding the time and the limit; `select` what the
+/// whole statement answers (from `s`).
+fn recorded(
+    write: &str,
+    returning: &str,
+    changes: &str,
+    change: &str,
+    (at, limit): (usize, usize),
+    select: &str,
+) -> String {
+    format!(
+        "WITH s AS ({write} RETURNING t.tenant_id, t.service_call_id, t.history_seq{returning}), \
+         h AS (INSERT INTO timer_history (tenant_id, service_call_id, seq, at, change) \
+               SELECT s.tenant_id, s.service_call_id, s.history_seq, ${at}, {change} \
+               FROM s JOIN {changes} USING (tenant_id, service_call_id) \
+               WHERE {change} IS NOT NULL AND ${limit} > 0), \
+         d AS (DELETE FROM timer_history x USING s \
+               WHERE s.history_seq > ${limit} AND x.tenant_id = s.tenant_id \
+                 AND x.service_call_id = s.service_call_id \
+                 AND x.seq <= s.history_seq - ${limit}) \
+         {select}"
+    )
+}
 
 /// Keys and claimed revisions of some claims, as the arrays an `UNNEST` reads.
 struct Columns<'a> {
@@ -707,6 +874,12 @@ impl<'a> Columns<'a> {
             columns.revisions.push(t.revision);
         }
         columns
+    }
+
+    /// The columns of the claims in `pairs`, and what goes with each, in the same order.
+    fn split<T>(pairs: Vec<(&'a ClaimedTimer, T)>) -> (Self, Vec<T>) {
+        let (claims, rest): (Vec<&ClaimedTimer>, Vec<T>) = pairs.into_iter().unzip();
+        (Columns::of(claims.into_iter()), rest)
     }
 
     fn is_empty(&self) -> bool {

@@ -6,16 +6,19 @@ mod plugin;
 
 use std::collections::HashMap;
 use std::str::FromStr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use async_trait::async_trait;
 use sqlx::sqlite::{
     Sqlite, SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
     SqliteQueryResult, SqliteSynchronous,
 };
+use timer_core::control::DEFAULT_HISTORY;
 use timer_core::{
-    CancelOutcome, ClaimedTimer, Error, Lease, NewTimer, Recurrence, Result, ScheduleOutcome,
-    PageAfter, Settlement, Store, TenantCounts, TenantSummary, Timer, TimerFilter, TimerKey,
-    TimerQueries, TimerState, Timestamp,
+    Action, CancelOutcome, Change, ClaimedTimer, ControlOutcome, Error, HistoryEntry, Lease,
+    NewTimer, PageAfter, Recurrence, Result, ScheduleOutcome, Settlement, Store, TenantCounts,
+    TenantSummary, Timer, TimerControl, TimerFilter, TimerHistory, TimerKey, TimerQueries,
+    TimerState, Timestamp,
 };
 
 pub use config::{SqliteConfig, Synchronous};
@@ -26,6 +29,8 @@ use crate::sql::{self, Dialect, Statements};
 pub struct SqliteStore {
     write: SqlitePool,
     read: SqlitePool,
+    /// History entries kept per timer ([`TimerHistory::set_limit`]).
+    history: AtomicUsize,
 }
 
 impl Dialect for SqliteStore {
@@ -41,8 +46,8 @@ impl Dialect for SqliteStore {
          RETURNING tenant_id, service_call_id, due_at, registered_at, correlation_id, payload, \
                    attempts, revision, recurrence, occurrences";
     const LOCK_FOR_WRITE: Option<&'static str> = Some("UPDATE timers SET state = state WHERE 0");
-    const CANCEL_STATE: &'static str = "SELECT state, COALESCE(lease_until > ?3, 0) FROM timers \
-        WHERE tenant_id = ?1 AND service_call_id = ?2";
+    // The write transaction holds SQLite's one write lock from its start.
+    const LOCK_ROW: &'static str = "";
     const PURGE: &'static str = "DELETE FROM timers WHERE rowid IN (SELECT rowid FROM timers \
         WHERE state <> 0 AND finished_at < ?1 LIMIT ?2)";
 
@@ -92,7 +97,9 @@ impl SqliteStore {
                 Synchronous::Full => SqliteSynchronous::Full,
                 Synchronous::Normal => SqliteSynchronous::Normal,
             })
-            .busy_timeout(config.busy_timeout);
+            .busy_timeout(config.busy_timeout)
+            // A timer's history goes with it (ON DELETE CASCADE); sqlx's default, made explicit.
+            .foreign_keys(true);
         let open_err = |e: sqlx::Error| {
             Error::unavailable(format!("sqlite store: cannot open database file {path:?}"))
                 .with_source(e)
@@ -114,14 +121,18 @@ impl SqliteStore {
             .connect_with(options.read_only(true))
             .await
             .map_err(open_err)?;
-        Ok(SqliteStore { write, read })
+        Ok(SqliteStore {
+            write,
+            read,
+            history: AtomicUsize::new(DEFAULT_HISTORY),
+        })
     }
 }
 
 /// ?1 tenant, ?2 service call id, ?3 due, ?4 now, ?5 correlation id, ?6 payload, ?7 recurrence.
 const INSERT_TIMER: &str = "INSERT INTO timers (tenant_id, service_call_id, due_at, \
-    registered_at, correlation_id, payload, available_at, recurrence) \
-    VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?3, ?7)";
+    registered_at, correlation_id, payload, available_at, recurrence, history_seq) \
+    VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?3, ?7, 1) RETURNING history_seq";
 
 /// Same parameters. Unqualified columns on the right-hand side are the old values. A repeat of
 /// the same recurring series (same recurrence) keeps its place: its next occurrence, count and
@@ -135,18 +146,21 @@ const RESCHEDULE_TIMER: &str = "UPDATE timers SET \
                         WHEN lease_until > ?4 THEN MAX(lease_until, ?3) ELSE ?3 END, \
     due_at = CASE WHEN ?7 IS NOT NULL AND recurrence IS ?7 THEN due_at ELSE ?3 END, \
     correlation_id = ?5, payload = ?6, \
-    occurrences = CASE WHEN recurrence IS ?7 THEN occurrences ELSE 0 END, recurrence = ?7 \
-    WHERE tenant_id = ?1 AND service_call_id = ?2";
+    occurrences = CASE WHEN recurrence IS ?7 THEN occurrences ELSE 0 END, recurrence = ?7, \
+    history_seq = history_seq + 1 \
+    WHERE tenant_id = ?1 AND service_call_id = ?2 RETURNING history_seq";
 
 /// The guard every settlement shares: ?1 tenant, ?2 service call id, ?4 lease owner, ?5 the
-/// claimed revision (?3 is the settle time).
+/// claimed revision (?3 is the settle time). Returns the number of the history entry the
+/// settlement makes.
 macro_rules! settle_sql {
     ($set:literal) => {
         concat!(
             "UPDATE timers SET ",
             $set,
-            " WHERE tenant_id = ?1 AND service_call_id = ?2 AND state = 0 AND lease_owner = ?4 \
-              AND revision = ?5"
+            ", history_seq = history_seq + 1 \
+             WHERE tenant_id = ?1 AND service_call_id = ?2 AND state = 0 AND lease_owner = ?4 \
+              AND revision = ?5 RETURNING history_seq"
         )
     };
 }
@@ -166,14 +180,13 @@ const SETTLE_NEXT: &str = settle_sql!(
 const SETTLE_FAILED: &str =
     settle_sql!("state = 3, finished_at = ?3, attempts = attempts + 1, last_error = ?6");
 
-/// ?6 when it becomes claimable, ?7 the error or NULL. At any revision (?3 and ?5 unused).
+/// ?6 when it becomes claimable, ?7 the error or NULL (a failed publish, recorded in the
+/// history). At any revision (?3 and ?5 unused).
 const SETTLE_RETRY: &str = "UPDATE timers SET lease_owner = NULL, lease_until = NULL, \
     available_at = MAX(?6, due_at), attempts = attempts + (?7 IS NOT NULL), \
-    last_error = COALESCE(?7, last_error) \
-    WHERE tenant_id = ?1 AND service_call_id = ?2 AND state = 0 AND lease_owner = ?4";
-
-/// One statement per row, prepared with its parameters.
-type RowUpdate<'q> = sqlx::query::Query<'q, sqlx::Sqlite, sqlx::sqlite::SqliteArguments<'q>>;
+    last_error = COALESCE(?7, last_error), history_seq = history_seq + (?7 IS NOT NULL) \
+    WHERE tenant_id = ?1 AND service_call_id = ?2 AND state = 0 AND lease_owner = ?4 \
+    RETURNING history_seq";
 
 impl SqliteStore {
     fn reads(&self) -> Statements<'_, Self> {
@@ -184,21 +197,8 @@ impl SqliteStore {
         sql::on(&self.write)
     }
 
-    /// Runs `updates` in one write transaction, all or nothing; returns the rows they changed.
-    async fn update_rows(&self, op: &str, updates: Vec<RowUpdate<'_>>) -> Result<u64> {
-        let mut tx = sql::begin_write::<Self>(&self.write)
-            .await
-            .map_err(|e| db_err(op, e))?;
-        let mut changed = 0;
-        for update in updates {
-            changed += update
-                .execute(&mut *tx)
-                .await
-                .map_err(|e| db_err(op, e))?
-                .rows_affected();
-        }
-        tx.commit().await.map_err(|e| db_err(op, e))?;
-        Ok(changed)
+    fn history_limit(&self) -> usize {
+        self.history.load(Ordering::Relaxed)
     }
 }
 
@@ -210,6 +210,7 @@ impl Store for SqliteStore {
 
     async fn schedule(&self, timers: &[NewTimer], now: Timestamp) -> Result<Vec<ScheduleOutcome>> {
         let op = "scheduling timers";
+        let history = self.history_limit();
         let mut tx = sql::begin_write::<Self>(&self.write)
             .await
             .map_err(|e| db_err(op, e))?;
@@ -226,7 +227,9 @@ impl Store for SqliteStore {
             // Both statements take the same parameters; only which one runs differs.
             let (sql, outcome) = match existing.and_then(TimerState::from_code) {
                 None => (INSERT_TIMER, ScheduleOutcome::Created),
-                Some(TimerState::Scheduled) => (RESCHEDULE_TIMER, ScheduleOutcome::Updated),
+                Some(TimerState::Scheduled | TimerState::Paused) => {
+                    (RESCHEDULE_TIMER, ScheduleOutcome::Updated)
+                }
                 Some(TimerState::Reached) => {
                     outcomes.push(ScheduleOutcome::AlreadyReached);
                     continue;
@@ -240,7 +243,7 @@ impl Store for SqliteStore {
                     continue;
                 }
             };
-            sqlx::query(sql)
+            let seq: i64 = sqlx::query_scalar(sql)
                 .bind(&t.key.tenant_id)
                 .bind(&t.key.service_call_id)
                 .bind(t.due_at.as_millis())
@@ -248,7 +251,14 @@ impl Store for SqliteStore {
                 .bind(&t.correlation_id)
                 .bind(&t.payload)
                 .bind(t.recurrence.as_ref().map(Recurrence::to_json))
-                .execute(&mut *tx)
+                .fetch_one(&mut *tx)
+                .await
+                .map_err(|e| db_err(op, e))?;
+            let change = match outcome {
+                ScheduleOutcome::Created => Change::Created { due_at: t.due_at },
+                _ => Change::Rescheduled { due_at: t.due_at },
+            };
+            sql::record::<Self>(&mut *tx, &t.key, seq, now, &[change], history)
                 .await
                 .map_err(|e| db_err(op, e))?;
             outcomes.push(outcome);
@@ -272,32 +282,47 @@ impl Store for SqliteStore {
         owner: &str,
         at: Timestamp,
     ) -> Result<u64> {
-        let updates = claims
-            .iter()
-            .map(|(t, settlement)| {
-                let sql = match settlement {
-                    Settlement::Reached => SETTLE_REACHED,
-                    Settlement::Next(_) => SETTLE_NEXT,
-                    Settlement::Failed(_) => SETTLE_FAILED,
-                    Settlement::Retry { .. } => SETTLE_RETRY,
-                };
-                let query = sqlx::query(sql)
-                    .bind(&t.key.tenant_id)
-                    .bind(&t.key.service_call_id)
-                    .bind(at.as_millis())
-                    .bind(owner)
-                    .bind(t.revision);
-                match settlement {
-                    Settlement::Reached => query,
-                    Settlement::Next(next) => query.bind(next.as_millis()),
-                    Settlement::Failed(error) => query.bind(error.as_str()),
-                    Settlement::Retry { at, error } => {
-                        query.bind(at.as_millis()).bind(error.as_deref())
-                    }
-                }
-            })
-            .collect();
-        self.update_rows("settling claimed timers", updates).await
+        let op = "settling claimed timers";
+        let history = self.history_limit();
+        let mut tx = sql::begin_write::<Self>(&self.write)
+            .await
+            .map_err(|e| db_err(op, e))?;
+        let mut changed = 0;
+        for (t, settlement) in claims {
+            let sql = match settlement {
+                Settlement::Reached => SETTLE_REACHED,
+                Settlement::Next(_) => SETTLE_NEXT,
+                Settlement::Failed(_) => SETTLE_FAILED,
+                Settlement::Retry { .. } => SETTLE_RETRY,
+            };
+            let query = sqlx::query_scalar(sql)
+                .bind(&t.key.tenant_id)
+                .bind(&t.key.service_call_id)
+                .bind(at.as_millis())
+                .bind(owner)
+                .bind(t.revision);
+            let query = match settlement {
+                Settlement::Reached => query,
+                Settlement::Next(next) => query.bind(next.as_millis()),
+                Settlement::Failed(error) => query.bind(error.as_str()),
+                Settlement::Retry { at, error } => query.bind(at.as_millis()).bind(error.as_deref()),
+            };
+            let seq: Option<i64> = query
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(|e| db_err(op, e))?;
+            let Some(seq) = seq else {
+                continue; // no longer this owner's claim at this revision
+            };
+            changed += 1;
+            if let Some(change) = Change::of_settlement(t, settlement, owner, at) {
+                sql::record::<Self>(&mut *tx, &t.key, seq, at, &[change], history)
+                    .await
+                    .map_err(|e| db_err(op, e))?;
+            }
+        }
+        tx.commit().await.map_err(|e| db_err(op, e))?;
+        Ok(changed)
     }
 
     async fn next_due_at(&self) -> Result<Option<Timestamp>> {
@@ -309,7 +334,8 @@ impl Store for SqliteStore {
     }
 
     async fn cancel(&self, key: &TimerKey, now: Timestamp) -> Result<CancelOutcome> {
-        self.writes().cancel(key, now).await
+        let outcome = self.apply(std::slice::from_ref(key), &Action::Cancel, now).await?;
+        Ok(outcome.first().copied().unwrap_or(ControlOutcome::NotFound).into())
     }
 
     async fn purge(&self, older_than: Timestamp, limit: usize) -> Result<u64> {
@@ -330,6 +356,45 @@ impl Store for SqliteStore {
 
     fn queries(&self) -> Option<&dyn TimerQueries> {
         Some(self)
+    }
+
+    fn control(&self) -> Option<&dyn TimerControl> {
+        Some(self)
+    }
+
+    fn history(&self) -> Option<&dyn TimerHistory> {
+        Some(self)
+    }
+}
+
+#[async_trait]
+impl TimerControl for SqliteStore {
+    async fn apply(
+        &self,
+        keys: &[TimerKey],
+        action: &Action,
+        now: Timestamp,
+    ) -> Result<Vec<ControlOutcome>> {
+        self.writes()
+            .apply(keys, action, now, self.history_limit())
+            .await
+    }
+}
+
+#[async_trait]
+impl TimerHistory for SqliteStore {
+    fn set_limit(&self, per_timer: usize) {
+        self.history.store(per_timer, Ordering::Relaxed);
+    }
+
+    async fn read(&self, key: &TimerKey, after: u64, limit: usize) -> Result<Vec<HistoryEntry>> {
+        self.reads().history(key, after, limit).await
+    }
+
+    async fn record(&self, key: &TimerKey, at: Timestamp, change: &Change) -> Result<bool> {
+        self.writes()
+            .record(key, at, change, self.history_limit())
+            .await
     }
 }
 
@@ -355,6 +420,10 @@ impl TimerQueries for SqliteStore {
         failed_since: Timestamp,
     ) -> Result<Vec<TenantSummary>> {
         self.reads().summaries(tenants, failed_since).await
+    }
+
+    async fn count(&self, state: TimerState) -> Result<u64> {
+        self.reads().count(state).await
     }
 }
 

@@ -1,5 +1,6 @@
 //! The broker path: commands in batches, applied in arrival order (runs of schedules in one
-//! transaction each, cancels between them), acknowledged only after the store committed them.
+//! transaction each; cancels, pauses and resumes between them), acknowledged only after the
+//! store committed them.
 //! A refused command goes to the dead-letter destination before it is acknowledged.
 
 use std::time::Duration;
@@ -10,17 +11,19 @@ use tracing::{debug, info, warn, Level};
 use super::retry::pause;
 use super::{Engine, Scheduled};
 use crate::broker::Delivery;
-use crate::model::{CancelOutcome, NewTimer, TimerKey};
+use crate::control::Action;
+use crate::model::{ControlOutcome, NewTimer, TimerKey};
 use crate::wire::Command;
 
-/// How often a `CancelTimer` that met a fire in progress looks again.
+/// How often a `CancelTimer` or `PauseTimer` that met a fire in progress looks again.
 const FIRING_RECHECK: Duration = Duration::from_millis(100);
 
 /// One step of an ingested batch.
 enum Step<'a> {
     /// Timers to store together, with the deliveries they came from.
     Schedule(Vec<NewTimer>, Vec<&'a Delivery>),
-    Cancel(TimerKey),
+    /// A `CancelTimer`, `PauseTimer` or `ResumeTimer`.
+    Control(TimerKey, Action),
 }
 
 impl Engine {
@@ -49,7 +52,19 @@ impl Engine {
         let mut steps: Vec<Step> = Vec::new();
         let mut acks = Vec::with_capacity(deliveries.len());
         for delivery in &deliveries {
-            match self.admit(&delivery.body) {
+            let admitted = self.admit(&delivery.body).and_then(|command| {
+                match command {
+                    Command::Pause(_) | Command::Resume(_) if self.inner.store.control().is_none() => {
+                        Err(crate::wire::Rejection::new(
+                            crate::wire::Reason::NotAcceptedHere,
+                            Some("type"),
+                            format!("the {} store cannot pause or resume timers", self.inner.store.name()),
+                        ))
+                    }
+                    command => Ok(command),
+                }
+            });
+            match admitted {
                 Ok(Command::Schedule(timer)) => {
                     match steps.last_mut() {
                         Some(Step::Schedule(run, from)) => {
@@ -61,7 +76,15 @@ impl Engine {
                     acks.push(delivery.tag);
                 }
                 Ok(Command::Cancel(key)) => {
-                    steps.push(Step::Cancel(key));
+                    steps.push(Step::Control(key, Action::Cancel));
+                    acks.push(delivery.tag);
+                }
+                Ok(Command::Pause(key)) => {
+                    steps.push(Step::Control(key, Action::Pause { note: None }));
+                    acks.push(delivery.tag);
+                }
+                Ok(Command::Resume(key)) => {
+                    steps.push(Step::Control(key, Action::Resume));
                     acks.push(delivery.tag);
                 }
                 Err(rejection) => {
@@ -102,22 +125,35 @@ impl Engine {
                         }
                     }
                 }
-                Step::Cancel(key) => loop {
-                    let Some(outcome) = retry.until_ok(|| self.cancel(key)).await else {
-                        return; // unacknowledged: the cancel comes again
+                Step::Control(key, action) => loop {
+                    let applied = retry
+                        .until_ok(|| async {
+                            match action {
+                                Action::Cancel => self.cancel(key).await.map(ControlOutcome::from),
+                                _ => Ok(self
+                                    .control(std::slice::from_ref(key), action)
+                                    .await?
+                                    .first()
+                                    .copied()
+                                    .unwrap_or(ControlOutcome::NotFound)),
+                            }
+                        })
+                        .await;
+                    let Some(outcome) = applied else {
+                        return; // unacknowledged: the command comes again
                     };
                     match outcome {
                         // Its event is being published: wait for that fire to settle (bounded
-                        // by half the lease), then cancel what is left (a recurring series, or
+                        // by half the lease), then act on what is left (a recurring series, or
                         // a timer whose publish failed).
-                        CancelOutcome::Firing => {
+                        ControlOutcome::Firing => {
                             if !pause(shutdown, FIRING_RECHECK).await {
                                 return;
                             }
                         }
-                        CancelOutcome::Cancelled => break,
+                        outcome if outcome.changed() => break,
                         other => {
-                            info!(timer = %key, outcome = ?other, "CancelTimer changed nothing");
+                            info!(timer = %key, action = action.as_str(), outcome = other.as_str(), "command changed nothing");
                             break;
                         }
                     }

@@ -14,6 +14,11 @@ pub const PENDING: &str = "timer.pending";
 pub const CANCELS_PROCESSED: &str = "timer.cancels.processed";
 pub const TIMERS_FAILED: &str = "timer.timers.failed";
 pub const TIMERS_PURGED: &str = "timer.timers.purged";
+pub const PAUSED: &str = "timer.paused";
+pub const CONTROL_ACTIONS: &str = "timer.control.actions";
+pub const TRIGGERS: &str = "timer.triggers";
+pub const BULK_ACTIONS: &str = "timer.bulk.actions";
+pub const HISTORY_WRITES: &str = "timer.history.writes";
 
 /// How a metric is recorded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -72,6 +77,27 @@ pub const ALL: &[(&str, Kind, &str)] = &[
         TIMERS_PURGED,
         Kind::Counter,
         "Finished timers deleted after engine.retention",
+    ),
+    (PAUSED, Kind::Gauge, "Timers in state Paused, refreshed every 5 s"),
+    (
+        CONTROL_ACTIONS,
+        Kind::Counter,
+        "Pause, resume and cancel actions of the control plane (HTTP, PauseTimer/ResumeTimer commands, bulk), by action and outcome (labels action, outcome)",
+    ),
+    (
+        TRIGGERS,
+        Kind::Counter,
+        "Manual triggers whose DueTimeReached the broker confirmed",
+    ),
+    (
+        BULK_ACTIONS,
+        Kind::Counter,
+        "Bulk actions run (POST /v1/tenants/{tenant}/timers/bulk), by action (label action)",
+    ),
+    (
+        HISTORY_WRITES,
+        Kind::Counter,
+        "History entries the engine asked its store to write (changes of timers: created, fired, paused…); 0 while engine.history_per_timer is 0",
     ),
 ];
 

@@ -10,9 +10,12 @@
 //!   failed);
 //! - [`retry`]: the backoff and the retry loop every task uses;
 //! - `purge`: deleting finished timers after `engine.retention`;
+//! - `control`: pause, resume and cancel (one timer, or page by page over a filter), a manual
+//!   trigger, and a timer's history;
 //! - [`metrics`]: metric names and descriptions.
 
 mod admit;
+mod control;
 mod fire;
 mod group_commit;
 mod ingest;
@@ -34,6 +37,7 @@ use crate::config::{EngineConfig, Limits};
 use crate::store::Store;
 
 pub use admit::Scheduled;
+pub use control::{Bulk, Triggered};
 pub use retry::backoff;
 
 /// Metric names, as before the split (`timer_core::engine::metric::TIMERS_FIRED`).
@@ -85,6 +89,9 @@ impl Engine {
         } else {
             config.instance_id.clone()
         };
+        if let Some(history) = store.history() {
+            history.set_limit(config.history_per_timer);
+        }
         // Room for a burst of fires while a watcher (event stream, bench) catches up.
         let (fired, _) = broadcast::channel(65_536);
         Engine {

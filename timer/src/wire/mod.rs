@@ -5,7 +5,7 @@ use serde_json::value::RawValue;
 use uuid::Uuid;
 
 use crate::config::Limits;
-use crate::model::{ClaimedTimer, NewTimer, TimerKey, Timestamp};
+use crate::model::{ClaimedTimer, NewTimer, Timer, TimerKey, Timestamp};
 use crate::recurrence::Recurrence;
 
 #[cfg(test)]
@@ -13,6 +13,8 @@ mod doc_tests;
 
 pub const SCHEDULE_TIMER: &str = "ScheduleTimer";
 pub const CANCEL_TIMER: &str = "CancelTimer";
+pub const PAUSE_TIMER: &str = "PauseTimer";
+pub const RESUME_TIMER: &str = "ResumeTimer";
 pub const DUE_TIME_REACHED: &str = "DueTimeReached";
 
 /// Why a command was refused, as a stable code: a metric label, the `reason` of an HTTP error
@@ -23,7 +25,8 @@ pub enum Reason {
     TooLarge,
     /// Not JSON, or a field of the wrong type.
     InvalidJson,
-    /// An envelope `type` other than `ScheduleTimer` or `CancelTimer`.
+    /// An envelope `type` other than `ScheduleTimer`, `CancelTimer`, `PauseTimer` or
+    /// `ResumeTimer`.
     UnknownType,
     /// A required field is absent.
     MissingField,
@@ -130,8 +133,12 @@ impl std::error::Error for Rejection {}
 pub enum Command {
     /// Schedule a timer, or move a Scheduled one (same key).
     Schedule(NewTimer),
-    /// Cancel a Scheduled timer.
+    /// Cancel a Scheduled or Paused timer.
     Cancel(TimerKey),
+    /// Pause a Scheduled timer.
+    Pause(TimerKey),
+    /// Resume a Paused timer.
+    Resume(TimerKey),
 }
 
 #[derive(Deserialize)]
@@ -185,15 +192,20 @@ pub fn decode_schedule(
     limits: &Limits,
     now: Timestamp,
 ) -> Result<NewTimer, Rejection> {
-    match decode_command(bytes, limits, now)? {
-        Command::Schedule(timer) => Ok(timer),
-        Command::Cancel(_) => Err(Rejection::new(
-            Reason::NotAcceptedHere,
-            Some("type"),
-            "a CancelTimer is not accepted here (DELETE /v1/tenants/{tenantId}/timers/{serviceCallId} \
-             cancels over HTTP)",
-        )),
-    }
+    let over_http = match decode_command(bytes, limits, now)? {
+        Command::Schedule(timer) => return Ok(timer),
+        Command::Cancel(_) => "a CancelTimer is not accepted here (DELETE \
+             /v1/tenants/{tenantId}/timers/{serviceCallId} cancels over HTTP)",
+        Command::Pause(_) => "a PauseTimer is not accepted here (POST \
+             /v1/tenants/{tenantId}/timers/{serviceCallId}/pause pauses over HTTP)",
+        Command::Resume(_) => "a ResumeTimer is not accepted here (POST \
+             /v1/tenants/{tenantId}/timers/{serviceCallId}/resume resumes over HTTP)",
+    };
+    Err(Rejection::new(
+        Reason::NotAcceptedHere,
+        Some("type"),
+        over_http,
+    ))
 }
 
 /// Decodes and validates one command from the broker: `ScheduleTimer` or `CancelTimer`. `now`
@@ -211,18 +223,22 @@ pub fn decode_command(bytes: &[u8], limits: &Limits, now: Timestamp) -> Result<C
         ));
     }
     let outer = parse(bytes, "")?;
-    let cancel = match outer.kind.as_deref() {
-        None | Some(SCHEDULE_TIMER) => false,
-        Some(CANCEL_TIMER) => true,
+    let kind: &'static str = match outer.kind.as_deref() {
+        None | Some(SCHEDULE_TIMER) => SCHEDULE_TIMER,
+        Some(CANCEL_TIMER) => CANCEL_TIMER,
+        Some(PAUSE_TIMER) => PAUSE_TIMER,
+        Some(RESUME_TIMER) => RESUME_TIMER,
         Some(kind) => {
             return Err(Rejection::new(
                 Reason::UnknownType,
                 Some("type"),
-                format!("unknown command type {kind:?} (known: {SCHEDULE_TIMER}, {CANCEL_TIMER})"),
+                format!(
+                    "unknown command type {kind:?} (known: {SCHEDULE_TIMER}, {CANCEL_TIMER}, \
+                     {PAUSE_TIMER}, {RESUME_TIMER})"
+                ),
             ))
         }
     };
-    let kind = if cancel { CANCEL_TIMER } else { SCHEDULE_TIMER };
     // An envelope: `type` given and the command inside `payload`.
     let is_envelope = outer.kind.is_some() && outer.service_call_id.is_none();
     let (command, prefix) = if !is_envelope {
@@ -255,16 +271,19 @@ pub fn decode_command(bytes: &[u8], limits: &Limits, now: Timestamp) -> Result<C
         }
         (inner, "payload.")
     };
-    if cancel {
-        validate_cancel(command, prefix, limits).map(Command::Cancel)
-    } else {
-        validate(command, prefix, limits, now).map(Command::Schedule)
+    match kind {
+        CANCEL_TIMER => validate_key(command, kind, prefix, limits).map(Command::Cancel),
+        PAUSE_TIMER => validate_key(command, kind, prefix, limits).map(Command::Pause),
+        RESUME_TIMER => validate_key(command, kind, prefix, limits).map(Command::Resume),
+        _ => validate(command, prefix, limits, now).map(Command::Schedule),
     }
 }
 
-/// A `CancelTimer` names its timer and nothing else a `ScheduleTimer` would carry.
-fn validate_cancel(
+/// A `CancelTimer`, `PauseTimer` or `ResumeTimer` (`kind`) names its timer and nothing else a
+/// `ScheduleTimer` would carry.
+fn validate_key(
     cmd: WireCommand<'_>,
+    kind: &str,
     prefix: &str,
     limits: &Limits,
 ) -> Result<TimerKey, Rejection> {
@@ -287,7 +306,7 @@ fn validate_cancel(
         return Err(Rejection::new(
             Reason::InvalidJson,
             Some(&field(name)),
-            "a CancelTimer takes only tenantId, serviceCallId and correlationId",
+            format!("a {kind} takes only tenantId, serviceCallId and correlationId"),
         ));
     }
     Ok(TimerKey {
@@ -630,9 +649,32 @@ pub struct DueTimeReached {
     /// For a recurring timer: which occurrence this is (1 for the first).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub occurrence: Option<u32>,
+    /// `manual` for an extra fire asked for by `POST …/trigger` (it is not an occurrence and
+    /// did not move the schedule); absent for a fire at the due time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trigger: Option<String>,
     /// The command's opaque payload, echoed back.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub payload: Option<Box<RawValue>>,
+}
+
+/// The `trigger` of a manual fire.
+pub const MANUAL_TRIGGER: &str = "manual";
+
+/// The envelope id of a manual trigger of `key` at `at`: like [`event_id`], a UUIDv7 with `at`
+/// as its time and a name hash of the key and `at`, distinct from any scheduled fire's id.
+pub fn manual_event_id(key: &TimerKey, at: Timestamp) -> Uuid {
+    let name = format!(
+        "{}\u{0}{}\u{0}{MANUAL_TRIGGER}\u{0}{}",
+        key.tenant_id,
+        key.service_call_id,
+        at.as_millis()
+    );
+    let hash = Uuid::new_v5(&EVENT_ID_NAMESPACE, name.as_bytes()).into_bytes();
+    let mut bits = [0u8; 10];
+    bits.copy_from_slice(&hash[..10]);
+    let millis = u64::try_from(at.as_millis()).unwrap_or(0);
+    uuid::Builder::from_unix_timestamp_millis(millis, &bits).into_uuid()
 }
 
 impl Envelope<DueTimeReached> {
@@ -663,9 +705,36 @@ impl Envelope<DueTimeReached> {
                     .recurrence
                     .as_ref()
                     .map(|_| timer.occurrences.saturating_add(1)),
+                trigger: None,
                 payload,
             },
         )
+    }
+
+    /// The event of a manual trigger of `timer` at `at`: due and reached at `at`, with
+    /// `"trigger": "manual"`, its id [`manual_event_id`].
+    pub fn manual(timer: &Timer, at: Timestamp) -> Self {
+        Envelope {
+            id: manual_event_id(&timer.key, at),
+            kind: DUE_TIME_REACHED.to_owned(),
+            tenant_id: timer.key.tenant_id.clone(),
+            correlation_id: timer.correlation_id.clone(),
+            causation_id: None,
+            aggregate_id: timer.key.service_call_id.clone(),
+            timestamp_ms: at.as_millis(),
+            payload: DueTimeReached {
+                tenant_id: timer.key.tenant_id.clone(),
+                service_call_id: timer.key.service_call_id.clone(),
+                due_at: at.to_rfc3339(),
+                reached_at: at.to_rfc3339(),
+                occurrence: None,
+                trigger: Some(MANUAL_TRIGGER.to_owned()),
+                payload: timer
+                    .payload
+                    .as_ref()
+                    .and_then(|p| RawValue::from_string(p.clone()).ok()),
+            },
+        }
     }
 }
 

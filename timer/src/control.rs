@@ -1,0 +1,412 @@
+//! The control plane's rules, shared by every store: what pausing, resuming and cancelling do
+//! to a timer ([`transition`]), and what a timer's history records ([`Change`]). A store reads
+//! the row, asks [`transition`], writes what it says and its changes in one transaction.
+
+use serde::{Deserialize, Serialize};
+
+use crate::model::{ClaimedTimer, ControlOutcome, Timer, TimerState, Timestamp};
+use crate::recurrence::Skipped;
+use crate::store::Settlement;
+
+/// History entries kept per timer unless `engine.history_per_timer` says otherwise.
+pub const DEFAULT_HISTORY: usize = 100;
+
+/// A control action on a timer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// Scheduled → Paused: it does not fire until resumed. The note goes into the history.
+    Pause { note: Option<String> },
+    /// Paused → Scheduled: a one-shot timer keeps its due time (fires at once when it passed);
+    /// a series continues with its next occurrence at or after now, skipping the ones that fell
+    /// into the pause.
+    Resume,
+    /// Scheduled or Paused → Cancelled.
+    Cancel,
+}
+
+impl Action {
+    /// `pause`, `resume`, `cancel`: the action's name in the API and in metrics.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Action::Pause { .. } => "pause",
+            Action::Resume => "resume",
+            Action::Cancel => "cancel",
+        }
+    }
+}
+
+/// One change in a timer's history. Serialized as JSON with a `type` tag, as the stores keep it
+/// and the API shows it (`{"type":"fired","dueAt":"…","latenessMs":3,…}`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(
+    tag = "type",
+    rename_all = "snake_case",
+    rename_all_fields = "camelCase"
+)]
+pub enum Change {
+    /// The timer was created by a `ScheduleTimer` with this due time.
+    Created {
+        #[serde(with = "rfc3339")]
+        due_at: Timestamp,
+    },
+    /// A `ScheduleTimer` for the existing timer was applied; this is the due time it gave.
+    Rescheduled {
+        #[serde(with = "rfc3339")]
+        due_at: Timestamp,
+    },
+    Paused {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        note: Option<String>,
+    },
+    /// Resumed; it is due at `dueAt` (absent when a series ended during the pause and
+    /// finished with the resume).
+    Resumed {
+        #[serde(default, skip_serializing_if = "Option::is_none", with = "rfc3339::option")]
+        due_at: Option<Timestamp>,
+    },
+    /// Occurrences of a series that fell into a pause and never fire: `count` of them (at
+    /// least, when `atLeast`), the first and the last.
+    Skipped {
+        count: u64,
+        #[serde(with = "rfc3339")]
+        first: Timestamp,
+        #[serde(with = "rfc3339")]
+        last: Timestamp,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        at_least: bool,
+    },
+    /// An extra `DueTimeReached` with `"trigger": "manual"` went out; the schedule did not move.
+    Triggered { event_id: String },
+    /// Its `DueTimeReached` went out: for the occurrence due at `dueAt`, `latenessMs` after it,
+    /// by `instance`.
+    Fired {
+        #[serde(with = "rfc3339")]
+        due_at: Timestamp,
+        lateness_ms: u64,
+        instance: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        occurrence: Option<u32>,
+    },
+    /// A publish failed; it is retried.
+    PublishFailed { attempt: u32, error: String },
+    /// The last allowed publish failed: the timer became Failed and a `TimerFailed` went out.
+    GivenUp { attempts: u32, error: String },
+    Cancelled,
+}
+
+impl Change {
+    /// The JSON text stores keep.
+    pub fn to_json(&self) -> String {
+        // Strings, numbers and timestamps cannot fail to serialize.
+        serde_json::to_string(self).unwrap_or_default()
+    }
+
+    pub fn from_json(text: &str) -> crate::Result<Self> {
+        serde_json::from_str(text).map_err(|e| {
+            crate::Error::internal(format!("a stored history entry is not readable: {text}"))
+                .with_source(e)
+        })
+    }
+
+    /// What settling `claim` as `settlement` by `owner` at `at` records; `None` for a lease
+    /// given back without an error (nothing happened to the timer).
+    pub fn of_settlement(
+        claim: &ClaimedTimer,
+        settlement: &Settlement,
+        owner: &str,
+        at: Timestamp,
+    ) -> Option<Change> {
+        let attempt = claim.attempts.saturating_add(1);
+        match settlement {
+            Settlement::Reached | Settlement::Next(_) => Some(Change::Fired {
+                due_at: claim.due_at,
+                lateness_ms: u64::try_from(at.duration_since(claim.due_at).as_millis())
+                    .unwrap_or(u64::MAX),
+                instance: owner.to_owned(),
+                occurrence: claim
+                    .recurrence
+                    .as_ref()
+                    .map(|_| claim.occurrences.saturating_add(1)),
+            }),
+            Settlement::Failed(error) => Some(Change::GivenUp {
+                attempts: attempt,
+                error: error.clone(),
+            }),
+            Settlement::Retry {
+                error: Some(error), ..
+            } => Some(Change::PublishFailed {
+                attempt,
+                error: error.clone(),
+            }),
+            Settlement::Retry { error: None, .. } => None,
+        }
+    }
+}
+
+impl From<Skipped> for Change {
+    fn from(s: Skipped) -> Self {
+        Change::Skipped {
+            count: s.count,
+            first: s.first,
+            last: s.last,
+            at_least: s.at_least,
+        }
+    }
+}
+
+/// One entry of a timer's history.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HistoryEntry {
+    /// Numbers the timer's changes from 1, in order; never reused while the timer exists.
+    pub seq: u64,
+    pub at: Timestamp,
+    pub change: Change,
+}
+
+/// What a control action does to one timer: the outcome and, when it changes the timer, how.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Transition {
+    pub outcome: ControlOutcome,
+    /// `None` when nothing changes.
+    pub write: Option<Write>,
+}
+
+/// The new state of a timer a control action changed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Write {
+    pub state: TimerState,
+    /// Its due time, also when it becomes claimable (a resumed series moves on; otherwise
+    /// unchanged). A changed due time bumps the revision.
+    pub due_at: Timestamp,
+    /// Set when the timer finished (Cancelled, or a series that ended during its pause).
+    pub finished_at: Option<Timestamp>,
+    /// What its history records, in order.
+    pub changes: Vec<Change>,
+}
+
+/// What `action` at `now` does to `timer`, which a live lease holds when `firing`.
+pub fn transition(timer: &Timer, firing: bool, action: &Action, now: Timestamp) -> Transition {
+    let unchanged = |outcome| Transition {
+        outcome,
+        write: None,
+    };
+    if let Some(finished) = ControlOutcome::finished(timer.state) {
+        return unchanged(finished);
+    }
+    let paused = timer.state == TimerState::Paused;
+    let write = |outcome, state, due_at, finished_at, changes| Transition {
+        outcome,
+        write: Some(Write {
+            state,
+            due_at,
+            finished_at,
+            changes,
+        }),
+    };
+    match action {
+        Action::Pause { .. } if paused => unchanged(ControlOutcome::AlreadyPaused),
+        Action::Resume if !paused => unchanged(ControlOutcome::NotPaused),
+        // A Paused row holds no lease; a Scheduled one may be firing right now.
+        Action::Pause { .. } | Action::Cancel if firing && !paused => {
+            unchanged(ControlOutcome::Firing)
+        }
+        Action::Pause { note } => write(
+            ControlOutcome::Paused,
+            TimerState::Paused,
+            timer.due_at,
+            None,
+            vec![Change::Paused { note: note.clone() }],
+        ),
+        Action::Cancel => write(
+            ControlOutcome::Cancelled,
+            TimerState::Cancelled,
+            timer.due_at,
+            Some(now),
+            vec![Change::Cancelled],
+        ),
+        Action::Resume => {
+            let schedule = timer
+                .recurrence
+                .as_ref()
+                .and_then(|r| r.schedule().ok());
+            let resumed = match schedule {
+                Some(schedule) => schedule.resume(timer.due_at, now),
+                // A one-shot timer keeps its due time, passed or not.
+                None => crate::recurrence::Resumed {
+                    next: Some(timer.due_at),
+                    skipped: None,
+                },
+            };
+            let mut changes: Vec<Change> = resumed.skipped.map(Change::from).into_iter().collect();
+            changes.push(Change::Resumed {
+                due_at: resumed.next,
+            });
+            match resumed.next {
+                Some(next) => write(
+                    ControlOutcome::Resumed,
+                    TimerState::Scheduled,
+                    next,
+                    None,
+                    changes,
+                ),
+                // The series ended while paused: it is done, as if its last occurrence fired.
+                None => write(
+                    ControlOutcome::Resumed,
+                    TimerState::Reached,
+                    timer.due_at,
+                    Some(now),
+                    changes,
+                ),
+            }
+        }
+    }
+}
+
+/// Serde of a [`Timestamp`] as RFC 3339 text in UTC with milliseconds.
+pub mod rfc3339 {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    use crate::model::Timestamp;
+
+    pub fn serialize<S: Serializer>(at: &Timestamp, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&at.to_rfc3339())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Timestamp, D::Error> {
+        let text = String::deserialize(d)?;
+        chrono::DateTime::parse_from_rfc3339(&text)
+            .map(|at| Timestamp::from_datetime(&at))
+            .map_err(serde::de::Error::custom)
+    }
+
+    pub mod option {
+        use serde::{Deserialize, Deserializer, Serializer};
+
+        use crate::model::Timestamp;
+
+        pub fn serialize<S: Serializer>(at: &Option<Timestamp>, s: S) -> Result<S::Ok, S::Error> {
+            match at {
+                Some(at) => super::serialize(at, s),
+                None => s.serialize_none(),
+            }
+        }
+
+        pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Timestamp>, D::Error> {
+            #[derive(Deserialize)]
+            struct Wrapped(#[serde(with = "super")] Timestamp);
+            Ok(Option::<Wrapped>::deserialize(d)?.map(|Wrapped(at)| at))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{Recurrence, TimerKey};
+
+    fn timer(state: TimerState, due: i64, recurrence: Option<&str>) -> Timer {
+        Timer {
+            key: TimerKey::new("t", "a"),
+            due_at: Timestamp::from_millis(due),
+            state,
+            registered_at: Timestamp::EPOCH,
+            reached_at: None,
+            correlation_id: None,
+            payload: None,
+            attempts: 0,
+            last_error: None,
+            lease_owner: None,
+            available_at: Timestamp::from_millis(due),
+            recurrence: recurrence.map(|cron| Recurrence {
+                cron: cron.into(),
+                time_zone: "UTC".into(),
+                end_at: None,
+                max_occurrences: None,
+            }),
+            occurrences: 0,
+        }
+    }
+
+    const NOW: Timestamp = Timestamp::from_millis(10_000);
+
+    #[test]
+    fn each_action_from_each_state() {
+        use ControlOutcome as O;
+        let pause = Action::Pause { note: None };
+        let cases = [
+            (TimerState::Scheduled, false, &pause, O::Paused),
+            (TimerState::Scheduled, true, &pause, O::Firing),
+            (TimerState::Paused, false, &pause, O::AlreadyPaused),
+            (TimerState::Scheduled, false, &Action::Resume, O::NotPaused),
+            (TimerState::Paused, false, &Action::Resume, O::Resumed),
+            (TimerState::Scheduled, true, &Action::Cancel, O::Firing),
+            (TimerState::Paused, false, &Action::Cancel, O::Cancelled),
+            (TimerState::Reached, false, &pause, O::AlreadyReached),
+            (TimerState::Cancelled, false, &Action::Resume, O::AlreadyCancelled),
+            (TimerState::Failed, false, &Action::Cancel, O::AlreadyFailed),
+        ];
+        for (state, firing, action, want) in cases {
+            let got = transition(&timer(state, 5_000, None), firing, action, NOW);
+            assert_eq!(got.outcome, want, "{action:?} on {state:?} (firing: {firing})");
+            assert_eq!(got.write.is_some(), want.changed(), "{action:?} on {state:?}");
+        }
+    }
+
+    #[test]
+    fn a_resumed_one_shot_timer_keeps_its_passed_due_time() {
+        let got = transition(&timer(TimerState::Paused, 5_000, None), false, &Action::Resume, NOW);
+        let write = got.write.unwrap();
+        assert_eq!(write.state, TimerState::Scheduled);
+        assert_eq!(write.due_at, Timestamp::from_millis(5_000));
+        assert_eq!(
+            write.changes,
+            [Change::Resumed {
+                due_at: Some(Timestamp::from_millis(5_000))
+            }]
+        );
+    }
+
+    #[test]
+    fn a_resumed_series_records_what_it_skipped() {
+        // Every second from 5 s; resumed at 10 s: 5..9 skipped, 10 next.
+        let paused = timer(TimerState::Paused, 5_000, Some("* * * * * *"));
+        let write = transition(&paused, false, &Action::Resume, NOW).write.unwrap();
+        assert_eq!(write.due_at, NOW);
+        assert_eq!(
+            write.changes,
+            [
+                Change::Skipped {
+                    count: 5,
+                    first: Timestamp::from_millis(5_000),
+                    last: Timestamp::from_millis(9_000),
+                    at_least: false,
+                },
+                Change::Resumed { due_at: Some(NOW) },
+            ]
+        );
+    }
+
+    #[test]
+    fn changes_round_trip_as_tagged_json() {
+        let fired = Change::Fired {
+            due_at: Timestamp::from_millis(1_000),
+            lateness_ms: 3,
+            instance: "i-1".into(),
+            occurrence: Some(2),
+        };
+        assert_eq!(
+            fired.to_json(),
+            r#"{"type":"fired","dueAt":"1970-01-01T00:00:01.000Z","latenessMs":3,"instance":"i-1","occurrence":2}"#
+        );
+        for change in [
+            fired,
+            Change::Paused { note: Some("weekend".into()) },
+            Change::Resumed { due_at: None },
+            Change::Cancelled,
+            Change::PublishFailed { attempt: 1, error: "down".into() },
+        ] {
+            assert_eq!(Change::from_json(&change.to_json()).unwrap(), change);
+        }
+        assert!(Change::from_json("{\"type\":\"unknown\"}").is_err());
+    }
+}

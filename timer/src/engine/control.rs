@@ -1,0 +1,190 @@
+//! The control plane: pause, resume and cancel (a few timers, or page by page over a filter),
+//! a manual trigger, and reading a timer's history.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use super::{metrics as metric, Engine};
+use crate::broker::OutboundEvent;
+use crate::control::{Action, Change, HistoryEntry};
+use crate::error::{Error, Result};
+use crate::model::{ControlOutcome, TimerKey, TimerState, Timestamp};
+use crate::store::{PageAfter, TimerFilter};
+use crate::wire::DueTimeReachedEnvelope;
+
+/// What a bulk action did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Bulk {
+    /// Timers the filter matched (each page as it was read).
+    pub matched: u64,
+    /// Timers the action changed.
+    pub changed: u64,
+    /// Pages applied, each in a transaction of its own.
+    pub pages: u64,
+    /// How many timers ended with each outcome.
+    pub outcomes: BTreeMap<&'static str, u64>,
+}
+
+/// What a manual trigger did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Triggered {
+    /// The broker confirmed the extra `DueTimeReached`; it has this id and time.
+    Fired { event_id: uuid::Uuid, at: Timestamp },
+    /// Nothing went out: the timer does not exist, or is finished (the outcome says how).
+    Refused(ControlOutcome),
+}
+
+impl Engine {
+    /// Applies `action` to `keys` in one store transaction; one outcome per key, in order.
+    pub async fn control(&self, keys: &[TimerKey], action: &Action) -> Result<Vec<ControlOutcome>> {
+        let inner = &self.inner;
+        let control = inner.store.control().ok_or_else(|| {
+            Error::unsupported(format!(
+                "the {} store cannot pause, resume or cancel in batches",
+                inner.store.name()
+            ))
+        })?;
+        let outcomes = control.apply(keys, action, inner.clock.now()).await?;
+        let mut changed = 0;
+        for outcome in &outcomes {
+            changed += u64::from(outcome.changed());
+            ::metrics::counter!(metric::CONTROL_ACTIONS, "action" => action.as_str(), "outcome" => outcome.as_str())
+                .increment(1);
+        }
+        self.history_written(changed);
+        if matches!(action, Action::Resume) && changed > 0 {
+            // A resumed timer may be due now: have the firing task look again.
+            inner.wake.notify_one();
+        }
+        Ok(outcomes)
+    }
+
+    /// Applies `action` to every timer of `tenant` that `filter` matches, `page_size` at a
+    /// time, each page in its own transaction, so no transaction holds many timers.
+    pub async fn bulk(
+        &self,
+        tenant: &str,
+        filter: &TimerFilter,
+        action: &Action,
+        page_size: usize,
+    ) -> Result<Bulk> {
+        let queries = self.inner.store.queries().ok_or_else(|| {
+            Error::unsupported(format!(
+                "the {} store cannot list timers",
+                self.inner.store.name()
+            ))
+        })?;
+        let mut bulk = Bulk::default();
+        let mut after: Option<PageAfter> = None;
+        loop {
+            let page = queries
+                .list(tenant, filter, after.as_ref(), page_size.max(1))
+                .await?;
+            let Some(last) = page.last() else { break };
+            // Keyset order: timers the action moves (a resumed series) are at most seen again
+            // and then answer not_paused; none is skipped.
+            after = Some(PageAfter {
+                due_at: last.due_at,
+                service_call_id: last.key.service_call_id.clone(),
+            });
+            let keys: Vec<TimerKey> = page.iter().map(|t| t.key.clone()).collect();
+            let outcomes = self.control(&keys, action).await?;
+            bulk.pages += 1;
+            bulk.matched += keys.len() as u64;
+            for outcome in outcomes {
+                bulk.changed += u64::from(outcome.changed());
+                *bulk.outcomes.entry(outcome.as_str()).or_insert(0) += 1;
+            }
+            if page.len() < page_size {
+                break;
+            }
+        }
+        ::metrics::counter!(metric::BULK_ACTIONS, "action" => action.as_str()).increment(1);
+        Ok(bulk)
+    }
+
+    /// Fires one extra `DueTimeReached` for a Scheduled or Paused timer now, with `"trigger":
+    /// "manual"` and its own id, without moving its schedule; answers once the broker
+    /// confirmed it (an error when it did not: nothing is recorded then, and a retry sends
+    /// an event with a new id).
+    pub async fn trigger(&self, key: &TimerKey) -> Result<Triggered> {
+        let inner = &self.inner;
+        let Some(timer) = inner.store.get(key).await? else {
+            return Ok(Triggered::Refused(ControlOutcome::NotFound));
+        };
+        if let Some(finished) = ControlOutcome::finished(timer.state) {
+            return Ok(Triggered::Refused(finished));
+        }
+        let at = inner.clock.now();
+        let envelope = DueTimeReachedEnvelope::manual(&timer, at);
+        let body = envelope.to_json();
+        let event = OutboundEvent {
+            id: envelope.id,
+            key: key.clone(),
+            body: body.clone(),
+        };
+        self.within_half_lease(
+            "publishing a manually triggered event",
+            inner.broker.publish(std::slice::from_ref(&event)),
+        )
+        .await?;
+        ::metrics::counter!(metric::TRIGGERS).increment(1);
+        let _ = inner.fired.send(Arc::new(super::FiredEvent {
+            tenant_id: key.tenant_id.clone(),
+            json: String::from_utf8(body).unwrap_or_default(),
+        }));
+        if let Some(history) = inner.store.history() {
+            let change = Change::Triggered {
+                event_id: envelope.id.to_string(),
+            };
+            // The event went out; a failed record only leaves it out of the history.
+            match history.record(key, at, &change).await {
+                Ok(_) => self.history_written(1),
+                Err(e) => {
+                    tracing::warn!(timer = %key, error = %e.chain(), "recording a manual trigger in the history failed")
+                }
+            }
+        }
+        Ok(Triggered::Fired {
+            event_id: envelope.id,
+            at,
+        })
+    }
+
+    /// Up to `limit` entries of `key`'s history after entry `after`, oldest first; `None` when
+    /// there is no such timer.
+    pub async fn history(
+        &self,
+        key: &TimerKey,
+        after: u64,
+        limit: usize,
+    ) -> Result<Option<Vec<HistoryEntry>>> {
+        let inner = &self.inner;
+        let history = inner.store.history().ok_or_else(|| {
+            Error::unsupported(format!(
+                "the {} store keeps no history",
+                inner.store.name()
+            ))
+        })?;
+        if inner.store.get(key).await?.is_none() {
+            return Ok(None);
+        }
+        history.read(key, after, limit).await.map(Some)
+    }
+
+    /// How many timers are Paused (the `timer.paused` gauge and the status), when the store
+    /// can count them.
+    pub async fn paused_count(&self) -> Result<Option<u64>> {
+        match self.inner.store.queries() {
+            Some(queries) => queries.count(TimerState::Paused).await.map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// Counts `n` history entries written, while history is on.
+    pub(super) fn history_written(&self, n: u64) {
+        if n > 0 && self.inner.config.history_per_timer > 0 && self.inner.store.history().is_some() {
+            ::metrics::counter!(metric::HISTORY_WRITES).increment(n);
+        }
+    }
+}
