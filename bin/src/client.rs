@@ -1,5 +1,5 @@
 //! The CLI's client of a running service's HTTP API: schedule (one, or a file of commands in
-//! batches), get, cancel, list, summary.
+//! batches), get, cancel, list, summary, pause, resume, trigger, history, bulk, status.
 
 use std::path::Path;
 use std::time::Duration;
@@ -106,6 +106,53 @@ impl Client {
 
     pub async fn cancel(&self, tenant: &str, id: &str) -> anyhow::Result<Value> {
         self.send(self.http.delete(self.timer_url(tenant, id)))
+            .await
+    }
+
+    /// `POST /v1/tenants/{tenant}/timers/{id}/{action}` (pause, resume, trigger).
+    pub async fn act(
+        &self,
+        tenant: &str,
+        id: &str,
+        action: &str,
+        body: Option<Value>,
+    ) -> anyhow::Result<Value> {
+        let request = self
+            .http
+            .post(format!("{}/{action}", self.timer_url(tenant, id)));
+        let request = match body {
+            Some(body) => request.json(&body),
+            None => request,
+        };
+        self.send(request).await
+    }
+
+    /// `GET /v1/tenants/{tenant}/timers/{id}/history` with these query parameters.
+    pub async fn history(
+        &self,
+        tenant: &str,
+        id: &str,
+        query: &[(&str, String)],
+    ) -> anyhow::Result<Value> {
+        let url = format!("{}/history", self.timer_url(tenant, id));
+        self.send(self.http.get(url).query(query)).await
+    }
+
+    /// `POST /v1/tenants/{tenant}/timers/bulk`: waits as long as the action runs.
+    pub async fn bulk(&self, tenant: &str, body: &Value) -> anyhow::Result<Value> {
+        let url = format!("{}/v1/tenants/{}/timers/bulk", self.base, encode(tenant));
+        // A bulk action over a big tenant takes as long as it takes; no client timeout.
+        let request = self
+            .http
+            .post(url)
+            .json(body)
+            .timeout(Duration::from_secs(24 * 3600));
+        self.send(request).await
+    }
+
+    /// `GET /v1/status`
+    pub async fn status(&self) -> anyhow::Result<Value> {
+        self.send(self.http.get(format!("{}/v1/status", self.base)))
             .await
     }
 }

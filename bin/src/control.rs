@@ -32,23 +32,37 @@ const FAILED_WINDOW: Duration = Duration::from_secs(24 * 3600);
 /// A query parameter that cannot be used: 400 naming it.
 #[derive(Debug, PartialEq, Eq)]
 pub struct BadParameter {
-    pub field: &'static str,
+    pub field: String,
     pub message: String,
 }
 
 impl BadParameter {
-    fn new(field: &'static str, message: impl Into<String>) -> Self {
+    pub fn new(field: &'static str, message: impl Into<String>) -> Self {
+        Self::owned(field.to_owned(), message)
+    }
+
+    pub fn owned(field: String, message: impl Into<String>) -> Self {
         BadParameter {
             field,
             message: message.into(),
         }
     }
 
+    /// The same problem, of a parameter given inside the object `parent` of a JSON body
+    /// (`filter.state`; `filter` itself for an unknown one).
+    pub fn within(self, parent: &str) -> Self {
+        let field = match self.field.as_str() {
+            "query" => parent.to_owned(),
+            field => format!("{parent}.{field}"),
+        };
+        BadParameter { field, ..self }
+    }
+
     pub fn response(&self) -> Response {
         error_body(
             StatusCode::BAD_REQUEST,
             "invalid_parameter",
-            Some(self.field),
+            Some(&self.field),
             &self.message,
         )
     }
@@ -119,9 +133,13 @@ fn parse_state(word: &str) -> Result<TimerState, BadParameter> {
         .into_iter()
         .find(|s| s.as_str().eq_ignore_ascii_case(word))
         .ok_or_else(|| {
+            let known: Vec<String> = TimerState::ALL
+                .iter()
+                .map(|s| s.as_str().to_lowercase())
+                .collect();
             BadParameter::new(
                 "state",
-                format!("{word:?} is not a state (scheduled, reached, cancelled, failed)"),
+                format!("{word:?} is not a state ({})", known.join(", ")),
             )
         })
 }
@@ -145,7 +163,7 @@ fn parse_limit(value: &str) -> Result<usize, BadParameter> {
 }
 
 /// A count parameter from 1 to `max`.
-fn count(field: &'static str, value: &str, max: usize) -> Result<usize, BadParameter> {
+pub(crate) fn count(field: &'static str, value: &str, max: usize) -> Result<usize, BadParameter> {
     value
         .parse::<usize>()
         .ok()

@@ -57,6 +57,23 @@ pub fn router(state: AppState, config: &Config) -> Router {
             get(crate::control::list_timers),
         )
         .route(
+            "/v1/tenants/{tenant}/timers/{id}/pause",
+            post(crate::actions::pause).layer(limited(body_limit)),
+        )
+        .route(
+            "/v1/tenants/{tenant}/timers/{id}/resume",
+            post(crate::actions::resume),
+        )
+        .route(
+            "/v1/tenants/{tenant}/timers/{id}/trigger",
+            post(crate::actions::trigger),
+        )
+        .route(
+            "/v1/tenants/{tenant}/timers/{id}/history",
+            get(crate::actions::history),
+        )
+        .route("/v1/status", get(crate::actions::status))
+        .route(
             "/v1/tenants/{tenant}/summary",
             get(crate::control::tenant_summary),
         )
@@ -72,6 +89,11 @@ pub fn router(state: AppState, config: &Config) -> Router {
             config.http.request_timeout,
         ))
         .route("/v1/events", get(events))
+        // A bulk action runs to its end, page after page, however long that takes.
+        .route(
+            "/v1/tenants/{tenant}/timers/bulk",
+            post(crate::actions::bulk).layer(limited(body_limit)),
+        )
         .layer(axum::middleware::from_fn_with_state(
             config.http.token.clone().map(Arc::<str>::from),
             require_token,
@@ -411,7 +433,7 @@ async fn metrics(State(app): State<AppState>) -> Response {
     }
 }
 
-/// Keeps the `timer.pending` gauge (Scheduled timers) current (a count is too costly for every scrape on a big store).
+/// Keeps the `timer.pending` (Scheduled) and `timer.paused` gauges current (a count is too costly for every scrape on a big store).
 pub async fn pending_gauge(engine: Engine, shutdown: CancellationToken) {
     let mut tick = tokio::time::interval(std::time::Duration::from_secs(5));
     loop {
@@ -421,6 +443,9 @@ pub async fn pending_gauge(engine: Engine, shutdown: CancellationToken) {
         }
         if let Ok(n) = engine.store().scheduled_count().await {
             metrics::gauge!(metric::PENDING).set(n as f64);
+        }
+        if let Ok(Some(n)) = engine.paused_count().await {
+            metrics::gauge!(metric::PAUSED).set(n as f64);
         }
     }
 }

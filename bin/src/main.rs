@@ -1,5 +1,6 @@
 //! The timer-service binary: CLI, config, plugin assembly, HTTP API.
 
+mod actions;
 mod batch;
 mod bench;
 mod client;
@@ -97,8 +98,55 @@ enum Command {
         #[arg(long, default_value_t = 1)]
         seed: u64,
     },
-    /// Cancel a scheduled timer.
+    /// Cancel a scheduled or paused timer.
     Cancel(TimerArgs),
+    /// Pause a timer: it does not fire until resumed.
+    Pause {
+        #[command(flatten)]
+        timer: TimerArgs,
+        /// Why; kept in the timer's history.
+        #[arg(long)]
+        note: Option<String>,
+    },
+    /// Resume a paused timer: a one-shot timer whose due time passed fires at once; a series
+    /// goes on with its next occurrence from now (the ones missed are skipped).
+    Resume(TimerArgs),
+    /// Fire one extra DueTimeReached now ("trigger": "manual"), without moving the schedule.
+    Trigger(TimerArgs),
+    /// A timer's history of changes, oldest first: one page, or every entry with --all (then
+    /// one per line).
+    History {
+        #[command(flatten)]
+        timer: TimerArgs,
+        /// Entries per page, 1 to 1000 (the service's default: 100).
+        #[arg(long)]
+        limit: Option<usize>,
+        /// Where to go on: the nextCursor of the page before.
+        #[arg(long, conflicts_with = "all")]
+        cursor: Option<String>,
+        #[arg(long)]
+        all: bool,
+    },
+    /// Cancel, pause or resume every timer of a tenant that the filters match, page by page.
+    Bulk {
+        #[arg(long)]
+        tenant: String,
+        #[arg(long, value_parser = ["cancel", "pause", "resume"])]
+        action: String,
+        #[command(flatten)]
+        filter: FilterArgs,
+        /// With --action pause: the note each paused timer's history gets.
+        #[arg(long)]
+        note: Option<String>,
+        #[command(flatten)]
+        api: Api,
+    },
+    /// This instance's version, store and broker health, counts, next due time and what fired
+    /// in the last minute.
+    Status {
+        #[command(flatten)]
+        api: Api,
+    },
     /// List a tenant's timers, earliest due first, with filters; one page, or every page with
     /// --all (then one timer per line).
     List(ListArgs),
@@ -116,12 +164,12 @@ enum Command {
     },
 }
 
-/// The filters and paging of `list`, as `GET /v1/tenants/{tenant}/timers` takes them.
+/// Which of a tenant's timers `list` and `bulk` take, as `GET /v1/tenants/{tenant}/timers`
+/// filters them.
 #[derive(clap::Args)]
-struct ListArgs {
-    #[arg(long)]
-    tenant: String,
-    /// scheduled, reached, cancelled or failed; repeat it or separate with commas for several.
+struct FilterArgs {
+    /// scheduled, paused, reached, cancelled or failed; repeat it or separate with commas for
+    /// several.
     #[arg(long)]
     state: Vec<String>,
     /// Only timers whose id starts with this.
@@ -136,6 +184,56 @@ struct ListArgs {
     /// Only recurring timers (true) or only one-shot timers (false).
     #[arg(long)]
     recurring: Option<bool>,
+}
+
+impl FilterArgs {
+    /// The filters as (name, value) pairs of the list's query string.
+    fn pairs(&self) -> Vec<(&'static str, String)> {
+        let mut pairs: Vec<(&'static str, String)> = self
+            .state
+            .iter()
+            .flat_map(|s| s.split(','))
+            .filter(|s| !s.is_empty())
+            .map(|s| ("state", s.to_owned()))
+            .collect();
+        let optional = [
+            ("prefix", self.prefix.clone()),
+            ("dueAfter", self.due_after.clone()),
+            ("dueBefore", self.due_before.clone()),
+            ("recurring", self.recurring.map(|r| r.to_string())),
+        ];
+        pairs.extend(optional.into_iter().filter_map(|(k, v)| Some((k, v?))));
+        pairs
+    }
+
+    /// The filters as the JSON object of a bulk action.
+    fn json(&self) -> serde_json::Value {
+        let mut filter = serde_json::Map::new();
+        for (name, value) in self.pairs() {
+            match (name, filter.get_mut(name)) {
+                ("state", Some(serde_json::Value::Array(states))) => states.push(value.into()),
+                ("state", _) => {
+                    filter.insert(name.into(), serde_json::json!([value]));
+                }
+                ("recurring", _) => {
+                    filter.insert(name.into(), (value == "true").into());
+                }
+                _ => {
+                    filter.insert(name.into(), value.into());
+                }
+            }
+        }
+        filter.into()
+    }
+}
+
+/// The filters and paging of `list`, as `GET /v1/tenants/{tenant}/timers` takes them.
+#[derive(clap::Args)]
+struct ListArgs {
+    #[arg(long)]
+    tenant: String,
+    #[command(flatten)]
+    filter: FilterArgs,
     /// Timers per page, 1 to 1000 (the service's default: 100).
     #[arg(long)]
     limit: Option<usize>,
@@ -151,13 +249,8 @@ struct ListArgs {
 
 impl ListArgs {
     fn query(&self) -> Vec<(&'static str, String)> {
-        let mut query: Vec<(&'static str, String)> =
-            self.state.iter().map(|s| ("state", s.clone())).collect();
+        let mut query = self.filter.pairs();
         let optional = [
-            ("prefix", self.prefix.clone()),
-            ("dueAfter", self.due_after.clone()),
-            ("dueBefore", self.due_before.clone()),
-            ("recurring", self.recurring.map(|r| r.to_string())),
             ("limit", self.limit.map(|n| n.to_string())),
             ("cursor", self.cursor.clone()),
         ];
@@ -285,6 +378,80 @@ async fn dispatch(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Cancel(t) => {
             print(api_client(&t.api)?.cancel(&t.tenant, &t.id).await?);
+            Ok(())
+        }
+        Command::Pause { timer: t, note } => {
+            let body = note.map(|note| serde_json::json!({ "note": note }));
+            print(
+                api_client(&t.api)?
+                    .act(&t.tenant, &t.id, "pause", body)
+                    .await?,
+            );
+            Ok(())
+        }
+        Command::Resume(t) => {
+            print(
+                api_client(&t.api)?
+                    .act(&t.tenant, &t.id, "resume", None)
+                    .await?,
+            );
+            Ok(())
+        }
+        Command::Trigger(t) => {
+            print(
+                api_client(&t.api)?
+                    .act(&t.tenant, &t.id, "trigger", None)
+                    .await?,
+            );
+            Ok(())
+        }
+        Command::History {
+            timer: t,
+            limit,
+            cursor,
+            all,
+        } => {
+            let client = api_client(&t.api)?;
+            let mut query: Vec<(&str, String)> = Vec::new();
+            query.extend(limit.map(|n| ("limit", n.to_string())));
+            query.extend(cursor.map(|c| ("cursor", c)));
+            if !all {
+                print(client.history(&t.tenant, &t.id, &query).await?);
+                return Ok(());
+            }
+            loop {
+                let page = client.history(&t.tenant, &t.id, &query).await?;
+                for entry in page["history"].as_array().into_iter().flatten() {
+                    println!("{entry}");
+                }
+                let Some(next) = page["nextCursor"].as_str() else {
+                    return Ok(());
+                };
+                query.retain(|(k, _)| *k != "cursor");
+                query.push(("cursor", next.to_owned()));
+            }
+        }
+        Command::Bulk {
+            tenant,
+            action,
+            filter,
+            note,
+            api,
+        } => {
+            let mut body = serde_json::json!({ "action": action, "filter": filter.json() });
+            if let Some(note) = note {
+                body["note"] = note.into();
+            }
+            let bar = indicatif::ProgressBar::new_spinner()
+                .with_message(format!("{action} on tenant {tenant}, page by page…"));
+            bar.enable_steady_tick(Duration::from_millis(200));
+            let answer = api_client(&api)?.bulk(&tenant, &body).await;
+            bar.finish_and_clear();
+            print(answer?);
+            Ok(())
+        }
+        Command::Status { api } => {
+            print(api_client(&api)?.status().await?);
             Ok(())
         }
         Command::List(args) => {

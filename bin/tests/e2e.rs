@@ -998,3 +998,307 @@ async fn next_occurrences_of_a_series_and_a_one_shot_timer() {
     }
     service.terminate().await;
 }
+
+/// The `type` of each history entry of `tenant/id`, oldest first.
+async fn history_types(service: &Service, tenant: &str, id: &str) -> Vec<String> {
+    let (status, v) = service
+        .get(&format!(
+            "/v1/tenants/{tenant}/timers/{id}/history?limit=1000"
+        ))
+        .await;
+    assert_eq!(status, 200, "{v}");
+    v["history"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|e| e["type"].as_str().unwrap_or("?").to_owned())
+        .collect()
+}
+
+/// The events of `tenant/id` received so far.
+fn events_of(events: &timer_conformance::e2e::EventLog, id: &str) -> Vec<Value> {
+    events
+        .snapshot()
+        .into_iter()
+        .map(|r| r.envelope)
+        .filter(|e| e["payload"]["serviceCallId"] == id)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pause_resume_trigger_and_history_of_a_series() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let service = Service::start(Path::new(BIN), dir.path(), &embedded(dir.path(), &[])).await;
+    let events = service.events().await;
+    let tick =
+        r#"{"tenantId":"acme","serviceCallId":"tick","cron":"* * * * * *","timeZone":"UTC"}"#;
+    let (status, v) = service.post("/v1/timers", tick).await;
+    assert_eq!(status, 201, "{v}");
+    let fired_once = wait_for(Duration::from_secs(30), || async {
+        (!events_of(&events, "tick").is_empty()).then_some(())
+    })
+    .await
+    .is_some();
+    assert!(fired_once, "the series fired: {}", service.log_text());
+
+    // Paused across (at least) two occurrences: a one-shot timer due 2.5 s after the pause
+    // fires, which shows the firing task ran while they were due.
+    let (status, v) = service
+        .post(
+            "/v1/tenants/acme/timers/tick/pause",
+            r#"{"note":"weekend"}"#,
+        )
+        .await;
+    assert_eq!(
+        (status, v["outcome"].as_str()),
+        (200, Some("paused")),
+        "{v}"
+    );
+    assert_eq!(v["timer"]["state"], "Paused", "{v}");
+    let fired_before_pause = events_of(&events, "tick").len();
+    let (_, v) = service.post("/v1/tenants/acme/timers/tick/pause", "").await;
+    assert_eq!(v["outcome"], "already_paused", "{v}");
+    let sentinel_due = now_ms() + 2_500;
+    service
+        .post("/v1/timers", command("acme", "sentinel", sentinel_due))
+        .await;
+    let passed = wait_for(Duration::from_secs(30), || async {
+        (!events_of(&events, "sentinel").is_empty()).then_some(())
+    })
+    .await
+    .is_some();
+    assert!(passed, "the sentinel fired: {}", service.log_text());
+    // A fire already claimed when the pause came may still land; nothing after it.
+    assert!(
+        events_of(&events, "tick").len() <= fired_before_pause + 1,
+        "a paused series does not fire"
+    );
+    let (_, summary) = service.get("/v1/tenants/acme/summary").await;
+    assert_eq!(summary["counts"]["paused"], 1, "{summary}");
+
+    let (status, v) = service
+        .post("/v1/tenants/acme/timers/tick/resume", "")
+        .await;
+    assert_eq!(
+        (status, v["outcome"].as_str()),
+        (200, Some("resumed")),
+        "{v}"
+    );
+    let resumed_due = v["timer"]["dueAt"].as_str().unwrap_or("").to_owned();
+    let resumed_count = events_of(&events, "tick").len();
+    let fired_after = wait_for(Duration::from_secs(30), || async {
+        (events_of(&events, "tick").len() > resumed_count).then_some(())
+    })
+    .await
+    .is_some();
+    assert!(fired_after, "the series goes on after the resume");
+    let next = &events_of(&events, "tick")[resumed_count];
+    assert_eq!(
+        next["payload"]["dueAt"].as_str(),
+        Some(resumed_due.as_str()),
+        "the next fire is the occurrence the resume named: {next}"
+    );
+    let (_, history) = service.get("/v1/tenants/acme/timers/tick/history").await;
+    let entries = history["history"].as_array().cloned().unwrap_or_default();
+    let skipped = entries
+        .iter()
+        .find(|e| e["type"] == "skipped")
+        .unwrap_or_else(|| panic!("skipped occurrences recorded: {history}"));
+    assert!(skipped["count"].as_u64() >= Some(2), "{skipped}");
+    let paused = entries.iter().find(|e| e["type"] == "paused");
+    assert_eq!(
+        paused.map(|e| &e["note"]),
+        Some(&json!("weekend")),
+        "{history}"
+    );
+    let types = history_types(&service, "acme", "tick").await;
+    let order: Vec<&str> = ["created", "fired", "paused", "skipped", "resumed", "fired"].to_vec();
+    let mut at = 0;
+    for want in &order {
+        at += types[at..]
+            .iter()
+            .position(|t| t == want)
+            .unwrap_or_else(|| panic!("{want} after entry {at} in {types:?}"))
+            + 1;
+    }
+
+    // Trigger: one extra event now, the schedule untouched.
+    let daily = r#"{"tenantId":"acme","serviceCallId":"daily","cron":"30 9 * * *","timeZone":"Europe/Berlin"}"#;
+    service.post("/v1/timers", daily).await;
+    let (_, before) = service.get("/v1/tenants/acme/timers/daily").await;
+    let (status, v) = service
+        .post("/v1/tenants/acme/timers/daily/trigger", "")
+        .await;
+    assert_eq!(
+        (status, v["outcome"].as_str()),
+        (200, Some("triggered")),
+        "{v}"
+    );
+    let manual = wait_for(Duration::from_secs(30), || async {
+        (!events_of(&events, "daily").is_empty()).then_some(())
+    })
+    .await
+    .is_some();
+    assert!(manual, "the manual fire arrived");
+    let event = &events_of(&events, "daily")[0];
+    assert_eq!(event["payload"]["trigger"], "manual", "{event}");
+    assert_eq!(event["id"], v["eventId"], "{event}");
+    let (_, after) = service.get("/v1/tenants/acme/timers/daily").await;
+    assert_eq!(
+        (&after["dueAt"], &after["occurrences"], &after["state"]),
+        (&before["dueAt"], &before["occurrences"], &before["state"]),
+        "the series did not move"
+    );
+    assert_eq!(
+        history_types(&service, "acme", "daily").await,
+        ["created", "triggered"]
+    );
+    // Paused timers can be triggered too; finished ones cannot.
+    service
+        .post("/v1/tenants/acme/timers/daily/pause", "")
+        .await;
+    let (status, _) = service
+        .post("/v1/tenants/acme/timers/daily/trigger", "")
+        .await;
+    assert_eq!(status, 200);
+    let (status, v) = service
+        .post("/v1/tenants/acme/timers/sentinel/trigger", "")
+        .await;
+    assert_eq!(
+        (status, v["error"]["reason"].as_str()),
+        (409, Some("already_reached")),
+        "{v}"
+    );
+    let (status, v) = service.post("/v1/tenants/acme/timers/none/pause", "").await;
+    assert_eq!(
+        (status, v["error"]["reason"].as_str()),
+        (404, Some("not_found")),
+        "{v}"
+    );
+    let (status, v) = service
+        .post("/v1/tenants/acme/timers/daily/pause", "{\"nope\":1}")
+        .await;
+    assert_eq!(
+        (status, v["error"]["reason"].as_str()),
+        (400, Some("invalid_json")),
+        "{v}"
+    );
+
+    // The status shows this instance and what it fired.
+    let (status, v) = service.get("/v1/status").await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["store"]["kind"], "sqlite", "{v}");
+    assert_eq!(v["store"]["healthy"], true, "{v}");
+    assert_eq!(v["broker"]["healthy"], true, "{v}");
+    assert_eq!(v["timers"]["paused"], 1, "{v}");
+    assert!(v["lastMinute"]["fired"].as_u64() >= Some(3), "{v}");
+    assert!(v["lastMinute"]["latenessMs"]["p99"].is_u64(), "{v}");
+    service.terminate().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bulk_pause_of_100k_timers_goes_in_pages_and_none_fires() {
+    const N: usize = 100_000;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let service = Service::start(Path::new(BIN), dir.path(), &embedded(dir.path(), &[])).await;
+    let events = service.events().await;
+    let due = now_ms() + 3_600_000;
+    for first in (0..N).step_by(1000) {
+        let commands: Vec<Value> = (first..first + 1000)
+            .map(|i| json!({"tenantId": "bulk", "serviceCallId": format!("t{i:06}"), "dueTimeMs": due + i as i64}))
+            .collect();
+        let (status, v) = service
+            .post(
+                "/v1/timers/batch",
+                json!({ "commands": commands }).to_string(),
+            )
+            .await;
+        assert_eq!(status, 200, "{v}");
+    }
+    let pause = json!({"action": "pause", "filter": {"state": ["scheduled"], "prefix": "t"}, "note": "maintenance"});
+    let (status, v) = service
+        .post("/v1/tenants/bulk/timers/bulk", pause.to_string())
+        .await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(
+        (v["matched"].as_u64(), v["changed"].as_u64()),
+        (Some(N as u64), Some(N as u64)),
+        "{v}"
+    );
+    assert_eq!(v["pages"], 100, "1000 per page: {v}");
+    // Now due at once, still paused: a reschedule keeps a paused timer paused.
+    let now = now_ms();
+    let commands: Vec<Value> = (0..1000)
+        .map(|i| json!({"tenantId": "bulk", "serviceCallId": format!("t{i:06}"), "dueTimeMs": now}))
+        .collect();
+    let (status, v) = service
+        .post(
+            "/v1/timers/batch",
+            json!({ "commands": commands }).to_string(),
+        )
+        .await;
+    assert_eq!(status, 200, "{v}");
+    service
+        .post("/v1/timers", command("other", "sentinel", now + 500))
+        .await;
+    let passed = wait_for(Duration::from_secs(60), || async {
+        (!events_of(&events, "sentinel").is_empty()).then_some(())
+    })
+    .await
+    .is_some();
+    assert!(passed, "the sentinel fired: {}", service.log_text());
+    assert_eq!(events.len(), 1, "only the sentinel fired");
+    let (_, summary) = service.get("/v1/tenants/bulk/summary").await;
+    assert_eq!(summary["counts"]["paused"], N, "{summary}");
+    assert_eq!(summary["counts"]["scheduled"], 0, "{summary}");
+    let types = history_types(&service, "bulk", "t000000").await;
+    assert_eq!(
+        types,
+        ["created", "paused", "rescheduled"],
+        "history shows each step"
+    );
+
+    // Bulk resume of a part, bulk cancel of another; bad bodies are 400s naming the field.
+    let resume = json!({"action": "resume", "filter": {"prefix": "t0000"}});
+    let (_, v) = service
+        .post("/v1/tenants/bulk/timers/bulk", resume.to_string())
+        .await;
+    assert_eq!(v["changed"], 100, "{v}");
+    let cancel = json!({"action": "cancel", "filter": {"state": "paused", "prefix": "t0001"}});
+    let (_, v) = service
+        .post("/v1/tenants/bulk/timers/bulk", cancel.to_string())
+        .await;
+    assert_eq!(v["changed"], 100, "{v}");
+    for (body, field) in [
+        (json!({"action": "explode", "filter": {}}), "action"),
+        (
+            json!({"action": "pause", "filter": {"state": "sleeping"}}),
+            "filter.state",
+        ),
+        (
+            json!({"action": "pause", "filter": {"limit": 5}}),
+            "filter.limit",
+        ),
+        (
+            json!({"action": "pause", "filter": {"color": "red"}}),
+            "filter",
+        ),
+        (
+            json!({"action": "pause", "filter": {"dueAfter": "yesterday"}}),
+            "filter.dueAfter",
+        ),
+    ] {
+        let (status, v) = service
+            .post("/v1/tenants/bulk/timers/bulk", body.to_string())
+            .await;
+        assert_eq!(status, 400, "{body}: {v}");
+        assert_eq!(v["error"]["field"], field, "{body}: {v}");
+    }
+    let (status, v) = service.post("/v1/tenants/bulk/timers/bulk", "{}").await;
+    assert_eq!(
+        (status, v["error"]["reason"].as_str()),
+        (400, Some("invalid_json")),
+        "{v}"
+    );
+    service.terminate().await;
+}

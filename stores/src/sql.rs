@@ -8,9 +8,8 @@ use std::marker::PhantomData;
 use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Pool, Row, Type};
 use timer_core::control::transition;
 use timer_core::{
-    Action, Change, ClaimedTimer, ControlOutcome, Error, ErrorKind, HistoryEntry, Lease,
-    PageAfter, Recurrence, Result, TenantSummary, Timer, TimerFilter, TimerKey, TimerState,
-    Timestamp,
+    Action, Change, ClaimedTimer, ControlOutcome, Error, ErrorKind, HistoryEntry, Lease, PageAfter,
+    Recurrence, Result, TenantSummary, Timer, TimerFilter, TimerKey, TimerState, Timestamp,
 };
 
 /// How a sqlx store differs where the code is otherwise shared.
@@ -428,9 +427,16 @@ where
         let Some(seq) = seq else {
             return Ok(false);
         };
-        record::<D>(&mut *tx, key, seq, at, std::slice::from_ref(change), history)
-            .await
-            .map_err(err)?;
+        record::<D>(
+            &mut *tx,
+            key,
+            seq,
+            at,
+            std::slice::from_ref(change),
+            history,
+        )
+        .await
+        .map_err(err)?;
         tx.commit().await.map_err(err)?;
         Ok(true)
     }

@@ -1228,14 +1228,26 @@ fn kinds(entries: &[HistoryEntry]) -> Vec<String> {
 pub async fn pause_resume_and_cancel_outcomes(store: Arc<dyn Store>) {
     use ControlOutcome as O;
     let s = store.as_ref();
-    put(s, &[timer("t", "a", T0_MS + 1_000), timer("t", "b", T0_MS + 1_000)], T0).await;
+    put(
+        s,
+        &[
+            timer("t", "a", T0_MS + 1_000),
+            timer("t", "b", T0_MS + 1_000),
+        ],
+        T0,
+    )
+    .await;
     assert_eq!(act(s, "a", &pause(), T0).await, O::Paused);
     assert_eq!(state_of(s, "t", "a").await, TimerState::Paused);
     assert_eq!(act(s, "a", &pause(), T0).await, O::AlreadyPaused);
     assert_eq!(act(s, "b", &Action::Resume, T0).await, O::NotPaused);
     assert_eq!(act(s, "missing", &pause(), T0).await, O::NotFound);
     // Several keys in one call: one outcome each, in order.
-    let keys = [TimerKey::new("t", "b"), TimerKey::new("t", "a"), TimerKey::new("t", "zz")];
+    let keys = [
+        TimerKey::new("t", "b"),
+        TimerKey::new("t", "a"),
+        TimerKey::new("t", "zz"),
+    ];
     let outcomes = control(s).apply(&keys, &pause(), T0).await.expect("apply");
     assert_eq!(outcomes, [O::Paused, O::AlreadyPaused, O::NotFound]);
     assert_eq!(act(s, "b", &Action::Resume, T0).await, O::Resumed);
@@ -1257,14 +1269,26 @@ pub async fn a_paused_timer_never_fires_and_resumes_on_its_due_time(store: Arc<d
     assert_eq!(scheduled_count(s).await, 1);
     act(s, "a", &pause(), T0).await;
     let later = at(T0_MS + 60_000);
-    assert!(claim(s, later, 10, "i1", later.as_millis() + 1_000).await.is_empty(), "a paused timer is not claimable");
+    assert!(
+        claim(s, later, 10, "i1", later.as_millis() + 1_000)
+            .await
+            .is_empty(),
+        "a paused timer is not claimable"
+    );
     assert_eq!(next_due(s).await, None, "nor is it the next due");
     assert_eq!(scheduled_count(s).await, 0, "nor pending");
-    assert_eq!(s.purge(at(i64::MAX / 2), 100).await.expect("purge"), 0, "never purged");
+    assert_eq!(
+        s.purge(at(i64::MAX / 2), 100).await.expect("purge"),
+        0,
+        "never purged"
+    );
     // Resumed after its due time passed: due at once, at its own due time.
     act(s, "a", &Action::Resume, later).await;
     let a = row(s, "t", "a").await;
-    assert_eq!((a.state, a.due_at), (TimerState::Scheduled, at(T0_MS + 1_000)));
+    assert_eq!(
+        (a.state, a.due_at),
+        (TimerState::Scheduled, at(T0_MS + 1_000))
+    );
     assert_eq!(next_due(s).await, Some(at(T0_MS + 1_000)));
     let claimed = claim(s, later, 10, "i1", later.as_millis() + 1_000).await;
     assert_eq!(ids(&claimed), ["a"]);
@@ -1274,7 +1298,10 @@ pub async fn pausing_a_firing_timer_is_refused(store: Arc<dyn Store>) {
     let s = store.as_ref();
     let claimed = schedule_and_claim(s, timer("t", "a", T0_MS), "i1", T0_MS + 30_000).await;
     assert_eq!(act(s, "a", &pause(), T0).await, ControlOutcome::Firing);
-    assert_eq!(act(s, "a", &Action::Cancel, T0).await, ControlOutcome::Firing);
+    assert_eq!(
+        act(s, "a", &Action::Cancel, T0).await,
+        ControlOutcome::Firing
+    );
     assert_eq!(state_of(s, "t", "a").await, TimerState::Scheduled);
     // Once the lease is given back, it can be paused.
     release(s, &claimed, "i1", at(T0_MS + 5_000), Some("broker down")).await;
@@ -1282,8 +1309,15 @@ pub async fn pausing_a_firing_timer_is_refused(store: Arc<dyn Store>) {
     // A lease that ran out does not hold a pause back either.
     let b = schedule_and_claim(s, timer("t", "b", T0_MS), "i2", T0_MS + 1_000).await;
     assert_eq!(ids(&b), ["b"]);
-    assert_eq!(act(s, "b", &pause(), at(T0_MS + 1_001)).await, ControlOutcome::Paused);
-    assert_eq!(settle(s, &b, Settlement::Reached, "i2", at(T0_MS + 1_002)).await, 0, "a paused timer is not settled by a stale claim");
+    assert_eq!(
+        act(s, "b", &pause(), at(T0_MS + 1_001)).await,
+        ControlOutcome::Paused
+    );
+    assert_eq!(
+        settle(s, &b, Settlement::Reached, "i2", at(T0_MS + 1_002)).await,
+        0,
+        "a paused timer is not settled by a stale claim"
+    );
     assert_eq!(state_of(s, "t", "b").await, TimerState::Paused);
 }
 
@@ -1303,16 +1337,32 @@ pub async fn a_resumed_series_skips_what_fell_into_the_pause(store: Arc<dyn Stor
     act(s, "s", &pause(), T0).await;
     // Resumed 3.5 minutes later: T0, +1, +2, +3 skipped; +4 is next.
     let resumed_at = at(T0_MS + 210_000);
-    assert_eq!(act(s, "s", &Action::Resume, resumed_at).await, ControlOutcome::Resumed);
+    assert_eq!(
+        act(s, "s", &Action::Resume, resumed_at).await,
+        ControlOutcome::Resumed
+    );
     let row = row(s, "t", "s").await;
-    assert_eq!((row.state, row.due_at, row.occurrences), (TimerState::Scheduled, at(T0_MS + 240_000), 0));
+    assert_eq!(
+        (row.state, row.due_at, row.occurrences),
+        (TimerState::Scheduled, at(T0_MS + 240_000), 0)
+    );
     let entries = history(s, "s").await;
     assert_eq!(kinds(&entries), ["created", "paused", "skipped", "resumed"]);
     assert_eq!(
         entries[2].change,
-        Change::Skipped { count: 4, first: T0, last: at(T0_MS + 180_000), at_least: false }
+        Change::Skipped {
+            count: 4,
+            first: T0,
+            last: at(T0_MS + 180_000),
+            at_least: false
+        }
     );
-    assert!(claim(s, resumed_at, 10, "i1", resumed_at.as_millis() + 1_000).await.is_empty(), "nothing fires for the skipped ones");
+    assert!(
+        claim(s, resumed_at, 10, "i1", resumed_at.as_millis() + 1_000)
+            .await
+            .is_empty(),
+        "nothing fires for the skipped ones"
+    );
     let next = claim(s, at(T0_MS + 240_000), 10, "i1", T0_MS + 250_000).await;
     assert_eq!(ids(&next), ["s"]);
 }
@@ -1325,7 +1375,9 @@ pub async fn rescheduling_a_paused_timer_keeps_it_paused(store: Arc<dyn Store>) 
     assert_eq!(outcome, [ScheduleOutcome::Updated]);
     let a = row(s, "t", "a").await;
     assert_eq!((a.state, a.due_at), (TimerState::Paused, at(T0_MS + 5_000)));
-    assert!(claim(s, at(T0_MS + 10_000), 10, "i1", T0_MS + 20_000).await.is_empty());
+    assert!(claim(s, at(T0_MS + 10_000), 10, "i1", T0_MS + 20_000)
+        .await
+        .is_empty());
     act(s, "a", &Action::Resume, T0).await;
     assert_eq!(next_due(s).await, Some(at(T0_MS + 5_000)));
 }
@@ -1339,34 +1391,81 @@ pub async fn history_records_each_change_in_order(store: Arc<dyn Store>) {
     let claimed = claim(s, at(T0_MS + 200), 10, "i2", T0_MS + 10_000).await;
     mark_reached(s, &claimed, "i2", at(T0_MS + 250)).await;
     let entries = history(s, "a").await;
-    assert_eq!(kinds(&entries), ["created", "rescheduled", "publish_failed", "fired"]);
-    assert_eq!(entries.iter().map(|e| e.seq).collect::<Vec<_>>(), [1, 2, 3, 4]);
+    assert_eq!(
+        kinds(&entries),
+        ["created", "rescheduled", "publish_failed", "fired"]
+    );
+    assert_eq!(
+        entries.iter().map(|e| e.seq).collect::<Vec<_>>(),
+        [1, 2, 3, 4]
+    );
     assert_eq!(entries[0].at, T0);
     assert_eq!(entries[0].change, Change::Created { due_at: T0 });
-    assert_eq!(entries[1].change, Change::Rescheduled { due_at: at(T0_MS + 100) });
-    assert_eq!(entries[2].change, Change::PublishFailed { attempt: 1, error: "broker down".into() });
+    assert_eq!(
+        entries[1].change,
+        Change::Rescheduled {
+            due_at: at(T0_MS + 100)
+        }
+    );
+    assert_eq!(
+        entries[2].change,
+        Change::PublishFailed {
+            attempt: 1,
+            error: "broker down".into()
+        }
+    );
     assert_eq!(
         entries[3].change,
-        Change::Fired { due_at: at(T0_MS + 100), lateness_ms: 150, instance: "i2".into(), occurrence: None }
+        Change::Fired {
+            due_at: at(T0_MS + 100),
+            lateness_ms: 150,
+            instance: "i2".into(),
+            occurrence: None
+        }
     );
     assert_eq!(entries[3].at, at(T0_MS + 250));
     // Pages: after an entry, up to a limit.
-    let page = history_of(s).read(&TimerKey::new("t", "a"), 1, 2).await.expect("page");
+    let page = history_of(s)
+        .read(&TimerKey::new("t", "a"), 1, 2)
+        .await
+        .expect("page");
     assert_eq!(page.iter().map(|e| e.seq).collect::<Vec<_>>(), [2, 3]);
     // A change made outside the store (a manual trigger), and a timer that does not exist.
-    let triggered = Change::Triggered { event_id: "e-1".into() };
-    assert!(history_of(s).record(&TimerKey::new("t", "a"), at(T0_MS + 300), &triggered).await.expect("record"));
-    assert!(!history_of(s).record(&TimerKey::new("t", "none"), T0, &triggered).await.expect("record"));
+    let triggered = Change::Triggered {
+        event_id: "e-1".into(),
+    };
+    assert!(history_of(s)
+        .record(&TimerKey::new("t", "a"), at(T0_MS + 300), &triggered)
+        .await
+        .expect("record"));
+    assert!(!history_of(s)
+        .record(&TimerKey::new("t", "none"), T0, &triggered)
+        .await
+        .expect("record"));
     assert!(history(s, "none").await.is_empty());
-    assert_eq!(history(s, "a").await.last().map(|e| (e.seq, e.change.clone())), Some((5, triggered)));
+    assert_eq!(
+        history(s, "a")
+            .await
+            .last()
+            .map(|e| (e.seq, e.change.clone())),
+        Some((5, triggered))
+    );
     // Given up and cancelled.
-    put(s, &[timer("t", "f", T0_MS), timer("t", "c", T0_MS + 60_000)], T0).await;
+    put(
+        s,
+        &[timer("t", "f", T0_MS), timer("t", "c", T0_MS + 60_000)],
+        T0,
+    )
+    .await;
     let f = claim(s, T0, 1, "i1", T0_MS + 1_000).await;
     fail(s, &f, "i1", T0, "gone").await;
     assert_eq!(kinds(&history(s, "f").await), ["created", "given_up"]);
     act(s, "c", &pause(), T0).await;
     act(s, "c", &Action::Cancel, T0).await;
-    assert_eq!(kinds(&history(s, "c").await), ["created", "paused", "cancelled"]);
+    assert_eq!(
+        kinds(&history(s, "c").await),
+        ["created", "paused", "cancelled"]
+    );
 }
 
 pub async fn history_keeps_the_newest_entries_and_goes_with_the_timer(store: Arc<dyn Store>) {
@@ -1378,7 +1477,11 @@ pub async fn history_keeps_the_newest_entries_and_goes_with_the_timer(store: Arc
         act(s, "a", &Action::Resume, T0).await;
     }
     let entries = history(s, "a").await;
-    assert_eq!(entries.iter().map(|e| e.seq).collect::<Vec<_>>(), [5, 6, 7], "the newest 3 of 7");
+    assert_eq!(
+        entries.iter().map(|e| e.seq).collect::<Vec<_>>(),
+        [5, 6, 7],
+        "the newest 3 of 7"
+    );
     assert_eq!(kinds(&entries), ["resumed", "paused", "resumed"]);
     // Off: nothing more is recorded.
     history_of(s).set_limit(0);
@@ -1396,9 +1499,21 @@ pub async fn history_keeps_the_newest_entries_and_goes_with_the_timer(store: Arc
 
 pub async fn count_counts_each_state(store: Arc<dyn Store>) {
     let s = store.as_ref();
-    put(s, &[timer("t", "a", T0_MS), timer("t", "b", T0_MS + 10), timer("u", "c", T0_MS + 20)], T0).await;
+    put(
+        s,
+        &[
+            timer("t", "a", T0_MS),
+            timer("t", "b", T0_MS + 10),
+            timer("u", "c", T0_MS + 20),
+        ],
+        T0,
+    )
+    .await;
     act(s, "b", &pause(), T0).await;
-    control(s).apply(&[TimerKey::new("u", "c")], &Action::Cancel, T0).await.expect("cancel");
+    control(s)
+        .apply(&[TimerKey::new("u", "c")], &Action::Cancel, T0)
+        .await
+        .expect("cancel");
     let q = queries(s);
     let count = |state| async move { q.count(state).await.expect("count") };
     assert_eq!(count(TimerState::Scheduled).await, 1);

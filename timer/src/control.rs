@@ -61,7 +61,11 @@ pub enum Change {
     /// Resumed; it is due at `dueAt` (absent when a series ended during the pause and
     /// finished with the resume).
     Resumed {
-        #[serde(default, skip_serializing_if = "Option::is_none", with = "rfc3339::option")]
+        #[serde(
+            default,
+            skip_serializing_if = "Option::is_none",
+            with = "rfc3339::option"
+        )]
         due_at: Option<Timestamp>,
     },
     /// Occurrences of a series that fell into a pause and never fire: `count` of them (at
@@ -76,7 +80,9 @@ pub enum Change {
         at_least: bool,
     },
     /// An extra `DueTimeReached` with `"trigger": "manual"` went out; the schedule did not move.
-    Triggered { event_id: String },
+    Triggered {
+        event_id: String,
+    },
     /// Its `DueTimeReached` went out: for the occurrence due at `dueAt`, `latenessMs` after it,
     /// by `instance`.
     Fired {
@@ -88,9 +94,15 @@ pub enum Change {
         occurrence: Option<u32>,
     },
     /// A publish failed; it is retried.
-    PublishFailed { attempt: u32, error: String },
+    PublishFailed {
+        attempt: u32,
+        error: String,
+    },
     /// The last allowed publish failed: the timer became Failed and a `TimerFailed` went out.
-    GivenUp { attempts: u32, error: String },
+    GivenUp {
+        attempts: u32,
+        error: String,
+    },
     Cancelled,
 }
 
@@ -225,10 +237,7 @@ pub fn transition(timer: &Timer, firing: bool, action: &Action, now: Timestamp) 
             vec![Change::Cancelled],
         ),
         Action::Resume => {
-            let schedule = timer
-                .recurrence
-                .as_ref()
-                .and_then(|r| r.schedule().ok());
+            let schedule = timer.recurrence.as_ref().and_then(|r| r.schedule().ok());
             let resumed = match schedule {
                 Some(schedule) => schedule.resume(timer.due_at, now),
                 // A one-shot timer keeps its due time, passed or not.
@@ -342,19 +351,36 @@ mod tests {
             (TimerState::Scheduled, true, &Action::Cancel, O::Firing),
             (TimerState::Paused, false, &Action::Cancel, O::Cancelled),
             (TimerState::Reached, false, &pause, O::AlreadyReached),
-            (TimerState::Cancelled, false, &Action::Resume, O::AlreadyCancelled),
+            (
+                TimerState::Cancelled,
+                false,
+                &Action::Resume,
+                O::AlreadyCancelled,
+            ),
             (TimerState::Failed, false, &Action::Cancel, O::AlreadyFailed),
         ];
         for (state, firing, action, want) in cases {
             let got = transition(&timer(state, 5_000, None), firing, action, NOW);
-            assert_eq!(got.outcome, want, "{action:?} on {state:?} (firing: {firing})");
-            assert_eq!(got.write.is_some(), want.changed(), "{action:?} on {state:?}");
+            assert_eq!(
+                got.outcome, want,
+                "{action:?} on {state:?} (firing: {firing})"
+            );
+            assert_eq!(
+                got.write.is_some(),
+                want.changed(),
+                "{action:?} on {state:?}"
+            );
         }
     }
 
     #[test]
     fn a_resumed_one_shot_timer_keeps_its_passed_due_time() {
-        let got = transition(&timer(TimerState::Paused, 5_000, None), false, &Action::Resume, NOW);
+        let got = transition(
+            &timer(TimerState::Paused, 5_000, None),
+            false,
+            &Action::Resume,
+            NOW,
+        );
         let write = got.write.unwrap();
         assert_eq!(write.state, TimerState::Scheduled);
         assert_eq!(write.due_at, Timestamp::from_millis(5_000));
@@ -370,7 +396,9 @@ mod tests {
     fn a_resumed_series_records_what_it_skipped() {
         // Every second from 5 s; resumed at 10 s: 5..9 skipped, 10 next.
         let paused = timer(TimerState::Paused, 5_000, Some("* * * * * *"));
-        let write = transition(&paused, false, &Action::Resume, NOW).write.unwrap();
+        let write = transition(&paused, false, &Action::Resume, NOW)
+            .write
+            .unwrap();
         assert_eq!(write.due_at, NOW);
         assert_eq!(
             write.changes,
@@ -400,10 +428,15 @@ mod tests {
         );
         for change in [
             fired,
-            Change::Paused { note: Some("weekend".into()) },
+            Change::Paused {
+                note: Some("weekend".into()),
+            },
             Change::Resumed { due_at: None },
             Change::Cancelled,
-            Change::PublishFailed { attempt: 1, error: "down".into() },
+            Change::PublishFailed {
+                attempt: 1,
+                error: "down".into(),
+            },
         ] {
             assert_eq!(Change::from_json(&change.to_json()).unwrap(), change);
         }

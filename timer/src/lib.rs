@@ -17,9 +17,9 @@ pub mod wire;
 pub use broker::{Broker, Delivery, OutboundEvent};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::{EngineConfig, Limits};
+pub use control::{Action, Change, HistoryEntry};
 pub use engine::{Engine, FiredEvent, Scheduled};
 pub use error::{Error, ErrorKind, Result};
-pub use control::{Action, Change, HistoryEntry};
 pub use model::{
     CancelOutcome, ClaimedTimer, ControlOutcome, Lease, NewTimer, Recurrence, ScheduleOutcome,
     Timer, TimerKey, TimerState, Timestamp,

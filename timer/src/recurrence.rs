@@ -269,7 +269,10 @@ mod tests {
             end_at: Some(utc("2026-11-24T11:30:00Z")),
             ..recurrence("0 * * * *", "UTC")
         };
-        let over = ending.schedule().unwrap().resume(due, utc("2026-11-24T12:30:00Z"));
+        let over = ending
+            .schedule()
+            .unwrap()
+            .resume(due, utc("2026-11-24T12:30:00Z"));
         assert_eq!(over.next, None);
         assert_eq!(over.skipped.unwrap().count, 2);
     }

@@ -14,8 +14,8 @@ use tokio::sync::broadcast;
 use crate::control::{Action, Change, HistoryEntry};
 use crate::error::Result;
 use crate::model::{
-    CancelOutcome, ClaimedTimer, ControlOutcome, Lease, NewTimer, ScheduleOutcome, Timer,
-    TimerKey, TimerState, Timestamp,
+    CancelOutcome, ClaimedTimer, ControlOutcome, Lease, NewTimer, ScheduleOutcome, Timer, TimerKey,
+    TimerState, Timestamp,
 };
 
 /// What becomes of a claimed timer when its fire ends: the one step that settles a lease.

@@ -87,6 +87,7 @@ impl Engine {
             results.push(Scheduled::Stored(outcome));
         }
         ::metrics::counter!(metric::SCHEDULES_PROCESSED).increment(changed);
+        self.history_written(changed);
         if soonest < inner.planned.load(Ordering::SeqCst) {
             inner.wake.notify_one();
         }

@@ -161,10 +161,7 @@ impl Engine {
     ) -> Result<Option<Vec<HistoryEntry>>> {
         let inner = &self.inner;
         let history = inner.store.history().ok_or_else(|| {
-            Error::unsupported(format!(
-                "the {} store keeps no history",
-                inner.store.name()
-            ))
+            Error::unsupported(format!("the {} store keeps no history", inner.store.name()))
         })?;
         if inner.store.get(key).await?.is_none() {
             return Ok(None);
@@ -183,7 +180,8 @@ impl Engine {
 
     /// Counts `n` history entries written, while history is on.
     pub(super) fn history_written(&self, n: u64) {
-        if n > 0 && self.inner.config.history_per_timer > 0 && self.inner.store.history().is_some() {
+        if n > 0 && self.inner.config.history_per_timer > 0 && self.inner.store.history().is_some()
+        {
             ::metrics::counter!(metric::HISTORY_WRITES).increment(n);
         }
     }

@@ -116,6 +116,8 @@ impl Engine {
             let due = timer.due_at.max(timer.registered_at);
             let late = at.duration_since(due);
             ::metrics::histogram!(metric::FIRE_LATENESS).record(late.as_secs_f64());
+            let late_ms = u64::try_from(late.as_millis()).unwrap_or(u64::MAX);
+            self.inner.recent.record(at, late_ms);
             // No receivers is fine: the stream is for whoever watches.
             let _ = self.inner.fired.send(Arc::new(super::FiredEvent {
                 tenant_id: timer.key.tenant_id.clone(),

@@ -52,18 +52,23 @@ impl Engine {
         let mut steps: Vec<Step> = Vec::new();
         let mut acks = Vec::with_capacity(deliveries.len());
         for delivery in &deliveries {
-            let admitted = self.admit(&delivery.body).and_then(|command| {
-                match command {
-                    Command::Pause(_) | Command::Resume(_) if self.inner.store.control().is_none() => {
+            let admitted = self
+                .admit(&delivery.body)
+                .and_then(|command| match command {
+                    Command::Pause(_) | Command::Resume(_)
+                        if self.inner.store.control().is_none() =>
+                    {
                         Err(crate::wire::Rejection::new(
                             crate::wire::Reason::NotAcceptedHere,
                             Some("type"),
-                            format!("the {} store cannot pause or resume timers", self.inner.store.name()),
+                            format!(
+                                "the {} store cannot pause or resume timers",
+                                self.inner.store.name()
+                            ),
                         ))
                     }
                     command => Ok(command),
-                }
-            });
+                });
             match admitted {
                 Ok(Command::Schedule(timer)) => {
                     match steps.last_mut() {

@@ -21,6 +21,7 @@ mod group_commit;
 mod ingest;
 pub mod metrics;
 mod purge;
+mod recent;
 pub mod retry;
 mod settle;
 
@@ -38,6 +39,7 @@ use crate::store::Store;
 
 pub use admit::Scheduled;
 pub use control::{Bulk, Triggered};
+pub use recent::LastMinute;
 pub use retry::backoff;
 
 /// Metric names, as before the split (`timer_core::engine::metric::TIMERS_FIRED`).
@@ -73,6 +75,8 @@ struct Inner {
     queue: Mutex<Vec<group_commit::Waiting>>,
     /// Whether a flush task is writing `queue`.
     flushing: AtomicBool,
+    /// What fired in the last minute (the status).
+    recent: recent::RecentFires,
 }
 
 impl Engine {
@@ -107,6 +111,7 @@ impl Engine {
                 fired,
                 queue: Mutex::new(Vec::new()),
                 flushing: AtomicBool::new(false),
+                recent: recent::RecentFires::default(),
             }),
         }
     }
@@ -130,6 +135,11 @@ impl Engine {
     /// The lease owner name of this instance.
     pub fn instance_id(&self) -> &str {
         &self.inner.owner
+    }
+
+    /// The timers this instance fired in the last minute, and their lateness.
+    pub fn last_minute(&self) -> LastMinute {
+        self.inner.recent.last_minute(self.inner.clock.now())
     }
 
     /// Events as they fire (after the broker confirmed them). Slow receivers lag and skip.

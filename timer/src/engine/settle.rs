@@ -54,6 +54,7 @@ impl Engine {
         else {
             return; // unsettled rows fire again when the lease expires
         };
+        self.history_written(changed);
         if (changed as usize) < claimed.len() {
             // Rescheduled while it fired (another revision now): the fire did not count for
             // it, and its lease would keep it "firing" until the new due time. Give it back.
@@ -111,8 +112,11 @@ impl Engine {
         if released.is_empty() {
             return;
         }
-        if let Err(e) = inner.store.settle(&released, &inner.owner, now).await {
-            warn!(error = %e.chain(), "releasing timers failed; they return when the lease expires");
+        match inner.store.settle(&released, &inner.owner, now).await {
+            Ok(changed) => self.history_written(changed),
+            Err(e) => {
+                warn!(error = %e.chain(), "releasing timers failed; they return when the lease expires")
+            }
         }
     }
 
@@ -147,7 +151,8 @@ impl Engine {
                 )
                 .await;
             }
-            Ok(_) => {
+            Ok(changed) => {
+                self.history_written(changed);
                 ::metrics::counter!(metric::TIMERS_FAILED).increment(1);
                 warn!(timer = %timer.key, attempts, "timer failed: engine.max_attempts reached; TimerFailed sent");
             }

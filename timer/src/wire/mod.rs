@@ -194,12 +194,18 @@ pub fn decode_schedule(
 ) -> Result<NewTimer, Rejection> {
     let over_http = match decode_command(bytes, limits, now)? {
         Command::Schedule(timer) => return Ok(timer),
-        Command::Cancel(_) => "a CancelTimer is not accepted here (DELETE \
-             /v1/tenants/{tenantId}/timers/{serviceCallId} cancels over HTTP)",
-        Command::Pause(_) => "a PauseTimer is not accepted here (POST \
-             /v1/tenants/{tenantId}/timers/{serviceCallId}/pause pauses over HTTP)",
-        Command::Resume(_) => "a ResumeTimer is not accepted here (POST \
-             /v1/tenants/{tenantId}/timers/{serviceCallId}/resume resumes over HTTP)",
+        Command::Cancel(_) => {
+            "a CancelTimer is not accepted here (DELETE \
+             /v1/tenants/{tenantId}/timers/{serviceCallId} cancels over HTTP)"
+        }
+        Command::Pause(_) => {
+            "a PauseTimer is not accepted here (POST \
+             /v1/tenants/{tenantId}/timers/{serviceCallId}/pause pauses over HTTP)"
+        }
+        Command::Resume(_) => {
+            "a ResumeTimer is not accepted here (POST \
+             /v1/tenants/{tenantId}/timers/{serviceCallId}/resume resumes over HTTP)"
+        }
     };
     Err(Rejection::new(
         Reason::NotAcceptedHere,

@@ -1,0 +1,348 @@
+//! The control plane's write routes and the per-timer history: pause, resume, trigger, bulk
+//! actions over a filter, a timer's history, and the instance status.
+
+use axum::body::Bytes;
+use axum::extract::{Path, RawQuery, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use timer_core::engine::Triggered;
+use timer_core::{Action, ControlOutcome, HistoryEntry, TimerKey, TimerState};
+
+use crate::control::{BadParameter, ListParams};
+use crate::http::{error_body, server_error, timer_view, AppState};
+
+/// Timers a bulk action reads and changes per transaction.
+pub const BULK_PAGE: usize = 1_000;
+
+/// Default and largest page of a history.
+const DEFAULT_HISTORY_PAGE: usize = 100;
+const MAX_HISTORY_PAGE: usize = 1_000;
+
+/// The optional body of `POST …/pause`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PauseBody {
+    #[serde(default)]
+    note: Option<String>,
+}
+
+/// Longest pause note, in bytes.
+const MAX_NOTE_BYTES: usize = 1_024;
+
+fn bad_json(field: Option<&str>, message: &str) -> Response {
+    error_body(StatusCode::BAD_REQUEST, "invalid_json", field, message)
+}
+
+/// The answer to an action on one timer: 200 with the outcome and the timer as it is now when
+/// the action changed it or found it as asked; 409 when the timer is finished or firing; 404.
+async fn answer(app: &AppState, key: &TimerKey, outcome: ControlOutcome) -> Response {
+    let status = match outcome {
+        ControlOutcome::NotFound => {
+            return error_body(StatusCode::NOT_FOUND, "not_found", None, "no such timer")
+        }
+        ControlOutcome::Firing => {
+            return error_body(
+                StatusCode::CONFLICT,
+                "firing",
+                None,
+                "the timer's event is being published right now; nothing changed (try again \
+                 once it fired)",
+            )
+        }
+        ControlOutcome::AlreadyReached
+        | ControlOutcome::AlreadyCancelled
+        | ControlOutcome::AlreadyFailed => StatusCode::CONFLICT,
+        _ => StatusCode::OK,
+    };
+    let timer = match app.engine.store().get(key).await {
+        Ok(t) => t.as_ref().map(timer_view),
+        Err(e) => return server_error(&e),
+    };
+    let mut body = json!({ "outcome": outcome.as_str(), "timer": timer });
+    if status == StatusCode::CONFLICT {
+        body["error"] = json!({
+            "reason": outcome.as_str(),
+            "message": "the timer is finished (Reached, Cancelled or Failed); nothing changed",
+        });
+    }
+    (status, Json(body)).into_response()
+}
+
+async fn act(app: &AppState, key: TimerKey, action: Action) -> Response {
+    match app
+        .engine
+        .control(std::slice::from_ref(&key), &action)
+        .await
+    {
+        Ok(outcomes) => {
+            let outcome = outcomes
+                .first()
+                .copied()
+                .unwrap_or(ControlOutcome::NotFound);
+            answer(app, &key, outcome).await
+        }
+        Err(e) => server_error(&e),
+    }
+}
+
+/// `POST /v1/tenants/{tenant}/timers/{id}/pause` with an optional `{"note": "…"}`.
+pub async fn pause(
+    State(app): State<AppState>,
+    Path((tenant, id)): Path<(String, String)>,
+    body: Bytes,
+) -> Response {
+    let body: PauseBody = if body.iter().all(u8::is_ascii_whitespace) {
+        PauseBody::default()
+    } else {
+        match serde_json::from_slice(&body) {
+            Ok(body) => body,
+            Err(e) => return bad_json(None, &format!("the body is not {{\"note\": \"…\"}} ({e})")),
+        }
+    };
+    if body.note.as_ref().is_some_and(|n| n.len() > MAX_NOTE_BYTES) {
+        return error_body(
+            StatusCode::BAD_REQUEST,
+            "too_large",
+            Some("note"),
+            &format!("a note has at most {MAX_NOTE_BYTES} bytes"),
+        );
+    }
+    act(
+        &app,
+        TimerKey::new(tenant, id),
+        Action::Pause { note: body.note },
+    )
+    .await
+}
+
+/// `POST /v1/tenants/{tenant}/timers/{id}/resume`
+pub async fn resume(
+    State(app): State<AppState>,
+    Path((tenant, id)): Path<(String, String)>,
+) -> Response {
+    act(&app, TimerKey::new(tenant, id), Action::Resume).await
+}
+
+/// `POST /v1/tenants/{tenant}/timers/{id}/trigger`
+pub async fn trigger(
+    State(app): State<AppState>,
+    Path((tenant, id)): Path<(String, String)>,
+) -> Response {
+    let key = TimerKey::new(tenant, id);
+    match app.engine.trigger(&key).await {
+        Ok(Triggered::Fired { event_id, at }) => Json(json!({
+            "outcome": "triggered",
+            "eventId": event_id.to_string(),
+            "at": at.to_rfc3339(),
+        }))
+        .into_response(),
+        Ok(Triggered::Refused(outcome)) => answer(&app, &key, outcome).await,
+        Err(e) => server_error(&e),
+    }
+}
+
+/// The body of `POST /v1/tenants/{tenant}/timers/bulk`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BulkBody {
+    action: String,
+    #[serde(default)]
+    filter: serde_json::Map<String, Value>,
+    /// For `pause`: the note every paused timer's history gets.
+    #[serde(default)]
+    note: Option<String>,
+}
+
+/// The filter of a bulk action: the list filters (`state`, `prefix`, `dueAfter`, `dueBefore`,
+/// `recurring`) as a JSON object, read by the same rules as the list's query parameters.
+fn bulk_filter(filter: &serde_json::Map<String, Value>) -> Result<ListParams, BadParameter> {
+    let mut pairs: Vec<(String, String)> = Vec::new();
+    for (name, value) in filter {
+        if matches!(name.as_str(), "limit" | "cursor") {
+            return Err(BadParameter::owned(
+                format!("filter.{name}"),
+                "a bulk action goes through every matching timer: no limit or cursor",
+            ));
+        }
+        let words: Vec<&Value> = match value {
+            Value::Array(items) => items.iter().collect(),
+            other => vec![other],
+        };
+        for word in words {
+            let text = match word {
+                Value::String(s) => s.clone(),
+                Value::Number(n) => n.to_string(),
+                Value::Bool(b) => b.to_string(),
+                _ => {
+                    return Err(BadParameter::owned(
+                        format!("filter.{name}"),
+                        "give a string, number or boolean (or, for state, a list of strings)",
+                    ))
+                }
+            };
+            pairs.push((name.clone(), text));
+        }
+    }
+    let query = url::form_urlencoded::Serializer::new(String::new())
+        .extend_pairs(&pairs)
+        .finish();
+    ListParams::parse(Some(&query)).map_err(|bad| bad.within("filter"))
+}
+
+/// `POST /v1/tenants/{tenant}/timers/bulk` with `{"action": "cancel"|"pause"|"resume",
+/// "filter": {…}}`: applied page by page (each page one transaction); answers how many
+/// matched and changed. It goes on to the end when the client leaves.
+pub async fn bulk(
+    State(app): State<AppState>,
+    Path(tenant): Path<String>,
+    body: Bytes,
+) -> Response {
+    let body: BulkBody = match serde_json::from_slice(&body) {
+        Ok(body) => body,
+        Err(e) => {
+            return bad_json(
+                None,
+                &format!(
+                    "the body is not {{\"action\": \"cancel\"|\"pause\"|\"resume\", \"filter\": \
+                     {{…}}}} ({e})"
+                ),
+            )
+        }
+    };
+    let action = match body.action.as_str() {
+        "cancel" => Action::Cancel,
+        "pause" => Action::Pause { note: body.note },
+        "resume" => Action::Resume,
+        other => {
+            return error_body(
+                StatusCode::BAD_REQUEST,
+                "invalid_parameter",
+                Some("action"),
+                &format!("{other:?} is not an action (cancel, pause, resume)"),
+            )
+        }
+    };
+    let params = match bulk_filter(&body.filter) {
+        Ok(params) => params,
+        Err(bad) => return bad.response(),
+    };
+    let engine = app.engine.clone();
+    let name = action.as_str();
+    // Its own task: a client that leaves does not stop it halfway through a page.
+    let run = tokio::spawn(async move {
+        engine
+            .bulk(&tenant, &params.filter, &action, BULK_PAGE)
+            .await
+    });
+    match run.await {
+        Ok(Ok(bulk)) => Json(json!({
+            "action": name,
+            "matched": bulk.matched,
+            "changed": bulk.changed,
+            "pages": bulk.pages,
+            "outcomes": bulk.outcomes,
+        }))
+        .into_response(),
+        Ok(Err(e)) => server_error(&e),
+        Err(e) => error_body(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            None,
+            &format!("the bulk action stopped: {e}"),
+        ),
+    }
+}
+
+/// One history entry as the API shows it: `seq`, `at`, then the change's `type` and fields.
+fn entry_view(entry: &HistoryEntry) -> Value {
+    let mut view = json!({ "seq": entry.seq, "at": entry.at.to_rfc3339() });
+    if let (Some(view), Ok(Value::Object(change))) =
+        (view.as_object_mut(), serde_json::to_value(&entry.change))
+    {
+        view.extend(change);
+    }
+    view
+}
+
+/// `GET /v1/tenants/{tenant}/timers/{id}/history?limit=&cursor=`: oldest first.
+pub async fn history(
+    State(app): State<AppState>,
+    Path((tenant, id)): Path<(String, String)>,
+    RawQuery(query): RawQuery,
+) -> Response {
+    let mut limit = DEFAULT_HISTORY_PAGE;
+    let mut after = 0u64;
+    for (name, value) in url::form_urlencoded::parse(query.as_deref().unwrap_or("").as_bytes()) {
+        let parsed = match name.as_ref() {
+            "limit" => crate::control::count("limit", &value, MAX_HISTORY_PAGE).map(|n| limit = n),
+            "cursor" => value.parse::<u64>().map(|seq| after = seq).map_err(|_| {
+                BadParameter::new("cursor", "not a cursor this service gave out (nextCursor)")
+            }),
+            other => Err(BadParameter::owned(
+                "query".into(),
+                format!("unknown parameter {other:?} (known: limit, cursor)"),
+            )),
+        };
+        if let Err(bad) = parsed {
+            return bad.response();
+        }
+    }
+    let key = TimerKey::new(tenant, id);
+    // One more than asked for tells whether there is a next page.
+    match app.engine.history(&key, after, limit + 1).await {
+        Ok(Some(mut entries)) => {
+            let next = (entries.len() > limit).then(|| {
+                entries.truncate(limit);
+                entries.last().map(|e| e.seq.to_string())
+            });
+            let views: Vec<Value> = entries.iter().map(entry_view).collect();
+            Json(json!({ "history": views, "nextCursor": next.flatten() })).into_response()
+        }
+        Ok(None) => error_body(StatusCode::NOT_FOUND, "not_found", None, "no such timer"),
+        Err(e) => server_error(&e),
+    }
+}
+
+/// `GET /v1/status`: this instance, its store and broker, and what they hold.
+pub async fn status(State(app): State<AppState>) -> Response {
+    let engine = &app.engine;
+    let store = engine.store();
+    let broker = engine.broker();
+    let (store_health, broker_health) = tokio::join!(store.health(), broker.health());
+    let health = |kind: &str, result: timer_core::Result<()>| match result {
+        Ok(()) => json!({ "kind": kind, "healthy": true }),
+        Err(e) => json!({ "kind": kind, "healthy": false, "error": e.chain() }),
+    };
+    let count = |state: TimerState| async move {
+        match store.queries() {
+            Some(q) => q.count(state).await.ok(),
+            None if state == TimerState::Scheduled => store.scheduled_count().await.ok(),
+            None => None,
+        }
+    };
+    let (pending, paused, failed, next_due) = tokio::join!(
+        count(TimerState::Scheduled),
+        count(TimerState::Paused),
+        count(TimerState::Failed),
+        store.next_due_at(),
+    );
+    let minute = engine.last_minute();
+    Json(json!({
+        "version": env!("CARGO_PKG_VERSION"),
+        "instanceId": engine.instance_id(),
+        "store": health(store.name(), store_health),
+        "broker": health(broker.name(), broker_health),
+        "timers": { "pending": pending, "paused": paused, "failed": failed },
+        "nextDueAt": next_due.ok().flatten().map(|t| t.to_rfc3339()),
+        "lastMinute": {
+            "fired": minute.fired,
+            "latenessMs": { "p50": minute.p50_ms, "p99": minute.p99_ms },
+        },
+        // No store keeps a register of live instances yet.
+        "instances": Value::Null,
+    }))
+    .into_response()
+}
