@@ -1,7 +1,8 @@
 //! End-to-end scenarios every broker plugin passes, on the built `timer-service` binary: a
 //! malformed command is dead-lettered while the events keep flowing; an unreachable server is a
-//! one-line error; a service killed during ingest loses no command (on every durable store);
-//! 10,000 timers survive a service restart during ingest and a server outage while they fire.
+//! one-line error; `PauseTimer` and `ResumeTimer` hold a timer back and let it go; a service
+//! killed during ingest loses no command (on every durable store); 10,000 timers survive a
+//! service restart during ingest and a server outage while they fire.
 //!
 //! Like the conformance suite, each scenario is an async check function; [`trials`] runs them
 //! for one broker plugin. The service gets fresh resources from the plugin's `isolated` config,
@@ -94,14 +95,17 @@ pub fn trials(
 ) -> Vec<libtest_mimic::Trial> {
     let kind = case.plugin.kind;
     let Some(server) = case.plugin.test_server else {
-        let mut checks: Vec<Check<Arc<BrokerCase>>> =
-            crate::checks![malformed_command_is_dead_lettered_and_events_keep_flowing];
+        let mut checks: Vec<Check<Arc<BrokerCase>>> = crate::checks![
+            malformed_command_is_dead_lettered_and_events_keep_flowing,
+            pause_and_resume_commands_hold_a_timer_back_and_let_it_go,
+        ];
         checks.extend(own);
         return to_trials(&format!("brokers::{kind}"), &Arc::new(case), None, checks);
     };
     let missing = ScriptedServer::of(&server).err();
     let mut checks = crate::checks![
         malformed_command_is_dead_lettered_and_events_keep_flowing,
+        pause_and_resume_commands_hold_a_timer_back_and_let_it_go,
         an_unreachable_server_is_a_one_line_error,
         ten_thousand_timers_survive_a_service_restart_and_a_server_outage,
     ];
@@ -409,6 +413,68 @@ pub async fn malformed_command_is_dead_lettered_and_events_keep_flowing(case: Ar
             "{body} dead-lettered with {reason}: {letters:?}"
         );
     }
+    drop(access);
+    service.terminate().await;
+    setup.clean_up().await;
+}
+
+/// A `PauseTimer` on the broker holds its timer back while a neighbour due at the same time
+/// fires; a `ResumeTimer` lets it fire at once (its due time passed); its history shows each
+/// step.
+pub async fn pause_and_resume_commands_hold_a_timer_back_and_let_it_go(case: Arc<BrokerCase>) {
+    let setup = Setup::new(&case);
+    let client = match case.plugin.test_server {
+        Some(_) => Some(setup.client().await),
+        None => None,
+    };
+    let service = setup.start().await;
+    let access = match client {
+        Some(client) => Access::Client(client),
+        None => Access::Http(&service, service.events().await),
+    };
+    let fired = |id: &'static str| {
+        let access = &access;
+        move || async move {
+            access
+                .events()
+                .await
+                .filter(|events| events.iter().any(|e| envelope(e)["aggregateId"] == id))
+        }
+    };
+    // Commands travel in order: the pause comes right after its timer, long before it is due.
+    let due = now_ms() + 3_000;
+    access.send(&schedule("t", "held", due)).await;
+    access
+        .send(r#"{"type":"PauseTimer","tenantId":"t","serviceCallId":"held"}"#)
+        .await;
+    access.send(&schedule("t", "neighbour", due)).await;
+    let events = wait_for(WAIT, fired("neighbour"))
+        .await
+        .unwrap_or_else(|| service.fail("the neighbour fired"));
+    assert!(
+        !events.iter().any(|e| envelope(e)["aggregateId"] == "held"),
+        "a paused timer does not fire"
+    );
+    let (_, held) = service.get("/v1/tenants/t/timers/held").await;
+    assert_eq!(held["state"], "Paused", "{held}");
+    access
+        .send(r#"{"type":"ResumeTimer","tenantId":"t","serviceCallId":"held"}"#)
+        .await;
+    wait_for(WAIT, fired("held"))
+        .await
+        .unwrap_or_else(|| service.fail("the resumed timer fired"));
+    let (_, history) = service.get("/v1/tenants/t/timers/held/history").await;
+    let types: Vec<&str> = history["history"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e["type"].as_str())
+        .collect();
+    assert_eq!(
+        types,
+        ["created", "paused", "resumed", "fired"],
+        "{history}"
+    );
     drop(access);
     service.terminate().await;
     setup.clean_up().await;
