@@ -197,6 +197,8 @@ pub(crate) fn server_error(e: &Error) -> Response {
         ErrorKind::Invalid => StatusCode::BAD_REQUEST,
         ErrorKind::NotFound => StatusCode::NOT_FOUND,
         ErrorKind::Conflict => StatusCode::CONFLICT,
+        // A store without the ability a route needs (listing, pausing, history).
+        ErrorKind::Unsupported => StatusCode::NOT_IMPLEMENTED,
         _ => StatusCode::INTERNAL_SERVER_ERROR,
     };
     error_body(status, e.kind().as_str(), None, &e.chain())

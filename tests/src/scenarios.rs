@@ -463,18 +463,23 @@ pub async fn pause_and_resume_commands_hold_a_timer_back_and_let_it_go(case: Arc
     wait_for(WAIT, fired("held"))
         .await
         .unwrap_or_else(|| service.fail("the resumed timer fired"));
-    let (_, history) = service.get("/v1/tenants/t/timers/held/history").await;
-    let types: Vec<&str> = history["history"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|e| e["type"].as_str())
-        .collect();
-    assert_eq!(
-        types,
-        ["created", "paused", "resumed", "fired"],
-        "{history}"
-    );
+    // The history records the fire when it is settled, just after the broker confirmed it.
+    let want = ["created", "paused", "resumed", "fired"];
+    let history = wait_for(WAIT, || async {
+        let (_, history) = service.get("/v1/tenants/t/timers/held/history").await;
+        let types: Vec<String> = history["history"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|e| e["type"].as_str().map(str::to_owned))
+            .collect();
+        (types == want).then_some(())
+    })
+    .await;
+    if history.is_none() {
+        let (_, history) = service.get("/v1/tenants/t/timers/held/history").await;
+        service.fail(format!("the history is {want:?}: {history}"));
+    }
     drop(access);
     service.terminate().await;
     setup.clean_up().await;
