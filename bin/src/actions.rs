@@ -160,11 +160,18 @@ struct BulkBody {
 /// `recurring`) as a JSON object, read by the same rules as the list's query parameters.
 fn bulk_filter(filter: &serde_json::Map<String, Value>) -> Result<ListParams, BadParameter> {
     let mut pairs: Vec<(String, String)> = Vec::new();
+    const KNOWN: [&str; 5] = ["state", "prefix", "dueAfter", "dueBefore", "recurring"];
     for (name, value) in filter {
         if matches!(name.as_str(), "limit" | "cursor") {
             return Err(BadParameter::owned(
                 format!("filter.{name}"),
                 "a bulk action goes through every matching timer: no limit or cursor",
+            ));
+        }
+        if !KNOWN.contains(&name.as_str()) {
+            return Err(BadParameter::owned(
+                "filter".into(),
+                format!("unknown filter {name:?} (known: {})", KNOWN.join(", ")),
             ));
         }
         let words: Vec<&Value> = match value {
@@ -212,6 +219,14 @@ pub async fn bulk(
             )
         }
     };
+    if body.note.as_ref().is_some_and(|n| n.len() > MAX_NOTE_BYTES) {
+        return error_body(
+            StatusCode::BAD_REQUEST,
+            "too_large",
+            Some("note"),
+            &format!("a note has at most {MAX_NOTE_BYTES} bytes"),
+        );
+    }
     let action = match body.action.as_str() {
         "cancel" => Action::Cancel,
         "pause" => Action::Pause { note: body.note },

@@ -827,7 +827,7 @@ fn settled(update: &str, (changes, at, limit): (usize, usize, usize)) -> String 
 
 /// `write` (an INSERT or UPDATE of `timers AS t`, without RETURNING) as one statement that
 /// also records a history entry for each row it wrote and drops that row's entries beyond the
-/// newest `$limit` (none are recorded when it is 0). The written rows are `s` (key,
+/// newest `$limit` (none are recorded, and none dropped, when it is 0). The written rows are `s` (key,
 /// `history_seq`, and `returning`); `changes` is a relation `c` with the key columns, joined to
 /// them, and `change` the SQL of each row's change (JSON text; NULL records none); `at` and
 /// `limit` are the numbers of the parameters holding the time and the limit; `select` what the
@@ -847,7 +847,7 @@ fn recorded(
                FROM s JOIN {changes} USING (tenant_id, service_call_id) \
                WHERE {change} IS NOT NULL AND ${limit} > 0), \
          d AS (DELETE FROM timer_history x USING s \
-               WHERE s.history_seq > ${limit} AND x.tenant_id = s.tenant_id \
+               WHERE ${limit} > 0 AND s.history_seq > ${limit} AND x.tenant_id = s.tenant_id \
                  AND x.service_call_id = s.service_call_id \
                  AND x.seq <= s.history_seq - ${limit}) \
          {select}"

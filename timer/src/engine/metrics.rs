@@ -34,7 +34,7 @@ pub const ALL: &[(&str, Kind, &str)] = &[
     (
         COMMANDS_RECEIVED,
         Kind::Counter,
-        "Commands received (ScheduleTimer and CancelTimer), from the broker and from POST /v1/timers",
+        "Commands received (ScheduleTimer, CancelTimer, PauseTimer, ResumeTimer), from the broker and from POST /v1/timers and its batch route",
     ),
     (
         COMMANDS_REJECTED,
@@ -97,7 +97,7 @@ pub const ALL: &[(&str, Kind, &str)] = &[
     (
         HISTORY_WRITES,
         Kind::Counter,
-        "History entries the engine asked its store to write (changes of timers: created, fired, paused…); 0 while engine.history_per_timer is 0",
+        "Changes of timers recorded in their history by the engine's own paths (schedules, fires, failed publishes, pauses, resumes, bulk actions, triggers; one per changed timer, so a resume that also records skipped occurrences counts once; cancels by DELETE or CancelTimer are not counted); 0 while engine.history_per_timer is 0",
     ),
 ];
 

@@ -8,6 +8,8 @@
 //! | `<!-- schedule -->` | a `ScheduleTimer` | `decode_command` accepts it as a schedule; with `cron` it is recurring |
 //! | `<!-- schedule: dueAt=T now=N -->` | the same | also: decoded at `N` (default [`NOW`]), its due time is `T` |
 //! | `<!-- cancel -->` | a `CancelTimer` | `decode_command` accepts it as a cancel, `decode_schedule` refuses it (`not_accepted_here`) |
+//! | `<!-- pause -->`, `<!-- resume -->` | a `PauseTimer`, a `ResumeTimer` | the same, as a pause or a resume |
+//! | `<!-- manual-event -->` | the `DueTimeReached` of a manual trigger | built again by `Envelope::manual` at its `timestampMs`: equal as JSON, `id` included |
 //! | `<!-- rejected: REASON field=FIELD -->` | a refused command | `decode_command` refuses it with that reason and field (no `field=`: none) |
 //! | `<!-- event: KIND revision=R -->` | a `DueTimeReached` or `TimerFailed` envelope | built again by `Envelope::for_timer` from its inputs at timer revision `R`: equal as JSON, `id` included; an occurrence of a recurring `schedule` example must be one of that series |
 //! | `<!-- http-error -->` | 400 bodies, one per line | each is `{"error": rejection}` for a command of [`PROVOKE`] |
@@ -22,7 +24,7 @@ use super::{
     TimerFailedEnvelope,
 };
 use crate::config::Limits;
-use crate::model::{ClaimedTimer, NewTimer, TimerKey, Timestamp};
+use crate::model::{ClaimedTimer, NewTimer, Timer, TimerKey, TimerState, Timestamp};
 
 const README: &str = include_str!("README.md");
 
@@ -185,10 +187,12 @@ fn check(kind: &str, words: &[&str], pairs: &[(&str, &str)], body: &str) -> Resu
             }
             Ok(())
         }
-        "cancel" => {
-            match decode_command(body.as_bytes(), &limits, NOW) {
-                Ok(Command::Cancel(_)) => {}
-                other => return Err(format!("expected a CancelTimer, decoded {other:?}")),
+        "cancel" | "pause" | "resume" => {
+            match (kind, decode_command(body.as_bytes(), &limits, NOW)) {
+                ("cancel", Ok(Command::Cancel(_)))
+                | ("pause", Ok(Command::Pause(_)))
+                | ("resume", Ok(Command::Resume(_))) => {}
+                (_, other) => return Err(format!("expected a {kind} command, decoded {other:?}")),
             }
             match decode_schedule(body.as_bytes(), &limits, NOW) {
                 Err(r)
@@ -223,6 +227,7 @@ fn check(kind: &str, words: &[&str], pairs: &[(&str, &str)], body: &str) -> Resu
                 .ok_or("the marker needs revision=R (the timer revision that gives the id)")?;
             check_event(event, revision, &json(body)?)
         }
+        "manual-event" => check_manual_event(&json(body)?),
         "http-error" => each_value(body, |example| {
             let error = &example["error"];
             let rejection = provoke(error["reason"].as_str(), error["field"].as_str(), true)?;
@@ -390,6 +395,47 @@ fn check_event(kind: &str, revision: i64, example: &Value) -> Result<(), String>
     equal(&built, example)
 }
 
+/// Builds the event of a manual trigger again (`Envelope::manual`) from the example's tenant,
+/// service call id, time (`timestampMs`), correlation id and payload, and compares the two as
+/// JSON.
+fn check_manual_event(example: &Value) -> Result<(), String> {
+    let payload = &example["payload"];
+    let text = |v: &Value, what: &str| {
+        v.as_str()
+            .map(str::to_owned)
+            .ok_or_else(|| format!("{what} is not a string"))
+    };
+    let at = example["timestampMs"]
+        .as_i64()
+        .map(Timestamp::from_millis)
+        .ok_or("timestampMs is not an integer")?;
+    let timer = Timer {
+        key: TimerKey::new(
+            text(&example["tenantId"], "tenantId")?,
+            text(&payload["serviceCallId"], "payload.serviceCallId")?,
+        ),
+        // Not in a manual event: its dueAt is the moment of the trigger.
+        due_at: Timestamp::EPOCH,
+        state: TimerState::Scheduled,
+        registered_at: Timestamp::EPOCH,
+        reached_at: None,
+        correlation_id: example
+            .get("correlationId")
+            .and_then(Value::as_str)
+            .map(str::to_owned),
+        payload: payload.get("payload").map(Value::to_string),
+        attempts: 0,
+        last_error: None,
+        lease_owner: None,
+        available_at: Timestamp::EPOCH,
+        recurrence: None,
+        occurrences: 0,
+    };
+    let bytes = DueTimeReachedEnvelope::manual(&timer, at).to_json();
+    let built: Value = serde_json::from_slice(&bytes).map_err(|e| e.to_string())?;
+    equal(&built, example)
+}
+
 #[test]
 fn every_example_has_a_marker_and_matches_the_code() {
     let blocks = blocks(README);
@@ -415,6 +461,9 @@ fn every_example_has_a_marker_and_matches_the_code() {
     for kind in [
         "schedule",
         "cancel",
+        "pause",
+        "resume",
+        "manual-event",
         "rejected",
         "event",
         "http-error",
@@ -463,6 +512,7 @@ fn headings_other_docs_link_to_are_there() {
         "## ScheduleTimer (in)",
         "## Recurring timers",
         "## CancelTimer (in)",
+        "## PauseTimer and ResumeTimer (in)",
         "## Rejections",
         "## DueTimeReached (out)",
         "## TimerFailed (out)",
