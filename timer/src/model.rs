@@ -229,7 +229,7 @@ pub enum CancelOutcome {
     NotFound,
 }
 
-/// What a control action ([`crate::store::Action`]) did with one timer.
+/// What a control action ([`crate::control::Action`]) did with one timer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ControlOutcome {

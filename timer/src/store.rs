@@ -144,6 +144,18 @@ pub trait TimerControl: Send + Sync {
         action: &Action,
         now: Timestamp,
     ) -> Result<Vec<ControlOutcome>>;
+
+    /// [`Store::cancel`] for a store with this ability: the cancel action on one timer.
+    async fn cancel_one(&self, key: &TimerKey, now: Timestamp) -> Result<CancelOutcome> {
+        let outcomes = self
+            .apply(std::slice::from_ref(key), &Action::Cancel, now)
+            .await?;
+        Ok(outcomes
+            .first()
+            .copied()
+            .unwrap_or(ControlOutcome::NotFound)
+            .into())
+    }
 }
 
 /// An optional store ability: the history of each timer's changes, written by the store in the

@@ -314,8 +314,7 @@ impl Store for MemoryStore {
     }
 
     async fn cancel(&self, key: &TimerKey, now: Timestamp) -> Result<CancelOutcome> {
-        let outcome = self.apply(std::slice::from_ref(key), &Action::Cancel, now).await?;
-        Ok(outcome.first().copied().unwrap_or(ControlOutcome::NotFound).into())
+        self.cancel_one(key, now).await
     }
 
     async fn purge(&self, older_than: Timestamp, limit: usize) -> Result<u64> {
