@@ -32,6 +32,18 @@ struct PauseBody {
 /// Longest pause note, in bytes.
 const MAX_NOTE_BYTES: usize = 1_024;
 
+/// The 400 for a pause note (of one timer or a bulk pause) over [`MAX_NOTE_BYTES`], if it is.
+fn note_too_long(note: Option<&str>) -> Option<Response> {
+    note.filter(|note| note.len() > MAX_NOTE_BYTES).map(|_| {
+        error_body(
+            StatusCode::BAD_REQUEST,
+            "too_large",
+            Some("note"),
+            &format!("a note has at most {MAX_NOTE_BYTES} bytes"),
+        )
+    })
+}
+
 fn bad_json(field: Option<&str>, message: &str) -> Response {
     error_body(StatusCode::BAD_REQUEST, "invalid_json", field, message)
 }
@@ -102,13 +114,8 @@ pub async fn pause(
             Err(e) => return bad_json(None, &format!("the body is not {{\"note\": \"…\"}} ({e})")),
         }
     };
-    if body.note.as_ref().is_some_and(|n| n.len() > MAX_NOTE_BYTES) {
-        return error_body(
-            StatusCode::BAD_REQUEST,
-            "too_large",
-            Some("note"),
-            &format!("a note has at most {MAX_NOTE_BYTES} bytes"),
-        );
+    if let Some(too_long) = note_too_long(body.note.as_deref()) {
+        return too_long;
     }
     act(
         &app,
@@ -219,13 +226,8 @@ pub async fn bulk(
             )
         }
     };
-    if body.note.as_ref().is_some_and(|n| n.len() > MAX_NOTE_BYTES) {
-        return error_body(
-            StatusCode::BAD_REQUEST,
-            "too_large",
-            Some("note"),
-            &format!("a note has at most {MAX_NOTE_BYTES} bytes"),
-        );
+    if let Some(too_long) = note_too_long(body.note.as_deref()) {
+        return too_long;
     }
     let action = match body.action.as_str() {
         "cancel" => Action::Cancel,

@@ -412,24 +412,18 @@ async fn dispatch(cli: Cli) -> anyhow::Result<()> {
             all,
         } => {
             let client = api_client(&t.api)?;
-            let mut query: Vec<(&str, String)> = Vec::new();
+            let mut query: Vec<(&'static str, String)> = Vec::new();
             query.extend(limit.map(|n| ("limit", n.to_string())));
             query.extend(cursor.map(|c| ("cursor", c)));
             if !all {
                 print(client.history(&t.tenant, &t.id, &query).await?);
                 return Ok(());
             }
-            loop {
-                let page = client.history(&t.tenant, &t.id, &query).await?;
-                for entry in page["history"].as_array().into_iter().flatten() {
-                    println!("{entry}");
-                }
-                let Some(next) = page["nextCursor"].as_str() else {
-                    return Ok(());
-                };
-                query.retain(|(k, _)| *k != "cursor");
-                query.push(("cursor", next.to_owned()));
-            }
+            print_every_page(query, "history", |q| {
+                let (client, t) = (&client, &t);
+                async move { client.history(&t.tenant, &t.id, &q).await }
+            })
+            .await
         }
         Command::Bulk {
             tenant,
@@ -456,22 +450,16 @@ async fn dispatch(cli: Cli) -> anyhow::Result<()> {
         }
         Command::List(args) => {
             let client = api_client(&args.api)?;
-            let mut query = args.query();
+            let query = args.query();
             if !args.all {
                 print(client.list(&args.tenant, &query).await?);
                 return Ok(());
             }
-            loop {
-                let page = client.list(&args.tenant, &query).await?;
-                for timer in page["timers"].as_array().into_iter().flatten() {
-                    println!("{timer}");
-                }
-                let Some(cursor) = page["nextCursor"].as_str() else {
-                    return Ok(());
-                };
-                query.retain(|(k, _)| *k != "cursor");
-                query.push(("cursor", cursor.to_owned()));
-            }
+            print_every_page(query, "timers", |q| {
+                let (client, args) = (&client, &args);
+                async move { client.list(&args.tenant, &q).await }
+            })
+            .await
         }
         Command::Summary {
             tenant,
@@ -487,6 +475,30 @@ async fn dispatch(cli: Cli) -> anyhow::Result<()> {
             print(api_client(&api)?.summary(tenant.as_deref(), &query).await?);
             Ok(())
         }
+    }
+}
+
+/// Prints each item of `field` of every page, one JSON object per line: `fetch` with `query`,
+/// then again with the page's `nextCursor` as `cursor`, until a page has none.
+async fn print_every_page<F, Fut>(
+    mut query: Vec<(&'static str, String)>,
+    field: &str,
+    mut fetch: F,
+) -> anyhow::Result<()>
+where
+    F: FnMut(Vec<(&'static str, String)>) -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<serde_json::Value>>,
+{
+    loop {
+        let page = fetch(query.clone()).await?;
+        for item in page[field].as_array().into_iter().flatten() {
+            println!("{item}");
+        }
+        let Some(cursor) = page["nextCursor"].as_str() else {
+            return Ok(());
+        };
+        query.retain(|(k, _)| *k != "cursor");
+        query.push(("cursor", cursor.to_owned()));
     }
 }
 

@@ -579,6 +579,68 @@ async fn cli_client_schedules_gets_and_cancels() {
     service.terminate().await;
 }
 
+/// `pause`, `resume`, `trigger`, `history` and `status` through the CLI, and `--all` following
+/// `nextCursor` through every page of `list` and `history`.
+#[tokio::test]
+async fn cli_pauses_resumes_triggers_and_pages_through_everything() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let service = Service::start(Path::new(BIN), dir.path(), &embedded(dir.path(), &[])).await;
+    let url = service.base.clone();
+    let cli = |args: Vec<&str>| {
+        let mut all: Vec<String> = args.into_iter().map(str::to_owned).collect();
+        all.extend(["--url".to_owned(), url.clone()]);
+        let dir = dir.path().to_owned();
+        async move {
+            let all: Vec<&str> = all.iter().map(String::as_str).collect();
+            run_cli(&dir, &all, &[]).await
+        }
+    };
+    let due = now_ms() + 3_600_000;
+    for i in 0..3 {
+        let (status, _) = service
+            .post("/v1/timers", command("acme", &format!("c{i}"), due + i))
+            .await;
+        assert_eq!(status, 201);
+    }
+    let timer = |verb| vec![verb, "--tenant", "acme", "--id", "c0"];
+    let (code, out, err) = cli([timer("pause"), vec!["--note", "by hand"]].concat()).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("\"paused\""), "{out}");
+    let (code, out, err) = cli(timer("trigger")).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("\"triggered\""), "{out}");
+    let (code, out, err) = cli(timer("resume")).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("\"resumed\""), "{out}");
+    // One entry per page: --all follows the cursor to the last one.
+    let (code, out, err) = cli([timer("history"), vec!["--all", "--limit", "1"]].concat()).await;
+    assert_eq!(code, 0, "{err}");
+    let types: Vec<String> = out
+        .lines()
+        .map(|line| {
+            let entry: Value = serde_json::from_str(line).expect("one JSON entry per line");
+            entry["type"].as_str().unwrap_or("?").to_owned()
+        })
+        .collect();
+    assert_eq!(
+        types,
+        ["created", "paused", "triggered", "resumed"],
+        "{out}"
+    );
+    let list = vec!["list", "--tenant", "acme", "--all", "--limit", "2"];
+    let (code, out, err) = cli(list).await;
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out.lines().count(), 3, "every timer over two pages: {out}");
+    let (code, out, err) = cli(vec!["status"]).await;
+    assert_eq!(code, 0, "{err}");
+    let status: Value = serde_json::from_str(&out).expect("json status");
+    assert_eq!(status["timers"]["pending"], 3, "{status}");
+    let (code, _, err) = cli(vec!["pause", "--tenant", "acme", "--id", "none"]).await;
+    assert_eq!(code, 1);
+    assert!(err.contains("404"), "{err}");
+    service.terminate().await;
+}
+
 /// The median of `metric` (of `workload`, when given) among `bench --json` figures.
 fn median(figures: &[Value], workload: Option<&str>, metric: &str) -> Option<f64> {
     figures

@@ -225,6 +225,16 @@ impl Setup {
         Service::start(&self.bin, self.dir.path(), &self.env).await
     }
 
+    /// For a broker with a server, an independent client on its resources, made before the
+    /// service starts: it makes the resources (and, on RabbitMQ, a queue for the events). None
+    /// for a broker inside the service.
+    pub async fn client_if_served(&self, plugin: &BrokerPlugin) -> Option<Arc<dyn TestClient>> {
+        match plugin.test_server {
+            Some(_) => Some(self.client().await),
+            None => None,
+        }
+    }
+
     /// An independent client on the broker resources (created when missing).
     pub async fn client(&self) -> Arc<dyn TestClient> {
         self.broker
@@ -261,7 +271,16 @@ enum Access<'a> {
     Http(&'a Service, EventLog),
 }
 
-impl Access<'_> {
+impl<'a> Access<'a> {
+    /// Through `client` when the broker has a server ([`Setup::client_if_served`]), else
+    /// through `service`'s HTTP API.
+    async fn of(client: Option<Arc<dyn TestClient>>, service: &'a Service) -> Access<'a> {
+        match client {
+            Some(client) => Access::Client(client),
+            None => Access::Http(service, service.events().await),
+        }
+    }
+
     async fn send(&self, body: &str) {
         match self {
             Access::Client(client) => client.send_command(body.as_bytes()).await.expect("send"),
@@ -371,16 +390,9 @@ const MALFORMED: [(&str, &str); 4] = [
 /// after them fires, its event carrying the envelope id.
 pub async fn malformed_command_is_dead_lettered_and_events_keep_flowing(case: Arc<BrokerCase>) {
     let setup = Setup::new(&case);
-    // The client first: it makes the resources (and, on RabbitMQ, a queue for the events).
-    let client = match case.plugin.test_server {
-        Some(_) => Some(setup.client().await),
-        None => None,
-    };
+    let client = setup.client_if_served(case.plugin).await;
     let service = setup.start().await;
-    let access = match client {
-        Some(client) => Access::Client(client),
-        None => Access::Http(&service, service.events().await),
-    };
+    let access = Access::of(client, &service).await;
     for (body, _) in MALFORMED {
         access.send(body).await;
     }
@@ -423,15 +435,9 @@ pub async fn malformed_command_is_dead_lettered_and_events_keep_flowing(case: Ar
 /// step.
 pub async fn pause_and_resume_commands_hold_a_timer_back_and_let_it_go(case: Arc<BrokerCase>) {
     let setup = Setup::new(&case);
-    let client = match case.plugin.test_server {
-        Some(_) => Some(setup.client().await),
-        None => None,
-    };
+    let client = setup.client_if_served(case.plugin).await;
     let service = setup.start().await;
-    let access = match client {
-        Some(client) => Access::Client(client),
-        None => Access::Http(&service, service.events().await),
-    };
+    let access = Access::of(client, &service).await;
     let fired = |id: &'static str| {
         let access = &access;
         move || async move {
