@@ -7,12 +7,16 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Deserialize;
-use serde_json::{json, Value};
+use serde_json::Value;
 use timer_core::engine::Triggered;
-use timer_core::{Action, ControlOutcome, HistoryEntry, TimerKey, TimerState};
+use timer_core::{Action, ControlOutcome, TimerKey, TimerState};
 
+use crate::api::{
+    BulkOutcome, BulkRequest, Counts, ErrorBody, ErrorDetail, Health, HistoryPage, HistoryView,
+    LastMinute, PauseRequest, Percentiles, Status, TimerOutcome, TimerView, TriggerOutcome,
+};
 use crate::control::{BadParameter, ListParams};
-use crate::http::{error_body, server_error, timer_view, AppState};
+use crate::http::{error_body, server_error, AppState, TenantPath, TimerPath};
 
 /// Timers a bulk action reads and changes per transaction.
 pub const BULK_PAGE: usize = 1_000;
@@ -70,16 +74,21 @@ async fn answer(app: &AppState, key: &TimerKey, outcome: ControlOutcome) -> Resp
         _ => StatusCode::OK,
     };
     let timer = match app.engine.store().get(key).await {
-        Ok(t) => t.as_ref().map(timer_view),
+        Ok(t) => t.as_ref().map(TimerView::of),
         Err(e) => return server_error(&e),
     };
-    let mut body = json!({ "outcome": outcome.as_str(), "timer": timer });
-    if status == StatusCode::CONFLICT {
-        body["error"] = json!({
-            "reason": outcome.as_str(),
-            "message": "the timer is finished (Reached, Cancelled or Failed); nothing changed",
-        });
-    }
+    let error = (status == StatusCode::CONFLICT).then(|| {
+        ErrorDetail::new(
+            outcome.as_str(),
+            None,
+            "the timer is finished (Reached, Cancelled or Failed); nothing changed",
+        )
+    });
+    let body = TimerOutcome {
+        outcome: outcome.as_str(),
+        timer,
+        error,
+    };
     (status, Json(body)).into_response()
 }
 
@@ -100,10 +109,24 @@ async fn act(app: &AppState, key: TimerKey, action: Action) -> Response {
     }
 }
 
-/// `POST /v1/tenants/{tenant}/timers/{id}/pause` with an optional `{"note": "…"}`.
+/// Pauses a Scheduled timer: it does not fire until resumed.
+#[utoipa::path(
+    post,
+    path = "/v1/tenants/{tenant}/timers/{id}/pause",
+    tag = "control",
+    params(TimerPath),
+    request_body(content = Option<PauseRequest>, description = "Optional"),
+    responses(
+        (status = 200, description = "`paused`, or `already_paused`", body = TimerOutcome),
+        (status = 409, description = "Finished (`already_reached`, …; with the timer) or firing right now (`firing`: retry)", body = TimerOutcome),
+        (status = 400, description = "A bad body or a note over 1 KiB", body = ErrorBody),
+        (status = 404, description = "No such timer", body = ErrorBody),
+        (status = 501, description = "The store cannot pause", body = ErrorBody),
+    )
+)]
 pub async fn pause(
     State(app): State<AppState>,
-    Path((tenant, id)): Path<(String, String)>,
+    Path(TimerPath { tenant, id }): Path<TimerPath>,
     body: Bytes,
 ) -> Response {
     let body: PauseBody = if body.iter().all(u8::is_ascii_whitespace) {
@@ -125,26 +148,53 @@ pub async fn pause(
     .await
 }
 
-/// `POST /v1/tenants/{tenant}/timers/{id}/resume`
+/// Resumes a Paused timer. A one-shot timer keeps its due time (fires at once when it passed);
+/// a series goes on with its first occurrence at or after now, and the history counts the ones
+/// it skipped.
+#[utoipa::path(
+    post,
+    path = "/v1/tenants/{tenant}/timers/{id}/resume",
+    tag = "control",
+    params(TimerPath),
+    responses(
+        (status = 200, description = "`resumed`, or `not_paused`", body = TimerOutcome),
+        (status = 409, description = "Finished (`already_reached`, …)", body = TimerOutcome),
+        (status = 404, description = "No such timer", body = ErrorBody),
+        (status = 501, description = "The store cannot pause", body = ErrorBody),
+    )
+)]
 pub async fn resume(
     State(app): State<AppState>,
-    Path((tenant, id)): Path<(String, String)>,
+    Path(TimerPath { tenant, id }): Path<TimerPath>,
 ) -> Response {
     act(&app, TimerKey::new(tenant, id), Action::Resume).await
 }
 
-/// `POST /v1/tenants/{tenant}/timers/{id}/trigger`
+/// Fires one extra occurrence now: a `DueTimeReached` with `"trigger": "manual"` and an id of
+/// its own; the schedule does not move. Scheduled and Paused timers only.
+#[utoipa::path(
+    post,
+    path = "/v1/tenants/{tenant}/timers/{id}/trigger",
+    tag = "control",
+    params(TimerPath),
+    responses(
+        (status = 200, description = "The broker confirmed the event", body = TriggerOutcome),
+        (status = 409, description = "Finished (`already_reached`, …) or firing right now (`firing`)", body = TimerOutcome),
+        (status = 404, description = "No such timer", body = ErrorBody),
+        (status = 503, description = "The broker did not confirm in time", body = ErrorBody),
+    )
+)]
 pub async fn trigger(
     State(app): State<AppState>,
-    Path((tenant, id)): Path<(String, String)>,
+    Path(TimerPath { tenant, id }): Path<TimerPath>,
 ) -> Response {
     let key = TimerKey::new(tenant, id);
     match app.engine.trigger(&key).await {
-        Ok(Triggered::Fired { event_id, at }) => Json(json!({
-            "outcome": "triggered",
-            "eventId": event_id.to_string(),
-            "at": at.to_rfc3339(),
-        }))
+        Ok(Triggered::Fired { event_id, at }) => Json(TriggerOutcome {
+            outcome: "triggered",
+            event_id: event_id.to_string(),
+            at: at.to_rfc3339(),
+        })
         .into_response(),
         Ok(Triggered::Refused(outcome)) => answer(&app, &key, outcome).await,
         Err(e) => server_error(&e),
@@ -206,12 +256,24 @@ fn bulk_filter(filter: &serde_json::Map<String, Value>) -> Result<ListParams, Ba
     ListParams::parse(Some(&query)).map_err(|bad| bad.within("filter"))
 }
 
-/// `POST /v1/tenants/{tenant}/timers/bulk` with `{"action": "cancel"|"pause"|"resume",
-/// "filter": {…}}`: applied page by page (each page one transaction); answers how many
-/// matched and changed. It goes on to the end when the client leaves.
+/// Cancels, pauses or resumes every timer of the tenant that matches the filter, page by page
+/// (1,000 timers per transaction); answers how many matched and changed. It has no request
+/// timeout and goes on to the end when the client leaves.
+#[utoipa::path(
+    post,
+    path = "/v1/tenants/{tenant}/timers/bulk",
+    tag = "control",
+    params(TenantPath),
+    request_body = BulkRequest,
+    responses(
+        (status = 200, description = "Done", body = BulkOutcome),
+        (status = 400, description = "A bad action or filter; `field` names it (`action`, `filter.state`, …)", body = ErrorBody),
+        (status = 501, description = "The store cannot list or pause", body = ErrorBody),
+    )
+)]
 pub async fn bulk(
     State(app): State<AppState>,
-    Path(tenant): Path<String>,
+    Path(TenantPath { tenant }): Path<TenantPath>,
     body: Bytes,
 ) -> Response {
     let body: BulkBody = match serde_json::from_slice(&body) {
@@ -255,13 +317,13 @@ pub async fn bulk(
             .await
     });
     match run.await {
-        Ok(Ok(bulk)) => Json(json!({
-            "action": name,
-            "matched": bulk.matched,
-            "changed": bulk.changed,
-            "pages": bulk.pages,
-            "outcomes": bulk.outcomes,
-        }))
+        Ok(Ok(bulk)) => Json(BulkOutcome {
+            action: name,
+            matched: bulk.matched,
+            changed: bulk.changed,
+            pages: bulk.pages,
+            outcomes: bulk.outcomes,
+        })
         .into_response(),
         Ok(Err(e)) => server_error(&e),
         Err(e) => error_body(
@@ -273,21 +335,28 @@ pub async fn bulk(
     }
 }
 
-/// One history entry as the API shows it: `seq`, `at`, then the change's `type` and fields.
-fn entry_view(entry: &HistoryEntry) -> Value {
-    let mut view = json!({ "seq": entry.seq, "at": entry.at.to_rfc3339() });
-    if let (Some(view), Ok(Value::Object(change))) =
-        (view.as_object_mut(), serde_json::to_value(&entry.change))
-    {
-        view.extend(change);
-    }
-    view
-}
-
-/// `GET /v1/tenants/{tenant}/timers/{id}/history?limit=&cursor=`: oldest first.
+/// A timer's history, oldest first: every change (created, rescheduled, paused, resumed,
+/// skipped, triggered, fired, publish_failed, given_up, cancelled), up to
+/// `engine.history_per_timer` of the latest.
+#[utoipa::path(
+    get,
+    path = "/v1/tenants/{tenant}/timers/{id}/history",
+    tag = "control",
+    params(
+        TimerPath,
+        ("limit" = Option<usize>, Query, description = "Page size: 1 to 1000, default 100"),
+        ("cursor" = Option<String>, Query, description = "`nextCursor` of the page before"),
+    ),
+    responses(
+        (status = 200, description = "A page", body = HistoryPage),
+        (status = 400, description = "A bad parameter; `field` names it", body = ErrorBody),
+        (status = 404, description = "No such timer", body = ErrorBody),
+        (status = 501, description = "The store keeps no history", body = ErrorBody),
+    )
+)]
 pub async fn history(
     State(app): State<AppState>,
-    Path((tenant, id)): Path<(String, String)>,
+    Path(TimerPath { tenant, id }): Path<TimerPath>,
     RawQuery(query): RawQuery,
 ) -> Response {
     let mut limit = DEFAULT_HISTORY_PAGE;
@@ -315,23 +384,33 @@ pub async fn history(
                 entries.truncate(limit);
                 entries.last().map(|e| e.seq.to_string())
             });
-            let views: Vec<Value> = entries.iter().map(entry_view).collect();
-            Json(json!({ "history": views, "nextCursor": next.flatten() })).into_response()
+            Json(HistoryPage {
+                history: entries.iter().map(HistoryView::of).collect(),
+                next_cursor: next.flatten(),
+            })
+            .into_response()
         }
         Ok(None) => error_body(StatusCode::NOT_FOUND, "not_found", None, "no such timer"),
         Err(e) => server_error(&e),
     }
 }
 
-/// `GET /v1/status`: this instance, its store and broker, and what they hold.
+/// This instance, its store and broker with their health, and what they hold.
+#[utoipa::path(
+    get,
+    path = "/v1/status",
+    tag = "operations",
+    responses((status = 200, description = "The status (also when a part is unhealthy)", body = Status))
+)]
 pub async fn status(State(app): State<AppState>) -> Response {
     let engine = &app.engine;
     let store = engine.store();
     let broker = engine.broker();
     let (store_health, broker_health) = tokio::join!(store.health(), broker.health());
-    let health = |kind: &str, result: timer_core::Result<()>| match result {
-        Ok(()) => json!({ "kind": kind, "healthy": true }),
-        Err(e) => json!({ "kind": kind, "healthy": false, "error": e.chain() }),
+    let health = |kind: &'static str, result: timer_core::Result<()>| Health {
+        kind,
+        healthy: result.is_ok(),
+        error: result.err().map(|e| e.chain()),
     };
     let count = |state: TimerState| async move {
         match store.queries() {
@@ -347,19 +426,26 @@ pub async fn status(State(app): State<AppState>) -> Response {
         store.next_due_at(),
     );
     let minute = engine.last_minute();
-    Json(json!({
-        "version": env!("CARGO_PKG_VERSION"),
-        "instanceId": engine.instance_id(),
-        "store": health(store.name(), store_health),
-        "broker": health(broker.name(), broker_health),
-        "timers": { "pending": pending, "paused": paused, "failed": failed },
-        "nextDueAt": next_due.ok().flatten().map(|t| t.to_rfc3339()),
-        "lastMinute": {
-            "fired": minute.fired,
-            "latenessMs": { "p50": minute.p50_ms, "p99": minute.p99_ms },
+    Json(Status {
+        version: env!("CARGO_PKG_VERSION"),
+        instance_id: engine.instance_id().to_owned(),
+        store: health(store.name(), store_health),
+        broker: health(broker.name(), broker_health),
+        timers: Counts {
+            pending,
+            paused,
+            failed,
+        },
+        next_due_at: next_due.ok().flatten().map(|t| t.to_rfc3339()),
+        last_minute: LastMinute {
+            fired: minute.fired,
+            lateness_ms: Percentiles {
+                p50: minute.p50_ms,
+                p99: minute.p99_ms,
+            },
         },
         // No store keeps a register of live instances yet.
-        "instances": Value::Null,
-    }))
+        instances: None,
+    })
     .into_response()
 }

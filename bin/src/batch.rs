@@ -12,9 +12,12 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Deserialize;
 use serde_json::value::RawValue;
-use serde_json::{json, Value};
 use timer_core::{NewTimer, Reason, Rejection, Scheduled};
 
+use crate::api::{
+    Batch as BatchBody, BatchRefused, BatchResult, BatchResults, ErrorBody, ErrorDetail,
+    RejectedItem,
+};
 use crate::http::{error_body, outcome_code, server_error, AppState};
 
 #[derive(Deserialize)]
@@ -24,12 +27,12 @@ struct Batch<'a> {
     commands: Vec<&'a RawValue>,
 }
 
-fn rejection_json(r: &Rejection, field: Option<String>) -> Value {
-    let mut error = json!({ "reason": r.reason.as_str(), "message": r.message });
-    if let Some(field) = field {
-        error["field"] = json!(field);
+fn rejection_detail(r: &Rejection, field: Option<String>) -> ErrorDetail {
+    ErrorDetail {
+        reason: r.reason.as_str().to_owned(),
+        field,
+        message: r.message.clone(),
     }
-    json!({ "error": error })
 }
 
 /// `commands[i]` or `commands[i].field`.
@@ -40,6 +43,19 @@ fn item_field(i: usize, field: Option<&str>) -> String {
     }
 }
 
+/// Schedules many timers in one transaction: all of them, or none when any is refused.
+#[utoipa::path(
+    post,
+    path = "/v1/timers/batch",
+    tag = "timers",
+    request_body = BatchBody,
+    responses(
+        (status = 200, description = "One result per command, in order", body = BatchResults),
+        (status = 400, description = "Refused items (nothing was written), or a body that is not a batch, or over `limits.max_batch`", body = BatchRefused),
+        (status = 413, description = "Over `limits.max_batch_bytes`", body = ErrorBody),
+        (status = 503, description = "The store is unavailable; nothing was written", body = ErrorBody),
+    )
+)]
 pub async fn schedule_batch(State(app): State<AppState>, body: Bytes) -> Response {
     let batch: Batch = match serde_json::from_slice(&body) {
         Ok(batch) => batch,
@@ -74,12 +90,11 @@ pub async fn schedule_batch(State(app): State<AppState>, body: Bytes) -> Respons
     }
     if let Some((first, r)) = refused.first() {
         let field = item_field(*first, r.field.as_deref());
-        let rejected: Vec<Value> = refused
+        let rejected: Vec<RejectedItem> = refused
             .iter()
-            .map(|(i, r)| {
-                let mut item = rejection_json(r, r.field.as_ref().map(|f| item_field(*i, Some(f))));
-                item["index"] = json!(i);
-                item
+            .map(|(i, r)| RejectedItem {
+                index: *i,
+                error: rejection_detail(r, r.field.as_ref().map(|f| item_field(*i, Some(f)))),
             })
             .collect();
         let message = format!(
@@ -88,31 +103,35 @@ pub async fn schedule_batch(State(app): State<AppState>, body: Bytes) -> Respons
             batch.commands.len(),
             r.message
         );
-        let mut body = json!({
-            "error": { "reason": r.reason.as_str(), "field": field, "message": message },
-            "rejected": rejected,
-        });
-        if r.field.is_none() {
-            body["error"]["field"] = json!(item_field(*first, None));
-        }
+        let body = BatchRefused {
+            error: ErrorDetail {
+                reason: r.reason.as_str().to_owned(),
+                field: Some(field),
+                message,
+            },
+            rejected,
+        };
         return (StatusCode::BAD_REQUEST, Json(body)).into_response();
     }
     let scheduled = match app.engine.schedule(&timers).await {
         Ok(scheduled) => scheduled,
         Err(e) => return server_error(&e),
     };
-    let results: Vec<Value> = timers
+    let results = timers
         .iter()
         .zip(&scheduled)
         .map(|(timer, scheduled)| {
-            let mut result = match scheduled {
-                Scheduled::Stored(outcome) => json!({ "outcome": outcome_code(*outcome) }),
-                Scheduled::Refused(r) => rejection_json(r, r.field.clone()),
+            let (outcome, error) = match scheduled {
+                Scheduled::Stored(outcome) => (Some(outcome_code(*outcome)), None),
+                Scheduled::Refused(r) => (None, Some(rejection_detail(r, r.field.clone()))),
             };
-            result["tenantId"] = json!(timer.key.tenant_id);
-            result["serviceCallId"] = json!(timer.key.service_call_id);
-            result
+            BatchResult {
+                tenant_id: timer.key.tenant_id.clone(),
+                service_call_id: timer.key.service_call_id.clone(),
+                outcome,
+                error,
+            }
         })
         .collect();
-    Json(json!({ "results": results })).into_response()
+    Json(BatchResults { results }).into_response()
 }

@@ -15,12 +15,12 @@ use axum::Json;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine as _;
 use serde::{Deserialize, Serialize};
-use serde_json::{json, Value};
 use timer_core::{
     PageAfter, TenantSummary, Timer, TimerFilter, TimerQueries, TimerState, Timestamp,
 };
 
-use crate::http::{error_body, server_error, timer_view, AppState};
+use crate::api::{ErrorBody, Occurrence, SummaryPage, SummaryView, TimerPage, TimerView};
+use crate::http::{error_body, server_error, AppState, TenantPath};
 
 /// Default and largest page size.
 const DEFAULT_LIMIT: usize = 100;
@@ -194,23 +194,28 @@ pub fn next_parameter(query: Option<&str>) -> Result<Option<usize>, BadParameter
 /// Up to `n` coming fire times of `timer`, each in UTC and on the wall clock of its time zone:
 /// a Scheduled series' next occurrences, a Scheduled one-shot timer's due time, nothing for a
 /// finished timer.
-pub fn next_occurrences(timer: &Timer, now: Timestamp, n: usize) -> Value {
+pub fn next_occurrences(timer: &Timer, now: Timestamp, n: usize) -> Vec<Occurrence> {
     if timer.state != TimerState::Scheduled {
-        return json!([]);
+        return Vec::new();
     }
     let Some(recurrence) = &timer.recurrence else {
         let at = timer.due_at.to_rfc3339();
-        return json!([{ "utc": at, "local": at }]);
+        return vec![Occurrence {
+            utc: at.clone(),
+            local: at,
+        }];
     };
     let Ok(schedule) = recurrence.schedule() else {
-        return json!([]);
+        return Vec::new();
     };
-    let coming: Vec<Value> = schedule
+    schedule
         .upcoming(timer.due_at, timer.occurrences, now, n)
         .into_iter()
-        .map(|at| json!({ "utc": at.to_rfc3339(), "local": schedule.local_rfc3339(at) }))
-        .collect();
-    json!(coming)
+        .map(|at| Occurrence {
+            utc: at.to_rfc3339(),
+            local: schedule.local_rfc3339(at),
+        })
+        .collect()
 }
 
 /// What a list cursor holds: the page's tenant and filters, and where the next page starts.
@@ -296,10 +301,44 @@ fn unsupported(store: &str) -> Response {
     )
 }
 
-/// `GET /v1/tenants/{tenant}/timers`
+/// The query of `GET /v1/tenants/{tenant}/timers`, for the document (read by
+/// [`ListParams::parse`], which also refuses unknown parameters).
+#[allow(dead_code)]
+#[derive(utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+#[into_params(rename_all = "camelCase")]
+struct ListQuery {
+    /// `scheduled`, `paused`, `reached`, `cancelled`, `failed`: repeated or comma-separated.
+    state: Option<Vec<String>>,
+    /// Of the serviceCallId.
+    prefix: Option<String>,
+    /// RFC 3339 or Unix milliseconds; inclusive.
+    due_after: Option<String>,
+    /// RFC 3339 or Unix milliseconds; exclusive.
+    due_before: Option<String>,
+    /// Only series (`true`) or only one-shot timers (`false`).
+    recurring: Option<bool>,
+    /// Page size: 1 to 1000, default 100.
+    limit: Option<usize>,
+    /// `nextCursor` of the page before, with the same tenant and filters.
+    cursor: Option<String>,
+}
+
+/// A page of a tenant's timers, by due time then id, with filters.
+#[utoipa::path(
+    get,
+    path = "/v1/tenants/{tenant}/timers",
+    tag = "control",
+    params(TenantPath, ListQuery),
+    responses(
+        (status = 200, description = "A page", body = TimerPage),
+        (status = 400, description = "A bad parameter, or a cursor of another tenant or filter; `field` names it", body = ErrorBody),
+        (status = 501, description = "The store cannot list", body = ErrorBody),
+    )
+)]
 pub async fn list_timers(
     State(app): State<AppState>,
-    Path(tenant): Path<String>,
+    Path(TenantPath { tenant }): Path<TenantPath>,
     RawQuery(query): RawQuery,
 ) -> Response {
     let store = app.engine.store();
@@ -332,23 +371,60 @@ pub async fn list_timers(
         };
         encode(&ListCursor::new(&tenant, &params.filter, &after))
     });
-    let timers: Vec<Value> = timers.iter().map(timer_view).collect();
-    Json(json!({ "timers": timers, "nextCursor": next })).into_response()
+    Json(TimerPage {
+        timers: timers.iter().map(TimerView::of).collect(),
+        next_cursor: next,
+    })
+    .into_response()
 }
 
-/// `GET /v1/tenants/{tenant}/summary`
-pub async fn tenant_summary(State(app): State<AppState>, Path(tenant): Path<String>) -> Response {
+/// A tenant's counts per state, next due time and failures in the last 24 hours.
+#[utoipa::path(
+    get,
+    path = "/v1/tenants/{tenant}/summary",
+    tag = "control",
+    params(TenantPath),
+    responses(
+        (status = 200, description = "The summary (zero counts for a tenant without timers)", body = SummaryView),
+        (status = 501, description = "The store cannot count", body = ErrorBody),
+    )
+)]
+pub async fn tenant_summary(
+    State(app): State<AppState>,
+    Path(TenantPath { tenant }): Path<TenantPath>,
+) -> Response {
     let store = app.engine.store();
     let Some(queries) = store.queries() else {
         return unsupported(store.name());
     };
     match summaries(queries, &app, &[tenant]).await {
-        Ok(mut views) => Json(views.pop().unwrap_or(Value::Null)).into_response(),
+        Ok(mut views) => Json(views.pop()).into_response(),
         Err(response) => response,
     }
 }
 
-/// `GET /v1/summary`: every tenant's summary, a page of tenants at a time (`limit`, `cursor`).
+#[allow(dead_code)]
+#[derive(utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+struct PageQuery {
+    /// Page size: 1 to 1000, default 100.
+    limit: Option<usize>,
+    /// `nextCursor` of the page before.
+    cursor: Option<String>,
+}
+
+/// Every tenant's summary, a page of tenants at a time.
+#[utoipa::path(
+    get,
+    path = "/v1/summary",
+    tag = "control",
+    params(PageQuery),
+    responses(
+        (status = 200, description = "A page of tenants", body = SummaryPage),
+        (status = 400, description = "A bad parameter; `field` names it", body = ErrorBody),
+        (status = 501, description = "The store cannot count", body = ErrorBody),
+    )
+)]
 pub async fn all_summaries(State(app): State<AppState>, RawQuery(query): RawQuery) -> Response {
     let store = app.engine.store();
     let Some(queries) = store.queries() else {
@@ -379,7 +455,11 @@ pub async fn all_summaries(State(app): State<AppState>, RawQuery(query): RawQuer
         })
     });
     match summaries(queries, &app, &tenants).await {
-        Ok(views) => Json(json!({ "tenants": views, "nextCursor": next })).into_response(),
+        Ok(views) => Json(SummaryPage {
+            tenants: views,
+            next_cursor: next,
+        })
+        .into_response(),
         Err(response) => response,
     }
 }
@@ -388,7 +468,7 @@ async fn summaries(
     queries: &dyn TimerQueries,
     app: &AppState,
     tenants: &[String],
-) -> Result<Vec<Value>, Response> {
+) -> Result<Vec<SummaryView>, Response> {
     let since = app.engine.clock().now().saturating_sub(FAILED_WINDOW);
     let summaries = queries
         .summaries(tenants, since)
@@ -397,20 +477,20 @@ async fn summaries(
     Ok(summaries.iter().map(summary_view).collect())
 }
 
-fn summary_view(s: &TenantSummary) -> Value {
-    let counts: serde_json::Map<String, Value> = TimerState::ALL
+fn summary_view(s: &TenantSummary) -> SummaryView {
+    let counts = TimerState::ALL
         .iter()
         .map(|state| {
             let n = s.counts.get(state).copied().unwrap_or(0);
-            (state.as_str().to_ascii_lowercase(), json!(n))
+            (state.as_str().to_ascii_lowercase(), n)
         })
         .collect();
-    json!({
-        "tenantId": s.tenant_id,
-        "counts": counts,
-        "nextDueAt": s.next_due_at.map(Timestamp::to_rfc3339),
-        "failedLast24h": s.failed_since,
-    })
+    SummaryView {
+        tenant_id: s.tenant_id.clone(),
+        counts,
+        next_due_at: s.next_due_at.map(Timestamp::to_rfc3339),
+        failed_last_24h: s.failed_since,
+    }
 }
 
 #[cfg(test)]

@@ -8,16 +8,14 @@ use axum::extract::{Path, Query, RawQuery, State};
 use axum::http::StatusCode;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
 use axum::{Json, Router};
 use futures::Stream;
 use metrics_exporter_prometheus::PrometheusHandle;
 use serde::Deserialize;
-use serde_json::{json, Value};
 use timer_brokers::memory::MemoryHub;
 use timer_core::engine::metric;
 use timer_core::{
-    CancelOutcome, Engine, Error, ErrorKind, Reason, Rejection, ScheduleOutcome, Scheduled, Timer,
+    CancelOutcome, Engine, Error, ErrorKind, Reason, Rejection, ScheduleOutcome, Scheduled,
     TimerKey,
 };
 use tokio_stream::wrappers::errors::BroadcastStreamRecvError;
@@ -26,6 +24,14 @@ use tokio_util::sync::CancellationToken;
 use tower_http::limit::RequestBodyLimitLayer;
 use tower_http::timeout::TimeoutLayer;
 use tower_http::trace::TraceLayer;
+use utoipa::OpenApi as _;
+use utoipa_axum::router::{OpenApiRouter, UtoipaMethodRouterExt};
+use utoipa_axum::routes;
+
+use crate::api::{
+    DeadLetterView, DeadLetters, ErrorBody, ErrorDetail, Outcome, Probe, Readiness, ScheduleTimer,
+    TimerOutcome, TimerView,
+};
 
 use crate::config::Config;
 
@@ -37,85 +43,80 @@ pub struct AppState {
     pub shutdown: CancellationToken,
 }
 
-pub fn router(state: AppState, config: &Config) -> Router {
+/// Path parameters of the routes on one timer.
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Path)]
+pub struct TimerPath {
+    /// The tenant (`tenantId`).
+    pub tenant: String,
+    /// The timer's `serviceCallId`.
+    pub id: String,
+}
+
+/// Path parameter of the routes on one tenant.
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Path)]
+pub struct TenantPath {
+    /// The tenant (`tenantId`).
+    pub tenant: String,
+}
+
+/// The service's routes and the OpenAPI document describing them, built together: a route is
+/// added with the `#[utoipa::path]` of its handler, so it cannot be missing from the document.
+pub fn routes(config: &Config) -> (Router<AppState>, utoipa::openapi::OpenApi) {
     // Room for the largest command plus headers of a JSON body; a batch has a limit of its own.
     let body_limit = config.limits.max_message_bytes + 1024;
     let batch_limit = config.limits.max_batch_bytes;
     let limited = |limit| RequestBodyLimitLayer::new(limit);
-    let api = Router::new()
-        .route("/v1/timers", post(schedule).layer(limited(body_limit)))
-        .route(
-            "/v1/timers/batch",
-            post(crate::batch::schedule_batch).layer(limited(batch_limit)),
-        )
-        .route(
-            "/v1/tenants/{tenant}/timers/{id}",
-            get(get_timer).delete(cancel_timer),
-        )
-        .route(
-            "/v1/tenants/{tenant}/timers",
-            get(crate::control::list_timers),
-        )
-        .route(
-            "/v1/tenants/{tenant}/timers/{id}/pause",
-            post(crate::actions::pause).layer(limited(body_limit)),
-        )
-        .route(
-            "/v1/tenants/{tenant}/timers/{id}/resume",
-            post(crate::actions::resume),
-        )
-        .route(
-            "/v1/tenants/{tenant}/timers/{id}/trigger",
-            post(crate::actions::trigger),
-        )
-        .route(
-            "/v1/tenants/{tenant}/timers/{id}/history",
-            get(crate::actions::history),
-        )
-        .route("/v1/status", get(crate::actions::status))
-        .route(
-            "/v1/tenants/{tenant}/summary",
-            get(crate::control::tenant_summary),
-        )
-        .route("/v1/summary", get(crate::control::all_summaries))
-        .route(
-            "/v1/commands",
-            post(send_command).layer(limited(body_limit)),
-        )
-        .route("/v1/dead-letters", get(dead_letters))
+    let timeout =
+        || TimeoutLayer::with_status_code(StatusCode::REQUEST_TIMEOUT, config.http.request_timeout);
+    let api = OpenApiRouter::with_openapi(crate::api::Document::openapi())
+        .routes(routes!(schedule).layer(limited(body_limit)))
+        .routes(routes!(crate::batch::schedule_batch).layer(limited(batch_limit)))
+        .routes(routes!(get_timer, cancel_timer))
+        .routes(routes!(crate::control::list_timers))
+        .routes(routes!(crate::actions::pause).layer(limited(body_limit)))
+        .routes(routes!(crate::actions::resume))
+        .routes(routes!(crate::actions::trigger))
+        .routes(routes!(crate::actions::history))
+        .routes(routes!(crate::actions::status))
+        .routes(routes!(crate::control::tenant_summary))
+        .routes(routes!(crate::control::all_summaries))
+        .routes(routes!(send_command).layer(limited(body_limit)))
+        .routes(routes!(dead_letters))
+        .routes(routes!(openapi))
         // The event stream lives as long as the client wants, so it has no request timeout.
-        .layer(TimeoutLayer::with_status_code(
-            StatusCode::REQUEST_TIMEOUT,
-            config.http.request_timeout,
-        ))
-        .route("/v1/events", get(events))
+        .layer(timeout())
+        .routes(routes!(events))
         // A bulk action runs to its end, page after page, however long that takes.
-        .route(
-            "/v1/tenants/{tenant}/timers/bulk",
-            post(crate::actions::bulk).layer(limited(body_limit)),
-        )
+        .routes(routes!(crate::actions::bulk).layer(limited(body_limit)))
         .layer(axum::middleware::from_fn_with_state(
             config.http.token.clone().map(Arc::<str>::from),
             require_token,
         ));
     // Health and metrics stay open: probes and scrapers carry no token.
-    let open = Router::new()
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics))
-        .layer(TimeoutLayer::with_status_code(
-            StatusCode::REQUEST_TIMEOUT,
-            config.http.request_timeout,
-        ));
-    Router::new()
-        .merge(api)
-        .merge(open)
+    let open = OpenApiRouter::new()
+        .routes(routes!(healthz))
+        .routes(routes!(readyz))
+        .routes(routes!(metrics))
+        .layer(timeout());
+    let (router, document) = api.merge(open).split_for_parts();
+    let router = router
         // No route takes a body larger than this; the routes that read one have their own.
         .layer(limited(body_limit.max(batch_limit)))
         // Outside the limit, so its own answer to a too-large Content-Length (plain text) also
         // becomes the JSON error body.
         .layer(axum::middleware::map_response(json_payload_too_large))
-        .layer(TraceLayer::new_for_http())
+        .layer(TraceLayer::new_for_http());
+    (router, document)
+}
+
+pub fn router(state: AppState, config: &Config) -> Router {
+    let (router, document) = routes(config);
+    // Serializing a document of plain strings and maps cannot fail.
+    let json = serde_json::to_vec(&document).unwrap_or_default();
+    router
+        .layer(axum::Extension(OpenApiJson(Bytes::from(json))))
         .with_state(state)
 }
 
@@ -160,11 +161,8 @@ pub(crate) fn error_body(
     field: Option<&str>,
     message: &str,
 ) -> Response {
-    let mut error = json!({ "reason": reason, "message": message });
-    if let Some(field) = field {
-        error["field"] = json!(field);
-    }
-    (status, Json(json!({ "error": error }))).into_response()
+    let error = ErrorDetail::new(reason, field, message);
+    (status, Json(ErrorBody { error })).into_response()
 }
 
 /// The body limit layer answers 413 in plain text; give it the JSON error shape of every other
@@ -204,34 +202,6 @@ pub(crate) fn server_error(e: &Error) -> Response {
     error_body(status, e.kind().as_str(), None, &e.chain())
 }
 
-pub fn timer_view(t: &Timer) -> Value {
-    let payload = t
-        .payload
-        .as_deref()
-        .and_then(|p| serde_json::from_str::<Value>(p).ok());
-    json!({
-        "tenantId": t.key.tenant_id,
-        "serviceCallId": t.key.service_call_id,
-        "state": t.state.as_str(),
-        "dueAt": t.due_at.to_rfc3339(),
-        "dueTimeMs": t.due_at.as_millis(),
-        "registeredAt": t.registered_at.to_rfc3339(),
-        "reachedAt": t.reached_at.map(|r| r.to_rfc3339()),
-        "attempts": t.attempts,
-        "lastError": t.last_error,
-        "correlationId": t.correlation_id,
-        "payload": payload,
-        // Recurring timers: the pattern, and how many occurrences fired (dueAt is the next).
-        "recurrence": t.recurrence.as_ref().map(|r| json!({
-            "cron": r.cron,
-            "timeZone": r.time_zone,
-            "endAt": r.end_at.map(|at| at.to_rfc3339()),
-            "maxOccurrences": r.max_occurrences,
-        })),
-        "occurrences": t.recurrence.as_ref().map(|_| t.occurrences),
-    })
-}
-
 /// The outcome code of a stored schedule, as the API names it (`outcome`, and the reason of a
 /// 409).
 pub(crate) fn outcome_code(outcome: ScheduleOutcome) -> &'static str {
@@ -244,6 +214,21 @@ pub(crate) fn outcome_code(outcome: ScheduleOutcome) -> &'static str {
     }
 }
 
+/// Schedules a timer, or moves a Scheduled one with the same key.
+#[utoipa::path(
+    post,
+    path = "/v1/timers",
+    tag = "timers",
+    request_body = ScheduleTimer,
+    responses(
+        (status = 201, description = "Created", body = TimerOutcome),
+        (status = 200, description = "Updated (same key, new due time or fields)", body = TimerOutcome),
+        (status = 409, description = "The timer already fired, was cancelled or failed; nothing changed", body = TimerOutcome),
+        (status = 400, description = "The command is refused; `field` names what is wrong", body = ErrorBody),
+        (status = 429, description = "The tenant is at its limit of pending timers", body = ErrorBody),
+        (status = 503, description = "The store is unavailable", body = ErrorBody),
+    )
+)]
 async fn schedule(State(app): State<AppState>, body: Bytes) -> Response {
     let timer = match app.engine.admit_schedule(&body) {
         Ok(t) => t,
@@ -269,24 +254,43 @@ async fn schedule(State(app): State<AppState>, body: Bytes) -> Response {
         Err(e) => return server_error(&e),
     };
     let timer = match app.engine.store().get(&key).await {
-        Ok(t) => t.as_ref().map(timer_view),
+        Ok(t) => t.as_ref().map(TimerView::of),
         Err(e) => return server_error(&e),
     };
-    let mut body = json!({ "outcome": outcome, "timer": timer });
-    if status == StatusCode::CONFLICT {
+    let error = (status == StatusCode::CONFLICT).then(|| {
         let message = match outcome {
             "already_reached" => "the timer already fired; nothing changed",
             "already_failed" => "the timer failed (engine.max_attempts publishes); nothing changed",
             _ => "the timer was cancelled; nothing changed",
         };
-        body["error"] = json!({ "reason": outcome, "message": message });
-    }
+        ErrorDetail::new(outcome, None, message)
+    });
+    let body = TimerOutcome {
+        outcome,
+        timer,
+        error,
+    };
     (status, Json(body)).into_response()
 }
 
+/// A timer; with `next=N`, its next N fire times too.
+#[utoipa::path(
+    get,
+    path = "/v1/tenants/{tenant}/timers/{id}",
+    tag = "timers",
+    params(
+        TimerPath,
+        ("next" = Option<usize>, Query, description = "Add `nextOccurrences`: up to this many (at most 100) coming fire times"),
+    ),
+    responses(
+        (status = 200, description = "The timer", body = TimerView),
+        (status = 400, description = "A bad query parameter", body = ErrorBody),
+        (status = 404, description = "No such timer", body = ErrorBody),
+    )
+)]
 async fn get_timer(
     State(app): State<AppState>,
-    Path((tenant, id)): Path<(String, String)>,
+    Path(TimerPath { tenant, id }): Path<TimerPath>,
     RawQuery(query): RawQuery,
 ) -> Response {
     let next = match crate::control::next_parameter(query.as_deref()) {
@@ -295,10 +299,10 @@ async fn get_timer(
     };
     match app.engine.store().get(&TimerKey::new(tenant, id)).await {
         Ok(Some(t)) => {
-            let mut view = timer_view(&t);
+            let mut view = TimerView::of(&t);
             if let Some(n) = next {
                 let now = app.engine.clock().now();
-                view["nextOccurrences"] = crate::control::next_occurrences(&t, now, n);
+                view.next_occurrences = Some(crate::control::next_occurrences(&t, now, n));
             }
             Json(view).into_response()
         }
@@ -307,15 +311,31 @@ async fn get_timer(
     }
 }
 
+/// Cancels a Scheduled or Paused timer.
+#[utoipa::path(
+    delete,
+    path = "/v1/tenants/{tenant}/timers/{id}",
+    tag = "timers",
+    params(TimerPath),
+    responses(
+        (status = 200, description = "`cancelled`, or `already_cancelled`", body = Outcome),
+        (status = 409, description = "It already fired or failed (`already_reached`, `already_failed`), or is firing right now (`firing`)", body = ErrorBody),
+        (status = 404, description = "No such timer", body = ErrorBody),
+    )
+)]
 async fn cancel_timer(
     State(app): State<AppState>,
-    Path((tenant, id)): Path<(String, String)>,
+    Path(TimerPath { tenant, id }): Path<TimerPath>,
 ) -> Response {
     match app.engine.cancel(&TimerKey::new(tenant, id)).await {
-        Ok(CancelOutcome::Cancelled) => Json(json!({ "outcome": "cancelled" })).into_response(),
-        Ok(CancelOutcome::AlreadyCancelled) => {
-            Json(json!({ "outcome": "already_cancelled" })).into_response()
-        }
+        Ok(CancelOutcome::Cancelled) => Json(Outcome {
+            outcome: "cancelled",
+        })
+        .into_response(),
+        Ok(CancelOutcome::AlreadyCancelled) => Json(Outcome {
+            outcome: "already_cancelled",
+        })
+        .into_response(),
         Ok(CancelOutcome::AlreadyReached) => error_body(
             StatusCode::CONFLICT,
             "already_reached",
@@ -343,6 +363,16 @@ async fn cancel_timer(
 }
 
 /// Feeds a raw command into the in-process broker: the broker path of the embedded setup.
+#[utoipa::path(
+    post,
+    path = "/v1/commands",
+    tag = "embedded",
+    request_body(content = Object, description = "A command as a broker carries it: ScheduleTimer, CancelTimer, PauseTimer or ResumeTimer (see the wire contract)"),
+    responses(
+        (status = 202, description = "`queued`: the in-process broker has it", body = Outcome),
+        (status = 404, description = "Another broker is configured: publish to it", body = ErrorBody),
+    )
+)]
 async fn send_command(State(app): State<AppState>, body: Bytes) -> Response {
     let Some(hub) = &app.memory_hub else {
         return error_body(
@@ -354,11 +384,21 @@ async fn send_command(State(app): State<AppState>, body: Bytes) -> Response {
         );
     };
     match hub.send_command(body.to_vec()) {
-        Ok(()) => (StatusCode::ACCEPTED, Json(json!({ "outcome": "queued" }))).into_response(),
+        Ok(()) => (StatusCode::ACCEPTED, Json(Outcome { outcome: "queued" })).into_response(),
         Err(e) => server_error(&e),
     }
 }
 
+/// Commands the in-process broker could not take, with the reason.
+#[utoipa::path(
+    get,
+    path = "/v1/dead-letters",
+    tag = "embedded",
+    responses(
+        (status = 200, description = "Dead letters, oldest first", body = DeadLetters),
+        (status = 404, description = "Another broker is configured: see its dead-letter destination", body = ErrorBody),
+    )
+)]
 async fn dead_letters(State(app): State<AppState>) -> Response {
     let Some(hub) = &app.memory_hub else {
         return error_body(
@@ -369,16 +409,36 @@ async fn dead_letters(State(app): State<AppState>) -> Response {
         );
     };
     match hub.dead_letters() {
-        Ok(letters) => Json(json!({ "deadLetters": letters })).into_response(),
+        Ok(letters) => Json(DeadLetters {
+            dead_letters: letters
+                .into_iter()
+                .map(|l| DeadLetterView {
+                    body: l.body,
+                    reason: l.reason,
+                })
+                .collect(),
+        })
+        .into_response(),
         Err(e) => server_error(&e),
     }
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 struct EventsQuery {
+    /// Only this tenant's events.
     tenant: Option<String>,
 }
 
+/// Server-sent events: each `DueTimeReached` this instance publishes (event `DueTimeReached`,
+/// data its JSON), and `lagged` with a count when a slow reader missed some.
+#[utoipa::path(
+    get,
+    path = "/v1/events",
+    tag = "embedded",
+    params(EventsQuery),
+    responses((status = 200, description = "An endless event stream", content_type = "text/event-stream", body = String))
+)]
 async fn events(
     State(app): State<AppState>,
     Query(query): Query<EventsQuery>,
@@ -401,28 +461,64 @@ async fn events(
     Sse::new(stream).keep_alive(KeepAlive::default())
 }
 
+/// Liveness: the process answers.
+#[utoipa::path(
+    get,
+    path = "/healthz",
+    tag = "operations",
+    security(()),
+    responses((status = 200, description = "`ok`", content_type = "text/plain", body = String))
+)]
 async fn healthz() -> &'static str {
     "ok"
 }
 
+/// Readiness: the store and the broker answer.
+#[utoipa::path(
+    get,
+    path = "/readyz",
+    tag = "operations",
+    security(()),
+    responses(
+        (status = 200, description = "Both are reachable", body = Readiness),
+        (status = 503, description = "One is not; its `status` says why", body = Readiness),
+    )
+)]
 async fn readyz(State(app): State<AppState>) -> Response {
     let (store, broker) = tokio::join!(app.engine.store().health(), app.engine.broker().health());
     let show = |r: &Result<(), Error>| match r {
-        Ok(()) => json!("ok"),
-        Err(e) => json!(e.chain()),
+        Ok(()) => "ok".to_owned(),
+        Err(e) => e.chain(),
     };
     let status = if store.is_ok() && broker.is_ok() {
         StatusCode::OK
     } else {
         StatusCode::SERVICE_UNAVAILABLE
     };
-    let body = json!({
-        "store": { "kind": app.engine.store().name(), "status": show(&store) },
-        "broker": { "kind": app.engine.broker().name(), "status": show(&broker) },
-    });
+    let body = Readiness {
+        store: Probe {
+            kind: app.engine.store().name(),
+            status: show(&store),
+        },
+        broker: Probe {
+            kind: app.engine.broker().name(),
+            status: show(&broker),
+        },
+    };
     (status, Json(body)).into_response()
 }
 
+/// Prometheus metrics (`docs/metrics.md` lists them).
+#[utoipa::path(
+    get,
+    path = "/metrics",
+    tag = "operations",
+    security(()),
+    responses(
+        (status = 200, description = "Prometheus text format", content_type = "text/plain", body = String),
+        (status = 404, description = "No metrics recorder (metrics.enabled = false)", body = ErrorBody),
+    )
+)]
 async fn metrics(State(app): State<AppState>) -> Response {
     match &app.metrics {
         Some(handle) => handle.render().into_response(),
@@ -434,6 +530,25 @@ async fn metrics(State(app): State<AppState>) -> Response {
         ),
     }
 }
+
+/// This API as an OpenAPI 3.1 document.
+#[utoipa::path(
+    get,
+    path = "/v1/openapi.json",
+    tag = "operations",
+    responses((status = 200, description = "The document", content_type = "application/json", body = Object))
+)]
+async fn openapi(axum::Extension(document): axum::Extension<OpenApiJson>) -> Response {
+    (
+        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        document.0,
+    )
+        .into_response()
+}
+
+/// The OpenAPI document, serialized once.
+#[derive(Clone)]
+struct OpenApiJson(Bytes);
 
 /// Keeps the `timer.pending` (Scheduled) and `timer.paused` gauges current (a count is too costly for every scrape on a big store).
 pub async fn pending_gauge(engine: Engine, shutdown: CancellationToken) {

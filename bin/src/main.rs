@@ -1,6 +1,7 @@
 //! The timer-service binary: CLI, config, plugin assembly, HTTP API.
 
 mod actions;
+mod api;
 mod batch;
 mod bench;
 mod client;

@@ -37,55 +37,70 @@ impl Action {
 
 /// One change in a timer's history. Serialized as JSON with a `type` tag, as the stores keep it
 /// and the API shows it (`{"type":"fired","dueAt":"…","latenessMs":3,…}`).
+// Each variant renames its own fields (`rename_all_fields` says the same once, but the OpenAPI
+// derive does not read it).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(
-    tag = "type",
-    rename_all = "snake_case",
-    rename_all_fields = "camelCase"
-)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(tag = "type", rename_all = "snake_case")]
 pub enum Change {
     /// The timer was created by a `ScheduleTimer` with this due time.
+    #[serde(rename_all = "camelCase")]
     Created {
+        #[cfg_attr(feature = "openapi", schema(value_type = String, format = DateTime))]
         #[serde(with = "rfc3339")]
         due_at: Timestamp,
     },
     /// A `ScheduleTimer` for the existing timer was applied; this is the due time it gave.
+    #[serde(rename_all = "camelCase")]
     Rescheduled {
+        #[cfg_attr(feature = "openapi", schema(value_type = String, format = DateTime))]
         #[serde(with = "rfc3339")]
         due_at: Timestamp,
     },
+    #[serde(rename_all = "camelCase")]
     Paused {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         note: Option<String>,
     },
     /// Resumed; it is due at `dueAt` (absent when a series ended during the pause and
     /// finished with the resume).
+    #[serde(rename_all = "camelCase")]
     Resumed {
         #[serde(
             default,
             skip_serializing_if = "Option::is_none",
             with = "rfc3339::option"
         )]
+        #[cfg_attr(
+            feature = "openapi",
+            schema(value_type = Option<String>, format = DateTime)
+        )]
         due_at: Option<Timestamp>,
     },
     /// Occurrences of a series that fell into a pause and never fire: `count` of them (at
     /// least, when `atLeast`), the first and the last.
+    #[serde(rename_all = "camelCase")]
     Skipped {
         count: u64,
+        #[cfg_attr(feature = "openapi", schema(value_type = String, format = DateTime))]
         #[serde(with = "rfc3339")]
         first: Timestamp,
+        #[cfg_attr(feature = "openapi", schema(value_type = String, format = DateTime))]
         #[serde(with = "rfc3339")]
         last: Timestamp,
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         at_least: bool,
     },
     /// An extra `DueTimeReached` with `"trigger": "manual"` went out; the schedule did not move.
+    #[serde(rename_all = "camelCase")]
     Triggered {
         event_id: String,
     },
     /// Its `DueTimeReached` went out: for the occurrence due at `dueAt`, `latenessMs` after it,
     /// by `instance`.
+    #[serde(rename_all = "camelCase")]
     Fired {
+        #[cfg_attr(feature = "openapi", schema(value_type = String, format = DateTime))]
         #[serde(with = "rfc3339")]
         due_at: Timestamp,
         lateness_ms: u64,
@@ -94,11 +109,13 @@ pub enum Change {
         occurrence: Option<u32>,
     },
     /// A publish failed; it is retried.
+    #[serde(rename_all = "camelCase")]
     PublishFailed {
         attempt: u32,
         error: String,
     },
     /// The last allowed publish failed: the timer became Failed and a `TimerFailed` went out.
+    #[serde(rename_all = "camelCase")]
     GivenUp {
         attempts: u32,
         error: String,

@@ -1,0 +1,429 @@
+//! The bodies of the HTTP API as types. The handlers answer with these, and the OpenAPI
+//! document (`GET /v1/openapi.json`) is generated from the same types and from the handlers'
+//! `#[utoipa::path]` attributes, so the document says what the service sends.
+//!
+//! Times are RFC 3339 strings in UTC; `…Ms` fields are milliseconds.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+use serde_json::Value;
+use timer_core::{Change, HistoryEntry, Timer, Timestamp};
+use utoipa::{OpenApi, ToSchema};
+
+/// Every error: `{"error": {"reason", "message", "field"?}}`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ErrorBody {
+    pub error: ErrorDetail,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ErrorDetail {
+    /// A stable code to branch on (`invalid_parameter`, `not_found`, `firing`, …).
+    pub reason: String,
+    /// The request field at fault (`state`, `commands[3].dueAt`, `filter.prefix`), when one is.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub field: Option<String>,
+    /// What is wrong, for a person.
+    pub message: String,
+}
+
+impl ErrorDetail {
+    pub fn new(reason: &str, field: Option<&str>, message: &str) -> Self {
+        ErrorDetail {
+            reason: reason.to_owned(),
+            field: field.map(str::to_owned),
+            message: message.to_owned(),
+        }
+    }
+}
+
+/// A timer as the API shows it.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TimerView {
+    pub tenant_id: String,
+    pub service_call_id: String,
+    /// `Scheduled`, `Paused`, `Reached`, `Cancelled` or `Failed`.
+    pub state: &'static str,
+    /// When it fires (a series: its next occurrence).
+    #[schema(format = DateTime)]
+    pub due_at: String,
+    pub due_time_ms: i64,
+    #[schema(format = DateTime)]
+    pub registered_at: String,
+    #[schema(format = DateTime)]
+    pub reached_at: Option<String>,
+    /// Publishes tried for the current occurrence.
+    pub attempts: u32,
+    pub last_error: Option<String>,
+    pub correlation_id: Option<String>,
+    /// The JSON the `ScheduleTimer` carried, given back in `DueTimeReached`.
+    pub payload: Option<Value>,
+    /// A series' pattern; null for a one-shot timer.
+    pub recurrence: Option<RecurrenceView>,
+    /// A series' occurrences fired so far; null for a one-shot timer.
+    pub occurrences: Option<u32>,
+    /// With `?next=N`: the next fire times.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_occurrences: Option<Vec<Occurrence>>,
+}
+
+impl TimerView {
+    pub fn of(t: &Timer) -> Self {
+        let payload = t
+            .payload
+            .as_deref()
+            .and_then(|p| serde_json::from_str::<Value>(p).ok());
+        TimerView {
+            tenant_id: t.key.tenant_id.clone(),
+            service_call_id: t.key.service_call_id.clone(),
+            state: t.state.as_str(),
+            due_at: t.due_at.to_rfc3339(),
+            due_time_ms: t.due_at.as_millis(),
+            registered_at: t.registered_at.to_rfc3339(),
+            reached_at: t.reached_at.map(Timestamp::to_rfc3339),
+            attempts: t.attempts,
+            last_error: t.last_error.clone(),
+            correlation_id: t.correlation_id.clone(),
+            payload,
+            recurrence: t.recurrence.as_ref().map(|r| RecurrenceView {
+                cron: r.cron.clone(),
+                time_zone: r.time_zone.clone(),
+                end_at: r.end_at.map(Timestamp::to_rfc3339),
+                max_occurrences: r.max_occurrences,
+            }),
+            occurrences: t.recurrence.as_ref().map(|_| t.occurrences),
+            next_occurrences: None,
+        }
+    }
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RecurrenceView {
+    pub cron: String,
+    /// IANA zone the cron pattern is read in.
+    pub time_zone: String,
+    #[schema(format = DateTime)]
+    pub end_at: Option<String>,
+    pub max_occurrences: Option<u32>,
+}
+
+/// A coming fire time, in UTC and on the wall clock of the timer's zone.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Occurrence {
+    #[schema(format = DateTime)]
+    pub utc: String,
+    #[schema(format = DateTime)]
+    pub local: String,
+}
+
+/// What a request did to one timer, and the timer as it is now. A 409 carries `error` too.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct TimerOutcome {
+    /// `created`, `updated`, `paused`, `resumed`, `already_paused`, `already_reached`, …
+    pub outcome: &'static str,
+    pub timer: Option<TimerView>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<ErrorDetail>,
+}
+
+/// An outcome without a timer (`cancelled`, `already_cancelled`, `queued`).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Outcome {
+    pub outcome: &'static str,
+}
+
+/// `POST …/trigger`: the extra `DueTimeReached` went out.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TriggerOutcome {
+    /// `triggered`.
+    pub outcome: &'static str,
+    /// The event's id (deterministic per timer and trigger time).
+    pub event_id: String,
+    #[schema(format = DateTime)]
+    pub at: String,
+}
+
+/// A page of a tenant's timers, by due time then id.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TimerPage {
+    pub timers: Vec<TimerView>,
+    /// Give it as `cursor` for the next page; null on the last one.
+    pub next_cursor: Option<String>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SummaryView {
+    pub tenant_id: String,
+    /// Timers per state: `scheduled`, `paused`, `reached`, `cancelled`, `failed`.
+    pub counts: BTreeMap<String, u64>,
+    #[schema(format = DateTime)]
+    pub next_due_at: Option<String>,
+    #[serde(rename = "failedLast24h")]
+    pub failed_last_24h: u64,
+}
+
+/// A page of tenants' summaries, by tenant id.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SummaryPage {
+    pub tenants: Vec<SummaryView>,
+    pub next_cursor: Option<String>,
+}
+
+/// One result of a batch, in the order of the commands: an `outcome`, or the `error` that
+/// refused this item (a tenant over its limit).
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BatchResult {
+    pub tenant_id: String,
+    pub service_call_id: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub outcome: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<ErrorDetail>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct BatchResults {
+    pub results: Vec<BatchResult>,
+}
+
+/// A refused batch: nothing was written. With refused items, `error` names the first and
+/// `rejected` has them all; a body that is not a batch has only `error`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct BatchRefused {
+    pub error: ErrorDetail,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub rejected: Vec<RejectedItem>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct RejectedItem {
+    /// Position in `commands`.
+    pub index: usize,
+    pub error: ErrorDetail,
+}
+
+/// What a bulk action did.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct BulkOutcome {
+    /// `cancel`, `pause` or `resume`.
+    pub action: &'static str,
+    /// Timers the filter matched.
+    pub matched: u64,
+    /// Timers the action changed.
+    pub changed: u64,
+    /// Pages applied, each a transaction of its own.
+    pub pages: u64,
+    /// How many timers ended with each outcome (`paused`, `already_paused`, `firing`, …).
+    pub outcomes: BTreeMap<&'static str, u64>,
+}
+
+/// One change of a timer: `seq`, `at`, and the change's `type` with its fields.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct HistoryView {
+    /// Numbers the timer's changes from 1; the cursor of the next page is the last `seq`.
+    pub seq: u64,
+    #[schema(format = DateTime)]
+    pub at: String,
+    #[serde(flatten)]
+    pub change: Change,
+}
+
+impl HistoryView {
+    pub fn of(entry: &HistoryEntry) -> Self {
+        HistoryView {
+            seq: entry.seq,
+            at: entry.at.to_rfc3339(),
+            change: entry.change.clone(),
+        }
+    }
+}
+
+/// A page of a timer's history, oldest first.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HistoryPage {
+    pub history: Vec<HistoryView>,
+    pub next_cursor: Option<String>,
+}
+
+/// `GET /v1/status`.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Status {
+    pub version: &'static str,
+    pub instance_id: String,
+    pub store: Health,
+    pub broker: Health,
+    pub timers: Counts,
+    #[schema(format = DateTime)]
+    pub next_due_at: Option<String>,
+    pub last_minute: LastMinute,
+    /// Other live instances, where the store keeps a register of them (none does yet: null).
+    pub instances: Option<Vec<String>>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Health {
+    /// The plugin: `sqlite`, `postgres`, `memory`, `nats`, …
+    pub kind: &'static str,
+    pub healthy: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// Counts from the store; null where it cannot count (or the count failed).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Counts {
+    pub pending: Option<u64>,
+    pub paused: Option<u64>,
+    pub failed: Option<u64>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LastMinute {
+    /// Timers this instance fired in the last 60 seconds.
+    pub fired: u64,
+    pub lateness_ms: Percentiles,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Percentiles {
+    pub p50: Option<u64>,
+    pub p99: Option<u64>,
+}
+
+/// `GET /readyz`: each part's kind and `ok` or its error.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Readiness {
+    pub store: Probe,
+    pub broker: Probe,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Probe {
+    pub kind: &'static str,
+    /// `ok`, or what is wrong.
+    pub status: String,
+}
+
+/// `GET /v1/dead-letters` (in-process broker): commands it could not take, with the reason.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DeadLetters {
+    pub dead_letters: Vec<DeadLetterView>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct DeadLetterView {
+    pub body: String,
+    pub reason: String,
+}
+
+/// A `ScheduleTimer` command, as `POST /v1/timers` and each item of a batch take it (the wire
+/// contract in `timer/src/wire/README.md` has every rule). Give `dueAt` or `dueTimeMs`; `cron`
+/// makes it a series.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ScheduleTimer {
+    /// `ScheduleTimer` (optional over HTTP).
+    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    pub tenant_id: String,
+    pub service_call_id: String,
+    #[schema(format = DateTime)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub due_at: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub due_time_ms: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub correlation_id: Option<String>,
+    /// Any JSON; handed back in `DueTimeReached`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub payload: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cron: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub time_zone: Option<String>,
+    #[schema(format = DateTime)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub end_at: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_occurrences: Option<u32>,
+}
+
+/// `POST /v1/timers/batch`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Batch {
+    /// Up to `limits.max_batch` (default 1,000).
+    pub commands: Vec<ScheduleTimer>,
+}
+
+/// `POST …/pause` (the body is optional).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct PauseRequest {
+    /// Goes into the history; at most 1 KiB.
+    pub note: Option<String>,
+}
+
+/// `POST /v1/tenants/{tenant}/timers/bulk`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct BulkRequest {
+    /// `cancel`, `pause` or `resume`.
+    pub action: String,
+    pub filter: Option<BulkFilter>,
+    /// For `pause`: the note in every paused timer's history.
+    pub note: Option<String>,
+}
+
+/// The list's filters, as JSON.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BulkFilter {
+    /// One state or several (`scheduled`, `paused`, `reached`, `cancelled`, `failed`).
+    pub state: Option<Vec<String>>,
+    /// Of the serviceCallId.
+    pub prefix: Option<String>,
+    #[schema(format = DateTime)]
+    pub due_after: Option<String>,
+    #[schema(format = DateTime)]
+    pub due_before: Option<String>,
+    pub recurring: Option<bool>,
+}
+
+/// The document's frame; the routes add their paths and schemas (`http::router`).
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "timer-service",
+        description = "Durable timers: schedule one, and a DueTimeReached goes out on your \
+                       broker when it is due. With `http.token` set, every route but /healthz, \
+                       /readyz and /metrics needs `Authorization: Bearer <token>`."
+    ),
+    components(schemas(ErrorBody)),
+    modifiers(&BearerToken),
+    security(("bearer" = []))
+)]
+pub struct Document;
+
+/// The `bearer` security scheme the document's `security` names (`http.token`).
+struct BearerToken;
+
+impl utoipa::Modify for BearerToken {
+    fn modify(&self, document: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
+        let components = document.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(Http::new(HttpAuthScheme::Bearer)),
+        );
+    }
+}

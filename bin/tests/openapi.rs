@@ -1,0 +1,377 @@
+//! The OpenAPI document (`GET /v1/openapi.json`) against the running service and its README:
+//! every route is in the document and in the README's route table, every route answers, and
+//! every answer has a status the document lists and a body its schema accepts.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::time::Duration;
+
+use reqwest::Method;
+use serde_json::{json, Value};
+use timer_conformance::e2e::{now_ms, schedule, Service};
+use timer_conformance::wait_for;
+
+const BIN: &str = env!("CARGO_BIN_EXE_timer-service");
+
+/// The document, with the service it came from.
+struct Documented {
+    service: Service,
+    document: Value,
+}
+
+impl Documented {
+    async fn start(dir: &Path) -> Documented {
+        let env = [
+            ("TIMER_STORE__KIND", "sqlite".to_string()),
+            (
+                "TIMER_STORE__URL",
+                format!("sqlite://{}", dir.join("timers.db").display()),
+            ),
+            ("TIMER_BROKER__KIND", "memory".to_string()),
+        ];
+        let service = Service::start(Path::new(BIN), dir, &env).await;
+        let (status, document) = service.get("/v1/openapi.json").await;
+        assert_eq!(status, 200, "GET /v1/openapi.json: {document}");
+        Documented { service, document }
+    }
+
+    /// `(METHOD, path)` of every operation in the document.
+    fn operations(&self) -> BTreeSet<(String, String)> {
+        let mut operations = BTreeSet::new();
+        for (path, item) in self.document["paths"].as_object().expect("paths") {
+            for method in item.as_object().expect("a path item").keys() {
+                operations.insert((method.to_ascii_uppercase(), path.clone()));
+            }
+        }
+        operations
+    }
+
+    /// Sends a request and checks the answer against the document: its status is one the
+    /// operation lists, and a JSON body is valid under that response's schema. Gives the status
+    /// and the body.
+    async fn call(
+        &self,
+        method: Method,
+        route: &str,
+        path: &str,
+        body: Option<Value>,
+    ) -> (u16, Value) {
+        let url = format!("{}{path}", self.service.base);
+        let mut request = self.service.http.request(method.clone(), url);
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        let response = request
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("{method} {path}: {e}"));
+        let status = response.status().as_u16();
+        let content_type = response
+            .headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_owned();
+        let operation = &self.document["paths"][route][method.as_str().to_ascii_lowercase()];
+        assert!(
+            operation.is_object(),
+            "{method} {route} is not in the document"
+        );
+        let documented = &operation["responses"][status.to_string()];
+        assert!(
+            documented.is_object(),
+            "{method} {path} answered {status}, which the document does not list for it: {}",
+            operation["responses"]
+        );
+        let media = documented["content"]
+            .as_object()
+            .and_then(|content| content.keys().next().cloned())
+            .unwrap_or_default();
+        assert!(
+            content_type.starts_with(&media),
+            "{method} {path} {status}: content-type {content_type:?}, documented {media:?}"
+        );
+        if media != "application/json" {
+            return (status, Value::Null);
+        }
+        let body: Value = response
+            .json()
+            .await
+            .unwrap_or_else(|e| panic!("{method} {path} {status}: not JSON: {e}"));
+        let schema = json!({
+            "$schema": "https://json-schema.org/draft/2020-12/schema",
+            "$ref": "#/$defs/response",
+            "$defs": { "response": documented["content"][&media]["schema"] },
+            "components": self.document["components"],
+        });
+        let validator = jsonschema::validator_for(&schema)
+            .unwrap_or_else(|e| panic!("{method} {route} {status}: a bad schema: {e}"));
+        let errors: Vec<String> = validator
+            .iter_errors(&body)
+            .map(|e| format!("{} at {}", e, e.instance_path()))
+            .collect();
+        assert!(
+            errors.is_empty(),
+            "{method} {path} {status}: the body does not match the document: {errors:?}\n{body}"
+        );
+        (status, body)
+    }
+}
+
+/// The routes of the README's route table (`| \`METHOD /path\` | ...`).
+fn readme_routes() -> BTreeSet<(String, String)> {
+    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md"))
+        .expect("read bin/README.md");
+    readme
+        .lines()
+        .filter_map(|line| line.strip_prefix("| `"))
+        .filter_map(|rest| rest.split_once('`').map(|(route, _)| route))
+        .filter_map(|route| route.split_once(' '))
+        .filter(|(method, path)| {
+            ["GET", "POST", "PUT", "DELETE", "PATCH"].contains(method) && path.starts_with('/')
+        })
+        .map(|(method, path)| (method.to_owned(), path.to_owned()))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_route_is_documented_and_answers_as_documented() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let api = Documented::start(dir.path()).await;
+    let version = api.document["openapi"].as_str().unwrap_or("");
+    assert!(
+        version.starts_with("3.1"),
+        "an OpenAPI 3.1 document: {version}"
+    );
+
+    // The check below can fail: a body that breaks its schema is caught.
+    let wrong = json!({ "outcome": 5, "timer": { "tenantId": "acme" } });
+    let schema = json!({
+        "$ref": "#/components/schemas/TimerOutcome",
+        "components": api.document["components"],
+    });
+    let validator = jsonschema::validator_for(&schema).expect("a schema");
+    assert!(
+        !validator.is_valid(&wrong),
+        "a wrong body passed the schema check"
+    );
+
+    let documented = api.operations();
+    assert_eq!(
+        documented,
+        readme_routes(),
+        "the document's routes (left) and bin/README.md's route table (right) differ"
+    );
+
+    // Something to read and act on: a series, a one-shot timer and a refused command.
+    let due = now_ms() + 3_600_000;
+    let series = json!({
+        "tenantId": "acme", "serviceCallId": "series", "cron": "0 9 * * *",
+        "timeZone": "Europe/Berlin", "payload": {"k": 1},
+    });
+    let (status, _) = api
+        .call(Method::POST, "/v1/timers", "/v1/timers", Some(series))
+        .await;
+    assert_eq!(status, 201);
+    let one = serde_json::from_str::<Value>(&schedule("acme", "one", due)).expect("json");
+    let (status, _) = api
+        .call(Method::POST, "/v1/timers", "/v1/timers", Some(one.clone()))
+        .await;
+    assert_eq!(status, 201);
+    let (status, _) = api
+        .call(Method::POST, "/v1/timers", "/v1/timers", Some(one))
+        .await;
+    assert_eq!(status, 200, "the same command again updates");
+    let probe = serde_json::from_str::<Value>(&schedule("acme", "probe", due)).expect("json");
+    api.call(Method::POST, "/v1/timers", "/v1/timers", Some(probe))
+        .await;
+    let bad = json!({ "tenantId": "acme", "serviceCallId": "bad", "dueAt": "tomorrow" });
+    let batch = json!({ "commands": [bad, serde_json::from_str::<Value>(&schedule("acme", "b", due)).expect("json")] });
+    let (status, body) = api
+        .call(
+            Method::POST,
+            "/v1/timers/batch",
+            "/v1/timers/batch",
+            Some(batch),
+        )
+        .await;
+    assert_eq!(
+        (status, body["rejected"][0]["index"].clone()),
+        (400, json!(0))
+    );
+    let batch = json!({ "commands": [serde_json::from_str::<Value>(&schedule("acme", "b", due)).expect("json")] });
+    let (status, _) = api
+        .call(
+            Method::POST,
+            "/v1/timers/batch",
+            "/v1/timers/batch",
+            Some(batch),
+        )
+        .await;
+    assert_eq!(status, 200);
+
+    // Every documented route answers: once without a body, on a timer of its own.
+    for (method, route) in &documented {
+        if route == "/v1/events" {
+            continue; // an endless stream: checked below
+        }
+        let path = route.replace("{tenant}", "acme").replace("{id}", "probe");
+        let method = Method::from_bytes(method.as_bytes()).expect("a method");
+        let (status, _) = api.call(method.clone(), route, &path, None).await;
+        assert_ne!(status, 405, "{method} {path}");
+    }
+    let events = api
+        .service
+        .http
+        .get(format!("{}/v1/events?tenant=acme", api.service.base))
+        .send()
+        .await
+        .expect("GET /v1/events");
+    assert_eq!(events.status().as_u16(), 200);
+    drop(events);
+
+    // The richer answers, each checked against its schema.
+    let timer = "/v1/tenants/{tenant}/timers/{id}";
+    let (_, view) = api
+        .call(
+            Method::GET,
+            timer,
+            "/v1/tenants/acme/timers/one?next=3",
+            None,
+        )
+        .await;
+    assert_eq!(view["nextOccurrences"].as_array().map(Vec::len), Some(1));
+    let pause = "/v1/tenants/{tenant}/timers/{id}/pause";
+    let (status, body) = api
+        .call(
+            Method::POST,
+            pause,
+            "/v1/tenants/acme/timers/one/pause",
+            Some(json!({ "note": "hold" })),
+        )
+        .await;
+    assert_eq!((status, body["outcome"].as_str()), (200, Some("paused")));
+    let (status, _) = api
+        .call(
+            Method::POST,
+            pause,
+            "/v1/tenants/acme/timers/one/pause",
+            Some(json!({ "note": "x".repeat(2000) })),
+        )
+        .await;
+    assert_eq!(status, 400);
+    api.call(
+        Method::POST,
+        pause,
+        "/v1/tenants/acme/timers/series/pause",
+        None,
+    )
+    .await;
+    let trigger = "/v1/tenants/{tenant}/timers/{id}/trigger";
+    let (status, body) = api
+        .call(
+            Method::POST,
+            trigger,
+            "/v1/tenants/acme/timers/series/trigger",
+            None,
+        )
+        .await;
+    assert_eq!(
+        (status, body["outcome"].as_str()),
+        (200, Some("triggered")),
+        "{body}"
+    );
+    let history = "/v1/tenants/{tenant}/timers/{id}/history";
+    let (_, page) = api
+        .call(
+            Method::GET,
+            history,
+            "/v1/tenants/acme/timers/one/history?limit=2",
+            None,
+        )
+        .await;
+    assert!(
+        page["nextCursor"].is_string(),
+        "created, rescheduled, paused: {page}"
+    );
+    let (_, page) = api
+        .call(
+            Method::GET,
+            history,
+            "/v1/tenants/acme/timers/series/history",
+            None,
+        )
+        .await;
+    let types: Vec<&str> = page["history"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e["type"].as_str())
+        .collect();
+    assert!(
+        types.contains(&"triggered") && types.contains(&"paused"),
+        "{types:?}"
+    );
+    let list = "/v1/tenants/{tenant}/timers";
+    let (_, page) = api
+        .call(
+            Method::GET,
+            list,
+            "/v1/tenants/acme/timers?state=paused&limit=1",
+            None,
+        )
+        .await;
+    assert_eq!(page["timers"].as_array().map(Vec::len), Some(1), "{page}");
+    let (status, _) = api
+        .call(
+            Method::GET,
+            list,
+            "/v1/tenants/acme/timers?state=bogus",
+            None,
+        )
+        .await;
+    assert_eq!(status, 400);
+    let bulk = "/v1/tenants/{tenant}/timers/bulk";
+    let (status, body) = api
+        .call(
+            Method::POST,
+            bulk,
+            "/v1/tenants/acme/timers/bulk",
+            Some(json!({ "action": "resume", "filter": { "state": ["paused"] } })),
+        )
+        .await;
+    assert_eq!((status, body["changed"].as_u64()), (200, Some(2)), "{body}");
+    let (status, _) = api
+        .call(Method::DELETE, timer, "/v1/tenants/acme/timers/b", None)
+        .await;
+    assert_eq!(status, 200);
+    let (_, summary) = api
+        .call(
+            Method::GET,
+            "/v1/tenants/{tenant}/summary",
+            "/v1/tenants/acme/summary",
+            None,
+        )
+        .await;
+    assert_eq!(summary["counts"]["cancelled"], 2, "probe and b: {summary}");
+    api.call(Method::GET, "/v1/summary", "/v1/summary?limit=1", None)
+        .await;
+    let command = json!({ "type": "PauseTimer", "tenantId": "acme", "serviceCallId": "one" });
+    let (status, _) = api
+        .call(Method::POST, "/v1/commands", "/v1/commands", Some(command))
+        .await;
+    assert_eq!(status, 202);
+    let paused = wait_for(Duration::from_secs(10), || async {
+        let (_, timer) = api.service.get("/v1/tenants/acme/timers/one").await;
+        (timer["state"] == "Paused").then_some(())
+    })
+    .await;
+    assert!(
+        paused.is_some(),
+        "the PauseTimer through /v1/commands paused it"
+    );
+    let (_, status) = api
+        .call(Method::GET, "/v1/status", "/v1/status", None)
+        .await;
+    assert_eq!(status["timers"]["paused"], 1, "{status}");
+}
