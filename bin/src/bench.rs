@@ -8,6 +8,9 @@
 //! - `herd`: N timers due in the same millisecond; time from due to the last event, fires/s.
 //! - `ingest`: schedules/s through the broker path (commands → ingest task → store) and through
 //!   the HTTP API (one timer per request, 64 in flight).
+//! - `list`: `--pending` timers in one tenant, then `GET /v1/tenants/{tenant}/timers` pages
+//!   (the first, one 90% deep by cursor, one with a prefix filter), each asked `--timers` times
+//!   one after the other; their answer times.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -35,6 +38,8 @@ pub enum Workload {
     /// `--pending` timers and one past due in the store, then the engine starts: time to the
     /// first fire.
     Restart,
+    /// `--pending` timers in one tenant, then list pages over HTTP: answer times.
+    List,
     All,
 }
 
@@ -43,7 +48,7 @@ pub enum Workload {
 pub struct Options {
     #[arg(long, value_enum, default_value = "all")]
     pub workload: Workload,
-    /// Timers per run.
+    /// Timers per run (list: requests per page).
     #[arg(long, default_value_t = 10_000)]
     pub timers: usize,
     /// Lateness workload: spread the due times over this long.
@@ -56,7 +61,7 @@ pub struct Options {
     /// instances would; for lateness and herd.
     #[arg(long, default_value_t = 1)]
     pub instances: usize,
-    /// Pending (far-future) timers for the pending and restart workloads.
+    /// Pending (far-future) timers for the pending, restart and list workloads.
     #[arg(long, default_value_t = 1_000_000)]
     pub pending: usize,
     /// Machine-readable output.
@@ -105,7 +110,12 @@ struct Preload {
     far: usize,
     /// Timers already due.
     due_now: usize,
+    /// All in the tenant [`LIST_TENANT`] (else spread over 16 tenants).
+    one_tenant: bool,
 }
+
+/// The tenant the list workload fills.
+const LIST_TENANT: &str = "bench-list";
 
 impl Rig {
     async fn stop(self) {
@@ -190,7 +200,11 @@ async fn preload(store: &Arc<dyn Store>, preload: Preload) -> anyhow::Result<f64
                 } else {
                     now + 86_400_000 + k as i64
                 };
-                timer(k, due)
+                let mut timer = timer(k, due);
+                if preload.one_tenant {
+                    timer.key.tenant_id = LIST_TENANT.to_owned();
+                }
+                timer
             })
             .collect();
         store
@@ -408,7 +422,7 @@ async fn pending_run(
         1,
         Preload {
             far: pending,
-            due_now: 0,
+            ..Preload::default()
         },
     )
     .await?;
@@ -433,6 +447,7 @@ async fn restart_run(config: &Config, pending: usize) -> anyhow::Result<Run> {
         Preload {
             far: pending,
             due_now: 1,
+            ..Preload::default()
         },
     )
     .await?;
@@ -554,23 +569,7 @@ async fn ingest_run(config: &Config, n: usize) -> anyhow::Result<Run> {
 
     // HTTP path: one timer per POST /v1/timers, 64 requests in flight.
     let rig = start_rig(config, 1).await?;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .context("bind")?;
-    let addr = listener.local_addr().context("addr")?;
-    let state = crate::http::AppState {
-        engine: rig.engine.clone(),
-        metrics: None,
-        memory_hub: rig.hub.clone(),
-        shutdown: rig.shutdown.clone(),
-    };
-    let app = crate::http::router(state, config);
-    let server_stop = rig.shutdown.clone();
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, app)
-            .with_graceful_shutdown(server_stop.cancelled_owned())
-            .await;
-    });
+    let addr = serve(&rig, config).await?;
     let client = reqwest::Client::new();
     let url = format!("http://{addr}/v1/timers");
     let bar = progress(n, "http path");
@@ -611,6 +610,135 @@ async fn ingest_run(config: &Config, n: usize) -> anyhow::Result<Run> {
         bail!("{failures} of {n} schedules in HTTP batches failed");
     }
     run.push(("http batch path", "schedules/s", n as f64 / elapsed));
+    Ok(run)
+}
+
+/// Serves the HTTP API on the rig's first engine, on a free port of 127.0.0.1, until the rig
+/// stops.
+async fn serve(rig: &Rig, config: &Config) -> anyhow::Result<std::net::SocketAddr> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .context("bind")?;
+    let addr = listener.local_addr().context("addr")?;
+    let state = crate::http::AppState {
+        engine: rig.engine.clone(),
+        metrics: None,
+        memory_hub: rig.hub.clone(),
+        shutdown: rig.shutdown.clone(),
+    };
+    let app = crate::http::router(state, config);
+    let server_stop = rig.shutdown.clone();
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app)
+            .with_graceful_shutdown(server_stop.cancelled_owned())
+            .await;
+    });
+    Ok(addr)
+}
+
+/// `pending` timers in one tenant, then `requests` GETs of each of three list pages, one
+/// after the other: the first page, a page 90% deep (by the cursor of paging there), and the
+/// first page of a prefix that 1% of the timers have. Answer times as the client sees them.
+async fn list_run(config: &Config, pending: usize, requests: usize) -> anyhow::Result<Run> {
+    let rig = start_rig_with(
+        config,
+        1,
+        Preload {
+            far: pending,
+            one_tenant: true,
+            ..Preload::default()
+        },
+    )
+    .await?;
+    let result = list_pages(&rig, config, pending, requests).await;
+    rig.stop().await;
+    result
+}
+
+async fn list_pages(
+    rig: &Rig,
+    config: &Config,
+    pending: usize,
+    requests: usize,
+) -> anyhow::Result<Run> {
+    let addr = serve(rig, config).await?;
+    let client = reqwest::Client::new();
+    let token = config.http.token.as_deref();
+    let base = format!("http://{addr}/v1/tenants/{LIST_TENANT}/timers");
+    let get = |url: String| {
+        let request = client.get(url);
+        let request = match token {
+            Some(token) => request.bearer_auth(token),
+            None => request,
+        };
+        async move {
+            let response = request.send().await.context("GET a list page")?;
+            let status = response.status();
+            let body: serde_json::Value = response.json().await.context("a JSON page")?;
+            if !status.is_success() {
+                bail!("the list answered {status}: {body}");
+            }
+            Ok(body)
+        }
+    };
+    // Page there as a client would, 1,000 timers a page.
+    let deep = pending * 9 / 10;
+    let bar = progress(deep, "paging 90% in");
+    let mut cursor: Option<String> = None;
+    let mut seen = 0;
+    while seen < deep {
+        let url = match &cursor {
+            Some(c) => format!("{base}?limit=1000&cursor={c}"),
+            None => format!("{base}?limit=1000"),
+        };
+        let page = get(url).await?;
+        let Some(next) = page["nextCursor"].as_str() else {
+            bail!("the list ended after {seen} of {pending} timers");
+        };
+        cursor = Some(next.to_owned());
+        seen += page["timers"].as_array().map_or(0, Vec::len);
+        bar.set_position(seen as u64);
+    }
+    bar.finish_and_clear();
+    let deep_cursor = cursor.unwrap_or_default();
+    let mut run = Run::new();
+    let pages = [
+        (
+            "first page p50",
+            "first page p99",
+            format!("{base}?limit=100"),
+        ),
+        (
+            "deep page p50",
+            "deep page p99",
+            format!("{base}?limit=100&cursor={deep_cursor}"),
+        ),
+        // Ids are t00000000…: t0000 is the first 1% (up to 10,000 of 1,000,000).
+        (
+            "prefix page p50",
+            "prefix page p99",
+            format!("{base}?limit=100&prefix=t0000"),
+        ),
+    ];
+    for (p50, p99, url) in pages {
+        let bar = progress(requests, p50.trim_end_matches(" p50"));
+        let mut micros = Vec::with_capacity(requests);
+        for _ in 0..requests {
+            let started = Instant::now();
+            let page = get(url.clone()).await?;
+            micros.push(i64::try_from(started.elapsed().as_micros()).unwrap_or(i64::MAX));
+            if page["timers"].as_array().is_none_or(Vec::is_empty) {
+                bail!("{url}: an empty page");
+            }
+            bar.inc(1);
+        }
+        bar.finish_and_clear();
+        micros.sort_unstable();
+        run.push((p50, "ms", percentile(&micros, 0.5) / 1000.0));
+        run.push((p99, "ms", percentile(&micros, 0.99) / 1000.0));
+    }
+    run.push(("pending timers", "timers", pending as f64));
+    run.push(("preload", "schedules/s", rig.preload_rate));
     Ok(run)
 }
 
@@ -679,6 +807,7 @@ pub async fn run(config: Config, options: Options) -> anyhow::Result<()> {
         Workload::Ingest => &[Workload::Ingest],
         Workload::Pending => &[Workload::Pending],
         Workload::Restart => &[Workload::Restart],
+        Workload::List => &[Workload::List],
     };
     let mut figures = Vec::new();
     for workload in workloads {
@@ -687,6 +816,7 @@ pub async fn run(config: Config, options: Options) -> anyhow::Result<()> {
             Workload::Herd => "herd",
             Workload::Pending => "pending",
             Workload::Restart => "restart",
+            Workload::List => "list",
             _ => "ingest",
         };
         let mut runs: Vec<Run> = Vec::new();
@@ -707,6 +837,7 @@ pub async fn run(config: Config, options: Options) -> anyhow::Result<()> {
                     pending_run(&config, options.timers, options.over, options.pending).await?
                 }
                 Workload::Restart => restart_run(&config, options.pending).await?,
+                Workload::List => list_run(&config, options.pending, options.timers).await?,
                 _ => ingest_run(&config, options.timers).await?,
             });
         }
@@ -719,7 +850,7 @@ pub async fn run(config: Config, options: Options) -> anyhow::Result<()> {
                 // Ingest always goes through one instance.
                 instances: if matches!(
                     workload,
-                    Workload::Ingest | Workload::Pending | Workload::Restart
+                    Workload::Ingest | Workload::Pending | Workload::Restart | Workload::List
                 ) {
                     1
                 } else {
@@ -756,16 +887,25 @@ fn print_table(figures: &[Figure], options: &Options) {
         "workload", "store", "broker", "metric", "median", "unit"
     );
     for f in figures {
-        let runs: Vec<String> = f.runs.iter().map(|v| format!("{v:.0}")).collect();
+        let runs: Vec<String> = f.runs.iter().map(|v| shown(f.unit, *v)).collect();
         println!(
-            "{:<9} {:<9} {:<7} {:<17} {:>12.0}  {:<12} {}",
+            "{:<9} {:<9} {:<7} {:<17} {:>12}  {:<12} {}",
             f.workload,
             f.store,
             f.broker,
             f.metric,
-            f.median,
+            shown(f.unit, f.median),
             f.unit,
             runs.join(", ")
         );
+    }
+}
+
+/// A figure as the table shows it: answer times below 100 ms with a tenth, the rest whole.
+fn shown(unit: &str, value: f64) -> String {
+    if unit == "ms" && value.abs() < 100.0 {
+        format!("{value:.1}")
+    } else {
+        format!("{value:.0}")
     }
 }
