@@ -229,6 +229,23 @@ where
         .execute(&mut *conn)
         .await?;
     }
+    trim::<D>(conn, key, last, limit).await
+}
+
+/// Drops the history entries of `key` beyond the newest `limit`, `last` being its newest.
+pub(crate) async fn trim<D>(
+    conn: &mut <D::Db as Database>::Connection,
+    key: &TimerKey,
+    last: i64,
+    limit: usize,
+) -> std::result::Result<(), sqlx::Error>
+where
+    D: Dialect,
+    for<'c> &'c mut <D::Db as Database>::Connection: Executor<'c, Database = D::Db>,
+    for<'q> <D::Db as Database>::Arguments<'q>: IntoArguments<'q, D::Db>,
+    for<'q> &'q str: Encode<'q, D::Db> + Type<D::Db>,
+    for<'q> i64: Encode<'q, D::Db> + Type<D::Db>,
+{
     let limit = i64::try_from(limit).unwrap_or(i64::MAX);
     if last > limit {
         sqlx::query(

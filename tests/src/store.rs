@@ -169,6 +169,21 @@ pub async fn duplicate_key_in_one_batch(store: Arc<dyn Store>) {
         "the later entry of a batch wins"
     );
     assert_eq!(scheduled_count(s).await, 1);
+    // A big batch (stores may write it in several statements) with a key early and late.
+    let mut big: Vec<NewTimer> = (0..2_500)
+        .map(|i| timer("big", &format!("k{i:04}"), T0_MS + 10))
+        .collect();
+    big[2_010] = timer("big", "k0010", T0_MS + 20);
+    let out = put(s, &big, T0).await;
+    assert_eq!(out[10], ScheduleOutcome::Created);
+    assert_eq!(out[2_010], ScheduleOutcome::Updated, "the repeat updates");
+    let created = out
+        .iter()
+        .filter(|o| **o == ScheduleOutcome::Created)
+        .count();
+    assert_eq!(created, 2_499);
+    assert_eq!(row(s, "big", "k0010").await.due_at, at(T0_MS + 20));
+    assert_eq!(scheduled_count(s).await, 2_500);
 }
 
 pub async fn no_refire_after_reached(store: Arc<dyn Store>) {

@@ -4,13 +4,14 @@
 mod config;
 mod plugin;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::str::FromStr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use async_trait::async_trait;
+use sqlx::QueryBuilder;
 use sqlx::sqlite::{
-    Sqlite, SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
+    Sqlite, SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
     SqliteQueryResult, SqliteSynchronous,
 };
 use timer_core::control::DEFAULT_HISTORY;
@@ -129,12 +130,17 @@ impl SqliteStore {
     }
 }
 
-/// ?1 tenant, ?2 service call id, ?3 due, ?4 now, ?5 correlation id, ?6 payload, ?7 recurrence.
-const INSERT_TIMER: &str = "INSERT INTO timers (tenant_id, service_call_id, due_at, \
-    registered_at, correlation_id, payload, available_at, recurrence, history_seq) \
-    VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?3, ?7, 1) RETURNING history_seq";
+/// New timers, many rows per statement (see [`insert_new`]); a key that exists is left alone
+/// and not returned.
+const INSERT_TIMERS: &str = "INSERT INTO timers (tenant_id, service_call_id, due_at, \
+    registered_at, correlation_id, payload, available_at, recurrence, history_seq) ";
+const INSERT_TIMERS_END: &str = " ON CONFLICT DO NOTHING RETURNING tenant_id, service_call_id";
 
-/// Same parameters. Unqualified columns on the right-hand side are the old values. A repeat of
+/// Rows per multi-row statement: 9 parameters each stays far below SQLite's 32,766.
+const ROWS_PER_STATEMENT: usize = 1_000;
+
+/// ?1 tenant, ?2 service call id, ?3 due, ?4 now, ?5 correlation id, ?6 payload, ?7 recurrence.
+/// Unqualified columns on the right-hand side are the old values. A repeat of
 /// the same recurring series (same recurrence) keeps its place: its next occurrence, count and
 /// revision stay, so a redelivered command neither skips a catch-up nor re-anchors the series.
 const RESCHEDULE_TIMER: &str = "UPDATE timers SET \
@@ -188,6 +194,73 @@ const SETTLE_RETRY: &str = "UPDATE timers SET lease_owner = NULL, lease_until = 
     WHERE tenant_id = ?1 AND service_call_id = ?2 AND state = 0 AND lease_owner = ?4 \
     RETURNING history_seq";
 
+/// Inserts the timers whose key is new, in multi-row statements; says for each timer whether it
+/// was inserted. Of a key given twice, the first is inserted and the second is not (it then
+/// updates the first, as one after the other would).
+async fn insert_new(
+    conn: &mut SqliteConnection,
+    timers: &[NewTimer],
+    now: Timestamp,
+) -> std::result::Result<Vec<bool>, sqlx::Error> {
+    let mut inserted: HashSet<TimerKey> = HashSet::new();
+    for chunk in timers.chunks(ROWS_PER_STATEMENT) {
+        let mut insert = QueryBuilder::<Sqlite>::new(INSERT_TIMERS);
+        insert.push_values(chunk, |mut row, t| {
+            row.push_bind(t.key.tenant_id.as_str())
+                .push_bind(t.key.service_call_id.as_str())
+                .push_bind(t.due_at.as_millis())
+                .push_bind(now.as_millis())
+                .push_bind(t.correlation_id.as_deref())
+                .push_bind(t.payload.as_deref())
+                .push_bind(t.due_at.as_millis())
+                .push_bind(t.recurrence.as_ref().map(Recurrence::to_json))
+                .push_bind(1_i64);
+        });
+        insert.push(INSERT_TIMERS_END);
+        let keys: Vec<(String, String)> = insert.build_query_as().fetch_all(&mut *conn).await?;
+        inserted.extend(keys.into_iter().map(|(t, s)| TimerKey::new(t, s)));
+    }
+    // `remove`: only the first of a repeated key was inserted.
+    Ok(timers.iter().map(|t| inserted.remove(&t.key)).collect())
+}
+
+/// A history entry a write transaction makes: `seq` of timer `key`.
+struct Entry<'a> {
+    key: &'a TimerKey,
+    seq: i64,
+    change: Change,
+}
+
+/// Writes the history `entries`, all at `at`, with one statement per [`ROWS_PER_STATEMENT`],
+/// then drops each timer's entries beyond the newest `limit`. Nothing when `limit` is 0.
+async fn record_all(
+    conn: &mut SqliteConnection,
+    entries: &[Entry<'_>],
+    at: Timestamp,
+    limit: usize,
+) -> std::result::Result<(), sqlx::Error> {
+    if limit == 0 || entries.is_empty() {
+        return Ok(());
+    }
+    for chunk in entries.chunks(ROWS_PER_STATEMENT) {
+        let mut insert = QueryBuilder::<Sqlite>::new(
+            "INSERT INTO timer_history (tenant_id, service_call_id, seq, at, change) ",
+        );
+        insert.push_values(chunk, |mut row, e| {
+            row.push_bind(e.key.tenant_id.as_str())
+                .push_bind(e.key.service_call_id.as_str())
+                .push_bind(e.seq)
+                .push_bind(at.as_millis())
+                .push_bind(e.change.to_json());
+        });
+        insert.build().execute(&mut *conn).await?;
+    }
+    for e in entries {
+        sql::trim::<SqliteStore>(conn, e.key, e.seq, limit).await?;
+    }
+    Ok(())
+}
+
 impl SqliteStore {
     fn reads(&self) -> Statements<'_, Self> {
         sql::on(&self.read)
@@ -214,8 +287,22 @@ impl Store for SqliteStore {
         let mut tx = sql::begin_write::<Self>(&self.write)
             .await
             .map_err(|e| db_err(op, e))?;
+        // New keys go in with a few statements; only the others are read and updated one by one.
+        let created = insert_new(&mut tx, timers, now)
+            .await
+            .map_err(|e| db_err(op, e))?;
+        let mut entries = Vec::with_capacity(timers.len());
         let mut outcomes = Vec::with_capacity(timers.len());
-        for t in timers {
+        for (t, created) in timers.iter().zip(created) {
+            if created {
+                entries.push(Entry {
+                    key: &t.key,
+                    seq: 1,
+                    change: Change::Created { due_at: t.due_at },
+                });
+                outcomes.push(ScheduleOutcome::Created);
+                continue;
+            }
             let existing: Option<i64> = sqlx::query_scalar(
                 "SELECT state FROM timers WHERE tenant_id = ?1 AND service_call_id = ?2",
             )
@@ -224,11 +311,14 @@ impl Store for SqliteStore {
             .fetch_optional(&mut *tx)
             .await
             .map_err(|e| db_err(op, e))?;
-            // Both statements take the same parameters; only which one runs differs.
-            let (sql, outcome) = match existing.and_then(TimerState::from_code) {
-                None => (INSERT_TIMER, ScheduleOutcome::Created),
-                Some(TimerState::Scheduled | TimerState::Paused) => {
-                    (RESCHEDULE_TIMER, ScheduleOutcome::Updated)
+            let outcome = match existing.and_then(TimerState::from_code) {
+                Some(TimerState::Scheduled | TimerState::Paused) => ScheduleOutcome::Updated,
+                // Gone since the insert, which cannot happen inside this transaction.
+                None => {
+                    return Err(Error::internal(format!(
+                        "timer {} neither inserted nor found while scheduling",
+                        t.key
+                    )))
                 }
                 Some(TimerState::Reached) => {
                     outcomes.push(ScheduleOutcome::AlreadyReached);
@@ -243,7 +333,7 @@ impl Store for SqliteStore {
                     continue;
                 }
             };
-            let seq: i64 = sqlx::query_scalar(sql)
+            let seq: i64 = sqlx::query_scalar(RESCHEDULE_TIMER)
                 .bind(&t.key.tenant_id)
                 .bind(&t.key.service_call_id)
                 .bind(t.due_at.as_millis())
@@ -254,15 +344,16 @@ impl Store for SqliteStore {
                 .fetch_one(&mut *tx)
                 .await
                 .map_err(|e| db_err(op, e))?;
-            let change = match outcome {
-                ScheduleOutcome::Created => Change::Created { due_at: t.due_at },
-                _ => Change::Rescheduled { due_at: t.due_at },
-            };
-            sql::record::<Self>(&mut *tx, &t.key, seq, now, &[change], history)
-                .await
-                .map_err(|e| db_err(op, e))?;
+            entries.push(Entry {
+                key: &t.key,
+                seq,
+                change: Change::Rescheduled { due_at: t.due_at },
+            });
             outcomes.push(outcome);
         }
+        record_all(&mut tx, &entries, now, history)
+            .await
+            .map_err(|e| db_err(op, e))?;
         tx.commit().await.map_err(|e| db_err(op, e))?;
         Ok(outcomes)
     }
@@ -288,6 +379,7 @@ impl Store for SqliteStore {
             .await
             .map_err(|e| db_err(op, e))?;
         let mut changed = 0;
+        let mut entries = Vec::with_capacity(claims.len());
         for (t, settlement) in claims {
             let sql = match settlement {
                 Settlement::Reached => SETTLE_REACHED,
@@ -316,11 +408,16 @@ impl Store for SqliteStore {
             };
             changed += 1;
             if let Some(change) = Change::of_settlement(t, settlement, owner, at) {
-                sql::record::<Self>(&mut *tx, &t.key, seq, at, &[change], history)
-                    .await
-                    .map_err(|e| db_err(op, e))?;
+                entries.push(Entry {
+                    key: &t.key,
+                    seq,
+                    change,
+                });
             }
         }
+        record_all(&mut tx, &entries, at, history)
+            .await
+            .map_err(|e| db_err(op, e))?;
         tx.commit().await.map_err(|e| db_err(op, e))?;
         Ok(changed)
     }
