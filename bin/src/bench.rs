@@ -901,9 +901,10 @@ fn print_table(figures: &[Figure], options: &Options) {
     }
 }
 
-/// A figure as the table shows it: answer times below 100 ms with a tenth, the rest whole.
+/// A figure as the table shows it: times below 100 ms that are not whole ms with a tenth, the
+/// rest whole.
 fn shown(unit: &str, value: f64) -> String {
-    if unit == "ms" && value.abs() < 100.0 {
+    if unit == "ms" && value.abs() < 100.0 && value.fract() != 0.0 {
         format!("{value:.1}")
     } else {
         format!("{value:.0}")

@@ -29,7 +29,8 @@ pub(crate) trait Dialect {
     /// the database needs one to order the action and a concurrent claim (PostgreSQL: ` FOR
     /// UPDATE`; SQLite's write transaction already excludes every other writer).
     const LOCK_ROW: &'static str;
-    /// `purge`: deletes finished rows. Parameters: 1 finished before, 2 the limit.
+    /// `purge`: deletes finished rows and their history; a row for each timer deleted.
+    /// Parameters: 1 finished before, 2 the limit.
     const PURGE: &'static str;
     /// The first statement of a transaction that reads and then writes, if the database needs
     /// one to take its write lock up front. SQLite: a write that changes nothing, so the
@@ -459,13 +460,13 @@ where
     }
 
     pub(crate) async fn purge(&self, older_than: Timestamp, limit: usize) -> Result<u64> {
-        let done = sqlx::query(D::PURGE)
+        let gone = sqlx::query(D::PURGE)
             .bind(older_than.as_millis())
             .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-            .execute(self.pool)
+            .fetch_all(self.pool)
             .await
             .map_err(|e| db_err::<D>("purging finished timers", e))?;
-        Ok(D::rows_affected(&done))
+        Ok(gone.len() as u64)
     }
 
     pub(crate) async fn next_due_at(&self) -> Result<Option<Timestamp>> {

@@ -72,8 +72,13 @@ impl Dialect for PostgresStore {
     const LOCK_FOR_WRITE: Option<&'static str> = None;
     // A claim locks the row too: it and the action are ordered.
     const LOCK_ROW: &'static str = " FOR UPDATE";
-    const PURGE: &'static str = "DELETE FROM timers WHERE ctid IN (SELECT ctid FROM timers \
-        WHERE state <> 0 AND finished_at < $1 LIMIT $2)";
+    // The history goes in the same statement (timer_history has no foreign key: migration 0005).
+    const PURGE: &'static str = "WITH gone AS (DELETE FROM timers WHERE ctid IN (SELECT ctid \
+        FROM timers WHERE state <> 0 AND finished_at < $1 LIMIT $2) \
+        RETURNING tenant_id, service_call_id), \
+        history AS (DELETE FROM timer_history h USING gone \
+        WHERE h.tenant_id = gone.tenant_id AND h.service_call_id = gone.service_call_id) \
+        SELECT 1 FROM gone";
 
     fn retryable(e: &sqlx::Error) -> bool {
         match e {
