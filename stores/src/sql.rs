@@ -42,9 +42,6 @@ pub(crate) trait Dialect {
 
     /// Whether an error that is not a decoding error may pass when tried again.
     fn retryable(e: &sqlx::Error) -> bool;
-
-    /// How many rows a statement changed (sqlx has no trait for it).
-    fn rows_affected(done: &<Self::Db as Database>::QueryResult) -> u64;
 }
 
 /// The columns of `timers` that make a [`Timer`] (the revision too, which a claim reads with the

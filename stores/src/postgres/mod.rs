@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use sqlx::postgres::{
-    PgConnectOptions, PgConnection, PgListener, PgPool, PgPoolOptions, PgQueryResult, PgSslMode,
+    PgConnectOptions, PgConnection, PgListener, PgPool, PgPoolOptions, PgSslMode,
     Postgres,
 };
 use sqlx::{Connection, Row};
@@ -94,9 +94,6 @@ impl Dialect for PostgresStore {
         }
     }
 
-    fn rows_affected(done: &PgQueryResult) -> u64 {
-        done.rows_affected()
-    }
 }
 
 fn db_err(op: &str, e: sqlx::Error) -> Error {

@@ -12,7 +12,7 @@ use async_trait::async_trait;
 use sqlx::QueryBuilder;
 use sqlx::sqlite::{
     Sqlite, SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
-    SqliteQueryResult, SqliteSynchronous,
+    SqliteSynchronous,
 };
 use timer_core::control::DEFAULT_HISTORY;
 use timer_core::{
@@ -58,9 +58,6 @@ impl Dialect for SqliteStore {
         true
     }
 
-    fn rows_affected(done: &SqliteQueryResult) -> u64 {
-        done.rows_affected()
-    }
 }
 
 fn db_err(op: &str, e: sqlx::Error) -> Error {
