@@ -258,6 +258,26 @@ where
     Ok(())
 }
 
+/// The first string after every string that starts with `prefix`, in byte order (which for
+/// UTF-8 is code point order): the prefix with its last character replaced by the next one,
+/// after dropping trailing characters that have no next one. `None` when no string is after
+/// them all (an empty prefix, or one of only `char::MAX`).
+fn prefix_end(prefix: &str) -> Option<String> {
+    let mut chars: Vec<char> = prefix.chars().collect();
+    while let Some(last) = chars.pop() {
+        // The next scalar value, stepping over the surrogates (which no `char` can hold).
+        let next = match u32::from(last) + 1 {
+            0xD800 => Some('\u{E000}'),
+            n => char::from_u32(n),
+        };
+        if let Some(next) = next {
+            chars.push(next);
+            return Some(chars.into_iter().collect());
+        }
+    }
+    None
+}
+
 /// The statements that are the same SQL in both dialects, run on one pool.
 pub(crate) struct Statements<'p, D: Dialect> {
     pool: &'p Pool<D::Db>,
@@ -517,8 +537,14 @@ where
             sql += &format!(" AND state IN ({})", codes.join(", "));
         }
         if let Some(prefix) = filter.prefix.as_deref() {
-            let p = next(&mut args, Arg::Text(prefix.to_owned()));
-            sql += &format!(" AND substr(service_call_id, 1, length({p})) = {p}");
+            // A range on the primary key `(tenant_id, service_call_id)`, which both databases
+            // can estimate and walk: ids compare byte by byte (SQLite's BINARY, PostgreSQL's
+            // "C" from migration 0006), so the ids with the prefix are exactly those in it.
+            let low = next(&mut args, Arg::Text(prefix.to_owned()));
+            sql += &format!(" AND service_call_id >= {low}");
+            if let Some(end) = prefix_end(prefix) {
+                sql += &format!(" AND service_call_id < {}", next(&mut args, Arg::Text(end)));
+            }
         }
         if let Some(t) = filter.due_after {
             sql += &format!(
@@ -627,5 +653,21 @@ where
             .await
             .map(|_| ())
             .map_err(|e| db_err::<D>("health check", e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::prefix_end;
+
+    #[test]
+    fn prefix_end_is_the_first_string_after_the_prefixed_ones() {
+        assert_eq!(prefix_end("t0000").as_deref(), Some("t0001"));
+        assert_eq!(prefix_end("a-").as_deref(), Some("a."));
+        assert_eq!(prefix_end("zé").as_deref(), Some("zê"));
+        assert_eq!(prefix_end("a\u{D7FF}").as_deref(), Some("a\u{E000}"));
+        assert_eq!(prefix_end("a\u{10FFFF}").as_deref(), Some("b"));
+        assert_eq!(prefix_end("\u{10FFFF}\u{10FFFF}"), None);
+        assert_eq!(prefix_end(""), None);
     }
 }

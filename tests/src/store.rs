@@ -79,6 +79,7 @@ pub fn checks() -> Vec<Check<Arc<dyn Store>>> {
         scheduled_by_tenant_counts_scheduled_timers_only,
         list_orders_by_due_time_then_id_within_the_tenant,
         list_filters_combine,
+        list_compares_ids_byte_by_byte,
         list_pages_are_stable_under_concurrent_writes,
         summaries_count_states_next_due_and_recent_failures,
         pause_resume_and_cancel_outcomes,
@@ -915,6 +916,54 @@ pub async fn list_filters_combine(store: Arc<dyn Store>) {
         Vec::<String>::new(),
         "a prefix is text, not a pattern"
     );
+}
+
+/// Ids order and match by their bytes (code points), whatever the database's locale: a
+/// collation that skips punctuation or folds accents would misplace these.
+pub async fn list_compares_ids_byte_by_byte(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    let ids = [
+        "a",
+        "a-b",
+        "a.",
+        "ab",
+        "B",
+        "e",
+        "é1",
+        "éa",
+        "f",
+        "\u{10FFFF}x",
+        "\u{D7FF}",
+        "\u{E000}",
+    ];
+    let batch: Vec<NewTimer> = ids.iter().map(|id| timer("t", id, T0_MS)).collect();
+    put(s, &batch, T0).await;
+    let mut sorted = ids.to_vec();
+    sorted.sort_unstable();
+    assert_eq!(
+        all_pages(s, "t", &TimerFilter::default(), 5).await,
+        sorted,
+        "equal due times: ids in byte order"
+    );
+    let with = |p: &str| TimerFilter {
+        prefix: Some(p.to_owned()),
+        ..TimerFilter::default()
+    };
+    for (prefix, expected) in [
+        ("a-", &["a-b"][..]),
+        ("a", &["a", "a-b", "a.", "ab"]),
+        ("é", &["é1", "éa"]),
+        ("e", &["e"]),
+        ("\u{10FFFF}", &["\u{10FFFF}x"]),
+        ("\u{D7FF}", &["\u{D7FF}"]),
+        ("b", &[]),
+    ] {
+        assert_eq!(
+            all_pages(s, "t", &with(prefix), 2).await,
+            expected,
+            "prefix {prefix:?}"
+        );
+    }
 }
 
 /// Timers written between two pages: a timer that was there all along is listed exactly once;
