@@ -13,7 +13,8 @@ use timer_core::{Action, ControlOutcome, TimerKey, TimerState};
 
 use crate::api::{
     BulkOutcome, BulkRequest, Counts, ErrorBody, ErrorDetail, Health, HistoryPage, HistoryView,
-    LastMinute, PauseRequest, Percentiles, Status, TimerOutcome, TimerView, TriggerOutcome,
+    LastMinute, MinuteView, PauseRequest, Percentiles, Status, TimerOutcome, TimerView,
+    TriggerOutcome,
 };
 use crate::control::{BadParameter, ListParams};
 use crate::http::{error_body, server_error, AppState, TenantPath, TimerPath};
@@ -444,6 +445,7 @@ pub async fn status(State(app): State<AppState>) -> Response {
                 p99: minute.p99_ms,
             },
         },
+        last_hour: engine.last_hour().iter().map(MinuteView::of).collect(),
         // No store keeps a register of live instances yet.
         instances: None,
     })

@@ -166,6 +166,8 @@ pub struct SummaryView {
     pub next_due_at: Option<String>,
     #[serde(rename = "failedLast24h")]
     pub failed_last_24h: u64,
+    /// Timers that fired in the last hour (a series counts once, by its last fire).
+    pub fired_last_hour: u64,
 }
 
 /// A page of tenants' summaries, by tenant id.
@@ -266,6 +268,9 @@ pub struct Status {
     #[schema(format = DateTime)]
     pub next_due_at: Option<String>,
     pub last_minute: LastMinute,
+    /// The minutes of the last hour in which this instance fired, oldest first (the current
+    /// minute too, so far); minutes without fires are left out.
+    pub last_hour: Vec<MinuteView>,
     /// Other live instances, where the store keeps a register of them (none does yet: null).
     pub instances: Option<Vec<String>>,
 }
@@ -293,6 +298,29 @@ pub struct LastMinute {
     /// Timers this instance fired in the last 60 seconds.
     pub fired: u64,
     pub lateness_ms: Percentiles,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MinuteView {
+    /// The minute's start.
+    #[schema(format = DateTime)]
+    pub start: String,
+    pub fired: u64,
+    pub lateness_ms: Percentiles,
+}
+
+impl MinuteView {
+    pub fn of(m: &timer_core::engine::MinuteFires) -> Self {
+        MinuteView {
+            start: m.start.to_rfc3339(),
+            fired: m.fired,
+            lateness_ms: Percentiles {
+                p50: m.p50_ms,
+                p99: m.p99_ms,
+            },
+        }
+    }
 }
 
 #[derive(Debug, Serialize, ToSchema)]

@@ -48,6 +48,9 @@ pub struct HttpConfig {
     /// `/readyz` and `/metrics` stay open. The CLI client sends it (`--token`, by default this
     /// key). Must not be empty. `check-config` shows `***`.
     pub token: Option<String>,
+    /// Serve the web dashboard at `/ui/` (its files are in the binary; it reads and steers
+    /// timers through the API, with the same token). `false` leaves `/ui/` unrouted (404).
+    pub ui: bool,
 }
 
 impl Default for HttpConfig {
@@ -56,6 +59,7 @@ impl Default for HttpConfig {
             addr: SocketAddr::from(([127, 0, 0, 1], 8080)),
             request_timeout: Duration::from_secs(10),
             token: None,
+            ui: true,
         }
     }
 }

@@ -29,6 +29,9 @@ const MAX_LIMIT: usize = 1000;
 /// How far back `failedLast24h` counts.
 const FAILED_WINDOW: Duration = Duration::from_secs(24 * 3600);
 
+/// How far back `firedLastHour` counts.
+const FIRED_WINDOW: Duration = Duration::from_secs(3600);
+
 /// A query parameter that cannot be used: 400 naming it.
 #[derive(Debug, PartialEq, Eq)]
 pub struct BadParameter {
@@ -469,9 +472,13 @@ async fn summaries(
     app: &AppState,
     tenants: &[String],
 ) -> Result<Vec<SummaryView>, Response> {
-    let since = app.engine.clock().now().saturating_sub(FAILED_WINDOW);
+    let now = app.engine.clock().now();
     let summaries = queries
-        .summaries(tenants, since)
+        .summaries(
+            tenants,
+            now.saturating_sub(FAILED_WINDOW),
+            now.saturating_sub(FIRED_WINDOW),
+        )
         .await
         .map_err(|e| server_error(&e))?;
     Ok(summaries.iter().map(summary_view).collect())
@@ -490,6 +497,7 @@ fn summary_view(s: &TenantSummary) -> SummaryView {
         counts,
         next_due_at: s.next_due_at.map(Timestamp::to_rfc3339),
         failed_last_24h: s.failed_since,
+        fired_last_hour: s.fired_since,
     }
 }
 

@@ -115,6 +115,11 @@ pub fn router(state: AppState, config: &Config) -> Router {
     let (router, document) = routes(config);
     // Serializing a document of plain strings and maps cannot fail.
     let json = serde_json::to_vec(&document).unwrap_or_default();
+    let router = if config.http.ui {
+        router.merge(crate::ui::routes())
+    } else {
+        router
+    };
     router
         .layer(axum::Extension(OpenApiJson(Bytes::from(json))))
         .with_state(state)

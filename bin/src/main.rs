@@ -10,6 +10,7 @@ mod control;
 mod fuzz;
 mod http;
 mod plugins;
+mod ui;
 // The docs cover every plugin, so their generator and checks need every plugin compiled in.
 #[cfg(all(
     test,

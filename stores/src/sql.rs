@@ -601,18 +601,22 @@ where
         &self,
         tenants: &[String],
         failed_since: Timestamp,
+        fired_since: Timestamp,
     ) -> Result<Vec<TenantSummary>> {
         let mut summaries = TenantSummary::nothing_counted(tenants);
         // A page of tenants at a time keeps the parameters far below SQLite's limit.
         for chunk in tenants.chunks(500) {
-            let list: Vec<String> = (0..chunk.len()).map(|i| format!("${}", i + 2)).collect();
+            let list: Vec<String> = (0..chunk.len()).map(|i| format!("${}", i + 3)).collect();
             let sql = format!(
                 "SELECT tenant_id, state, COUNT(*), MIN(due_at), \
-                        SUM(CASE WHEN finished_at >= $1 THEN 1 ELSE 0 END) \
+                        SUM(CASE WHEN finished_at >= $1 THEN 1 ELSE 0 END), \
+                        SUM(CASE WHEN reached_at >= $2 THEN 1 ELSE 0 END) \
                  FROM timers WHERE tenant_id IN ({}) GROUP BY tenant_id, state",
                 list.join(", ")
             );
-            let mut query = sqlx::query(&sql).bind(failed_since.as_millis());
+            let mut query = sqlx::query(&sql)
+                .bind(failed_since.as_millis())
+                .bind(fired_since.as_millis());
             for tenant in chunk {
                 query = query.bind(tenant.as_str());
             }
@@ -623,6 +627,7 @@ where
                 let count: i64 = row.try_get(2).map_err(err)?;
                 let first_due: Option<i64> = row.try_get(3).map_err(err)?;
                 let finished_since: Option<i64> = row.try_get(4).map_err(err)?;
+                let fired_since: Option<i64> = row.try_get(5).map_err(err)?;
                 let (Some(state), Some(summary)) = (
                     TimerState::from_code(code),
                     summaries.iter_mut().find(|s| s.tenant_id == tenant),
@@ -632,6 +637,7 @@ where
                 summary
                     .counts
                     .insert(state, u64::try_from(count).unwrap_or(0));
+                summary.fired_since += u64::try_from(fired_since.unwrap_or(0)).unwrap_or(0);
                 match state {
                     TimerState::Scheduled => {
                         summary.next_due_at = first_due.map(Timestamp::from_millis)

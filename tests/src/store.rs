@@ -1068,7 +1068,7 @@ pub async fn summaries_count_states_next_due_and_recent_failures(store: Arc<dyn 
     assert_eq!(queries(s).tenants(None, 1).await.expect("tenants"), ["a"]);
     let wanted: Vec<String> = ["b", "a", "nobody"].map(String::from).to_vec();
     let summaries = queries(s)
-        .summaries(&wanted, at(T0_MS + 500))
+        .summaries(&wanted, at(T0_MS + 500), T0)
         .await
         .expect("summaries");
     let names: Vec<&str> = summaries.iter().map(|x| x.tenant_id.as_str()).collect();
@@ -1093,6 +1093,16 @@ pub async fn summaries_count_states_next_due_and_recent_failures(store: Arc<dyn 
         summaries[1].failed_since, 1,
         "only the failure at or after failed_since"
     );
+    assert_eq!(
+        (summaries[0].fired_since, summaries[1].fired_since),
+        (1, 0),
+        "b's timer fired at T0"
+    );
+    let later = queries(s)
+        .summaries(&wanted, at(T0_MS + 500), at(T0_MS + 1))
+        .await
+        .expect("summaries");
+    assert_eq!(later[0].fired_since, 0, "b's fire was before fired_since");
     assert_eq!(
         summaries[2],
         TenantSummary {

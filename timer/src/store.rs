@@ -224,6 +224,8 @@ pub struct TenantSummary {
     pub next_due_at: Option<Timestamp>,
     /// Timers that became Failed at or after the `failed_since` asked for.
     pub failed_since: u64,
+    /// Timers that last fired at or after the `fired_since` asked for (a series counts once).
+    pub fired_since: u64,
 }
 
 impl TenantSummary {
@@ -263,6 +265,7 @@ pub trait TimerQueries: Send + Sync {
         &self,
         tenants: &[String],
         failed_since: Timestamp,
+        fired_since: Timestamp,
     ) -> Result<Vec<TenantSummary>>;
 
     /// How many timers of all tenants are in `state` (cheap for Scheduled and Paused, which

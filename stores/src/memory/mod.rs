@@ -479,6 +479,7 @@ impl TimerQueries for MemoryStore {
         &self,
         tenants: &[String],
         failed_since: Timestamp,
+        fired_since: Timestamp,
     ) -> Result<Vec<TenantSummary>> {
         let state = self.lock()?;
         let mut summaries = TenantSummary::nothing_counted(tenants);
@@ -494,6 +495,9 @@ impl TimerQueries for MemoryStore {
             }
             if t.state == TimerState::Failed && row.finished_at.is_some_and(|f| f >= failed_since) {
                 summary.failed_since += 1;
+            }
+            if t.reached_at.is_some_and(|r| r >= fired_since) {
+                summary.fired_since += 1;
             }
         }
         Ok(summaries)

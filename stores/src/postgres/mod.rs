@@ -718,8 +718,11 @@ impl TimerQueries for PostgresStore {
         &self,
         tenants: &[String],
         failed_since: Timestamp,
+        fired_since: Timestamp,
     ) -> Result<Vec<TenantSummary>> {
-        self.statements().summaries(tenants, failed_since).await
+        self.statements()
+            .summaries(tenants, failed_since, fired_since)
+            .await
     }
 
     async fn count(&self, state: TimerState) -> Result<u64> {

@@ -512,8 +512,11 @@ impl TimerQueries for SqliteStore {
         &self,
         tenants: &[String],
         failed_since: Timestamp,
+        fired_since: Timestamp,
     ) -> Result<Vec<TenantSummary>> {
-        self.reads().summaries(tenants, failed_since).await
+        self.reads()
+            .summaries(tenants, failed_since, fired_since)
+            .await
     }
 
     async fn count(&self, state: TimerState) -> Result<u64> {

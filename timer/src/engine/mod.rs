@@ -39,7 +39,7 @@ use crate::store::Store;
 
 pub use admit::Scheduled;
 pub use control::{Bulk, Triggered};
-pub use recent::LastMinute;
+pub use recent::{LastMinute, MinuteFires};
 pub use retry::backoff;
 
 /// Metric names, as before the split (`timer_core::engine::metric::TIMERS_FIRED`).
@@ -140,6 +140,11 @@ impl Engine {
     /// The timers this instance fired in the last minute, and their lateness.
     pub fn last_minute(&self) -> LastMinute {
         self.inner.recent.last_minute(self.inner.clock.now())
+    }
+
+    /// What this instance fired in each minute of the last hour that had fires, oldest first.
+    pub fn last_hour(&self) -> Vec<MinuteFires> {
+        self.inner.recent.last_hour(self.inner.clock.now())
     }
 
     /// Events as they fire (after the broker confirmed them). Slow receivers lag and skip.

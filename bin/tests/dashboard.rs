@@ -1,0 +1,483 @@
+//! The web dashboard (`/ui/`) in a real browser: Debian's Chromium, headless, driven over
+//! WebDriver (ChromeDriver at `TIMER_TEST_WEBDRIVER_URL`, which `bash scripts/test.sh` starts).
+//! On SQLite and, with its server, PostgreSQL: sign in (a wrong token refused), see counts
+//! change as timers fire, filter and page the list, open a timer, pause, resume and trigger it,
+//! cancel one that another instance is firing and see `firing`; nothing loads from elsewhere.
+//! Screenshots of every page at 1280×800 and 390×844 go to
+//! `$TMPDIR/timer-service-dashboard/<store>/` (printed).
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use fantoccini::{Client, ClientBuilder, Locator};
+use libtest_mimic::Arguments;
+use serde_json::{json, Value};
+use timer_conformance::e2e::{now_ms, Service};
+use timer_conformance::{server_trial, wait_for};
+use timer_core::{Lease, Store, Timestamp};
+
+const BIN: &str = env!("CARGO_BIN_EXE_timer-service");
+const TOKEN: &str = "dashboard-test-token";
+const WAIT: Duration = Duration::from_secs(20);
+
+fn main() {
+    let args = Arguments::from_args();
+    let driver = std::env::var("TIMER_TEST_WEBDRIVER_URL").ok();
+    let no_driver = driver
+        .is_none()
+        .then(|| "TIMER_TEST_WEBDRIVER_URL is not set (chromedriver)".to_owned());
+    let mut trials = vec![
+        server_trial("dashboard::sqlite", no_driver.clone(), || async {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let url = format!("sqlite://{}", dir.path().join("timers.db").display());
+            let env = vec![
+                ("TIMER_STORE__KIND", "sqlite".to_owned()),
+                ("TIMER_STORE__URL", url.clone()),
+            ];
+            let store = timer_stores::sqlite::SqliteConfig {
+                url,
+                ..Default::default()
+            };
+            let store = timer_stores::sqlite::SqliteStore::open(&store)
+                .await
+                .expect("open the service's SQLite file");
+            walk_through("sqlite", dir.path(), env, &store).await;
+        }),
+        server_trial("dashboard::off_when_http_ui_is_false", None, || async {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let service = Service::start(
+                Path::new(BIN),
+                dir.path(),
+                &[
+                    ("TIMER_HTTP__UI", "false".to_owned()),
+                    ("TIMER_BROKER__KIND", "memory".to_owned()),
+                ],
+            )
+            .await;
+            let status = service
+                .http
+                .get(format!("{}/ui/", service.base))
+                .send()
+                .await
+                .expect("GET /ui/")
+                .status();
+            assert_eq!(status, 404, "http.ui = false leaves /ui/ unrouted");
+        }),
+    ];
+    #[cfg(feature = "postgres")]
+    {
+        use timer_stores::postgres::{PostgresConfig, PostgresStore, PLUGIN, TEST_SERVER};
+        let missing = no_driver.or_else(|| PLUGIN.unavailable());
+        trials.push(server_trial("dashboard::postgres", missing, || async {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let config = PostgresConfig {
+                url: TEST_SERVER
+                    .address()
+                    .expect("TIMER_TEST_POSTGRES_URL is set"),
+                schema: timer_core::plugin::fresh_name("ui_"),
+                ..PostgresConfig::default()
+            };
+            let store = PostgresStore::open(&config)
+                .await
+                .expect("open the test schema");
+            let env = vec![
+                ("TIMER_STORE__KIND", "postgres".to_owned()),
+                ("TIMER_STORE__URL", config.url.clone()),
+                ("TIMER_STORE__SCHEMA", config.schema.clone()),
+            ];
+            walk_through("postgres", dir.path(), env, &store).await;
+        }));
+    }
+    libtest_mimic::run(&args, trials).exit();
+}
+
+/// The browser session and where its screenshots go.
+struct Browser {
+    client: Client,
+    base: String,
+    shots: PathBuf,
+}
+
+impl Browser {
+    async fn start(base: &str, store: &str) -> Browser {
+        let driver = std::env::var("TIMER_TEST_WEBDRIVER_URL").expect("checked in main");
+        let chromium =
+            std::env::var("TIMER_TEST_CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
+        let mut capabilities = serde_json::Map::new();
+        capabilities.insert("browserName".into(), json!("chrome"));
+        capabilities.insert(
+            "goog:chromeOptions".into(),
+            json!({
+                "binary": chromium,
+                "args": ["--headless=new", "--no-sandbox", "--disable-gpu",
+                         "--disable-dev-shm-usage", "--hide-scrollbars",
+                         "--window-size=1280,800", "--lang=en-US"],
+            }),
+        );
+        let client = ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new())
+            .capabilities(capabilities)
+            .connect(&driver)
+            .await
+            .unwrap_or_else(|e| panic!("a Chromium session from ChromeDriver at {driver}: {e}"));
+        let shots = std::env::temp_dir()
+            .join("timer-service-dashboard")
+            .join(store);
+        std::fs::create_dir_all(&shots).expect("screenshot dir");
+        eprintln!("dashboard screenshots ({store}): {}", shots.display());
+        Browser {
+            client,
+            base: base.to_owned(),
+            shots,
+        }
+    }
+
+    async fn open(&self, hash: &str) {
+        self.client
+            .goto(&format!("{}/ui/{hash}", self.base))
+            .await
+            .expect("navigate");
+    }
+
+    /// The text of the first element matching `css`; `None` when there is none.
+    async fn text(&self, css: &str) -> Option<String> {
+        let v = self
+            .client
+            .execute(
+                "const e = document.querySelector(arguments[0]); return e ? e.textContent : null;",
+                vec![json!(css)],
+            )
+            .await
+            .expect("run a script in the page");
+        v.as_str().map(str::to_owned)
+    }
+
+    async fn count(&self, css: &str) -> usize {
+        let v = self
+            .client
+            .execute(
+                "return document.querySelectorAll(arguments[0]).length;",
+                vec![json!(css)],
+            )
+            .await
+            .expect("run a script in the page");
+        v.as_u64().unwrap_or(0) as usize
+    }
+
+    /// Waits until the element's text contains `wanted`; on timeout, a screenshot and the text.
+    async fn wait_text(&self, css: &str, wanted: &str) -> String {
+        let found = wait_for(WAIT, || async {
+            self.text(css).await.filter(|t| t.contains(wanted))
+        })
+        .await;
+        match found {
+            Some(text) => text,
+            None => {
+                self.shot("failure").await;
+                panic!(
+                    "{css} never showed {wanted:?}; it shows {:?} (screenshot failure-*.png in {})",
+                    self.text(css).await,
+                    self.shots.display()
+                )
+            }
+        }
+    }
+
+    async fn wait_count(&self, css: &str, n: usize) {
+        if wait_for(WAIT, || async {
+            (self.count(css).await == n).then_some(())
+        })
+        .await
+        .is_none()
+        {
+            self.shot("failure").await;
+            panic!("expected {n} of {css}, saw {}", self.count(css).await);
+        }
+    }
+
+    async fn click(&self, css: &str) {
+        self.client
+            .wait()
+            .at_most(WAIT)
+            .for_element(Locator::Css(css))
+            .await
+            .unwrap_or_else(|e| panic!("{css}: {e}"))
+            .click()
+            .await
+            .unwrap_or_else(|e| panic!("click {css}: {e}"));
+    }
+
+    async fn type_into(&self, css: &str, text: &str) {
+        let field = self
+            .client
+            .wait()
+            .at_most(WAIT)
+            .for_element(Locator::Css(css))
+            .await
+            .unwrap_or_else(|e| panic!("{css}: {e}"));
+        field.clear().await.expect("clear");
+        field.send_keys(text).await.expect("type");
+    }
+
+    /// Answers the confirmation dialog, with `note` in its field when given.
+    async fn confirm(&self, note: Option<&str>) {
+        self.wait_count("dialog#confirm[open]", 1).await;
+        if let Some(note) = note {
+            self.type_into("#confirm-input", note).await;
+        }
+        self.click("#confirm-ok").await;
+        self.wait_count("dialog#confirm[open]", 0).await;
+    }
+
+    /// `name-1280x800.png` and `name-390x844.png` of the page as it is.
+    async fn shot(&self, name: &str) {
+        for (w, h) in [(1280, 800), (390, 844)] {
+            self.client
+                .set_window_size(w, h)
+                .await
+                .expect("resize the window");
+            let png = self.client.screenshot().await.expect("screenshot");
+            std::fs::write(self.shots.join(format!("{name}-{w}x{h}.png")), png)
+                .expect("save the screenshot");
+        }
+        self.client
+            .set_window_size(1280, 800)
+            .await
+            .expect("resize the window");
+    }
+}
+
+async fn send(service: &Service, method: reqwest::Method, path: &str, body: Value) -> (u16, Value) {
+    let response = service
+        .http
+        .request(method, format!("{}{path}", service.base))
+        .bearer_auth(TOKEN)
+        .json(&body)
+        .send()
+        .await
+        .expect("the API answers");
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap_or(Value::Null))
+}
+
+async fn walk_through(name: &str, dir: &Path, mut env: Vec<(&str, String)>, store: &dyn Store) {
+    env.push(("TIMER_BROKER__KIND", "memory".to_owned()));
+    env.push(("TIMER_HTTP__TOKEN", TOKEN.to_owned()));
+    let service = Service::start(Path::new(BIN), dir, &env).await;
+    let browser = Browser::start(&service.base, name).await;
+
+    // The page and its files carry the policy that keeps everything inside the service.
+    let page = service
+        .http
+        .get(format!("{}/ui/", service.base))
+        .send()
+        .await
+        .expect("GET /ui/");
+    let csp = page
+        .headers()
+        .get("content-security-policy")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        csp.contains("default-src 'none'") && csp.contains("connect-src 'self'"),
+        "{csp}"
+    );
+
+    // Signing in: a wrong token is refused, the right one opens the overview.
+    browser.open("").await;
+    browser.type_into("#token", "not-the-token").await;
+    browser.shot("sign-in").await;
+    browser.click("#sign-in").await;
+    browser.wait_text("#sign-in-error", "refused").await;
+    browser.type_into("#token", TOKEN).await;
+    browser.click("#sign-in").await;
+    browser.wait_text("#card-store", "healthy").await;
+    browser.wait_text("#card-broker", "memory healthy").await;
+
+    // Counts change as timers fire, without a reload of the page.
+    browser
+        .client
+        .execute("window.stillThisPage = true; return null;", vec![])
+        .await
+        .expect("mark the page");
+    let soon = now_ms() + 1_500;
+    for id in ["a-1", "a-2", "a-3"] {
+        let (status, body) = send(
+            &service,
+            reqwest::Method::POST,
+            "/v1/timers",
+            json!({"tenantId": "acme", "serviceCallId": id, "dueTimeMs": soon}),
+        )
+        .await;
+        assert_eq!(status, 201, "{body}");
+    }
+    browser
+        .wait_text("tr[data-tenant=acme] td:nth-child(5)", "3")
+        .await;
+    let same_page = browser
+        .client
+        .execute("return window.stillThisPage === true;", vec![])
+        .await
+        .expect("read the mark");
+    assert_eq!(same_page, json!(true), "the overview updated in place");
+    browser.wait_text("#card-lateness", "ms").await;
+
+    // 250 timers far ahead, one recurring, one another instance is firing right now.
+    let later = now_ms() + 86_400_000;
+    let mut commands: Vec<Value> = (0..250)
+        .map(|i| json!({"tenantId": "acme", "serviceCallId": format!("page-{i:03}"), "dueTimeMs": later + i}))
+        .collect();
+    commands.push(
+        json!({"tenantId": "acme", "serviceCallId": "nightly", "cron": "0 3 * * *",
+        "timeZone": "Europe/Berlin", "payload": {"report": "sales", "rows": [1, 2]}}),
+    );
+    let (status, body) = send(
+        &service,
+        reqwest::Method::POST,
+        "/v1/timers/batch",
+        json!({ "commands": commands }),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let busy_due = now_ms() + 3_600_000;
+    let (status, body) = send(
+        &service,
+        reqwest::Method::POST,
+        "/v1/timers",
+        json!({"tenantId": "acme", "serviceCallId": "busy", "dueTimeMs": busy_due}),
+    )
+    .await;
+    assert_eq!(status, 201, "{body}");
+    // Another instance claims it (its clock an hour ahead, its lease long): it is firing.
+    let lease = Lease {
+        owner: "another-instance".into(),
+        until: Timestamp::from_millis(busy_due + 3_600_000),
+    };
+    let claimed = store
+        .claim_due(Timestamp::from_millis(busy_due + 1), 1, &lease)
+        .await
+        .expect("claim as another instance");
+    assert_eq!(claimed.len(), 1, "the busy timer is claimed");
+    assert_eq!(claimed[0].key.service_call_id, "busy");
+    // A command the broker could not take, for the dead letters.
+    let (status, body) = send(
+        &service,
+        reqwest::Method::POST,
+        "/v1/commands",
+        json!({"type": "ScheduleTimer", "tenantId": "acme"}),
+    )
+    .await;
+    assert_eq!(status, 202, "{body}");
+    browser
+        .wait_text("tr[data-tenant=acme] td:nth-child(2)", "252")
+        .await;
+    browser.wait_count("#next-due tr", 10).await;
+    browser.shot("overview").await;
+
+    // The list: filters from the form land in the URL, pages follow the cursor.
+    browser.open("#/timers").await;
+    browser.type_into("#f-tenant", "acme").await;
+    browser.click("#f-state-scheduled").await;
+    browser.type_into("#f-prefix", "page-").await;
+    browser.click("#apply").await;
+    browser.wait_count("#timer-list tbody tr", 100).await;
+    let url = browser.client.current_url().await.expect("url");
+    let fragment = url.fragment().unwrap_or_default();
+    assert!(
+        fragment.contains("tenant=acme")
+            && fragment.contains("state=scheduled")
+            && fragment.contains("prefix=page-"),
+        "the filters are in the URL: {url}"
+    );
+    assert_eq!(
+        browser.text("#timer-list tbody tr td a").await.as_deref(),
+        Some("page-000")
+    );
+    browser.shot("timers").await;
+    browser.click("#next-page").await;
+    browser
+        .wait_text("#timer-list tbody tr:first-child td a", "page-100")
+        .await;
+    browser.click("#next-page").await;
+    browser.wait_count("#timer-list tbody tr", 50).await;
+    assert_eq!(browser.count("#next-page").await, 0, "the last page");
+    // A shared URL opens the same page; a bad filter is a clear error from the API.
+    browser
+        .open("#/timers?tenant=acme&state=scheduled&prefix=page-&dueBefore=nonsense")
+        .await;
+    browser.wait_text("#list-error", "dueBefore").await;
+
+    // One timer: pause with a note, resume, trigger, each confirmed and answered.
+    browser.open("#/timer?tenant=acme&id=page-000").await;
+    browser.wait_text("#timer-state", "Scheduled").await;
+    browser.click("#do-pause").await;
+    browser.confirm(Some("supplier outage")).await;
+    browser.wait_text("#answer", "200 paused").await;
+    browser.wait_text("#timer-state", "Paused").await;
+    browser.wait_text("#history", "supplier outage").await;
+    browser.click("#do-resume").await;
+    browser.confirm(None).await;
+    browser.wait_text("#answer", "200 resumed").await;
+    browser.wait_text("#timer-state", "Scheduled").await;
+    browser.click("#do-trigger-now").await;
+    browser.confirm(None).await;
+    browser.wait_text("#answer", "200 triggered").await;
+    browser.wait_text("#history", "triggered by hand").await;
+    browser.shot("timer").await;
+
+    // A series: its pattern, zone and next occurrences, the payload pretty-printed.
+    browser.open("#/timer?tenant=acme&id=nightly").await;
+    browser.wait_text("#recurrence", "Europe/Berlin").await;
+    browser.wait_count("#next-occurrences tbody tr", 5).await;
+    browser.wait_text("#payload", "\"report\": \"sales\"").await;
+    browser.shot("series").await;
+
+    // Cancelling a timer another instance is firing: the API's `firing` answer, shown.
+    browser.open("#/timer?tenant=acme&id=busy").await;
+    browser.wait_text("#timer-state", "Scheduled").await;
+    browser.click("#do-cancel").await;
+    browser.confirm(None).await;
+    browser.wait_text("#answer", "409 firing").await;
+    browser.shot("firing").await;
+
+    // Failed: the tenants with failed timers, and the dead letter.
+    browser.open("#/failed").await;
+    browser.wait_text("#dead-letters", "ScheduleTimer").await;
+    browser.shot("failed").await;
+
+    // Nothing came from anywhere but the service.
+    let origins = browser
+        .client
+        .execute(
+            "return performance.getEntriesByType('resource').map(e => new URL(e.name).origin);",
+            vec![],
+        )
+        .await
+        .expect("list the loaded resources");
+    let ours = service.base.clone();
+    for origin in origins.as_array().into_iter().flatten() {
+        assert_eq!(
+            origin.as_str(),
+            Some(ours.as_str()),
+            "loaded from elsewhere"
+        );
+    }
+
+    // Signing out forgets the token.
+    browser.click("#sign-out").await;
+    browser.wait_count("#token", 1).await;
+    let kept = browser
+        .client
+        .execute(
+            "return sessionStorage.getItem('timer-service-token');",
+            vec![],
+        )
+        .await
+        .expect("read the session storage");
+    assert_eq!(kept, Value::Null);
+    browser
+        .client
+        .close()
+        .await
+        .expect("end the browser session");
+}
