@@ -305,7 +305,7 @@ async function overview() {
     cards[key] = h('div', { class: 'value', id: `card-${key}` }, '—');
     return h('div', { class: 'card' }, h('div', { class: 'label' }, label), cards[key]);
   };
-  const chart = h('div', { id: 'lateness-chart' }, latenessChart([]));
+  const chart = h('div', { id: 'lateness-chart', class: 'chart-box' });
   const tenantsBody = h('tbody', { id: 'tenants' });
   const nextBody = h('tbody', { id: 'next-due' });
   const more = h('p', { class: 'muted', id: 'more-tenants', hidden: true });
@@ -314,7 +314,7 @@ async function overview() {
     h('div', { class: 'cards' },
       card('store', 'Store'), card('broker', 'Broker'), card('instance', 'Instance'),
       card('fires', 'Fires per second (last minute)'), card('lateness', 'Lateness p50 / p99 (last minute)'),
-      card('pending', 'Scheduled'), card('paused', 'Paused'), card('failed', 'Failed')),
+      card('timers', 'Scheduled · paused · failed')),
     h('section', { class: 'panel' },
       h('h2', {}, 'Lateness and fires, last hour (this instance, per minute)'),
       chart,
@@ -338,8 +338,16 @@ async function overview() {
           h('thead', {}, h('tr', {}, h('th', {}, 'Due (UTC)'), h('th', {}, 'Tenant'), h('th', {}, 'Timer'))),
           nextBody)))),
   );
+  let lastHour = [];
+  const mine = generation;
+  const onResize = () => {
+    if (mine !== generation) window.removeEventListener('resize', onResize);
+    else chart.replaceChildren(latenessChart(lastHour, chart.clientWidth));
+  };
+  window.addEventListener('resize', onResize);
   await refreshEvery(async () => {
     const [status, summary] = await Promise.all([fetchOk('/v1/status'), fetchOk('/v1/summary?limit=100')]);
+    lastHour = status.lastHour;
     const health = (part) => h('span', { class: part.healthy ? 'ok' : 'bad', title: part.error || '' },
       `${part.kind} ${part.healthy ? 'healthy' : 'unhealthy'}`);
     cards.store.replaceChildren(health(status.store));
@@ -349,10 +357,8 @@ async function overview() {
     cards.fires.textContent = (status.lastMinute.fired / 60).toFixed(1);
     const l = status.lastMinute.latenessMs;
     cards.lateness.textContent = l.p50 === null ? '—' : `${l.p50} / ${l.p99} ms`;
-    cards.pending.textContent = fmt(status.timers.pending);
-    cards.paused.textContent = fmt(status.timers.paused);
-    cards.failed.textContent = fmt(status.timers.failed);
-    chart.replaceChildren(latenessChart(status.lastHour));
+    cards.timers.textContent = [status.timers.pending, status.timers.paused, status.timers.failed].map(fmt).join(' · ');
+    chart.replaceChildren(latenessChart(lastHour, chart.clientWidth));
     tenantsBody.replaceChildren(...summary.tenants.map((t) => h('tr', { 'data-tenant': t.tenantId },
       h('td', { class: 'id' }, h('a', { href: `#/timers?tenant=${enc(t.tenantId)}` }, t.tenantId)),
       h('td', { class: 'num' }, fmt(t.counts.scheduled)),
@@ -367,7 +373,7 @@ async function overview() {
     more.hidden = !summary.nextCursor;
     more.textContent = 'The first 100 tenants are shown; open a tenant by its name on the Timers page.';
     nextBody.replaceChildren(...(await nextDue(summary.tenants)).map((t) => h('tr', {},
-      h('td', { class: 'num' }, utc(t.dueAt)),
+      h('td', { class: 'time' }, utc(t.dueAt)),
       h('td', { class: 'id' }, t.tenantId),
       h('td', { class: 'id' }, h('a', { href: `#/timer?tenant=${enc(t.tenantId)}&id=${enc(t.serviceCallId)}` }, t.serviceCallId)))));
   });
@@ -386,16 +392,18 @@ async function nextDue(tenants) {
 }
 
 /** p50 and p99 lines and fires-per-minute bars over the 60 minutes up to now. */
-function latenessChart(minutes) {
-  const W = 600, H = 180, L = 44, R = 8, T = 10, B = 24;
+function latenessChart(minutes, width) {
+  // Drawn at the box's own width, so text and lines keep their size on any screen.
+  const W = Math.max(280, Math.round(width || 600)), H = 180, L = 48, R = 10, T = 10, B = 24;
   const now = Math.floor(Date.now() / 60000);
-  const x = (minute) => L + ((minute - (now - 59)) / 59) * (W - L - R);
+  // 60 slots, one a minute, the current one last.
+  const x = (minute) => L + ((minute - (now - 59) + 0.5) / 60) * (W - L - R);
   const top = Math.max(1, ...minutes.map((m) => m.latenessMs.p99 || 0));
   const scale = niceCeiling(top);
   const y = (ms) => T + (1 - ms / scale) * (H - T - B);
   const maxFired = Math.max(1, ...minutes.map((m) => m.fired));
   const svg = s('svg', {
-    class: 'chart', viewBox: `0 0 ${W} ${H}`, role: 'img',
+    class: 'chart', viewBox: `0 0 ${W} ${H}`, width: W, height: H, role: 'img',
     'aria-label': minutes.length
       ? `Lateness per minute: latest p50 ${minutes[minutes.length - 1].latenessMs.p50} ms, p99 ${minutes[minutes.length - 1].latenessMs.p99} ms`
       : 'No fires in the last hour',
@@ -411,14 +419,19 @@ function latenessChart(minutes) {
     svg.append(s('line', { class: 'axis', x1: L, x2: W - R, y1: y(tick), y2: y(tick) }));
     svg.append(s('text', { x: L - 4, y: y(tick) + 4, 'text-anchor': 'end' }, `${tick} ms`));
   }
-  for (const ago of [60, 45, 30, 15, 0]) {
+  for (const ago of W < 400 ? [60, 30, 0] : [60, 45, 30, 15, 0]) {
     svg.append(s('text', { x: x(now - Math.min(ago, 59)), y: H - 6, 'text-anchor': 'middle' }, ago ? `-${ago} min` : 'now'));
   }
   for (const p of ['p50', 'p99']) {
-    const points = minutes.filter((m) => m.latenessMs[p] !== null)
-      .map((m) => `${x(Math.floor(Date.parse(m.start) / 60000)).toFixed(1)},${y(m.latenessMs[p]).toFixed(1)}`);
-    if (points.length === 1) points.push(points[0]);
-    if (points.length) svg.append(s('polyline', { class: p, points: points.join(' ') }));
+    const shown = minutes.filter((m) => m.latenessMs[p] !== null && Date.parse(m.start) / 60000 >= now - 59);
+    const at = (m) => [x(Math.floor(Date.parse(m.start) / 60000)), y(m.latenessMs[p])];
+    if (shown.length > 1) {
+      svg.append(s('polyline', { class: p, points: shown.map((m) => at(m).map((v) => v.toFixed(1)).join(',')).join(' ') }));
+    }
+    for (const m of shown) {
+      const [cx, cy] = at(m);
+      svg.append(s('circle', { class: `dot-${p}`, cx: cx.toFixed(1), cy: cy.toFixed(1), r: 3 }));
+    }
   }
   return svg;
 }
@@ -487,7 +500,7 @@ async function timersPage(params) {
   const rows = page.timers.map((t) => h('tr', { 'data-id': t.serviceCallId },
     h('td', { class: 'id' }, h('a', { href: `#/timer?tenant=${enc(t.tenantId)}&id=${enc(t.serviceCallId)}` }, t.serviceCallId)),
     h('td', {}, h('span', { class: `state ${t.state}` }, t.state)),
-    h('td', { class: 'num' }, utc(t.dueAt)),
+    h('td', { class: 'time' }, utc(t.dueAt)),
     h('td', { class: 'hide-narrow' }, t.recurrence ? t.recurrence.cron : 'one-shot'),
     h('td', { class: 'err hide-narrow' }, t.lastError || '')));
   const first = new URLSearchParams(params);
@@ -596,7 +609,7 @@ async function timerPage(params) {
         h('h2', { class: 'gap' }, 'Next occurrences'),
         h('div', { class: 'table-wrap' }, h('table', { id: 'next-occurrences' },
           h('thead', {}, h('tr', {}, h('th', {}, 'UTC'), h('th', {}, r.timeZone))),
-          h('tbody', {}, (t.nextOccurrences || []).map((o) => h('tr', {}, h('td', { class: 'num' }, utc(o.utc)), h('td', { class: 'num' }, o.local.replace('T', ' '))))))));
+          h('tbody', {}, (t.nextOccurrences || []).map((o) => h('tr', {}, h('td', { class: 'time' }, utc(o.utc)), h('td', { class: 'time' }, o.local.replace('T', ' '))))))));
     } else {
       recurrence.replaceChildren(h('p', { class: 'muted' }, 'A one-shot timer.'));
     }
@@ -687,7 +700,7 @@ async function failedPage(params) {
         h('thead', {}, h('tr', {}, h('th', {}, 'Timer'), h('th', {}, 'Due (UTC)'), h('th', { class: 'num' }, 'Attempts'), h('th', {}, 'Last error'))),
         h('tbody', {}, page.timers.length ? page.timers.map((t) => h('tr', { 'data-id': t.serviceCallId },
           h('td', { class: 'id' }, h('a', { href: `#/timer?tenant=${enc(t.tenantId)}&id=${enc(t.serviceCallId)}` }, t.serviceCallId)),
-          h('td', { class: 'num' }, utc(t.dueAt)),
+          h('td', { class: 'time' }, utc(t.dueAt)),
           h('td', { class: 'num' }, String(t.attempts)),
           h('td', { class: 'err' }, t.lastError || '')))
           : h('tr', {}, h('td', { colspan: 4, class: 'muted' }, 'No failed timers.'))))),
