@@ -309,8 +309,10 @@ async function overview() {
   const tenantsBody = h('tbody', { id: 'tenants' });
   const nextBody = h('tbody', { id: 'next-due' });
   const more = h('p', { class: 'muted', id: 'more-tenants', hidden: true });
+  const failure = h('p', { class: 'error', id: 'overview-error', role: 'alert', hidden: true });
   view().replaceChildren(
     h('h1', {}, 'Overview'),
+    failure,
     h('div', { class: 'cards' },
       card('store', 'Store'), card('broker', 'Broker'), card('instance', 'Instance'),
       card('fires', 'Fires per second (last minute)'), card('lateness', 'Lateness p50 / p99 (last minute)'),
@@ -346,7 +348,16 @@ async function overview() {
   };
   window.addEventListener('resize', onResize);
   await refreshEvery(async () => {
-    const [status, summary] = await Promise.all([fetchOk('/v1/status'), fetchOk('/v1/summary?limit=100')]);
+    let status, summary;
+    try {
+      [status, summary] = await Promise.all([fetchOk('/v1/status'), fetchOk('/v1/summary?limit=100')]);
+    } catch (e) {
+      // The last figures stay; this line says they are not current.
+      failure.textContent = `Not refreshed: ${e.message}`;
+      failure.hidden = false;
+      return;
+    }
+    failure.hidden = true;
     lastHour = status.lastHour;
     const health = (part) => h('span', { class: part.healthy ? 'ok' : 'bad', title: part.error || '' },
       `${part.kind} ${part.healthy ? 'healthy' : 'unhealthy'}`);
