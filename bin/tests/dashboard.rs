@@ -138,28 +138,25 @@ impl Browser {
             .expect("navigate");
     }
 
+    /// What `script` returns, run in the page with `args` as `arguments`.
+    async fn run(&self, script: &str, args: Vec<Value>) -> Value {
+        self.client
+            .execute(script, args)
+            .await
+            .unwrap_or_else(|e| panic!("run a script in the page ({script}): {e}"))
+    }
+
     /// The text of the first element matching `css`; `None` when there is none.
     async fn text(&self, css: &str) -> Option<String> {
-        let v = self
-            .client
-            .execute(
-                "const e = document.querySelector(arguments[0]); return e ? e.textContent : null;",
-                vec![json!(css)],
-            )
-            .await
-            .expect("run a script in the page");
+        let script =
+            "const e = document.querySelector(arguments[0]); return e ? e.textContent : null;";
+        let v = self.run(script, vec![json!(css)]).await;
         v.as_str().map(str::to_owned)
     }
 
     async fn count(&self, css: &str) -> usize {
-        let v = self
-            .client
-            .execute(
-                "return document.querySelectorAll(arguments[0]).length;",
-                vec![json!(css)],
-            )
-            .await
-            .expect("run a script in the page");
+        let script = "return document.querySelectorAll(arguments[0]).length;";
+        let v = self.run(script, vec![json!(css)]).await;
         v.as_u64().unwrap_or(0) as usize
     }
 
@@ -296,10 +293,8 @@ async fn walk_through(name: &str, dir: &Path, mut env: Vec<(&str, String)>, stor
 
     // Counts change as timers fire, without a reload of the page.
     browser
-        .client
-        .execute("window.stillThisPage = true; return null;", vec![])
-        .await
-        .expect("mark the page");
+        .run("window.stillThisPage = true; return null;", vec![])
+        .await;
     let soon = now_ms() + 1_500;
     for id in ["a-1", "a-2", "a-3"] {
         let (status, body) = send(
@@ -315,10 +310,8 @@ async fn walk_through(name: &str, dir: &Path, mut env: Vec<(&str, String)>, stor
         .wait_text("tr[data-tenant=acme] td:nth-child(5)", "3")
         .await;
     let same_page = browser
-        .client
-        .execute("return window.stillThisPage === true;", vec![])
-        .await
-        .expect("read the mark");
+        .run("return window.stillThisPage === true;", vec![])
+        .await;
     assert_eq!(same_page, json!(true), "the overview updated in place");
     browser.wait_text("#card-lateness", "ms").await;
 
@@ -447,13 +440,11 @@ async fn walk_through(name: &str, dir: &Path, mut env: Vec<(&str, String)>, stor
 
     // Nothing came from anywhere but the service.
     let origins = browser
-        .client
-        .execute(
+        .run(
             "return performance.getEntriesByType('resource').map(e => new URL(e.name).origin);",
             vec![],
         )
-        .await
-        .expect("list the loaded resources");
+        .await;
     let ours = service.base.clone();
     for origin in origins.as_array().into_iter().flatten() {
         assert_eq!(
@@ -467,13 +458,11 @@ async fn walk_through(name: &str, dir: &Path, mut env: Vec<(&str, String)>, stor
     browser.click("#sign-out").await;
     browser.wait_count("#token", 1).await;
     let kept = browser
-        .client
-        .execute(
+        .run(
             "return sessionStorage.getItem('timer-service-token');",
             vec![],
         )
-        .await
-        .expect("read the session storage");
+        .await;
     assert_eq!(kept, Value::Null);
     browser
         .client
