@@ -53,16 +53,22 @@ pub struct TimerView {
     #[schema(format = DateTime)]
     pub registered_at: String,
     #[schema(format = DateTime)]
+    #[schema(required = true)]
     pub reached_at: Option<String>,
     /// Publishes tried for the current occurrence.
     pub attempts: u32,
+    #[schema(required = true)]
     pub last_error: Option<String>,
+    #[schema(required = true)]
     pub correlation_id: Option<String>,
     /// The JSON the `ScheduleTimer` carried, given back in `DueTimeReached`.
+    #[schema(required = true)]
     pub payload: Option<Value>,
     /// A series' pattern; null for a one-shot timer.
+    #[schema(required = true)]
     pub recurrence: Option<RecurrenceView>,
     /// A series' occurrences fired so far; null for a one-shot timer.
+    #[schema(required = true)]
     pub occurrences: Option<u32>,
     /// With `?next=N`: the next fire times.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -106,7 +112,9 @@ pub struct RecurrenceView {
     /// IANA zone the cron pattern is read in.
     pub time_zone: String,
     #[schema(format = DateTime)]
+    #[schema(required = true)]
     pub end_at: Option<String>,
+    #[schema(required = true)]
     pub max_occurrences: Option<u32>,
 }
 
@@ -124,6 +132,7 @@ pub struct Occurrence {
 pub struct TimerOutcome {
     /// `created`, `updated`, `paused`, `resumed`, `already_paused`, `already_reached`, …
     pub outcome: &'static str,
+    #[schema(required = true)]
     pub timer: Option<TimerView>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<ErrorDetail>,
@@ -153,6 +162,7 @@ pub struct TriggerOutcome {
 pub struct TimerPage {
     pub timers: Vec<TimerView>,
     /// Give it as `cursor` for the next page; null on the last one.
+    #[schema(required = true)]
     pub next_cursor: Option<String>,
 }
 
@@ -163,6 +173,7 @@ pub struct SummaryView {
     /// Timers per state: `scheduled`, `paused`, `reached`, `cancelled`, `failed`.
     pub counts: BTreeMap<String, u64>,
     #[schema(format = DateTime)]
+    #[schema(required = true)]
     pub next_due_at: Option<String>,
     #[serde(rename = "failedLast24h")]
     pub failed_last_24h: u64,
@@ -175,6 +186,7 @@ pub struct SummaryView {
 #[serde(rename_all = "camelCase")]
 pub struct SummaryPage {
     pub tenants: Vec<SummaryView>,
+    #[schema(required = true)]
     pub next_cursor: Option<String>,
 }
 
@@ -253,6 +265,7 @@ impl HistoryView {
 #[serde(rename_all = "camelCase")]
 pub struct HistoryPage {
     pub history: Vec<HistoryView>,
+    #[schema(required = true)]
     pub next_cursor: Option<String>,
 }
 
@@ -266,12 +279,14 @@ pub struct Status {
     pub broker: Health,
     pub timers: Counts,
     #[schema(format = DateTime)]
+    #[schema(required = true)]
     pub next_due_at: Option<String>,
     pub last_minute: LastMinute,
     /// The minutes of the last hour in which this instance fired, oldest first (the current
     /// minute too, so far); minutes without fires are left out.
     pub last_hour: Vec<MinuteView>,
     /// Other live instances, where the store keeps a register of them (none does yet: null).
+    #[schema(required = true)]
     pub instances: Option<Vec<String>>,
 }
 
@@ -287,8 +302,11 @@ pub struct Health {
 /// Counts from the store; null where it cannot count (or the count failed).
 #[derive(Debug, Serialize, ToSchema)]
 pub struct Counts {
+    #[schema(required = true)]
     pub pending: Option<u64>,
+    #[schema(required = true)]
     pub paused: Option<u64>,
+    #[schema(required = true)]
     pub failed: Option<u64>,
 }
 
@@ -325,7 +343,9 @@ impl MinuteView {
 
 #[derive(Debug, Serialize, ToSchema)]
 pub struct Percentiles {
+    #[schema(required = true)]
     pub p50: Option<u64>,
+    #[schema(required = true)]
     pub p99: Option<u64>,
 }
 
