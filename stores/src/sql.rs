@@ -191,6 +191,17 @@ where
     Ok(tx)
 }
 
+/// Rows per multi-row statement; a history row has 5 parameters, a new timer on SQLite 9:
+/// both stay far below SQLite's 32,766.
+pub(crate) const ROWS_PER_STATEMENT: usize = 1_000;
+
+/// A history entry a write transaction makes: number `seq` of timer `key`.
+pub(crate) struct Entry<'a> {
+    pub key: &'a TimerKey,
+    pub seq: i64,
+    pub change: Change,
+}
+
 /// Writes `changes` as the history entries of `key` numbered up to `last` (the row's
 /// `history_seq` after the change), then drops its entries beyond the newest `limit`. Nothing
 /// when `limit` is 0.
@@ -210,24 +221,64 @@ where
     for<'q> String: Encode<'q, D::Db> + Type<D::Db>,
     for<'q> i64: Encode<'q, D::Db> + Type<D::Db>,
 {
-    if limit == 0 || changes.is_empty() {
+    let first = last - i64::try_from(changes.len()).unwrap_or(0) + 1;
+    let entries: Vec<Entry<'_>> = (first..)
+        .zip(changes)
+        .map(|(seq, change)| Entry {
+            key,
+            seq,
+            change: change.clone(),
+        })
+        .collect();
+    record_all::<D>(conn, &entries, at, limit).await
+}
+
+/// Writes the history `entries`, all at `at`, with one statement per [`ROWS_PER_STATEMENT`],
+/// then drops each timer's entries beyond the newest `limit`. Nothing when `limit` is 0.
+pub(crate) async fn record_all<D>(
+    conn: &mut <D::Db as Database>::Connection,
+    entries: &[Entry<'_>],
+    at: Timestamp,
+    limit: usize,
+) -> std::result::Result<(), sqlx::Error>
+where
+    D: Dialect,
+    for<'c> &'c mut <D::Db as Database>::Connection: Executor<'c, Database = D::Db>,
+    for<'q> <D::Db as Database>::Arguments<'q>: IntoArguments<'q, D::Db>,
+    for<'q> &'q str: Encode<'q, D::Db> + Type<D::Db>,
+    for<'q> String: Encode<'q, D::Db> + Type<D::Db>,
+    for<'q> i64: Encode<'q, D::Db> + Type<D::Db>,
+{
+    if limit == 0 || entries.is_empty() {
         return Ok(());
     }
-    let first = last - i64::try_from(changes.len()).unwrap_or(0) + 1;
-    for (seq, change) in (first..).zip(changes) {
-        sqlx::query(
-            "INSERT INTO timer_history (tenant_id, service_call_id, seq, at, change) \
-             VALUES ($1, $2, $3, $4, $5)",
-        )
-        .bind(key.tenant_id.as_str())
-        .bind(key.service_call_id.as_str())
-        .bind(seq)
-        .bind(at.as_millis())
-        .bind(change.to_json())
-        .execute(&mut *conn)
-        .await?;
+    for chunk in entries.chunks(ROWS_PER_STATEMENT) {
+        // `($1, $2, $3, $4, $5), ($6, …)`: the same placeholders in both dialects.
+        let rows: Vec<String> = (0..chunk.len())
+            .map(|i| {
+                let p = |k: usize| format!("${}", 5 * i + k);
+                format!("({}, {}, {}, {}, {})", p(1), p(2), p(3), p(4), p(5))
+            })
+            .collect();
+        let sql = format!(
+            "INSERT INTO timer_history (tenant_id, service_call_id, seq, at, change) VALUES {}",
+            rows.join(", ")
+        );
+        let mut insert = sqlx::query(&sql);
+        for e in chunk {
+            insert = insert
+                .bind(e.key.tenant_id.as_str())
+                .bind(e.key.service_call_id.as_str())
+                .bind(e.seq)
+                .bind(at.as_millis())
+                .bind(e.change.to_json());
+        }
+        insert.execute(&mut *conn).await?;
     }
-    trim::<D>(conn, key, last, limit).await
+    for e in entries {
+        trim::<D>(conn, e.key, e.seq, limit).await?;
+    }
+    Ok(())
 }
 
 /// Drops the history entries of `key` beyond the newest `limit`, `last` being its newest.

@@ -25,7 +25,7 @@ use timer_core::{
 pub use config::{SqliteConfig, Synchronous};
 pub use plugin::PLUGIN;
 
-use crate::sql::{self, Dialect, Statements};
+use crate::sql::{self, Dialect, Entry, Statements, ROWS_PER_STATEMENT};
 
 pub struct SqliteStore {
     write: SqlitePool,
@@ -134,9 +134,6 @@ const INSERT_TIMERS: &str = "INSERT INTO timers (tenant_id, service_call_id, due
     registered_at, correlation_id, payload, available_at, recurrence, history_seq) ";
 const INSERT_TIMERS_END: &str = " ON CONFLICT DO NOTHING RETURNING tenant_id, service_call_id";
 
-/// Rows per multi-row statement: 9 parameters each stays far below SQLite's 32,766.
-const ROWS_PER_STATEMENT: usize = 1_000;
-
 /// ?1 tenant, ?2 service call id, ?3 due, ?4 now, ?5 correlation id, ?6 payload, ?7 recurrence.
 /// Unqualified columns on the right-hand side are the old values. A repeat of
 /// the same recurring series (same recurrence) keeps its place: its next occurrence, count and
@@ -220,43 +217,6 @@ async fn insert_new(
     }
     // `remove`: only the first of a repeated key was inserted.
     Ok(timers.iter().map(|t| inserted.remove(&t.key)).collect())
-}
-
-/// A history entry a write transaction makes: `seq` of timer `key`.
-struct Entry<'a> {
-    key: &'a TimerKey,
-    seq: i64,
-    change: Change,
-}
-
-/// Writes the history `entries`, all at `at`, with one statement per [`ROWS_PER_STATEMENT`],
-/// then drops each timer's entries beyond the newest `limit`. Nothing when `limit` is 0.
-async fn record_all(
-    conn: &mut SqliteConnection,
-    entries: &[Entry<'_>],
-    at: Timestamp,
-    limit: usize,
-) -> std::result::Result<(), sqlx::Error> {
-    if limit == 0 || entries.is_empty() {
-        return Ok(());
-    }
-    for chunk in entries.chunks(ROWS_PER_STATEMENT) {
-        let mut insert = QueryBuilder::<Sqlite>::new(
-            "INSERT INTO timer_history (tenant_id, service_call_id, seq, at, change) ",
-        );
-        insert.push_values(chunk, |mut row, e| {
-            row.push_bind(e.key.tenant_id.as_str())
-                .push_bind(e.key.service_call_id.as_str())
-                .push_bind(e.seq)
-                .push_bind(at.as_millis())
-                .push_bind(e.change.to_json());
-        });
-        insert.build().execute(&mut *conn).await?;
-    }
-    for e in entries {
-        sql::trim::<SqliteStore>(conn, e.key, e.seq, limit).await?;
-    }
-    Ok(())
 }
 
 impl SqliteStore {
@@ -349,7 +309,7 @@ impl Store for SqliteStore {
             });
             outcomes.push(outcome);
         }
-        record_all(&mut tx, &entries, now, history)
+        sql::record_all::<Self>(&mut tx, &entries, now, history)
             .await
             .map_err(|e| db_err(op, e))?;
         tx.commit().await.map_err(|e| db_err(op, e))?;
@@ -413,7 +373,7 @@ impl Store for SqliteStore {
                 });
             }
         }
-        record_all(&mut tx, &entries, at, history)
+        sql::record_all::<Self>(&mut tx, &entries, at, history)
             .await
             .map_err(|e| db_err(op, e))?;
         tx.commit().await.map_err(|e| db_err(op, e))?;
