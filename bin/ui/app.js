@@ -237,19 +237,26 @@ function stopRefresh() {
   refreshTimer = null;
 }
 
-/** Runs `fn` now and every REFRESH_MS until the page changes; one run at a time. */
-function refreshEvery(fn) {
+/**
+ * Runs `fn` now and then every `ms` until the page changes; one run at a time. An error of the
+ * first run goes to the caller (the page shows it); later ones are logged and retried.
+ */
+async function refreshEvery(fn, ms = REFRESH_MS) {
   const mine = generation;
-  const run = async () => {
-    if (mine !== generation) return;
-    try {
-      await fn();
-    } catch (e) {
-      console.warn(e);
-    }
-    if (mine === generation && !signInShown) refreshTimer = setTimeout(run, REFRESH_MS);
+  const again = () => {
+    if (mine !== generation || signInShown) return;
+    refreshTimer = setTimeout(async () => {
+      if (mine !== generation) return;
+      try {
+        await fn();
+      } catch (e) {
+        console.warn(e);
+      }
+      again();
+    }, ms);
   };
-  return run();
+  await fn();
+  again();
 }
 
 function parseHash() {
@@ -628,24 +635,7 @@ async function timerPage(params) {
     history.replaceChildren(...(entries.length ? entries.map(historyItem)
       : [h('li', { class: 'muted' }, 'No history (the store keeps none, or engine.history_per_timer is 0).')]));
   };
-  await load();
-  refreshTimerPage(load);
-}
-
-function refreshTimerPage(load) {
-  const mine = generation;
-  const again = () => {
-    if (mine !== generation || signInShown) return;
-    refreshTimer = setTimeout(async () => {
-      try {
-        await load();
-      } catch (e) {
-        console.warn(e);
-      }
-      again();
-    }, 5000);
-  };
-  again();
+  await refreshEvery(load, 5000);
 }
 
 /** Up to 500 of a timer's history entries, oldest first. */
