@@ -721,47 +721,60 @@ async fn list_pages(
         ),
     ];
     for (p50, p99, url) in pages {
-        let bar = progress(requests, p50.trim_end_matches(" p50"));
-        let mut micros = Vec::with_capacity(requests);
-        for _ in 0..requests {
-            let started = Instant::now();
+        let (median, tail) = answer_times(requests, p50.trim_end_matches(" p50"), || async {
             let page = get(url.clone()).await?;
-            micros.push(i64::try_from(started.elapsed().as_micros()).unwrap_or(i64::MAX));
             if page["timers"].as_array().is_none_or(Vec::is_empty) {
                 bail!("{url}: an empty page");
             }
-            bar.inc(1);
-        }
-        bar.finish_and_clear();
-        micros.sort_unstable();
-        run.push((p50, "ms", percentile(&micros, 0.5) / 1000.0));
-        run.push((p99, "ms", percentile(&micros, 0.99) / 1000.0));
+            Ok(())
+        })
+        .await?;
+        run.push((p50, "ms", median));
+        run.push((p99, "ms", tail));
     }
     // What the dashboard's overview asks every 2 s, both at once: the status and the first page
     // of tenant summaries (the 1M-timer tenant among them).
     let root = format!("http://{addr}");
-    let bar = progress(requests, "overview");
-    let mut micros = Vec::with_capacity(requests);
-    for _ in 0..requests {
-        let started = Instant::now();
+    let (median, tail) = answer_times(requests, "overview", || async {
         let (status, summary) = tokio::join!(
             get(format!("{root}/v1/status")),
             get(format!("{root}/v1/summary?limit=100")),
         );
-        micros.push(i64::try_from(started.elapsed().as_micros()).unwrap_or(i64::MAX));
         status?;
         if summary?["tenants"].as_array().is_none_or(Vec::is_empty) {
             bail!("the summary lists no tenant");
         }
+        Ok(())
+    })
+    .await?;
+    run.push(("overview p50", "ms", median));
+    run.push(("overview p99", "ms", tail));
+    run.push(("pending timers", "timers", pending as f64));
+    run.push(("preload", "schedules/s", rig.preload_rate));
+    Ok(run)
+}
+
+/// Runs `one` `requests` times, one after the other, with a progress bar: p50 and p99 of how
+/// long each took, in ms.
+async fn answer_times<F, Fut>(requests: usize, what: &str, mut one: F) -> anyhow::Result<(f64, f64)>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<()>>,
+{
+    let bar = progress(requests, what);
+    let mut micros = Vec::with_capacity(requests);
+    for _ in 0..requests {
+        let started = Instant::now();
+        one().await?;
+        micros.push(i64::try_from(started.elapsed().as_micros()).unwrap_or(i64::MAX));
         bar.inc(1);
     }
     bar.finish_and_clear();
     micros.sort_unstable();
-    run.push(("overview p50", "ms", percentile(&micros, 0.5) / 1000.0));
-    run.push(("overview p99", "ms", percentile(&micros, 0.99) / 1000.0));
-    run.push(("pending timers", "timers", pending as f64));
-    run.push(("preload", "schedules/s", rig.preload_rate));
-    Ok(run)
+    Ok((
+        percentile(&micros, 0.5) / 1000.0,
+        percentile(&micros, 0.99) / 1000.0,
+    ))
 }
 
 /// The `i`-th command of an ingest run: 16 tenants, ids `<path><i>`, due at `far`.
