@@ -405,6 +405,7 @@ where
             Action::Pause { .. } => "pausing timers",
             Action::Resume => "resuming timers",
             Action::Cancel => "cancelling timers",
+            Action::Retry => "retrying timers",
         };
         let err = |e| db_err::<D>(op, e);
         let read = format!(
@@ -438,7 +439,9 @@ where
                    revision = revision + CASE WHEN due_at <> $4 THEN 1 ELSE 0 END, \
                    due_at = $4, available_at = $4, finished_at = $5, \
                    reached_at = CASE WHEN $3 = 1 THEN $5 ELSE reached_at END, \
-                   lease_until = NULL, history_seq = history_seq + $6 \
+                   lease_until = NULL, history_seq = history_seq + $6, \
+                   attempts = CASE WHEN $7 = 1 THEN 0 ELSE attempts END, \
+                   last_error = CASE WHEN $7 = 1 THEN NULL ELSE last_error END \
                  WHERE tenant_id = $1 AND service_call_id = $2 RETURNING history_seq",
             )
             .bind(key.tenant_id.as_str())
@@ -447,6 +450,7 @@ where
             .bind(write.due_at.as_millis())
             .bind(write.finished_at.map(Timestamp::as_millis))
             .bind(i64::try_from(write.changes.len()).unwrap_or(0))
+            .bind(i64::from(write.reset_attempts))
             .fetch_one(&mut *tx)
             .await
             .map_err(err)?;
@@ -609,6 +613,12 @@ where
         match filter.recurring {
             Some(true) => sql += " AND recurrence IS NOT NULL",
             Some(false) => sql += " AND recurrence IS NULL",
+            None => {}
+        }
+        // As `Timer::is_retrying`.
+        match filter.retrying {
+            Some(true) => sql += " AND state = 0 AND attempts > 0",
+            Some(false) => sql += " AND NOT (state = 0 AND attempts > 0)",
             None => {}
         }
         if let Some(after) = after {

@@ -83,6 +83,7 @@ pub fn checks() -> Vec<Check<Arc<dyn Store>>> {
         list_pages_are_stable_under_concurrent_writes,
         summaries_count_states_next_due_and_recent_failures,
         pause_resume_and_cancel_outcomes,
+        retry_schedules_a_failed_timer_again,
         a_paused_timer_never_fires_and_resumes_on_its_due_time,
         pausing_a_firing_timer_is_refused,
         a_resumed_series_skips_what_fell_into_the_pause,
@@ -916,6 +917,29 @@ pub async fn list_filters_combine(store: Arc<dyn Store>) {
         Vec::<String>::new(),
         "a prefix is text, not a pattern"
     );
+    // A timer whose publish failed waits for its next attempt: it is "retrying".
+    put(s, &[timer("t", "order-late", T0_MS + 500)], T0).await;
+    let claimed = claim(s, at(T0_MS + 500), 10, "i1", T0_MS + 1_000).await;
+    assert_eq!(ids(&claimed), ["order-late"]);
+    release(s, &claimed, "i1", at(T0_MS + 60_000), Some("broker down")).await;
+    assert_eq!(
+        list(TimerFilter {
+            retrying: Some(true),
+            ..TimerFilter::default()
+        })
+        .await,
+        ["order-late"]
+    );
+    assert_eq!(
+        list(TimerFilter {
+            states: vec![TimerState::Scheduled],
+            retrying: Some(false),
+            prefix: prefix("order-"),
+            ..TimerFilter::default()
+        })
+        .await,
+        ["order-1", "order-r"]
+    );
 }
 
 /// Ids order and match by their bytes (code points), whatever the database's locale: a
@@ -1335,6 +1359,45 @@ pub async fn pause_resume_and_cancel_outcomes(store: Arc<dyn Store>) {
     let claimed = schedule_and_claim(s, timer("t", "d", T0_MS), "i1", T0_MS + 1_000).await;
     mark_reached(s, &claimed, "i1", T0).await;
     assert_eq!(act(s, "d", &pause(), T0).await, O::AlreadyReached);
+}
+
+pub async fn retry_schedules_a_failed_timer_again(store: Arc<dyn Store>) {
+    use ControlOutcome as O;
+    let s = store.as_ref();
+    let claimed = schedule_and_claim(s, timer("t", "f", T0_MS), "i1", T0_MS + 1_000).await;
+    fail(s, &claimed, "i1", at(T0_MS + 5), "broker down").await;
+    put(s, &[timer("t", "s", T0_MS + 60_000)], T0).await;
+    assert_eq!(act(s, "s", &Action::Retry, T0).await, O::NotFailed);
+    act(s, "s", &pause(), T0).await;
+    assert_eq!(act(s, "s", &Action::Retry, T0).await, O::NotFailed);
+    assert_eq!(act(s, "missing", &Action::Retry, T0).await, O::NotFound);
+
+    let retried_at = at(T0_MS + 10_000);
+    assert_eq!(act(s, "f", &Action::Retry, retried_at).await, O::Retried);
+    let t = row(s, "t", "f").await;
+    assert_eq!(
+        (t.state, t.due_at, t.attempts, t.last_error.as_deref()),
+        (TimerState::Scheduled, T0, 0, None),
+        "Scheduled again at its own due time, attempts from 0"
+    );
+    assert_eq!(next_due(s).await, Some(T0), "claimable at once");
+    assert_eq!(scheduled_count(s).await, 1);
+    assert_eq!(
+        kinds(&history(s, "f").await).last().map(String::as_str),
+        Some("retried")
+    );
+    // No longer finished: retention leaves it alone.
+    assert_eq!(s.purge(at(T0_MS + 20_000), 10).await.expect("purge"), 0);
+    let claimed = claim(s, retried_at, 10, "i2", T0_MS + 20_000).await;
+    assert_eq!(ids(&claimed), ["f"]);
+    assert_eq!(claimed[0].attempts, 0);
+    mark_reached(s, &claimed, "i2", retried_at).await;
+    assert_eq!(
+        act(s, "f", &Action::Retry, retried_at).await,
+        O::AlreadyReached
+    );
+    act(s, "s", &Action::Cancel, T0).await;
+    assert_eq!(act(s, "s", &Action::Retry, T0).await, O::AlreadyCancelled);
 }
 
 pub async fn a_paused_timer_never_fires_and_resumes_on_its_due_time(store: Arc<dyn Store>) {

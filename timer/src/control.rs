@@ -22,15 +22,20 @@ pub enum Action {
     Resume,
     /// Scheduled or Paused → Cancelled.
     Cancel,
+    /// Failed → Scheduled: published again at once, as if new (attempts back to 0, the last
+    /// error cleared). It keeps its due time, so the lateness of the fire shows how long it
+    /// was failed; a series goes on from the occurrence that failed.
+    Retry,
 }
 
 impl Action {
-    /// `pause`, `resume`, `cancel`: the action's name in the API and in metrics.
+    /// `pause`, `resume`, `cancel`, `retry`: the action's name in the API and in metrics.
     pub fn as_str(&self) -> &'static str {
         match self {
             Action::Pause { .. } => "pause",
             Action::Resume => "resume",
             Action::Cancel => "cancel",
+            Action::Retry => "retry",
         }
     }
 }
@@ -121,6 +126,8 @@ pub enum Change {
         error: String,
     },
     Cancelled,
+    /// A Failed timer was scheduled again by a `retry`.
+    Retried,
 }
 
 impl Change {
@@ -211,6 +218,8 @@ pub struct Write {
     pub finished_at: Option<Timestamp>,
     /// What its history records, in order.
     pub changes: Vec<Change>,
+    /// Whether its publish attempts start again from 0 (and its last error is cleared).
+    pub reset_attempts: bool,
 }
 
 /// What `action` at `now` does to `timer`, which a live lease holds when `firing`.
@@ -219,6 +228,24 @@ pub fn transition(timer: &Timer, firing: bool, action: &Action, now: Timestamp) 
         outcome,
         write: None,
     };
+    if let Action::Retry = action {
+        return match timer.state {
+            TimerState::Failed => Transition {
+                outcome: ControlOutcome::Retried,
+                write: Some(Write {
+                    state: TimerState::Scheduled,
+                    due_at: timer.due_at,
+                    finished_at: None,
+                    changes: vec![Change::Retried],
+                    reset_attempts: true,
+                }),
+            },
+            TimerState::Scheduled | TimerState::Paused => unchanged(ControlOutcome::NotFailed),
+            finished => {
+                unchanged(ControlOutcome::finished(finished).unwrap_or(ControlOutcome::NotFailed))
+            }
+        };
+    }
     if let Some(finished) = ControlOutcome::finished(timer.state) {
         return unchanged(finished);
     }
@@ -230,9 +257,11 @@ pub fn transition(timer: &Timer, firing: bool, action: &Action, now: Timestamp) 
             due_at,
             finished_at,
             changes,
+            reset_attempts: false,
         }),
     };
     match action {
+        Action::Retry => unchanged(ControlOutcome::NotFailed),
         Action::Pause { .. } if paused => unchanged(ControlOutcome::AlreadyPaused),
         Action::Resume if !paused => unchanged(ControlOutcome::NotPaused),
         // A Paused row holds no lease; a Scheduled one may be firing right now.
@@ -375,6 +404,23 @@ mod tests {
                 O::AlreadyCancelled,
             ),
             (TimerState::Failed, false, &Action::Cancel, O::AlreadyFailed),
+            (TimerState::Failed, false, &Action::Retry, O::Retried),
+            (TimerState::Scheduled, false, &Action::Retry, O::NotFailed),
+            // A Scheduled timer is not Failed, leased or not.
+            (TimerState::Scheduled, true, &Action::Retry, O::NotFailed),
+            (TimerState::Paused, false, &Action::Retry, O::NotFailed),
+            (
+                TimerState::Reached,
+                false,
+                &Action::Retry,
+                O::AlreadyReached,
+            ),
+            (
+                TimerState::Cancelled,
+                false,
+                &Action::Retry,
+                O::AlreadyCancelled,
+            ),
         ];
         for (state, firing, action, want) in cases {
             let got = transition(&timer(state, 5_000, None), firing, action, NOW);

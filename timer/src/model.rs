@@ -184,6 +184,13 @@ pub struct Timer {
     pub occurrences: u32,
 }
 
+impl Timer {
+    /// Scheduled after a failed publish, waiting for its next attempt.
+    pub fn is_retrying(&self) -> bool {
+        self.state == TimerState::Scheduled && self.attempts > 0
+    }
+}
+
 /// A row leased to this instance by [`crate::Store::claim_due`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClaimedTimer {
@@ -236,6 +243,10 @@ pub enum ControlOutcome {
     Paused,
     Resumed,
     Cancelled,
+    /// A Failed timer is Scheduled again.
+    Retried,
+    /// Retry of a timer that is not Failed (Scheduled or Paused).
+    NotFailed,
     /// Pause of a timer that is Paused already.
     AlreadyPaused,
     /// Resume of a timer that is Scheduled (not paused).
@@ -254,7 +265,10 @@ impl ControlOutcome {
     pub const fn changed(self) -> bool {
         matches!(
             self,
-            ControlOutcome::Paused | ControlOutcome::Resumed | ControlOutcome::Cancelled
+            ControlOutcome::Paused
+                | ControlOutcome::Resumed
+                | ControlOutcome::Cancelled
+                | ControlOutcome::Retried
         )
     }
 
@@ -273,6 +287,8 @@ impl ControlOutcome {
             ControlOutcome::Paused => "paused",
             ControlOutcome::Resumed => "resumed",
             ControlOutcome::Cancelled => "cancelled",
+            ControlOutcome::Retried => "retried",
+            ControlOutcome::NotFailed => "not_failed",
             ControlOutcome::AlreadyPaused => "already_paused",
             ControlOutcome::NotPaused => "not_paused",
             ControlOutcome::AlreadyReached => "already_reached",

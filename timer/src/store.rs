@@ -188,6 +188,9 @@ pub struct TimerFilter {
     pub due_before: Option<Timestamp>,
     /// Only recurring timers (`true`) or only one-shot timers (`false`).
     pub recurring: Option<bool>,
+    /// Only (`true`) or all but (`false`) the Scheduled timers whose last publish failed and
+    /// which wait for their next attempt ([`Timer::is_retrying`]).
+    pub retrying: Option<bool>,
 }
 
 impl TimerFilter {
@@ -203,6 +206,7 @@ impl TimerFilter {
             && self
                 .recurring
                 .is_none_or(|r| r == timer.recurrence.is_some())
+            && self.retrying.is_none_or(|r| r == timer.is_retrying())
     }
 }
 

@@ -387,6 +387,10 @@ impl TimerControl for MemoryStore {
                 row.revision += 1;
                 row.timer.due_at = write.due_at;
             }
+            if write.reset_attempts {
+                row.timer.attempts = 0;
+                row.timer.last_error = None;
+            }
             // Out of `ready` unless it becomes Scheduled again.
             ready.remove(&(row.timer.available_at, key.clone()));
             row.lease_until = None;
@@ -394,6 +398,7 @@ impl TimerControl for MemoryStore {
             match (write.state, write.finished_at) {
                 (TimerState::Scheduled, _) => {
                     row.timer.state = TimerState::Scheduled;
+                    row.finished_at = None;
                     ready.insert((write.due_at, key.clone()));
                 }
                 (state, Some(at)) => row.finish(ready, state, at),

@@ -40,7 +40,7 @@ impl Engine {
         let inner = &self.inner;
         let control = inner.store.control().ok_or_else(|| {
             Error::unsupported(format!(
-                "the {} store cannot pause, resume or cancel in batches",
+                "the {} store cannot pause, resume, cancel or retry in batches",
                 inner.store.name()
             ))
         })?;
@@ -52,8 +52,8 @@ impl Engine {
                 .increment(1);
         }
         self.history_written(changed);
-        if matches!(action, Action::Resume) && changed > 0 {
-            // A resumed timer may be due now: have the firing task look again.
+        if matches!(action, Action::Resume | Action::Retry) && changed > 0 {
+            // A resumed or retried timer may be due now: have the firing task look again.
             inner.wake.notify_one();
         }
         Ok(outcomes)

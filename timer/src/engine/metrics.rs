@@ -82,7 +82,7 @@ pub const ALL: &[(&str, Kind, &str)] = &[
     (
         CONTROL_ACTIONS,
         Kind::Counter,
-        "Pause, resume and cancel actions of the control plane (HTTP, PauseTimer/ResumeTimer commands, bulk), by action and outcome (labels action, outcome)",
+        "Pause, resume, cancel and retry actions of the control plane (HTTP, PauseTimer/ResumeTimer commands, bulk), by action and outcome (labels action, outcome)",
     ),
     (
         TRIGGERS,
