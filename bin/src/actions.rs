@@ -9,7 +9,7 @@ use axum::Json;
 use serde::Deserialize;
 use serde_json::Value;
 use timer_core::engine::Triggered;
-use timer_core::{Action, ControlOutcome, TimerKey, TimerState};
+use timer_core::{Action, ControlOutcome, Engine, TimerKey, TimerState, Timestamp};
 
 use crate::api::{
     BulkOutcome, BulkRequest, Counts, ErrorBody, ErrorDetail, Health, HistoryPage, HistoryView,
@@ -171,6 +171,28 @@ pub async fn resume(
     act(&app, TimerKey::new(tenant, id), Action::Resume).await
 }
 
+/// Schedules a Failed timer again: published at once, with its attempts back to 0 and its last
+/// error cleared. It keeps its due time (the fire's lateness shows how long it was failed); a
+/// series goes on from the occurrence that failed.
+#[utoipa::path(
+    post,
+    path = "/v1/tenants/{tenant}/timers/{id}/retry",
+    tag = "control",
+    params(TimerPath),
+    responses(
+        (status = 200, description = "`retried`, or `not_failed` (Scheduled or Paused)", body = TimerOutcome),
+        (status = 409, description = "Finished otherwise (`already_reached`, `already_cancelled`)", body = TimerOutcome),
+        (status = 404, description = "No such timer", body = ErrorBody),
+        (status = 501, description = "The store cannot retry", body = ErrorBody),
+    )
+)]
+pub async fn retry(
+    State(app): State<AppState>,
+    Path(TimerPath { tenant, id }): Path<TimerPath>,
+) -> Response {
+    act(&app, TimerKey::new(tenant, id), Action::Retry).await
+}
+
 /// Fires one extra occurrence now: a `DueTimeReached` with `"trigger": "manual"` and an id of
 /// its own; the schedule does not move. Scheduled and Paused timers only.
 #[utoipa::path(
@@ -215,10 +237,17 @@ struct BulkBody {
 }
 
 /// The filter of a bulk action: the list filters (`state`, `prefix`, `dueAfter`, `dueBefore`,
-/// `recurring`) as a JSON object, read by the same rules as the list's query parameters.
+/// `recurring`, `retrying`) as a JSON object, read by the same rules as the list's query parameters.
 fn bulk_filter(filter: &serde_json::Map<String, Value>) -> Result<ListParams, BadParameter> {
     let mut pairs: Vec<(String, String)> = Vec::new();
-    const KNOWN: [&str; 5] = ["state", "prefix", "dueAfter", "dueBefore", "recurring"];
+    const KNOWN: [&str; 6] = [
+        "state",
+        "prefix",
+        "dueAfter",
+        "dueBefore",
+        "recurring",
+        "retrying",
+    ];
     for (name, value) in filter {
         if matches!(name.as_str(), "limit" | "cursor") {
             return Err(BadParameter::owned(
@@ -283,8 +312,8 @@ pub async fn bulk(
             return bad_json(
                 None,
                 &format!(
-                    "the body is not {{\"action\": \"cancel\"|\"pause\"|\"resume\", \"filter\": \
-                     {{…}}}} ({e})"
+                    "the body is not {{\"action\": \"cancel\"|\"pause\"|\"resume\"|\"retry\", \
+                     \"filter\": {{…}}}} ({e})"
                 ),
             )
         }
@@ -296,12 +325,13 @@ pub async fn bulk(
         "cancel" => Action::Cancel,
         "pause" => Action::Pause { note: body.note },
         "resume" => Action::Resume,
+        "retry" => Action::Retry,
         other => {
             return error_body(
                 StatusCode::BAD_REQUEST,
                 "invalid_parameter",
                 Some("action"),
-                &format!("{other:?} is not an action (cancel, pause, resume)"),
+                &format!("{other:?} is not an action (cancel, pause, resume, retry)"),
             )
         }
     };
@@ -396,6 +426,39 @@ pub async fn history(
     }
 }
 
+/// The store's timers by state: null where the store cannot count that state.
+pub struct Totals {
+    counted_at: Timestamp,
+    pending: Option<u64>,
+    paused: Option<u64>,
+    failed: Option<u64>,
+}
+
+/// Counts [`Totals`]; fails if a count the store can make fails.
+async fn count_totals(engine: Engine) -> timer_core::Result<Totals> {
+    let counted_at = engine.clock().now();
+    let store = engine.store();
+    let Some(queries) = store.queries() else {
+        return Ok(Totals {
+            counted_at,
+            pending: Some(store.scheduled_count().await?),
+            paused: None,
+            failed: None,
+        });
+    };
+    let (pending, paused, failed) = tokio::join!(
+        queries.count(TimerState::Scheduled),
+        queries.count(TimerState::Paused),
+        queries.count(TimerState::Failed),
+    );
+    Ok(Totals {
+        counted_at,
+        pending: Some(pending?),
+        paused: Some(paused?),
+        failed: Some(failed?),
+    })
+}
+
 /// This instance, its store and broker with their health, and what they hold.
 #[utoipa::path(
     get,
@@ -413,17 +476,8 @@ pub async fn status(State(app): State<AppState>) -> Response {
         healthy: result.is_ok(),
         error: result.err().map(|e| e.chain()),
     };
-    let count = |state: TimerState| async move {
-        match store.queries() {
-            Some(q) => q.count(state).await.ok(),
-            None if state == TimerState::Scheduled => store.scheduled_count().await.ok(),
-            None => None,
-        }
-    };
-    let (pending, paused, failed, next_due) = tokio::join!(
-        count(TimerState::Scheduled),
-        count(TimerState::Paused),
-        count(TimerState::Failed),
+    let (totals, next_due) = tokio::join!(
+        app.counts.totals.get(|| count_totals(app.engine.clone())),
         store.next_due_at(),
     );
     let minute = engine.last_minute();
@@ -432,10 +486,19 @@ pub async fn status(State(app): State<AppState>) -> Response {
         instance_id: engine.instance_id().to_owned(),
         store: health(store.name(), store_health),
         broker: health(broker.name(), broker_health),
-        timers: Counts {
-            pending,
-            paused,
-            failed,
+        timers: match totals {
+            Ok(totals) => Counts {
+                pending: totals.pending,
+                paused: totals.paused,
+                failed: totals.failed,
+                counted_at: Some(totals.counted_at.to_rfc3339()),
+            },
+            Err(_) => Counts {
+                pending: None,
+                paused: None,
+                failed: None,
+                counted_at: None,
+            },
         },
         next_due_at: next_due.ok().flatten().map(|t| t.to_rfc3339()),
         last_minute: LastMinute {

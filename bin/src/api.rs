@@ -59,6 +59,10 @@ pub struct TimerView {
     pub attempts: u32,
     #[schema(required = true)]
     pub last_error: Option<String>,
+    /// When a Scheduled timer whose last publish failed is tried again; null otherwise.
+    #[schema(format = DateTime)]
+    #[schema(required = true)]
+    pub next_attempt_at: Option<String>,
     #[schema(required = true)]
     pub correlation_id: Option<String>,
     /// The JSON the `ScheduleTimer` carried, given back in `DueTimeReached`.
@@ -91,6 +95,7 @@ impl TimerView {
             reached_at: t.reached_at.map(Timestamp::to_rfc3339),
             attempts: t.attempts,
             last_error: t.last_error.clone(),
+            next_attempt_at: t.is_retrying().then(|| t.available_at.to_rfc3339()),
             correlation_id: t.correlation_id.clone(),
             payload,
             recurrence: t.recurrence.as_ref().map(|r| RecurrenceView {
@@ -188,6 +193,10 @@ pub struct SummaryPage {
     pub tenants: Vec<SummaryView>,
     #[schema(required = true)]
     pub next_cursor: Option<String>,
+    /// When these counts were taken: the first page is shared between requests for up to
+    /// `http.counts_max_age`; a page after a cursor is counted for its request.
+    #[schema(format = DateTime)]
+    pub counted_at: String,
 }
 
 /// One result of a batch, in the order of the commands: an `outcome`, or the `error` that
@@ -301,6 +310,7 @@ pub struct Health {
 
 /// Counts from the store; null where it cannot count (or the count failed).
 #[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
 pub struct Counts {
     #[schema(required = true)]
     pub pending: Option<u64>,
@@ -308,6 +318,11 @@ pub struct Counts {
     pub paused: Option<u64>,
     #[schema(required = true)]
     pub failed: Option<u64>,
+    /// When these counts were taken: they are shared between requests for up to
+    /// `http.counts_max_age`. Null when there are no counts.
+    #[schema(format = DateTime)]
+    #[schema(required = true)]
+    pub counted_at: Option<String>,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -425,7 +440,7 @@ pub struct PauseRequest {
 /// `POST /v1/tenants/{tenant}/timers/bulk`.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct BulkRequest {
-    /// `cancel`, `pause` or `resume`.
+    /// `cancel`, `pause`, `resume` or `retry`.
     pub action: String,
     pub filter: Option<BulkFilter>,
     /// For `pause`: the note in every paused timer's history.
@@ -445,6 +460,8 @@ pub struct BulkFilter {
     #[schema(format = DateTime)]
     pub due_before: Option<String>,
     pub recurring: Option<bool>,
+    /// Only (`true`) or all but (`false`) the Scheduled timers whose last publish failed.
+    pub retrying: Option<bool>,
 }
 
 /// The document's frame; the routes add their paths and schemas (`http::router`).

@@ -616,6 +616,15 @@ async fn ingest_run(config: &Config, n: usize) -> anyhow::Result<Run> {
 /// Serves the HTTP API on the rig's first engine, on a free port of 127.0.0.1, until the rig
 /// stops.
 async fn serve(rig: &Rig, config: &Config) -> anyhow::Result<std::net::SocketAddr> {
+    serve_counting(rig, config, config.http.counts_max_age).await
+}
+
+/// [`serve`], with counts shared for `counts_max_age` instead of `http.counts_max_age`.
+async fn serve_counting(
+    rig: &Rig,
+    config: &Config,
+    counts_max_age: Duration,
+) -> anyhow::Result<std::net::SocketAddr> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .context("bind")?;
@@ -625,6 +634,7 @@ async fn serve(rig: &Rig, config: &Config) -> anyhow::Result<std::net::SocketAdd
         metrics: None,
         memory_hub: rig.hub.clone(),
         shutdown: rig.shutdown.clone(),
+        counts: crate::counted::Counts::new(counts_max_age),
     };
     let app = crate::http::router(state, config);
     let server_stop = rig.shutdown.clone();
@@ -721,42 +731,76 @@ async fn list_pages(
         ),
     ];
     for (p50, p99, url) in pages {
-        let (median, tail) = answer_times(requests, p50.trim_end_matches(" p50"), || async {
-            let page = get(url.clone()).await?;
-            if page["timers"].as_array().is_none_or(Vec::is_empty) {
-                bail!("{url}: an empty page");
-            }
-            Ok(())
-        })
+        let (median, tail) = answer_times(
+            requests,
+            p50.trim_end_matches(" p50"),
+            Duration::ZERO,
+            || async {
+                let page = get(url.clone()).await?;
+                if page["timers"].as_array().is_none_or(Vec::is_empty) {
+                    bail!("{url}: an empty page");
+                }
+                Ok(())
+            },
+        )
         .await?;
         run.push((p50, "ms", median));
         run.push((p99, "ms", tail));
     }
     // What the dashboard's overview asks every 2 s, both at once: the status and the first page
-    // of tenant summaries (the 1M-timer tenant among them).
-    let root = format!("http://{addr}");
-    let (median, tail) = answer_times(requests, "overview", || async {
-        let (status, summary) = tokio::join!(
-            get(format!("{root}/v1/status")),
-            get(format!("{root}/v1/summary?limit=100")),
-        );
-        status?;
-        if summary?["tenants"].as_array().is_none_or(Vec::is_empty) {
-            bail!("the summary lists no tenant");
+    // of tenant summaries (the 1M-timer tenant among them). The service shares one count for
+    // `http.counts_max_age`, so time it both ways: as pollers see it (after a first request
+    // that counted, one every 100 ms, while counts run in the background), and counting for
+    // every request (a second server with `counts_max_age = 0s`).
+    let overview = |root: String| {
+        let get = &get;
+        async move {
+            let (status, summary) = tokio::join!(
+                get(format!("{root}/v1/status")),
+                get(format!("{root}/v1/summary?limit=100")),
+            );
+            status?;
+            if summary?["tenants"].as_array().is_none_or(Vec::is_empty) {
+                bail!("the summary lists no tenant");
+            }
+            Ok(())
         }
-        Ok(())
-    })
-    .await?;
+    };
+    let shared = format!("http://{addr}");
+    overview(shared.clone()).await?;
+    let (median, tail) =
+        answer_times(requests, "overview", POLL_GAP, || overview(shared.clone())).await?;
     run.push(("overview p50", "ms", median));
     run.push(("overview p99", "ms", tail));
+    let counted = format!(
+        "http://{}",
+        serve_counting(rig, config, Duration::ZERO).await?
+    );
+    let (median, tail) = answer_times(
+        requests.min(20),
+        "overview, counting",
+        Duration::ZERO,
+        || overview(counted.clone()),
+    )
+    .await?;
+    run.push(("overview counting p50", "ms", median));
+    run.push(("overview counting p99", "ms", tail));
     run.push(("pending timers", "timers", pending as f64));
     run.push(("preload", "schedules/s", rig.preload_rate));
     Ok(run)
 }
 
-/// Runs `one` `requests` times, one after the other, with a progress bar: p50 and p99 of how
-/// long each took, in ms.
-async fn answer_times<F, Fut>(requests: usize, what: &str, mut one: F) -> anyhow::Result<(f64, f64)>
+/// Between two requests of a poller in the overview bench.
+const POLL_GAP: Duration = Duration::from_millis(100);
+
+/// Runs `one` `requests` times, one after the other and `gap` apart, with a progress bar: p50
+/// and p99 of how long each took, in ms.
+async fn answer_times<F, Fut>(
+    requests: usize,
+    what: &str,
+    gap: Duration,
+    mut one: F,
+) -> anyhow::Result<(f64, f64)>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = anyhow::Result<()>>,
@@ -768,6 +812,9 @@ where
         one().await?;
         micros.push(i64::try_from(started.elapsed().as_micros()).unwrap_or(i64::MAX));
         bar.inc(1);
+        if !gap.is_zero() {
+            tokio::time::sleep(gap).await;
+        }
     }
     bar.finish_and_clear();
     micros.sort_unstable();

@@ -16,7 +16,8 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 use timer_core::{
-    PageAfter, TenantSummary, Timer, TimerFilter, TimerQueries, TimerState, Timestamp,
+    Engine, Error, ErrorKind, PageAfter, TenantSummary, Timer, TimerFilter, TimerQueries,
+    TimerState, Timestamp,
 };
 
 use crate::api::{ErrorBody, Occurrence, SummaryPage, SummaryView, TimerPage, TimerView};
@@ -101,18 +102,8 @@ impl ListParams {
                 "prefix" => params.filter.prefix = Some(value.into_owned()),
                 "dueAfter" => params.filter.due_after = Some(parse_time("dueAfter", &value)?),
                 "dueBefore" => params.filter.due_before = Some(parse_time("dueBefore", &value)?),
-                "recurring" => {
-                    params.filter.recurring = Some(match value.as_ref() {
-                        "true" => true,
-                        "false" => false,
-                        other => {
-                            return Err(BadParameter::new(
-                                "recurring",
-                                format!("{other:?} is neither true nor false"),
-                            ))
-                        }
-                    })
-                }
+                "recurring" => params.filter.recurring = Some(parse_bool("recurring", &value)?),
+                "retrying" => params.filter.retrying = Some(parse_bool("retrying", &value)?),
                 "limit" => params.limit = parse_limit(&value)?,
                 "cursor" => params.cursor = Some(value.into_owned()),
                 other => {
@@ -120,7 +111,7 @@ impl ListParams {
                         "query",
                         format!(
                             "unknown parameter {other:?} (known: state, prefix, dueAfter, \
-                             dueBefore, recurring, limit, cursor)"
+                             dueBefore, recurring, retrying, limit, cursor)"
                         ),
                     ))
                 }
@@ -159,6 +150,17 @@ fn parse_time(field: &'static str, value: &str) -> Result<Timestamp, BadParamete
                 format!("{value:?} is neither an RFC 3339 time with offset nor epoch milliseconds ({e})"),
             )
         })
+}
+
+fn parse_bool(field: &'static str, value: &str) -> Result<bool, BadParameter> {
+    match value {
+        "true" => Ok(true),
+        "false" => Ok(false),
+        other => Err(BadParameter::new(
+            field,
+            format!("{other:?} is neither true nor false"),
+        )),
+    }
 }
 
 fn parse_limit(value: &str) -> Result<usize, BadParameter> {
@@ -230,6 +232,9 @@ struct ListCursor {
     due_after: Option<i64>,
     due_before: Option<i64>,
     recurring: Option<bool>,
+    // Absent from cursors given out before the filter existed.
+    #[serde(default)]
+    retrying: Option<bool>,
     due_at: i64,
     id: String,
 }
@@ -243,6 +248,7 @@ impl ListCursor {
             due_after: filter.due_after.map(Timestamp::as_millis),
             due_before: filter.due_before.map(Timestamp::as_millis),
             recurring: filter.recurring,
+            retrying: filter.retrying,
             due_at: after.due_at.as_millis(),
             id: after.service_call_id.clone(),
         }
@@ -321,6 +327,9 @@ struct ListQuery {
     due_before: Option<String>,
     /// Only series (`true`) or only one-shot timers (`false`).
     recurring: Option<bool>,
+    /// Only (`true`) or all but (`false`) the Scheduled timers whose last publish failed and
+    /// which wait for their next attempt.
+    retrying: Option<bool>,
     /// Page size: 1 to 1000, default 100.
     limit: Option<usize>,
     /// `nextCursor` of the page before, with the same tenant and filters.
@@ -400,9 +409,9 @@ pub async fn tenant_summary(
     let Some(queries) = store.queries() else {
         return unsupported(store.name());
     };
-    match summaries(queries, &app, &[tenant]).await {
-        Ok(mut views) => Json(views.pop()).into_response(),
-        Err(response) => response,
+    match summaries(queries, app.engine.clock().now(), &[tenant]).await {
+        Ok(summaries) => Json(summaries.first().map(summary_view)).into_response(),
+        Err(e) => server_error(&e),
     }
 }
 
@@ -448,40 +457,95 @@ pub async fn all_summaries(State(app): State<AppState>, RawQuery(query): RawQuer
             return bad.response();
         }
     }
+    if after.is_none() {
+        // The first page, which the dashboard asks for every 2 seconds: from the shared count.
+        let first = app
+            .counts
+            .first_tenants
+            .get(|| count_first_tenants(app.engine.clone()))
+            .await;
+        return match first {
+            Ok(first) => Json(first.page(limit)).into_response(),
+            Err(e) => server_error(&e),
+        };
+    }
     let mut tenants = match queries.tenants(after.as_deref(), limit + 1).await {
         Ok(tenants) => tenants,
         Err(e) => return server_error(&e),
     };
-    let next = end_page(&mut tenants, limit, |last| {
-        encode(&TenantCursor {
-            after_tenant: last.clone(),
-        })
-    });
-    match summaries(queries, &app, &tenants).await {
-        Ok(views) => Json(SummaryPage {
-            tenants: views,
+    let next = end_page(&mut tenants, limit, |last| tenant_cursor(last));
+    let counted_at = app.engine.clock().now();
+    match summaries(queries, counted_at, &tenants).await {
+        Ok(summaries) => Json(SummaryPage {
+            tenants: summaries.iter().map(summary_view).collect(),
             next_cursor: next,
+            counted_at: counted_at.to_rfc3339(),
         })
         .into_response(),
-        Err(response) => response,
+        Err(e) => server_error(&e),
     }
 }
 
+fn tenant_cursor(tenant: &str) -> String {
+    encode(&TenantCursor {
+        after_tenant: tenant.to_owned(),
+    })
+}
+
+/// The summaries of the first [`MAX_LIMIT`] tenants, the largest first page there is.
+pub struct FirstTenants {
+    counted_at: Timestamp,
+    summaries: Vec<TenantSummary>,
+    /// Whether there are tenants after these.
+    more: bool,
+}
+
+impl FirstTenants {
+    fn page(&self, limit: usize) -> SummaryPage {
+        let shown = &self.summaries[..limit.min(self.summaries.len())];
+        let more = self.more || shown.len() < self.summaries.len();
+        SummaryPage {
+            tenants: shown.iter().map(summary_view).collect(),
+            next_cursor: more
+                .then(|| shown.last().map(|s| tenant_cursor(&s.tenant_id)))
+                .flatten(),
+            counted_at: self.counted_at.to_rfc3339(),
+        }
+    }
+}
+
+async fn count_first_tenants(engine: Engine) -> timer_core::Result<FirstTenants> {
+    let store = engine.store();
+    let Some(queries) = store.queries() else {
+        return Err(Error::new(
+            ErrorKind::Unsupported,
+            format!("the {} store cannot list or count timers", store.name()),
+        ));
+    };
+    let counted_at = engine.clock().now();
+    let mut tenants = queries.tenants(None, MAX_LIMIT + 1).await?;
+    let more = tenants.len() > MAX_LIMIT;
+    tenants.truncate(MAX_LIMIT);
+    Ok(FirstTenants {
+        counted_at,
+        summaries: summaries(queries, counted_at, &tenants).await?,
+        more,
+    })
+}
+
+/// The summaries of `tenants`, with the windows ending at `now`.
 async fn summaries(
     queries: &dyn TimerQueries,
-    app: &AppState,
+    now: Timestamp,
     tenants: &[String],
-) -> Result<Vec<SummaryView>, Response> {
-    let now = app.engine.clock().now();
-    let summaries = queries
+) -> timer_core::Result<Vec<TenantSummary>> {
+    queries
         .summaries(
             tenants,
             now.saturating_sub(FAILED_WINDOW),
             now.saturating_sub(FIRED_WINDOW),
         )
         .await
-        .map_err(|e| server_error(&e))?;
-    Ok(summaries.iter().map(summary_view).collect())
 }
 
 fn summary_view(s: &TenantSummary) -> SummaryView {

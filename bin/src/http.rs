@@ -41,6 +41,8 @@ pub struct AppState {
     pub metrics: Option<PrometheusHandle>,
     pub memory_hub: Option<MemoryHub>,
     pub shutdown: CancellationToken,
+    /// The counts `/v1/status` and `/v1/summary` share between requests.
+    pub counts: crate::counted::Counts,
 }
 
 /// Path parameters of the routes on one timer.
@@ -77,6 +79,7 @@ pub fn routes(config: &Config) -> (Router<AppState>, utoipa::openapi::OpenApi) {
         .routes(routes!(crate::control::list_timers))
         .routes(routes!(crate::actions::pause).layer(limited(body_limit)))
         .routes(routes!(crate::actions::resume))
+        .routes(routes!(crate::actions::retry))
         .routes(routes!(crate::actions::trigger))
         .routes(routes!(crate::actions::history))
         .routes(routes!(crate::actions::status))

@@ -7,6 +7,7 @@ mod bench;
 mod client;
 mod config;
 mod control;
+mod counted;
 mod fuzz;
 mod http;
 mod plugins;
@@ -113,6 +114,8 @@ enum Command {
     /// Resume a paused timer: a one-shot timer whose due time passed fires at once; a series
     /// goes on with its next occurrence from now (the ones missed are skipped).
     Resume(TimerArgs),
+    /// Schedule a Failed timer again: published at once, its attempts back to 0.
+    Retry(TimerArgs),
     /// Fire one extra DueTimeReached now ("trigger": "manual"), without moving the schedule.
     Trigger(TimerArgs),
     /// A timer's history of changes, oldest first: one page, or every entry with --all (then
@@ -129,11 +132,12 @@ enum Command {
         #[arg(long)]
         all: bool,
     },
-    /// Cancel, pause or resume every timer of a tenant that the filters match, page by page.
+    /// Cancel, pause, resume or retry every timer of a tenant that the filters match, page by
+    /// page.
     Bulk {
         #[arg(long)]
         tenant: String,
-        #[arg(long, value_parser = ["cancel", "pause", "resume"])]
+        #[arg(long, value_parser = ["cancel", "pause", "resume", "retry"])]
         action: String,
         #[command(flatten)]
         filter: FilterArgs,
@@ -186,6 +190,9 @@ struct FilterArgs {
     /// Only recurring timers (true) or only one-shot timers (false).
     #[arg(long)]
     recurring: Option<bool>,
+    /// Only Scheduled timers whose last publish failed (true), or all but those (false).
+    #[arg(long)]
+    retrying: Option<bool>,
 }
 
 impl FilterArgs {
@@ -203,6 +210,7 @@ impl FilterArgs {
             ("dueAfter", self.due_after.clone()),
             ("dueBefore", self.due_before.clone()),
             ("recurring", self.recurring.map(|r| r.to_string())),
+            ("retrying", self.retrying.map(|r| r.to_string())),
         ];
         pairs.extend(optional.into_iter().filter_map(|(k, v)| Some((k, v?))));
         pairs
@@ -217,7 +225,7 @@ impl FilterArgs {
                 ("state", _) => {
                     filter.insert(name.into(), serde_json::json!([value]));
                 }
-                ("recurring", _) => {
+                ("recurring" | "retrying", _) => {
                     filter.insert(name.into(), (value == "true").into());
                 }
                 _ => {
@@ -399,6 +407,14 @@ async fn dispatch(cli: Cli) -> anyhow::Result<()> {
             );
             Ok(())
         }
+        Command::Retry(t) => {
+            print(
+                api_client(&t.api)?
+                    .act(&t.tenant, &t.id, "retry", None)
+                    .await?,
+            );
+            Ok(())
+        }
         Command::Trigger(t) => {
             print(
                 api_client(&t.api)?
@@ -561,6 +577,7 @@ async fn run(config: Config) -> anyhow::Result<()> {
         metrics: Some(metrics),
         memory_hub,
         shutdown: shutdown.clone(),
+        counts: counted::Counts::new(config.http.counts_max_age),
     };
     let app = http::router(state, &config);
     info!(

@@ -14,7 +14,7 @@ use libtest_mimic::Arguments;
 use serde_json::{json, Value};
 use timer_conformance::e2e::{now_ms, Service};
 use timer_conformance::{server_trial, wait_for};
-use timer_core::{Lease, Store, Timestamp};
+use timer_core::{Lease, Settlement, Store, Timestamp};
 
 const BIN: &str = env!("CARGO_BIN_EXE_timer-service");
 const TOKEN: &str = "dashboard-test-token";
@@ -256,10 +256,108 @@ async fn send(service: &Service, method: reqwest::Method, path: &str, body: Valu
     (status, response.json().await.unwrap_or(Value::Null))
 }
 
+/// `TIMER_TEST_DASHBOARD_BIG=n` gives tenant `big` `n` timers before the walk-through, which
+/// then prints how long the overview and that tenant's pages take to show. Not set in CI: a
+/// million timers take minutes to load; the times are printed, not asserted (BENCHMARKS.md).
+fn big_tenant() -> usize {
+    std::env::var("TIMER_TEST_DASHBOARD_BIG")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+/// `n` timers in tenant `big`, due in 10 days (after every timer of the walk-through), in
+/// batches of 1,000, four at a time.
+async fn load_big_tenant(service: &Service, n: usize) {
+    use futures::StreamExt as _;
+    let due = now_ms() + 10 * 86_400_000;
+    let started = std::time::Instant::now();
+    let batches = (0..n).step_by(1_000).map(|first| {
+        let commands: Vec<Value> = (first..n.min(first + 1_000))
+            .map(|i| json!({"tenantId": "big", "serviceCallId": format!("b{i:08}"), "dueTimeMs": due + i as i64}))
+            .collect();
+        async move {
+            let (status, body) = send(
+                service,
+                reqwest::Method::POST,
+                "/v1/timers/batch",
+                json!({ "commands": commands }),
+            )
+            .await;
+            assert_eq!(status, 200, "{body}");
+        }
+    });
+    futures::stream::iter(batches)
+        .buffer_unordered(4)
+        .collect::<Vec<()>>()
+        .await;
+    eprintln!(
+        "big tenant: {n} timers loaded in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+}
+
+/// Prints how long the overview takes to list tenant `big` (the first time, when the service
+/// counts, and again once it shares a count) and how long its pages of timers take to show.
+async fn time_big_tenant(browser: &Browser, n: usize) {
+    let mut shown = Vec::new();
+    for visit in ["first", "second", "third"] {
+        let started = std::time::Instant::now();
+        browser.open("#/timers").await;
+        browser.wait_count("#f-tenant", 1).await;
+        browser.open("").await;
+        browser
+            .wait_text("tr[data-tenant=big] td:nth-child(2)", &group(n))
+            .await;
+        shown.push(format!("{visit} {} ms", started.elapsed().as_millis()));
+    }
+    let started = std::time::Instant::now();
+    browser.open("#/timers?tenant=big&state=scheduled").await;
+    browser.wait_count("#timer-list tbody tr", 100).await;
+    let first = started.elapsed().as_millis();
+    let started = std::time::Instant::now();
+    browser.click("#next-page").await;
+    browser
+        .wait_text("#timer-list tbody tr:first-child td a", "b00000100")
+        .await;
+    let next = started.elapsed().as_millis();
+    browser.shot("big-timers").await;
+    let started = std::time::Instant::now();
+    browser.open("#/failed?tenant=big").await;
+    browser.wait_text("#failed-list", "No failed timers").await;
+    browser
+        .wait_text("#retrying-list", "no publish is failing")
+        .await;
+    let failed = started.elapsed().as_millis();
+    eprintln!(
+        "big tenant of {n}: overview shown {}; timers page {first} ms, next page {next} ms, \
+         failed page {failed} ms",
+        shown.join(", ")
+    );
+    browser.open("").await;
+}
+
+/// `n` as the dashboard writes counts (`1,000,000`).
+fn group(n: usize) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
 async fn walk_through(name: &str, dir: &Path, mut env: Vec<(&str, String)>, store: &dyn Store) {
     env.push(("TIMER_BROKER__KIND", "memory".to_owned()));
     env.push(("TIMER_HTTP__TOKEN", TOKEN.to_owned()));
     let service = Service::start(Path::new(BIN), dir, &env).await;
+    let big = big_tenant();
+    if big > 0 {
+        load_big_tenant(&service, big).await;
+    }
     let browser = Browser::start(&service.base, name).await;
 
     // The page and its files carry the policy that keeps everything inside the service.
@@ -290,6 +388,9 @@ async fn walk_through(name: &str, dir: &Path, mut env: Vec<(&str, String)>, stor
     browser.click("#sign-in").await;
     browser.wait_text("#card-store", "healthy").await;
     browser.wait_text("#card-broker", "memory healthy").await;
+    if big > 0 {
+        time_big_tenant(&browser, big).await;
+    }
 
     // Counts change as timers fire, without a reload of the page.
     browser
@@ -361,9 +462,60 @@ async fn walk_through(name: &str, dir: &Path, mut env: Vec<(&str, String)>, stor
     )
     .await;
     assert_eq!(status, 202, "{body}");
-    browser
-        .wait_text("tr[data-tenant=acme] td:nth-child(2)", "252")
+    // Two timers another instance could not publish: one failed for good, one waits for its
+    // next attempt.
+    let trouble_due = now_ms() + 1_800_000;
+    for (i, id) in ["broken", "flaky"].into_iter().enumerate() {
+        let (status, body) = send(
+            &service,
+            reqwest::Method::POST,
+            "/v1/timers",
+            json!({"tenantId": "acme", "serviceCallId": id, "dueTimeMs": trouble_due + i as i64}),
+        )
         .await;
+        assert_eq!(status, 201, "{body}");
+    }
+    let lease = Lease {
+        owner: "another-instance".into(),
+        until: Timestamp::from_millis(trouble_due + 60_000),
+    };
+    let claimed = store
+        .claim_due(Timestamp::from_millis(trouble_due + 1), 2, &lease)
+        .await
+        .expect("claim as another instance");
+    let ids: Vec<&str> = claimed
+        .iter()
+        .map(|c| c.key.service_call_id.as_str())
+        .collect();
+    assert_eq!(ids, ["broken", "flaky"]);
+    let next_attempt = Settlement::Retry {
+        at: Timestamp::from_millis(trouble_due + 3_600_000),
+        error: Some("the broker timed out".into()),
+    };
+    let settled = [
+        (
+            claimed[0].clone(),
+            Settlement::Failed("no route to the broker".into()),
+        ),
+        (claimed[1].clone(), next_attempt),
+    ];
+    let n = store
+        .settle(
+            &settled,
+            "another-instance",
+            Timestamp::from_millis(trouble_due + 2),
+        )
+        .await
+        .expect("settle as another instance");
+    assert_eq!(n, 2);
+    // 250 pages, the series, busy and flaky are Scheduled; broken failed.
+    browser
+        .wait_text("tr[data-tenant=acme] td:nth-child(2)", "253")
+        .await;
+    browser
+        .wait_text("tr[data-tenant=acme] td:nth-child(4)", "1")
+        .await;
+    browser.wait_text("#counted-at", "UTC").await;
     browser.wait_count("#next-due tr", 10).await;
     browser.shot("overview").await;
 
@@ -433,10 +585,35 @@ async fn walk_through(name: &str, dir: &Path, mut env: Vec<(&str, String)>, stor
     browser.wait_text("#answer", "409 firing").await;
     browser.shot("firing").await;
 
-    // Failed: the tenants with failed timers, and the dead letter.
+    // Failed: the tenants with failed timers, and the dead letter; in a tenant, its failed
+    // timers to retry and the ones whose publish is being retried, to cancel.
     browser.open("#/failed").await;
+    browser.wait_text("#failed-list", "acme").await;
     browser.wait_text("#dead-letters", "ScheduleTimer").await;
+    browser.open("#/failed?tenant=acme").await;
+    browser
+        .wait_text("#failed-list", "no route to the broker")
+        .await;
+    browser
+        .wait_text("#retrying-list", "the broker timed out")
+        .await;
     browser.shot("failed").await;
+    browser
+        .click("#failed-list button[data-retry=broken]")
+        .await;
+    browser.confirm(None).await;
+    browser.wait_text("#answer", "200 retried").await;
+    browser.wait_text("#failed-list", "No failed timers").await;
+    browser
+        .click("#retrying-list button[data-cancel=flaky]")
+        .await;
+    browser.confirm(None).await;
+    browser.wait_text("#answer", "200 cancelled").await;
+    browser
+        .wait_text("#retrying-list", "no publish is failing")
+        .await;
+    browser.open("#/timer?tenant=acme&id=broken").await;
+    browser.wait_text("#history", "retried by hand").await;
 
     // Nothing came from anywhere but the service.
     let origins = browser

@@ -316,6 +316,7 @@ async function overview() {
   const tenantsBody = h('tbody', { id: 'tenants' });
   const nextBody = h('tbody', { id: 'next-due' });
   const more = h('p', { class: 'muted', id: 'more-tenants', hidden: true });
+  const countedAt = h('span', { class: 'muted small', id: 'counted-at' });
   const failure = h('p', { class: 'error', id: 'overview-error', role: 'alert', hidden: true });
   view().replaceChildren(
     h('h1', {}, 'Overview'),
@@ -333,7 +334,7 @@ async function overview() {
         h('span', {}, h('span', { class: 'swatch bars' }), 'fires per minute'))),
     h('div', { class: 'grid2' },
       h('section', { class: 'panel' },
-        h('h2', {}, 'Tenants'),
+        h('div', { class: 'panel-head' }, h('h2', {}, 'Tenants'), countedAt),
         h('div', { class: 'table-wrap' }, h('table', {},
           h('thead', {}, h('tr', {},
             h('th', {}, 'Tenant'), h('th', { class: 'num' }, 'Scheduled'), h('th', { class: 'num' }, 'Paused'),
@@ -365,6 +366,8 @@ async function overview() {
       return;
     }
     failure.hidden = true;
+    // Counting reads every timer, so the service shares one count for a few seconds.
+    countedAt.textContent = `counted ${summary.countedAt.slice(11, 19)} UTC`;
     lastHour = status.lastHour;
     const health = (part) => h('span', { class: part.healthy ? 'ok' : 'bad', title: part.error || '' },
       `${part.kind} ${part.healthy ? 'healthy' : 'unhealthy'}`);
@@ -595,6 +598,10 @@ async function timerPage(params) {
         const c = await confirmAction('Fire one extra occurrence now?', 'A DueTimeReached with "trigger": "manual" goes out; the schedule does not move.', 'Trigger');
         if (c.ok) await act('Trigger', 'POST', `${path}/trigger`);
       }, live),
+      button('Retry', '', async () => {
+        const c = await confirmAction('Publish this failed timer again?', 'It is Scheduled again at its own due time, so it fires at once; its attempts start from 0.', 'Retry');
+        if (c.ok) await act('Retry', 'POST', `${path}/retry`);
+      }, t.state === 'Failed'),
       button('Reschedule', '', async () => {
         const c = await confirmAction('Reschedule this timer?', 'It will be due at this time (UTC); payload and correlation id stay.', 'Reschedule',
           { label: 'New due time (UTC)', value: utcToLocalInput(t.dueAt), type: 'datetime-local' });
@@ -615,6 +622,7 @@ async function timerPage(params) {
       ...row('Last fired', utc(t.reachedAt)),
       ...row('Attempts', String(t.attempts)),
       ...row('Last error', t.lastError || '—'),
+      ...row('Next attempt', t.nextAttemptAt ? `${utc(t.nextAttemptAt)} (${relative(t.nextAttemptAt)})` : '—'),
       ...row('Correlation id', t.correlationId || '—'));
     payload.textContent = t.payload === null ? '(none)' : JSON.stringify(t.payload, null, 2);
     if (t.recurrence) {
@@ -664,6 +672,7 @@ function historyItem(e) {
     publish_failed: () => `publish attempt ${e.attempt} failed: ${e.error}`,
     given_up: () => `failed after ${e.attempts} attempts: ${e.error}`,
     cancelled: () => 'cancelled',
+    retried: () => 'retried by hand: publishing again, attempts from 0',
   }[e.type];
   return h('li', { 'data-type': e.type },
     h('span', { class: 'muted num' }, `${utc(e.at)} `),
@@ -675,39 +684,85 @@ function historyItem(e) {
 async function failedPage(params) {
   const tenant = params.get('tenant') || '';
   const list = h('section', { class: 'panel', id: 'failed-list' });
+  const retrying = h('section', { class: 'panel', id: 'retrying-list' });
+  const answerBox = h('div', { class: 'answer', id: 'answer', role: 'status', 'aria-live': 'polite', hidden: true });
   const dead = h('section', { class: 'panel', id: 'dead-letters' });
-  view().replaceChildren(h('h1', {}, tenant ? `Failed: ${tenant}` : 'Failed'), list, dead);
-  const loadList = async () => {
-    if (!tenant) {
-      const page = await fetchOk('/v1/summary?limit=1000');
-      const failing = page.tenants.filter((t) => t.counts.failed > 0);
-      list.replaceChildren(h('h2', {}, 'Tenants with failed timers'),
-        failing.length
-          ? h('div', { class: 'table-wrap' }, h('table', {},
-            h('thead', {}, h('tr', {}, h('th', {}, 'Tenant'), h('th', { class: 'num' }, 'Failed'), h('th', { class: 'num' }, 'Failed 24 h'))),
-            h('tbody', {}, failing.map((t) => h('tr', {},
-              h('td', { class: 'id' }, h('a', { href: `#/failed?tenant=${enc(t.tenantId)}` }, t.tenantId)),
-              h('td', { class: 'num' }, fmt(t.counts.failed)), h('td', { class: 'num' }, fmt(t.failedLast24h)))))))
-          : h('p', { class: 'muted' }, 'No tenant has failed timers.'));
-      return;
-    }
-    const query = new URLSearchParams({ state: 'failed', limit: '100' });
-    if (params.get('cursor')) query.set('cursor', params.get('cursor'));
-    const page = await fetchOk(`/v1/tenants/${enc(tenant)}/timers?${query}`);
-    const next = new URLSearchParams(params);
-    if (page.nextCursor) next.set('cursor', page.nextCursor);
-    list.replaceChildren(h('h2', {}, 'Failed timers (final: every publish attempt failed)'),
-      h('div', { class: 'table-wrap' }, h('table', {},
-        h('thead', {}, h('tr', {}, h('th', {}, 'Timer'), h('th', {}, 'Due (UTC)'), h('th', { class: 'num' }, 'Attempts'), h('th', {}, 'Last error'))),
-        h('tbody', {}, page.timers.length ? page.timers.map((t) => h('tr', { 'data-id': t.serviceCallId },
-          h('td', { class: 'id' }, h('a', { href: `#/timer?tenant=${enc(t.tenantId)}&id=${enc(t.serviceCallId)}` }, t.serviceCallId)),
-          h('td', { class: 'time' }, utc(t.dueAt)),
-          h('td', { class: 'num' }, String(t.attempts)),
-          h('td', { class: 'err' }, t.lastError || '')))
-          : h('tr', {}, h('td', { colspan: 4, class: 'muted' }, 'No failed timers.'))))),
-      page.nextCursor ? h('div', { class: 'pager' }, h('a', { href: `#/failed?${next}` }, 'Next page')) : null);
-  };
-  await loadList();
+  view().replaceChildren(h('h1', {}, tenant ? `Failed: ${tenant}` : 'Failed'), answerBox, list, retrying, dead);
+  if (!tenant) {
+    const page = await fetchOk('/v1/summary?limit=1000');
+    const failing = page.tenants.filter((t) => t.counts.failed > 0);
+    list.replaceChildren(h('h2', {}, 'Tenants with failed timers'),
+      failing.length
+        ? h('div', { class: 'table-wrap' }, h('table', {},
+          h('thead', {}, h('tr', {}, h('th', {}, 'Tenant'), h('th', { class: 'num' }, 'Failed'), h('th', { class: 'num' }, 'Failed 24 h'))),
+          h('tbody', {}, failing.map((t) => h('tr', {},
+            h('td', { class: 'id' }, h('a', { href: `#/failed?tenant=${enc(t.tenantId)}` }, t.tenantId)),
+            h('td', { class: 'num' }, fmt(t.counts.failed)), h('td', { class: 'num' }, fmt(t.failedLast24h)))))))
+        : h('p', { class: 'muted' }, 'No tenant has failed timers.'),
+      h('p', { class: 'muted' }, 'Open a tenant to retry its failed timers and see the ones whose publish is being retried.'));
+    retrying.hidden = true;
+  } else {
+    // A timer of this page, answered in the box above the lists, which are then read again.
+    const act = async (label, method, url, body) => {
+      const answer = await api.call(method, url, body);
+      showAnswer(answerBox, label, answer);
+      await loadLists();
+    };
+    const timerLink = (t) => h('a', { href: `#/timer?tenant=${enc(t.tenantId)}&id=${enc(t.serviceCallId)}` }, t.serviceCallId);
+    const table = (heads, rows, empty) => h('div', { class: 'table-wrap' }, h('table', {},
+      h('thead', {}, h('tr', {}, heads.map(([text, cls]) => h('th', cls ? { class: cls } : {}, text)))),
+      h('tbody', {}, rows.length ? rows : h('tr', {}, h('td', { colspan: heads.length, class: 'muted' }, empty)))));
+    const loadLists = async () => {
+      const query = new URLSearchParams({ state: 'failed', limit: '100' });
+      if (params.get('cursor')) query.set('cursor', params.get('cursor'));
+      const [failed, waiting] = await Promise.all([
+        fetchOk(`/v1/tenants/${enc(tenant)}/timers?${query}`),
+        fetchOk(`/v1/tenants/${enc(tenant)}/timers?retrying=true&limit=100`),
+      ]);
+      const next = new URLSearchParams(params);
+      if (failed.nextCursor) next.set('cursor', failed.nextCursor);
+      const retryAll = h('button', {
+        type: 'button', id: 'retry-all', disabled: failed.timers.length === 0,
+        onclick: async () => {
+          const c = await confirmAction(`Publish every failed timer of ${tenant} again?`, 'Each is Scheduled again at its own due time and fires at once, its attempts from 0.', 'Retry all');
+          if (c.ok) await act('Retry all', 'POST', `/v1/tenants/${enc(tenant)}/timers/bulk`, { action: 'retry', filter: { state: 'failed' } });
+        },
+      }, 'Retry all');
+      list.replaceChildren(h('div', { class: 'panel-head' }, h('h2', {}, 'Failed timers (every publish attempt failed)'), retryAll),
+        table([['Timer'], ['Due (UTC)', 'hide-narrow'], ['Attempts', 'num'], ['Last error'], ['']],
+          failed.timers.map((t) => h('tr', { 'data-id': t.serviceCallId },
+            h('td', { class: 'id' }, timerLink(t)),
+            h('td', { class: 'time hide-narrow' }, utc(t.dueAt)),
+            h('td', { class: 'num' }, String(t.attempts)),
+            h('td', { class: 'err' }, t.lastError || ''),
+            h('td', {}, h('button', {
+              type: 'button', class: 'small', 'data-retry': t.serviceCallId,
+              onclick: async () => {
+                const c = await confirmAction(`Publish ${t.serviceCallId} again?`, 'It is Scheduled again at its own due time, so it fires at once; its attempts start from 0.', 'Retry');
+                if (c.ok) await act('Retry', 'POST', `${timerPath(t.tenantId, t.serviceCallId)}/retry`);
+              },
+            }, 'Retry')))),
+          'No failed timers.'),
+        ...(failed.nextCursor ? [h('div', { class: 'pager' }, h('a', { href: `#/failed?${next}` }, 'Next page'))] : []));
+      retrying.replaceChildren(h('h2', {}, 'Publish failures being retried (Scheduled, waiting for the next attempt)'),
+        table([['Timer'], ['Next attempt (UTC)', 'hide-narrow'], ['Attempts', 'num'], ['Last error'], ['']],
+          waiting.timers.map((t) => h('tr', { 'data-id': t.serviceCallId },
+            h('td', { class: 'id' }, timerLink(t)),
+            h('td', { class: 'time hide-narrow' }, utc(t.nextAttemptAt)),
+            h('td', { class: 'num' }, String(t.attempts)),
+            h('td', { class: 'err' }, t.lastError || ''),
+            h('td', {}, h('button', {
+              type: 'button', class: 'small danger', 'data-cancel': t.serviceCallId,
+              onclick: async () => {
+                const c = await confirmAction(`Cancel ${t.serviceCallId}?`, t.recurrence ? 'The whole series ends; nothing more fires.' : 'It will not fire.', 'Cancel timer');
+                if (c.ok) await act('Cancel', 'DELETE', timerPath(t.tenantId, t.serviceCallId));
+              },
+            }, 'Cancel')))),
+          'None: no publish is failing.'),
+        ...(waiting.nextCursor ? [h('p', { class: 'muted' }, 'The first 100 are shown.')] : []));
+    };
+    await loadLists();
+  }
   const answer = await api.get('/v1/dead-letters');
   if (answer.status === 200) {
     const letters = answer.body.deadLetters;
