@@ -709,6 +709,14 @@ async function failedPage(params) {
       await loadLists();
     };
     const timerLink = (t) => h('a', { href: `#/timer?tenant=${enc(t.tenantId)}&id=${enc(t.serviceCallId)}` }, t.serviceCallId);
+    // A row of either list: the timer, a time (hidden on a phone), its attempts, its last error
+    // and one action.
+    const troubleRow = (t, at, action) => h('tr', { 'data-id': t.serviceCallId },
+      h('td', { class: 'id' }, timerLink(t)),
+      h('td', { class: 'time hide-narrow' }, utc(at)),
+      h('td', { class: 'num' }, String(t.attempts)),
+      h('td', { class: 'err' }, t.lastError || ''),
+      h('td', {}, action));
     const table = (heads, rows, empty) => h('div', { class: 'table-wrap' }, h('table', {},
       h('thead', {}, h('tr', {}, heads.map(([text, cls]) => h('th', cls ? { class: cls } : {}, text)))),
       h('tbody', {}, rows.length ? rows : h('tr', {}, h('td', { colspan: heads.length, class: 'muted' }, empty)))));
@@ -730,34 +738,24 @@ async function failedPage(params) {
       }, 'Retry all');
       list.replaceChildren(h('div', { class: 'panel-head' }, h('h2', {}, 'Failed timers (every publish attempt failed)'), retryAll),
         table([['Timer'], ['Due (UTC)', 'hide-narrow'], ['Attempts', 'num'], ['Last error'], ['']],
-          failed.timers.map((t) => h('tr', { 'data-id': t.serviceCallId },
-            h('td', { class: 'id' }, timerLink(t)),
-            h('td', { class: 'time hide-narrow' }, utc(t.dueAt)),
-            h('td', { class: 'num' }, String(t.attempts)),
-            h('td', { class: 'err' }, t.lastError || ''),
-            h('td', {}, h('button', {
-              type: 'button', class: 'small', 'data-retry': t.serviceCallId,
-              onclick: async () => {
-                const c = await confirmAction(`Publish ${t.serviceCallId} again?`, 'It is Scheduled again at its own due time, so it fires at once; its attempts start from 0.', 'Retry');
-                if (c.ok) await act('Retry', 'POST', `${timerPath(t.tenantId, t.serviceCallId)}/retry`);
-              },
-            }, 'Retry')))),
+          failed.timers.map((t) => troubleRow(t, t.dueAt, h('button', {
+            type: 'button', class: 'small', 'data-retry': t.serviceCallId,
+            onclick: async () => {
+              const c = await confirmAction(`Publish ${t.serviceCallId} again?`, 'It is Scheduled again at its own due time, so it fires at once; its attempts start from 0.', 'Retry');
+              if (c.ok) await act('Retry', 'POST', `${timerPath(t.tenantId, t.serviceCallId)}/retry`);
+            },
+          }, 'Retry'))),
           'No failed timers.'),
         ...(failed.nextCursor ? [h('div', { class: 'pager' }, h('a', { href: `#/failed?${next}` }, 'Next page'))] : []));
       retrying.replaceChildren(h('h2', {}, 'Publish failures being retried (Scheduled, waiting for the next attempt)'),
         table([['Timer'], ['Next attempt (UTC)', 'hide-narrow'], ['Attempts', 'num'], ['Last error'], ['']],
-          waiting.timers.map((t) => h('tr', { 'data-id': t.serviceCallId },
-            h('td', { class: 'id' }, timerLink(t)),
-            h('td', { class: 'time hide-narrow' }, utc(t.nextAttemptAt)),
-            h('td', { class: 'num' }, String(t.attempts)),
-            h('td', { class: 'err' }, t.lastError || ''),
-            h('td', {}, h('button', {
-              type: 'button', class: 'small danger', 'data-cancel': t.serviceCallId,
-              onclick: async () => {
-                const c = await confirmAction(`Cancel ${t.serviceCallId}?`, t.recurrence ? 'The whole series ends; nothing more fires.' : 'It will not fire.', 'Cancel timer');
-                if (c.ok) await act('Cancel', 'DELETE', timerPath(t.tenantId, t.serviceCallId));
-              },
-            }, 'Cancel')))),
+          waiting.timers.map((t) => troubleRow(t, t.nextAttemptAt, h('button', {
+            type: 'button', class: 'small danger', 'data-cancel': t.serviceCallId,
+            onclick: async () => {
+              const c = await confirmAction(`Cancel ${t.serviceCallId}?`, t.recurrence ? 'The whole series ends; nothing more fires.' : 'It will not fire.', 'Cancel timer');
+              if (c.ok) await act('Cancel', 'DELETE', timerPath(t.tenantId, t.serviceCallId));
+            },
+          }, 'Cancel'))),
           'None: no publish is failing.'),
         ...(waiting.nextCursor ? [h('p', { class: 'muted' }, 'The first 100 are shown.')] : []));
     };
