@@ -228,22 +228,16 @@ pub fn transition(timer: &Timer, firing: bool, action: &Action, now: Timestamp) 
         outcome,
         write: None,
     };
-    if let Action::Retry = action {
-        return match timer.state {
-            TimerState::Failed => Transition {
-                outcome: ControlOutcome::Retried,
-                write: Some(Write {
-                    state: TimerState::Scheduled,
-                    due_at: timer.due_at,
-                    finished_at: None,
-                    changes: vec![Change::Retried],
-                    reset_attempts: true,
-                }),
-            },
-            TimerState::Scheduled | TimerState::Paused => unchanged(ControlOutcome::NotFailed),
-            finished => {
-                unchanged(ControlOutcome::finished(finished).unwrap_or(ControlOutcome::NotFailed))
-            }
+    if let (Action::Retry, TimerState::Failed) = (action, timer.state) {
+        return Transition {
+            outcome: ControlOutcome::Retried,
+            write: Some(Write {
+                state: TimerState::Scheduled,
+                due_at: timer.due_at,
+                finished_at: None,
+                changes: vec![Change::Retried],
+                reset_attempts: true,
+            }),
         };
     }
     if let Some(finished) = ControlOutcome::finished(timer.state) {
@@ -261,6 +255,7 @@ pub fn transition(timer: &Timer, firing: bool, action: &Action, now: Timestamp) 
         }),
     };
     match action {
+        // Scheduled or Paused: not Failed.
         Action::Retry => unchanged(ControlOutcome::NotFailed),
         Action::Pause { .. } if paused => unchanged(ControlOutcome::AlreadyPaused),
         Action::Resume if !paused => unchanged(ControlOutcome::NotPaused),
