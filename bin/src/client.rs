@@ -109,7 +109,7 @@ impl Client {
             .await
     }
 
-    /// `POST /v1/tenants/{tenant}/timers/{id}/{action}` (pause, resume, trigger).
+    /// `POST /v1/tenants/{tenant}/timers/{id}/{action}` (pause, resume, retry, trigger).
     pub async fn act(
         &self,
         tenant: &str,

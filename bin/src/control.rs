@@ -16,8 +16,8 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 use timer_core::{
-    Engine, Error, ErrorKind, PageAfter, TenantSummary, Timer, TimerFilter, TimerQueries,
-    TimerState, Timestamp,
+    Engine, Error, PageAfter, TenantSummary, Timer, TimerFilter, TimerQueries, TimerState,
+    Timestamp,
 };
 
 use crate::api::{ErrorBody, Occurrence, SummaryPage, SummaryView, TimerPage, TimerView};
@@ -302,12 +302,12 @@ fn end_page<T>(items: &mut Vec<T>, limit: usize, cursor: impl Fn(&T) -> String) 
 }
 
 fn unsupported(store: &str) -> Response {
-    error_body(
-        StatusCode::NOT_IMPLEMENTED,
-        "unsupported",
-        None,
-        &format!("the {store} store cannot list or count timers"),
-    )
+    server_error(&cannot_list(store))
+}
+
+/// What a store without [`TimerQueries`] answers (501 `unsupported` over HTTP).
+fn cannot_list(store: &str) -> Error {
+    Error::unsupported(format!("the {store} store cannot list or count timers"))
 }
 
 /// The query of `GET /v1/tenants/{tenant}/timers`, for the document (read by
@@ -517,10 +517,7 @@ impl FirstTenants {
 async fn count_first_tenants(engine: Engine) -> timer_core::Result<FirstTenants> {
     let store = engine.store();
     let Some(queries) = store.queries() else {
-        return Err(Error::new(
-            ErrorKind::Unsupported,
-            format!("the {} store cannot list or count timers", store.name()),
-        ));
+        return Err(cannot_list(store.name()));
     };
     let counted_at = engine.clock().now();
     let mut tenants = queries.tenants(None, MAX_LIMIT + 1).await?;

@@ -331,6 +331,14 @@ async fn dispatch(cli: Cli) -> anyhow::Result<()> {
     let print = |v: serde_json::Value| {
         println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
     };
+    // `POST …/{action}` on one timer (pause, resume, retry, trigger), the answer printed.
+    let act = |t: TimerArgs, action: &'static str, body: Option<serde_json::Value>| {
+        let client = api_client(&t.api);
+        async move {
+            print(client?.act(&t.tenant, &t.id, action, body).await?);
+            Ok(())
+        }
+    };
     match cli.command {
         Command::Run => run(config).await,
         Command::Bench(options) => bench::run(config, options).await,
@@ -392,37 +400,11 @@ async fn dispatch(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Pause { timer: t, note } => {
             let body = note.map(|note| serde_json::json!({ "note": note }));
-            print(
-                api_client(&t.api)?
-                    .act(&t.tenant, &t.id, "pause", body)
-                    .await?,
-            );
-            Ok(())
+            act(t, "pause", body).await
         }
-        Command::Resume(t) => {
-            print(
-                api_client(&t.api)?
-                    .act(&t.tenant, &t.id, "resume", None)
-                    .await?,
-            );
-            Ok(())
-        }
-        Command::Retry(t) => {
-            print(
-                api_client(&t.api)?
-                    .act(&t.tenant, &t.id, "retry", None)
-                    .await?,
-            );
-            Ok(())
-        }
-        Command::Trigger(t) => {
-            print(
-                api_client(&t.api)?
-                    .act(&t.tenant, &t.id, "trigger", None)
-                    .await?,
-            );
-            Ok(())
-        }
+        Command::Resume(t) => act(t, "resume", None).await,
+        Command::Retry(t) => act(t, "retry", None).await,
+        Command::Trigger(t) => act(t, "trigger", None).await,
         Command::History {
             timer: t,
             limit,
