@@ -17,7 +17,7 @@ pub struct ErrorBody {
     pub error: ErrorDetail,
 }
 
-#[derive(Debug, Serialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct ErrorDetail {
     /// A stable code to branch on (`invalid_parameter`, `not_found`, `firing`, …).
     pub reason: String,
@@ -470,8 +470,10 @@ pub struct BulkFilter {
     info(
         title = "timer-service",
         description = "Durable timers: schedule one, and a DueTimeReached goes out on your \
-                       broker when it is due. With `http.token` set, every route but /healthz, \
-                       /readyz and /metrics needs `Authorization: Bearer <token>`."
+                       broker when it is due. With authentication on (`http.token`, \
+                       `http.keys` or `http.jwt`), every route but /healthz, /readyz and \
+                       /metrics needs `Authorization: Bearer <key or JWT>`: 401 without a \
+                       valid one, 403 for a tenant or scope the key does not have."
     ),
     components(schemas(ErrorBody)),
     modifiers(&BearerToken),
@@ -479,7 +481,48 @@ pub struct BulkFilter {
 )]
 pub struct Document;
 
-/// The `bearer` security scheme the document's `security` names (`http.token`).
+/// Adds the answers of the authentication middleware (401, 403) to every operation that needs
+/// a bearer token (those without `security: [{}]`), where the handler did not list them.
+pub fn add_auth_answers(document: &mut serde_json::Value) {
+    let Some(paths) = document["paths"].as_object_mut() else {
+        return;
+    };
+    let error = |description: &str| {
+        serde_json::json!({
+            "description": description,
+            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}},
+        })
+    };
+    for item in paths.values_mut() {
+        let Some(item) = item.as_object_mut() else {
+            continue;
+        };
+        for operation in item.values_mut() {
+            let open = operation["security"].as_array().is_some_and(|s| {
+                s.iter()
+                    .any(|r| r.as_object().is_some_and(|r| r.is_empty()))
+            });
+            let Some(responses) = operation
+                .get_mut("responses")
+                .and_then(|r| r.as_object_mut())
+            else {
+                continue;
+            };
+            if open {
+                continue;
+            }
+            responses.entry("401").or_insert_with(|| {
+                error("No bearer token, or one that is unknown, expired or not valid here")
+            });
+            responses.entry("403").or_insert_with(|| {
+                error("The key may not use this tenant, or lacks the scope (read, write, admin) the route needs")
+            });
+        }
+    }
+}
+
+/// The `bearer` security scheme the document's `security` names (`http.token`, `http.keys`,
+/// `http.jwt`).
 struct BearerToken;
 
 impl utoipa::Modify for BearerToken {

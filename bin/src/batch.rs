@@ -9,6 +9,7 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
+use axum::Extension;
 use axum::Json;
 use serde::Deserialize;
 use serde_json::value::RawValue;
@@ -18,6 +19,7 @@ use crate::api::{
     Batch as BatchBody, BatchRefused, BatchResult, BatchResults, ErrorBody, ErrorDetail,
     RejectedItem,
 };
+use crate::auth::Principal;
 use crate::http::{error_body, outcome_code, server_error, AppState};
 
 #[derive(Deserialize)]
@@ -52,11 +54,16 @@ fn item_field(i: usize, field: Option<&str>) -> String {
     responses(
         (status = 200, description = "One result per command, in order", body = BatchResults),
         (status = 400, description = "Refused items (nothing was written), or a body that is not a batch, or over `limits.max_batch`", body = BatchRefused),
+        (status = 403, description = "A command names a tenant the key may not use (`rejected` lists them); nothing was written", body = BatchRefused),
         (status = 413, description = "Over `limits.max_batch_bytes`", body = ErrorBody),
         (status = 503, description = "The store is unavailable; nothing was written", body = ErrorBody),
     )
 )]
-pub async fn schedule_batch(State(app): State<AppState>, body: Bytes) -> Response {
+pub async fn schedule_batch(
+    State(app): State<AppState>,
+    Extension(caller): Extension<Principal>,
+    body: Bytes,
+) -> Response {
     let batch: Batch = match serde_json::from_slice(&body) {
         Ok(batch) => batch,
         Err(e) => {
@@ -81,12 +88,49 @@ pub async fn schedule_batch(State(app): State<AppState>, body: Bytes) -> Respons
         );
     }
     let mut timers: Vec<NewTimer> = Vec::with_capacity(batch.commands.len());
+    let mut admitted: Vec<usize> = Vec::with_capacity(batch.commands.len());
     let mut refused: Vec<(usize, Rejection)> = Vec::new();
     for (i, item) in batch.commands.iter().enumerate() {
         match app.engine.admit_schedule(item.get().as_bytes()) {
-            Ok(timer) => timers.push(timer),
+            Ok(timer) => {
+                timers.push(timer);
+                admitted.push(i);
+            }
             Err(r) => refused.push((i, r)),
         }
+    }
+    // A tenant the key may not use refuses the whole batch, as a refused item does.
+    let forbidden: Vec<RejectedItem> = timers
+        .iter()
+        .zip(admitted)
+        .filter(|(timer, _)| !caller.may_use(&timer.key.tenant_id))
+        .map(|(timer, i)| RejectedItem {
+            index: i,
+            error: ErrorDetail {
+                reason: "forbidden".into(),
+                field: Some(item_field(i, Some("tenantId"))),
+                message: format!(
+                    "key {:?} may not use tenant {:?}",
+                    caller.name, timer.key.tenant_id
+                ),
+            },
+        })
+        .collect();
+    if let Some(first) = forbidden.first() {
+        let body = BatchRefused {
+            error: ErrorDetail {
+                message: format!(
+                    "{} of {} commands name a tenant this key may not use, nothing was written; \
+                     the first: {}",
+                    forbidden.len(),
+                    batch.commands.len(),
+                    first.error.message
+                ),
+                ..first.error.clone()
+            },
+            rejected: forbidden,
+        };
+        return (StatusCode::FORBIDDEN, Json(body)).into_response();
     }
     if let Some((first, r)) = refused.first() {
         let field = item_field(*first, r.field.as_deref());

@@ -26,6 +26,7 @@ use timer_core::{Engine, NewTimer, Store, SystemClock, TimerKey, Timestamp};
 use tokio::sync::broadcast::error::RecvError;
 use tokio_util::sync::CancellationToken;
 
+use crate::client::ClientTls;
 use crate::config::Config;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -67,6 +68,9 @@ pub struct Options {
     /// Machine-readable output.
     #[arg(long)]
     pub json: bool,
+    /// How the HTTP workloads' client speaks HTTPS, when the config sets http.tls_cert.
+    #[command(flatten)]
+    pub tls: crate::client::ClientTls,
 }
 
 /// One measured figure: the median of its runs, and every run.
@@ -543,7 +547,7 @@ async fn wait_pending(store: &Arc<dyn Store>, n: u64, bar: &ProgressBar) -> anyh
     }
 }
 
-async fn ingest_run(config: &Config, n: usize) -> anyhow::Result<Run> {
+async fn ingest_run(config: &Config, n: usize, tls: &ClientTls) -> anyhow::Result<Run> {
     let far = now_ms() + 86_400_000;
     let mut run = Run::new();
 
@@ -569,9 +573,8 @@ async fn ingest_run(config: &Config, n: usize) -> anyhow::Result<Run> {
 
     // HTTP path: one timer per POST /v1/timers, 64 requests in flight.
     let rig = start_rig(config, 1).await?;
-    let addr = serve(&rig, config).await?;
-    let client = reqwest::Client::new();
-    let url = format!("http://{addr}/v1/timers");
+    let Served { base, client } = serve(&rig, config, tls).await?;
+    let url = format!("{base}/v1/timers");
     let bar = progress(n, "http path");
     let started = Instant::now();
     let token = config.http.token.as_deref();
@@ -586,7 +589,7 @@ async fn ingest_run(config: &Config, n: usize) -> anyhow::Result<Run> {
     run.push(("http path", "schedules/s", n as f64 / elapsed));
 
     // HTTP batch path: POST /v1/timers/batch with limits.max_batch commands each, 4 in flight.
-    let url = format!("http://{addr}/v1/timers/batch");
+    let url = format!("{base}/v1/timers/batch");
     let per_batch = config.limits.max_batch.max(1);
     let bar = progress(n, "http batches");
     let started = Instant::now();
@@ -615,41 +618,73 @@ async fn ingest_run(config: &Config, n: usize) -> anyhow::Result<Run> {
 
 /// Serves the HTTP API on the rig's first engine, on a free port of 127.0.0.1, until the rig
 /// stops.
-async fn serve(rig: &Rig, config: &Config) -> anyhow::Result<std::net::SocketAddr> {
-    serve_counting(rig, config, config.http.counts_max_age).await
+async fn serve(rig: &Rig, config: &Config, tls: &ClientTls) -> anyhow::Result<Served> {
+    serve_counting(rig, config, tls, config.http.counts_max_age).await
+}
+
+/// The API a workload talks to: its root URL and a client for it.
+struct Served {
+    /// `http://127.0.0.1:port`, or `https://` with http.tls_cert.
+    base: String,
+    client: reqwest::Client,
 }
 
 /// [`serve`], with counts shared for `counts_max_age` instead of `http.counts_max_age`.
 async fn serve_counting(
     rig: &Rig,
     config: &Config,
+    tls: &ClientTls,
     counts_max_age: Duration,
-) -> anyhow::Result<std::net::SocketAddr> {
+) -> anyhow::Result<Served> {
+    let auth =
+        crate::auth::Auth::from_config(&config.http).map_err(|e| anyhow::anyhow!(e.chain()))?;
+    if auth.is_some() && config.http.token.is_none() {
+        bail!(
+            "the bench's HTTP workloads authenticate with http.token; with only http.keys or \
+             http.jwt set, set http.token too"
+        );
+    }
+    let server_tls =
+        crate::https::server_config(&config.http).map_err(|e| anyhow::anyhow!(e.chain()))?;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .context("bind")?;
     let addr = listener.local_addr().context("addr")?;
+    let scheme = if server_tls.is_some() {
+        "https"
+    } else {
+        "http"
+    };
     let state = crate::http::AppState {
         engine: rig.engine.clone(),
         metrics: None,
         memory_hub: rig.hub.clone(),
         shutdown: rig.shutdown.clone(),
         counts: crate::counted::Counts::new(counts_max_age),
+        auth: auth.map(Arc::new),
     };
     let app = crate::http::router(state, config);
-    let server_stop = rig.shutdown.clone();
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, app)
-            .with_graceful_shutdown(server_stop.cancelled_owned())
-            .await;
-    });
-    Ok(addr)
+    tokio::spawn(crate::https::serve(
+        listener,
+        app,
+        server_tls,
+        rig.shutdown.clone(),
+    ));
+    Ok(Served {
+        base: format!("{scheme}://{addr}"),
+        client: tls.builder()?.build().context("an HTTP client")?,
+    })
 }
 
 /// `pending` timers in one tenant, then `requests` GETs of each of three list pages, one
 /// after the other: the first page, a page 90% deep (by the cursor of paging there), and the
 /// first page of a prefix that 1% of the timers have. Answer times as the client sees them.
-async fn list_run(config: &Config, pending: usize, requests: usize) -> anyhow::Result<Run> {
+async fn list_run(
+    config: &Config,
+    pending: usize,
+    requests: usize,
+    tls: &ClientTls,
+) -> anyhow::Result<Run> {
     let rig = start_rig_with(
         config,
         1,
@@ -660,7 +695,7 @@ async fn list_run(config: &Config, pending: usize, requests: usize) -> anyhow::R
         },
     )
     .await?;
-    let result = list_pages(&rig, config, pending, requests).await;
+    let result = list_pages(&rig, config, pending, requests, tls).await;
     rig.stop().await;
     result
 }
@@ -670,11 +705,11 @@ async fn list_pages(
     config: &Config,
     pending: usize,
     requests: usize,
+    tls: &ClientTls,
 ) -> anyhow::Result<Run> {
-    let addr = serve(rig, config).await?;
-    let client = reqwest::Client::new();
+    let Served { base: root, client } = serve(rig, config, tls).await?;
     let token = config.http.token.as_deref();
-    let base = format!("http://{addr}/v1/tenants/{LIST_TENANT}/timers");
+    let base = format!("{root}/v1/tenants/{LIST_TENANT}/timers");
     let get = |url: String| {
         let request = client.get(url);
         let request = match token {
@@ -766,16 +801,14 @@ async fn list_pages(
             Ok(())
         }
     };
-    let shared = format!("http://{addr}");
+    let shared = root.clone();
     overview(shared.clone()).await?;
     let (median, tail) =
         answer_times(requests, "overview", POLL_GAP, || overview(shared.clone())).await?;
     run.push(("overview p50", "ms", median));
     run.push(("overview p99", "ms", tail));
-    let counted = format!(
-        "http://{}",
-        serve_counting(rig, config, Duration::ZERO).await?
-    );
+    // The second server's own client is not needed: the first one speaks to it as well.
+    let counted = serve_counting(rig, config, tls, Duration::ZERO).await?.base;
     let (median, tail) = answer_times(
         requests.min(20),
         "overview, counting",
@@ -919,8 +952,10 @@ pub async fn run(config: Config, options: Options) -> anyhow::Result<()> {
                     pending_run(&config, options.timers, options.over, options.pending).await?
                 }
                 Workload::Restart => restart_run(&config, options.pending).await?,
-                Workload::List => list_run(&config, options.pending, options.timers).await?,
-                _ => ingest_run(&config, options.timers).await?,
+                Workload::List => {
+                    list_run(&config, options.pending, options.timers, &options.tls).await?
+                }
+                _ => ingest_run(&config, options.timers, &options.tls).await?,
             });
         }
         for (k, (metric, unit, _)) in runs[0].iter().enumerate() {

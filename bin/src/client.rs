@@ -1,7 +1,7 @@
 //! The CLI's client of a running service's HTTP API: schedule (one, or a file of commands in
 //! batches), get, cancel, list, summary, pause, resume, trigger, history, bulk, status.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{bail, Context};
@@ -13,9 +13,58 @@ pub struct Client {
     http: reqwest::Client,
 }
 
+/// How a client speaks HTTPS: the system's CAs plus `ca_file`, and a client certificate for a
+/// service that asks for one (`http.tls_client_ca`).
+#[derive(Debug, Default, Clone, clap::Args)]
+pub struct ClientTls {
+    /// A CA certificate (PEM) to trust for https:// besides the system's (a private CA).
+    #[arg(long, value_name = "FILE")]
+    pub ca_file: Option<PathBuf>,
+    /// A client certificate chain (PEM), for a service with http.tls_client_ca.
+    #[arg(long, value_name = "FILE", requires = "client_key")]
+    pub client_cert: Option<PathBuf>,
+    /// The private key (PEM) of --client-cert.
+    #[arg(long, value_name = "FILE", requires = "client_cert")]
+    pub client_key: Option<PathBuf>,
+}
+
+impl ClientTls {
+    /// A reqwest client builder set up for these options.
+    pub fn builder(&self) -> anyhow::Result<reqwest::ClientBuilder> {
+        let mut builder = reqwest::Client::builder();
+        if let Some(file) = &self.ca_file {
+            let pem = std::fs::read(file)
+                .with_context(|| format!("--ca-file {}: cannot read it", file.display()))?;
+            for cert in reqwest::Certificate::from_pem_bundle(&pem)
+                .with_context(|| format!("--ca-file {}: not PEM certificates", file.display()))?
+            {
+                builder = builder.add_root_certificate(cert);
+            }
+        }
+        if let (Some(cert), Some(key)) = (&self.client_cert, &self.client_key) {
+            let mut pem = std::fs::read(cert)
+                .with_context(|| format!("--client-cert {}: cannot read it", cert.display()))?;
+            pem.extend(
+                std::fs::read(key)
+                    .with_context(|| format!("--client-key {}: cannot read it", key.display()))?,
+            );
+            let identity = reqwest::Identity::from_pem(&pem).with_context(|| {
+                format!(
+                    "--client-cert {} with --client-key {}: not a certificate and its key",
+                    cert.display(),
+                    key.display()
+                )
+            })?;
+            builder = builder.identity(identity);
+        }
+        Ok(builder)
+    }
+}
+
 impl Client {
-    pub fn new(base: &str, token: Option<String>) -> anyhow::Result<Self> {
-        let http = reqwest::Client::builder()
+    pub fn new(base: &str, token: Option<String>, tls: &ClientTls) -> anyhow::Result<Self> {
+        let http = tls
+            .builder()?
             .timeout(Duration::from_secs(30))
             .build()
             .context("cannot build an HTTP client")?;

@@ -35,8 +35,8 @@ const SEED_ENV: &[(&str, &str)] = &[
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct HttpConfig {
-    /// Address of the API, health and metrics. Without `http.token` the API has no
-    /// authentication: bind it to a private address, or set a token.
+    /// Address of the API, health and metrics. Without `http.token`, `http.keys` or `http.jwt`
+    /// the API has no authentication: bind it to a private address, or set one.
     #[schemars(with = "String")]
     pub addr: SocketAddr,
     /// Longest a request may take (not the event stream); a slower one is answered 408.
@@ -44,10 +44,24 @@ pub struct HttpConfig {
     #[schemars(with = "String")]
     pub request_timeout: Duration,
     /// When set, every `/v1/...` request (the event stream too) needs `Authorization: Bearer
-    /// <token>`, compared in constant time, and is answered 401 without it; `/healthz`,
-    /// `/readyz` and `/metrics` stay open. The CLI client sends it (`--token`, by default this
+    /// <token>` (or a key of `http.keys`, or a JWT of `http.jwt`), and is answered 401 without
+    /// it; `/healthz`, `/readyz` and `/metrics` stay open. This token may use every tenant with
+    /// every scope (audit name `token`). The CLI client sends it (`--token`, by default this
     /// key). Must not be empty. `check-config` shows `***`.
     pub token: Option<String>,
+    /// API keys, each with a name, the SHA-256 of the key (`timer-service hash-token KEY`),
+    /// the tenants it may use (or `["*"]`) and its scopes (`read`, `write`, `admin`). Any key,
+    /// `http.token` or `http.jwt` turns authentication on.
+    pub keys: Vec<crate::auth::ApiKey>,
+    /// JWT bearer tokens from an identity provider: `hs256_secret` or `jwks_file`, `audience`,
+    /// `issuer`, `tenants_claim` (default `tenants`), `scopes_claim` (default `scope`).
+    pub jwt: Option<crate::auth::JwtConfig>,
+    /// Serve HTTPS with this certificate chain (PEM); needs `http.tls_key`.
+    pub tls_cert: Option<PathBuf>,
+    /// The private key (PEM) of `http.tls_cert`.
+    pub tls_key: Option<PathBuf>,
+    /// With HTTPS: require a client certificate signed by a CA of this file (PEM).
+    pub tls_client_ca: Option<PathBuf>,
     /// Serve the web dashboard at `/ui/` (its files are in the binary; it reads and steers
     /// timers through the API, with the same token). `false` leaves `/ui/` unrouted (404).
     pub ui: bool,
@@ -66,6 +80,11 @@ impl Default for HttpConfig {
             addr: SocketAddr::from(([127, 0, 0, 1], 8080)),
             request_timeout: Duration::from_secs(10),
             token: None,
+            keys: Vec::new(),
+            jwt: None,
+            tls_cert: None,
+            tls_key: None,
+            tls_client_ca: None,
             ui: true,
             counts_max_age: Duration::from_secs(5),
         }
@@ -220,6 +239,19 @@ fn validate(config: &Config) -> Result<(), Error> {
             "http.token is empty; leave it out to disable authentication",
         ));
     }
+    crate::auth::Auth::from_config(&config.http)?;
+    let http = &config.http;
+    if http.tls_cert.is_some() != http.tls_key.is_some() {
+        return Err(Error::config(
+            "http.tls_cert and http.tls_key go together (HTTPS needs both)",
+        ));
+    }
+    if http.tls_client_ca.is_some() && http.tls_cert.is_none() {
+        return Err(Error::config(
+            "http.tls_client_ca needs HTTPS (http.tls_cert and http.tls_key)",
+        ));
+    }
+    crate::https::server_config(http)?;
     if config.limits.max_id_bytes == 0 || config.limits.max_message_bytes == 0 {
         return Err(Error::config(
             "limits.max_id_bytes and limits.max_message_bytes must be at least 1",

@@ -11,7 +11,7 @@ use std::time::Duration;
 use axum::extract::{Path, RawQuery, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::Json;
+use axum::{Extension, Json};
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine as _;
 use serde::{Deserialize, Serialize};
@@ -21,6 +21,7 @@ use timer_core::{
 };
 
 use crate::api::{ErrorBody, Occurrence, SummaryPage, SummaryView, TimerPage, TimerView};
+use crate::auth::{Principal, Tenants};
 use crate::http::{error_body, server_error, AppState, TenantPath};
 
 /// Default and largest page size.
@@ -437,7 +438,11 @@ struct PageQuery {
         (status = 501, description = "The store cannot count", body = ErrorBody),
     )
 )]
-pub async fn all_summaries(State(app): State<AppState>, RawQuery(query): RawQuery) -> Response {
+pub async fn all_summaries(
+    State(app): State<AppState>,
+    Extension(caller): Extension<Principal>,
+    RawQuery(query): RawQuery,
+) -> Response {
     let store = app.engine.store();
     let Some(queries) = store.queries() else {
         return unsupported(store.name());
@@ -457,7 +462,20 @@ pub async fn all_summaries(State(app): State<AppState>, RawQuery(query): RawQuer
             return bad.response();
         }
     }
-    if after.is_none() {
+    let own_page = match &caller.tenants {
+        // Every tenant: pages of the store's tenants.
+        Tenants::All => None,
+        // A key for some tenants sees those (with zero counts where there are no timers), in
+        // pages of its own list.
+        Tenants::Only(own) => Some(
+            own.iter()
+                .filter(|t| after.as_ref().is_none_or(|after| *t > after))
+                .take(limit + 1)
+                .cloned()
+                .collect::<Vec<String>>(),
+        ),
+    };
+    if after.is_none() && own_page.is_none() {
         // The first page, which the dashboard asks for every 2 seconds: from the shared count.
         let first = app
             .counts
@@ -469,9 +487,12 @@ pub async fn all_summaries(State(app): State<AppState>, RawQuery(query): RawQuer
             Err(e) => server_error(&e),
         };
     }
-    let mut tenants = match queries.tenants(after.as_deref(), limit + 1).await {
-        Ok(tenants) => tenants,
-        Err(e) => return server_error(&e),
+    let mut tenants = match own_page {
+        Some(own) => own,
+        None => match queries.tenants(after.as_deref(), limit + 1).await {
+            Ok(tenants) => tenants,
+            Err(e) => return server_error(&e),
+        },
     };
     let next = end_page(&mut tenants, limit, |last| tenant_cursor(last));
     let counted_at = app.engine.clock().now();

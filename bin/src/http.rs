@@ -8,8 +8,7 @@ use axum::extract::{Path, Query, RawQuery, State};
 use axum::http::StatusCode;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use axum::{Json, Router};
-use futures::Stream;
+use axum::{Extension, Json, Router};
 use metrics_exporter_prometheus::PrometheusHandle;
 use serde::Deserialize;
 use timer_brokers::memory::MemoryHub;
@@ -33,6 +32,7 @@ use crate::api::{
     TimerOutcome, TimerView,
 };
 
+use crate::auth::{Auth, Principal};
 use crate::config::Config;
 
 #[derive(Clone)]
@@ -43,6 +43,8 @@ pub struct AppState {
     pub shutdown: CancellationToken,
     /// The counts `/v1/status` and `/v1/summary` share between requests.
     pub counts: crate::counted::Counts,
+    /// Checks bearer tokens; `None`: the API has no authentication.
+    pub auth: Option<Arc<Auth>>,
 }
 
 /// Path parameters of the routes on one timer.
@@ -65,7 +67,10 @@ pub struct TenantPath {
 
 /// The service's routes and the OpenAPI document describing them, built together: a route is
 /// added with the `#[utoipa::path]` of its handler, so it cannot be missing from the document.
-pub fn routes(config: &Config) -> (Router<AppState>, utoipa::openapi::OpenApi) {
+pub fn routes(
+    config: &Config,
+    auth: Option<Arc<Auth>>,
+) -> (Router<AppState>, utoipa::openapi::OpenApi) {
     // Room for the largest command plus headers of a JSON body; a batch has a limit of its own.
     let body_limit = config.limits.max_message_bytes + 1024;
     let batch_limit = config.limits.max_batch_bytes;
@@ -94,8 +99,8 @@ pub fn routes(config: &Config) -> (Router<AppState>, utoipa::openapi::OpenApi) {
         // A bulk action runs to its end, page after page, however long that takes.
         .routes(routes!(crate::actions::bulk).layer(limited(body_limit)))
         .layer(axum::middleware::from_fn_with_state(
-            config.http.token.clone().map(Arc::<str>::from),
-            require_token,
+            auth,
+            crate::auth::guard,
         ));
     // Health and metrics stay open: probes and scrapers carry no token.
     let open = OpenApiRouter::new()
@@ -115,9 +120,11 @@ pub fn routes(config: &Config) -> (Router<AppState>, utoipa::openapi::OpenApi) {
 }
 
 pub fn router(state: AppState, config: &Config) -> Router {
-    let (router, document) = routes(config);
+    let (router, document) = routes(config, state.auth.clone());
     // Serializing a document of plain strings and maps cannot fail.
-    let json = serde_json::to_vec(&document).unwrap_or_default();
+    let mut json = serde_json::to_value(&document).unwrap_or_default();
+    crate::api::add_auth_answers(&mut json);
+    let json = serde_json::to_vec(&json).unwrap_or_default();
     let router = if config.http.ui {
         router.merge(crate::ui::routes())
     } else {
@@ -126,41 +133,6 @@ pub fn router(state: AppState, config: &Config) -> Router {
     router
         .layer(axum::Extension(OpenApiJson(Bytes::from(json))))
         .with_state(state)
-}
-
-/// With `http.token` set, a request needs `Authorization: Bearer <token>`; compared in constant
-/// time, so the answer time says nothing about how much of a guess was right.
-async fn require_token(
-    State(token): State<Option<Arc<str>>>,
-    request: axum::extract::Request,
-    next: axum::middleware::Next,
-) -> Response {
-    let Some(token) = token else {
-        return next.run(request).await;
-    };
-    let given = request
-        .headers()
-        .get(axum::http::header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .unwrap_or("");
-    if bool::from(subtle::ConstantTimeEq::ct_eq(
-        given.as_bytes(),
-        token.as_bytes(),
-    )) {
-        return next.run(request).await;
-    }
-    let mut response = error_body(
-        StatusCode::UNAUTHORIZED,
-        "unauthorized",
-        None,
-        "missing or wrong bearer token (see http.token)",
-    );
-    response.headers_mut().insert(
-        axum::http::header::WWW_AUTHENTICATE,
-        axum::http::HeaderValue::from_static("Bearer"),
-    );
-    response
 }
 
 pub(crate) fn error_body(
@@ -237,11 +209,18 @@ pub(crate) fn outcome_code(outcome: ScheduleOutcome) -> &'static str {
         (status = 503, description = "The store is unavailable", body = ErrorBody),
     )
 )]
-async fn schedule(State(app): State<AppState>, body: Bytes) -> Response {
+async fn schedule(
+    State(app): State<AppState>,
+    Extension(caller): Extension<Principal>,
+    body: Bytes,
+) -> Response {
     let timer = match app.engine.admit_schedule(&body) {
         Ok(t) => t,
         Err(r) => return rejection(&r),
     };
+    if let Err(refused) = caller.need_tenant(&timer.key.tenant_id, Some("tenantId")) {
+        return refused.into_response();
+    }
     let key = timer.key.clone();
     let (status, outcome) = match app.engine.schedule_one(timer).await {
         Ok(Scheduled::Stored(outcome)) => {
@@ -381,7 +360,29 @@ async fn cancel_timer(
         (status = 404, description = "Another broker is configured: publish to it", body = ErrorBody),
     )
 )]
-async fn send_command(State(app): State<AppState>, body: Bytes) -> Response {
+async fn send_command(
+    State(app): State<AppState>,
+    Extension(caller): Extension<Principal>,
+    body: Bytes,
+) -> Response {
+    if caller.tenants != crate::auth::Tenants::All {
+        // The broker path checks the command; here only its tenant is read, so a key limited to
+        // some tenants cannot feed commands of others.
+        let tenant = serde_json::from_slice::<serde_json::Value>(&body)
+            .ok()
+            .and_then(|v| v.get("tenantId")?.as_str().map(str::to_owned));
+        let Some(tenant) = tenant else {
+            return error_body(
+                StatusCode::FORBIDDEN,
+                "forbidden",
+                Some("tenantId"),
+                "a key limited to some tenants can only send commands with a tenantId",
+            );
+        };
+        if let Err(refused) = caller.need_tenant(&tenant, Some("tenantId")) {
+            return refused.into_response();
+        }
+    }
     let Some(hub) = &app.memory_hub else {
         return error_body(
             StatusCode::NOT_FOUND,
@@ -449,15 +450,24 @@ struct EventsQuery {
 )]
 async fn events(
     State(app): State<AppState>,
+    Extension(caller): Extension<Principal>,
     Query(query): Query<EventsQuery>,
-) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
-    let stream = BroadcastStream::new(app.engine.subscribe());
-    let stream = tokio_stream::StreamExt::filter_map(stream, move |item| match item {
-        Ok(fired) if query.tenant.as_ref().is_none_or(|t| *t == fired.tenant_id) => {
-            Some(Ok(Event::default()
-                .event("DueTimeReached")
-                .data(fired.json.clone())))
+) -> Response {
+    if let Some(tenant) = &query.tenant {
+        if let Err(refused) = caller.need_tenant(tenant, Some("tenant")) {
+            return refused.into_response();
         }
+    }
+    let stream = BroadcastStream::new(app.engine.subscribe());
+    let shown = move |tenant: &str| {
+        query.tenant.as_deref().is_none_or(|t| t == tenant) && caller.may_use(tenant)
+    };
+    let stream = tokio_stream::StreamExt::filter_map(stream, move |item| match item {
+        Ok(fired) if shown(&fired.tenant_id) => Some(Ok::<_, Infallible>(
+            Event::default()
+                .event("DueTimeReached")
+                .data(fired.json.clone()),
+        )),
         Ok(_) => None,
         // A slow client skipped events; say so rather than pretend.
         Err(BroadcastStreamRecvError::Lagged(n)) => {
@@ -466,7 +476,9 @@ async fn events(
     });
     // End the stream at shutdown, so graceful shutdown is not held open by watchers.
     let stream = futures::StreamExt::take_until(stream, app.shutdown.clone().cancelled_owned());
-    Sse::new(stream).keep_alive(KeepAlive::default())
+    Sse::new(stream)
+        .keep_alive(KeepAlive::default())
+        .into_response()
 }
 
 /// Liveness: the process answers.

@@ -2,6 +2,7 @@
 
 mod actions;
 mod api;
+mod auth;
 mod batch;
 mod bench;
 mod client;
@@ -10,6 +11,7 @@ mod control;
 mod counted;
 mod fuzz;
 mod http;
+mod https;
 mod plugins;
 mod ui;
 // The docs cover every plugin, so their generator and checks need every plugin compiled in.
@@ -57,6 +59,12 @@ enum Command {
     Run,
     /// Print the effective configuration (secrets redacted); exit 1 naming what is wrong.
     CheckConfig,
+    /// Print the SHA-256 of an API key, for `[[http.keys]] sha256`. Reads the key from
+    /// standard input when it is not given (keeps it out of the shell's history).
+    HashToken {
+        /// The key; `-` or nothing: the first line of standard input.
+        key: Option<String>,
+    },
     /// Schedule (or reschedule) a timer through a running service's HTTP API; or, with
     /// --file, every command of a file through the batch endpoint.
     Schedule {
@@ -283,12 +291,16 @@ struct TimerArgs {
 
 #[derive(clap::Args)]
 struct Api {
-    /// Base URL of the service. Default: http://<http.addr from the config>.
+    /// Base URL of the service. Default: http://<http.addr from the config> (https:// when
+    /// the config sets http.tls_cert).
     #[arg(long)]
     url: Option<String>,
-    /// Bearer token. Default: http.token from the config (TIMER_HTTP__TOKEN).
+    /// Bearer token (an API key or a JWT). Default: http.token from the config
+    /// (TIMER_HTTP__TOKEN).
     #[arg(long)]
     token: Option<String>,
+    #[command(flatten)]
+    tls: client::ClientTls,
 }
 
 fn main() -> ExitCode {
@@ -312,21 +324,48 @@ fn main() -> ExitCode {
     }
 }
 
+/// The key `hash-token` hashes: the argument, or the first line of standard input.
+fn key_to_hash(given: Option<&str>) -> anyhow::Result<String> {
+    let key = match given {
+        Some(key) if key != "-" => key.to_owned(),
+        _ => {
+            let mut line = String::new();
+            std::io::stdin()
+                .read_line(&mut line)
+                .context("reading the key from standard input")?;
+            line.trim_end_matches(['\r', '\n']).to_owned()
+        }
+    };
+    if key.trim().is_empty() {
+        anyhow::bail!("the key is empty");
+    }
+    Ok(key)
+}
+
 fn load_config(path: Option<&std::path::Path>) -> anyhow::Result<Config> {
     let figment = config::figment(path).map_err(|e| anyhow::anyhow!(e.chain()))?;
     config::load(&figment).map_err(|e| anyhow::anyhow!(e.chain()))
 }
 
 async fn dispatch(cli: Cli) -> anyhow::Result<()> {
+    // Needs no config: a key can be hashed before there is one.
+    if let Command::HashToken { key } = &cli.command {
+        println!("{}", auth::hash_token(&key_to_hash(key.as_deref())?));
+        return Ok(());
+    }
     let config = load_config(cli.config.as_deref())?;
     // The API the client commands talk to: --url/--token, else http.addr/http.token.
     let api_client = |api: &Api| {
-        let base = api
-            .url
-            .clone()
-            .unwrap_or_else(|| format!("http://{}", config.http.addr));
+        let base = api.url.clone().unwrap_or_else(|| {
+            let scheme = if config.http.tls_cert.is_some() {
+                "https"
+            } else {
+                "http"
+            };
+            format!("{scheme}://{}", config.http.addr)
+        });
         let token = api.token.clone().or_else(|| config.http.token.clone());
-        client::Client::new(&base, token)
+        client::Client::new(&base, token, &api.tls)
     };
     let print = |v: serde_json::Value| {
         println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
@@ -340,6 +379,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<()> {
         }
     };
     match cli.command {
+        Command::HashToken { .. } => Ok(()),
         Command::Run => run(config).await,
         Command::Bench(options) => bench::run(config, options).await,
         Command::Fuzz { inputs, seed } => fuzz::run(inputs, seed, &config.limits),
@@ -548,6 +588,7 @@ async fn run(config: Config) -> anyhow::Result<()> {
         config.engine.clone(),
         config.limits.clone(),
     );
+    let tls = https::server_config(&config.http).map_err(|e| anyhow::anyhow!(e.chain()))?;
     let listener = tokio::net::TcpListener::bind(config.http.addr)
         .await
         .with_context(|| format!("cannot listen on http.addr {}", config.http.addr))?;
@@ -560,19 +601,21 @@ async fn run(config: Config) -> anyhow::Result<()> {
         memory_hub,
         shutdown: shutdown.clone(),
         counts: counted::Counts::new(config.http.counts_max_age),
+        auth: auth::Auth::from_config(&config.http)
+            .map_err(|e| anyhow::anyhow!(e.chain()))?
+            .map(std::sync::Arc::new),
     };
     let app = http::router(state, &config);
     info!(
         addr = %config.http.addr,
+        https = tls.is_some(),
         store = engine.store().name(),
         broker = engine.broker().name(),
         instance = engine.instance_id(),
         "timer-service running"
     );
     tokio::spawn(signal(shutdown.clone()));
-    let server =
-        axum::serve(listener, app).with_graceful_shutdown(shutdown.clone().cancelled_owned());
-    if let Err(e) = server.await {
+    if let Err(e) = https::serve(listener, app, tls, shutdown.clone()).await {
         error!(error = %e, "HTTP server failed");
         shutdown.cancel();
     }

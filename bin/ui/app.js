@@ -148,7 +148,8 @@ function signedOut() {
       ev.preventDefault();
       sessionStorage.setItem(TOKEN_KEY, input.value.trim());
       signInShown = false;
-      const answer = await api.get('/v1/status');
+      // Any key that may read answers this (the status needs the admin scope).
+      const answer = await api.get('/v1/summary?limit=1');
       if (answer.status === 200) {
         route();
       } else if (answer.status !== 401) {
@@ -156,7 +157,7 @@ function signedOut() {
       }
     },
   },
-  h('label', { for: 'token' }, 'API token (http.token)'), input,
+  h('label', { for: 'token' }, 'API key, token or JWT'), input,
   h('button', { type: 'submit', class: 'primary', id: 'sign-in' }, 'Sign in'), error);
   view().replaceChildren(h('section', { class: 'panel login' },
     h('h1', {}, 'Sign in'),
@@ -318,9 +319,13 @@ async function overview() {
   const more = h('p', { class: 'muted', id: 'more-tenants', hidden: true });
   const countedAt = h('span', { class: 'muted small', id: 'counted-at' });
   const failure = h('p', { class: 'error', id: 'overview-error', role: 'alert', hidden: true });
+  // A key without the admin scope sees its tenants, not the service's own figures.
+  const restricted = h('p', { class: 'muted', id: 'overview-restricted', hidden: true },
+    'This key sees its own tenants only: the service\'s health, fires and lateness need a key with the admin scope.');
   view().replaceChildren(
     h('h1', {}, 'Overview'),
     failure,
+    restricted,
     h('div', { class: 'cards' },
       card('store', 'Store'), card('broker', 'Broker'), card('instance', 'Instance'),
       card('fires', 'Fires per second (last minute)'), card('lateness', 'Lateness p50 / p99 (last minute)'),
@@ -355,19 +360,7 @@ async function overview() {
     else chart.replaceChildren(latenessChart(lastHour, chart.clientWidth));
   };
   window.addEventListener('resize', onResize);
-  await refreshEvery(async () => {
-    let status, summary;
-    try {
-      [status, summary] = await Promise.all([fetchOk('/v1/status'), fetchOk('/v1/summary?limit=100')]);
-    } catch (e) {
-      // The last figures stay; this line says they are not current.
-      failure.textContent = `Not refreshed: ${e.message}`;
-      failure.hidden = false;
-      return;
-    }
-    failure.hidden = true;
-    // Counting reads every timer, so the service shares one count for a few seconds.
-    countedAt.textContent = `counted ${summary.countedAt.slice(11, 19)} UTC`;
+  const showStatus = (status) => {
     lastHour = status.lastHour;
     const health = (part) => h('span', { class: part.healthy ? 'ok' : 'bad', title: part.error || '' },
       `${part.kind} ${part.healthy ? 'healthy' : 'unhealthy'}`);
@@ -380,6 +373,33 @@ async function overview() {
     cards.lateness.textContent = l.p50 === null ? '—' : `${l.p50} / ${l.p99} ms`;
     cards.timers.textContent = [status.timers.pending, status.timers.paused, status.timers.failed].map(fmt).join(' · ');
     chart.replaceChildren(latenessChart(lastHour, chart.clientWidth));
+  };
+  await refreshEvery(async () => {
+    let status, summary;
+    try {
+      let statusAnswer;
+      [statusAnswer, summary] = await Promise.all([api.get('/v1/status'), fetchOk('/v1/summary?limit=100')]);
+      if (statusAnswer.status === 403) status = null;
+      else if (statusAnswer.status === 200) status = statusAnswer.body;
+      else throw new ApiError(statusAnswer);
+    } catch (e) {
+      // The last figures stay; this line says they are not current.
+      failure.textContent = `Not refreshed: ${e.message}`;
+      failure.hidden = false;
+      return;
+    }
+    failure.hidden = true;
+    // Counting reads every timer, so the service shares one count for a few seconds.
+    countedAt.textContent = `counted ${summary.countedAt.slice(11, 19)} UTC`;
+    restricted.hidden = status !== null;
+    if (status === null) {
+      // The sums of the key's own tenants stand in for the service's totals.
+      const sum = (state) => summary.tenants.reduce((n, t) => n + (t.counts[state] || 0), 0);
+      cards.timers.textContent = ['scheduled', 'paused', 'failed'].map((state) => fmt(sum(state))).join(' · ');
+      chart.replaceChildren(h('p', { class: 'muted' }, 'Needs the admin scope.'));
+    } else {
+      showStatus(status);
+    }
     tenantsBody.replaceChildren(...summary.tenants.map((t) => h('tr', { 'data-tenant': t.tenantId },
       h('td', { class: 'id' }, h('a', { href: `#/timers?tenant=${enc(t.tenantId)}` }, t.tenantId)),
       h('td', { class: 'num' }, fmt(t.counts.scheduled)),

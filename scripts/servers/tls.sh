@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# A throwaway certificate authority and a server certificate for 127.0.0.1, for the TLS tests.
+# A throwaway certificate authority, a server certificate for 127.0.0.1 and a client
+# certificate, for the TLS tests.
 #
-#   tls.sh DIR      writes DIR/ca.pem, DIR/server.pem and DIR/server-key.pem (once; kept)
+#   tls.sh DIR      writes DIR/ca.pem, DIR/server.pem, DIR/server-key.pem, DIR/client.pem and
+#                   DIR/client-key.pem (once; kept)
 #
 # The server certificate is signed by the CA, valid for 30 days, with subjectAltName
 # IP:127.0.0.1 and DNS:localhost, so clients that verify the host name accept it.
@@ -10,7 +12,7 @@ DIR=${1:?usage: $0 DIR}
 mkdir -p "$DIR"
 cd "$DIR"
 # Kept while valid for at least another day; made again otherwise.
-if [ -s ca.pem ] && [ -s server.pem ] && [ -s server-key.pem ] \
+if [ -s ca.pem ] && [ -s server.pem ] && [ -s server-key.pem ] && [ -s client.pem ] \
     && openssl x509 -checkend 86400 -noout -in server.pem >/dev/null 2>&1; then
     exit 0
 fi
@@ -22,5 +24,11 @@ openssl req -newkey rsa:2048 -nodes -subj "/CN=127.0.0.1" \
 printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n' >server.ext
 openssl x509 -req -in server.csr -CA ca.pem -CAkey ca-key.pem -CAcreateserial -days 30 \
     -extfile server.ext -out server.pem 2>/dev/null
-rm -f server.csr server.ext ca.srl
-chmod 600 server-key.pem ca-key.pem
+# A client certificate (CN timer-service test client), for services that ask for one.
+openssl req -newkey rsa:2048 -nodes -subj "/CN=timer-service test client" \
+    -keyout client-key.pem -out client.csr 2>/dev/null
+printf 'basicConstraints=CA:FALSE\nkeyUsage=digitalSignature\nextendedKeyUsage=clientAuth\n' >client.ext
+openssl x509 -req -in client.csr -CA ca.pem -CAkey ca-key.pem -CAcreateserial -days 30 \
+    -extfile client.ext -out client.pem 2>/dev/null
+rm -f server.csr server.ext client.csr client.ext ca.srl
+chmod 600 server-key.pem client-key.pem ca-key.pem

@@ -68,6 +68,18 @@ pub fn write_config(dir: &Path, config: &Value) -> PathBuf {
 impl Service {
     /// Starts `bin run` in `dir` with `env` (`TIMER_*` settings) and waits for `/readyz`.
     pub async fn start(bin: &Path, dir: &Path, env: &[(&str, String)]) -> Service {
+        Service::start_with(bin, dir, env, "http", reqwest::Client::new()).await
+    }
+
+    /// [`Service::start`], reached at `scheme://` (`https` with `http.tls_cert` set) with
+    /// `http`, a client that trusts the service's certificate.
+    pub async fn start_with(
+        bin: &Path,
+        dir: &Path,
+        env: &[(&str, String)],
+        scheme: &str,
+        http: reqwest::Client,
+    ) -> Service {
         let addr = free_addr();
         let log = dir.join(format!("service-{}.log", addr.port()));
         let log_file = std::fs::File::create(&log).expect("create log file");
@@ -88,9 +100,9 @@ impl Service {
         let mut service = Service {
             child,
             addr,
-            base: format!("http://{addr}"),
+            base: format!("{scheme}://{addr}"),
             log,
-            http: reqwest::Client::new(),
+            http,
         };
         service.wait_ready().await;
         service

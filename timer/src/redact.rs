@@ -10,6 +10,8 @@ pub const SECRET_KEYS: &[&str] = &[
     "private_key",
     "api_key",
     "nkey",
+    // The hash of an API key (`http.keys`) would let a guess be checked offline.
+    "sha256",
     // librdkafka: an inline private key, and OAUTHBEARER settings that may hold a secret.
     "key.pem",
     "oauthbearer.config",
