@@ -18,6 +18,8 @@ use timer_core::{Lease, Settlement, Store, Timestamp};
 
 const BIN: &str = env!("CARGO_BIN_EXE_timer-service");
 const TOKEN: &str = "dashboard-test-token";
+/// A key of `[[http.keys]]` that may read tenant `other` only.
+const OTHER_KEY: &str = "dashboard-other-team-key";
 const WAIT: Duration = Duration::from_secs(20);
 
 fn main() {
@@ -353,6 +355,20 @@ fn group(n: usize) -> String {
 async fn walk_through(name: &str, dir: &Path, mut env: Vec<(&str, String)>, store: &dyn Store) {
     env.push(("TIMER_BROKER__KIND", "memory".to_owned()));
     env.push(("TIMER_HTTP__TOKEN", TOKEN.to_owned()));
+    // A key that may only read tenant `other` (which has no timers).
+    let keys = dir.join("keys.toml");
+    let hash: String = sha2::Digest::finalize(sha2::Digest::chain_update(
+        <sha2::Sha256 as sha2::Digest>::new(),
+        OTHER_KEY,
+    ))
+    .iter()
+    .map(|b| format!("{b:02x}"))
+    .collect();
+    let text = format!(
+        "[[http.keys]]\nname = \"other-team\"\nsha256 = \"{hash}\"\ntenants = [\"other\"]\nscopes = [\"read\"]\n"
+    );
+    std::fs::write(&keys, text).expect("write keys.toml");
+    env.push(("TIMER_CONFIG", keys.display().to_string()));
     let service = Service::start(Path::new(BIN), dir, &env).await;
     let big = big_tenant();
     if big > 0 {
@@ -641,6 +657,19 @@ async fn walk_through(name: &str, dir: &Path, mut env: Vec<(&str, String)>, stor
         )
         .await;
     assert_eq!(kept, Value::Null);
+
+    // A key for another tenant sees that tenant only, and not the service's own figures; the
+    // page it was on (a timer of acme) says 403.
+    browser.type_into("#token", OTHER_KEY).await;
+    browser.click("#sign-in").await;
+    browser.wait_text(".error", "may not use tenant").await;
+    browser.open("#/").await;
+    browser
+        .wait_text("#overview-restricted", "its own tenants")
+        .await;
+    browser.wait_count("tr[data-tenant=other]", 1).await;
+    browser.wait_count("tr[data-tenant=acme]", 0).await;
+    browser.shot("overview-tenant-key").await;
     browser
         .client
         .close()
