@@ -578,16 +578,12 @@ pub async fn guard(
         // No route matched: the 404 says nothing more than that.
         return next.run(request).await;
     };
-    let tenant = params.as_ref().and_then(|p| {
-        p.iter()
-            .find(|(name, _)| *name == "tenant")
-            .map(|(_, value)| value.to_owned())
-    });
-    let id = params.as_ref().and_then(|p| {
-        p.iter()
-            .find(|(name, _)| *name == "id")
-            .map(|(_, value)| value.to_owned())
-    });
+    let param = |wanted: &str| {
+        let params = params.as_ref()?;
+        let (_, value) = params.iter().find(|(name, _)| *name == wanted)?;
+        Some(value.to_owned())
+    };
+    let (tenant, id) = (param("tenant"), param("id"));
     let checked = match rule(&method, &path) {
         None => Err(Forbidden::new("this route has no access rule")),
         Some(Rule::Authenticated) => Ok(()),

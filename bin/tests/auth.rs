@@ -9,7 +9,7 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine as _;
 use reqwest::Method;
 use serde_json::{json, Value};
-use timer_conformance::e2e::{now_ms, run_ok, run_to_end, write_config, Service};
+use timer_conformance::e2e::{now_ms, run_ok, run_to_end, write_config, EventLog, Service};
 use timer_conformance::wait_for;
 
 const BIN: &str = env!("CARGO_BIN_EXE_timer-service");
@@ -332,8 +332,8 @@ async fn a_key_for_some_tenants_cannot_touch_another_on_any_route() {
     assert_eq!(status, 200, "http.token has every scope");
 
     // The event stream shows only the key's tenants.
-    let team_a_events = events(&service, TEAM_A).await;
-    let ops_events = events(&service, OPS).await;
+    let team_a_events = service.events_as(Some(TEAM_A)).await;
+    let ops_events = service.events_as(Some(OPS)).await;
     let now = now_ms();
     for (tenant, id, due) in [
         ("bravo", "b-soon", now + 300),
@@ -350,7 +350,7 @@ async fn a_key_for_some_tenants_cannot_touch_another_on_any_route() {
         assert_eq!(status, 201, "{answer}");
     }
     let seen = wait_for(Duration::from_secs(30), || async {
-        let got = ops_events.lock().map(|e| e.clone()).unwrap_or_default();
+        let got = event_tenants(&ops_events);
         (got.len() >= 2).then_some(got)
     })
     .await
@@ -358,7 +358,7 @@ async fn a_key_for_some_tenants_cannot_touch_another_on_any_route() {
     assert!(seen.iter().any(|t| t == "bravo"), "{seen:?}");
     // bravo fired first; once alpha's event is there, a bravo event would have come before it.
     let seen = wait_for(Duration::from_secs(30), || async {
-        let got = team_a_events.lock().map(|e| e.clone()).unwrap_or_default();
+        let got = event_tenants(&team_a_events);
         got.iter().any(|t| t == "alpha").then_some(got)
     })
     .await
@@ -382,39 +382,17 @@ async fn a_key_for_some_tenants_cannot_touch_another_on_any_route() {
     );
 }
 
-/// Opens `/v1/events` with `key` and collects the tenant of each event.
-async fn events(service: &Service, key: &str) -> std::sync::Arc<std::sync::Mutex<Vec<String>>> {
-    use futures::StreamExt;
-    let response = service
-        .http
-        .get(format!("{}/v1/events", service.base))
-        .bearer_auth(key)
-        .send()
-        .await
-        .expect("open the event stream");
-    assert_eq!(response.status(), 200, "event stream");
-    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-    let sink = seen.clone();
-    tokio::spawn(async move {
-        let mut stream = response.bytes_stream();
-        let mut buf = String::new();
-        while let Some(Ok(chunk)) = stream.next().await {
-            buf.push_str(&String::from_utf8_lossy(&chunk));
-            while let Some(end) = buf.find('\n') {
-                let line: String = buf.drain(..=end).collect();
-                let Some(data) = line.trim_end().strip_prefix("data: ") else {
-                    continue;
-                };
-                if let Ok(v) = serde_json::from_str::<Value>(data) {
-                    let tenant = v["tenantId"].as_str().unwrap_or_default().to_owned();
-                    if let Ok(mut seen) = sink.lock() {
-                        seen.push(tenant);
-                    }
-                }
-            }
-        }
-    });
-    seen
+/// The tenant of each event `log` received so far.
+fn event_tenants(log: &EventLog) -> Vec<String> {
+    log.snapshot()
+        .iter()
+        .map(|r| {
+            r.envelope["tenantId"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned()
+        })
+        .collect()
 }
 
 /// A JWT signed with `secret` (HS256) carrying `claims`.

@@ -212,12 +212,16 @@ impl Service {
 
     /// Subscribes to `/v1/events` and collects events in the background.
     pub async fn events(&self) -> EventLog {
-        let response = self
-            .http
-            .get(format!("{}/v1/events", self.base))
-            .send()
-            .await
-            .expect("open the event stream");
+        self.events_as(None).await
+    }
+
+    /// [`Service::events`], authenticated with `Authorization: Bearer key` when given.
+    pub async fn events_as(&self, key: Option<&str>) -> EventLog {
+        let mut request = self.http.get(format!("{}/v1/events", self.base));
+        if let Some(key) = key {
+            request = request.bearer_auth(key);
+        }
+        let response = request.send().await.expect("open the event stream");
         assert!(
             response.status().is_success(),
             "event stream: {}",
