@@ -4,6 +4,8 @@
 //! decoded first; when any is refused, the answer is 400 naming the first refused item's field
 //! (`commands[3].dueAt`) and listing every refused item, and nothing is written. Otherwise all of
 //! them go to the store in one transaction, and the answer has one result per item, in order.
+//! Before the store, the batch takes one schedule per command from its tenants' rate limits
+//! (`limits.rate`); a tenant over its rate answers 429 and nothing is written.
 
 use axum::body::Bytes;
 use axum::extract::State;
@@ -20,7 +22,7 @@ use crate::api::{
     RejectedItem,
 };
 use crate::auth::Principal;
-use crate::http::{error_body, outcome_code, server_error, AppState};
+use crate::http::{error_body, outcome_code, server_error, too_fast, AppState};
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -56,6 +58,7 @@ fn item_field(i: usize, field: Option<&str>) -> String {
         (status = 400, description = "Refused items (nothing was written), or a body that is not a batch, or over `limits.max_batch`", body = BatchRefused),
         (status = 403, description = "A command names a tenant the key may not use (`rejected` lists them); nothing was written", body = BatchRefused),
         (status = 413, description = "Over `limits.max_batch_bytes`", body = ErrorBody),
+        (status = 429, description = "A tenant of the batch is over its rate limit (`rate_limited`, `Retry-After` in seconds), or has more commands in it than its burst (no `Retry-After`: send fewer at a time); nothing was written", body = ErrorBody),
         (status = 503, description = "The store is unavailable; nothing was written", body = ErrorBody),
     )
 )]
@@ -156,6 +159,9 @@ pub async fn schedule_batch(
             rejected,
         };
         return (StatusCode::BAD_REQUEST, Json(body)).into_response();
+    }
+    if let Err(throttled) = app.engine.within_rate(&timers) {
+        return too_fast(&throttled);
     }
     let scheduled = match app.engine.schedule(&timers).await {
         Ok(scheduled) => scheduled,

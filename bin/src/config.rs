@@ -262,6 +262,7 @@ fn validate(config: &Config) -> Result<(), Error> {
             "limits.max_batch and limits.max_batch_bytes must be at least 1",
         ));
     }
+    config.limits.rate.check()?;
     Ok(())
 }
 

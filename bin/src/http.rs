@@ -182,6 +182,26 @@ pub(crate) fn server_error(e: &Error) -> Response {
     error_body(status, e.kind().as_str(), None, &e.chain())
 }
 
+/// 429 for schedules over their tenant's rate (`limits.rate`): reason `rate_limited`, field
+/// `tenantId`, and `Retry-After` in whole seconds (at least 1) when waiting helps; without it, the
+/// request asked for more at once than the tenant's burst and never fits.
+pub(crate) fn too_fast(throttled: &timer_core::engine::Throttled) -> Response {
+    let mut response = error_body(
+        StatusCode::TOO_MANY_REQUESTS,
+        "rate_limited",
+        Some("tenantId"),
+        &throttled.to_string(),
+    );
+    if let Some(after) = throttled.retry_after {
+        let seconds = after.as_millis().div_ceil(1000).max(1);
+        response.headers_mut().insert(
+            axum::http::header::RETRY_AFTER,
+            axum::http::HeaderValue::from(seconds as u64),
+        );
+    }
+    response
+}
+
 /// The outcome code of a stored schedule, as the API names it (`outcome`, and the reason of a
 /// 409).
 pub(crate) fn outcome_code(outcome: ScheduleOutcome) -> &'static str {
@@ -205,7 +225,7 @@ pub(crate) fn outcome_code(outcome: ScheduleOutcome) -> &'static str {
         (status = 200, description = "Updated (same key, new due time or fields)", body = TimerOutcome),
         (status = 409, description = "The timer already fired, was cancelled or failed; nothing changed", body = TimerOutcome),
         (status = 400, description = "The command is refused; `field` names what is wrong", body = ErrorBody),
-        (status = 429, description = "The tenant is at its limit of pending timers", body = ErrorBody),
+        (status = 429, description = "The tenant is over its rate limit (`rate_limited`, with a `Retry-After` header in seconds), or at its limit of pending timers (`tenant_limit`); nothing was written", body = ErrorBody),
         (status = 503, description = "The store is unavailable", body = ErrorBody),
     )
 )]
@@ -220,6 +240,9 @@ async fn schedule(
     };
     if let Err(refused) = caller.need_tenant(&timer.key.tenant_id, Some("tenantId")) {
         return refused.into_response();
+    }
+    if let Err(throttled) = app.engine.within_rate(std::slice::from_ref(&timer)) {
+        return too_fast(&throttled);
     }
     let key = timer.key.clone();
     let (status, outcome) = match app.engine.schedule_one(timer).await {

@@ -9,6 +9,7 @@ use std::fmt::Write as _;
 
 use schemars::{JsonSchema, Schema};
 use serde_json::Value;
+use timer_core::config::RateLimits;
 use timer_core::engine::metric;
 use timer_core::plugin::Registry;
 use timer_core::{EngineConfig, Limits};
@@ -17,7 +18,7 @@ use crate::config::{HttpConfig, LogConfig, DEFAULT_BROKER_KIND};
 
 /// One config section as documented: `[engine]`, or `[store]` of one kind.
 pub struct Section {
-    /// The TOML table: `store`, `broker`, `engine`, `limits`, `http`, `log`.
+    /// The TOML table: `store`, `broker`, `engine`, `limits`, `limits.rate`, `http`, `log`.
     pub table: &'static str,
     /// For `store` and `broker`: the plugin kind this section is read as.
     pub kind: Option<&'static str>,
@@ -69,7 +70,7 @@ impl Section {
 }
 
 /// Every section of every plugin this build has, in the order of the example file: store,
-/// broker, engine, limits, http, log.
+/// broker, engine, limits, limits.rate, http, log.
 pub fn sections() -> Vec<Section> {
     fn plugin_sections<P>(
         table: &'static str,
@@ -92,7 +93,11 @@ pub fn sections() -> Vec<Section> {
         (p.kind, (p.schema)())
     }));
     sections.push(plain::<EngineConfig>("engine"));
-    sections.push(plain::<Limits>("limits"));
+    let mut limits = plain::<Limits>("limits");
+    // A table of its own, after the plain limits.
+    limits.keys.retain(|key| key.name != "rate");
+    sections.push(limits);
+    sections.push(plain::<RateLimits>("limits.rate"));
     sections.push(plain::<HttpConfig>("http"));
     sections.push(plain::<LogConfig>("log"));
     sections

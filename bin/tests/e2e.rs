@@ -430,6 +430,188 @@ async fn a_tenant_over_its_pending_limit_gets_429_and_others_do_not() {
     service.terminate().await;
 }
 
+/// POSTs `body` to `path`; the status, the `Retry-After` header and the JSON answer.
+async fn post_with_header(
+    service: &Service,
+    path: &str,
+    body: String,
+) -> (u16, Option<String>, Value) {
+    let r = service
+        .http
+        .post(format!("{}{path}", service.base))
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .expect("POST");
+    let status = r.status().as_u16();
+    let retry_after = r
+        .headers()
+        .get("retry-after")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    (status, retry_after, r.json().await.unwrap_or(Value::Null))
+}
+
+/// `limits.rate` over HTTP: a tenant over its rate gets 429 `rate_limited` with `Retry-After`
+/// and nothing is written; a batch with more of one tenant than its burst gets 429 without it;
+/// tenants of `limits.rate.tenants` are held to their own limit (or none); and a tenant flooding
+/// at 10 times its rate does not make another tenant's timers late.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_over_its_rate_gets_429_and_the_others_fire_on_time() {
+    const RATE: usize = 20;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = timer_conformance::e2e::write_config(
+        dir.path(),
+        &json!({ "limits": { "rate": {
+            "schedules_per_second": RATE,
+            "burst": RATE,
+            "tenants": {
+                "small": { "schedules_per_second": 1, "burst": 2 },
+                "unlimited": { "schedules_per_second": 0 },
+            },
+        } } }),
+    );
+    let mut env = embedded(dir.path(), &[]);
+    env.push(("TIMER_CONFIG", config.display().to_string()));
+    let service = Service::start(Path::new(BIN), dir.path(), &env).await;
+    let far = now_ms() + 3_600_000;
+
+    for id in ["1", "2"] {
+        let (status, _, v) =
+            post_with_header(&service, "/v1/timers", command("small", id, far)).await;
+        assert_eq!(status, 201, "within the burst of 2: {v}");
+    }
+    let (status, retry_after, v) =
+        post_with_header(&service, "/v1/timers", command("small", "3", far)).await;
+    assert_eq!(
+        (
+            status,
+            v["error"]["reason"].as_str(),
+            v["error"]["field"].as_str()
+        ),
+        (429, Some("rate_limited"), Some("tenantId")),
+        "{v}"
+    );
+    assert_eq!(
+        retry_after.as_deref(),
+        Some("1"),
+        "whole seconds, at least 1"
+    );
+    let message = v["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("\"small\"")
+            && message.contains("1 schedules per second")
+            && message.contains("limits.rate"),
+        "{message}"
+    );
+    assert_eq!(
+        service.get("/v1/tenants/small/timers/3").await.0,
+        404,
+        "nothing written"
+    );
+
+    // More of one tenant than its burst at once never fits: no Retry-After.
+    let batch = json!({ "commands": (0..=RATE)
+        .map(|i| serde_json::from_str::<Value>(&command("batchy", &format!("b{i}"), far)))
+        .collect::<Result<Vec<_>, _>>()
+        .expect("commands are JSON") })
+    .to_string();
+    let (status, retry_after, v) = post_with_header(&service, "/v1/timers/batch", batch).await;
+    assert_eq!((status, retry_after), (429, None), "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("send at most 20 at a time")),
+        "{v}"
+    );
+    assert_eq!(
+        service.get("/v1/tenants/batchy/timers/b0").await.0,
+        404,
+        "nothing written"
+    );
+
+    let unlimited: Vec<String> = (0..5 * RATE)
+        .map(|i| command("unlimited", &format!("u{i}"), far))
+        .collect();
+    let statuses = post_all(&service, "/v1/timers", unlimited).await;
+    assert!(
+        statuses.iter().all(|s| *s == 201),
+        "no limit for this tenant: {statuses:?}"
+    );
+
+    // The flood: 10 × RATE per second for 2 s, in rounds of 10 every 50 ms; meanwhile another
+    // tenant schedules one timer every 50 ms, due 250 ms later.
+    let events = service.events().await;
+    let flood = async {
+        let mut tick = tokio::time::interval(Duration::from_millis(50));
+        let mut statuses = Vec::new();
+        for round in 0..40 {
+            tick.tick().await;
+            let bodies = (0..10).map(|i| command("flooder", &format!("f{round}-{i}"), now_ms()));
+            statuses.extend(post_all(&service, "/v1/timers", bodies.collect()).await);
+        }
+        statuses
+    };
+    let steady = async {
+        let mut tick = tokio::time::interval(Duration::from_millis(50));
+        let mut statuses = Vec::new();
+        for i in 0..40 {
+            tick.tick().await;
+            let body = command("steady", &format!("s{i}"), now_ms() + 250);
+            statuses.push(service.post("/v1/timers", body).await.0);
+        }
+        statuses
+    };
+    let (flooded, steadied) = tokio::join!(flood, steady);
+    assert!(steadied.iter().all(|s| *s == 201), "{steadied:?}");
+    let accepted = flooded.iter().filter(|s| **s == 201).count();
+    let refused = flooded.iter().filter(|s| **s == 429).count();
+    assert_eq!(
+        accepted + refused,
+        flooded.len(),
+        "201 or 429 only: {flooded:?}"
+    );
+    // The burst plus 2 s at the rate, with a second of slack for a slow sender.
+    assert!(
+        accepted <= 4 * RATE,
+        "the flooding tenant is held to its rate: {accepted} of {} accepted",
+        flooded.len()
+    );
+    let got = wait_for(Duration::from_secs(30), || async {
+        let got = events.snapshot();
+        let steady = got
+            .iter()
+            .filter(|e| e.envelope["tenantId"] == "steady")
+            .count();
+        (steady >= 40).then_some(got)
+    })
+    .await
+    .unwrap_or_else(|| service.fail("the steady tenant's 40 timers fired"));
+    let lateness: Vec<i64> = got
+        .iter()
+        .filter(|e| e.envelope["tenantId"] == "steady")
+        .map(|e| lateness_ms(&e.envelope))
+        .collect();
+    let (p50, p99, max) = percentiles(lateness);
+    eprintln!(
+        "flood: {accepted} accepted, {refused} answered 429; steady tenant lateness p50 {p50} ms, \
+         p99 {p99} ms, max {max} ms"
+    );
+    assert!(
+        p99 <= 50,
+        "the steady tenant's timers fire on time: p99 {p99} ms"
+    );
+    let metrics = service.text("/metrics").await;
+    // One for "small", 21 for the batch, and the flood's refusals.
+    assert_eq!(
+        timer_conformance::e2e::metric(&metrics, "timer_commands_throttled{path=\"http\"}"),
+        (1 + RATE + 1 + refused) as f64,
+        "{metrics}"
+    );
+    service.terminate().await;
+}
+
 /// Runs the binary with `args` and env; returns (exit code, stdout, stderr).
 async fn run_cli(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
     let exit = run_to_end(Path::new(BIN), dir, args, env, Duration::from_secs(600)).await;

@@ -37,6 +37,18 @@ impl<T> DeliveryTags<T> {
         Ok(tags.iter().filter_map(|t| pending.remove(t)).collect())
     }
 
+    /// Copies of the handles of `tags`, still remembered; tags not known are skipped.
+    pub(crate) fn get(&self, tags: &[u64]) -> Result<Vec<T>>
+    where
+        T: Clone,
+    {
+        let pending = self.lock()?;
+        Ok(tags
+            .iter()
+            .filter_map(|t| pending.get(t).cloned())
+            .collect())
+    }
+
     fn lock(&self) -> Result<std::sync::MutexGuard<'_, HashMap<u64, T>>> {
         self.pending.lock().map_err(|_| {
             Error::internal(format!(

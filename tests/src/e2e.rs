@@ -331,6 +331,15 @@ pub fn lateness_ms(envelope: &Value) -> i64 {
     envelope["timestampMs"].as_i64().unwrap_or(0) - due_ms(envelope)
 }
 
+/// The value of one series in a Prometheus text answer (`name` or `name{label="value"}`); 0 when
+/// it is not there (a counter never incremented is not shown).
+pub fn metric(text: &str, series: &str) -> f64 {
+    text.lines()
+        .filter_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+        .find_map(|value| value.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
 /// How many times each `tenantId/aggregateId` appears.
 pub fn count_by_key(events: &[Received]) -> HashMap<String, usize> {
     let mut counts = HashMap::new();

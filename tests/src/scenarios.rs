@@ -2,7 +2,8 @@
 //! malformed command is dead-lettered while the events keep flowing; an unreachable server is a
 //! one-line error; `PauseTimer` and `ResumeTimer` hold a timer back and let it go; a service
 //! killed during ingest loses no command (on every durable store); 10,000 timers survive a
-//! service restart during ingest and a server outage while they fire.
+//! service restart during ingest and a server outage while they fire; a tenant flooding at 10
+//! times its rate limit is slowed without holding up another.
 //!
 //! Like the conformance suite, each scenario is an async check function; [`trials`] runs them
 //! for one broker plugin. The service gets fresh resources from the plugin's `isolated` config,
@@ -24,8 +25,8 @@ use timer_core::plugin::{
 use timer_core::{BrokerPlugin, Store, StorePlugin};
 
 use crate::e2e::{
-    free_addr, now_ms, percentiles, refused_to_run, schedule, write_config, EventLog,
-    ScriptedServer, Service,
+    free_addr, lateness_ms, metric, now_ms, percentiles, refused_to_run, schedule, write_config,
+    EventLog, ScriptedServer, Service,
 };
 use crate::{server_trial, wait_for, Check};
 
@@ -98,6 +99,7 @@ pub fn trials(
         let mut checks: Vec<Check<Arc<BrokerCase>>> = crate::checks![
             malformed_command_is_dead_lettered_and_events_keep_flowing,
             pause_and_resume_commands_hold_a_timer_back_and_let_it_go,
+            a_flooding_tenant_is_slowed_and_the_others_are_not,
         ];
         checks.extend(own);
         return to_trials(&format!("brokers::{kind}"), &Arc::new(case), None, checks);
@@ -106,6 +108,7 @@ pub fn trials(
     let mut checks = crate::checks![
         malformed_command_is_dead_lettered_and_events_keep_flowing,
         pause_and_resume_commands_hold_a_timer_back_and_let_it_go,
+        a_flooding_tenant_is_slowed_and_the_others_are_not,
         an_unreachable_server_is_a_one_line_error,
         ten_thousand_timers_survive_a_service_restart_and_a_server_outage,
     ];
@@ -162,7 +165,8 @@ pub struct Setup {
     pub broker: Arc<Isolated<dyn BrokerConfig>>,
     /// The `[broker]` section the service reads.
     section: Value,
-    engine: Value,
+    /// The other sections (`engine`, `limits`).
+    sections: Value,
     pub store: Isolated<dyn StoreConfig>,
     pub dir: tempfile::TempDir,
     env: Vec<(&'static str, String)>,
@@ -177,12 +181,19 @@ impl Setup {
 
     /// [`new`](Self::new) with `[engine]` keys of the test's own on top.
     pub fn with_engine(case: &BrokerCase, engine: Value) -> Setup {
+        Self::with_sections(case, json!({ "engine": engine }))
+    }
+
+    /// [`new`](Self::new) with sections of the test's own (`engine` keys on top of the
+    /// scenarios' ones, `limits`).
+    pub fn with_sections(case: &BrokerCase, mut sections: Value) -> Setup {
         let broker = (case.plugin.isolated)("e2e").expect("isolated broker resources");
         let mut section = broker.config.to_value().expect("the broker section");
         merge(&mut section, &case.traits.settings);
-        let mut settings = json!({ "retry_max": "2s", "poll_interval": "1s" });
-        merge(&mut settings, &engine);
-        Self::instance(case, Arc::new(broker), section, settings)
+        let mut engine = json!({ "retry_max": "2s", "poll_interval": "1s" });
+        merge(&mut engine, &sections["engine"]);
+        sections["engine"] = engine;
+        Self::instance(case, Arc::new(broker), section, sections)
     }
 
     /// Another instance on the same broker resources, with a store of its own.
@@ -191,7 +202,7 @@ impl Setup {
             case,
             self.broker.clone(),
             self.section.clone(),
-            self.engine.clone(),
+            self.sections.clone(),
         )
     }
 
@@ -199,21 +210,21 @@ impl Setup {
         case: &BrokerCase,
         broker: Arc<Isolated<dyn BrokerConfig>>,
         section: Value,
-        engine: Value,
+        sections: Value,
     ) -> Setup {
         let store = (case.store.isolated)("e2e").expect("an isolated store");
         let dir = tempfile::tempdir().expect("tempdir");
-        let config = json!({
+        let mut config = json!({
             "store": store.config.to_value().expect("the store section"),
             "broker": section,
-            "engine": engine,
         });
+        merge(&mut config, &sections);
         let path = write_config(dir.path(), &config);
         Setup {
             bin: case.bin.clone(),
             broker,
             section,
-            engine,
+            sections,
             store,
             dir,
             env: vec![("TIMER_CONFIG", path.display().to_string())],
@@ -425,6 +436,107 @@ pub async fn malformed_command_is_dead_lettered_and_events_keep_flowing(case: Ar
             "{body} dead-lettered with {reason}: {letters:?}"
         );
     }
+    drop(access);
+    service.terminate().await;
+    setup.clean_up().await;
+}
+
+/// A tenant flooding the broker at 10 times its rate limit is slowed, not refused: its commands
+/// are held back and applied at its rate, every one in the end, and the broker is not asked to
+/// deliver them again meanwhile. Another tenant under the same limit, sending steadily
+/// meanwhile, is not held behind them: its timers fire on time (lateness p99 at most 50 ms).
+pub async fn a_flooding_tenant_is_slowed_and_the_others_are_not(case: Arc<BrokerCase>) {
+    const RATE: usize = 50;
+    /// 10 × RATE within a second: 20 rounds of 25 sent together, one round every 50 ms.
+    const FLOOD: usize = 10 * RATE;
+    const ROUND: usize = 25;
+    /// One every 50 ms (20/s, under RATE) while the flood drains (about 9 s).
+    const STEADY: usize = 180;
+    let setup = Setup::with_sections(
+        &case,
+        json!({ "limits": { "rate": { "schedules_per_second": RATE, "burst": RATE } } }),
+    );
+    let client = setup.client_if_served(case.plugin).await;
+    let service = setup.start().await;
+    let access = Access::of(client, &service).await;
+    let to = &access;
+    let flood = async {
+        let started = now_ms();
+        let mut tick = tokio::time::interval(Duration::from_millis(50));
+        for round in 0..FLOOD / ROUND {
+            tick.tick().await;
+            let sends = (0..ROUND).map(|i| {
+                let id = format!("f{:04}", round * ROUND + i);
+                async move { to.send(&schedule("flooder", &id, now_ms())).await }
+            });
+            futures::future::join_all(sends).await;
+        }
+        now_ms() - started
+    };
+    let steady = async {
+        let mut tick = tokio::time::interval(Duration::from_millis(50));
+        for i in 0..STEADY {
+            tick.tick().await;
+            let body = schedule("steady", &format!("s{i:04}"), now_ms() + 250);
+            to.send(&body).await;
+        }
+    };
+    let (flood_ms, ()) = tokio::join!(flood, steady);
+    let all = wait_for(WAIT, || async {
+        let events = access.events().await?;
+        (timers(&events).len() >= FLOOD + STEADY).then_some(events)
+    })
+    .await;
+    let Some(events) = all else {
+        let fired = access.events().await.map_or(0, |e| timers(&e).len());
+        service.fail(format_args!(
+            "every command of both tenants fired: {fired} of {}",
+            FLOOD + STEADY
+        ))
+    };
+    // The first event of each timer: its fire time and lateness.
+    let mut first: HashMap<String, Value> = HashMap::new();
+    for event in &events {
+        let v = envelope(event);
+        first.entry(crate::e2e::timer_of(&v)).or_insert(v);
+    }
+    let of = |tenant: &str| -> Vec<&Value> {
+        first.values().filter(|v| v["tenantId"] == tenant).collect()
+    };
+    let steady = of("steady");
+    let (p50, p99, max) = percentiles(steady.iter().map(|v| lateness_ms(v)).collect());
+    let fired_at: Vec<i64> = of("flooder")
+        .iter()
+        .filter_map(|v| v["timestampMs"].as_i64())
+        .collect();
+    let span = fired_at.iter().max().unwrap_or(&0) - fired_at.iter().min().unwrap_or(&0);
+    let metrics = service.text("/metrics").await;
+    let received = metric(&metrics, "timer_commands_received");
+    let throttled = metric(&metrics, "timer_commands_throttled{path=\"broker\"}");
+    eprintln!(
+        "{}: flood of {FLOOD} sent in {flood_ms} ms, its fires spread over {span} ms; \
+         steady tenant lateness p50 {p50} ms, p99 {p99} ms, max {max} ms; {throttled} held, \
+         {received} received",
+        case.plugin.kind
+    );
+    assert!(
+        p99 <= 50,
+        "the steady tenant's timers fire on time while the flood is held back: p99 {p99} ms"
+    );
+    // 500 schedules at 50/s with a burst of 50 take at least 9 s to get through.
+    assert!(
+        span >= 7_000,
+        "the flooding tenant is held to its rate: its {FLOOD} timers fired within {span} ms"
+    );
+    assert!(
+        throttled >= (FLOOD / 2) as f64,
+        "most of the flood was held back: {throttled}"
+    );
+    assert_eq!(
+        received,
+        (FLOOD + STEADY) as f64,
+        "no held command was delivered again (the broker was asked to keep them)"
+    );
     drop(access);
     service.terminate().await;
     setup.clean_up().await;

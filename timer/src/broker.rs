@@ -52,6 +52,21 @@ pub trait Broker: Send + Sync + 'static {
     /// Acknowledges deliveries after the store committed them.
     async fn ack(&self, tags: &[u64]) -> Result<()>;
 
+    /// How long a delivery may stay unacknowledged before the broker delivers it again, where
+    /// it does so by itself (NATS, memory); `None` where it does not while this consumer is
+    /// connected (Kafka, RabbitMQ). The engine calls [`keep`](Self::keep) well within it for
+    /// commands it holds back.
+    fn ack_wait(&self) -> Option<Duration> {
+        None
+    }
+
+    /// Restarts the ack wait of deliveries the engine is still working on (held back by their
+    /// tenant's rate limit), so they are not delivered again meanwhile. Tags not (or no longer)
+    /// known are skipped. Only called when [`ack_wait`](Self::ack_wait) is `Some`.
+    async fn keep(&self, _tags: &[u64]) -> Result<()> {
+        Ok(())
+    }
+
     /// Returns Ok only when the broker durably accepted every event (pipelined, not one round
     /// trip each). On Err some events may have gone out: the caller treats the whole batch as
     /// unpublished and fires it again later (a duplicate, never a loss).

@@ -1,6 +1,7 @@
 //! Settings the engine and the wire decoder take, with their defaults, plus the serde form of
 //! durations used by every config section (`"250ms"`, `"5s"`, or a bare number of milliseconds).
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use schemars::JsonSchema;
@@ -36,6 +37,8 @@ pub struct Limits {
     /// batch that names the tenant, which is why it is off unless set; several instances check
     /// independently and may together overshoot by up to one batch each.
     pub max_pending_per_tenant: u64,
+    /// How fast each tenant may schedule timers: `limits.rate`.
+    pub rate: RateLimits,
 }
 
 impl Default for Limits {
@@ -49,7 +52,89 @@ impl Default for Limits {
             max_batch: 1_000,
             max_batch_bytes: 16 * 1024 * 1024,
             max_pending_per_tenant: 0,
+            rate: RateLimits::default(),
         }
+    }
+}
+
+/// Per-tenant rate limits on schedules: every `ScheduleTimer`, from a broker or HTTP, and every
+/// command of a `POST /v1/timers/batch`, takes one from its tenant's allowance, which refills at
+/// `schedules_per_second` up to `burst`. Over it, HTTP answers 429 with `Retry-After`, and the
+/// broker path holds the tenant's commands back (unacknowledged) until they fit: slower, never
+/// dropped, and without holding up other tenants' commands. Cancels, pauses and resumes take
+/// nothing, but on the broker path wait behind their tenant's held schedules, so a tenant's
+/// commands keep their order. Each instance keeps its own allowances: with N instances a tenant
+/// may schedule up to N times the rate.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(default, deny_unknown_fields)]
+pub struct RateLimits {
+    /// Schedules per second each tenant may send; 0 (the default) sets no limit, except for the
+    /// tenants of `limits.rate.tenants`.
+    pub schedules_per_second: u32,
+    /// How many schedules a tenant may send at once after a quiet spell; 0 means one second's
+    /// worth (`schedules_per_second`). A `POST /v1/timers/batch` with more of one tenant's
+    /// commands than this is refused (429 without `Retry-After`: it would never fit).
+    pub burst: u32,
+    /// Tenants with a limit of their own, by tenant id:
+    /// `acme = { schedules_per_second = 500, burst = 1000 }`; `schedules_per_second = 0` there
+    /// sets no limit for that tenant.
+    pub tenants: BTreeMap<String, TenantRate>,
+    /// Most commands the broker path holds back at once, over all tenants. When that many are
+    /// held, the instance reads no more commands until some are released, and then every
+    /// tenant's commands wait: keep the broker's own window of unacknowledged commands
+    /// (`broker.max_ack_pending` on NATS, `broker.prefetch` on RabbitMQ) above it. At least 1.
+    pub max_held: usize,
+}
+
+impl Default for RateLimits {
+    fn default() -> Self {
+        RateLimits {
+            schedules_per_second: 0,
+            burst: 0,
+            tenants: BTreeMap::new(),
+            max_held: 10_000,
+        }
+    }
+}
+
+/// One tenant's own rate limit (`limits.rate.tenants.<tenant>`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(default, deny_unknown_fields)]
+pub struct TenantRate {
+    /// Schedules per second this tenant may send; 0 sets no limit.
+    pub schedules_per_second: u32,
+    /// How many at once after a quiet spell; 0 means `schedules_per_second`.
+    pub burst: u32,
+}
+
+impl RateLimits {
+    /// Checks settings that cannot mean what they say; names the key.
+    pub fn check(&self) -> crate::Result<()> {
+        let bad = |key: String, why: &str| Err(crate::Error::config(format!("{key} {why}")));
+        if self.max_held == 0 {
+            return bad("limits.rate.max_held".into(), "must be at least 1");
+        }
+        let rates = std::iter::once((
+            "limits.rate".to_owned(),
+            self.schedules_per_second,
+            self.burst,
+        ))
+        .chain(self.tenants.iter().map(|(tenant, rate)| {
+            (
+                format!("limits.rate.tenants.{tenant:?}"),
+                rate.schedules_per_second,
+                rate.burst,
+            )
+        }));
+        for (key, per_second, burst) in rates {
+            if per_second == 0 && burst > 0 {
+                return bad(
+                    format!("{key}.burst"),
+                    "is set, but schedules_per_second is 0 (no limit): set both",
+                );
+            }
+        }
+        Ok(())
     }
 }
 

@@ -252,6 +252,21 @@ impl Broker for MemoryBroker {
         Ok(())
     }
 
+    fn ack_wait(&self) -> Option<Duration> {
+        Some(self.hub.inner.config.ack_wait)
+    }
+
+    async fn keep(&self, tags: &[u64]) -> Result<()> {
+        let deadline = Instant::now() + self.hub.inner.config.ack_wait;
+        let mut state = self.hub.lock()?;
+        for tag in tags {
+            if let Some(f) = state.in_flight.get_mut(tag) {
+                f.deadline = deadline;
+            }
+        }
+        Ok(())
+    }
+
     async fn publish(&self, events: &[OutboundEvent]) -> Result<()> {
         let retain = self.hub.inner.config.retain;
         let mut state = self.hub.lock()?;

@@ -10,7 +10,7 @@ mod testing;
 use std::time::Duration;
 
 use async_nats::header::{HeaderMap, NATS_MESSAGE_ID};
-use async_nats::jetstream::{self, consumer, stream, ErrorCode};
+use async_nats::jetstream::{self, consumer, stream, AckKind, ErrorCode};
 use async_trait::async_trait;
 use futures::{FutureExt, StreamExt};
 use timer_core::broker::routing_token;
@@ -36,6 +36,8 @@ pub struct NatsBroker {
     pending: DeliveryTags<jetstream::Message>,
     events_subject: String,
     dead_letter_subject: String,
+    /// The consumer's ack wait as the server has it (an existing consumer keeps its own).
+    ack_wait: Duration,
 }
 
 fn unavailable(what: &str, e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Error {
@@ -93,10 +95,12 @@ impl NatsBroker {
                     e,
                 )
             })?;
+        let ack_wait = consumer.cached_info().config.ack_wait;
         Ok(NatsBroker {
             client,
             js,
             consumer,
+            ack_wait,
             messages: tokio::sync::Mutex::new(None),
             pending: DeliveryTags::new("nats"),
             events_subject: config.events_subject.clone(),
@@ -323,6 +327,24 @@ impl Broker for NatsBroker {
             .flush()
             .await
             .map_err(|e| unavailable("flushing acknowledgements", e))
+    }
+
+    fn ack_wait(&self) -> Option<Duration> {
+        Some(self.ack_wait)
+    }
+
+    /// An in-progress acknowledgement (`+WPI`) per command: JetStream restarts its ack wait.
+    async fn keep(&self, tags: &[u64]) -> Result<()> {
+        for message in &self.pending.get(tags)? {
+            message
+                .ack_with(AckKind::Progress)
+                .await
+                .map_err(|e| unavailable("keeping a held command (in-progress ack)", e))?;
+        }
+        self.client
+            .flush()
+            .await
+            .map_err(|e| unavailable("flushing in-progress acknowledgements", e))
     }
 
     async fn publish(&self, events: &[OutboundEvent]) -> Result<()> {

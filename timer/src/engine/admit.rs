@@ -39,6 +39,22 @@ impl Engine {
         ))
     }
 
+    /// Takes the schedules of `timers` from their tenants' allowances (`limits.rate`), for the
+    /// HTTP API: `Err` when a tenant is over its rate (or asks for more than its burst at
+    /// once), counted in `timer.commands.throttled` with `path="http"`. The broker path holds
+    /// such commands back instead.
+    pub fn within_rate(&self, timers: &[NewTimer]) -> Result<(), super::Throttled> {
+        let taken = self
+            .inner
+            .throttle
+            .take_all(timers.iter().map(|t| t.key.tenant_id.as_str()));
+        if taken.is_err() {
+            ::metrics::counter!(metric::COMMANDS_THROTTLED, "path" => "http")
+                .increment(timers.len() as u64);
+        }
+        taken
+    }
+
     fn counted<T>(&self, decoded: Result<T, Rejection>) -> Result<T, Rejection> {
         ::metrics::counter!(metric::COMMANDS_RECEIVED).increment(1);
         if let Err(r) = &decoded {

@@ -2,6 +2,8 @@
 //! transaction each; cancels, pauses and resumes between them), acknowledged only after the
 //! store committed them.
 //! A refused command goes to the dead-letter destination before it is acknowledged.
+//! A schedule of a tenant over its rate limit (`limits.rate`) is held back, unacknowledged,
+//! with every later command of that tenant; the other tenants' commands go on.
 
 use std::time::Duration;
 
@@ -9,14 +11,24 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn, Level};
 
 use super::retry::pause;
-use super::{Engine, Scheduled};
+use super::throttle::Held;
+use super::{metrics as metric, Engine, Scheduled};
 use crate::broker::Delivery;
 use crate::control::Action;
 use crate::model::{ControlOutcome, NewTimer, TimerKey};
-use crate::wire::Command;
+use crate::wire::{Command, Reason, Rejection};
+
+/// Counts a schedule held back for its tenant's rate limit.
+fn throttled() {
+    ::metrics::counter!(metric::COMMANDS_THROTTLED, "path" => "broker").increment(1);
+}
 
 /// How often a `CancelTimer` or `PauseTimer` that met a fire in progress looks again.
 const FIRING_RECHECK: Duration = Duration::from_millis(100);
+
+/// The longest one receive waits for commands (shorter while held commands wait for their
+/// tenant's allowance).
+const RECEIVE_WAIT: Duration = Duration::from_secs(1);
 
 /// One step of an ingested batch.
 enum Step<'a> {
@@ -26,49 +38,150 @@ enum Step<'a> {
     Control(TimerKey, Action),
 }
 
+/// A received command, decoded (or refused).
+struct Admitted {
+    delivery: Delivery,
+    command: Result<Command, Rejection>,
+}
+
+impl Admitted {
+    /// The tenant of a command that was decoded.
+    fn tenant(&self) -> Option<&str> {
+        match &self.command {
+            Ok(Command::Schedule(timer)) => Some(&timer.key.tenant_id),
+            Ok(Command::Cancel(key) | Command::Pause(key) | Command::Resume(key)) => {
+                Some(&key.tenant_id)
+            }
+            Err(_) => None,
+        }
+    }
+}
+
+/// How often the tenants' allowances of the rate limit are tidied up.
+const FORGET_IDLE_EVERY: Duration = Duration::from_secs(60);
+
 impl Engine {
     pub(super) async fn ingest_loop(self, shutdown: CancellationToken) {
         let inner = &self.inner;
         let retry = self.broker_retry(&shutdown, "receiving commands");
+        let max_held = inner.limits.rate.max_held.max(1);
+        let mut held: Held<Admitted> = Held::default();
+        let mut tidied = tokio::time::Instant::now();
         loop {
+            // Commands of tenants back within their rate go first, in their order.
+            let (released, next) = held.release(&inner.throttle);
+            if !released.is_empty() {
+                ::metrics::gauge!(metric::COMMANDS_HELD).set(held.len() as f64);
+                self.apply(released, &shutdown).await;
+            }
+            self.keep_held(&mut held).await;
+            if tidied.elapsed() >= FORGET_IDLE_EVERY {
+                inner.throttle.forget_idle();
+                tidied = tokio::time::Instant::now();
+            }
+            let wait = next.map_or(RECEIVE_WAIT, |next| next.min(RECEIVE_WAIT));
+            let room = max_held.saturating_sub(held.len());
+            if room == 0 {
+                // As many held as allowed: read nothing more (every tenant waits now) until the
+                // next release.
+                if !pause(&shutdown, wait).await {
+                    break;
+                }
+                continue;
+            }
             let received = retry
                 .until_ok(|| async {
                     tokio::select! {
                         _ = shutdown.cancelled() => Ok(None),
-                        r = inner.broker.receive(inner.config.batch_size, Duration::from_secs(1)) => r.map(Some),
+                        r = inner.broker.receive(inner.config.batch_size.min(room), wait) => r.map(Some),
                     }
                 })
                 .await;
-            match received {
-                Some(Some(deliveries)) if deliveries.is_empty() => {}
-                Some(Some(deliveries)) => self.ingest_batch(deliveries, &shutdown).await,
+            let deliveries = match received {
+                Some(Some(deliveries)) => deliveries,
                 Some(None) | None => break,
+            };
+            let mut ready = Vec::with_capacity(deliveries.len());
+            for delivery in deliveries {
+                let admitted = self.admitted(delivery);
+                match admitted.tenant() {
+                    // Behind its tenant's held commands, whatever it is.
+                    Some(tenant) if held.holds(tenant) => {
+                        let schedule = matches!(admitted.command, Ok(Command::Schedule(_)));
+                        if schedule {
+                            throttled();
+                        }
+                        let (tenant, tag) = (tenant.to_owned(), admitted.delivery.tag);
+                        held.push(&tenant, admitted, schedule, tag);
+                    }
+                    Some(tenant) if matches!(admitted.command, Ok(Command::Schedule(_))) => {
+                        if inner.throttle.take(tenant, 1).is_ok() {
+                            ready.push(admitted);
+                        } else {
+                            throttled();
+                            let (tenant, tag) = (tenant.to_owned(), admitted.delivery.tag);
+                            held.push(&tenant, admitted, true, tag);
+                        }
+                    }
+                    _ => ready.push(admitted),
+                }
+            }
+            ::metrics::gauge!(metric::COMMANDS_HELD).set(held.len() as f64);
+            if !ready.is_empty() {
+                self.apply(ready, &shutdown).await;
             }
         }
-        debug!("ingest task stopped");
+        // Held commands stay unacknowledged: the broker delivers them again.
+        ::metrics::gauge!(metric::COMMANDS_HELD).set(0.0);
+        debug!(held = held.len(), "ingest task stopped");
     }
 
-    async fn ingest_batch(&self, deliveries: Vec<Delivery>, shutdown: &CancellationToken) {
+    /// Tells the broker to keep the held commands (restart their ack wait) a third of the way
+    /// into it, so it does not deliver them again while they wait.
+    async fn keep_held(&self, held: &mut Held<Admitted>) {
+        let Some(ack_wait) = self.inner.broker.ack_wait() else {
+            return;
+        };
+        let tags = held.to_keep(ack_wait / 3);
+        if tags.is_empty() {
+            return;
+        }
+        if let Err(e) = self.inner.broker.keep(&tags).await {
+            // They may come again: a second copy of a command is applied like the first.
+            warn!(error = %e.chain(), held = tags.len(), "asking the broker to keep held commands failed; it may deliver them again");
+        }
+    }
+
+    /// Decodes a delivery; a `PauseTimer` or `ResumeTimer` is refused when the store cannot do
+    /// it.
+    fn admitted(&self, delivery: Delivery) -> Admitted {
+        let command = self
+            .admit(&delivery.body)
+            .and_then(|command| match command {
+                Command::Pause(_) | Command::Resume(_) if self.inner.store.control().is_none() => {
+                    Err(Rejection::new(
+                        Reason::NotAcceptedHere,
+                        Some("type"),
+                        format!(
+                            "the {} store cannot pause or resume timers",
+                            self.inner.store.name()
+                        ),
+                    ))
+                }
+                command => Ok(command),
+            });
+        Admitted { delivery, command }
+    }
+
+    /// Applies commands in their order and acknowledges them.
+    async fn apply(&self, commands: Vec<Admitted>, shutdown: &CancellationToken) {
+        let (deliveries, commands): (Vec<Delivery>, Vec<_>) = commands
+            .into_iter()
+            .map(|a| (a.delivery, a.command))
+            .unzip();
         let mut steps: Vec<Step> = Vec::new();
         let mut acks = Vec::with_capacity(deliveries.len());
-        for delivery in &deliveries {
-            let admitted = self
-                .admit(&delivery.body)
-                .and_then(|command| match command {
-                    Command::Pause(_) | Command::Resume(_)
-                        if self.inner.store.control().is_none() =>
-                    {
-                        Err(crate::wire::Rejection::new(
-                            crate::wire::Reason::NotAcceptedHere,
-                            Some("type"),
-                            format!(
-                                "the {} store cannot pause or resume timers",
-                                self.inner.store.name()
-                            ),
-                        ))
-                    }
-                    command => Ok(command),
-                });
+        for (delivery, admitted) in deliveries.iter().zip(commands) {
             match admitted {
                 Ok(Command::Schedule(timer)) => {
                     match steps.last_mut() {

@@ -5,6 +5,11 @@
 pub const COMMANDS_RECEIVED: &str = "timer.commands.received";
 /// Commands refused, labelled by `reason` (a [`Reason`](crate::wire::Reason) code).
 pub const COMMANDS_REJECTED: &str = "timer.commands.rejected";
+/// Commands over their tenant's rate limit, labelled by `path` (`http`: answered 429;
+/// `broker`: held back).
+pub const COMMANDS_THROTTLED: &str = "timer.commands.throttled";
+/// Commands the broker path holds back for their tenant's rate limit right now.
+pub const COMMANDS_HELD: &str = "timer.commands.held";
 pub const SCHEDULES_PROCESSED: &str = "timer.schedules.processed";
 pub const POLLING_DURATION: &str = "timer.polling.duration";
 pub const TIMERS_FIRED: &str = "timer.timers.fired";
@@ -40,6 +45,16 @@ pub const ALL: &[(&str, Kind, &str)] = &[
         COMMANDS_REJECTED,
         Kind::Counter,
         "Commands rejected, by reason code (label reason)",
+    ),
+    (
+        COMMANDS_THROTTLED,
+        Kind::Counter,
+        "Commands over their tenant's rate limit (limits.rate), by path (label path): http (answered 429, nothing written; every command of a refused batch), broker (held back unacknowledged until they fit; a held cancel, pause or resume waiting behind its tenant's schedules is not counted)",
+    ),
+    (
+        COMMANDS_HELD,
+        Kind::Gauge,
+        "Commands the broker path holds back, unacknowledged, because their tenant is over its rate limit",
     ),
     (
         SCHEDULES_PROCESSED,

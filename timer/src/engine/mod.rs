@@ -3,6 +3,8 @@
 //! it never loses one.
 //!
 //! - `admit`: the one entry for commands from either path: decode, limits, schedule, metrics;
+//! - `throttle`: per-tenant rate limits on schedules, and the commands the broker path holds
+//!   back for them;
 //! - `group_commit`: single schedules (HTTP) written together in one transaction;
 //! - `ingest`: the broker path, in batches, acknowledged after the store committed;
 //! - `fire`: claim due timers, publish their events within half the lease;
@@ -24,6 +26,7 @@ mod purge;
 mod recent;
 pub mod retry;
 mod settle;
+mod throttle;
 
 use std::sync::atomic::{AtomicBool, AtomicI64};
 use std::sync::{Arc, Mutex};
@@ -41,6 +44,7 @@ pub use admit::Scheduled;
 pub use control::{Bulk, Triggered};
 pub use recent::{LastMinute, MinuteFires};
 pub use retry::backoff;
+pub use throttle::{Rate, Throttled};
 
 /// Metric names, as before the split (`timer_core::engine::metric::TIMERS_FIRED`).
 pub use self::metrics as metric;
@@ -77,6 +81,8 @@ struct Inner {
     flushing: AtomicBool,
     /// What fired in the last minute (the status).
     recent: recent::RecentFires,
+    /// Every tenant's allowance of schedules (`limits.rate`).
+    throttle: throttle::Throttle,
 }
 
 impl Engine {
@@ -98,6 +104,7 @@ impl Engine {
         }
         // Room for a burst of fires while a watcher (event stream, bench) catches up.
         let (fired, _) = broadcast::channel(65_536);
+        let throttle = throttle::Throttle::new(&limits.rate, clock.clone());
         Engine {
             inner: Arc::new(Inner {
                 store,
@@ -112,6 +119,7 @@ impl Engine {
                 queue: Mutex::new(Vec::new()),
                 flushing: AtomicBool::new(false),
                 recent: recent::RecentFires::default(),
+                throttle,
             }),
         }
     }

@@ -1,0 +1,382 @@
+//! Per-tenant rate limits on schedules (`limits.rate`): one GCRA allowance per tenant from
+//! `governor`, read on the engine's [`Clock`] (so `ManualClock` drives them in tests).
+//!
+//! [`Throttle`] only answers whether schedules fit now and, if not, how long until they do. HTTP
+//! turns a refusal into 429 with `Retry-After`; the broker path ([`Held`]) keeps the tenant's
+//! commands, unacknowledged, until they fit.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::fmt;
+use std::num::NonZeroU32;
+use std::sync::Arc;
+use std::time::Duration;
+
+use governor::clock::Clock as _;
+use governor::middleware::NoOpMiddleware;
+use governor::state::keyed::HashMapStateStore;
+use governor::state::{InMemoryState, NotKeyed};
+use governor::{Quota, RateLimiter};
+
+use crate::clock::Clock;
+use crate::config::RateLimits;
+
+/// The engine's clock as governor reads it: time since the epoch (never before it).
+#[derive(Clone)]
+struct EngineClock(Arc<dyn Clock>);
+
+impl governor::clock::Clock for EngineClock {
+    type Instant = Duration;
+
+    fn now(&self) -> Duration {
+        Duration::from_millis(u64::try_from(self.0.now().as_millis()).unwrap_or(0))
+    }
+}
+
+type Keyed = RateLimiter<String, HashMapStateStore<String>, EngineClock, NoOpMiddleware<Duration>>;
+type Direct = RateLimiter<NotKeyed, InMemoryState, EngineClock, NoOpMiddleware<Duration>>;
+
+/// A rate: schedules per second and burst, both at least 1.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rate {
+    pub per_second: NonZeroU32,
+    pub burst: NonZeroU32,
+}
+
+impl Rate {
+    /// None for 0 per second (no limit); a burst of 0 is one second's worth.
+    fn of(per_second: u32, burst: u32) -> Option<Rate> {
+        let per_second = NonZeroU32::new(per_second)?;
+        Some(Rate {
+            per_second,
+            burst: NonZeroU32::new(burst).unwrap_or(per_second),
+        })
+    }
+
+    fn quota(self) -> Quota {
+        Quota::per_second(self.per_second).allow_burst(self.burst)
+    }
+}
+
+/// Why schedules of a tenant do not fit now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Throttled {
+    pub tenant: String,
+    pub rate: Rate,
+    /// How many schedules were asked for at once.
+    pub asked: u32,
+    /// When they fit; `None` when they never fit at once (more than the burst).
+    pub retry_after: Option<Duration>,
+}
+
+impl fmt::Display for Throttled {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let Rate { per_second, burst } = self.rate;
+        match self.retry_after {
+            Some(after) => write!(
+                f,
+                "tenant {:?} is over its rate limit of {per_second} schedules per second \
+                 (burst {burst}, limits.rate): retry after {} ms",
+                self.tenant,
+                after.as_millis().max(1)
+            ),
+            None => write!(
+                f,
+                "{} schedules of tenant {:?} at once are more than its burst of {burst} \
+                 (limits.rate) allows: send at most {burst} at a time",
+                self.asked, self.tenant
+            ),
+        }
+    }
+}
+
+/// Every tenant's allowance: the default rate for all, a rate of their own for some.
+pub(crate) struct Throttle {
+    default: Option<(Rate, Keyed)>,
+    /// Tenants of `limits.rate.tenants`; `None`: no limit for that tenant.
+    own: HashMap<String, Option<(Rate, Direct)>>,
+}
+
+impl Throttle {
+    pub(crate) fn new(config: &RateLimits, clock: Arc<dyn Clock>) -> Throttle {
+        let clock = EngineClock(clock);
+        let default = Rate::of(config.schedules_per_second, config.burst).map(|rate| {
+            let limiter =
+                RateLimiter::new(rate.quota(), HashMapStateStore::default(), clock.clone());
+            (rate, limiter)
+        });
+        let own = config
+            .tenants
+            .iter()
+            .map(|(tenant, own)| {
+                let limiter = Rate::of(own.schedules_per_second, own.burst).map(|rate| {
+                    let limiter =
+                        RateLimiter::new(rate.quota(), InMemoryState::default(), clock.clone());
+                    (rate, limiter)
+                });
+                (tenant.clone(), limiter)
+            })
+            .collect();
+        Throttle { default, own }
+    }
+
+    /// Takes `n` schedules from `tenant`'s allowance, or nothing when they do not fit now.
+    pub(crate) fn take(&self, tenant: &str, n: u32) -> Result<(), Throttled> {
+        let Some(n) = NonZeroU32::new(n) else {
+            return Ok(());
+        };
+        let (rate, checked) = match self.own.get(tenant) {
+            Some(None) => return Ok(()),
+            Some(Some((rate, limiter))) => (
+                *rate,
+                limiter
+                    .check_n(n)
+                    .map(|r| r.map_err(|not| not.wait_time_from(limiter.clock().now()))),
+            ),
+            None => match &self.default {
+                None => return Ok(()),
+                Some((rate, limiter)) => (
+                    *rate,
+                    limiter
+                        .check_key_n(&tenant.to_owned(), n)
+                        .map(|r| r.map_err(|not| not.wait_time_from(limiter.clock().now()))),
+                ),
+            },
+        };
+        let throttled = |retry_after| Throttled {
+            tenant: tenant.to_owned(),
+            rate,
+            asked: n.get(),
+            retry_after,
+        };
+        match checked {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(wait)) => Err(throttled(Some(wait))),
+            Err(_) => Err(throttled(None)),
+        }
+    }
+
+    /// Takes the schedules of several tenants, tenant by tenant; stops at the first tenant that
+    /// does not fit (what earlier tenants took stays taken).
+    pub(crate) fn take_all<'a>(
+        &self,
+        tenants: impl IntoIterator<Item = &'a str>,
+    ) -> Result<(), Throttled> {
+        let mut counts: BTreeMap<&str, u32> = BTreeMap::new();
+        for tenant in tenants {
+            *counts.entry(tenant).or_default() += 1;
+        }
+        counts
+            .into_iter()
+            .try_for_each(|(tenant, n)| self.take(tenant, n))
+    }
+
+    /// Forgets the allowances of tenants that are full again (the state of a tenant not seen
+    /// lately), so the map does not grow with every tenant ever seen.
+    pub(crate) fn forget_idle(&self) {
+        if let Some((_, limiter)) = &self.default {
+            limiter.retain_recent();
+        }
+    }
+}
+
+/// Commands the broker path holds back because their tenant is over its rate, unacknowledged,
+/// in arrival order per tenant. A tenant with held commands gets every later command of its
+/// own in line behind them (a cancel must not overtake the schedule it cancels); other tenants
+/// pass.
+pub(crate) struct Held<T> {
+    tenants: HashMap<String, VecDeque<HeldItem<T>>>,
+    len: usize,
+}
+
+struct HeldItem<T> {
+    item: T,
+    /// Whether it is a schedule (takes one from the allowance) or a command that only waits.
+    schedule: bool,
+    /// When the broker was last told to keep it (its ack wait restarted).
+    kept: tokio::time::Instant,
+    tag: u64,
+}
+
+impl<T> Default for Held<T> {
+    fn default() -> Self {
+        Held {
+            tenants: HashMap::new(),
+            len: 0,
+        }
+    }
+}
+
+impl<T> Held<T> {
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether `tenant` has commands held.
+    pub(crate) fn holds(&self, tenant: &str) -> bool {
+        self.tenants.contains_key(tenant)
+    }
+
+    /// Puts a command at the end of its tenant's line.
+    pub(crate) fn push(&mut self, tenant: &str, item: T, schedule: bool, tag: u64) {
+        let line = self.tenants.entry(tenant.to_owned()).or_default();
+        line.push_back(HeldItem {
+            item,
+            schedule,
+            kept: tokio::time::Instant::now(),
+            tag,
+        });
+        self.len += 1;
+    }
+
+    /// The commands at the front of each line that fit now, and how long until the next one
+    /// does (None when nothing is held).
+    pub(crate) fn release(&mut self, throttle: &Throttle) -> (Vec<T>, Option<Duration>) {
+        let mut ready = Vec::new();
+        let mut next: Option<Duration> = None;
+        self.tenants.retain(|tenant, line| {
+            while let Some(front) = line.front() {
+                if front.schedule {
+                    if let Err(throttled) = throttle.take(tenant, 1) {
+                        // A limit of at least 1 always fits one schedule at some point.
+                        let wait = throttled.retry_after.unwrap_or(Duration::from_secs(1));
+                        next = Some(next.map_or(wait, |n| n.min(wait)));
+                        break;
+                    }
+                }
+                if let Some(held) = line.pop_front() {
+                    ready.push(held.item);
+                }
+            }
+            !line.is_empty()
+        });
+        self.len -= ready.len();
+        (ready, next)
+    }
+
+    /// The tags of held commands the broker was last told to keep more than `every` ago; marks
+    /// them kept now.
+    pub(crate) fn to_keep(&mut self, every: Duration) -> Vec<u64> {
+        let now = tokio::time::Instant::now();
+        self.tenants
+            .values_mut()
+            .flatten()
+            .filter(|held| now.duration_since(held.kept) >= every)
+            .map(|held| {
+                held.kept = now;
+                held.tag
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+    use crate::config::TenantRate;
+    use crate::model::Timestamp;
+
+    fn throttle(config: RateLimits) -> (Arc<ManualClock>, Throttle) {
+        let clock = Arc::new(ManualClock::new(Timestamp::from_millis(1_700_000_000_000)));
+        let throttle = Throttle::new(&config, clock.clone());
+        (clock, throttle)
+    }
+
+    fn limits(per_second: u32, burst: u32) -> RateLimits {
+        RateLimits {
+            schedules_per_second: per_second,
+            burst,
+            ..RateLimits::default()
+        }
+    }
+
+    #[test]
+    fn no_limit_by_default() {
+        let (_, throttle) = throttle(RateLimits::default());
+        for _ in 0..10_000 {
+            assert!(throttle.take("acme", 1).is_ok());
+        }
+    }
+
+    #[test]
+    fn a_tenant_gets_its_burst_then_its_rate() {
+        let (clock, throttle) = throttle(limits(10, 5));
+        for _ in 0..5 {
+            assert!(throttle.take("acme", 1).is_ok());
+        }
+        let over = throttle.take("acme", 1).unwrap_err();
+        assert_eq!(over.retry_after, Some(Duration::from_millis(100)));
+        assert!(
+            over.to_string().contains("10 schedules per second"),
+            "{over}"
+        );
+        // Another tenant has its own allowance.
+        assert!(throttle.take("other", 5).is_ok());
+        clock.advance(Duration::from_millis(100));
+        assert!(throttle.take("acme", 1).is_ok());
+        assert!(throttle.take("acme", 1).is_err());
+    }
+
+    #[test]
+    fn more_than_the_burst_at_once_never_fits() {
+        let (_, throttle) = throttle(limits(10, 0));
+        let never = throttle.take("acme", 11).unwrap_err();
+        assert_eq!(never.retry_after, None);
+        assert!(
+            never.to_string().contains("at most 10 at a time"),
+            "{never}"
+        );
+        // Nothing was taken.
+        assert!(throttle.take("acme", 10).is_ok());
+    }
+
+    #[test]
+    fn tenants_of_their_own_override_the_default() {
+        let mut config = limits(1, 1);
+        config.tenants.insert(
+            "big".into(),
+            TenantRate {
+                schedules_per_second: 100,
+                burst: 100,
+            },
+        );
+        config.tenants.insert("free".into(), TenantRate::default());
+        let (_, throttle) = throttle(config);
+        assert!(throttle.take("big", 100).is_ok());
+        assert!(throttle.take("big", 1).is_err());
+        assert!(throttle.take("free", 1_000_000).is_ok());
+        assert!(throttle.take("small", 1).is_ok());
+        assert!(throttle.take("small", 1).is_err());
+    }
+
+    #[test]
+    fn a_batch_counts_per_tenant() {
+        let (_, throttle) = throttle(limits(2, 2));
+        assert!(throttle.take_all(["a", "b", "a", "b"]).is_ok());
+        let over = throttle.take_all(["b"]).unwrap_err();
+        assert_eq!(over.tenant, "b");
+    }
+
+    #[test]
+    fn held_commands_keep_their_order_per_tenant_and_others_pass() {
+        let (clock, throttle) = throttle(limits(1, 1));
+        let mut held: Held<&str> = Held::default();
+        assert!(throttle.take("a", 1).is_ok());
+        held.push("a", "a-schedule-2", true, 2);
+        held.push("a", "a-cancel-2", false, 3);
+        held.push("a", "a-schedule-3", true, 4);
+        assert!(held.holds("a") && !held.holds("b"));
+        assert_eq!(held.len(), 3);
+        let (ready, next) = held.release(&throttle);
+        assert!(ready.is_empty());
+        assert_eq!(next, Some(Duration::from_secs(1)));
+        clock.advance(Duration::from_secs(1));
+        let (ready, next) = held.release(&throttle);
+        assert_eq!(ready, ["a-schedule-2", "a-cancel-2"]);
+        assert_eq!(next, Some(Duration::from_secs(1)));
+        clock.advance(Duration::from_secs(1));
+        let (ready, next) = held.release(&throttle);
+        assert_eq!(ready, ["a-schedule-3"]);
+        assert_eq!((next, held.len(), held.holds("a")), (None, 0, false));
+    }
+}
