@@ -299,6 +299,33 @@ mod tests {
     use super::*;
 
     #[test]
+    fn rate_check_names_the_key() {
+        assert!(RateLimits::default().check().is_ok());
+        let burst_alone = RateLimits {
+            burst: 10,
+            ..RateLimits::default()
+        };
+        let e = burst_alone.check().unwrap_err().to_string();
+        assert!(e.contains("limits.rate.burst is set"), "{e}");
+        let mut tenant = RateLimits::default();
+        tenant.tenants.insert(
+            "a.b".into(),
+            TenantRate {
+                schedules_per_second: 0,
+                burst: 5,
+            },
+        );
+        let e = tenant.check().unwrap_err().to_string();
+        assert!(e.contains(r#"limits.rate.tenants."a.b".burst"#), "{e}");
+        let none_held = RateLimits {
+            max_held: 0,
+            ..RateLimits::default()
+        };
+        let e = none_held.check().unwrap_err().to_string();
+        assert!(e.contains("limits.rate.max_held"), "{e}");
+    }
+
+    #[test]
     fn engine_check_names_the_key() {
         assert!(EngineConfig::default().check().is_ok());
         type Change = fn(&mut EngineConfig);
