@@ -432,6 +432,85 @@ fn jwt_settings() -> Value {
     })
 }
 
+/// A JWT signed with `key` (ES256) carrying `claims`, naming `kid` in its header.
+fn es256_jwt(claims: &Value, key: &p256::SecretKey, kid: &str) -> String {
+    use p256::pkcs8::EncodePrivateKey;
+    let der = key.to_pkcs8_der().expect("a PKCS#8 document");
+    let mut header = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::ES256);
+    header.kid = Some(kid.to_owned());
+    jsonwebtoken::encode(
+        &header,
+        claims,
+        &jsonwebtoken::EncodingKey::from_ec_der(der.as_bytes()),
+    )
+    .expect("encode a JWT")
+}
+
+/// `http.jwt.jwks_file` with a P-256 key: a JWT it signed is verified by its `kid` (ES256); one
+/// signed by another key under the same `kid`, one naming a `kid` the file lacks and an HS256 one
+/// are refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jwts_of_a_jwks_file_are_checked_with_its_es256_key() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let key = p256::SecretKey::from_slice(&[7; 32]).expect("a P-256 key");
+    let stranger = p256::SecretKey::from_slice(&[9; 32]).expect("a P-256 key");
+    let mut jwk: Value =
+        serde_json::from_str(&key.public_key().to_jwk_string()).expect("the JWK is JSON");
+    jwk["kid"] = json!("idp-2026");
+    jwk["alg"] = json!("ES256");
+    jwk["use"] = json!("sig");
+    let jwks = dir.path().join("jwks.json");
+    std::fs::write(&jwks, json!({ "keys": [jwk] }).to_string()).expect("write the JWKS");
+    let settings = json!({ "jwt": {
+        "jwks_file": jwks.display().to_string(),
+        "audience": "timer-service",
+        "issuer": "https://idp.test",
+    } });
+    let service = start(dir.path(), settings).await;
+    let good = es256_jwt(&claims(json!({})), &key, "idp-2026");
+    let (status, answer) = call(
+        &service,
+        &good,
+        Method::POST,
+        "/v1/timers",
+        Some(timer("alpha", "es-1", far())),
+    )
+    .await;
+    assert_eq!(status, 201, "{answer}");
+    let (status, answer) = call(
+        &service,
+        &good,
+        Method::GET,
+        "/v1/tenants/bravo/timers/es-1",
+        None,
+    )
+    .await;
+    assert_eq!(status, 403, "the tenants claim holds: {answer}");
+    let refused = [
+        (
+            "another key, same kid",
+            es256_jwt(&claims(json!({})), &stranger, "idp-2026"),
+        ),
+        (
+            "a kid not in the file",
+            es256_jwt(&claims(json!({})), &key, "idp-1999"),
+        ),
+        ("HS256", jwt(&claims(json!({})), JWT_SECRET)),
+    ];
+    for (what, token) in refused {
+        let (status, answer) = call(
+            &service,
+            &token,
+            Method::GET,
+            "/v1/tenants/alpha/timers/es-1",
+            None,
+        )
+        .await;
+        assert_eq!(status, 401, "{what}: {answer}");
+    }
+    service.terminate().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn jwts_are_checked_for_signature_time_audience_issuer_and_claims() {
     let dir = tempfile::tempdir().expect("tempdir");
