@@ -142,7 +142,7 @@ impl Engine {
         let Some(ack_wait) = self.inner.broker.ack_wait() else {
             return;
         };
-        let tags = held.to_keep(ack_wait / 3);
+        let tags = held.due_to_keep(ack_wait / 3);
         if tags.is_empty() {
             return;
         }

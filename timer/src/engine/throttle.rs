@@ -238,7 +238,10 @@ impl<T> Held<T> {
                 if front.schedule {
                     if let Err(throttled) = throttle.take(tenant, 1) {
                         // A limit of at least 1 always fits one schedule at some point.
-                        let wait = throttled.retry_after.unwrap_or(Duration::from_secs(1));
+                        let wait = throttled
+                            .retry_after
+                            .unwrap_or(Duration::from_secs(1))
+                            .max(Duration::from_millis(1));
                         next = Some(next.map_or(wait, |n| n.min(wait)));
                         break;
                     }
@@ -255,7 +258,7 @@ impl<T> Held<T> {
 
     /// The tags of held commands the broker was last told to keep more than `every` ago; marks
     /// them kept now.
-    pub(crate) fn to_keep(&mut self, every: Duration) -> Vec<u64> {
+    pub(crate) fn due_to_keep(&mut self, every: Duration) -> Vec<u64> {
         let now = tokio::time::Instant::now();
         self.tenants
             .values_mut()
