@@ -432,6 +432,22 @@ fn jwt_settings() -> Value {
     })
 }
 
+/// `token` (tenants `["alpha"]`) schedules timer `id` of alpha, and gets 403 on bravo's.
+async fn writes_its_tenant_only(service: &Service, token: &str, id: &str) {
+    let (status, answer) = call(
+        service,
+        token,
+        Method::POST,
+        "/v1/timers",
+        Some(timer("alpha", id, far())),
+    )
+    .await;
+    assert_eq!(status, 201, "{answer}");
+    let path = format!("/v1/tenants/bravo/timers/{id}");
+    let (status, answer) = call(service, token, Method::GET, &path, None).await;
+    assert_eq!(status, 403, "the tenants claim holds: {answer}");
+}
+
 /// A JWT signed with `key` (ES256) carrying `claims`, naming `kid` in its header.
 fn es256_jwt(claims: &Value, key: &p256::SecretKey, kid: &str) -> String {
     use p256::pkcs8::EncodePrivateKey;
@@ -468,24 +484,7 @@ async fn jwts_of_a_jwks_file_are_checked_with_its_es256_key() {
     } });
     let service = start(dir.path(), settings).await;
     let good = es256_jwt(&claims(json!({})), &key, "idp-2026");
-    let (status, answer) = call(
-        &service,
-        &good,
-        Method::POST,
-        "/v1/timers",
-        Some(timer("alpha", "es-1", far())),
-    )
-    .await;
-    assert_eq!(status, 201, "{answer}");
-    let (status, answer) = call(
-        &service,
-        &good,
-        Method::GET,
-        "/v1/tenants/bravo/timers/es-1",
-        None,
-    )
-    .await;
-    assert_eq!(status, 403, "the tenants claim holds: {answer}");
+    writes_its_tenant_only(&service, &good, "es-1").await;
     let refused = [
         (
             "another key, same kid",
@@ -516,24 +515,7 @@ async fn jwts_are_checked_for_signature_time_audience_issuer_and_claims() {
     let dir = tempfile::tempdir().expect("tempdir");
     let service = start(dir.path(), jwt_settings()).await;
     let good = jwt(&claims(json!({})), JWT_SECRET);
-    let (status, answer) = call(
-        &service,
-        &good,
-        Method::POST,
-        "/v1/timers",
-        Some(timer("alpha", "j-1", far())),
-    )
-    .await;
-    assert_eq!(status, 201, "{answer}");
-    let (status, answer) = call(
-        &service,
-        &good,
-        Method::GET,
-        "/v1/tenants/bravo/timers/j-1",
-        None,
-    )
-    .await;
-    assert_eq!(status, 403, "{answer}");
+    writes_its_tenant_only(&service, &good, "j-1").await;
     let (status, answer) = call(&service, &good, Method::GET, "/v1/status", None).await;
     assert_eq!(status, 403, "no admin in the scope claim: {answer}");
     let everything = jwt(

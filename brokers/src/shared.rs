@@ -38,6 +38,7 @@ impl<T> DeliveryTags<T> {
     }
 
     /// Copies of the handles of `tags`, still remembered; tags not known are skipped.
+    #[cfg(feature = "nats")]
     pub(crate) fn get(&self, tags: &[u64]) -> Result<Vec<T>>
     where
         T: Clone,
