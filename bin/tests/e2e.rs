@@ -540,15 +540,15 @@ async fn a_tenant_over_its_rate_gets_429_and_the_others_fire_on_time() {
         "no limit for this tenant: {statuses:?}"
     );
 
-    // The flood: 10 × RATE per second for 2 s, in rounds of 10 every 50 ms; meanwhile another
+    // The flood: 10 × RATE per second for 2 s, in rounds of 5 every 25 ms; meanwhile another
     // tenant schedules one timer every 50 ms, due 250 ms later.
     let events = service.events().await;
     let flood = async {
-        let mut tick = tokio::time::interval(Duration::from_millis(50));
+        let mut tick = tokio::time::interval(Duration::from_millis(25));
         let mut statuses = Vec::new();
-        for round in 0..40 {
+        for round in 0..80 {
             tick.tick().await;
-            let bodies = (0..10).map(|i| command("flooder", &format!("f{round}-{i}"), now_ms()));
+            let bodies = (0..5).map(|i| command("flooder", &format!("f{round}-{i}"), now_ms()));
             statuses.extend(post_all(&service, "/v1/timers", bodies.collect()).await);
         }
         statuses

@@ -447,9 +447,9 @@ pub async fn malformed_command_is_dead_lettered_and_events_keep_flowing(case: Ar
 /// meanwhile, is not held behind them: its timers fire on time (lateness p99 at most 50 ms).
 pub async fn a_flooding_tenant_is_slowed_and_the_others_are_not(case: Arc<BrokerCase>) {
     const RATE: usize = 50;
-    /// 10 × RATE within a second: 20 rounds of 25 sent together, one round every 50 ms.
+    /// 10 × RATE within a second: 100 rounds of 5 sent together, one round every 10 ms.
     const FLOOD: usize = 10 * RATE;
-    const ROUND: usize = 25;
+    const ROUND: usize = 5;
     /// One every 50 ms (20/s, under RATE) while the flood drains (about 9 s).
     const STEADY: usize = 180;
     let setup = Setup::with_sections(
@@ -462,7 +462,7 @@ pub async fn a_flooding_tenant_is_slowed_and_the_others_are_not(case: Arc<Broker
     let to = &access;
     let flood = async {
         let started = now_ms();
-        let mut tick = tokio::time::interval(Duration::from_millis(50));
+        let mut tick = tokio::time::interval(Duration::from_millis(10));
         for round in 0..FLOOD / ROUND {
             tick.tick().await;
             let sends = (0..ROUND).map(|i| {
