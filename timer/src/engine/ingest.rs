@@ -104,26 +104,24 @@ impl Engine {
             let mut ready = Vec::with_capacity(deliveries.len());
             for delivery in deliveries {
                 let admitted = self.admitted(delivery);
-                match admitted.tenant() {
-                    // Behind its tenant's held commands, whatever it is.
-                    Some(tenant) if held.holds(tenant) => {
-                        let schedule = matches!(admitted.command, Ok(Command::Schedule(_)));
+                let schedule = matches!(admitted.command, Ok(Command::Schedule(_)));
+                // Behind its tenant's held commands, whatever it is; a schedule also when it is
+                // over its tenant's rate.
+                let hold = admitted
+                    .tenant()
+                    .filter(|tenant| {
+                        held.holds(tenant) || (schedule && inner.throttle.take(tenant, 1).is_err())
+                    })
+                    .map(str::to_owned);
+                match hold {
+                    None => ready.push(admitted),
+                    Some(tenant) => {
                         if schedule {
                             throttled();
                         }
-                        let (tenant, tag) = (tenant.to_owned(), admitted.delivery.tag);
+                        let tag = admitted.delivery.tag;
                         held.push(&tenant, admitted, schedule, tag);
                     }
-                    Some(tenant) if matches!(admitted.command, Ok(Command::Schedule(_))) => {
-                        if inner.throttle.take(tenant, 1).is_ok() {
-                            ready.push(admitted);
-                        } else {
-                            throttled();
-                            let (tenant, tag) = (tenant.to_owned(), admitted.delivery.tag);
-                            held.push(&tenant, admitted, true, tag);
-                        }
-                    }
-                    _ => ready.push(admitted),
                 }
             }
             ::metrics::gauge!(metric::COMMANDS_HELD).set(held.len() as f64);

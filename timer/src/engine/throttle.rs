@@ -91,6 +91,8 @@ impl fmt::Display for Throttled {
 
 /// Every tenant's allowance: the default rate for all, a rate of their own for some.
 pub(crate) struct Throttle {
+    /// The clock the limiters read, for how long a refused schedule waits.
+    clock: EngineClock,
     default: Option<(Rate, Keyed)>,
     /// Tenants of `limits.rate.tenants`; `None`: no limit for that tenant.
     own: HashMap<String, Option<(Rate, Direct)>>,
@@ -116,7 +118,11 @@ impl Throttle {
                 (tenant.clone(), limiter)
             })
             .collect();
-        Throttle { default, own }
+        Throttle {
+            clock,
+            default,
+            own,
+        }
     }
 
     /// Takes `n` schedules from `tenant`'s allowance, or nothing when they do not fit now.
@@ -124,23 +130,10 @@ impl Throttle {
         let Some(n) = NonZeroU32::new(n) else {
             return Ok(());
         };
-        let (rate, checked) = match self.own.get(tenant) {
-            Some(None) => return Ok(()),
-            Some(Some((rate, limiter))) => (
-                *rate,
-                limiter
-                    .check_n(n)
-                    .map(|r| r.map_err(|not| not.wait_time_from(limiter.clock().now()))),
-            ),
-            None => match &self.default {
-                None => return Ok(()),
-                Some((rate, limiter)) => (
-                    *rate,
-                    limiter
-                        .check_key_n(&tenant.to_owned(), n)
-                        .map(|r| r.map_err(|not| not.wait_time_from(limiter.clock().now()))),
-                ),
-            },
+        let (rate, checked) = match (self.own.get(tenant), &self.default) {
+            (Some(None), _) | (None, None) => return Ok(()),
+            (Some(Some((rate, limiter))), _) => (*rate, limiter.check_n(n)),
+            (None, Some((rate, limiter))) => (*rate, limiter.check_key_n(&tenant.to_owned(), n)),
         };
         let throttled = |retry_after| Throttled {
             tenant: tenant.to_owned(),
@@ -149,8 +142,8 @@ impl Throttle {
             retry_after,
         };
         match checked {
-            Ok(Ok(_)) => Ok(()),
-            Ok(Err(wait)) => Err(throttled(Some(wait))),
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(not)) => Err(throttled(Some(not.wait_time_from(self.clock.now())))),
             Err(_) => Err(throttled(None)),
         }
     }
