@@ -472,8 +472,13 @@ async fn a_tenant_over_its_rate_gets_429_and_the_others_fire_on_time() {
             },
         } } }),
     );
-    let mut env = embedded(dir.path(), &[]);
-    env.push(("TIMER_CONFIG", config.display().to_string()));
+    // The memory store: the steady tenant's lateness measures the limits, not the disk (see
+    // `a_flooding_tenant_is_slowed_and_the_others_are_not` of the broker scenarios).
+    let env = [
+        ("TIMER_STORE__KIND", "memory".to_string()),
+        ("TIMER_BROKER__KIND", "memory".to_string()),
+        ("TIMER_CONFIG", config.display().to_string()),
+    ];
     let service = Service::start(Path::new(BIN), dir.path(), &env).await;
     let far = now_ms() + 3_600_000;
 
