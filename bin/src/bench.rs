@@ -281,6 +281,8 @@ fn timer(i: usize, due_ms: i64) -> NewTimer {
         correlation_id: None,
         payload: None,
         recurrence: None,
+        policy: None,
+        work: None,
     }
 }
 

@@ -7,6 +7,8 @@ use std::marker::PhantomData;
 
 use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Pool, Row, Type};
 use timer_core::control::transition;
+use timer_core::policy::{Policy, Work};
+use timer_core::store::Step;
 use timer_core::{
     Action, Change, ClaimedTimer, ControlOutcome, Error, ErrorKind, HistoryEntry, Lease, PageAfter,
     Recurrence, Result, TenantSummary, Timer, TimerFilter, TimerKey, TimerState, Timestamp,
@@ -48,7 +50,7 @@ pub(crate) trait Dialect {
 /// same columns).
 pub(crate) const TIMER_COLUMNS: &str = "tenant_id, service_call_id, due_at, state, \
     registered_at, reached_at, correlation_id, payload, attempts, last_error, lease_owner, \
-    available_at, recurrence, occurrences, revision";
+    available_at, recurrence, occurrences, revision, policy, work";
 
 /// A failed database operation `op`, with the sqlx error as its source. Decoding errors are a
 /// bug or a foreign schema and will not pass when retried; the dialect judges the others.
@@ -118,6 +120,20 @@ where
             .transpose()
     }
 
+    fn policy(&self) -> Result<Option<Policy>> {
+        self.get::<Option<String>>("policy")?
+            .as_deref()
+            .map(Policy::from_json)
+            .transpose()
+    }
+
+    fn work(&self) -> Result<Option<Work>> {
+        self.get::<Option<String>>("work")?
+            .as_deref()
+            .map(Work::from_json)
+            .transpose()
+    }
+
     /// The `state` column.
     fn state(&self) -> Result<TimerState> {
         let code: i64 = self.get::<D::State>("state")?.into();
@@ -137,6 +153,8 @@ where
             revision: self.get("revision")?,
             recurrence: self.recurrence()?,
             occurrences: self.count("occurrences")?,
+            policy: self.policy()?,
+            work: self.work()?,
         })
     }
 
@@ -153,6 +171,8 @@ where
             revision: _,
             recurrence,
             occurrences,
+            policy,
+            work,
         } = self.claimed()?;
         Ok(Timer {
             key,
@@ -170,6 +190,8 @@ where
             available_at: self.time("available_at")?,
             recurrence,
             occurrences,
+            policy,
+            work,
         })
     }
 }
@@ -189,6 +211,58 @@ where
         sqlx::query(lock).execute(&mut *tx).await?;
     }
     Ok(tx)
+}
+
+/// Settles one claim as `step` says ([`Settlement::Step`](timer_core::Settlement::Step)) at
+/// `at`, if `owner` still holds it at the claimed revision: `None` when not. Returns the row's
+/// `history_seq` after the step's changes; the caller records them.
+pub(crate) async fn settle_step<D>(
+    conn: &mut <D::Db as Database>::Connection,
+    claim: &ClaimedTimer,
+    step: &Step,
+    owner: &str,
+    at: Timestamp,
+) -> std::result::Result<Option<i64>, sqlx::Error>
+where
+    D: Dialect,
+    for<'c> &'c mut <D::Db as Database>::Connection: Executor<'c, Database = D::Db>,
+    for<'q> <D::Db as Database>::Arguments<'q>: IntoArguments<'q, D::Db>,
+    for<'q> &'q str: Encode<'q, D::Db> + Type<D::Db>,
+    for<'q> i64: Encode<'q, D::Db> + Decode<'q, D::Db> + Type<D::Db>,
+    for<'q> Option<i64>: Encode<'q, D::Db>,
+    for<'q> String: Encode<'q, D::Db> + Type<D::Db>,
+    for<'q> Option<String>: Encode<'q, D::Db>,
+    usize: ColumnIndex<<D::Db as Database>::Row>,
+{
+    let finished = step.state.is_finished().then_some(at.as_millis());
+    sqlx::query_scalar(
+        "UPDATE timers SET state = CAST($6 AS SMALLINT), \
+           revision = revision + CASE WHEN due_at <> $7 THEN 1 ELSE 0 END, \
+           due_at = $7, available_at = $8, finished_at = $9, \
+           reached_at = CASE WHEN $10 = 1 THEN $3 ELSE reached_at END, \
+           occurrences = occurrences \
+             + CASE WHEN $10 = 1 AND recurrence IS NOT NULL THEN 1 ELSE 0 END, \
+           attempts = CASE WHEN $10 = 1 THEN 0 ELSE attempts END, \
+           last_error = CASE WHEN $10 = 1 THEN NULL ELSE last_error END, \
+           work = $11, lease_owner = NULL, lease_until = NULL, \
+           history_seq = history_seq + $12 \
+         WHERE tenant_id = $1 AND service_call_id = $2 AND state = 0 AND lease_owner = $4 \
+           AND revision = $5 RETURNING history_seq",
+    )
+    .bind(claim.key.tenant_id.as_str())
+    .bind(claim.key.service_call_id.as_str())
+    .bind(at.as_millis())
+    .bind(owner)
+    .bind(claim.revision)
+    .bind(step.state.code())
+    .bind(step.due_at.as_millis())
+    .bind(step.available_at.max(step.due_at).as_millis())
+    .bind(finished)
+    .bind(i64::from(step.fired))
+    .bind(step.work.as_ref().map(Work::to_json))
+    .bind(i64::try_from(step.changes.len()).unwrap_or(0))
+    .fetch_optional(&mut *conn)
+    .await
 }
 
 /// Rows per multi-row statement; a history row has 5 parameters, a new timer on SQLite 9:
@@ -347,6 +421,7 @@ where
     for<'q> i64: Encode<'q, D::Db> + Decode<'q, D::Db> + Type<D::Db>,
     for<'q> Option<i64>: Encode<'q, D::Db>,
     for<'q> String: Encode<'q, D::Db>,
+    for<'q> Option<String>: Encode<'q, D::Db>,
     for<'r> String: Decode<'r, D::Db> + Type<D::Db>,
     for<'r> bool: Decode<'r, D::Db> + Type<D::Db>,
     &'static str: ColumnIndex<<D::Db as Database>::Row>,
@@ -406,6 +481,7 @@ where
             Action::Resume => "resuming timers",
             Action::Cancel => "cancelling timers",
             Action::Retry => "retrying timers",
+            Action::Complete(_) => "completing timers",
         };
         let err = |e| db_err::<D>(op, e);
         let read = format!(
@@ -441,7 +517,8 @@ where
                    reached_at = CASE WHEN $3 = 1 THEN $5 ELSE reached_at END, \
                    lease_until = NULL, history_seq = history_seq + $6, \
                    attempts = CASE WHEN $7 = 1 THEN 0 ELSE attempts END, \
-                   last_error = CASE WHEN $7 = 1 THEN NULL ELSE last_error END \
+                   last_error = CASE WHEN $7 = 1 THEN NULL ELSE last_error END, \
+                   work = CASE WHEN $8 = 1 THEN $9 ELSE work END \
                  WHERE tenant_id = $1 AND service_call_id = $2 RETURNING history_seq",
             )
             .bind(key.tenant_id.as_str())
@@ -451,6 +528,8 @@ where
             .bind(write.finished_at.map(Timestamp::as_millis))
             .bind(i64::try_from(write.changes.len()).unwrap_or(0))
             .bind(i64::from(write.reset_attempts))
+            .bind(i64::from(write.work.is_some()))
+            .bind(write.work.flatten().as_ref().map(Work::to_json))
             .fetch_one(&mut *tx)
             .await
             .map_err(err)?;

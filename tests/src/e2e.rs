@@ -375,6 +375,8 @@ pub fn new_timers(
             correlation_id: None,
             payload: None,
             recurrence: None,
+            policy: None,
+            work: None,
         })
         .collect()
 }

@@ -25,6 +25,8 @@ pub fn timer(tenant: &str, id: &str, due_ms: i64) -> NewTimer {
         correlation_id: None,
         payload: None,
         recurrence: None,
+        policy: None,
+        work: None,
     }
 }
 
@@ -503,6 +505,8 @@ pub async fn payload_and_correlation_round_trip(store: Arc<dyn Store>) {
         correlation_id: Some("corr-1".into()),
         payload: Some(payload.into()),
         recurrence: None,
+        policy: None,
+        work: None,
     };
     put(s, std::slice::from_ref(&t), T0).await;
     let got = row(s, "tenant-ü", "call/1 with spaces").await;
@@ -1491,7 +1495,8 @@ pub async fn a_resumed_series_skips_what_fell_into_the_pause(store: Arc<dyn Stor
             count: 4,
             first: T0,
             last: at(T0_MS + 180_000),
-            at_least: false
+            at_least: false,
+            reason: Some(timer_core::policy::SkipReason::Pause),
         }
     );
     assert!(
@@ -1557,7 +1562,9 @@ pub async fn history_records_each_change_in_order(store: Arc<dyn Store>) {
             due_at: at(T0_MS + 100),
             lateness_ms: 150,
             instance: "i2".into(),
-            occurrence: None
+            occurrence: None,
+            caught_up: false,
+            refire: None,
         }
     );
     assert_eq!(entries[3].at, at(T0_MS + 250));

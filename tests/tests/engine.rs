@@ -128,6 +128,8 @@ fn timer(id: &str, due: Timestamp) -> NewTimer {
         correlation_id: None,
         payload: None,
         recurrence: None,
+        policy: None,
+        work: None,
     }
 }
 

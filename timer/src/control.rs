@@ -4,7 +4,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::model::{ClaimedTimer, ControlOutcome, Timer, TimerState, Timestamp};
+use crate::model::{ClaimedTimer, ControlOutcome, Timer, TimerState, Timestamp, Work};
+use crate::policy::{self, Completion, CompletionResult, Outcome, Policy, SkipReason};
 use crate::recurrence::Skipped;
 use crate::store::Settlement;
 
@@ -26,6 +27,9 @@ pub enum Action {
     /// error cleared). It keeps its due time, so the lateness of the fire shows how long it
     /// was failed; a series goes on from the occurrence that failed.
     Retry,
+    /// The work an occurrence's event triggered is done (`TimerCompleted`): what
+    /// [`policy::complete`] says.
+    Complete(Completion),
 }
 
 impl Action {
@@ -36,6 +40,7 @@ impl Action {
             Action::Resume => "resume",
             Action::Cancel => "cancel",
             Action::Retry => "retry",
+            Action::Complete(_) => "complete",
         }
     }
 }
@@ -82,8 +87,9 @@ pub enum Change {
         )]
         due_at: Option<Timestamp>,
     },
-    /// Occurrences of a series that fell into a pause and never fire: `count` of them (at
-    /// least, when `atLeast`), the first and the last.
+    /// Occurrences of a series that never fire: `count` of them (at least, when `atLeast`),
+    /// the first and the last (their fire times), and why (`pause` when absent: entries written
+    /// before the other reasons existed).
     #[serde(rename_all = "camelCase")]
     Skipped {
         count: u64,
@@ -95,6 +101,41 @@ pub enum Change {
         last: Timestamp,
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         at_least: bool,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reason: Option<SkipReason>,
+    },
+    /// An occurrence due while the previous one's work ran waits for it (`overlap:
+    /// bufferOne`); it fires when that completes or times out.
+    #[serde(rename_all = "camelCase")]
+    Buffered {
+        #[cfg_attr(feature = "openapi", schema(value_type = String, format = DateTime))]
+        #[serde(with = "rfc3339")]
+        due_at: Timestamp,
+    },
+    /// The work of an occurrence fired at `firedAt` did not complete within the
+    /// `completionTimeout`: the series is free again, a one-shot timer fires again.
+    #[serde(rename_all = "camelCase")]
+    TimedOut {
+        occurrence: u32,
+        #[cfg_attr(feature = "openapi", schema(value_type = String, format = DateTime))]
+        #[serde(with = "rfc3339")]
+        fired_at: Timestamp,
+    },
+    /// A `TimerCompleted` arrived: for `occurrence` (absent for a one-shot timer), how the work
+    /// ended, and how long it took since the fire (when known). `late`: after its
+    /// `completionTimeout`, or after the series moved on.
+    #[serde(rename_all = "camelCase")]
+    Completed {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        occurrence: Option<u32>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        outcome: Option<Outcome>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        message: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        duration_ms: Option<u64>,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        late: bool,
     },
     /// An extra `DueTimeReached` with `"trigger": "manual"` went out; the schedule did not move.
     #[serde(rename_all = "camelCase")]
@@ -112,6 +153,13 @@ pub enum Change {
         instance: String,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         occurrence: Option<u32>,
+        /// It was missed and fired late, with later occurrences due behind it.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        caught_up: bool,
+        /// A one-shot timer fired again because its work did not complete in time: the
+        /// how-manyth time.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        refire: Option<u32>,
     },
     /// A publish failed; it is retried.
     #[serde(rename_all = "camelCase")]
@@ -163,6 +211,8 @@ impl Change {
                     .recurrence
                     .as_ref()
                     .map(|_| claim.occurrences.saturating_add(1)),
+                caught_up: false,
+                refire: None,
             }),
             Settlement::Failed(error) => Some(Change::GivenUp {
                 attempts: attempt,
@@ -175,6 +225,8 @@ impl Change {
                 error: error.clone(),
             }),
             Settlement::Retry { error: None, .. } => None,
+            // Its changes are spelled out: `Step::changes`.
+            Settlement::Step(_) => None,
         }
     }
 }
@@ -186,6 +238,7 @@ impl From<Skipped> for Change {
             first: s.first,
             last: s.last,
             at_least: s.at_least,
+            reason: Some(SkipReason::Pause),
         }
     }
 }
@@ -220,6 +273,8 @@ pub struct Write {
     pub changes: Vec<Change>,
     /// Whether its publish attempts start again from 0 (and its last error is cleared).
     pub reset_attempts: bool,
+    /// `Some(work)`: its work becomes this (`Some(None)`: nothing kept); `None`: unchanged.
+    pub work: Option<Option<Work>>,
 }
 
 /// What `action` at `now` does to `timer`, which a live lease holds when `firing`.
@@ -228,6 +283,9 @@ pub fn transition(timer: &Timer, firing: bool, action: &Action, now: Timestamp) 
         outcome,
         write: None,
     };
+    if let Action::Complete(completion) = action {
+        return completed(policy::complete(timer, firing, completion, now), now);
+    }
     if let (Action::Retry, TimerState::Failed) = (action, timer.state) {
         return Transition {
             outcome: ControlOutcome::Retried,
@@ -237,6 +295,7 @@ pub fn transition(timer: &Timer, firing: bool, action: &Action, now: Timestamp) 
                 finished_at: None,
                 changes: vec![Change::Retried],
                 reset_attempts: true,
+                work: None,
             }),
         };
     }
@@ -252,6 +311,7 @@ pub fn transition(timer: &Timer, firing: bool, action: &Action, now: Timestamp) 
             finished_at,
             changes,
             reset_attempts: false,
+            work: None,
         }),
     };
     match action {
@@ -277,10 +337,27 @@ pub fn transition(timer: &Timer, firing: bool, action: &Action, now: Timestamp) 
             Some(now),
             vec![Change::Cancelled],
         ),
+        // Handled above.
+        Action::Complete(_) => unchanged(ControlOutcome::NotFound),
         Action::Resume => {
             let schedule = timer.recurrence.as_ref().and_then(|r| r.schedule().ok());
+            let policy = timer.policy.as_ref();
+            let mut work = timer.work.clone().unwrap_or_default();
             let resumed = match schedule {
-                Some(schedule) => schedule.resume(timer.due_at, now),
+                // `catchUp` `once` or `all`: caught up as after downtime, from its due time.
+                Some(_) if Policy::catches_up_after_pause(policy) => crate::recurrence::Resumed {
+                    next: Some(timer.due_at),
+                    skipped: None,
+                },
+                Some(schedule) => {
+                    let nominal = work.nominal.unwrap_or(timer.due_at);
+                    let mut resumed = schedule.resume(nominal, now);
+                    work.nominal = resumed.next.filter(|_| work.nominal.is_some());
+                    resumed.next = resumed
+                        .next
+                        .map(|next| policy::fire_time(&timer.key, next, policy));
+                    resumed
+                }
                 // A one-shot timer keeps its due time, passed or not.
                 None => crate::recurrence::Resumed {
                     next: Some(timer.due_at),
@@ -291,14 +368,21 @@ pub fn transition(timer: &Timer, firing: bool, action: &Action, now: Timestamp) 
             changes.push(Change::Resumed {
                 due_at: resumed.next,
             });
+            let moved = work.nominal != timer.work.as_ref().and_then(|w| w.nominal);
+            let with_work = |mut t: Transition| {
+                if let Some(w) = t.write.as_mut().filter(|_| moved) {
+                    w.work = Some(work.clone().stored());
+                }
+                t
+            };
             match resumed.next {
-                Some(next) => write(
+                Some(next) => with_work(write(
                     ControlOutcome::Resumed,
                     TimerState::Scheduled,
                     next,
                     None,
                     changes,
-                ),
+                )),
                 // The series ended while paused: it is done, as if its last occurrence fired.
                 None => write(
                     ControlOutcome::Resumed,
@@ -309,6 +393,34 @@ pub fn transition(timer: &Timer, firing: bool, action: &Action, now: Timestamp) 
                 ),
             }
         }
+    }
+}
+
+/// The transition of a completion.
+fn completed(done: policy::Completed, now: Timestamp) -> Transition {
+    let outcome = match done.result {
+        CompletionResult::Completed => ControlOutcome::Completed,
+        CompletionResult::Late => ControlOutcome::CompletedLate,
+        CompletionResult::Duplicate => ControlOutcome::AlreadyCompleted,
+        CompletionResult::UnknownOccurrence => ControlOutcome::UnknownOccurrence,
+        CompletionResult::Firing => ControlOutcome::Firing,
+    };
+    let Some(change) = done.change else {
+        return Transition {
+            outcome,
+            write: None,
+        };
+    };
+    Transition {
+        outcome,
+        write: Some(Write {
+            state: done.state,
+            due_at: done.due_at,
+            finished_at: done.finished.then_some(now),
+            changes: vec![change],
+            reset_attempts: false,
+            work: Some(done.work.and_then(Work::stored)),
+        }),
     }
 }
 
@@ -374,6 +486,8 @@ mod tests {
                 max_occurrences: None,
             }),
             occurrences: 0,
+            policy: None,
+            work: None,
         }
     }
 
@@ -466,6 +580,7 @@ mod tests {
                     first: Timestamp::from_millis(5_000),
                     last: Timestamp::from_millis(9_000),
                     at_least: false,
+                    reason: Some(SkipReason::Pause),
                 },
                 Change::Resumed { due_at: Some(NOW) },
             ]
@@ -479,6 +594,8 @@ mod tests {
             lateness_ms: 3,
             instance: "i-1".into(),
             occurrence: Some(2),
+            caught_up: false,
+            refire: None,
         };
         assert_eq!(
             fired.to_json(),

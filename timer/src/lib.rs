@@ -9,6 +9,7 @@ pub mod engine;
 pub mod error;
 pub mod model;
 pub mod plugin;
+pub mod policy;
 pub mod recurrence;
 pub mod redact;
 pub mod store;

@@ -6,6 +6,7 @@ use std::time::Duration;
 use chrono::{DateTime, SecondsFormat, TimeZone, Utc};
 use serde::{Deserialize, Serialize};
 
+pub use crate::policy::{Policy, Work};
 pub use crate::recurrence::Recurrence;
 
 /// A point in time: UTC milliseconds since the Unix epoch. Every store keeps time in this form,
@@ -159,6 +160,10 @@ pub struct NewTimer {
     pub payload: Option<String>,
     /// Set for a recurring timer; `due_at` is then its first occurrence.
     pub recurrence: Option<Recurrence>,
+    /// Completion, overlap, catch-up and jitter, when the command gave any.
+    pub policy: Option<Policy>,
+    /// What the engine records from the start: the first occurrence of a jittered series.
+    pub work: Option<Work>,
 }
 
 /// A timer as a store holds it.
@@ -182,6 +187,9 @@ pub struct Timer {
     pub recurrence: Option<Recurrence>,
     /// Occurrences of a recurring timer that fired so far.
     pub occurrences: u32,
+    pub policy: Option<Policy>,
+    /// What the engine recorded about its fires (an occurrence awaiting its completion, ...).
+    pub work: Option<Work>,
 }
 
 impl Timer {
@@ -205,6 +213,8 @@ pub struct ClaimedTimer {
     pub recurrence: Option<Recurrence>,
     /// Occurrences of a recurring timer that fired before this one.
     pub occurrences: u32,
+    pub policy: Option<Policy>,
+    pub work: Option<Work>,
 }
 
 /// What `schedule` did with one timer.
@@ -258,6 +268,15 @@ pub enum ControlOutcome {
     /// try again once the fire settled.
     Firing,
     NotFound,
+    /// A completion for the awaited occurrence (or, without a policy, the latest one).
+    Completed,
+    /// A completion that came after its `completionTimeout` or after the series moved on:
+    /// recorded, nothing else changed.
+    CompletedLate,
+    /// A completion that arrived before: nothing changed.
+    AlreadyCompleted,
+    /// A completion for an occurrence the timer never fired: nothing changed.
+    UnknownOccurrence,
 }
 
 impl ControlOutcome {
@@ -269,6 +288,8 @@ impl ControlOutcome {
                 | ControlOutcome::Resumed
                 | ControlOutcome::Cancelled
                 | ControlOutcome::Retried
+                | ControlOutcome::Completed
+                | ControlOutcome::CompletedLate
         )
     }
 
@@ -296,6 +317,10 @@ impl ControlOutcome {
             ControlOutcome::AlreadyFailed => "already_failed",
             ControlOutcome::Firing => "firing",
             ControlOutcome::NotFound => "not_found",
+            ControlOutcome::Completed => "completed",
+            ControlOutcome::CompletedLate => "completed_late",
+            ControlOutcome::AlreadyCompleted => "already_completed",
+            ControlOutcome::UnknownOccurrence => "unknown_occurrence",
         }
     }
 }

@@ -182,6 +182,11 @@ impl Schedule {
         }
     }
 
+    /// The occurrence strictly after `at`, whatever `maxOccurrences` says (`endAt` holds).
+    pub fn after(&self, at: Timestamp) -> Option<Timestamp> {
+        self.find(at, false)
+    }
+
     /// `at` on the wall clock of the series' time zone, RFC 3339 with its offset and
     /// milliseconds (`2026-11-25T09:30:00.000+01:00`).
     pub fn local_rfc3339(&self, at: Timestamp) -> String {

@@ -15,7 +15,7 @@ use crate::control::{Action, Change, HistoryEntry};
 use crate::error::Result;
 use crate::model::{
     CancelOutcome, ClaimedTimer, ControlOutcome, Lease, NewTimer, ScheduleOutcome, Timer, TimerKey,
-    TimerState, Timestamp,
+    TimerState, Timestamp, Work,
 };
 
 /// What becomes of a claimed timer when its fire ends: the one step that settles a lease.
@@ -40,6 +40,26 @@ pub enum Settlement {
         at: Timestamp,
         error: Option<String>,
     },
+    /// What [`crate::policy`] decided for a timer with a policy or work: written as it says.
+    Step(Step),
+}
+
+/// A settlement spelled out: the timer's new state and times, its work and its history. The
+/// revision goes up when `due_at` differs from the claimed one; the lease is released.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Step {
+    /// Scheduled, or Reached (finished at the settle time).
+    pub state: TimerState,
+    pub due_at: Timestamp,
+    /// When it is claimable again; at or after `due_at`.
+    pub available_at: Timestamp,
+    /// Its event went out: `reached_at` is the settle time, a series counts the occurrence,
+    /// attempts and the last error are cleared.
+    pub fired: bool,
+    /// Its work as it is now (`None`: nothing to keep).
+    pub work: Option<Work>,
+    /// Its history entries, in order.
+    pub changes: Vec<Change>,
 }
 
 /// Durable timer storage.

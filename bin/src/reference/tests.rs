@@ -338,6 +338,8 @@ fn every_timer_resource_in_the_docs_has_the_api_fields() {
         available_at: at,
         recurrence: Some(recurrence),
         occurrences: 0,
+        policy: None,
+        work: None,
     };
     let view = serde_json::to_value(crate::api::TimerView::of(&timer)).expect("serializes");
     let keys = |map: &serde_json::Map<String, Value>| map.keys().cloned().collect::<BTreeSet<_>>();

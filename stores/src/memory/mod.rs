@@ -135,6 +135,8 @@ impl Row {
             revision: self.revision,
             recurrence: t.recurrence.clone(),
             occurrences: t.occurrences,
+            policy: t.policy.clone(),
+            work: t.work.clone(),
         }
     }
 }
@@ -166,6 +168,8 @@ impl Store for MemoryStore {
                     available_at: new.due_at,
                     recurrence: new.recurrence.clone(),
                     occurrences: 0,
+                    policy: new.policy.clone(),
+                    work: new.work.clone(),
                 };
                 ready.insert((new.due_at, new.key.clone()));
                 let mut row = Row {
@@ -189,7 +193,8 @@ impl Store for MemoryStore {
                     row.record(now, Change::Rescheduled { due_at: new.due_at }, limit);
                     row.timer.correlation_id = new.correlation_id.clone();
                     row.timer.payload = new.payload.clone();
-                    // A repeat of the same recurring series keeps its place.
+                    row.timer.policy = new.policy.clone();
+                    // A repeat of the same recurring series keeps its place (and its work).
                     if new.recurrence.is_some() && row.timer.recurrence == new.recurrence {
                         outcomes.push(ScheduleOutcome::Updated);
                         continue;
@@ -197,6 +202,7 @@ impl Store for MemoryStore {
                     if row.timer.due_at != new.due_at || row.timer.recurrence != new.recurrence {
                         row.revision += 1;
                         row.timer.attempts = 0;
+                        row.timer.work = new.work.clone();
                     }
                     let available = match row.lease_until {
                         Some(until) if until > now => until.max(new.due_at),
@@ -300,6 +306,31 @@ impl Store for MemoryStore {
                     let available = (*retry_at).max(row.timer.due_at);
                     row.set_available(ready, available);
                 }
+                Settlement::Step(step) => {
+                    for change in &step.changes {
+                        row.record(at, change.clone(), limit);
+                    }
+                    if step.due_at != row.timer.due_at {
+                        row.revision += 1;
+                        row.timer.due_at = step.due_at;
+                    }
+                    if step.fired {
+                        row.timer.attempts = 0;
+                        row.timer.last_error = None;
+                        row.timer.reached_at = Some(at);
+                        if row.timer.recurrence.is_some() {
+                            row.timer.occurrences = row.timer.occurrences.saturating_add(1);
+                        }
+                    }
+                    row.timer.work = step.work.clone();
+                    row.timer.lease_owner = None;
+                    row.lease_until = None;
+                    if step.state.is_finished() {
+                        row.finish(ready, step.state, at);
+                    } else {
+                        row.set_available(ready, step.available_at.max(step.due_at));
+                    }
+                }
             }
         }
         Ok(changed)
@@ -390,6 +421,9 @@ impl TimerControl for MemoryStore {
             if write.reset_attempts {
                 row.timer.attempts = 0;
                 row.timer.last_error = None;
+            }
+            if let Some(work) = write.work {
+                row.timer.work = work;
             }
             // Out of `ready` unless it becomes Scheduled again.
             ready.remove(&(row.timer.available_at, key.clone()));

@@ -18,6 +18,7 @@ use sqlx::postgres::{
 };
 use sqlx::{Connection, Row};
 use timer_core::control::DEFAULT_HISTORY;
+use timer_core::policy::{Policy, Work};
 use timer_core::{
     Action, CancelOutcome, Change, ClaimedTimer, ControlOutcome, Error, HistoryEntry, Lease,
     NewTimer, PageAfter, Recurrence, Result, ScheduleOutcome, Settlement, Store, TenantCounts,
@@ -67,7 +68,7 @@ impl Dialect for PostgresStore {
          WHERE t.tenant_id = c.tenant_id AND t.service_call_id = c.service_call_id \
          RETURNING t.tenant_id, t.service_call_id, t.due_at, t.registered_at, \
                    t.correlation_id, t.payload, t.attempts, t.revision, t.recurrence, \
-                   t.occurrences";
+                   t.occurrences, t.policy, t.work";
     // Row locks (FOR UPDATE) order writers; the transaction needs no lock up front.
     const LOCK_FOR_WRITE: Option<&'static str> = None;
     // A claim locks the row too: it and the action are ordered.
@@ -360,6 +361,14 @@ impl Store for PostgresStore {
             .iter()
             .map(|t| t.recurrence.as_ref().map(Recurrence::to_json))
             .collect();
+        let policies: Vec<Option<String>> = rows
+            .iter()
+            .map(|t| t.policy.as_ref().map(Policy::to_json))
+            .collect();
+        let works: Vec<Option<String>> = rows
+            .iter()
+            .map(|t| t.work.as_ref().map(Work::to_json))
+            .collect();
         // What the history records for each row, whichever way it is written.
         let created: Vec<String> = rows
             .iter()
@@ -379,12 +388,19 @@ impl Store for PostgresStore {
         let upsert = format!(
             "INSERT INTO timers AS t (tenant_id, service_call_id, due_at, registered_at, \
                                       correlation_id, payload, available_at, recurrence, \
-                                      history_seq) \
+                                      history_seq, policy, work) \
              SELECT i.tenant_id, i.service_call_id, i.due_at, $6, i.correlation_id, i.payload, \
-                    i.due_at, i.recurrence, 1 \
-             FROM UNNEST($1::text[], $2::text[], $3::bigint[], $4::text[], $5::text[], $7::text[]) \
-                  AS i(tenant_id, service_call_id, due_at, correlation_id, payload, recurrence) \
+                    i.due_at, i.recurrence, 1, i.policy, i.work \
+             FROM UNNEST($1::text[], $2::text[], $3::bigint[], $4::text[], $5::text[], $7::text[], \
+                         $11::text[], $12::text[]) \
+                  AS i(tenant_id, service_call_id, due_at, correlation_id, payload, recurrence, \
+                       policy, work) \
              ON CONFLICT (tenant_id, service_call_id) DO UPDATE SET \
+                work = CASE WHEN {same_series} THEN t.work \
+                    WHEN t.due_at <> EXCLUDED.due_at \
+                    OR t.recurrence IS DISTINCT FROM EXCLUDED.recurrence THEN EXCLUDED.work \
+                    ELSE t.work END, \
+                policy = EXCLUDED.policy, \
                 revision = t.revision + CASE WHEN {same_series} THEN 0 \
                     WHEN t.due_at <> EXCLUDED.due_at \
                     OR t.recurrence IS DISTINCT FROM EXCLUDED.recurrence THEN 1 ELSE 0 END, \
@@ -423,6 +439,8 @@ impl Store for PostgresStore {
             .bind(&created)
             .bind(&rescheduled)
             .bind(self.history_limit())
+            .bind(&policies)
+            .bind(&works)
             .fetch_all(&mut *tx)
             .await
             .map_err(|e| db_err(op, e))?;
@@ -521,9 +539,12 @@ impl Store for PostgresStore {
         let mut next = Vec::new();
         let mut failed = Vec::new();
         let mut retry = Vec::new();
+        let mut steps = Vec::new();
         for (t, settlement) in claims {
             let change = Change::of_settlement(t, settlement, owner, at).map(|c| c.to_json());
             match settlement {
+                // Row by row, in the transaction of the others (below).
+                Settlement::Step(step) => steps.push((t, step)),
                 Settlement::Reached => reached.push((t, change)),
                 Settlement::Next(at) => next.push((t, (at.as_millis(), change))),
                 Settlement::Failed(error) => failed.push((t, (error.as_str(), change))),
@@ -605,7 +626,7 @@ impl Store for PostgresStore {
             let n: i64 = row.try_get(0).map_err(|e| db_err(op, e))?;
             Ok(u64::try_from(n).unwrap_or(0))
         };
-        if queries.len() == 1 {
+        if queries.len() == 1 && steps.is_empty() {
             if let Some((_, query)) = queries.pop() {
                 // One statement commits by itself: no transaction round trips on the hot path.
                 let row = query.fetch_one(&self.pool).await.map_err(|e| db_err(op, e))?;
@@ -618,6 +639,18 @@ impl Store for PostgresStore {
             let row = query.fetch_one(&mut *tx).await.map_err(|e| db_err(op, e))?;
             if counts {
                 changed += settled_rows(&row)?;
+            }
+        }
+        for (t, step) in steps {
+            let seq = sql::settle_step::<Self>(&mut tx, t, step, owner, at)
+                .await
+                .map_err(|e| db_err(op, e))?;
+            if let Some(seq) = seq {
+                changed += 1;
+                let limit = usize::try_from(history).unwrap_or(usize::MAX);
+                sql::record::<Self>(&mut tx, &t.key, seq, at, &step.changes, limit)
+                    .await
+                    .map_err(|e| db_err(op, e))?;
             }
         }
         tx.commit().await.map_err(|e| db_err(op, e))?;

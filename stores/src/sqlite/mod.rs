@@ -15,6 +15,7 @@ use sqlx::sqlite::{
     SqliteSynchronous,
 };
 use timer_core::control::DEFAULT_HISTORY;
+use timer_core::policy::{Policy, Work};
 use timer_core::{
     Action, CancelOutcome, Change, ClaimedTimer, ControlOutcome, Error, HistoryEntry, Lease,
     NewTimer, PageAfter, Recurrence, Result, ScheduleOutcome, Settlement, Store, TenantCounts,
@@ -45,7 +46,7 @@ impl Dialect for SqliteStore {
          WHERE rowid IN (SELECT rowid FROM timers WHERE state = 0 AND available_at <= ?3 \
                          ORDER BY available_at LIMIT ?4) \
          RETURNING tenant_id, service_call_id, due_at, registered_at, correlation_id, payload, \
-                   attempts, revision, recurrence, occurrences";
+                   attempts, revision, recurrence, occurrences, policy, work";
     const LOCK_FOR_WRITE: Option<&'static str> = Some("UPDATE timers SET state = state WHERE 0");
     // The write transaction holds SQLite's one write lock from its start.
     const LOCK_ROW: &'static str = "";
@@ -131,14 +132,18 @@ impl SqliteStore {
 /// New timers, many rows per statement (see [`insert_new`]); a key that exists is left alone
 /// and not returned.
 const INSERT_TIMERS: &str = "INSERT INTO timers (tenant_id, service_call_id, due_at, \
-    registered_at, correlation_id, payload, available_at, recurrence, history_seq) ";
+    registered_at, correlation_id, payload, available_at, recurrence, history_seq, policy, work) ";
 const INSERT_TIMERS_END: &str = " ON CONFLICT DO NOTHING RETURNING tenant_id, service_call_id";
 
-/// ?1 tenant, ?2 service call id, ?3 due, ?4 now, ?5 correlation id, ?6 payload, ?7 recurrence.
-/// Unqualified columns on the right-hand side are the old values. A repeat of
-/// the same recurring series (same recurrence) keeps its place: its next occurrence, count and
-/// revision stay, so a redelivered command neither skips a catch-up nor re-anchors the series.
+/// ?1 tenant, ?2 service call id, ?3 due, ?4 now, ?5 correlation id, ?6 payload, ?7 recurrence,
+/// ?8 policy, ?9 work. Unqualified columns on the right-hand side are the old values. A repeat
+/// of the same recurring series (same recurrence) keeps its place: its next occurrence, count,
+/// revision and work stay, so a redelivered command neither skips a catch-up nor re-anchors
+/// the series. The work starts anew with a new revision.
 const RESCHEDULE_TIMER: &str = "UPDATE timers SET \
+    work = CASE WHEN NOT (?7 IS NOT NULL AND recurrence IS ?7) \
+                 AND (due_at <> ?3 OR recurrence IS NOT ?7) THEN ?9 ELSE work END, \
+    policy = ?8, \
     revision = revision + (NOT (?7 IS NOT NULL AND recurrence IS ?7) \
                            AND (due_at <> ?3 OR recurrence IS NOT ?7)), \
     attempts = CASE WHEN NOT (?7 IS NOT NULL AND recurrence IS ?7) \
@@ -209,7 +214,9 @@ async fn insert_new(
                 .push_bind(t.payload.as_deref())
                 .push_bind(t.due_at.as_millis())
                 .push_bind(t.recurrence.as_ref().map(Recurrence::to_json))
-                .push_bind(1_i64);
+                .push_bind(1_i64)
+                .push_bind(t.policy.as_ref().map(Policy::to_json))
+                .push_bind(t.work.as_ref().map(Work::to_json));
         });
         insert.push(INSERT_TIMERS_END);
         let keys: Vec<(String, String)> = insert.build_query_as().fetch_all(&mut *conn).await?;
@@ -299,6 +306,8 @@ impl Store for SqliteStore {
                 .bind(&t.correlation_id)
                 .bind(&t.payload)
                 .bind(t.recurrence.as_ref().map(Recurrence::to_json))
+                .bind(t.policy.as_ref().map(Policy::to_json))
+                .bind(t.work.as_ref().map(Work::to_json))
                 .fetch_one(&mut *tx)
                 .await
                 .map_err(|e| db_err(op, e))?;
@@ -339,7 +348,26 @@ impl Store for SqliteStore {
         let mut changed = 0;
         let mut entries = Vec::with_capacity(claims.len());
         for (t, settlement) in claims {
+            if let Settlement::Step(step) = settlement {
+                let Some(seq) = sql::settle_step::<Self>(&mut tx, t, step, owner, at)
+                    .await
+                    .map_err(|e| db_err(op, e))?
+                else {
+                    continue;
+                };
+                changed += 1;
+                let first = seq - step.changes.len() as i64 + 1;
+                for (seq, change) in (first..).zip(&step.changes) {
+                    entries.push(Entry {
+                        key: &t.key,
+                        seq,
+                        change: change.clone(),
+                    });
+                }
+                continue;
+            }
             let sql = match settlement {
+                Settlement::Step(_) => continue,
                 Settlement::Reached => SETTLE_REACHED,
                 Settlement::Next(_) => SETTLE_NEXT,
                 Settlement::Failed(_) => SETTLE_FAILED,
@@ -356,6 +384,7 @@ impl Store for SqliteStore {
                 Settlement::Next(next) => query.bind(next.as_millis()),
                 Settlement::Failed(error) => query.bind(error.as_str()),
                 Settlement::Retry { at, error } => query.bind(at.as_millis()).bind(error.as_deref()),
+                Settlement::Step(_) => continue,
             };
             let seq: Option<i64> = query
                 .fetch_optional(&mut *tx)
@@ -552,6 +581,8 @@ mod tests {
             correlation_id: None,
             payload: None,
             recurrence: None,
+            policy: None,
+            work: None,
         };
         store.schedule(&[timer("a")], now).await.expect("schedule");
         let url = format!("sqlite://{}", config.path());

@@ -52,8 +52,9 @@ impl Engine {
                 .increment(1);
         }
         self.history_written(changed);
-        if matches!(action, Action::Resume | Action::Retry) && changed > 0 {
-            // A resumed or retried timer may be due now: have the firing task look again.
+        if matches!(action, Action::Resume | Action::Retry | Action::Complete(_)) && changed > 0 {
+            // A resumed or retried timer, or an occurrence buffered behind a completed one, may
+            // be due now: have the firing task look again.
             inner.wake.notify_one();
         }
         Ok(outcomes)

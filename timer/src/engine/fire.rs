@@ -14,6 +14,8 @@ use super::{metrics as metric, Engine};
 use crate::broker::OutboundEvent;
 use crate::error::{Error, Result};
 use crate::model::{ClaimedTimer, Lease, Timestamp};
+use crate::policy::{self, Fire, Plan};
+use crate::store::Settlement;
 use crate::wire::DueTimeReachedEnvelope;
 
 impl Engine {
@@ -65,14 +67,49 @@ impl Engine {
         debug!("firing task stopped");
     }
 
-    /// Publishes a claimed batch, then settles it; on failure releases it with backoff.
+    /// Plans a claimed batch ([`policy::plan`]): settles what does not fire, gives up what
+    /// timed out too often, publishes the rest, then settles it; on failure releases it with
+    /// backoff.
     async fn fire(&self, claimed: Vec<ClaimedTimer>, shutdown: &CancellationToken) {
         let inner = &self.inner;
         let reached_at = inner.clock.now();
+        let mut fires: Vec<Fire> = Vec::with_capacity(claimed.len());
+        let mut firing: Vec<ClaimedTimer> = Vec::with_capacity(claimed.len());
+        let mut settled: Vec<(ClaimedTimer, Settlement)> = Vec::new();
+        for t in claimed {
+            match policy::plan(&t, reached_at, inner.config.max_attempts) {
+                Plan::Fire(fire) => {
+                    fires.push(fire);
+                    firing.push(t);
+                }
+                Plan::Settle(step) => settled.push((t, Settlement::Step(step))),
+                Plan::GiveUp { error } => {
+                    let reason = format!("completion_timeout: {error}");
+                    if !self.give_up(&t, &error, &reason).await {
+                        // The dead letter did not go out: try again after a backoff.
+                        let at = reached_at.saturating_add(super::retry::backoff(
+                            &inner.config,
+                            t.attempts.saturating_add(1),
+                        ));
+                        self.give_back(std::slice::from_ref(&t), at, "releasing a timer")
+                            .await;
+                    }
+                }
+            }
+        }
+        if !settled.is_empty() {
+            self.settle_all(settled, reached_at, shutdown).await;
+        }
+        if firing.is_empty() {
+            return;
+        }
+        let claimed = firing;
         let events: Vec<OutboundEvent> = claimed
             .iter()
-            .map(|t| {
-                let envelope = DueTimeReachedEnvelope::for_timer(t, reached_at);
+            .zip(&fires)
+            .map(|(t, fire)| {
+                let envelope =
+                    DueTimeReachedEnvelope::for_fire(&fire.claim(t), reached_at, fire.refire);
                 OutboundEvent {
                     id: envelope.id,
                     key: t.key.clone(),
@@ -88,8 +125,21 @@ impl Engine {
         };
         match published {
             Some(Ok(())) => {
-                self.announce(&claimed, events, reached_at);
-                self.settle_fired(&claimed, reached_at, shutdown).await;
+                let as_fired: Vec<ClaimedTimer> = claimed
+                    .iter()
+                    .zip(&fires)
+                    .map(|(t, fire)| fire.claim(t))
+                    .collect();
+                self.announce(&as_fired, events, reached_at);
+                let settlements = claimed
+                    .into_iter()
+                    .zip(&fires)
+                    .map(|(t, fire)| {
+                        let settlement = policy::fired(&t, fire, reached_at, &inner.owner);
+                        (t, settlement)
+                    })
+                    .collect();
+                self.settle_all(settlements, reached_at, shutdown).await;
             }
             Some(Err(e)) => {
                 ::metrics::counter!(metric::PUBLISH_FAILURES).increment(claimed.len() as u64);

@@ -49,9 +49,12 @@ impl Admitted {
     fn tenant(&self) -> Option<&str> {
         match &self.command {
             Ok(Command::Schedule(timer)) => Some(&timer.key.tenant_id),
-            Ok(Command::Cancel(key) | Command::Pause(key) | Command::Resume(key)) => {
-                Some(&key.tenant_id)
-            }
+            Ok(
+                Command::Cancel(key)
+                | Command::Pause(key)
+                | Command::Resume(key)
+                | Command::Complete(key, _),
+            ) => Some(&key.tenant_id),
             Err(_) => None,
         }
     }
@@ -201,6 +204,10 @@ impl Engine {
                 }
                 Ok(Command::Resume(key)) => {
                     steps.push(Step::Control(key, Action::Resume));
+                    acks.push(delivery.tag);
+                }
+                Ok(Command::Complete(key, completion)) => {
+                    steps.push(Step::Control(key, Action::Complete(completion)));
                     acks.push(delivery.tag);
                 }
                 Err(rejection) => {

@@ -24,6 +24,12 @@ pub const CONTROL_ACTIONS: &str = "timer.control.actions";
 pub const TRIGGERS: &str = "timer.triggers";
 pub const BULK_ACTIONS: &str = "timer.bulk.actions";
 pub const HISTORY_WRITES: &str = "timer.history.writes";
+/// Occurrences of series that did not fire, labelled by `reason`
+/// ([`SkipReason`](crate::policy::SkipReason)).
+pub const OCCURRENCES_SKIPPED: &str = "timer.occurrences.skipped";
+pub const OCCURRENCES_BUFFERED: &str = "timer.occurrences.buffered";
+pub const OCCURRENCES_CAUGHT_UP: &str = "timer.occurrences.caught_up";
+pub const COMPLETIONS_TIMED_OUT: &str = "timer.completions.timed_out";
 
 /// How a metric is recorded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -97,7 +103,7 @@ pub const ALL: &[(&str, Kind, &str)] = &[
     (
         CONTROL_ACTIONS,
         Kind::Counter,
-        "Pause, resume, cancel and retry actions of the control plane (HTTP, PauseTimer/ResumeTimer commands, bulk), by action and outcome (labels action, outcome)",
+        "Pause, resume, cancel, retry and complete actions of the control plane (HTTP, PauseTimer/ResumeTimer/TimerCompleted commands, bulk), by action and outcome (labels action, outcome; a completion's outcome is completed, completed_late, already_completed, unknown_occurrence, not_found or firing)",
     ),
     (
         TRIGGERS,
@@ -113,6 +119,26 @@ pub const ALL: &[(&str, Kind, &str)] = &[
         HISTORY_WRITES,
         Kind::Counter,
         "Changes of timers recorded in their history by the engine's own paths (schedules, fires, failed publishes, pauses, resumes, bulk actions, triggers; one per changed timer, so a resume that also records skipped occurrences counts once; cancels by DELETE or CancelTimer are not counted); 0 while engine.history_per_timer is 0",
+    ),
+    (
+        OCCURRENCES_SKIPPED,
+        Kind::Counter,
+        "Occurrences of recurring timers that did not fire, by reason (label reason): overlap (the previous occurrence's work had not completed), catch_up (missed, and catchUp dropped it), catch_up_window (later than catchUpWindow); pause skips are counted in the history only",
+    ),
+    (
+        OCCURRENCES_BUFFERED,
+        Kind::Counter,
+        "Occurrences that waited for the previous one's completion (overlap: bufferOne)",
+    ),
+    (
+        OCCURRENCES_CAUGHT_UP,
+        Kind::Counter,
+        "Missed occurrences that fired late, with later ones due behind them (catchUp once or all)",
+    ),
+    (
+        COMPLETIONS_TIMED_OUT,
+        Kind::Counter,
+        "Fires whose work did not report TimerCompleted within completionTimeout (a series is free again, a one-shot timer fires again)",
     ),
 ];
 

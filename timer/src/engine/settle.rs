@@ -3,10 +3,11 @@
 //! `engine.max_attempts`, given up with a `TimerFailed` dead letter.
 
 use tokio_util::sync::CancellationToken;
-use tracing::{error, info, warn, Level};
+use tracing::{info, warn, Level};
 
 use super::retry::{backoff, jittered, Retry};
 use super::{metrics as metric, Engine};
+use crate::control::Change;
 use crate::model::{ClaimedTimer, Timestamp};
 use crate::store::Settlement;
 use crate::wire::TimerFailedEnvelope;
@@ -16,33 +17,16 @@ use crate::wire::TimerFailedEnvelope;
 const SETTLE_ATTEMPTS: u32 = 5;
 
 impl Engine {
-    /// Settles a batch whose events the broker confirmed. The next occurrence of a recurring
-    /// timer is computed from the later of its due time and now, so missed occurrences fire
-    /// once, not all.
-    pub(super) async fn settle_fired(
+    /// Settles claims as [`crate::policy`] decided (fired ones after the broker confirmed
+    /// them; skipped or buffered ones without a fire), and counts what the policies did.
+    pub(super) async fn settle_all(
         &self,
-        claimed: &[ClaimedTimer],
+        settled: Vec<(ClaimedTimer, Settlement)>,
         reached_at: Timestamp,
         shutdown: &CancellationToken,
     ) {
         let inner = &self.inner;
-        let settled: Vec<(ClaimedTimer, Settlement)> = claimed
-            .iter()
-            .map(|timer| {
-                let next = timer.recurrence.as_ref().and_then(|r| match r.schedule() {
-                    Ok(schedule) => schedule.next(
-                        timer.due_at.max(reached_at),
-                        timer.occurrences.saturating_add(1),
-                    ),
-                    Err(e) => {
-                        error!(timer = %timer.key, error = %e.message, "stored recurrence does not parse; the series ends");
-                        None
-                    }
-                });
-                let settlement = next.map_or(Settlement::Reached, Settlement::Next);
-                (timer.clone(), settlement)
-            })
-            .collect();
+        let claimed: Vec<ClaimedTimer> = settled.iter().map(|(t, _)| t.clone()).collect();
         let retry = Retry {
             level: Level::ERROR,
             max_failures: Some(SETTLE_ATTEMPTS),
@@ -55,10 +39,11 @@ impl Engine {
             return; // unsettled rows fire again when the lease expires
         };
         self.history_written(changed);
+        count_policies(&settled);
         if (changed as usize) < claimed.len() {
             // Rescheduled while it fired (another revision now): the fire did not count for
             // it, and its lease would keep it "firing" until the new due time. Give it back.
-            self.give_back(claimed, reached_at, "releasing rescheduled timers")
+            self.give_back(&claimed, reached_at, "releasing rescheduled timers")
                 .await;
         }
     }
@@ -90,7 +75,9 @@ impl Engine {
         // either, the rest are retried instead of each waiting out its own deadline.
         let mut broker_up = true;
         for timer in last {
-            broker_up = broker_up && self.give_up(&timer, error).await;
+            let attempts = timer.attempts.saturating_add(1);
+            let reason = format!("max_attempts: publishing failed {attempts} times: {error}");
+            broker_up = broker_up && self.give_up(&timer, error, &reason).await;
             if !broker_up {
                 retry.push(timer);
             }
@@ -120,18 +107,18 @@ impl Engine {
         }
     }
 
-    /// The last attempt failed: a `TimerFailed` dead letter, then the timer becomes Failed.
+    /// The last attempt failed (a publish, or a one-shot timer's work that never completed):
+    /// a `TimerFailed` dead letter with `reason`, then the timer becomes Failed with `error`.
     /// False when the dead letter could not be sent either (the timer is retried instead).
-    async fn give_up(&self, timer: &ClaimedTimer, error: &str) -> bool {
+    pub(super) async fn give_up(&self, timer: &ClaimedTimer, error: &str, reason: &str) -> bool {
         let inner = &self.inner;
         let at = inner.clock.now();
         let attempts = timer.attempts.saturating_add(1);
         let envelope = TimerFailedEnvelope::for_timer(timer, at, attempts, error);
-        let reason = format!("max_attempts: publishing failed {attempts} times: {error}");
         let sent = self
             .within_half_lease(
                 "sending TimerFailed",
-                inner.broker.dead_letter(&envelope.to_json(), &reason),
+                inner.broker.dead_letter(&envelope.to_json(), reason),
             )
             .await;
         if let Err(e) = sent {
@@ -164,5 +151,35 @@ impl Engine {
             }
         }
         true
+    }
+}
+
+/// Counts what the policies did in settlements that were written: skipped, buffered and
+/// caught-up occurrences, timed-out completions.
+fn count_policies(settled: &[(ClaimedTimer, Settlement)]) {
+    for (_, settlement) in settled {
+        let Settlement::Step(step) = settlement else {
+            continue;
+        };
+        for change in &step.changes {
+            match change {
+                Change::Skipped {
+                    count,
+                    reason: Some(reason),
+                    ..
+                } => ::metrics::counter!(metric::OCCURRENCES_SKIPPED, "reason" => reason.as_str())
+                    .increment(*count),
+                Change::Buffered { .. } => {
+                    ::metrics::counter!(metric::OCCURRENCES_BUFFERED).increment(1)
+                }
+                Change::TimedOut { .. } => {
+                    ::metrics::counter!(metric::COMPLETIONS_TIMED_OUT).increment(1)
+                }
+                Change::Fired {
+                    caught_up: true, ..
+                } => ::metrics::counter!(metric::OCCURRENCES_CAUGHT_UP).increment(1),
+                _ => {}
+            }
+        }
     }
 }

@@ -335,6 +335,8 @@ fn check_event(kind: &str, revision: i64, example: &Value) -> Result<(), String>
         revision,
         recurrence: None,
         occurrences: 0,
+        policy: None,
+        work: None,
     };
     let series = schedule_examples()
         .into_iter()
@@ -430,6 +432,8 @@ fn check_manual_event(example: &Value) -> Result<(), String> {
         available_at: Timestamp::EPOCH,
         recurrence: None,
         occurrences: 0,
+        policy: None,
+        work: None,
     };
     let bytes = DueTimeReachedEnvelope::manual(&timer, at).to_json();
     let built: Value = serde_json::from_slice(&bytes).map_err(|e| e.to_string())?;

@@ -4,9 +4,12 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use uuid::Uuid;
 
+use std::time::Duration;
+
 use crate::config::Limits;
 use crate::model::{ClaimedTimer, NewTimer, Timer, TimerKey, Timestamp};
-use crate::recurrence::Recurrence;
+use crate::policy::{self, CatchUp, Completion, Outcome, Overlap, Policy, Work};
+use crate::recurrence::{Recurrence, Schedule};
 
 #[cfg(test)]
 mod doc_tests;
@@ -15,6 +18,7 @@ pub const SCHEDULE_TIMER: &str = "ScheduleTimer";
 pub const CANCEL_TIMER: &str = "CancelTimer";
 pub const PAUSE_TIMER: &str = "PauseTimer";
 pub const RESUME_TIMER: &str = "ResumeTimer";
+pub const TIMER_COMPLETED: &str = "TimerCompleted";
 pub const DUE_TIME_REACHED: &str = "DueTimeReached";
 
 /// Why a command was refused, as a stable code: a metric label, the `reason` of an HTTP error
@@ -40,6 +44,9 @@ pub enum Reason {
     PayloadTooLarge,
     /// A cron pattern, time zone, end or count that does not work.
     InvalidRecurrence,
+    /// An `overlap`, `completionTimeout`, `catchUp`, `catchUpLimit`, `catchUpWindow` or
+    /// `jitter` that does not work, or a `TimerCompleted` field that does not.
+    InvalidPolicy,
     /// A command this path does not take (a `CancelTimer` on `POST /v1/timers`).
     NotAcceptedHere,
     /// The tenant has `limits.max_pending_per_tenant` Scheduled timers already.
@@ -58,6 +65,7 @@ impl Reason {
         Reason::TooFar,
         Reason::PayloadTooLarge,
         Reason::InvalidRecurrence,
+        Reason::InvalidPolicy,
         Reason::NotAcceptedHere,
         Reason::TenantLimit,
     ];
@@ -73,6 +81,7 @@ impl Reason {
             Reason::TooFar => "too_far",
             Reason::PayloadTooLarge => "payload_too_large",
             Reason::InvalidRecurrence => "invalid_recurrence",
+            Reason::InvalidPolicy => "invalid_policy",
             Reason::NotAcceptedHere => "not_accepted_here",
             Reason::TenantLimit => "tenant_limit",
         }
@@ -129,6 +138,8 @@ impl std::fmt::Display for Rejection {
 impl std::error::Error for Rejection {}
 
 /// A decoded command.
+// A command lives for one message; boxing the schedule would allocate for every one of them.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Command {
     /// Schedule a timer, or move a Scheduled one (same key).
@@ -139,6 +150,8 @@ pub enum Command {
     Pause(TimerKey),
     /// Resume a Paused timer.
     Resume(TimerKey),
+    /// The work a fire triggered is done.
+    Complete(TimerKey, Completion),
 }
 
 #[derive(Deserialize)]
@@ -166,7 +179,62 @@ struct WireCommand<'a> {
     end_at: Option<String>,
     #[serde(default)]
     max_occurrences: Option<u32>,
+    #[serde(default)]
+    overlap: Option<String>,
+    #[serde(default)]
+    completion_timeout: Option<WireDuration>,
+    #[serde(default)]
+    catch_up: Option<String>,
+    #[serde(default)]
+    catch_up_limit: Option<i64>,
+    #[serde(default)]
+    catch_up_window: Option<WireDuration>,
+    #[serde(default)]
+    jitter: Option<WireDuration>,
+    #[serde(default)]
+    occurrence: Option<i64>,
+    #[serde(default)]
+    outcome: Option<String>,
+    #[serde(default)]
+    message: Option<String>,
 }
+
+/// A duration as a command gives it: text (`"30s"`, `"1h 30m"`, `"500ms"`) or milliseconds.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum WireDuration {
+    Millis(i64),
+    Text(String),
+}
+
+impl WireDuration {
+    fn parse(self, field: &str) -> Result<Duration, Rejection> {
+        match self {
+            WireDuration::Millis(ms) => u64::try_from(ms).map(Duration::from_millis).map_err(|_| {
+                Rejection::new(
+                    Reason::InvalidPolicy,
+                    Some(field),
+                    format!("{ms} is negative; give milliseconds of at least 0, or text like \"30s\""),
+                )
+            }),
+            WireDuration::Text(text) => humantime::parse_duration(text.trim()).map_err(|e| {
+                Rejection::new(
+                    Reason::InvalidPolicy,
+                    Some(field),
+                    format!(
+                        "{:?} is not a duration ({e}); give text like \"30s\", \"5m\", \"1h 30m\", or \
+                         milliseconds",
+                        truncate(&text, 64)
+                    ),
+                )
+            }),
+        }
+    }
+}
+
+/// How long a completion's `message` may be: longer ones are cut (a completion is never
+/// refused for its message).
+pub const MAX_COMPLETION_MESSAGE_BYTES: usize = 1024;
 
 fn parse<'a>(bytes: &'a [u8], prefix: &str) -> Result<WireCommand<'a>, Rejection> {
     let mut de = serde_json::Deserializer::from_slice(bytes);
@@ -206,6 +274,10 @@ pub fn decode_schedule(
             "a ResumeTimer is not accepted here (POST \
              /v1/tenants/{tenantId}/timers/{serviceCallId}/resume resumes over HTTP)"
         }
+        Command::Complete(..) => {
+            "a TimerCompleted is not accepted here (POST \
+             /v1/tenants/{tenantId}/timers/{serviceCallId}/complete completes over HTTP)"
+        }
     };
     Err(Rejection::new(
         Reason::NotAcceptedHere,
@@ -234,13 +306,14 @@ pub fn decode_command(bytes: &[u8], limits: &Limits, now: Timestamp) -> Result<C
         Some(CANCEL_TIMER) => CANCEL_TIMER,
         Some(PAUSE_TIMER) => PAUSE_TIMER,
         Some(RESUME_TIMER) => RESUME_TIMER,
+        Some(TIMER_COMPLETED) => TIMER_COMPLETED,
         Some(kind) => {
             return Err(Rejection::new(
                 Reason::UnknownType,
                 Some("type"),
                 format!(
                     "unknown command type {kind:?} (known: {SCHEDULE_TIMER}, {CANCEL_TIMER}, \
-                     {PAUSE_TIMER}, {RESUME_TIMER})"
+                     {PAUSE_TIMER}, {RESUME_TIMER}, {TIMER_COMPLETED})"
                 ),
             ))
         }
@@ -281,8 +354,67 @@ pub fn decode_command(bytes: &[u8], limits: &Limits, now: Timestamp) -> Result<C
         CANCEL_TIMER => validate_key(command, kind, prefix, limits).map(Command::Cancel),
         PAUSE_TIMER => validate_key(command, kind, prefix, limits).map(Command::Pause),
         RESUME_TIMER => validate_key(command, kind, prefix, limits).map(Command::Resume),
+        TIMER_COMPLETED => validate_completion(command, prefix, limits),
         _ => validate(command, prefix, limits, now).map(Command::Schedule),
     }
+}
+
+/// The completion fields of a `TimerCompleted` (or of the body of `POST .../complete`):
+/// `occurrence` (1 or more), `outcome` (`succeeded` or `failed`), `message` (cut to
+/// [`MAX_COMPLETION_MESSAGE_BYTES`]).
+pub fn completion_fields(
+    occurrence: Option<i64>,
+    outcome: Option<&str>,
+    message: Option<String>,
+    prefix: &str,
+) -> Result<Completion, Rejection> {
+    let field = |name: &str| format!("{prefix}{name}");
+    let occurrence = match occurrence {
+        None => None,
+        Some(n) => Some(u32::try_from(n).ok().filter(|n| *n >= 1).ok_or_else(|| {
+            Rejection::new(
+                Reason::InvalidPolicy,
+                Some(&field("occurrence")),
+                format!(
+                    "{n} is not an occurrence number (the event's payload.occurrence, 1 or more)"
+                ),
+            )
+        })?),
+    };
+    let outcome = match outcome {
+        None => None,
+        Some("succeeded") => Some(Outcome::Succeeded),
+        Some("failed") => Some(Outcome::Failed),
+        Some(other) => {
+            return Err(Rejection::new(
+                Reason::InvalidPolicy,
+                Some(&field("outcome")),
+                format!(
+                    "{:?} is not an outcome (succeeded, failed)",
+                    truncate(other, 64)
+                ),
+            ))
+        }
+    };
+    let message = message.map(|m| truncate(&m, MAX_COMPLETION_MESSAGE_BYTES).to_owned());
+    Ok(Completion {
+        occurrence,
+        outcome,
+        message,
+    })
+}
+
+fn validate_completion(
+    mut cmd: WireCommand<'_>,
+    prefix: &str,
+    limits: &Limits,
+) -> Result<Command, Rejection> {
+    let occurrence = cmd.occurrence.take();
+    let outcome = cmd.outcome.take();
+    let message = cmd.message.take();
+    let key = validate_key(cmd, TIMER_COMPLETED, prefix, limits)?;
+    let completion = completion_fields(occurrence, outcome.as_deref(), message, prefix)?;
+    Ok(Command::Complete(key, completion))
 }
 
 /// A `CancelTimer`, `PauseTimer` or `ResumeTimer` (`kind`) names its timer and nothing else a
@@ -307,12 +439,26 @@ fn validate_key(
         ("endAt", cmd.end_at.is_some()),
         ("maxOccurrences", cmd.max_occurrences.is_some()),
         ("payload", cmd.payload.is_some()),
+        ("overlap", cmd.overlap.is_some()),
+        ("completionTimeout", cmd.completion_timeout.is_some()),
+        ("catchUp", cmd.catch_up.is_some()),
+        ("catchUpLimit", cmd.catch_up_limit.is_some()),
+        ("catchUpWindow", cmd.catch_up_window.is_some()),
+        ("jitter", cmd.jitter.is_some()),
+        ("occurrence", cmd.occurrence.is_some()),
+        ("outcome", cmd.outcome.is_some()),
+        ("message", cmd.message.is_some()),
     ];
     if let Some((name, _)) = extra.iter().find(|(_, given)| *given) {
+        let takes = if kind == TIMER_COMPLETED {
+            "tenantId, serviceCallId, correlationId, occurrence, outcome and message"
+        } else {
+            "only tenantId, serviceCallId and correlationId"
+        };
         return Err(Rejection::new(
             Reason::InvalidJson,
             Some(&field(name)),
-            format!("a {kind} takes only tenantId, serviceCallId and correlationId"),
+            format!("a {kind} takes {takes}"),
         ));
     }
     Ok(TimerKey {
@@ -417,7 +563,22 @@ fn validate(
         Some(id) => Some(check_id(id, &field("correlationId"), limits)?),
         None => None,
     };
+    if let Some(name) = [
+        ("occurrence", cmd.occurrence.is_some()),
+        ("outcome", cmd.outcome.is_some()),
+        ("message", cmd.message.is_some()),
+    ]
+    .iter()
+    .find_map(|(name, given)| given.then_some(*name))
+    {
+        return Err(Rejection::new(
+            Reason::InvalidJson,
+            Some(&field(name)),
+            "only a TimerCompleted takes this field",
+        ));
+    }
     let recurring = recurrence(&mut cmd, &field, limits, now)?;
+    let policy = policy_of(&mut cmd, &field, limits, recurring.as_ref())?;
     let due_at = match (cmd.due_at, cmd.due_time_ms) {
         _ if recurring.is_some() => (
             recurring.as_ref().map_or(now, |(_, first)| *first),
@@ -488,16 +649,185 @@ fn validate(
         }
         None => None,
     };
+    let key = TimerKey {
+        tenant_id,
+        service_call_id,
+    };
+    // A jittered series is due at its first occurrence's fire time; its work remembers the
+    // occurrence itself.
+    let jitter = policy.as_ref().and_then(|p| p.jitter);
+    let work = jitter.filter(|_| recurring.is_some()).map(|_| Work {
+        nominal: Some(due_at),
+        ..Work::default()
+    });
+    let due_at = match &recurring {
+        Some(_) => policy::fire_time(&key, due_at, policy.as_ref()),
+        None => due_at,
+    };
     Ok(NewTimer {
-        key: TimerKey {
-            tenant_id,
-            service_call_id,
-        },
+        key,
         due_at,
         correlation_id,
         payload,
         recurrence: recurring.map(|(r, _)| r),
+        policy,
+        work,
     })
+}
+
+/// The policy fields of a `ScheduleTimer`, checked, with their defaults filled in; `None` when
+/// it gives none.
+fn policy_of(
+    cmd: &mut WireCommand<'_>,
+    field: &dyn Fn(&str) -> String,
+    limits: &Limits,
+    recurring: Option<&(Recurrence, Timestamp)>,
+) -> Result<Option<Policy>, Rejection> {
+    let invalid = |name: &str, message: String| {
+        Rejection::new(Reason::InvalidPolicy, Some(&field(name)), message)
+    };
+    if recurring.is_none() {
+        let stray = [
+            ("overlap", cmd.overlap.is_some()),
+            ("catchUp", cmd.catch_up.is_some()),
+            ("catchUpLimit", cmd.catch_up_limit.is_some()),
+            ("catchUpWindow", cmd.catch_up_window.is_some()),
+            ("jitter", cmd.jitter.is_some()),
+        ];
+        if let Some((name, _)) = stray.iter().find(|(_, given)| *given) {
+            return Err(invalid(
+                name,
+                "only a recurring timer (with `cron`) takes this field; a one-shot timer takes \
+                 completionTimeout"
+                    .into(),
+            ));
+        }
+    }
+    let duration =
+        |value: Option<WireDuration>, name: &str| -> Result<Option<Duration>, Rejection> {
+            let Some(value) = value else { return Ok(None) };
+            let d = value.parse(&field(name))?;
+            if d > limits.max_horizon {
+                return Err(invalid(
+                    name,
+                    format!(
+                        "{} is longer than limits.max_horizon ({})",
+                        humantime::format_duration(d),
+                        humantime::format_duration(limits.max_horizon)
+                    ),
+                ));
+            }
+            Ok(Some(d))
+        };
+    let overlap = match cmd.overlap.take() {
+        None => None,
+        Some(name) => Some(
+            Overlap::ALL
+                .into_iter()
+                .find(|o| o.as_str() == name)
+                .ok_or_else(|| {
+                    invalid(
+                        "overlap",
+                        format!(
+                            "{:?} is not an overlap policy (allow, skip, bufferOne)",
+                            truncate(&name, 64)
+                        ),
+                    )
+                })?,
+        ),
+    };
+    let catch_up = match cmd.catch_up.take() {
+        None => None,
+        Some(name) => Some(
+            CatchUp::ALL
+                .into_iter()
+                .find(|c| c.as_str() == name)
+                .ok_or_else(|| {
+                    invalid(
+                        "catchUp",
+                        format!(
+                            "{:?} is not a catch-up policy (once, skip, all)",
+                            truncate(&name, 64)
+                        ),
+                    )
+                })?,
+        ),
+    };
+    let completion_timeout = duration(cmd.completion_timeout.take(), "completionTimeout")?;
+    if completion_timeout == Some(Duration::ZERO) {
+        return Err(invalid("completionTimeout", "must be longer than 0".into()));
+    }
+    let catch_up_window = duration(cmd.catch_up_window.take(), "catchUpWindow")?;
+    if catch_up_window.is_some_and(|w| w < Duration::from_secs(1)) {
+        return Err(invalid(
+            "catchUpWindow",
+            "must be at least 1s (an occurrence is a few milliseconds late even on time)".into(),
+        ));
+    }
+    let jitter = duration(cmd.jitter.take(), "jitter")?.filter(|j| !j.is_zero());
+    let catch_up_limit = match cmd.catch_up_limit.take() {
+        None => None,
+        Some(_) if catch_up != Some(CatchUp::All) => {
+            return Err(invalid(
+                "catchUpLimit",
+                "only `catchUp: all` takes a limit".into(),
+            ))
+        }
+        Some(n) => Some(
+            u32::try_from(n)
+                .ok()
+                .filter(|n| (1..=policy::MAX_CATCH_UP_LIMIT).contains(n))
+                .ok_or_else(|| {
+                    invalid(
+                        "catchUpLimit",
+                        format!("{n} is not between 1 and {}", policy::MAX_CATCH_UP_LIMIT),
+                    )
+                })?,
+        ),
+    };
+    if let (Some(jitter), Some((recurrence, first))) = (jitter, recurring) {
+        let schedule: Schedule = recurrence.schedule().map_err(|e| {
+            Rejection::new(Reason::InvalidRecurrence, Some(&field(e.field)), e.message)
+        })?;
+        if let Err(gap) = policy::check_jitter(&schedule, *first, jitter) {
+            return Err(invalid(
+                "jitter",
+                format!(
+                    "{} is not shorter than the shortest gap between two occurrences ({}), so \
+                     occurrences would change places",
+                    humantime::format_duration(jitter),
+                    humantime::format_duration(gap)
+                ),
+            ));
+        }
+    }
+    if overlap.is_none()
+        && completion_timeout.is_none()
+        && catch_up.is_none()
+        && catch_up_window.is_none()
+        && jitter.is_none()
+    {
+        return Ok(None);
+    }
+    let overlap = overlap.unwrap_or_default();
+    let completion_timeout = match overlap {
+        Overlap::Skip | Overlap::BufferOne => {
+            Some(completion_timeout.unwrap_or(policy::DEFAULT_COMPLETION_TIMEOUT))
+        }
+        Overlap::Allow => completion_timeout,
+    };
+    let catch_up_limit = match catch_up {
+        Some(CatchUp::All) => Some(catch_up_limit.unwrap_or(policy::DEFAULT_CATCH_UP_LIMIT)),
+        _ => None,
+    };
+    Ok(Some(Policy {
+        overlap,
+        completion_timeout,
+        catch_up,
+        catch_up_limit,
+        catch_up_window,
+        jitter,
+    }))
 }
 
 fn required_id(value: Option<String>, field: &str, limits: &Limits) -> Result<String, Rejection> {
@@ -586,13 +916,23 @@ const EVENT_ID_NAMESPACE: Uuid = Uuid::from_u128(0x6c1f_4a2e_93b7_4d0a_8e55_0b3c
 /// revision and due time. The same fire always gets the same id; a rescheduled timer gets a new
 /// one.
 pub fn event_id(timer: &ClaimedTimer) -> Uuid {
-    let name = format!(
+    refired_event_id(timer, 0)
+}
+
+/// [`event_id`] of the `refire`-th fire again of a one-shot timer whose work did not complete
+/// in time (0: the first fire, whose id is [`event_id`]): a new id for each, so a broker's
+/// de-duplication does not drop it.
+pub fn refired_event_id(timer: &ClaimedTimer, refire: u32) -> Uuid {
+    let mut name = format!(
         "{}\u{0}{}\u{0}{}\u{0}{}",
         timer.key.tenant_id,
         timer.key.service_call_id,
         timer.revision,
         timer.due_at.as_millis()
     );
+    if refire > 0 {
+        name.push_str(&format!("\u{0}refire\u{0}{refire}"));
+    }
     let hash = Uuid::new_v5(&EVENT_ID_NAMESPACE, name.as_bytes()).into_bytes();
     let mut bits = [0u8; 10];
     bits.copy_from_slice(&hash[..10]);
@@ -659,6 +999,10 @@ pub struct DueTimeReached {
     /// did not move the schedule); absent for a fire at the due time.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trigger: Option<String>,
+    /// A one-shot timer with a `completionTimeout` fired again because no `TimerCompleted`
+    /// came in time: the how-manyth time (absent for the first fire).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refire: Option<u32>,
     /// The command's opaque payload, echoed back.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub payload: Option<Box<RawValue>>,
@@ -689,6 +1033,12 @@ impl Envelope<DueTimeReached> {
     /// publish retried after an outage) is dropped by the broker's de-duplication and is
     /// recognisable to consumers.
     pub fn for_timer(timer: &ClaimedTimer, reached_at: Timestamp) -> Self {
+        Self::for_fire(timer, reached_at, 0)
+    }
+
+    /// [`for_timer`](Self::for_timer) for the `refire`-th fire again of a one-shot timer
+    /// ([`refired_event_id`]; 0 is the first fire).
+    pub fn for_fire(timer: &ClaimedTimer, reached_at: Timestamp, refire: u32) -> Self {
         // A payload was valid JSON when accepted; a store that hands back something else is
         // corrupt, and the event still goes out without it rather than not at all.
         let payload = timer.payload.as_ref().and_then(|p| {
@@ -696,7 +1046,7 @@ impl Envelope<DueTimeReached> {
                 .map_err(|e| tracing::error!(timer = %timer.key, error = %e, "stored payload is not JSON; dropped from event"))
                 .ok()
         });
-        let id = event_id(timer);
+        let id = refired_event_id(timer, refire);
         Self::about(
             timer,
             id,
@@ -712,6 +1062,7 @@ impl Envelope<DueTimeReached> {
                     .as_ref()
                     .map(|_| timer.occurrences.saturating_add(1)),
                 trigger: None,
+                refire: (refire > 0).then_some(refire),
                 payload,
             },
         )
@@ -735,6 +1086,7 @@ impl Envelope<DueTimeReached> {
                 reached_at: at.to_rfc3339(),
                 occurrence: None,
                 trigger: Some(MANUAL_TRIGGER.to_owned()),
+                refire: None,
                 payload: timer
                     .payload
                     .as_ref()
@@ -1084,6 +1436,8 @@ mod tests {
                 max_occurrences: None,
             }),
             occurrences: 4,
+            policy: None,
+            work: None,
         };
         let ev = DueTimeReachedEnvelope::for_timer(&timer, Timestamp::from_millis(1_002));
         assert_eq!(ev.payload.occurrence, Some(5));
@@ -1112,6 +1466,8 @@ mod tests {
             revision: 0,
             recurrence: None,
             occurrences: 0,
+            policy: None,
+            work: None,
         };
         let ev = DueTimeReachedEnvelope::for_timer(&timer, Timestamp::from_millis(1_005));
         let v: serde_json::Value = serde_json::from_slice(&ev.to_json()).unwrap();
