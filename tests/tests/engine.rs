@@ -9,10 +9,11 @@ use std::time::Duration;
 use async_trait::async_trait;
 use timer_brokers::memory::{DeadLetter, MemoryBroker, MemoryConfig, MemoryHub, PublishedEvent};
 use timer_conformance::wait_for;
+use timer_core::policy::{CatchUp, Completion, Outcome, Overlap, Policy, Work};
 use timer_core::{
-    Broker, CancelOutcome, ClaimedTimer, Delivery, Engine, EngineConfig, Error, Lease, Limits,
-    ManualClock, NewTimer, OutboundEvent, Reason, Recurrence, Result, ScheduleOutcome, Scheduled,
-    Settlement, Store, Timer, TimerKey, TimerState, Timestamp,
+    Action, Broker, CancelOutcome, ClaimedTimer, ControlOutcome, Delivery, Engine, EngineConfig,
+    Error, Lease, Limits, ManualClock, NewTimer, OutboundEvent, Reason, Recurrence, Result,
+    ScheduleOutcome, Scheduled, Settlement, Store, Timer, TimerKey, TimerState, Timestamp,
 };
 use timer_stores::memory::MemoryStore;
 use tokio_util::sync::CancellationToken;
@@ -878,4 +879,359 @@ async fn a_tenant_over_its_limit_is_refused_and_others_are_not() {
     assert_eq!(outcomes.len(), 2);
     r.shutdown.cancel();
     let _ = r.task.await;
+}
+
+// Policies (#22): completion, overlap, catch-up, jitter.
+
+fn series_with(id: &str, first: Timestamp, policy: Policy) -> NewTimer {
+    NewTimer {
+        policy: Some(policy),
+        ..every_second(id, first)
+    }
+}
+
+fn complete(occurrence: Option<u32>) -> Action {
+    Action::Complete(Completion {
+        occurrence,
+        outcome: Some(Outcome::Succeeded),
+        message: None,
+    })
+}
+
+async fn completed(r: &Rig, id: &str, occurrence: Option<u32>) -> ControlOutcome {
+    r.engine
+        .control(&[TimerKey::new("t", id)], &complete(occurrence))
+        .await
+        .expect("complete")[0]
+}
+
+/// The history of timer `id` as its entries' JSON.
+async fn history_of(r: &Rig, id: &str) -> Vec<serde_json::Value> {
+    let history = r.store.history().expect("the memory store keeps history");
+    history
+        .read(&TimerKey::new("t", id), 0, 1000)
+        .await
+        .expect("history")
+        .into_iter()
+        .map(|e| serde_json::from_str(&e.change.to_json()).expect("json"))
+        .collect()
+}
+
+fn due_ats(events: &[PublishedEvent]) -> Vec<String> {
+    events
+        .iter()
+        .map(|e| {
+            payload_of(e)["dueAt"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned()
+        })
+        .collect()
+}
+
+fn at(s: u64) -> String {
+    T0.saturating_add(secs(s)).to_rfc3339()
+}
+
+#[tokio::test]
+async fn overlap_skip_skips_while_the_work_runs_and_goes_on_after_its_completion() {
+    let r = rig();
+    let policy = Policy {
+        overlap: Overlap::Skip,
+        completion_timeout: Some(secs(60)),
+        ..Policy::default()
+    };
+    r.schedule(&[series_with("s", T0.saturating_add(secs(1)), policy)])
+        .await;
+    r.clock.advance(secs(1));
+    events(&r.hub, 1).await.expect("occurrence 1");
+    timer_where(&r.store, "s", |t| t.occurrences == 1).await;
+    // Its work runs: the next two are skipped.
+    for s in [2, 3] {
+        r.clock.advance(secs(1));
+        timer_where(&r.store, "s", |t| {
+            t.due_at == T0.saturating_add(secs(s + 1))
+        })
+        .await;
+    }
+    assert!(
+        more_events(&r.hub, 1).await.is_none(),
+        "nothing fired while it ran"
+    );
+    assert_eq!(completed(&r, "s", Some(1)).await, ControlOutcome::Completed);
+    assert_eq!(
+        completed(&r, "s", Some(1)).await,
+        ControlOutcome::AlreadyCompleted
+    );
+    assert_eq!(
+        completed(&r, "s", Some(7)).await,
+        ControlOutcome::UnknownOccurrence
+    );
+    r.clock.advance(secs(1));
+    let e = events(&r.hub, 2)
+        .await
+        .expect("occurrence 2 after the completion");
+    assert_eq!(due_ats(&e), [at(1), at(4)]);
+    assert_eq!(payload_of(&e[1])["occurrence"], 2);
+    let history = history_of(&r, "s").await;
+    let skipped: Vec<_> = history.iter().filter(|c| c["type"] == "skipped").collect();
+    assert_eq!(skipped.len(), 2, "{history:?}");
+    assert!(
+        skipped.iter().all(|c| c["reason"] == "overlap"),
+        "{history:?}"
+    );
+    let done: Vec<_> = history
+        .iter()
+        .filter(|c| c["type"] == "completed")
+        .collect();
+    assert_eq!(done.len(), 1, "one completion recorded: {history:?}");
+    assert_eq!(done[0]["occurrence"], 1);
+    assert_eq!(done[0]["durationMs"], 2000, "completed 2 s after the fire");
+    let t = r
+        .store
+        .get(&TimerKey::new("t", "s"))
+        .await
+        .unwrap()
+        .unwrap();
+    let counts = t.work.expect("work").counts;
+    assert_eq!((counts.skipped_overlap, counts.completed), (2, 1));
+}
+
+#[tokio::test]
+async fn a_completion_timeout_frees_a_series_whose_consumer_never_answers() {
+    let r = rig();
+    let policy = Policy {
+        overlap: Overlap::Skip,
+        completion_timeout: Some(ms(2500)),
+        ..Policy::default()
+    };
+    r.schedule(&[series_with("s", T0.saturating_add(secs(1)), policy)])
+        .await;
+    r.clock.advance(secs(1));
+    events(&r.hub, 1).await.expect("occurrence 1");
+    timer_where(&r.store, "s", |t| t.occurrences == 1).await;
+    // 2 and 3 fall within the 2.5 s; 4 comes after the timeout and fires.
+    for s in [2, 3] {
+        r.clock.advance(secs(1));
+        timer_where(&r.store, "s", |t| {
+            t.due_at == T0.saturating_add(secs(s + 1))
+        })
+        .await;
+    }
+    r.clock.advance(secs(1));
+    let e = events(&r.hub, 2).await.expect("the series is free again");
+    assert_eq!(due_ats(&e), [at(1), at(4)]);
+    let history = history_of(&r, "s").await;
+    assert!(
+        history
+            .iter()
+            .any(|c| c["type"] == "timed_out" && c["occurrence"] == 1),
+        "{history:?}"
+    );
+    // A completion that comes now is late: recorded, nothing else changes.
+    assert_eq!(
+        completed(&r, "s", Some(1)).await,
+        ControlOutcome::CompletedLate
+    );
+}
+
+#[tokio::test]
+async fn buffer_one_fires_the_waiting_occurrence_when_the_previous_completes() {
+    let r = rig();
+    let policy = Policy {
+        overlap: Overlap::BufferOne,
+        completion_timeout: Some(secs(60)),
+        ..Policy::default()
+    };
+    r.schedule(&[series_with("b", T0.saturating_add(secs(1)), policy)])
+        .await;
+    r.clock.advance(secs(1));
+    events(&r.hub, 1).await.expect("occurrence 1");
+    timer_where(&r.store, "b", |t| t.occurrences == 1).await;
+    r.clock.advance(secs(1));
+    timer_where(&r.store, "b", |t| {
+        t.work.as_ref().is_some_and(|w| w.buffered)
+    })
+    .await;
+    r.clock.advance(ms(1500));
+    assert!(more_events(&r.hub, 1).await.is_none(), "it waits");
+    assert_eq!(completed(&r, "b", Some(1)).await, ControlOutcome::Completed);
+    let e = events(&r.hub, 2)
+        .await
+        .expect("the buffered one fires at once");
+    assert_eq!(due_ats(&e), [at(1), at(2)], "the one that waited, late");
+    let t = timer_where(&r.store, "b", |t| t.occurrences == 2).await;
+    assert_eq!(t.due_at, T0.saturating_add(secs(4)), "3 was skipped");
+    let history = history_of(&r, "b").await;
+    assert!(
+        history.iter().any(|c| c["type"] == "buffered"),
+        "{history:?}"
+    );
+}
+
+#[tokio::test]
+async fn catch_up_all_fires_the_last_missed_up_to_its_limit_then_goes_on() {
+    let r = rig();
+    let policy = Policy {
+        catch_up: Some(CatchUp::All),
+        catch_up_limit: Some(3),
+        ..Policy::default()
+    };
+    r.schedule(&[series_with("c", T0.saturating_add(secs(1)), policy)])
+        .await;
+    r.clock.advance(secs(1));
+    events(&r.hub, 1).await.expect("occurrence 1");
+    timer_where(&r.store, "c", |t| t.occurrences == 1).await;
+    // Down for 10 s: 2..=11 are due; the last 3 fire, 2..=8 are skipped.
+    r.clock.advance(secs(10));
+    let e = events(&r.hub, 4).await.expect("three caught up");
+    assert_eq!(due_ats(&e), [at(1), at(9), at(10), at(11)]);
+    assert!(
+        more_events(&r.hub, 4).await.is_none(),
+        "no more than the limit"
+    );
+    r.clock.advance(secs(1));
+    let e = events(&r.hub, 5).await.expect("back on time");
+    assert_eq!(due_ats(&e)[4], at(12));
+    let history = history_of(&r, "c").await;
+    let skipped: Vec<_> = history.iter().filter(|c| c["type"] == "skipped").collect();
+    assert_eq!(skipped.len(), 1, "{history:?}");
+    assert_eq!(
+        (skipped[0]["count"].as_u64(), &skipped[0]["reason"]),
+        (Some(7), &serde_json::json!("catch_up"))
+    );
+}
+
+#[tokio::test]
+async fn catch_up_skip_drops_what_was_missed_and_once_fires_the_first() {
+    let r = rig();
+    let skip = Policy {
+        catch_up: Some(CatchUp::Skip),
+        ..Policy::default()
+    };
+    let once = Policy {
+        catch_up: Some(CatchUp::Once),
+        ..Policy::default()
+    };
+    let first = T0.saturating_add(secs(1));
+    r.schedule(&[
+        series_with("skip", first, skip),
+        series_with("once", first, once),
+    ])
+    .await;
+    r.clock.advance(secs(1));
+    events(&r.hub, 2).await.expect("both fire once on time");
+    timer_where(&r.store, "skip", |t| t.occurrences == 1).await;
+    timer_where(&r.store, "once", |t| t.occurrences == 1).await;
+    r.clock.advance(secs(10));
+    let e = events(&r.hub, 3).await.expect("the first missed of `once`");
+    assert!(
+        more_events(&r.hub, 3).await.is_none(),
+        "`skip` fires none late"
+    );
+    assert_eq!(e[2].key.service_call_id, "once");
+    assert_eq!(due_ats(&e)[2], at(2));
+    let t = timer_where(&r.store, "skip", |t| {
+        t.due_at == T0.saturating_add(secs(12))
+    })
+    .await;
+    assert_eq!(t.work.expect("work").counts.skipped_catch_up, 10);
+}
+
+#[tokio::test]
+async fn a_one_shot_timer_fires_again_until_its_work_completes() {
+    let r = Setup {
+        config: EngineConfig {
+            max_attempts: 3,
+            ..config()
+        },
+        ..Setup::default()
+    }
+    .start();
+    let policy = Policy {
+        completion_timeout: Some(secs(5)),
+        ..Policy::default()
+    };
+    let due = T0.saturating_add(secs(1));
+    r.schedule(&[
+        NewTimer {
+            policy: Some(policy.clone()),
+            ..timer("done", due)
+        },
+        NewTimer {
+            policy: Some(policy),
+            ..timer("never", due)
+        },
+    ])
+    .await;
+    r.clock.advance(secs(1));
+    let e = events(&r.hub, 2).await.expect("both fire");
+    timer_where(&r.store, "done", |t| {
+        t.work.as_ref().is_some_and(|w| w.awaiting.is_some())
+    })
+    .await;
+    // No completion within 5 s: each fires again, with an id of its own.
+    r.clock.advance(secs(5));
+    let again = events(&r.hub, 4).await.expect("fired again");
+    assert_eq!(payload_of(&again[2])["refire"], 1);
+    assert_ne!(again[2].id, e[0].id);
+    assert_ne!(again[2].id, e[1].id);
+    timer_where(&r.store, "done", |t| {
+        t.work
+            .as_ref()
+            .and_then(|w| w.awaiting.as_ref())
+            .is_some_and(|a| a.refires == 1)
+    })
+    .await;
+    assert_eq!(completed(&r, "done", None).await, ControlOutcome::Completed);
+    let t = timer_where(&r.store, "done", |t| t.state == TimerState::Reached).await;
+    assert!(t.work.expect("work").awaiting.is_none());
+    assert_eq!(
+        completed(&r, "done", None).await,
+        ControlOutcome::AlreadyCompleted
+    );
+    // The other one: a third fire, then no more (engine.max_attempts = 3): Failed.
+    r.clock.advance(secs(5));
+    events(&r.hub, 5).await.expect("a third fire");
+    r.clock.advance(secs(5));
+    let dead = dead_letters(&r.hub, 1).await.expect("TimerFailed");
+    assert!(
+        dead[0].reason.starts_with("completion_timeout:"),
+        "{}",
+        dead[0].reason
+    );
+    timer_where(&r.store, "never", |t| t.state == TimerState::Failed).await;
+}
+
+#[tokio::test]
+async fn jitter_moves_each_occurrence_by_the_same_offset_every_time() {
+    let r = rig();
+    let policy = Policy {
+        jitter: Some(ms(800)),
+        ..Policy::default()
+    };
+    let key = TimerKey::new("t", "j");
+    let first = T0.saturating_add(secs(1));
+    let new = NewTimer {
+        due_at: timer_core::policy::fire_time(&key, first, Some(&policy)),
+        work: Some(Work {
+            nominal: Some(first),
+            ..Work::default()
+        }),
+        ..series_with("j", first, policy.clone())
+    };
+    r.schedule(&[new]).await;
+    // 100 ms at a time, each step settled before the next: one occurrence due at a time.
+    for _ in 0..40 {
+        r.clock.advance(ms(100));
+        let now = timer_core::Clock::now(&*r.clock);
+        timer_where(&r.store, "j", |t| t.due_at > now).await;
+    }
+    let e = events(&r.hub, 3).await.expect("three occurrences");
+    for (i, event) in e.iter().enumerate() {
+        let nominal = first.saturating_add(secs(i as u64));
+        let expected = timer_core::policy::fire_time(&key, nominal, Some(&policy));
+        assert_eq!(payload_of(event)["dueAt"], expected.to_rfc3339());
+        assert!(expected >= nominal && expected < nominal.saturating_add(ms(800)));
+    }
 }
