@@ -890,6 +890,16 @@ fn series_with(id: &str, first: Timestamp, policy: Policy) -> NewTimer {
     }
 }
 
+/// Schedules an every-second series `id` with `policy`, first due at T0 + 1 s, and lets its
+/// first occurrence fire and settle.
+async fn first_fired(r: &Rig, id: &str, policy: Policy) {
+    r.schedule(&[series_with(id, T0.saturating_add(secs(1)), policy)])
+        .await;
+    r.clock.advance(secs(1));
+    events(&r.hub, 1).await.expect("occurrence 1");
+    timer_where(&r.store, id, |t| t.occurrences == 1).await;
+}
+
 fn complete(occurrence: Option<u32>) -> Action {
     Action::Complete(Completion {
         occurrence,
@@ -941,11 +951,7 @@ async fn overlap_skip_skips_while_the_work_runs_and_goes_on_after_its_completion
         completion_timeout: Some(secs(60)),
         ..Policy::default()
     };
-    r.schedule(&[series_with("s", T0.saturating_add(secs(1)), policy)])
-        .await;
-    r.clock.advance(secs(1));
-    events(&r.hub, 1).await.expect("occurrence 1");
-    timer_where(&r.store, "s", |t| t.occurrences == 1).await;
+    first_fired(&r, "s", policy).await;
     // Its work runs: the next two are skipped.
     for s in [2, 3] {
         r.clock.advance(secs(1));
@@ -1005,11 +1011,7 @@ async fn a_completion_timeout_frees_a_series_whose_consumer_never_answers() {
         completion_timeout: Some(ms(2500)),
         ..Policy::default()
     };
-    r.schedule(&[series_with("s", T0.saturating_add(secs(1)), policy)])
-        .await;
-    r.clock.advance(secs(1));
-    events(&r.hub, 1).await.expect("occurrence 1");
-    timer_where(&r.store, "s", |t| t.occurrences == 1).await;
+    first_fired(&r, "s", policy).await;
     // 2 and 3 fall within the 2.5 s; 4 comes after the timeout and fires.
     for s in [2, 3] {
         r.clock.advance(secs(1));
@@ -1043,11 +1045,7 @@ async fn buffer_one_fires_the_waiting_occurrence_when_the_previous_completes() {
         completion_timeout: Some(secs(60)),
         ..Policy::default()
     };
-    r.schedule(&[series_with("b", T0.saturating_add(secs(1)), policy)])
-        .await;
-    r.clock.advance(secs(1));
-    events(&r.hub, 1).await.expect("occurrence 1");
-    timer_where(&r.store, "b", |t| t.occurrences == 1).await;
+    first_fired(&r, "b", policy).await;
     r.clock.advance(secs(1));
     timer_where(&r.store, "b", |t| {
         t.work.as_ref().is_some_and(|w| w.buffered)
@@ -1077,11 +1075,7 @@ async fn catch_up_all_fires_the_last_missed_up_to_its_limit_then_goes_on() {
         catch_up_limit: Some(3),
         ..Policy::default()
     };
-    r.schedule(&[series_with("c", T0.saturating_add(secs(1)), policy)])
-        .await;
-    r.clock.advance(secs(1));
-    events(&r.hub, 1).await.expect("occurrence 1");
-    timer_where(&r.store, "c", |t| t.occurrences == 1).await;
+    first_fired(&r, "c", policy).await;
     // Down for 10 s: 2..=11 are due; the last 3 fire, 2..=8 are skipped.
     r.clock.advance(secs(10));
     let e = events(&r.hub, 4).await.expect("three caught up");
