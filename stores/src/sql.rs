@@ -295,16 +295,21 @@ where
     for<'q> String: Encode<'q, D::Db> + Type<D::Db>,
     for<'q> i64: Encode<'q, D::Db> + Type<D::Db>,
 {
+    record_all::<D>(conn, &numbered(key, last, changes), at, limit).await
+}
+
+/// `changes` as the history entries of `key` numbered up to `last` (the row's `history_seq`
+/// after the change).
+pub(crate) fn numbered<'a>(key: &'a TimerKey, last: i64, changes: &[Change]) -> Vec<Entry<'a>> {
     let first = last - i64::try_from(changes.len()).unwrap_or(0) + 1;
-    let entries: Vec<Entry<'_>> = (first..)
+    (first..)
         .zip(changes)
         .map(|(seq, change)| Entry {
             key,
             seq,
             change: change.clone(),
         })
-        .collect();
-    record_all::<D>(conn, &entries, at, limit).await
+        .collect()
 }
 
 /// Writes the history `entries`, all at `at`, with one statement per [`ROWS_PER_STATEMENT`],

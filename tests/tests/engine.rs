@@ -900,6 +900,16 @@ async fn first_fired(r: &Rig, id: &str, policy: Policy) {
     timer_where(&r.store, id, |t| t.occurrences == 1).await;
 }
 
+/// Advances the clock to each of the `seconds` (after T0) in turn and waits until series `id`
+/// settled that occurrence (fired or not): it moved on to the next second.
+async fn moved_past(r: &Rig, id: &str, seconds: impl IntoIterator<Item = u64>) {
+    for s in seconds {
+        r.clock.advance(secs(1));
+        let next = T0.saturating_add(secs(s + 1));
+        timer_where(&r.store, id, |t| t.due_at == next).await;
+    }
+}
+
 fn complete(occurrence: Option<u32>) -> Action {
     Action::Complete(Completion {
         occurrence,
@@ -953,13 +963,7 @@ async fn overlap_skip_skips_while_the_work_runs_and_goes_on_after_its_completion
     };
     first_fired(&r, "s", policy).await;
     // Its work runs: the next two are skipped.
-    for s in [2, 3] {
-        r.clock.advance(secs(1));
-        timer_where(&r.store, "s", |t| {
-            t.due_at == T0.saturating_add(secs(s + 1))
-        })
-        .await;
-    }
+    moved_past(&r, "s", [2, 3]).await;
     assert!(
         more_events(&r.hub, 1).await.is_none(),
         "nothing fired while it ran"
@@ -1013,13 +1017,7 @@ async fn a_completion_timeout_frees_a_series_whose_consumer_never_answers() {
     };
     first_fired(&r, "s", policy).await;
     // 2 and 3 fall within the 2.5 s; 4 comes after the timeout and fires.
-    for s in [2, 3] {
-        r.clock.advance(secs(1));
-        timer_where(&r.store, "s", |t| {
-            t.due_at == T0.saturating_add(secs(s + 1))
-        })
-        .await;
-    }
+    moved_past(&r, "s", [2, 3]).await;
     r.clock.advance(secs(1));
     let e = events(&r.hub, 2).await.expect("the series is free again");
     assert_eq!(due_ats(&e), [at(1), at(4)]);

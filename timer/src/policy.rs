@@ -346,6 +346,27 @@ pub fn check_jitter(
     }
 }
 
+/// Records `occurrences` (cron times, in order) of `key` as skipped for `reason`: counted in
+/// `work`, and one `skipped` history entry with their fire times. `None` for none.
+fn skipped(
+    key: &TimerKey,
+    policy: Option<&Policy>,
+    work: &mut Work,
+    reason: SkipReason,
+    occurrences: &[Timestamp],
+) -> Option<Change> {
+    let (first, last) = (occurrences.first()?, occurrences.last()?);
+    let count = occurrences.len() as u64;
+    work.counts.skipped(reason, count);
+    Some(Change::Skipped {
+        count,
+        first: fire_time(key, *first, policy),
+        last: fire_time(key, *last, policy),
+        at_least: count >= MAX_COUNTED_SKIPS,
+        reason: Some(reason),
+    })
+}
+
 /// What to do with a claimed timer that has a policy or work.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Plan {
@@ -397,18 +418,14 @@ struct Planner<'a> {
 
 impl Planner<'_> {
     fn skip(&mut self, reason: SkipReason, occurrences: &[Timestamp]) {
-        let (Some(first), Some(last)) = (occurrences.first(), occurrences.last()) else {
-            return;
-        };
-        let count = occurrences.len() as u64;
-        self.work.counts.skipped(reason, count);
-        self.before.push(Change::Skipped {
-            count,
-            first: fire_time(&self.claim.key, *first, self.policy),
-            last: fire_time(&self.claim.key, *last, self.policy),
-            at_least: count >= MAX_COUNTED_SKIPS,
-            reason: Some(reason),
-        });
+        let change = skipped(
+            &self.claim.key,
+            self.policy,
+            &mut self.work,
+            reason,
+            occurrences,
+        );
+        self.before.extend(change);
     }
 
     fn time_out(&mut self, awaiting: &Awaiting) {
@@ -678,17 +695,13 @@ pub fn fired(claim: &ClaimedTimer, fire: &Fire, at: Timestamp, owner: &str) -> S
             skipped.push(n);
             next = schedule.next(n, count);
         }
-        if let (Some(first), Some(last)) = (skipped.first(), skipped.last()) {
-            let n = skipped.len() as u64;
-            work.counts.skipped(SkipReason::CatchUp, n);
-            changes.push(Change::Skipped {
-                count: n,
-                first: fire_time(&claim.key, *first, policy),
-                last: fire_time(&claim.key, *last, policy),
-                at_least: n >= MAX_COUNTED_SKIPS,
-                reason: Some(SkipReason::CatchUp),
-            });
-        }
+        changes.extend(self::skipped(
+            &claim.key,
+            policy,
+            &mut work,
+            SkipReason::CatchUp,
+            &skipped,
+        ));
         next
     };
     let simple = policy.is_none() && claim.work.is_none() && changes.len() == 1;

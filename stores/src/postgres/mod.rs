@@ -641,13 +641,13 @@ impl Store for PostgresStore {
                 changed += settled_rows(&row)?;
             }
         }
+        let limit = usize::try_from(history).unwrap_or(usize::MAX);
         for (t, step) in steps {
             let seq = sql::settle_step::<Self>(&mut tx, t, step, owner, at)
                 .await
                 .map_err(|e| db_err(op, e))?;
             if let Some(seq) = seq {
                 changed += 1;
-                let limit = usize::try_from(history).unwrap_or(usize::MAX);
                 sql::record::<Self>(&mut tx, &t.key, seq, at, &step.changes, limit)
                     .await
                     .map_err(|e| db_err(op, e))?;

@@ -348,26 +348,18 @@ impl Store for SqliteStore {
         let mut changed = 0;
         let mut entries = Vec::with_capacity(claims.len());
         for (t, settlement) in claims {
-            if let Settlement::Step(step) = settlement {
-                let Some(seq) = sql::settle_step::<Self>(&mut tx, t, step, owner, at)
-                    .await
-                    .map_err(|e| db_err(op, e))?
-                else {
-                    continue;
-                };
-                changed += 1;
-                let first = seq - step.changes.len() as i64 + 1;
-                for (seq, change) in (first..).zip(&step.changes) {
-                    entries.push(Entry {
-                        key: &t.key,
-                        seq,
-                        change: change.clone(),
-                    });
-                }
-                continue;
-            }
             let sql = match settlement {
-                Settlement::Step(_) => continue,
+                // Spelled out by the engine: one statement of its own, and its changes.
+                Settlement::Step(step) => {
+                    let seq = sql::settle_step::<Self>(&mut tx, t, step, owner, at)
+                        .await
+                        .map_err(|e| db_err(op, e))?;
+                    if let Some(seq) = seq {
+                        changed += 1;
+                        entries.extend(sql::numbered(&t.key, seq, &step.changes));
+                    }
+                    continue;
+                }
                 Settlement::Reached => SETTLE_REACHED,
                 Settlement::Next(_) => SETTLE_NEXT,
                 Settlement::Failed(_) => SETTLE_FAILED,
@@ -380,11 +372,10 @@ impl Store for SqliteStore {
                 .bind(owner)
                 .bind(t.revision);
             let query = match settlement {
-                Settlement::Reached => query,
                 Settlement::Next(next) => query.bind(next.as_millis()),
                 Settlement::Failed(error) => query.bind(error.as_str()),
                 Settlement::Retry { at, error } => query.bind(at.as_millis()).bind(error.as_deref()),
-                Settlement::Step(_) => continue,
+                Settlement::Reached | Settlement::Step(_) => query,
             };
             let seq: Option<i64> = query
                 .fetch_optional(&mut *tx)

@@ -104,12 +104,17 @@ impl Engine {
             return;
         }
         let claimed = firing;
-        let events: Vec<OutboundEvent> = claimed
+        // Each claim as its event describes it (due at the occurrence that fires).
+        let as_fired: Vec<ClaimedTimer> = claimed
+            .iter()
+            .zip(&fires)
+            .map(|(t, fire)| fire.claim(t))
+            .collect();
+        let events: Vec<OutboundEvent> = as_fired
             .iter()
             .zip(&fires)
             .map(|(t, fire)| {
-                let envelope =
-                    DueTimeReachedEnvelope::for_fire(&fire.claim(t), reached_at, fire.refire);
+                let envelope = DueTimeReachedEnvelope::for_fire(t, reached_at, fire.refire);
                 OutboundEvent {
                     id: envelope.id,
                     key: t.key.clone(),
@@ -125,11 +130,6 @@ impl Engine {
         };
         match published {
             Some(Ok(())) => {
-                let as_fired: Vec<ClaimedTimer> = claimed
-                    .iter()
-                    .zip(&fires)
-                    .map(|(t, fire)| fire.claim(t))
-                    .collect();
                 self.announce(&as_fired, events, reached_at);
                 let settlements = claimed
                     .into_iter()

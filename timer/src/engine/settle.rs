@@ -26,7 +26,6 @@ impl Engine {
         shutdown: &CancellationToken,
     ) {
         let inner = &self.inner;
-        let claimed: Vec<ClaimedTimer> = settled.iter().map(|(t, _)| t.clone()).collect();
         let retry = Retry {
             level: Level::ERROR,
             max_failures: Some(SETTLE_ATTEMPTS),
@@ -40,9 +39,10 @@ impl Engine {
         };
         self.history_written(changed);
         count_policies(&settled);
-        if (changed as usize) < claimed.len() {
+        if (changed as usize) < settled.len() {
             // Rescheduled while it fired (another revision now): the fire did not count for
             // it, and its lease would keep it "firing" until the new due time. Give it back.
+            let claimed: Vec<ClaimedTimer> = settled.into_iter().map(|(t, _)| t).collect();
             self.give_back(&claimed, reached_at, "releasing rescheduled timers")
                 .await;
         }
