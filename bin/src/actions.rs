@@ -1,5 +1,5 @@
-//! The control plane's write routes and the per-timer history: pause, resume, trigger, bulk
-//! actions over a filter, a timer's history, and the instance status.
+//! The control plane's write routes and the per-timer history: pause, resume, retry, trigger,
+//! complete, bulk actions over a filter, a timer's history, and the instance status.
 
 use axum::body::Bytes;
 use axum::extract::{Path, RawQuery, State};
@@ -12,7 +12,7 @@ use timer_core::engine::Triggered;
 use timer_core::{Action, ControlOutcome, Engine, TimerKey, TimerState, Timestamp};
 
 use crate::api::{
-    BulkOutcome, BulkRequest, Counts, ErrorBody, ErrorDetail, Health, HistoryPage, HistoryView,
+    BulkOutcome, BulkRequest, CompleteRequest, Counts, ErrorBody, ErrorDetail, Health, HistoryPage, HistoryView,
     LastMinute, MinuteView, PauseRequest, Percentiles, Status, TimerOutcome, TimerView,
     TriggerOutcome,
 };
@@ -193,6 +193,74 @@ pub async fn retry(
     act(&app, TimerKey::new(tenant, id), Action::Retry).await
 }
 
+/// The optional body of `POST …/complete`: the fields of a `TimerCompleted` after its key.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CompleteBody {
+    #[serde(default)]
+    occurrence: Option<i64>,
+    #[serde(default)]
+    outcome: Option<String>,
+    #[serde(default)]
+    message: Option<String>,
+}
+
+/// Reports that the work an occurrence's event triggered is done (what a `TimerCompleted`
+/// command does on a broker): a series with `overlap` `skip` or `bufferOne` is free for its next
+/// occurrence, a one-shot timer with a `completionTimeout` is not fired again. The history
+/// records it with how long the work took.
+#[utoipa::path(
+    post,
+    path = "/v1/tenants/{tenant}/timers/{id}/complete",
+    tag = "control",
+    params(TimerPath),
+    request_body(content = Option<CompleteRequest>, description = "Optional: without an `occurrence`, the last fired one"),
+    responses(
+        (status = 200, description = "`completed`, `completed_late` (after its completionTimeout), `already_completed` or `unknown_occurrence` (nothing changed)", body = TimerOutcome),
+        (status = 409, description = "An event of the timer is being published right now (`firing`: retry)", body = TimerOutcome),
+        (status = 400, description = "A bad body: reason `invalid_json`, or `invalid_policy` naming the field (`occurrence`, `outcome`)", body = ErrorBody),
+        (status = 404, description = "No such timer", body = ErrorBody),
+        (status = 501, description = "The store cannot record completions", body = ErrorBody),
+    )
+)]
+pub async fn complete(
+    State(app): State<AppState>,
+    Path(TimerPath { tenant, id }): Path<TimerPath>,
+    body: Bytes,
+) -> Response {
+    let body: CompleteBody = if body.iter().all(u8::is_ascii_whitespace) {
+        CompleteBody::default()
+    } else {
+        match serde_json::from_slice(&body) {
+            Ok(body) => body,
+            Err(e) => {
+                return bad_json(
+                    None,
+                    &format!(
+                        "the body is not {{\"occurrence\": N, \"outcome\": \"succeeded\"|\"failed\", \
+                         \"message\": \"…\"}} ({e})"
+                    ),
+                )
+            }
+        }
+    };
+    let completion = match timer_core::wire::completion_fields(
+        body.occurrence,
+        body.outcome.as_deref(),
+        body.message,
+        "",
+    ) {
+        Ok(completion) => completion,
+        Err(r) => return crate::http::rejection(&r),
+    };
+    act(
+        &app,
+        TimerKey::new(tenant, id),
+        Action::Complete(completion),
+    )
+    .await
+}
+
 /// Fires one extra occurrence now: a `DueTimeReached` with `"trigger": "manual"` and an id of
 /// its own; the schedule does not move. Scheduled and Paused timers only.
 #[utoipa::path(
@@ -367,8 +435,8 @@ pub async fn bulk(
 }
 
 /// A timer's history, oldest first: every change (created, rescheduled, paused, resumed,
-/// skipped, triggered, fired, publish_failed, given_up, cancelled), up to
-/// `engine.history_per_timer` of the latest.
+/// skipped, buffered, triggered, fired, timed_out, completed, publish_failed, given_up, retried,
+/// cancelled), up to `engine.history_per_timer` of the latest.
 #[utoipa::path(
     get,
     path = "/v1/tenants/{tenant}/timers/{id}/history",

@@ -5,9 +5,11 @@
 //! Times are RFC 3339 strings in UTC; `…Ms` fields are milliseconds.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use serde::Serialize;
 use serde_json::Value;
+use timer_core::policy::{CatchUp, Policy, Work};
 use timer_core::{Change, HistoryEntry, Timer, Timestamp};
 use utoipa::{OpenApi, ToSchema};
 
@@ -77,6 +79,13 @@ pub struct TimerView {
     /// With `?next=N`: the next fire times.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub next_occurrences: Option<Vec<Occurrence>>,
+    /// The policies its `ScheduleTimer` gave (durations in milliseconds); null without any.
+    #[schema(required = true)]
+    pub policy: Option<PolicyView>,
+    /// What the policies did: the fire awaiting its completion, a buffered occurrence, counts;
+    /// null while nothing was recorded.
+    #[schema(required = true)]
+    pub work: Option<WorkView>,
 }
 
 impl TimerView {
@@ -106,6 +115,130 @@ impl TimerView {
             }),
             occurrences: t.recurrence.as_ref().map(|_| t.occurrences),
             next_occurrences: None,
+            policy: t.policy.as_ref().map(PolicyView::of),
+            work: t.work.as_ref().map(|w| WorkView::of(w, t.due_at)),
+        }
+    }
+}
+
+fn millis(d: Option<Duration>) -> Option<u64> {
+    d.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// A timer's policies, named as in `ScheduleTimer` (durations with `Ms`).
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PolicyView {
+    /// `allow`, `skip` or `bufferOne`.
+    pub overlap: &'static str,
+    /// `completionTimeout`; null: completions are not waited for (`overlap: allow`).
+    #[schema(required = true)]
+    pub completion_timeout_ms: Option<u64>,
+    /// `once`, `skip` or `all`; null: `once` after downtime, a resume skips.
+    #[schema(required = true)]
+    pub catch_up: Option<&'static str>,
+    #[schema(required = true)]
+    pub catch_up_limit: Option<u32>,
+    #[schema(required = true)]
+    pub catch_up_window_ms: Option<u64>,
+    #[schema(required = true)]
+    pub jitter_ms: Option<u64>,
+}
+
+impl PolicyView {
+    fn of(p: &Policy) -> Self {
+        PolicyView {
+            overlap: p.overlap.as_str(),
+            completion_timeout_ms: millis(p.completion_timeout),
+            catch_up: p.catch_up.map(CatchUp::as_str),
+            catch_up_limit: p.catch_up_limit,
+            catch_up_window_ms: millis(p.catch_up_window),
+            jitter_ms: millis(p.jitter),
+        }
+    }
+}
+
+/// What a timer's policies did.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkView {
+    /// The fired occurrence whose completion is awaited.
+    #[schema(required = true)]
+    pub awaiting: Option<AwaitingView>,
+    /// The occurrence at `dueAt` waits for the awaited one to complete (`bufferOne`); null
+    /// when none does.
+    #[schema(format = DateTime)]
+    #[schema(required = true)]
+    pub buffered: Option<String>,
+    /// The last occurrence whose completion arrived.
+    #[schema(required = true)]
+    pub last_completed: Option<u32>,
+    /// The cron time the jittered `dueAt` stands for.
+    #[schema(format = DateTime)]
+    #[schema(required = true)]
+    pub nominal_due_at: Option<String>,
+    pub counts: WorkCounts,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AwaitingView {
+    /// The event's `payload.occurrence` (1 for a one-shot timer).
+    pub occurrence: u32,
+    #[schema(format = DateTime)]
+    pub due_at: String,
+    #[schema(format = DateTime)]
+    pub fired_at: String,
+    /// When it counts as timed out.
+    #[schema(format = DateTime)]
+    #[schema(required = true)]
+    pub deadline: Option<String>,
+    /// A one-shot timer fired again because its work did not complete in time: how often.
+    pub refires: u32,
+}
+
+/// Occurrences per what the policies did with them, since the timer was scheduled (or
+/// rescheduled with another pattern).
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkCounts {
+    /// Skipped because the previous one's work had not completed.
+    pub skipped_overlap: u64,
+    /// Missed and dropped by `catchUp`.
+    pub skipped_catch_up: u64,
+    /// Later than `catchUpWindow`.
+    pub skipped_window: u64,
+    pub buffered: u64,
+    /// Fires whose work did not complete within `completionTimeout`.
+    pub timed_out: u64,
+    /// Missed occurrences fired late.
+    pub caught_up: u64,
+    pub completed: u64,
+}
+
+impl WorkView {
+    fn of(w: &Work, due_at: Timestamp) -> Self {
+        let c = &w.counts;
+        WorkView {
+            awaiting: w.awaiting.as_ref().map(|a| AwaitingView {
+                occurrence: a.occurrence,
+                due_at: a.due_at.to_rfc3339(),
+                fired_at: a.fired_at.to_rfc3339(),
+                deadline: a.deadline.map(Timestamp::to_rfc3339),
+                refires: a.refires,
+            }),
+            buffered: w.buffered.then(|| due_at.to_rfc3339()),
+            last_completed: w.completed,
+            nominal_due_at: w.nominal.map(Timestamp::to_rfc3339),
+            counts: WorkCounts {
+                skipped_overlap: c.skipped_overlap,
+                skipped_catch_up: c.skipped_catch_up,
+                skipped_window: c.skipped_window,
+                buffered: c.buffered,
+                timed_out: c.timed_out,
+                caught_up: c.caught_up,
+                completed: c.completed,
+            },
         }
     }
 }
@@ -435,6 +568,17 @@ pub struct Batch {
 pub struct PauseRequest {
     /// Goes into the history; at most 1 KiB.
     pub note: Option<String>,
+}
+
+/// `POST …/complete` (the body is optional).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct CompleteRequest {
+    /// The event's `payload.occurrence`; absent: the last fired one (a one-shot timer's only).
+    pub occurrence: Option<u32>,
+    /// `succeeded` or `failed`.
+    pub outcome: Option<String>,
+    /// Goes into the history; cut at 1 KiB.
+    pub message: Option<String>,
 }
 
 /// `POST /v1/tenants/{tenant}/timers/bulk`.

@@ -684,6 +684,7 @@ fn action(method: &Method, path: &str) -> &'static str {
         (_, p) if p.ends_with("/resume") => "resume",
         (_, p) if p.ends_with("/retry") => "retry",
         (_, p) if p.ends_with("/trigger") => "trigger",
+        (_, p) if p.ends_with("/complete") => "complete",
         (_, p) if p.ends_with("/bulk") => "bulk",
         _ => "other",
     }

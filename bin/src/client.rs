@@ -1,5 +1,5 @@
 //! The CLI's client of a running service's HTTP API: schedule (one, or a file of commands in
-//! batches), get, cancel, list, summary, pause, resume, trigger, history, bulk, status.
+//! batches), get, cancel, list, summary, pause, resume, trigger, complete, history, bulk, status.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -158,7 +158,7 @@ impl Client {
             .await
     }
 
-    /// `POST /v1/tenants/{tenant}/timers/{id}/{action}` (pause, resume, retry, trigger).
+    /// `POST /v1/tenants/{tenant}/timers/{id}/{action}` (pause, resume, retry, trigger, complete).
     pub async fn act(
         &self,
         tenant: &str,

@@ -86,6 +86,7 @@ pub fn routes(
         .routes(routes!(crate::actions::resume))
         .routes(routes!(crate::actions::retry))
         .routes(routes!(crate::actions::trigger))
+        .routes(routes!(crate::actions::complete).layer(limited(body_limit)))
         .routes(routes!(crate::actions::history))
         .routes(routes!(crate::actions::status))
         .routes(routes!(crate::control::tenant_summary))
@@ -160,7 +161,7 @@ async fn json_payload_too_large(response: Response) -> Response {
     )
 }
 
-fn rejection(r: &Rejection) -> Response {
+pub(crate) fn rejection(r: &Rejection) -> Response {
     error_body(
         StatusCode::BAD_REQUEST,
         r.reason.as_str(),
@@ -377,7 +378,7 @@ async fn cancel_timer(
     post,
     path = "/v1/commands",
     tag = "embedded",
-    request_body(content = Object, description = "A command as a broker carries it: ScheduleTimer, CancelTimer, PauseTimer or ResumeTimer (see the wire contract)"),
+    request_body(content = Object, description = "A command as a broker carries it: ScheduleTimer, CancelTimer, PauseTimer, ResumeTimer or TimerCompleted (see the wire contract)"),
     responses(
         (status = 202, description = "`queued`: the in-process broker has it", body = Outcome),
         (status = 404, description = "Another broker is configured: publish to it", body = ErrorBody),

@@ -126,6 +126,21 @@ enum Command {
     Retry(TimerArgs),
     /// Fire one extra DueTimeReached now ("trigger": "manual"), without moving the schedule.
     Trigger(TimerArgs),
+    /// Report that the work an occurrence's event triggered is done (a TimerCompleted): frees a
+    /// series with overlap skip or bufferOne, stops a one-shot timer's re-fires.
+    Complete {
+        #[command(flatten)]
+        timer: TimerArgs,
+        /// The event's payload.occurrence (default: the last fired one).
+        #[arg(long)]
+        occurrence: Option<u32>,
+        /// How the work ended.
+        #[arg(long, value_parser = ["succeeded", "failed"])]
+        outcome: Option<String>,
+        /// Kept in the timer's history (cut at 1 KiB).
+        #[arg(long)]
+        message: Option<String>,
+    },
     /// A timer's history of changes, oldest first: one page, or every entry with --all (then
     /// one per line).
     History {
@@ -370,7 +385,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<()> {
     let print = |v: serde_json::Value| {
         println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
     };
-    // `POST …/{action}` on one timer (pause, resume, retry, trigger), the answer printed.
+    // `POST …/{action}` on one timer (pause, resume, retry, trigger, complete), the answer printed.
     let act = |t: TimerArgs, action: &'static str, body: Option<serde_json::Value>| {
         let client = api_client(&t.api);
         async move {
@@ -445,6 +460,19 @@ async fn dispatch(cli: Cli) -> anyhow::Result<()> {
         Command::Resume(t) => act(t, "resume", None).await,
         Command::Retry(t) => act(t, "retry", None).await,
         Command::Trigger(t) => act(t, "trigger", None).await,
+        Command::Complete {
+            timer: t,
+            occurrence,
+            outcome,
+            message,
+        } => {
+            let body = serde_json::json!({
+                "occurrence": occurrence,
+                "outcome": outcome,
+                "message": message,
+            });
+            act(t, "complete", Some(body)).await
+        }
         Command::History {
             timer: t,
             limit,

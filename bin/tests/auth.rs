@@ -134,6 +134,11 @@ async fn a_key_for_some_tenants_cannot_touch_another_on_any_route() {
                 (Method::POST, format!("{b}/{id}/resume"), None),
                 (Method::POST, format!("{b}/{id}/retry"), None),
                 (Method::POST, format!("{b}/{id}/trigger"), None),
+                (
+                    Method::POST,
+                    format!("{b}/{id}/complete"),
+                    Some(json!({"occurrence": 1})),
+                ),
                 (Method::GET, format!("{b}/{id}/history"), None),
             ]
         })

@@ -268,6 +268,59 @@ async fn every_route_is_documented_and_answers_as_documented() {
         (200, Some("triggered")),
         "{body}"
     );
+    // A series with policies shows them; a completion of an occurrence it never fired is
+    // acknowledged, a bad outcome refused naming the field.
+    let policies = json!({
+        "tenantId": "acme", "serviceCallId": "policies", "cron": "0 9 * * *",
+        "timeZone": "Europe/Berlin", "overlap": "skip", "completionTimeout": "10m",
+        "catchUp": "all", "catchUpLimit": 3, "jitter": "1m",
+    });
+    let (status, body) = api.call(Method::POST, "/v1/timers", Some(policies)).await;
+    assert_eq!(status, 201, "{body}");
+    let policy = &body["timer"]["policy"];
+    assert_eq!(
+        (
+            policy["overlap"].as_str(),
+            policy["completionTimeoutMs"].as_u64(),
+            policy["catchUp"].as_str(),
+            policy["catchUpLimit"].as_u64(),
+            policy["jitterMs"].as_u64(),
+        ),
+        (Some("skip"), Some(600_000), Some("all"), Some(3), Some(60_000)),
+        "{body}"
+    );
+    let (status, body) = api
+        .call(
+            Method::POST,
+            "/v1/tenants/acme/timers/policies/complete",
+            Some(json!({ "occurrence": 1, "outcome": "succeeded" })),
+        )
+        .await;
+    assert_eq!(
+        (status, body["outcome"].as_str()),
+        (200, Some("unknown_occurrence")),
+        "{body}"
+    );
+    let (status, body) = api
+        .call(
+            Method::POST,
+            "/v1/tenants/acme/timers/policies/complete",
+            Some(json!({ "outcome": "maybe" })),
+        )
+        .await;
+    assert_eq!(
+        (status, body["error"]["field"].as_str()),
+        (400, Some("outcome")),
+        "{body}"
+    );
+    let (status, _) = api
+        .call(
+            Method::POST,
+            "/v1/tenants/acme/timers/nope/complete",
+            None,
+        )
+        .await;
+    assert_eq!(status, 404);
     let (_, page) = api
         .call(
             Method::GET,

@@ -1,6 +1,7 @@
 //! What is NATS's own: JetStream drops a publish with an id it already stored (so an outage
 //! repeats no event), a stream of another's is never overwritten, and events go to the tenant's
-//! subject (checked on a cron timer that fires every second through a stop of the service).
+//! subject (checked on a cron timer that fires every second through a stop of the service); a
+//! series with `catchUp: all` fires its latest missed occurrences after a stop.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -37,6 +38,7 @@ pub fn checks() -> Vec<Check<Arc<BrokerCase>>> {
     checks![
         a_stream_with_other_subjects_is_an_error_not_an_overwrite,
         cron_every_second_in_berlin_fires_one_catch_up_after_a_stop,
+        catch_up_all_fires_the_three_latest_missed_after_ten_seconds_down,
     ]
 }
 
@@ -210,6 +212,98 @@ async fn cron_every_second_in_berlin_fires_one_catch_up_after_a_stop(case: Arc<B
     assert!(
         raw.iter().all(|m| m.subject.as_str() == subject),
         "events go to {subject}"
+    );
+    setup.clean_up().await;
+}
+
+/// `*/1 * * * * *` with `catchUp: all, catchUpLimit: 3`; the service is stopped for 10 s: once
+/// it is back, the 3 latest missed occurrences fire late, one after the other, the older missed
+/// ones are skipped (history reason `catch_up`), and the series goes on every second.
+async fn catch_up_all_fires_the_three_latest_missed_after_ten_seconds_down(case: Arc<BrokerCase>) {
+    const LIMIT: usize = 3;
+    let setup = Setup::new(&case);
+    let service = setup.start().await;
+    let client = setup.client().await;
+    let command = json!({"tenantId": "t", "serviceCallId": "catch-up", "cron": "*/1 * * * * *",
+                         "catchUp": "all", "catchUpLimit": LIMIT});
+    client
+        .send_command(command.to_string().as_bytes())
+        .await
+        .expect("send");
+    wait_for(Duration::from_secs(40), || async {
+        (occurrences(client.as_ref()).await.len() >= 3).then_some(())
+    })
+    .await
+    .unwrap_or_else(|| panic!("3 occurrences; log:\n{}", service.log_text()));
+    assert_eq!(service.terminate().await, Some(0));
+    let before = occurrences(client.as_ref()).await;
+    // The scenario's downtime (what is tested is what happens after it, not a wait for a
+    // condition).
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let restarted_at = now_ms();
+    let service = setup.start().await;
+    let all = wait_for(Duration::from_secs(40), || async {
+        let o = occurrences(client.as_ref()).await;
+        (o.len() >= before.len() + LIMIT + 3).then_some(o)
+    })
+    .await
+    .unwrap_or_else(|| panic!("firing resumed; log:\n{}", service.log_text()));
+    let (_, timer) = service.get("/v1/tenants/t/timers/catch-up").await;
+    let (_, history) = service
+        .get("/v1/tenants/t/timers/catch-up/history?limit=1000")
+        .await;
+    assert_eq!(service.terminate().await, Some(0));
+
+    let after: Vec<&Occurrence> = all.iter().filter(|o| o.fired >= restarted_at).collect();
+    let back_at = after.iter().map(|o| o.fired).min().unwrap_or(restarted_at);
+    // Due before the service fired again: missed while it was down (or starting).
+    let late: Vec<&&Occurrence> = after.iter().filter(|o| o.due < back_at).collect();
+    assert_eq!(
+        late.len(),
+        LIMIT,
+        "catchUpLimit missed occurrences fire late: {:?}",
+        late.iter().map(|o| o.due).collect::<Vec<_>>()
+    );
+    let last_before = before.last().expect("fires before the stop");
+    let first_late = late[0];
+    let missed = (first_late.due - last_before.due) / 1_000 - 1;
+    assert!(
+        missed + LIMIT as i64 >= 10,
+        "a stop of 10 s misses 10 occurrences or more: {missed} skipped, {LIMIT} fired"
+    );
+    let on_time: Vec<&&Occurrence> = after.iter().filter(|o| o.due >= back_at).collect();
+    assert!(on_time.len() >= 3, "the series goes on");
+    // The late ones are the latest missed: consecutive seconds, and the first one due after
+    // them follows on.
+    let resumed: Vec<&Occurrence> = late.iter().chain(on_time.iter()).map(|o| **o).collect();
+    for pair in resumed.windows(2) {
+        assert_eq!(pair[1].due - pair[0].due, 1_000, "one per second, no gap");
+        assert_eq!(pair[1].n, pair[0].n + 1, "numbered in order");
+    }
+    let entries = history["history"].as_array().cloned().unwrap_or_default();
+    let skipped: i64 = entries
+        .iter()
+        .filter(|e| e["type"] == "skipped")
+        .map(|e| {
+            assert_eq!(e["reason"], "catch_up", "{e}");
+            e["count"].as_i64().unwrap_or(0)
+        })
+        .sum();
+    assert_eq!(skipped, missed, "the older missed ones are skipped: {entries:?}");
+    let caught_up = entries
+        .iter()
+        .filter(|e| e["type"] == "fired" && e["caughtUp"] == true)
+        .count();
+    assert!(
+        caught_up >= LIMIT - 1,
+        "the fires before the last missed one are marked caught up: {entries:?}"
+    );
+    assert_eq!(timer["work"]["counts"]["skippedCatchUp"], missed, "{timer}");
+    println!(
+        "catch-up all, limit {LIMIT}: {missed} missed occurrences skipped, {LIMIT} fired {:?} ms \
+         late, then {} on time",
+        late.iter().map(|o| o.fired - o.due).collect::<Vec<_>>(),
+        on_time.len()
     );
     setup.clean_up().await;
 }
