@@ -1227,3 +1227,262 @@ async fn jitter_moves_each_occurrence_by_the_same_offset_every_time() {
         assert!(expected >= nominal && expected < nominal.saturating_add(ms(800)));
     }
 }
+
+#[tokio::test]
+async fn a_completion_that_meets_its_fire_waits_for_it_then_applies() {
+    let gate = Arc::new(tokio::sync::Notify::new());
+    let r = Setup::publishing(Publish::Gated(gate.clone())).start();
+    let policy = Policy {
+        completion_timeout: Some(secs(60)),
+        ..Policy::default()
+    };
+    r.schedule(&[NewTimer {
+        policy: Some(policy),
+        ..timer("w", T0.saturating_add(secs(1)))
+    }])
+    .await;
+    r.clock.advance(secs(1));
+    timer_where(&r.store, "w", |t| t.lease_owner.is_some()).await;
+    // The consumer answers before the broker confirmed the event: over HTTP that is `firing`
+    // (nothing changed), on the broker the command waits for the fire to settle.
+    assert_eq!(completed(&r, "w", None).await, ControlOutcome::Firing);
+    r.hub
+        .send_command(r#"{"type":"TimerCompleted","tenantId":"t","serviceCallId":"w"}"#)
+        .expect("send");
+    gate.notify_one();
+    let t = timer_where(&r.store, "w", |t| t.state == TimerState::Reached).await;
+    assert!(t.work.expect("work").awaiting.is_none(), "nothing awaited");
+    assert!(
+        all_acknowledged(&r.hub).await,
+        "the completion is acknowledged"
+    );
+    let types: Vec<String> = history_of(&r, "w")
+        .await
+        .iter()
+        .filter_map(|c| c["type"].as_str().map(str::to_owned))
+        .collect();
+    assert_eq!(types, ["created", "fired", "completed"]);
+    // Not fired again when its timeout would have run out.
+    r.clock.advance(secs(120));
+    assert!(more_events(&r.hub, 1).await.is_none(), "one fire only");
+}
+
+#[tokio::test]
+async fn a_resume_catches_up_with_catch_up_all_and_once_and_skips_without() {
+    let r = rig();
+    let first = T0.saturating_add(secs(1));
+    let all = Policy {
+        catch_up: Some(CatchUp::All),
+        catch_up_limit: Some(2),
+        ..Policy::default()
+    };
+    let once = Policy {
+        catch_up: Some(CatchUp::Once),
+        ..Policy::default()
+    };
+    r.schedule(&[
+        series_with("all", first, all),
+        series_with("once", first, once),
+        every_second("plain", first),
+    ])
+    .await;
+    r.clock.advance(secs(1));
+    events(&r.hub, 3).await.expect("each fires once");
+    let keys: Vec<TimerKey> = ["all", "once", "plain"]
+        .iter()
+        .map(|id| TimerKey::new("t", *id))
+        .collect();
+    for id in ["all", "once", "plain"] {
+        timer_where(&r.store, id, |t| t.occurrences == 1).await;
+    }
+    let paused = r
+        .engine
+        .control(&keys, &Action::Pause { note: None })
+        .await
+        .expect("pause");
+    assert!(
+        paused.iter().all(|o| *o == ControlOutcome::Paused),
+        "{paused:?}"
+    );
+    // Paused while 2..=6 come due (resumed half a second after 6).
+    r.clock.advance(ms(5500));
+    assert!(
+        more_events(&r.hub, 3).await.is_none(),
+        "nothing fires paused"
+    );
+    r.engine
+        .control(&keys, &Action::Resume)
+        .await
+        .expect("resume");
+    let e = events(&r.hub, 6).await.expect("three fires caught up");
+    assert!(more_events(&r.hub, 6).await.is_none(), "and no more");
+    let of = |id: &str| -> Vec<String> {
+        let fired: Vec<PublishedEvent> = e[3..]
+            .iter()
+            .filter(|e| e.key.service_call_id == id)
+            .cloned()
+            .collect();
+        due_ats(&fired)
+    };
+    assert_eq!(of("all"), [at(5), at(6)], "the latest two of the pause");
+    assert_eq!(of("once"), [at(2)], "the first one of the pause, late");
+    assert!(of("plain").is_empty(), "without catchUp a resume skips");
+    let plain = timer_where(&r.store, "plain", |_| true).await;
+    assert_eq!(plain.due_at, T0.saturating_add(secs(7)));
+    let reasons = |history: Vec<serde_json::Value>| -> Vec<(u64, String)> {
+        history
+            .iter()
+            .filter(|c| c["type"] == "skipped")
+            .map(|c| {
+                (
+                    c["count"].as_u64().unwrap_or(0),
+                    c["reason"].as_str().unwrap_or_default().to_owned(),
+                )
+            })
+            .collect()
+    };
+    assert_eq!(
+        reasons(history_of(&r, "all").await),
+        [(3, "catch_up".into())]
+    );
+    timer_where(&r.store, "once", |t| t.occurrences == 2).await;
+    assert_eq!(
+        reasons(history_of(&r, "once").await),
+        [(4, "catch_up".into())]
+    );
+    assert_eq!(
+        reasons(history_of(&r, "plain").await),
+        [(5, "pause".into())]
+    );
+}
+
+#[tokio::test]
+async fn catch_up_window_skips_what_is_later_than_the_window() {
+    let r = rig();
+    let policy = Policy {
+        catch_up: Some(CatchUp::All),
+        catch_up_limit: Some(10),
+        catch_up_window: Some(secs(3)),
+        ..Policy::default()
+    };
+    first_fired(&r, "w", policy).await;
+    // Down for 10 s: at 11 s, 2..=7 are more than 3 s late; 8..=11 fire.
+    r.clock.advance(secs(10));
+    let e = events(&r.hub, 5).await.expect("the ones within the window");
+    assert_eq!(due_ats(&e[1..]), [at(8), at(9), at(10), at(11)]);
+    assert!(more_events(&r.hub, 5).await.is_none(), "no more");
+    let history = history_of(&r, "w").await;
+    let skipped: Vec<_> = history.iter().filter(|c| c["type"] == "skipped").collect();
+    assert_eq!(skipped.len(), 1, "{history:?}");
+    assert_eq!(skipped[0]["count"], 6);
+    assert_eq!(skipped[0]["reason"], "catch_up_window");
+    assert_eq!(
+        (skipped[0]["first"].as_str(), skipped[0]["last"].as_str()),
+        (Some(at(2).as_str()), Some(at(7).as_str()))
+    );
+}
+
+/// A series of `cron` in Europe/Berlin with `jitter`, first due after `start`, as the wire
+/// decoder builds it: due at the first occurrence's fire time, its cron time kept as nominal.
+fn jittered(id: &str, cron: &str, start: Timestamp, jitter: Duration) -> (NewTimer, Timestamp) {
+    let recurrence = Recurrence {
+        cron: cron.into(),
+        time_zone: "Europe/Berlin".into(),
+        end_at: None,
+        max_occurrences: None,
+    };
+    let first = recurrence
+        .schedule()
+        .expect("a valid pattern")
+        .first(start)
+        .expect("an occurrence");
+    let policy = Policy {
+        jitter: Some(jitter),
+        ..Policy::default()
+    };
+    let key = TimerKey::new("t", id);
+    let timer = NewTimer {
+        due_at: timer_core::policy::fire_time(&key, first, Some(&policy)),
+        recurrence: Some(recurrence),
+        policy: Some(policy),
+        work: Some(Work {
+            nominal: Some(first),
+            ..Work::default()
+        }),
+        ..timer(id, first)
+    };
+    (timer, first)
+}
+
+fn utc(text: &str) -> Timestamp {
+    let at = chrono::DateTime::parse_from_rfc3339(text).expect("an RFC 3339 time");
+    Timestamp::from_millis(at.timestamp_millis())
+}
+
+/// Moves the clock in `step`s until `until`, each step settled before the next (series `id` due
+/// after now).
+async fn stepped(r: &Rig, id: &str, step: Duration, until: Timestamp) {
+    while timer_core::Clock::now(&*r.clock) < until {
+        r.clock.advance(step);
+        let now = timer_core::Clock::now(&*r.clock);
+        timer_where(&r.store, id, |t| t.due_at > now).await;
+    }
+}
+
+#[tokio::test]
+async fn jitter_keeps_the_daylight_saving_rules_of_the_pattern() {
+    let jitter = Duration::from_secs(600);
+    let policy = Policy {
+        jitter: Some(jitter),
+        ..Policy::default()
+    };
+    let fire_time = |id: &str, nominal: &str| {
+        timer_core::policy::fire_time(&TimerKey::new("t", id), utc(nominal), Some(&policy))
+            .to_rfc3339()
+    };
+    // Fall back (2026-10-25, 03:00 CEST becomes 02:00 CET): an hourly pattern fires on both
+    // passes of 02:00, each with its own offset.
+    let start = utc("2026-10-24T23:30:00Z");
+    let r = Setup {
+        clock: Arc::new(ManualClock::new(start)),
+        ..Setup::default()
+    }
+    .start();
+    let (hourly, first) = jittered("hourly", "0 0 * * * *", start, jitter);
+    assert_eq!(first, utc("2026-10-25T00:00:00Z"), "02:00 CEST");
+    r.schedule(&[hourly]).await;
+    stepped(&r, "hourly", secs(300), utc("2026-10-25T03:00:00Z")).await;
+    let e = events(&r.hub, 3).await.expect("three hours");
+    assert_eq!(
+        due_ats(&e),
+        [
+            fire_time("hourly", "2026-10-25T00:00:00Z"), // 02:00 CEST
+            fire_time("hourly", "2026-10-25T01:00:00Z"), // 02:00 CET
+            fire_time("hourly", "2026-10-25T02:00:00Z"), // 03:00 CET
+        ]
+    );
+    r.shutdown.cancel();
+    let _ = r.task.await;
+
+    // Spring forward (2026-03-29, 02:00 CET becomes 03:00 CEST): 02:30 does not exist, the
+    // pattern fires at 03:00 CEST, jittered from there; the next day at 02:30 again.
+    let start = utc("2026-03-28T12:00:00Z");
+    let r = Setup {
+        clock: Arc::new(ManualClock::new(start)),
+        ..Setup::default()
+    }
+    .start();
+    let (daily, first) = jittered("daily", "0 30 2 * * *", start, jitter);
+    assert_eq!(first, utc("2026-03-29T01:00:00Z"), "03:00 CEST");
+    r.schedule(&[daily]).await;
+    stepped(&r, "daily", secs(3600), utc("2026-03-30T02:00:00Z")).await;
+    let e = events(&r.hub, 2).await.expect("two days");
+    assert_eq!(
+        due_ats(&e),
+        [
+            fire_time("daily", "2026-03-29T01:00:00Z"), // 03:00 CEST, after the gap
+            fire_time("daily", "2026-03-30T00:30:00Z"), // 02:30 CEST
+        ]
+    );
+    assert!(more_events(&r.hub, 2).await.is_none(), "once a day");
+}
