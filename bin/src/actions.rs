@@ -12,9 +12,9 @@ use timer_core::engine::Triggered;
 use timer_core::{Action, ControlOutcome, Engine, TimerKey, TimerState, Timestamp};
 
 use crate::api::{
-    BulkOutcome, BulkRequest, CompleteRequest, Counts, ErrorBody, ErrorDetail, Health, HistoryPage, HistoryView,
-    LastMinute, MinuteView, PauseRequest, Percentiles, Status, TimerOutcome, TimerView,
-    TriggerOutcome,
+    BulkOutcome, BulkRequest, CompleteRequest, Counts, ErrorBody, ErrorDetail, Health, HistoryPage,
+    HistoryView, LastMinute, MinuteView, PauseRequest, Percentiles, Status, TimerOutcome,
+    TimerView, TriggerOutcome,
 };
 use crate::control::{BadParameter, ListParams};
 use crate::http::{error_body, server_error, AppState, TenantPath, TimerPath};
@@ -233,15 +233,13 @@ pub async fn complete(
     } else {
         match serde_json::from_slice(&body) {
             Ok(body) => body,
-            Err(e) => {
-                return bad_json(
-                    None,
-                    &format!(
-                        "the body is not {{\"occurrence\": N, \"outcome\": \"succeeded\"|\"failed\", \
+            Err(e) => return bad_json(
+                None,
+                &format!(
+                    "the body is not {{\"occurrence\": N, \"outcome\": \"succeeded\"|\"failed\", \
                          \"message\": \"…\"}} ({e})"
-                    ),
-                )
-            }
+                ),
+            ),
         }
     };
     let completion = match timer_core::wire::completion_fields(

@@ -286,7 +286,13 @@ async fn every_route_is_documented_and_answers_as_documented() {
             policy["catchUpLimit"].as_u64(),
             policy["jitterMs"].as_u64(),
         ),
-        (Some("skip"), Some(600_000), Some("all"), Some(3), Some(60_000)),
+        (
+            Some("skip"),
+            Some(600_000),
+            Some("all"),
+            Some(3),
+            Some(60_000)
+        ),
         "{body}"
     );
     let (status, body) = api
@@ -314,11 +320,7 @@ async fn every_route_is_documented_and_answers_as_documented() {
         "{body}"
     );
     let (status, _) = api
-        .call(
-            Method::POST,
-            "/v1/tenants/acme/timers/nope/complete",
-            None,
-        )
+        .call(Method::POST, "/v1/tenants/acme/timers/nope/complete", None)
         .await;
     assert_eq!(status, 404);
     let (_, page) = api

@@ -26,8 +26,8 @@ use timer_core::plugin::{
 use timer_core::{BrokerPlugin, Store, StorePlugin};
 
 use crate::e2e::{
-    due_ms, free_addr, lateness_ms, metric, now_ms, percentiles, refused_to_run, schedule, write_config,
-    EventLog, ScriptedServer, Service,
+    due_ms, free_addr, lateness_ms, metric, now_ms, percentiles, refused_to_run, schedule,
+    write_config, EventLog, ScriptedServer, Service,
 };
 use crate::{server_trial, wait_for, Check};
 
@@ -700,8 +700,15 @@ pub async fn an_overlap_skip_series_fires_after_each_completion(case: Arc<Broker
     let mut skipped_total = 0;
     for (k, pair) in fired.windows(2).take(FIRES as usize - 1).enumerate() {
         let between = &history[pair[0] + 1..pair[1]];
-        let completions: Vec<&Value> = between.iter().filter(|e| e["type"] == "completed").collect();
-        assert_eq!(completions.len(), 1, "one completion between fires: {between:?}");
+        let completions: Vec<&Value> = between
+            .iter()
+            .filter(|e| e["type"] == "completed")
+            .collect();
+        assert_eq!(
+            completions.len(),
+            1,
+            "one completion between fires: {between:?}"
+        );
         let completion = completions[0];
         assert_eq!(completion["occurrence"], k + 1, "{completion}");
         let took = completion["durationMs"].as_i64().unwrap_or(0);

@@ -289,7 +289,10 @@ async fn catch_up_all_fires_the_three_latest_missed_after_ten_seconds_down(case:
             e["count"].as_i64().unwrap_or(0)
         })
         .sum();
-    assert_eq!(skipped, missed, "the older missed ones are skipped: {entries:?}");
+    assert_eq!(
+        skipped, missed,
+        "the older missed ones are skipped: {entries:?}"
+    );
     let caught_up = entries
         .iter()
         .filter(|e| e["type"] == "fired" && e["caughtUp"] == true)
