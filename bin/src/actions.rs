@@ -233,13 +233,15 @@ pub async fn complete(
     } else {
         match serde_json::from_slice(&body) {
             Ok(body) => body,
-            Err(e) => return bad_json(
-                None,
-                &format!(
+            Err(e) => {
+                return bad_json(
+                    None,
+                    &format!(
                     "the body is not {{\"occurrence\": N, \"outcome\": \"succeeded\"|\"failed\", \
                          \"message\": \"…\"}} ({e})"
                 ),
-            ),
+                )
+            }
         }
     };
     let completion = match timer_core::wire::completion_fields(

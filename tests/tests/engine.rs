@@ -1063,6 +1063,15 @@ async fn buffer_one_fires_the_waiting_occurrence_when_the_previous_completes() {
         history.iter().any(|c| c["type"] == "buffered"),
         "{history:?}"
     );
+    // 3 is recorded once, as an overlap skip (not again when the buffered one settled).
+    let skipped: Vec<_> = history.iter().filter(|c| c["type"] == "skipped").collect();
+    assert_eq!(skipped.len(), 1, "{history:?}");
+    assert_eq!(
+        (skipped[0]["count"].as_u64(), skipped[0]["reason"].as_str()),
+        (Some(1), Some("overlap"))
+    );
+    let counts = t.work.expect("work").counts;
+    assert_eq!((counts.skipped_overlap, counts.skipped_catch_up), (1, 0));
 }
 
 #[tokio::test]
@@ -1485,4 +1494,55 @@ async fn jitter_keeps_the_daylight_saving_rules_of_the_pattern() {
         ]
     );
     assert!(more_events(&r.hub, 2).await.is_none(), "once a day");
+}
+
+#[tokio::test]
+async fn a_one_shot_timer_awaiting_its_work_is_not_fired_again_by_a_resume() {
+    let r = rig();
+    let policy = Policy {
+        completion_timeout: Some(secs(60)),
+        ..Policy::default()
+    };
+    r.schedule(&[
+        NewTimer {
+            policy: Some(policy.clone()),
+            ..timer("resumed", T0.saturating_add(secs(1)))
+        },
+        NewTimer {
+            policy: Some(policy),
+            ..timer("paused", T0.saturating_add(secs(1)))
+        },
+    ])
+    .await;
+    r.clock.advance(secs(1));
+    events(&r.hub, 2).await.expect("both fire");
+    let keys = [TimerKey::new("t", "resumed"), TimerKey::new("t", "paused")];
+    for key in &keys {
+        timer_where(&r.store, &key.service_call_id, |t| {
+            t.work.as_ref().is_some_and(|w| w.awaiting.is_some())
+        })
+        .await;
+    }
+    r.engine
+        .control(&keys, &Action::Pause { note: None })
+        .await
+        .expect("pause");
+    r.engine
+        .control(&keys[..1], &Action::Resume)
+        .await
+        .expect("resume");
+    // Resumed with its work still running: it waits for its deadline, no second fire.
+    let deadline = T0.saturating_add(secs(61));
+    timer_where(&r.store, "resumed", |t| {
+        t.state == TimerState::Scheduled && t.available_at == deadline
+    })
+    .await;
+    r.clock.advance(secs(30));
+    assert!(more_events(&r.hub, 2).await.is_none(), "not fired again");
+    // Completed while paused: its work is done, nothing is left to fire.
+    assert_eq!(
+        completed(&r, "paused", None).await,
+        ControlOutcome::Completed
+    );
+    timer_where(&r.store, "paused", |t| t.state == TimerState::Reached).await;
 }

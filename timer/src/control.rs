@@ -19,7 +19,7 @@ pub enum Action {
     Pause { note: Option<String> },
     /// Paused → Scheduled: a one-shot timer keeps its due time (fires at once when it passed);
     /// a series continues with its next occurrence at or after now, skipping the ones that fell
-    /// into the pause.
+    /// into the pause, or with `catchUp` `once` or `all` keeps its due time and catches up.
     Resume,
     /// Scheduled or Paused → Cancelled.
     Cancel,

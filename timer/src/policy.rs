@@ -391,6 +391,9 @@ pub struct Fire {
     pub refire: u32,
     /// It was missed and fires late, with later occurrences due behind it.
     pub caught_up: bool,
+    /// The last occurrence the plan decided on: this one, or a later one it recorded as
+    /// skipped. The series goes on after it.
+    pub accounted_until: Timestamp,
     /// History entries before the `fired` one (skips, a timeout).
     pub before: Vec<Change>,
     /// The work before the fire (a timed-out wait cleared, counts updated).
@@ -498,6 +501,8 @@ pub fn plan(claim: &ClaimedTimer, now: Timestamp, max_attempts: u32) -> Plan {
             .count();
         let skipped: Vec<Timestamp> = due.drain(..late).collect();
         planner.skip(SkipReason::CatchUpWindow, &skipped);
+        // A buffered occurrence is the first due one: dropped with the others.
+        planner.work.buffered &= late == 0;
     }
     if due.is_empty() {
         return planner.settle_at(after_due);
@@ -519,7 +524,11 @@ pub fn plan(claim: &ClaimedTimer, now: Timestamp, max_attempts: u32) -> Plan {
         planner.skip(SkipReason::Overlap, &rest);
         if running.is_none() {
             planner.work.buffered = false;
-            return fire(planner, due[0], false, 0);
+            let mut fire = fire(planner, due[0], false, 0);
+            if let (Plan::Fire(fire), Some(last)) = (&mut fire, rest.last()) {
+                fire.accounted_until = *last;
+            }
+            return fire;
         }
     }
     // Catch-up: more than one occurrence is due, the first ones were missed.
@@ -589,6 +598,7 @@ fn fire(mut planner: Planner<'_>, nominal: Timestamp, caught_up: bool, refire: u
         nominal,
         refire,
         caught_up,
+        accounted_until: nominal,
         before: planner.before,
         work: planner.work,
     })
@@ -600,9 +610,17 @@ fn plan_one_shot(mut planner: Planner<'_>, max_attempts: u32) -> Plan {
     let Some(awaiting) = planner.work.awaiting.clone() else {
         return fire(planner, claim.due_at, false, 0);
     };
-    if awaiting.deadline.is_some_and(|d| d > planner.now) {
-        // Claimed before its deadline (a retry after a failed publish): fire as planned.
-        return fire(planner, claim.due_at, false, awaiting.refires);
+    if let Some(deadline) = awaiting.deadline.filter(|d| *d > planner.now) {
+        // Claimable before its deadline again (a resume, the same ScheduleTimer again): its
+        // work still runs, so it waits for the deadline without a fire.
+        return Plan::Settle(Step {
+            state: TimerState::Scheduled,
+            due_at: claim.due_at,
+            available_at: deadline,
+            fired: false,
+            work: planner.work.stored(),
+            changes: planner.before,
+        });
     }
     planner.time_out(&awaiting);
     let fires = awaiting.refires.saturating_add(1);
@@ -614,8 +632,8 @@ fn plan_one_shot(mut planner: Planner<'_>, max_attempts: u32) -> Plan {
             .unwrap_or_default();
         return Plan::GiveUp {
             error: format!(
-                "completionTimeout: the work did not complete within {} after any of {fires} \
-                 fires (engine.max_attempts = {max_attempts})",
+                "the work did not complete within its completionTimeout of {} after any of \
+                 {fires} fires (engine.max_attempts = {max_attempts})",
                 humantime::format_duration(timeout)
             ),
         };
@@ -682,11 +700,11 @@ pub fn fired(claim: &ClaimedTimer, fire: &Fire, at: Timestamp, owner: &str) -> S
     let catch_all = policy.and_then(|p| p.catch_up) == Some(CatchUp::All);
     let next = if catch_all {
         // The next missed one fires next (the plan applies the limit).
-        schedule.next(fire.nominal, count)
+        schedule.next(fire.accounted_until, count)
     } else {
         // What came due while this one fired is skipped (catch-up `once`).
         let mut skipped = Vec::new();
-        let mut next = schedule.next(fire.nominal, count);
+        let mut next = schedule.next(fire.accounted_until, count);
         while let Some(n) = next.filter(|n| fire_time(&claim.key, *n, policy) <= at) {
             if skipped.len() as u64 >= MAX_COUNTED_SKIPS {
                 next = schedule.next(at, count);
@@ -750,7 +768,7 @@ pub enum CompletionResult {
     Late,
     /// Its completion had arrived before: nothing changed.
     Duplicate,
-    /// The timer never fired that occurrence, or it is not the latest one: nothing changed.
+    /// The timer never fired that occurrence: nothing changed.
     UnknownOccurrence,
     /// The event of that occurrence is being published right now: try again once it settled.
     Firing,
@@ -832,10 +850,15 @@ pub fn complete(timer: &Timer, firing: bool, completion: &Completion, now: Times
             },
             Some(a.fired_at),
         ),
-        // Not waited for: a timer that tracks nothing (its duration is known for the latest
-        // fire only), or one whose timeout freed it already.
+        // Not waited for: a timer that waits for nothing or, with `overlap: allow`, only for
+        // its latest fire (its duration is known for the latest fire only), or one whose
+        // timeout freed it already.
         None => (
-            if timer.policy.as_ref().is_some_and(Policy::tracks_completion) {
+            if timer
+                .policy
+                .as_ref()
+                .is_some_and(|p| p.overlap != Overlap::Allow)
+            {
                 CompletionResult::Late
             } else {
                 CompletionResult::Completed
@@ -857,8 +880,9 @@ pub fn complete(timer: &Timer, firing: bool, completion: &Completion, now: Times
     let mut finished = false;
     if awaited.is_some() {
         work.awaiting = None;
-        if !recurring && timer.state == TimerState::Scheduled {
-            // The one-shot timer's work is done.
+        if !recurring && matches!(timer.state, TimerState::Scheduled | TimerState::Paused) {
+            // The one-shot timer's work is done (also when it was paused meanwhile: nothing
+            // is left to fire).
             state = TimerState::Reached;
             finished = true;
         }

@@ -1,6 +1,6 @@
 //! The broker path: commands in batches, applied in arrival order (runs of schedules in one
-//! transaction each; cancels, pauses and resumes between them), acknowledged only after the
-//! store committed them.
+//! transaction each; cancels, pauses, resumes and completions between them), acknowledged only
+//! after the store committed them.
 //! A refused command goes to the dead-letter destination before it is acknowledged.
 //! A schedule of a tenant over its rate limit (`limits.rate`) is held back, unacknowledged,
 //! with every later command of that tenant; the other tenants' commands go on.
@@ -23,7 +23,8 @@ fn throttled() {
     ::metrics::counter!(metric::COMMANDS_THROTTLED, "path" => "broker").increment(1);
 }
 
-/// How often a `CancelTimer` or `PauseTimer` that met a fire in progress looks again.
+/// How often a `CancelTimer`, `PauseTimer` or `TimerCompleted` that met a fire in progress
+/// looks again.
 const FIRING_RECHECK: Duration = Duration::from_millis(100);
 
 /// The longest one receive waits for commands (shorter while held commands wait for their
@@ -159,12 +160,14 @@ impl Engine {
         let command = self
             .admit(&delivery.body)
             .and_then(|command| match command {
-                Command::Pause(_) | Command::Resume(_) if self.inner.store.control().is_none() => {
+                Command::Pause(_) | Command::Resume(_) | Command::Complete(..)
+                    if self.inner.store.control().is_none() =>
+                {
                     Err(Rejection::new(
                         Reason::NotAcceptedHere,
                         Some("type"),
                         format!(
-                            "the {} store cannot pause or resume timers",
+                            "the {} store cannot pause, resume or complete timers",
                             self.inner.store.name()
                         ),
                     ))

@@ -45,7 +45,7 @@ pub const ALL: &[(&str, Kind, &str)] = &[
     (
         COMMANDS_RECEIVED,
         Kind::Counter,
-        "Commands received (ScheduleTimer, CancelTimer, PauseTimer, ResumeTimer), from the broker and from POST /v1/timers and its batch route",
+        "Commands received (ScheduleTimer, CancelTimer, PauseTimer, ResumeTimer, TimerCompleted), from the broker and from POST /v1/timers and its batch route",
     ),
     (
         COMMANDS_REJECTED,
@@ -92,7 +92,7 @@ pub const ALL: &[(&str, Kind, &str)] = &[
     (
         TIMERS_FAILED,
         Kind::Counter,
-        "Timers given up after engine.max_attempts failed publishes, whose TimerFailed was sent",
+        "Timers given up after engine.max_attempts failed publishes (or fires whose work never completed within completionTimeout), whose TimerFailed was sent",
     ),
     (
         TIMERS_PURGED,

@@ -29,8 +29,8 @@ pub enum Reason {
     TooLarge,
     /// Not JSON, or a field of the wrong type.
     InvalidJson,
-    /// An envelope `type` other than `ScheduleTimer`, `CancelTimer`, `PauseTimer` or
-    /// `ResumeTimer`.
+    /// An envelope `type` other than `ScheduleTimer`, `CancelTimer`, `PauseTimer`,
+    /// `ResumeTimer` or `TimerCompleted`.
     UnknownType,
     /// A required field is absent.
     MissingField,
@@ -286,7 +286,8 @@ pub fn decode_schedule(
     ))
 }
 
-/// Decodes and validates one command from the broker: `ScheduleTimer` or `CancelTimer`. `now`
+/// Decodes and validates one command from the broker: `ScheduleTimer`, `CancelTimer`,
+/// `PauseTimer`, `ResumeTimer` or `TimerCompleted`. `now`
 /// bounds the due-time horizon and anchors the first occurrence of a recurring timer.
 pub fn decode_command(bytes: &[u8], limits: &Limits, now: Timestamp) -> Result<Command, Rejection> {
     if bytes.len() > limits.max_message_bytes {
@@ -396,7 +397,7 @@ pub fn completion_fields(
             ))
         }
     };
-    let message = message.map(|m| truncate(&m, MAX_COMPLETION_MESSAGE_BYTES).to_owned());
+    let message = message.map(|m| truncate_bytes(&m, MAX_COMPLETION_MESSAGE_BYTES).to_owned());
     Ok(Completion {
         occurrence,
         outcome,
@@ -417,8 +418,8 @@ fn validate_completion(
     Ok(Command::Complete(key, completion))
 }
 
-/// A `CancelTimer`, `PauseTimer` or `ResumeTimer` (`kind`) names its timer and nothing else a
-/// `ScheduleTimer` would carry.
+/// A `CancelTimer`, `PauseTimer`, `ResumeTimer` or `TimerCompleted` (`kind`) names its timer and
+/// nothing else a `ScheduleTimer` would carry (a completion's own fields are taken out first).
 fn validate_key(
     cmd: WireCommand<'_>,
     kind: &str,
@@ -899,6 +900,15 @@ fn json_depth(json: &str) -> usize {
         }
     }
     max
+}
+
+/// `s` cut to at most `max` bytes, at a character boundary.
+fn truncate_bytes(s: &str, max: usize) -> &str {
+    let mut end = max.min(s.len());
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
 }
 
 fn truncate(s: &str, max: usize) -> &str {
