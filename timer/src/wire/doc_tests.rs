@@ -8,7 +8,7 @@
 //! | `<!-- schedule -->` | a `ScheduleTimer` | `decode_command` accepts it as a schedule; with `cron` it is recurring |
 //! | `<!-- schedule: dueAt=T now=N -->` | the same | also: decoded at `N` (default [`NOW`]), its due time is `T` |
 //! | `<!-- cancel -->` | a `CancelTimer` | `decode_command` accepts it as a cancel, `decode_schedule` refuses it (`not_accepted_here`) |
-//! | `<!-- pause -->`, `<!-- resume -->` | a `PauseTimer`, a `ResumeTimer` | the same, as a pause or a resume |
+//! | `<!-- pause -->`, `<!-- resume -->`, `<!-- complete -->` | a `PauseTimer`, a `ResumeTimer`, a `TimerCompleted` | the same, as a pause, a resume or a completion |
 //! | `<!-- manual-event -->` | the `DueTimeReached` of a manual trigger | built again by `Envelope::manual` at its `timestampMs`: equal as JSON, `id` included |
 //! | `<!-- rejected: REASON field=FIELD -->` | a refused command | `decode_command` refuses it with that reason and field (no `field=`: none) |
 //! | `<!-- event: KIND revision=R -->` | a `DueTimeReached` or `TimerFailed` envelope | built again by `Envelope::for_timer` from its inputs at timer revision `R`: equal as JSON, `id` included; an occurrence of a recurring `schedule` example must be one of that series |
@@ -187,11 +187,12 @@ fn check(kind: &str, words: &[&str], pairs: &[(&str, &str)], body: &str) -> Resu
             }
             Ok(())
         }
-        "cancel" | "pause" | "resume" => {
+        "cancel" | "pause" | "resume" | "complete" => {
             match (kind, decode_command(body.as_bytes(), &limits, NOW)) {
                 ("cancel", Ok(Command::Cancel(_)))
                 | ("pause", Ok(Command::Pause(_)))
-                | ("resume", Ok(Command::Resume(_))) => {}
+                | ("resume", Ok(Command::Resume(_)))
+                | ("complete", Ok(Command::Complete(..))) => {}
                 (_, other) => return Err(format!("expected a {kind} command, decoded {other:?}")),
             }
             match decode_schedule(body.as_bytes(), &limits, NOW) {
@@ -467,6 +468,7 @@ fn every_example_has_a_marker_and_matches_the_code() {
         "cancel",
         "pause",
         "resume",
+        "complete",
         "manual-event",
         "rejected",
         "event",
