@@ -205,6 +205,10 @@ struct CompleteBody {
     message: Option<String>,
 }
 
+/// The shape of `POST …/complete`'s body, for its 400.
+const COMPLETE_BODY: &str =
+    r#"{"occurrence": N, "outcome": "succeeded"|"failed", "message": "…"} (each optional)"#;
+
 /// Reports that the work an occurrence's event triggered is done (what a `TimerCompleted`
 /// command does on a broker): a series with `overlap` `skip` or `bufferOne` is free for its next
 /// occurrence, a one-shot timer with a `completionTimeout` is not fired again. The history
@@ -233,15 +237,7 @@ pub async fn complete(
     } else {
         match serde_json::from_slice(&body) {
             Ok(body) => body,
-            Err(e) => {
-                return bad_json(
-                    None,
-                    &format!(
-                    "the body is not {{\"occurrence\": N, \"outcome\": \"succeeded\"|\"failed\", \
-                         \"message\": \"…\"}} ({e})"
-                ),
-                )
-            }
+            Err(e) => return bad_json(None, &format!("the body is not {COMPLETE_BODY} ({e})")),
         }
     };
     let completion = match timer_core::wire::completion_fields(
