@@ -1202,6 +1202,25 @@ async fn a_one_shot_timer_fires_again_until_its_work_completes() {
         dead[0].reason
     );
     timer_where(&r.store, "never", |t| t.state == TimerState::Failed).await;
+    // A retry fires it again as new, with three fires of its own before it gives up again.
+    let retried = r
+        .engine
+        .control(&[TimerKey::new("t", "never")], &Action::Retry)
+        .await
+        .expect("retry");
+    assert_eq!(retried, [ControlOutcome::Retried]);
+    let e = events(&r.hub, 6)
+        .await
+        .expect("fired again after the retry");
+    assert_eq!(
+        payload_of(&e[5])["refire"],
+        serde_json::Value::Null,
+        "a first fire"
+    );
+    timer_where(&r.store, "never", |t| {
+        t.state == TimerState::Scheduled && t.work.as_ref().is_some_and(|w| w.awaiting.is_some())
+    })
+    .await;
 }
 
 #[tokio::test]

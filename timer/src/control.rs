@@ -287,6 +287,19 @@ pub fn transition(timer: &Timer, firing: bool, action: &Action, now: Timestamp) 
         return completed(policy::complete(timer, firing, completion, now), now);
     }
     if let (Action::Retry, TimerState::Failed) = (action, timer.state) {
+        // A one-shot timer given up because its work never completed fires again as new: the
+        // fire it waited for is forgotten (the counts stay).
+        let work = timer
+            .work
+            .as_ref()
+            .filter(|w| w.awaiting.is_some())
+            .map(|w| {
+                Work {
+                    awaiting: None,
+                    ..w.clone()
+                }
+                .stored()
+            });
         return Transition {
             outcome: ControlOutcome::Retried,
             write: Some(Write {
@@ -295,7 +308,7 @@ pub fn transition(timer: &Timer, firing: bool, action: &Action, now: Timestamp) 
                 finished_at: None,
                 changes: vec![Change::Retried],
                 reset_attempts: true,
-                work: None,
+                work,
             }),
         };
     }
