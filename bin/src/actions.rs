@@ -6,6 +6,7 @@ use axum::extract::{Path, RawQuery, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::Value;
 use timer_core::engine::Triggered;
@@ -47,6 +48,15 @@ fn note_too_long(note: Option<&str>) -> Option<Response> {
             &format!("a note has at most {MAX_NOTE_BYTES} bytes"),
         )
     })
+}
+
+/// An optional JSON body: empty (or only whitespace) is `T::default()`.
+fn optional_body<T: DeserializeOwned + Default>(body: &[u8]) -> serde_json::Result<T> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        Ok(T::default())
+    } else {
+        serde_json::from_slice(body)
+    }
 }
 
 fn bad_json(field: Option<&str>, message: &str) -> Response {
@@ -130,13 +140,9 @@ pub async fn pause(
     Path(TimerPath { tenant, id }): Path<TimerPath>,
     body: Bytes,
 ) -> Response {
-    let body: PauseBody = if body.iter().all(u8::is_ascii_whitespace) {
-        PauseBody::default()
-    } else {
-        match serde_json::from_slice(&body) {
-            Ok(body) => body,
-            Err(e) => return bad_json(None, &format!("the body is not {{\"note\": \"…\"}} ({e})")),
-        }
+    let body: PauseBody = match optional_body(&body) {
+        Ok(body) => body,
+        Err(e) => return bad_json(None, &format!("the body is not {{\"note\": \"…\"}} ({e})")),
     };
     if let Some(too_long) = note_too_long(body.note.as_deref()) {
         return too_long;
@@ -232,13 +238,9 @@ pub async fn complete(
     Path(TimerPath { tenant, id }): Path<TimerPath>,
     body: Bytes,
 ) -> Response {
-    let body: CompleteBody = if body.iter().all(u8::is_ascii_whitespace) {
-        CompleteBody::default()
-    } else {
-        match serde_json::from_slice(&body) {
-            Ok(body) => body,
-            Err(e) => return bad_json(None, &format!("the body is not {COMPLETE_BODY} ({e})")),
-        }
+    let body: CompleteBody = match optional_body(&body) {
+        Ok(body) => body,
+        Err(e) => return bad_json(None, &format!("the body is not {COMPLETE_BODY} ({e})")),
     };
     let completion = match timer_core::wire::completion_fields(
         body.occurrence,

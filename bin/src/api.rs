@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 use serde_json::Value;
-use timer_core::policy::{CatchUp, Policy, Work};
+use timer_core::policy::{CatchUp, Counts, Policy, Work};
 use timer_core::{Change, HistoryEntry, Timer, Timestamp};
 use utoipa::{OpenApi, ToSchema};
 
@@ -177,7 +177,7 @@ pub struct WorkView {
     #[schema(format = DateTime)]
     #[schema(required = true)]
     pub nominal_due_at: Option<String>,
-    pub counts: WorkCounts,
+    pub counts: Counts,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -197,28 +197,8 @@ pub struct AwaitingView {
     pub refires: u32,
 }
 
-/// Occurrences per what the policies did with them, since the timer was scheduled (or
-/// rescheduled with another pattern).
-#[derive(Debug, Serialize, ToSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct WorkCounts {
-    /// Skipped because the previous one's work had not completed.
-    pub skipped_overlap: u64,
-    /// Missed and dropped by `catchUp`.
-    pub skipped_catch_up: u64,
-    /// Later than `catchUpWindow`.
-    pub skipped_window: u64,
-    pub buffered: u64,
-    /// Fires whose work did not complete within `completionTimeout`.
-    pub timed_out: u64,
-    /// Missed occurrences fired late.
-    pub caught_up: u64,
-    pub completed: u64,
-}
-
 impl WorkView {
     fn of(w: &Work, due_at: Timestamp) -> Self {
-        let c = &w.counts;
         WorkView {
             awaiting: w.awaiting.as_ref().map(|a| AwaitingView {
                 occurrence: a.occurrence,
@@ -230,15 +210,7 @@ impl WorkView {
             buffered: w.buffered.then(|| due_at.to_rfc3339()),
             last_completed: w.completed,
             nominal_due_at: w.nominal.map(Timestamp::to_rfc3339),
-            counts: WorkCounts {
-                skipped_overlap: c.skipped_overlap,
-                skipped_catch_up: c.skipped_catch_up,
-                skipped_window: c.skipped_window,
-                buffered: c.buffered,
-                timed_out: c.timed_out,
-                caught_up: c.caught_up,
-                completed: c.completed,
-            },
+            counts: w.counts.clone(),
         }
     }
 }

@@ -226,15 +226,22 @@ fn is_zero(n: &u32) -> bool {
     *n == 0
 }
 
-/// What the policies did so far, for `GET` of the timer.
+/// Occurrences per what the policies did with them, since the timer was scheduled (or
+/// rescheduled with another pattern); shown by `GET` of the timer.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase", default)]
 pub struct Counts {
+    /// Skipped because the previous one's work had not completed.
     pub skipped_overlap: u64,
+    /// Missed and dropped by `catchUp`.
     pub skipped_catch_up: u64,
+    /// Later than `catchUpWindow`.
     pub skipped_window: u64,
     pub buffered: u64,
+    /// Fires whose work did not complete within `completionTimeout`.
     pub timed_out: u64,
+    /// Missed occurrences fired late.
     pub caught_up: u64,
     pub completed: u64,
 }
