@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 use serde_json::Value;
-use timer_core::policy::{CatchUp, Counts, Policy, Work};
+use timer_core::policy::{CatchUp, Counts as WorkCounts, Policy, Work};
 use timer_core::{Change, HistoryEntry, Timer, Timestamp};
 use utoipa::{OpenApi, ToSchema};
 
@@ -177,7 +177,7 @@ pub struct WorkView {
     #[schema(format = DateTime)]
     #[schema(required = true)]
     pub nominal_due_at: Option<String>,
-    pub counts: Counts,
+    pub counts: WorkCounts,
 }
 
 #[derive(Debug, Serialize, ToSchema)]

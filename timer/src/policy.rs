@@ -229,7 +229,8 @@ fn is_zero(n: &u32) -> bool {
 /// Occurrences per what the policies did with them, since the timer was scheduled (or
 /// rescheduled with another pattern); shown by `GET` of the timer.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+// Named `WorkCounts` in the API document (its `Counts` are the status counts).
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema), schema(as = WorkCounts))]
 #[serde(rename_all = "camelCase", default)]
 pub struct Counts {
     /// Skipped because the previous one's work had not completed.
