@@ -1242,11 +1242,7 @@ async fn jitter_moves_each_occurrence_by_the_same_offset_every_time() {
     };
     r.schedule(&[new]).await;
     // 100 ms at a time, each step settled before the next: one occurrence due at a time.
-    for _ in 0..40 {
-        r.clock.advance(ms(100));
-        let now = timer_core::Clock::now(&*r.clock);
-        timer_where(&r.store, "j", |t| t.due_at > now).await;
-    }
+    stepped(&r, "j", ms(100), T0.saturating_add(secs(4))).await;
     let e = events(&r.hub, 3).await.expect("three occurrences");
     for (i, event) in e.iter().enumerate() {
         let nominal = first.saturating_add(secs(i as u64));

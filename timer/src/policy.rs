@@ -425,10 +425,15 @@ struct Planner<'a> {
     now: Timestamp,
     work: Work,
     before: Vec<Change>,
+    /// The latest occurrence recorded as skipped so far.
+    skipped_until: Option<Timestamp>,
 }
 
 impl Planner<'_> {
     fn skip(&mut self, reason: SkipReason, occurrences: &[Timestamp]) {
+        if let Some(last) = occurrences.last() {
+            self.skipped_until = self.skipped_until.max(Some(*last));
+        }
         let change = skipped(
             &self.claim.key,
             self.policy,
@@ -480,6 +485,7 @@ pub fn plan(claim: &ClaimedTimer, now: Timestamp, max_attempts: u32) -> Plan {
         now,
         work: claim.work.clone().unwrap_or_default(),
         before: Vec::new(),
+        skipped_until: None,
     };
     let schedule = claim.recurrence.as_ref().and_then(|r| r.schedule().ok());
     let Some(schedule) = schedule else {
@@ -532,11 +538,7 @@ pub fn plan(claim: &ClaimedTimer, now: Timestamp, max_attempts: u32) -> Plan {
         planner.skip(SkipReason::Overlap, &rest);
         if running.is_none() {
             planner.work.buffered = false;
-            let mut fire = fire(planner, due[0], false, 0);
-            if let (Plan::Fire(fire), Some(last)) = (&mut fire, rest.last()) {
-                fire.accounted_until = *last;
-            }
-            return fire;
+            return fire(planner, due[0], false, 0);
         }
     }
     // Catch-up: more than one occurrence is due, the first ones were missed.
@@ -606,7 +608,8 @@ fn fire(mut planner: Planner<'_>, nominal: Timestamp, caught_up: bool, refire: u
         nominal,
         refire,
         caught_up,
-        accounted_until: nominal,
+        // Skips after the fired one (followers of a buffered occurrence) are decided too.
+        accounted_until: planner.skipped_until.map_or(nominal, |s| s.max(nominal)),
         before: planner.before,
         work: planner.work,
     })
