@@ -152,7 +152,7 @@ async fn fresh_stores(
     let err = |e: timer_core::Error| anyhow::anyhow!(e.chain());
     if instances > 1 && !config.shared() {
         bail!(
-            "--instances needs a shared store, not {} (each open of it is a store of its own)",
+            "--instances needs a store several instances share (postgres), not {}",
             config.kind()
         );
     }

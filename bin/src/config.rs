@@ -224,7 +224,7 @@ fn validate(config: &Config) -> Result<(), Error> {
     e.check()?;
     if e.lease < Duration::from_secs(1) {
         return Err(Error::config(
-            "engine.lease must be at least 1s (a lease shorter than a publish fires timers twice)",
+            "engine.lease must be at least 1s (it is renewed every third of it while a publish runs)",
         ));
     }
     config.store.check(e)?;
@@ -555,13 +555,13 @@ mod tests {
 
     #[cfg(feature = "kafka")]
     #[test]
-    fn kafka_publish_timeout_must_stay_below_half_the_lease() {
+    fn kafka_publish_timeout_must_stay_below_the_engines() {
         Jail::expect_with(|jail| {
             jail.set_env("TIMER_BROKER__KIND", "kafka");
             jail.set_env("TIMER_BROKER__PUBLISH_TIMEOUT", "20s");
             let e = load_in_jail(None).unwrap_err().to_string();
             assert!(
-                e.contains("broker.publish_timeout") && e.contains("engine.lease"),
+                e.contains("broker.publish_timeout") && e.contains("engine.publish_timeout"),
                 "{e}"
             );
             jail.set_env("TIMER_BROKER__PUBLISH_TIMEOUT", "10s");

@@ -620,6 +620,11 @@ async fn run(config: Config) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(config.http.addr)
         .await
         .with_context(|| format!("cannot listen on http.addr {}", config.http.addr))?;
+    // A name another running instance holds stops the start here, with its error.
+    engine
+        .join()
+        .await
+        .map_err(|e| anyhow::anyhow!(e.chain()))?;
     let shutdown = CancellationToken::new();
     let engine_task = engine.start(shutdown.clone());
     tokio::spawn(http::pending_gauge(engine.clone(), shutdown.clone()));

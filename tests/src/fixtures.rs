@@ -32,7 +32,16 @@ impl<R, C: ?Sized> Fresh<R, C> {
             _guard: isolated.guard,
         }
     }
+
+    /// The resource, its config, and what keeps the resources alive (keep it until the end),
+    /// for a check that drops the resource and opens it again, as a restart would.
+    pub fn into_parts(self) -> (R, Box<C>, Keep) {
+        (self.it, self.config, Keep(self._guard))
+    }
 }
+
+/// Keeps fresh resources alive while held ([`Fresh::into_parts`]).
+pub struct Keep(#[allow(dead_code)] Box<dyn std::any::Any + Send + Sync>);
 
 /// A fresh, isolated store of `plugin`.
 pub async fn fresh_store(plugin: &StorePlugin) -> Result<Fresh<Arc<dyn Store>, dyn StoreConfig>> {

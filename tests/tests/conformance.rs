@@ -15,7 +15,21 @@ fn main() {
     for plugin in timer_stores::PLUGINS.iter() {
         let fresh = move || async move { fresh_store(plugin).await.map(|f| (f.it.clone(), f)) };
         let missing = plugin.unavailable();
-        trials.extend(suite("store", plugin.kind, missing, store::checks(), fresh));
+        trials.extend(suite(
+            "store",
+            plugin.kind,
+            missing.clone(),
+            store::checks(),
+            fresh,
+        ));
+        let reopenable = move || async move { fresh_store(plugin).await.map(|f| (f, ())) };
+        trials.extend(suite(
+            "store",
+            plugin.kind,
+            missing,
+            store::restart_checks(),
+            reopenable,
+        ));
     }
     for plugin in timer_brokers::PLUGINS.iter() {
         let fresh = move || async move { fresh_broker(plugin).await.map(|f| (f.it.clone(), f)) };

@@ -243,6 +243,9 @@ impl Store for Faulty {
         }
         self.inner.settle(claims, owner, at).await
     }
+    async fn renew(&self, keys: &[TimerKey], owner: &str, until: Timestamp) -> Result<u64> {
+        self.inner.renew(keys, owner, until).await
+    }
     async fn next_due_at(&self) -> Result<Option<Timestamp>> {
         self.inner.next_due_at().await
     }
@@ -548,6 +551,59 @@ async fn a_publish_confirmed_during_the_shutdown_grace_is_settled() {
 }
 
 #[tokio::test]
+async fn a_publish_longer_than_the_lease_keeps_its_timer_from_another_instance() {
+    let gate = Arc::new(tokio::sync::Notify::new());
+    let lease = secs(1);
+    let slow = Setup {
+        config: EngineConfig {
+            lease,
+            publish_timeout: secs(3600),
+            ..config()
+        },
+        ..Setup::publishing(Publish::Gated(gate.clone()))
+    };
+    let (store, hub, clock) = (slow.store.clone(), slow.hub.clone(), slow.clock.clone());
+    let r = slow.start();
+    r.schedule(&[timer("slow", T0)]).await;
+    timer_where(&r.store, "slow", |t| {
+        t.lease_owner.as_deref() == Some("engine-a")
+    })
+    .await;
+    // A second instance on the same store, free to claim whatever is claimable.
+    let other = Setup {
+        store,
+        hub,
+        clock,
+        config: EngineConfig {
+            instance_id: "engine-b".into(),
+            ..config()
+        },
+        ..Setup::default()
+    }
+    .start();
+    // Five leases long: each step moves past the lease's end as it was before the renewal
+    // that this step waits for (renewals come every third of the lease, in real time).
+    for _ in 0..10 {
+        r.clock.advance(ms(500));
+        let renewed_to = timer_core::Clock::now(r.clock.as_ref()).saturating_add(lease);
+        timer_where(&r.store, "slow", |t| t.available_at == renewed_to).await;
+    }
+    gate.notify_one();
+    let t = timer_where(&r.store, "slow", |t| t.state == TimerState::Reached).await;
+    assert_eq!(t.lease_owner.as_deref(), Some("engine-a"));
+    let fired: Vec<_> = history_of(&r, "slow")
+        .await
+        .into_iter()
+        .filter(|c| c["type"] == "fired")
+        .collect();
+    assert_eq!(fired.len(), 1, "fired once, by the lease holder: {fired:?}");
+    assert_eq!(fired[0]["instance"], "engine-a");
+    let e = events(&r.hub, 1).await.expect("the event");
+    assert_eq!(e.len(), 1, "engine-b never fired it: {e:?}");
+    other.shutdown.cancel();
+}
+
+#[tokio::test]
 async fn ingest_stores_valid_commands_and_dead_letters_bad_ones() {
     let r = rig();
     let good = |id: &str| {
@@ -765,10 +821,11 @@ async fn cancel_commands_apply_in_order_with_schedules() {
 }
 
 /// Timer `racing` being fired by an engine whose publishes never complete; each gives up after
-/// half the 600 ms lease (real time), and the timer is released for a retry.
+/// the 300 ms publish timeout (real time), and the timer is released for a retry.
 async fn racing_fire() -> Rig {
     let mut setup = Setup::publishing(Publish::Hangs);
     setup.config.lease = ms(600);
+    setup.config.publish_timeout = ms(300);
     let r = setup.start();
     r.schedule(&[timer("racing", T0)]).await;
     timer_where(&r.store, "racing", |t| t.lease_owner.is_some()).await;

@@ -15,7 +15,10 @@ pub trait Clock: Send + Sync + 'static {
     async fn sleep_until(&self, at: Timestamp);
 }
 
-/// Wall-clock time; sleeps on tokio's timer.
+/// The longest [`SystemClock::sleep_until`] sleeps without reading the wall clock again.
+pub const WALL_CLOCK_CHECK: Duration = Duration::from_millis(250);
+
+/// Wall-clock time; sleeps on tokio's timer, which runs on the monotonic clock.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct SystemClock;
 
@@ -25,14 +28,17 @@ impl Clock for SystemClock {
         Timestamp::from_millis(chrono::Utc::now().timestamp_millis())
     }
 
+    /// Due times are on the wall clock, sleeps on the monotonic one: the sleep is cut into
+    /// pieces of at most [`WALL_CLOCK_CHECK`], and the wall clock read after each. So when the
+    /// wall clock jumps forward (NTP stepping it, a VM resumed), what became due is noticed
+    /// within that; when it jumps back, nothing wakes early, since `now() >= at` decides.
     async fn sleep_until(&self, at: Timestamp) {
-        // Sleep in one piece; loop only if the wall clock lags the monotonic timer.
         loop {
             let now = self.now();
             if now >= at {
                 return;
             }
-            tokio::time::sleep(at.duration_since(now)).await;
+            tokio::time::sleep(at.duration_since(now).min(WALL_CLOCK_CHECK)).await;
         }
     }
 }

@@ -152,12 +152,20 @@ pub struct EngineConfig {
     pub poll_interval: Duration,
     /// Most timers claimed, and most commands read, in one batch. At least 1.
     pub batch_size: usize,
-    /// How long a claim holds a timer. At least 1s. A publish not confirmed after half of it
-    /// counts as failed; a cancel is refused (`firing`) while a lease is live; a crashed
-    /// instance's timers are claimable again when their lease runs out.
+    /// How long a claim holds a timer without being renewed. At least 1s. While a publish
+    /// runs its leases are renewed every third of it, so a publish may take longer; a cancel
+    /// is refused (`firing`) while a lease is live. A dead instance's timers come back when its
+    /// leases run out, unless the store knows sooner (PostgreSQL: within about a second;
+    /// SQLite: when the service starts again).
     #[serde(with = "duration")]
     #[schemars(with = "String")]
     pub lease: Duration,
+    /// How long the firing task waits for the broker to confirm a batch of events before it
+    /// counts the publish as failed (and for a manual trigger's event, and a `TimerFailed`).
+    /// Above 0.
+    #[serde(with = "duration")]
+    #[schemars(with = "String")]
+    pub publish_timeout: Duration,
     /// First retry delay after a failed publish, doubled per attempt up to `engine.retry_max`.
     /// Also the first pause of a task whose store or broker call failed.
     #[serde(with = "duration")]
@@ -207,7 +215,8 @@ impl Default for EngineConfig {
         EngineConfig {
             poll_interval: Duration::from_secs(5),
             batch_size: 500,
-            lease: Duration::from_secs(30),
+            lease: Duration::from_secs(10),
+            publish_timeout: Duration::from_secs(15),
             retry_base: Duration::from_millis(500),
             retry_max: Duration::from_secs(60),
             retry_jitter_percent: 20,
@@ -232,8 +241,11 @@ impl EngineConfig {
         if self.lease < Duration::from_millis(100) {
             return bad(
                 "lease",
-                "must be at least 100ms (a publish may take half of it)",
+                "must be at least 100ms (it is renewed every third of it)",
             );
+        }
+        if self.publish_timeout.is_zero() {
+            return bad("publish_timeout", "must be above 0");
         }
         if self.poll_interval.is_zero() {
             return bad("poll_interval", "must be above 0");

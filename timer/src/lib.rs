@@ -27,8 +27,8 @@ pub use model::{
 };
 pub use plugin::{BrokerPlugin, StorePlugin};
 pub use store::{
-    PageAfter, Settlement, Store, TenantCounts, TenantSummary, TimerControl, TimerFilter,
-    TimerHistory, TimerQueries,
+    LeaseOwners, Membership, PageAfter, Settlement, Store, TakenOver, TenantCounts, TenantSummary,
+    TimerControl, TimerFilter, TimerHistory, TimerQueries,
 };
 pub use wire::{
     decode_command, decode_schedule, Command, DueTimeReachedEnvelope, Reason, Rejection,

@@ -251,7 +251,8 @@ pub trait StoreConfig: PluginConfig {
     }
     async fn open(&self) -> Result<Arc<dyn Store>>;
     /// Whether stores opened from this config share their timers, so several engines (as
-    /// separate instances would) can run on one store; `false` for a store in process memory.
+    /// separate instances would) can run on one store; `false` for a store in process memory,
+    /// and for one that a single service may open at a time (SQLite).
     fn shared(&self) -> bool {
         true
     }

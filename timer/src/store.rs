@@ -12,7 +12,7 @@ use async_trait::async_trait;
 use tokio::sync::broadcast;
 
 use crate::control::{Action, Change, HistoryEntry};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::model::{
     CancelOutcome, ClaimedTimer, ControlOutcome, Lease, NewTimer, ScheduleOutcome, Timer, TimerKey,
     TimerState, Timestamp, Work,
@@ -100,6 +100,12 @@ pub trait Store: Send + Sync + 'static {
         at: Timestamp,
     ) -> Result<u64>;
 
+    /// Extends the leases `owner` holds on `keys` to `until`, so a publish that takes longer
+    /// than `engine.lease` keeps its timers. Only Scheduled rows leased by `owner` change (at
+    /// any revision: a timer rescheduled while it fires stays leased to the fire); returns how
+    /// many did. Fewer than `keys` means leases were lost (taken over, or settled).
+    async fn renew(&self, keys: &[TimerKey], owner: &str, until: Timestamp) -> Result<u64>;
+
     /// The earliest `available_at` of any Scheduled row: when the next claim can succeed.
     async fn next_due_at(&self) -> Result<Option<Timestamp>>;
 
@@ -150,6 +156,63 @@ pub trait Store: Send + Sync + 'static {
     fn history(&self) -> Option<&dyn TimerHistory> {
         None
     }
+
+    /// Knowing which lease owners are alive, so the leases of an instance that died come back
+    /// at once; `None` when the store cannot tell (they come back when they run out, unless
+    /// the store knows otherwise: SQLite releases every lease in its file when it opens it,
+    /// since no other service may have it open).
+    fn lease_owners(&self) -> Option<&dyn LeaseOwners> {
+        None
+    }
+}
+
+/// An optional store ability: which lease owners are alive. An owner is *alive* while its
+/// [`Membership`] holds something the store itself takes away when the owner's process or
+/// connection ends (PostgreSQL: a session-level advisory lock). The leases of an owner that is
+/// not alive are dead: [`take_over`](LeaseOwners::take_over) releases them.
+///
+/// The rule that keeps two instances from firing one claim at once: a store releases a dead
+/// owner's leases claimable no sooner than [`lost_within`](LeaseOwners::lost_within) after it
+/// found the owner dead, and a live instance whose [`Membership::lost`] resolved stops firing
+/// its claims at once; a store guarantees `lost` resolves within `lost_within` of the moment
+/// it stopped counting the owner as alive.
+#[async_trait]
+pub trait LeaseOwners: Send + Sync {
+    /// Makes `owner` alive until the membership is dropped, leaves, or is lost. Leases `owner`
+    /// still holds (an earlier run of the same instance, which is dead since the store let
+    /// `owner` join) are released, claimable at `release_at`. An owner that is alive already
+    /// (another running instance with the same `engine.instance_id`) is a
+    /// [`Config`](crate::ErrorKind::Config) error naming it.
+    async fn join(&self, owner: &str, release_at: Timestamp) -> Result<Box<dyn Membership>>;
+
+    /// Releases the leases of every owner that joined and is not alive any more, claimable at
+    /// `release_at` (never before their due time), and forgets those owners. Several instances
+    /// may call it at once; each dead owner is taken over by one of them.
+    async fn take_over(&self, release_at: Timestamp) -> Result<Vec<TakenOver>>;
+
+    /// How long after the store stopped counting an owner as alive its `lost` resolves, at
+    /// most: how much later than now `take_over` and `join` make released leases claimable.
+    fn lost_within(&self) -> std::time::Duration;
+}
+
+/// What [`LeaseOwners::take_over`] did for one dead owner.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TakenOver {
+    pub owner: String,
+    /// Leases released.
+    pub leases: u64,
+}
+
+/// One owner's being alive, held by the instance for as long as it runs.
+#[async_trait]
+pub trait Membership: Send + Sync {
+    /// Resolves when the store may have stopped counting this owner as alive (the connection
+    /// that holds it was lost, or did not answer in time). From then on another instance may
+    /// take its leases over: the instance stops firing its claims at once, then joins again.
+    async fn lost(&mut self) -> Error;
+
+    /// Stops being alive on purpose (shutdown), after the instance gave its leases back.
+    async fn leave(self: Box<Self>) -> Result<()>;
 }
 
 /// An optional store ability: control actions on timers.

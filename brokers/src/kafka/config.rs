@@ -40,7 +40,7 @@ pub struct KafkaConfig {
     #[schemars(with = "String")]
     pub connect_timeout: Duration,
     /// How long a publish may wait for the broker's acknowledgement (librdkafka
-    /// `message.timeout.ms`). Must be below half of `engine.lease`, where the engine stops
+    /// `message.timeout.ms`). Must be below `engine.publish_timeout`, where the engine stops
     /// waiting, so no event arrives after a cancel that succeeded.
     #[serde(with = "duration")]
     #[schemars(with = "String")]

@@ -38,13 +38,14 @@ impl Section for KafkaConfig {
 #[async_trait]
 impl BrokerConfig for KafkaConfig {
     fn check(&self, engine: &EngineConfig) -> Result<()> {
-        // The engine stops waiting for a publish after half the lease; librdkafka would still
-        // deliver a queued event later, after a cancel may have succeeded.
-        if self.publish_timeout >= engine.lease / 2 {
+        // The engine stops waiting for a publish after engine.publish_timeout and releases its
+        // timers; librdkafka would still deliver a queued event later, after a cancel may have
+        // succeeded.
+        if self.publish_timeout >= engine.publish_timeout {
             return Err(Error::config(format!(
-                "broker.publish_timeout ({}) must be below half of engine.lease ({})",
+                "broker.publish_timeout ({}) must be below engine.publish_timeout ({})",
                 humantime::format_duration(self.publish_timeout),
-                humantime::format_duration(engine.lease)
+                humantime::format_duration(engine.publish_timeout)
             )));
         }
         Ok(())
@@ -84,9 +85,9 @@ mod tests {
     use std::time::Duration;
 
     #[test]
-    fn publish_timeout_must_stay_below_half_the_lease() {
+    fn publish_timeout_must_stay_below_the_engines() {
         let engine = EngineConfig {
-            lease: Duration::from_secs(30),
+            publish_timeout: Duration::from_secs(15),
             ..EngineConfig::default()
         };
         let slow = KafkaConfig {
@@ -95,7 +96,7 @@ mod tests {
         };
         let e = BrokerConfig::check(&slow, &engine).unwrap_err().to_string();
         assert!(
-            e.contains("broker.publish_timeout (20s) must be below half of engine.lease (30s)"),
+            e.contains("broker.publish_timeout (20s) must be below engine.publish_timeout (15s)"),
             "{e}"
         );
         assert!(BrokerConfig::check(&KafkaConfig::default(), &engine).is_ok());

@@ -336,6 +336,22 @@ impl Store for MemoryStore {
         Ok(changed)
     }
 
+    async fn renew(&self, keys: &[TimerKey], owner: &str, until: Timestamp) -> Result<u64> {
+        let mut state = self.lock()?;
+        let State { rows, ready } = &mut *state;
+        let mut renewed = 0;
+        for key in keys {
+            if let Some(row) = rows.get_mut(key) {
+                if row.leased_by(owner) && row.lease_until.is_some() {
+                    row.set_available(ready, until.max(row.timer.due_at));
+                    row.lease_until = Some(until);
+                    renewed += 1;
+                }
+            }
+        }
+        Ok(renewed)
+    }
+
     async fn next_due_at(&self) -> Result<Option<Timestamp>> {
         Ok(self.lock()?.ready.first().map(|(at, _)| *at))
     }

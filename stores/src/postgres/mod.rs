@@ -3,6 +3,7 @@
 //! scheduled batch wakes every instance's firing task when a sooner timer arrives.
 
 mod config;
+mod owners;
 mod plugin;
 
 use std::collections::HashMap;
@@ -44,6 +45,8 @@ pub struct PostgresStore {
     listener: Option<tokio::task::JoinHandle<()>>,
     /// History entries kept per timer ([`TimerHistory::set_limit`]).
     history: AtomicUsize,
+    /// `store.connect_timeout`, for connections opened later (the lease owner's).
+    connect_timeout: Duration,
 }
 
 impl Drop for PostgresStore {
@@ -220,6 +223,7 @@ impl PostgresStore {
             wakeups,
             listener,
             history: AtomicUsize::new(DEFAULT_HISTORY),
+            connect_timeout: config.connect_timeout,
         })
     }
 
@@ -657,6 +661,19 @@ impl Store for PostgresStore {
         Ok(changed)
     }
 
+    async fn renew(&self, keys: &[TimerKey], owner: &str, until: Timestamp) -> Result<u64> {
+        let (tenants, ids) = Self::key_arrays(keys.iter());
+        sqlx::query(RENEW_SQL)
+            .bind(&tenants)
+            .bind(&ids)
+            .bind(owner)
+            .bind(until.as_millis())
+            .execute(&self.pool)
+            .await
+            .map(|done| done.rows_affected())
+            .map_err(|e| db_err("renewing leases", e))
+    }
+
     async fn next_due_at(&self) -> Result<Option<Timestamp>> {
         self.statements().next_due_at().await
     }
@@ -698,6 +715,10 @@ impl Store for PostgresStore {
     }
 
     fn history(&self) -> Option<&dyn TimerHistory> {
+        Some(self)
+    }
+
+    fn lease_owners(&self) -> Option<&dyn timer_core::LeaseOwners> {
         Some(self)
     }
 }
@@ -836,6 +857,12 @@ const SETTLE_RETRY_SQL: &str = "UPDATE timers t SET lease_owner = NULL, lease_un
          AS m(tenant_id, service_call_id, retry_at, error) \
     WHERE t.tenant_id = m.tenant_id AND t.service_call_id = m.service_call_id \
       AND t.state = 0 AND t.lease_owner = $5";
+
+/// $1 tenants, $2 ids, $3 the lease owner, $4 the new end of the lease.
+const RENEW_SQL: &str = "UPDATE timers t SET available_at = GREATEST($4, t.due_at), lease_until = $4 \
+    FROM UNNEST($1::text[], $2::text[]) AS k(tenant_id, service_call_id) \
+    WHERE t.tenant_id = k.tenant_id AND t.service_call_id = k.service_call_id \
+      AND t.state = 0 AND t.lease_owner = $3 AND t.lease_until IS NOT NULL";
 
 /// The settlements as they run: each recording its changes and counting its rows
 /// ([`settled`]), made once.

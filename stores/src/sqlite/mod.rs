@@ -9,6 +9,7 @@ use std::str::FromStr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use async_trait::async_trait;
+use tracing::info;
 use sqlx::QueryBuilder;
 use sqlx::sqlite::{
     Sqlite, SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
@@ -33,6 +34,8 @@ pub struct SqliteStore {
     read: SqlitePool,
     /// History entries kept per timer ([`TimerHistory::set_limit`]).
     history: AtomicUsize,
+    /// The lock on `PATH.lock` that keeps other services off the file while this one runs.
+    _lock: std::fs::File,
 }
 
 impl Dialect for SqliteStore {
@@ -109,6 +112,7 @@ impl SqliteStore {
             .connect_with(options.clone())
             .await
             .map_err(open_err)?;
+        let lock = lock_exclusively(path)?;
         sqlx::migrate!("./migrations/sqlite")
             .run(&write)
             .await
@@ -121,12 +125,77 @@ impl SqliteStore {
             .connect_with(options.read_only(true))
             .await
             .map_err(open_err)?;
+        // No other service has the file open: every lease in it is a dead one's.
+        let released = sqlx::query(RELEASE_ALL)
+            .execute(&write)
+            .await
+            .map_err(|e| db_err("releasing the leases of the previous run", e))?
+            .rows_affected();
+        if released > 0 {
+            info!(
+                leases = released,
+                "sqlite store: released the leases of the previous run; their timers fire now"
+            );
+        }
         Ok(SqliteStore {
             write,
             read,
             history: AtomicUsize::new(DEFAULT_HISTORY),
+            _lock: lock,
         })
     }
+}
+
+/// Every lease in the file, released: claimable at the timer's due time.
+const RELEASE_ALL: &str = "UPDATE timers SET available_at = due_at, lease_owner = NULL, \
+    lease_until = NULL WHERE state = 0 AND lease_until IS NOT NULL";
+
+/// Takes the lock that keeps a second service off the database at `path` (an exclusive
+/// `flock` on `PATH.lock`, which holds the pid of its holder), for as long as the returned
+/// file is open. The operating system releases it when the process ends, however it ends.
+fn lock_exclusively(path: &str) -> Result<std::fs::File> {
+    use std::io::{Read, Seek, Write};
+    let lock_path = format!("{path}.lock");
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&lock_path)
+        .map_err(|e| {
+            Error::unavailable(format!("sqlite store: cannot open the lock file {lock_path:?}"))
+                .with_source(e)
+        })?;
+    match file.try_lock() {
+        Ok(()) => {}
+        Err(std::fs::TryLockError::WouldBlock) => {
+            let mut holder = String::new();
+            let _ = file.read_to_string(&mut holder);
+            let holder = holder.trim();
+            let pid = if holder.is_empty() {
+                String::new()
+            } else {
+                format!(" (pid {holder})")
+            };
+            return Err(Error::config(format!(
+                "sqlite store: the database {path:?} is in use by another timer-service{pid}, \
+                 which holds {lock_path:?}; one service at a time uses a SQLite file (for \
+                 several instances use the postgres store)"
+            )));
+        }
+        Err(std::fs::TryLockError::Error(e)) => {
+            return Err(Error::unavailable(format!(
+                "sqlite store: cannot lock {lock_path:?}"
+            ))
+            .with_source(e))
+        }
+    }
+    // Who holds it, for the error above; a failure here only loses that hint.
+    let _ = file
+        .set_len(0)
+        .and_then(|()| file.rewind())
+        .and_then(|()| writeln!(file, "{}", std::process::id()));
+    Ok(file)
 }
 
 /// New timers, many rows per statement (see [`insert_new`]); a key that exists is left alone
@@ -193,6 +262,11 @@ const SETTLE_RETRY: &str = "UPDATE timers SET lease_owner = NULL, lease_until = 
     last_error = COALESCE(?7, last_error), history_seq = history_seq + (?7 IS NOT NULL) \
     WHERE tenant_id = ?1 AND service_call_id = ?2 AND state = 0 AND lease_owner = ?4 \
     RETURNING history_seq";
+
+/// ?1 tenant, ?2 service call id, ?3 lease owner, ?4 the new end of the lease.
+const RENEW: &str = "UPDATE timers SET available_at = MAX(?4, due_at), lease_until = ?4 \
+    WHERE tenant_id = ?1 AND service_call_id = ?2 AND state = 0 AND lease_owner = ?3 \
+      AND lease_until IS NOT NULL";
 
 /// Inserts the timers whose key is new, in multi-row statements; says for each timer whether it
 /// was inserted. Of a key given twice, the first is inserted and the second is not (it then
@@ -398,6 +472,27 @@ impl Store for SqliteStore {
             .map_err(|e| db_err(op, e))?;
         tx.commit().await.map_err(|e| db_err(op, e))?;
         Ok(changed)
+    }
+
+    async fn renew(&self, keys: &[TimerKey], owner: &str, until: Timestamp) -> Result<u64> {
+        let op = "renewing leases";
+        let mut tx = sql::begin_write::<Self>(&self.write)
+            .await
+            .map_err(|e| db_err(op, e))?;
+        let mut renewed = 0;
+        for key in keys {
+            renewed += sqlx::query(RENEW)
+                .bind(&key.tenant_id)
+                .bind(&key.service_call_id)
+                .bind(owner)
+                .bind(until.as_millis())
+                .execute(&mut *tx)
+                .await
+                .map_err(|e| db_err(op, e))?
+                .rows_affected();
+        }
+        tx.commit().await.map_err(|e| db_err(op, e))?;
+        Ok(renewed)
     }
 
     async fn next_due_at(&self) -> Result<Option<Timestamp>> {

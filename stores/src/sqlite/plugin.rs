@@ -19,6 +19,10 @@ impl StoreConfig for SqliteConfig {
     async fn open(&self) -> Result<Arc<dyn Store>> {
         Ok(Arc::new(SqliteStore::open(self).await?))
     }
+    /// One service at a time has the file open (its lock file keeps others off).
+    fn shared(&self) -> bool {
+        false
+    }
     /// Never the configured file: `<prefix>.db` in a new temp dir, removed when the guard drops.
     fn isolated(&self, prefix: &str) -> Result<Isolated<dyn StoreConfig>> {
         let dir = tempfile::tempdir()

@@ -124,7 +124,7 @@ impl Engine {
             key: key.clone(),
             body: body.clone(),
         };
-        self.within_half_lease(
+        self.within_publish_timeout(
             "publishing a manually triggered event",
             inner.broker.publish(std::slice::from_ref(&event)),
         )

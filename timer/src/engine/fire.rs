@@ -1,10 +1,11 @@
 //! The firing task: sleep until the next due time (or a wake-up), claim what is due, publish
-//! its events within half the lease, then settle the claims.
+//! its events within `engine.publish_timeout` while renewing their leases, then settle the
+//! claims.
 
 use std::future::Future;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Instant;
+use tokio::time::Instant;
 
 use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
@@ -25,26 +26,33 @@ impl Engine {
         let retry = self.store_retry(&shutdown, "claiming due timers");
         while !shutdown.is_cancelled() {
             inner.planned.store(i64::MAX, Ordering::SeqCst);
+            // Claim only as a live member of the store's instances.
+            let Some(fence) = self.member(&shutdown).await else {
+                break;
+            };
             let claimed = retry
                 .until_ok(|| async {
+                    let started = Instant::now();
                     let now = inner.clock.now();
                     let lease = Lease {
                         owner: inner.owner.clone(),
                         until: now.saturating_add(inner.config.lease),
                     };
-                    let started = Instant::now();
                     let claimed = inner
                         .store
                         .claim_due(now, inner.config.batch_size, &lease)
                         .await;
                     ::metrics::histogram!(metric::POLLING_DURATION)
                         .record(started.elapsed().as_secs_f64());
-                    claimed
+                    // The lease runs out `engine.lease` after `now` was read, at the latest.
+                    claimed.map(|c| (c, started + inner.config.lease))
                 })
                 .await;
-            let Some(claimed) = claimed else { break };
+            let Some((claimed, held_until)) = claimed else {
+                break;
+            };
             if !claimed.is_empty() {
-                self.fire(claimed, &shutdown).await;
+                self.fire(claimed, held_until, &fence, &shutdown).await;
                 continue;
             }
             let now = inner.clock.now();
@@ -70,7 +78,13 @@ impl Engine {
     /// Plans a claimed batch ([`policy::plan`]): settles what does not fire, gives up what
     /// timed out too often, publishes the rest, then settles it; on failure releases it with
     /// backoff.
-    async fn fire(&self, claimed: Vec<ClaimedTimer>, shutdown: &CancellationToken) {
+    async fn fire(
+        &self,
+        claimed: Vec<ClaimedTimer>,
+        held_until: Instant,
+        fence: &CancellationToken,
+        shutdown: &CancellationToken,
+    ) {
         let inner = &self.inner;
         let reached_at = inner.clock.now();
         let mut fires: Vec<Fire> = Vec::with_capacity(claimed.len());
@@ -123,13 +137,22 @@ impl Engine {
             })
             .collect();
         let grace = inner.config.shutdown_grace;
-        let publish = self.within_half_lease("publishing", inner.broker.publish(&events));
+        let publish = self.within_publish_timeout("publishing", inner.broker.publish(&events));
         let published = tokio::select! {
-            r = publish => Some(r),
-            _ = async { shutdown.cancelled().await; tokio::time::sleep(grace).await } => None,
+            r = publish => Published::Done(r),
+            why = self.hold_leases(&claimed, held_until, fence) => Published::Abandoned(why),
+            _ = async { shutdown.cancelled().await; tokio::time::sleep(grace).await } => {
+                Published::Shutdown
+            }
         };
         match published {
-            Some(Ok(())) => {
+            Published::Abandoned(why) => {
+                // Not settled, not given back: the leases may be another instance's by now
+                // (or a new claim of this one's, after it joined again).
+                ::metrics::counter!(metric::CLAIMS_ABANDONED).increment(claimed.len() as u64);
+                warn!(timers = claimed.len(), reason = %why, "stopped publishing a batch whose leases could be lost; another instance fires it");
+            }
+            Published::Done(Ok(())) => {
                 self.announce(&as_fired, events, reached_at);
                 let settlements = claimed
                     .into_iter()
@@ -141,13 +164,13 @@ impl Engine {
                     .collect();
                 self.settle_all(settlements, reached_at, shutdown).await;
             }
-            Some(Err(e)) => {
+            Published::Done(Err(e)) => {
                 ::metrics::counter!(metric::PUBLISH_FAILURES).increment(claimed.len() as u64);
                 let message = e.chain();
                 warn!(broker = inner.broker.name(), error = %message, timers = claimed.len(), "publishing events failed; releasing the timers for a retry");
                 self.release_with_backoff(&claimed, &message).await;
             }
-            None => {
+            Published::Shutdown => {
                 info!(
                     timers = claimed.len(),
                     "shutdown while publishing; releasing claims"
@@ -176,22 +199,30 @@ impl Engine {
         }
     }
 
-    /// Runs a send to the broker, but never for longer than half the lease: a cancel can only
-    /// succeed once no lease is live, so the event of a cancelled timer cannot arrive after the
-    /// cancel, and a stuck broker cannot hold the firing task past the lease.
-    pub(super) async fn within_half_lease<F>(&self, what: &str, send: F) -> Result<()>
+    /// Runs a send to the broker, but never for longer than `engine.publish_timeout`: a stuck
+    /// broker cannot hold the firing task (nor keep a timer "firing" for a cancel) for longer.
+    pub(super) async fn within_publish_timeout<F>(&self, what: &str, send: F) -> Result<()>
     where
         F: Future<Output = Result<()>>,
     {
-        let deadline = self.inner.config.lease / 2;
+        let deadline = self.inner.config.publish_timeout;
         match tokio::time::timeout(deadline, send).await {
             Ok(result) => result,
             Err(_) => Err(Error::unavailable(format!(
-                "{what} timed out after {} (half of engine.lease)",
+                "{what} timed out after {} (engine.publish_timeout)",
                 humantime::format_duration(deadline)
             ))),
         }
     }
+}
+
+/// How a publish ended.
+enum Published {
+    Done(Result<()>),
+    /// Its leases could be lost (why): left alone.
+    Abandoned(String),
+    /// Shutdown, and the broker did not confirm within the grace.
+    Shutdown,
 }
 
 /// Returns when the store reports a timer (scheduled by any instance) due before `wake_at`, or

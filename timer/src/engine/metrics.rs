@@ -30,6 +30,12 @@ pub const OCCURRENCES_SKIPPED: &str = "timer.occurrences.skipped";
 pub const OCCURRENCES_BUFFERED: &str = "timer.occurrences.buffered";
 pub const OCCURRENCES_CAUGHT_UP: &str = "timer.occurrences.caught_up";
 pub const COMPLETIONS_TIMED_OUT: &str = "timer.completions.timed_out";
+/// Leases of dead instances this instance released ([`LeaseOwners`](crate::LeaseOwners)).
+pub const LEASES_TAKEN_OVER: &str = "timer.leases.taken_over";
+/// Claims this instance stopped firing because its leases could be lost.
+pub const CLAIMS_ABANDONED: &str = "timer.claims.abandoned";
+/// Times this instance lost its membership in the store and joined again.
+pub const MEMBERSHIP_LOST: &str = "timer.membership.lost";
 
 /// How a metric is recorded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -139,6 +145,21 @@ pub const ALL: &[(&str, Kind, &str)] = &[
         COMPLETIONS_TIMED_OUT,
         Kind::Counter,
         "Fires whose work did not report TimerCompleted within completionTimeout (a series is free again, a one-shot timer fires again)",
+    ),
+    (
+        LEASES_TAKEN_OVER,
+        Kind::Counter,
+        "Leases of instances found dead that this instance released, so their timers fire at once instead of when the leases run out (postgres)",
+    ),
+    (
+        CLAIMS_ABANDONED,
+        Kind::Counter,
+        "Claimed timers whose publish this instance stopped waiting for without settling them, because their leases could be lost (membership in the store lost, or renewals failing until the lease nearly ran out); another instance fires them",
+    ),
+    (
+        MEMBERSHIP_LOST,
+        Kind::Counter,
+        "Times this instance lost the store connection that shows it alive and joined again (postgres)",
     ),
 ];
 

@@ -7,7 +7,9 @@
 //!   back for them;
 //! - `group_commit`: single schedules (HTTP) written together in one transaction;
 //! - `ingest`: the broker path, in batches, acknowledged after the store committed;
-//! - `fire`: claim due timers, publish their events within half the lease;
+//! - `fire`: claim due timers, publish their events within `engine.publish_timeout`;
+//! - `owners`: membership in the store's live instances, taking over dead ones' leases, and
+//!   renewing the leases of a publish in flight;
 //! - `settle`: what becomes of a claim after its publish (reached, next occurrence, retry,
 //!   failed);
 //! - [`retry`]: the backoff and the retry loop every task uses;
@@ -22,6 +24,7 @@ mod fire;
 mod group_commit;
 mod ingest;
 pub mod metrics;
+mod owners;
 mod purge;
 mod recent;
 pub mod retry;
@@ -31,17 +34,18 @@ mod throttle;
 use std::sync::atomic::{AtomicBool, AtomicI64};
 use std::sync::{Arc, Mutex};
 
-use tokio::sync::{broadcast, Notify};
+use tokio::sync::{broadcast, watch, Notify};
 use tokio_util::sync::CancellationToken;
-use tracing::error;
+use tracing::{error, warn};
 
 use crate::broker::Broker;
 use crate::clock::Clock;
 use crate::config::{EngineConfig, Limits};
-use crate::store::Store;
+use crate::store::{Membership, Store};
 
 pub use admit::Scheduled;
 pub use control::{Bulk, Triggered};
+pub use owners::TAKE_OVER_EVERY;
 pub use recent::{LastMinute, MinuteFires};
 pub use retry::backoff;
 pub use throttle::{Rate, Throttled};
@@ -83,6 +87,12 @@ struct Inner {
     recent: recent::RecentFires,
     /// Every tenant's allowance of schedules (`limits.rate`).
     throttle: throttle::Throttle,
+    /// While this instance is a member of the store's live instances: the fence cancelled when
+    /// it stops being one ([`owners`]). Always set for a store without that ability.
+    member: watch::Sender<Option<CancellationToken>>,
+    /// A membership joined before the tasks started ([`Engine::join`]), and again at
+    /// shutdown until it is left.
+    joined: Mutex<Option<Box<dyn Membership>>>,
 }
 
 impl Engine {
@@ -105,6 +115,9 @@ impl Engine {
         // Room for a burst of fires while a watcher (event stream, bench) catches up.
         let (fired, _) = broadcast::channel(65_536);
         let throttle = throttle::Throttle::new(&limits.rate, clock.clone());
+        // Without lease owners in the store, one membership for the engine's life.
+        let member =
+            watch::Sender::new(store.lease_owners().is_none().then(CancellationToken::new));
         Engine {
             inner: Arc::new(Inner {
                 store,
@@ -120,6 +133,8 @@ impl Engine {
                 flushing: AtomicBool::new(false),
                 recent: recent::RecentFires::default(),
                 throttle,
+                member,
+                joined: Mutex::new(None),
             }),
         }
     }
@@ -167,11 +182,21 @@ impl Engine {
         let mut tasks = tokio::task::JoinSet::new();
         tasks.spawn(self.clone().ingest_loop(shutdown.clone()));
         tasks.spawn(self.clone().purge_loop(shutdown.clone()));
+        tasks.spawn(self.clone().membership_loop(shutdown.clone()));
+        tasks.spawn(self.clone().take_over_loop(shutdown.clone()));
         tasks.spawn(self.clone().fire_loop(shutdown));
+        let engine = self.clone();
         tokio::spawn(async move {
             while let Some(result) = tasks.join_next().await {
                 if let Err(e) = result {
                     error!(error = %e, "engine task panicked");
+                }
+            }
+            // Every claim is settled or given back: leave the live instances.
+            let membership = engine.inner.joined.lock().ok().and_then(|mut j| j.take());
+            if let Some(membership) = membership {
+                if let Err(e) = membership.leave().await {
+                    warn!(error = %e.chain(), "leaving the store's live instances failed; the others find this instance dead");
                 }
             }
         })

@@ -116,7 +116,7 @@ impl Engine {
         let attempts = timer.attempts.saturating_add(1);
         let envelope = TimerFailedEnvelope::for_timer(timer, at, attempts, error);
         let sent = self
-            .within_half_lease(
+            .within_publish_timeout(
                 "sending TimerFailed",
                 inner.broker.dead_letter(&envelope.to_json(), reason),
             )

@@ -1,0 +1,237 @@
+//! Which instances are alive ([`LeaseOwners`]): each holds a session-level advisory lock on a
+//! connection of its own for as long as it runs, and is listed in `timer_instances`. PostgreSQL
+//! releases a session's locks the moment the session ends, so an instance whose lock is free
+//! died (or lost its connection), and any instance can take its leases over at once.
+//!
+//! Invariants:
+//! - An owner is in `timer_instances` only while, or after, it held its lock: `join` takes the
+//!   lock first. A listed owner whose lock can be taken is dead; `take_over` takes it for its
+//!   transaction, so two instances never take one owner over twice, and a new run of the same
+//!   owner cannot join meanwhile.
+//! - The keeper connection asks the server every [`PING_EVERY`]; a ping that fails or takes
+//!   longer than [`PING_TIMEOUT`] resolves [`Membership::lost`]. So `lost` resolves at most
+//!   [`LOST_WITHIN`] after the server ended the session, and released leases are claimable only
+//!   that much later: the instance that lost its lock stopped firing them before.
+//! - The keeper asks the server to probe it with TCP keepalives (`tcp_keepalives_*`), so a
+//!   session whose host vanished ends after about [`KEEPALIVE_GONE_AFTER`] instead of hours;
+//!   the instance itself gives up its membership much sooner (`PING_TIMEOUT`), so it always
+//!   stops firing before the server frees its lock.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use sqlx::postgres::{PgConnectOptions, PgConnection};
+use sqlx::Connection;
+use timer_core::{Error, LeaseOwners, Membership, Result, TakenOver, Timestamp};
+use tracing::warn;
+
+use super::{db_err, root_cause, PostgresStore};
+
+/// How often the keeper connection asks the server whether it is still there.
+pub const PING_EVERY: Duration = Duration::from_millis(100);
+/// A ping not answered within this counts as a lost connection.
+pub const PING_TIMEOUT: Duration = Duration::from_millis(500);
+/// The bound `Membership::lost` keeps ([`LeaseOwners::lost_within`]): one ping interval, one
+/// timeout and a margin for scheduling.
+pub const LOST_WITHIN: Duration = Duration::from_millis(750);
+/// Keepalive probes the server sends on an idle keeper connection: after this many seconds
+/// idle, every second, this many times (so about 6 s after its host vanished).
+const KEEPALIVE: [(&str, &str); 3] = [
+    ("tcp_keepalives_idle", "3"),
+    ("tcp_keepalives_interval", "1"),
+    ("tcp_keepalives_count", "3"),
+];
+/// About when the server ends the session of a host that vanished ([`KEEPALIVE`]).
+pub const KEEPALIVE_GONE_AFTER: Duration = Duration::from_secs(6);
+
+/// The text whose hash is an owner's advisory lock key: the schema is part of it, since
+/// advisory locks are per database and instances of different schemas may share names.
+fn lock_prefix(schema: &str) -> String {
+    format!("timer-service {schema} ")
+}
+
+/// Releases the leases of the owners `$1` (an array), claimable at `$2` at the earliest, and
+/// counts them per owner.
+const RELEASE: &str = "WITH released AS ( \
+      UPDATE timers t SET available_at = GREATEST(t.due_at, $2), lease_owner = NULL, \
+             lease_until = NULL \
+        FROM UNNEST($1::text[]) AS d(owner) \
+       WHERE t.lease_owner = d.owner AND t.state = 0 AND t.lease_until IS NOT NULL \
+      RETURNING d.owner) \
+    SELECT d.owner, (SELECT COUNT(*) FROM released r WHERE r.owner = d.owner) AS leases \
+      FROM UNNEST($1::text[]) AS d(owner)";
+
+struct PgMembership {
+    /// The session that holds the owner's lock; `None` once lost or left.
+    conn: Option<PgConnection>,
+    owner: String,
+    schema: String,
+}
+
+#[async_trait]
+impl Membership for PgMembership {
+    async fn lost(&mut self) -> Error {
+        let Some(conn) = self.conn.as_mut() else {
+            return Error::unavailable("postgres store: this instance's lock connection is closed");
+        };
+        let error = loop {
+            tokio::time::sleep(PING_EVERY).await;
+            match tokio::time::timeout(PING_TIMEOUT, conn.ping()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    break Error::unavailable(format!(
+                        "postgres store: the connection holding instance {:?} alive failed: {}",
+                        self.owner,
+                        root_cause(&e)
+                    ))
+                }
+                Err(_) => {
+                    break Error::unavailable(format!(
+                        "postgres store: the connection holding instance {:?} alive did not \
+                         answer within {} ms",
+                        self.owner,
+                        PING_TIMEOUT.as_millis()
+                    ))
+                }
+            }
+        };
+        // Closing it ends the session (when the server hears of it), which frees the lock.
+        self.conn = None;
+        error
+    }
+
+    async fn leave(mut self: Box<Self>) -> Result<()> {
+        let Some(mut conn) = self.conn.take() else {
+            return Ok(());
+        };
+        let op = "leaving the live instances";
+        sqlx::query("DELETE FROM timer_instances WHERE owner = $1")
+            .bind(&self.owner)
+            .execute(&mut conn)
+            .await
+            .map_err(|e| db_err(op, e))?;
+        sqlx::query("SELECT pg_advisory_unlock(hashtextextended($1, 0))")
+            .bind(format!("{}{}", lock_prefix(&self.schema), self.owner))
+            .execute(&mut conn)
+            .await
+            .map_err(|e| db_err(op, e))?;
+        let _ = conn.close().await;
+        Ok(())
+    }
+}
+
+/// Connects the keeper: the pool's options plus keepalive probes from the server's side.
+async fn keeper(options: &PgConnectOptions, timeout: Duration) -> Result<PgConnection> {
+    let options = options.clone().options(KEEPALIVE);
+    match tokio::time::timeout(timeout, PgConnection::connect_with(&options)).await {
+        Ok(Ok(conn)) => Ok(conn),
+        Ok(Err(e)) => Err(Error::unavailable(format!(
+            "postgres store: cannot open the connection that holds this instance alive: {}",
+            root_cause(&e)
+        ))),
+        Err(_) => Err(Error::unavailable(format!(
+            "postgres store: cannot open the connection that holds this instance alive: no \
+             answer within {} ms (store.connect_timeout)",
+            timeout.as_millis()
+        ))),
+    }
+}
+
+#[async_trait]
+impl LeaseOwners for PostgresStore {
+    async fn join(&self, owner: &str, release_at: Timestamp) -> Result<Box<dyn Membership>> {
+        let op = "joining the live instances";
+        let mut conn = keeper(&self.pool.connect_options(), self.connect_timeout).await?;
+        let locked: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock(hashtextextended($1, 0))")
+            .bind(format!("{}{owner}", lock_prefix(&self.schema)))
+            .fetch_one(&mut conn)
+            .await
+            .map_err(|e| db_err(op, e))?;
+        if !locked {
+            let _ = conn.close().await;
+            return Err(Error::config(format!(
+                "engine.instance_id {owner:?} is in use by another running instance on schema \
+                 {} (give every instance its own, or leave it empty; an instance that died a \
+                 moment ago frees it within about {} s)",
+                self.schema,
+                KEEPALIVE_GONE_AFTER.as_secs()
+            )));
+        }
+        // Holding the lock, this owner's leases are an earlier run's: dead.
+        let released = release(&mut conn, &[owner], release_at).await?;
+        sqlx::query(
+            "INSERT INTO timer_instances (owner, joined_at) VALUES ($1, $2) \
+             ON CONFLICT (owner) DO UPDATE SET joined_at = EXCLUDED.joined_at",
+        )
+        .bind(owner)
+        .bind(release_at.as_millis())
+        .execute(&mut conn)
+        .await
+        .map_err(|e| db_err(op, e))?;
+        if let Some(gone) = released.into_iter().find(|t| t.leases > 0) {
+            warn!(
+                owner = %gone.owner,
+                leases = gone.leases,
+                "postgres store: released the leases of this instance's previous run"
+            );
+        }
+        Ok(Box::new(PgMembership {
+            conn: Some(conn),
+            owner: owner.to_owned(),
+            schema: self.schema.clone(),
+        }))
+    }
+
+    async fn take_over(&self, release_at: Timestamp) -> Result<Vec<TakenOver>> {
+        let op = "taking over dead instances";
+        let mut tx = self.pool.begin().await.map_err(|e| db_err(op, e))?;
+        // A lock taken here is held until the commit: nobody else takes these owners over,
+        // and no new run of them joins before their leases are released.
+        let dead: Vec<String> = sqlx::query_scalar(
+            "SELECT owner FROM timer_instances \
+              WHERE pg_try_advisory_xact_lock(hashtextextended($1 || owner, 0))",
+        )
+        .bind(lock_prefix(&self.schema))
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(|e| db_err(op, e))?;
+        if dead.is_empty() {
+            tx.commit().await.map_err(|e| db_err(op, e))?;
+            return Ok(Vec::new());
+        }
+        let owners: Vec<&str> = dead.iter().map(String::as_str).collect();
+        let taken = release(&mut tx, &owners, release_at).await?;
+        sqlx::query("DELETE FROM timer_instances WHERE owner = ANY($1)")
+            .bind(&owners)
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| db_err(op, e))?;
+        tx.commit().await.map_err(|e| db_err(op, e))?;
+        Ok(taken)
+    }
+
+    fn lost_within(&self) -> Duration {
+        LOST_WITHIN
+    }
+}
+
+/// Releases every lease of `owners`, claimable at `release_at` at the earliest.
+async fn release(
+    conn: &mut PgConnection,
+    owners: &[&str],
+    release_at: Timestamp,
+) -> Result<Vec<TakenOver>> {
+    let rows: Vec<(String, i64)> = sqlx::query_as(RELEASE)
+        .bind(owners)
+        .bind(release_at.as_millis())
+        .fetch_all(conn)
+        .await
+        .map_err(|e| db_err("releasing dead leases", e))?;
+    Ok(rows
+        .into_iter()
+        .map(|(owner, leases)| TakenOver {
+            owner,
+            leases: u64::try_from(leases).unwrap_or(0),
+        })
+        .collect())
+}
