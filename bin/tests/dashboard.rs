@@ -40,7 +40,7 @@ fn main() {
                 url,
                 ..Default::default()
             };
-            let store = timer_stores::sqlite::SqliteStore::open(&store)
+            let store = timer_stores::sqlite::SqliteStore::attach(&store)
                 .await
                 .expect("open the service's SQLite file");
             walk_through("sqlite", dir.path(), env, &store).await;

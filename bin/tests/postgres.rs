@@ -11,8 +11,9 @@ use std::time::Duration;
 
 use libtest_mimic::Arguments;
 use timer_conformance::e2e::{
-    assert_reached, count_by_key, drained, free_addr, lateness_ms, new_timers, now_ms, percentiles,
-    refused_to_run, signal, store_timers, EventLog, Service,
+    assert_reached, count_by_key, drained, free_addr, freeze_holding_leases, lateness_ms,
+    leased_keys, new_timers, now_ms, percentiles, recovered_after, refused_to_run, signal,
+    store_timers, EventLog, Service,
 };
 use timer_conformance::{server_trial, wait_for};
 use timer_core::plugin::fresh_name;
@@ -157,11 +158,13 @@ async fn killed_instance_timers_fired_by_the_others() {
     let dir = tempfile::tempdir().expect("tempdir");
     let config = schema_config();
     let store = PostgresStore::open(&config).await.expect("open");
+    // A lease far longer than the bound below: waiting for the victim's leases to run out
+    // cannot pass.
     let env = env_for(
         &config,
         &[
-            ("TIMER_ENGINE__LEASE", "5s"),
             ("TIMER_ENGINE__BATCH_SIZE", "200"),
+            ("TIMER_ENGINE__LEASE", "60s"),
         ],
     );
     let mut services = start_instances(dir.path(), &env, 3).await;
@@ -169,46 +172,38 @@ async fn killed_instance_timers_fired_by_the_others() {
     let due_from = now_ms() + 2_000;
     let all = timers("v", N, due_from, 5_000);
     store_timers(&store, &all).await;
-    // Kill one instance while it holds leases: freeze it (SIGSTOP) the moment it holds some,
-    // check it still does (a mark may have landed meanwhile), then SIGKILL it.
+    // Kill one instance while it holds leases: frozen (SIGSTOP) the moment it holds some, so
+    // its connections stay open, then SIGKILL.
     victim_log
         .wait(500, Duration::from_secs(60))
         .await
         .expect("the victim fires");
     let victim = services.remove(0);
     let victim_pid = victim.pid();
-    let db = sqlx::PgPool::connect(&config.url).await.expect("connect");
-    let leased = |pid: u32| {
-        let db = db.clone();
-        let sql = format!(
-            "SELECT COUNT(*) FROM {}.timers WHERE state = 0 AND lease_owner LIKE $1",
-            config.schema
-        );
-        async move {
-            sqlx::query_scalar::<_, i64>(&sql)
-                .bind(format!("{pid}-%"))
-                .fetch_one(&db)
-                .await
-                .expect("count leases")
-        }
-    };
-    let mut leased_by_victim = 0;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while leased_by_victim == 0 && tokio::time::Instant::now() < deadline {
-        if leased(victim_pid).await == 0 {
-            continue;
-        }
-        signal(victim_pid, "-STOP").await;
-        leased_by_victim = leased(victim_pid).await;
-        if leased_by_victim == 0 {
-            signal(victim_pid, "-CONT").await;
-        }
-    }
-    assert!(leased_by_victim > 0, "caught the victim holding leases");
+    let owner = victim.get("/v1/status").await.1["instanceId"]
+        .as_str()
+        .map(str::to_owned)
+        .expect("the status names the instance");
+    let tenants: Vec<String> = (0..10).map(|i| format!("tenant-{i}")).collect();
+    let in_flight = freeze_holding_leases(victim_pid, Duration::from_secs(30), || {
+        leased_keys(&store, &tenants, Some(&owner))
+    })
+    .await;
+    let killed_ms = now_ms();
     victim.kill9().await;
     println!(
-        "killed instance pid {victim_pid} holding {leased_by_victim} leases, after it fired {} events",
+        "killed instance {owner} holding {} leases, after it fired {} events",
+        in_flight.len(),
         victim_log.len()
+    );
+    let recovered = recovered_after(&store, &in_flight, killed_ms, Duration::from_secs(60)).await;
+    println!("its timers in flight fired {recovered} ms after the kill, by the others");
+    // Measured here: 817 to 942 ms (a take-over round every 250 ms, then the 750 ms in which
+    // a live instance that lost its connection stops firing); the bound is ten times that,
+    // and the others waited for the lease (60 s here) before.
+    assert!(
+        recovered < 10_000,
+        "in-flight timers fired {recovered} ms after the kill"
     );
     assert!(
         drained(&store, Duration::from_secs(120)).await,
@@ -216,9 +211,8 @@ async fn killed_instance_timers_fired_by_the_others() {
         store.scheduled_count().await.unwrap_or(0)
     );
     assert_reached(&store, all.iter().map(|t| &t.key)).await;
-    assert_eq!(
-        leased(victim_pid).await,
-        0,
+    assert!(
+        leased_keys(&store, &tenants, Some(&owner)).await.is_empty(),
         "the dead instance's leases were taken over"
     );
     for s in services {

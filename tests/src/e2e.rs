@@ -15,7 +15,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use serde_json::{json, Value};
 use timer_core::plugin::TestServer;
-use timer_core::{NewTimer, Store, TimerKey, TimerState, Timestamp};
+use timer_core::{NewTimer, PageAfter, Store, TimerFilter, TimerKey, TimerState, Timestamp};
 use tokio::process::{Child, Command};
 
 use crate::wait_for;
@@ -396,6 +396,109 @@ pub async fn drained(store: &dyn Store, deadline: Duration) -> bool {
     })
     .await
     .is_some()
+}
+
+/// The Scheduled timers of `tenants` that `owner` (a lease owner, or any when `None`) holds a
+/// lease on, as the store shows them now: a batch in flight.
+pub async fn leased_keys(
+    store: &dyn Store,
+    tenants: &[String],
+    owner: Option<&str>,
+) -> Vec<TimerKey> {
+    let queries = store.queries().expect("the store lists timers");
+    let filter = TimerFilter {
+        states: vec![TimerState::Scheduled],
+        ..TimerFilter::default()
+    };
+    let mut keys = Vec::new();
+    for tenant in tenants {
+        let mut after = None;
+        loop {
+            let page = queries
+                .list(tenant, &filter, after.as_ref(), 1000)
+                .await
+                .expect("list");
+            let Some(last) = page.last() else { break };
+            after = Some(PageAfter {
+                due_at: last.due_at,
+                service_call_id: last.key.service_call_id.clone(),
+            });
+            keys.extend(
+                page.iter()
+                    .filter(|t| match (&t.lease_owner, owner) {
+                        (Some(held), Some(owner)) => held == owner,
+                        (Some(_), None) => true,
+                        (None, _) => false,
+                    })
+                    .map(|t| t.key.clone()),
+            );
+        }
+    }
+    keys
+}
+
+/// Freezes process `pid` (SIGSTOP) at a moment `leased` finds it holding leases, and returns
+/// what it held then; it stays frozen (kill it, or SIGCONT it). Panics after `deadline`.
+pub async fn freeze_holding_leases<F, Fut>(
+    pid: u32,
+    deadline: Duration,
+    mut leased: F,
+) -> Vec<TimerKey>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Vec<TimerKey>>,
+{
+    let end = tokio::time::Instant::now() + deadline;
+    while tokio::time::Instant::now() < end {
+        if leased().await.is_empty() {
+            continue;
+        }
+        signal(pid, "-STOP").await;
+        // A settle sent before the stop may still land: look until two looks agree.
+        let mut held = leased().await;
+        for _ in 0..20 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let again = leased().await;
+            if again == held {
+                break;
+            }
+            held = again;
+        }
+        if !held.is_empty() {
+            return held;
+        }
+        signal(pid, "-CONT").await;
+    }
+    panic!("never caught process {pid} holding leases within {deadline:?}");
+}
+
+/// Waits until every timer of `keys` is Reached, then returns how long after `since_ms`
+/// (epoch ms) the last of them was: the time their fires took to recover.
+pub async fn recovered_after(
+    store: &dyn Store,
+    keys: &[TimerKey],
+    since_ms: i64,
+    deadline: Duration,
+) -> i64 {
+    let last = wait_for(deadline, || async {
+        let mut last = i64::MIN;
+        for key in keys {
+            let t = store.get(key).await.ok()??;
+            if t.state != TimerState::Reached {
+                return None;
+            }
+            last = last.max(t.reached_at?.as_millis());
+        }
+        Some(last)
+    })
+    .await
+    .unwrap_or_else(|| {
+        panic!(
+            "the {} timers in flight did not all fire within {deadline:?}",
+            keys.len()
+        )
+    });
+    last - since_ms
 }
 
 /// Asserts that every timer of `keys` is stored as Reached, and did not fire before it was due

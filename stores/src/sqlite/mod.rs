@@ -34,8 +34,16 @@ pub struct SqliteStore {
     read: SqlitePool,
     /// History entries kept per timer ([`TimerHistory::set_limit`]).
     history: AtomicUsize,
-    /// The lock on `PATH.lock` that keeps other services off the file while this one runs.
-    _lock: std::fs::File,
+    /// The lock on `PATH.lock` that keeps other services off the file while this one runs
+    /// (`None`: [`SqliteStore::attach`]ed beside one).
+    _lock: Option<std::fs::File>,
+}
+
+/// Who opens the file: the service that owns it, or a tool beside it.
+#[derive(Clone, Copy)]
+enum Owner {
+    Service,
+    Beside,
 }
 
 impl Dialect for SqliteStore {
@@ -71,6 +79,18 @@ fn db_err(op: &str, e: sqlx::Error) -> Error {
 impl SqliteStore {
     /// Opens (creating if missing) the database and runs pending migrations.
     pub async fn open(config: &SqliteConfig) -> Result<Self> {
+        Self::open_as(config, Owner::Service).await
+    }
+
+    /// Opens a database that a running service holds, beside it and without its lock: for
+    /// tests and tools that play a second writer (another instance, an operator's script). It
+    /// runs no migrations and releases no leases; the leases it takes are released when the
+    /// service next starts. Not for running an engine on.
+    pub async fn attach(config: &SqliteConfig) -> Result<Self> {
+        Self::open_as(config, Owner::Beside).await
+    }
+
+    async fn open_as(config: &SqliteConfig, owner: Owner) -> Result<Self> {
         let path = config.path();
         if path.is_empty() || path.starts_with(":memory:") {
             return Err(Error::config(format!(
@@ -112,30 +132,37 @@ impl SqliteStore {
             .connect_with(options.clone())
             .await
             .map_err(open_err)?;
-        let lock = lock_exclusively(path)?;
-        sqlx::migrate!("./migrations/sqlite")
-            .run(&write)
-            .await
-            .map_err(|e| {
-                Error::unavailable(format!("sqlite store: migrating {path:?} failed"))
-                    .with_source(e)
-            })?;
+        let lock = match owner {
+            Owner::Service => Some(lock_exclusively(path)?),
+            Owner::Beside => None,
+        };
+        if lock.is_some() {
+            sqlx::migrate!("./migrations/sqlite")
+                .run(&write)
+                .await
+                .map_err(|e| {
+                    Error::unavailable(format!("sqlite store: migrating {path:?} failed"))
+                        .with_source(e)
+                })?;
+        }
         let read = SqlitePoolOptions::new()
             .max_connections(config.read_connections.max(1))
             .connect_with(options.read_only(true))
             .await
             .map_err(open_err)?;
-        // No other service has the file open: every lease in it is a dead one's.
-        let released = sqlx::query(RELEASE_ALL)
-            .execute(&write)
-            .await
-            .map_err(|e| db_err("releasing the leases of the previous run", e))?
-            .rows_affected();
-        if released > 0 {
-            info!(
-                leases = released,
-                "sqlite store: released the leases of the previous run; their timers fire now"
-            );
+        if lock.is_some() {
+            // No other service has the file open: every lease in it is a dead one's.
+            let released = sqlx::query(RELEASE_ALL)
+                .execute(&write)
+                .await
+                .map_err(|e| db_err("releasing the leases of the previous run", e))?
+                .rows_affected();
+            if released > 0 {
+                info!(
+                    leases = released,
+                    "sqlite store: released the leases of the previous run; their timers fire now"
+                );
+            }
         }
         Ok(SqliteStore {
             write,
