@@ -7,7 +7,8 @@
 # Servers: PostgreSQL (scripts/servers/postgres.sh), NATS with JetStream (scripts/servers/nats.sh),
 # RabbitMQ (scripts/servers/rabbitmq.sh), a Kafka-protocol broker (tansu, scripts/servers/kafka.sh;
 # built once into ~/.cache/timer-service, about 12 minutes on 2 cores), and ChromeDriver with
-# Debian's Chromium for the dashboard (scripts/servers/chromium.sh).
+# Debian's Chromium for the dashboard (scripts/servers/chromium.sh); and libfaketime for the
+# clock-jump tests (scripts/servers/faketime.sh).
 # SQLite runs on temp files and the memory broker in process.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,7 +26,7 @@ servers="$(mktemp -d /tmp/timer-service-test.XXXXXX)"
 chmod 755 "$servers"
 log="$servers/test.log"
 stop_servers() {
-    for name in postgres nats rabbitmq kafka chromium; do
+    for name in postgres nats rabbitmq kafka chromium faketime; do
         bash "scripts/servers/$name.sh" stop "$servers/$name" || true
     done
     rm -rf "$servers"
@@ -71,6 +72,10 @@ echo "Kafka (tansu): $TIMER_TEST_KAFKA_BROKERS (pid $TIMER_TEST_KAFKA_PID)"
 # The dashboard's browser tests: ChromeDriver, which starts a headless Chromium per session.
 server chromium CHROMEDRIVER_PORT="$(free_port 19515)"
 echo "ChromeDriver: $TIMER_TEST_WEBDRIVER_URL (pid $TIMER_TEST_CHROMEDRIVER_PID)"
+
+# The clock-jump tests move the service's wall clock with libfaketime (not a server).
+server faketime
+echo "libfaketime: $TIMER_TEST_FAKETIME"
 
 started=$(date +%s)
 status=0

@@ -68,6 +68,8 @@ impl Engine {
             tokio::select! {
                 _ = shutdown.cancelled() => break,
                 _ = inner.clock.sleep_until(wake_at) => {}
+                // On the monotonic clock too: a wall clock set back must not stretch the sleep.
+                _ = tokio::time::sleep(inner.config.poll_interval) => {}
                 _ = inner.wake.notified() => {}
                 _ = sooner_elsewhere(&mut wakeups, wake_at) => {}
             }
