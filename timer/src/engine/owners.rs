@@ -40,6 +40,15 @@ impl Engine {
         Ok(())
     }
 
+    /// Whether this instance is a live member of the store's instances now.
+    fn is_member(&self) -> bool {
+        self.inner
+            .member
+            .borrow()
+            .as_ref()
+            .is_some_and(|fence| !fence.is_cancelled())
+    }
+
     /// Waits until this instance is a member of the store's live instances; the fence that is
     /// cancelled when it stops being one. `None` at shutdown.
     pub(super) async fn member(&self, shutdown: &CancellationToken) -> Option<CancellationToken> {
@@ -109,12 +118,7 @@ impl Engine {
                 _ = shutdown.cancelled() => return,
                 _ = tick.tick() => {}
             }
-            if !inner
-                .member
-                .borrow()
-                .as_ref()
-                .is_some_and(|f| !f.is_cancelled())
-            {
+            if !self.is_member() {
                 continue;
             }
             let release_at = inner.clock.now().saturating_add(owners.lost_within());
