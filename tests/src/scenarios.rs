@@ -258,9 +258,9 @@ impl Setup {
             .expect("a test client")
     }
 
-    /// A handle on the service's store, to count with.
+    /// A handle on the service's store beside it, to count with.
     pub async fn store(&self) -> Arc<dyn Store> {
-        self.store.config.open().await.expect("open the store")
+        self.store.config.attach().await.expect("open the store")
     }
 
     /// Removes what the broker created, where it can.

@@ -250,6 +250,13 @@ pub trait StoreConfig: PluginConfig {
         Ok(())
     }
     async fn open(&self) -> Result<Arc<dyn Store>>;
+    /// A handle on the store that a running service has open, for tests and tools that read
+    /// or write beside it (counting, playing another instance). Not for running an engine on:
+    /// the default is [`open`](StoreConfig::open); a store that one service owns at a time
+    /// (SQLite) opens it without taking it over.
+    async fn attach(&self) -> Result<Arc<dyn Store>> {
+        self.open().await
+    }
     /// Whether stores opened from this config share their timers, so several engines (as
     /// separate instances would) can run on one store; `false` for a store in process memory,
     /// and for one that a single service may open at a time (SQLite).

@@ -19,6 +19,9 @@ impl StoreConfig for SqliteConfig {
     async fn open(&self) -> Result<Arc<dyn Store>> {
         Ok(Arc::new(SqliteStore::open(self).await?))
     }
+    async fn attach(&self) -> Result<Arc<dyn Store>> {
+        Ok(Arc::new(SqliteStore::attach(self).await?))
+    }
     /// One service at a time has the file open (its lock file keeps others off).
     fn shared(&self) -> bool {
         false
