@@ -144,13 +144,6 @@ impl SqliteStore {
                     Error::unavailable(format!("sqlite store: migrating {path:?} failed"))
                         .with_source(e)
                 })?;
-        }
-        let read = SqlitePoolOptions::new()
-            .max_connections(config.read_connections.max(1))
-            .connect_with(options.read_only(true))
-            .await
-            .map_err(open_err)?;
-        if lock.is_some() {
             // No other service has the file open: every lease in it is a dead one's.
             let released = sqlx::query(RELEASE_ALL)
                 .execute(&write)
@@ -164,6 +157,11 @@ impl SqliteStore {
                 );
             }
         }
+        let read = SqlitePoolOptions::new()
+            .max_connections(config.read_connections.max(1))
+            .connect_with(options.read_only(true))
+            .await
+            .map_err(open_err)?;
         Ok(SqliteStore {
             write,
             read,

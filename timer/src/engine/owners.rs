@@ -19,6 +19,15 @@ use tracing::{debug, info, warn};
 
 use super::{metrics as metric, Engine};
 use crate::model::{ClaimedTimer, TimerKey};
+use crate::store::{LeaseOwners, Membership};
+
+/// Why a publish stopped when the membership was lost.
+const FENCED: &str = "this instance may no longer count as alive in the store";
+
+/// Whether a membership state is a live one: joined, and its fence not cancelled.
+fn live(member: &Option<CancellationToken>) -> bool {
+    member.as_ref().is_some_and(|fence| !fence.is_cancelled())
+}
 
 /// How often an instance looks for dead instances to take over.
 pub const TAKE_OVER_EVERY: Duration = Duration::from_millis(250);
@@ -28,25 +37,26 @@ impl Engine {
     /// stops the start with its error instead of being retried. The engine joins by itself
     /// when started without it.
     pub async fn join(&self) -> crate::Result<()> {
-        let inner = &self.inner;
-        let Some(owners) = inner.store.lease_owners() else {
+        let Some(owners) = self.inner.store.lease_owners() else {
             return Ok(());
         };
-        let release_at = inner.clock.now().saturating_add(owners.lost_within());
-        let membership = owners.join(&inner.owner, release_at).await?;
-        if let Ok(mut joined) = inner.joined.lock() {
+        let membership = self.join_now(owners).await?;
+        if let Ok(mut joined) = self.inner.joined.lock() {
             *joined = Some(membership);
         }
         Ok(())
     }
 
+    /// Joins as this instance's owner name; its leftover leases are claimable once a live
+    /// instance that lost its membership has surely stopped firing them.
+    async fn join_now(&self, owners: &dyn LeaseOwners) -> crate::Result<Box<dyn Membership>> {
+        let release_at = self.inner.clock.now().saturating_add(owners.lost_within());
+        owners.join(&self.inner.owner, release_at).await
+    }
+
     /// Whether this instance is a live member of the store's instances now.
     fn is_member(&self) -> bool {
-        self.inner
-            .member
-            .borrow()
-            .as_ref()
-            .is_some_and(|fence| !fence.is_cancelled())
+        live(&self.inner.member.borrow())
     }
 
     /// Waits until this instance is a member of the store's live instances; the fence that is
@@ -55,7 +65,7 @@ impl Engine {
         let mut rx = self.inner.member.subscribe();
         tokio::select! {
             _ = shutdown.cancelled() => None,
-            fence = rx.wait_for(|m| m.as_ref().is_some_and(|f| !f.is_cancelled())) => {
+            fence = rx.wait_for(live) => {
                 fence.ok().and_then(|f| f.clone())
             }
         }
@@ -74,12 +84,7 @@ impl Engine {
             let mut membership = match joined.take() {
                 Some(m) => m,
                 None => {
-                    let join = retry
-                        .until_ok(|| {
-                            let release_at = inner.clock.now().saturating_add(owners.lost_within());
-                            owners.join(&inner.owner, release_at)
-                        })
-                        .await;
+                    let join = retry.until_ok(|| self.join_now(owners)).await;
                     let Some(m) = join else { return };
                     info!(instance = %inner.owner, "joined the store's live instances");
                     m
@@ -161,7 +166,7 @@ impl Engine {
         loop {
             tokio::select! {
                 _ = fence.cancelled() => {
-                    return "this instance may no longer count as alive in the store".to_owned();
+                    return FENCED.to_owned();
                 }
                 _ = tokio::time::sleep_until(next) => {}
             }
@@ -170,7 +175,7 @@ impl Engine {
             let left = held_until.saturating_duration_since(sent);
             let renewed = tokio::select! {
                 _ = fence.cancelled() => {
-                    return "this instance may no longer count as alive in the store".to_owned();
+                    return FENCED.to_owned();
                 }
                 r = tokio::time::timeout(left, inner.store.renew(&keys, &inner.owner, until)) => r,
             };
