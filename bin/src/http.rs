@@ -2,6 +2,7 @@
 
 use std::convert::Infallible;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::{Path, Query, RawQuery, State};
@@ -529,7 +530,22 @@ async fn healthz() -> &'static str {
     )
 )]
 async fn readyz(State(app): State<AppState>) -> Response {
-    let (store, broker) = tokio::join!(app.engine.store().health(), app.engine.broker().health());
+    let (store, broker) = tokio::join!(
+        answers_within(app.engine.store().health(), "store"),
+        answers_within(app.engine.broker().health(), "broker"),
+    );
+    // Reachable is not enough: cut off for a moment, the instance stops firing until it has
+    // joined the store's live instances again.
+    let store = store.and_then(|()| {
+        if app.engine.is_member() {
+            Ok(())
+        } else {
+            Err(Error::unavailable(
+                "this instance is not a live member of the store's instances (joining again \
+                 after losing its connection); it fires nothing until it is",
+            ))
+        }
+    });
     let show = |r: &Result<(), Error>| match r {
         Ok(()) => "ok".to_owned(),
         Err(e) => e.chain(),
@@ -550,6 +566,25 @@ async fn readyz(State(app): State<AppState>) -> Response {
         },
     };
     (status, Json(body)).into_response()
+}
+
+/// How long `/readyz` waits for the store's and the broker's health check: a server cut off
+/// without a close answers nothing (a TCP connection can wait minutes before it fails).
+pub const READY_WITHIN: Duration = Duration::from_secs(2);
+
+/// `health` as it answers within [`READY_WITHIN`]; an error naming the `part` otherwise.
+async fn answers_within(
+    health: impl std::future::Future<Output = Result<(), Error>>,
+    part: &str,
+) -> Result<(), Error> {
+    tokio::time::timeout(READY_WITHIN, health)
+        .await
+        .unwrap_or_else(|_| {
+            Err(Error::unavailable(format!(
+                "{part}: no answer to the health check within {} s",
+                READY_WITHIN.as_secs()
+            )))
+        })
 }
 
 /// Prometheus metrics (`docs/metrics.md` lists them).
@@ -596,7 +631,7 @@ struct OpenApiJson(Bytes);
 
 /// Keeps the `timer.pending` (Scheduled) and `timer.paused` gauges current (a count is too costly for every scrape on a big store).
 pub async fn pending_gauge(engine: Engine, shutdown: CancellationToken) {
-    let mut tick = tokio::time::interval(std::time::Duration::from_secs(5));
+    let mut tick = tokio::time::interval(Duration::from_secs(5));
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,

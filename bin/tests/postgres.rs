@@ -1,6 +1,7 @@
 //! The `postgres` store with several `timer-service` processes on one database: every timer
-//! fired once, a killed instance's timers fired by the others, NOTIFY wake-ups across
-//! instances, and clear errors for a wrong URL or password. Needs `TIMER_TEST_POSTGRES_URL`
+//! fired once, a killed instance's timers fired by the others, an instance cut off from the
+//! database for 10 s (alone, and beside one that is not), NOTIFY wake-ups across instances,
+//! and clear errors for a wrong URL or password. Needs `TIMER_TEST_POSTGRES_URL`
 //! (bash scripts/test.sh starts the server); without it the trials are ignored with the reason,
 //! or fail under `TIMER_TEST_REQUIRE=1`.
 
@@ -11,14 +12,16 @@ use std::time::Duration;
 
 use libtest_mimic::Arguments;
 use timer_conformance::e2e::{
-    assert_reached, count_by_key, drained, free_addr, freeze_holding_leases, lateness_ms,
+    assert_reached, count_by_key, drained, due_ms, free_addr, freeze_holding_leases, lateness_ms,
     leased_keys, new_timers, now_ms, percentiles, recovered_after, refused_to_run, signal,
-    store_timers, EventLog, Service,
+    store_timers, timer_of, EventLog, Service,
 };
+use timer_conformance::proxy::Proxy;
 use timer_conformance::{server_trial, wait_for};
 use timer_core::plugin::fresh_name;
-use timer_core::{NewTimer, Store, Timestamp};
+use timer_core::{NewTimer, Store, TimerKey, Timestamp};
 use timer_stores::postgres::{PostgresConfig, PostgresStore, PLUGIN, TEST_SERVER};
+use tokio_util::sync::CancellationToken;
 
 const BIN: &str = env!("CARGO_BIN_EXE_timer-service");
 
@@ -40,6 +43,16 @@ fn main() {
             "postgres::killed_instance_timers_fired_by_the_others",
             missing.clone(),
             killed_instance_timers_fired_by_the_others,
+        ),
+        server_trial(
+            "postgres::cut_off_for_10s_keeps_what_it_acknowledged_and_catches_up",
+            missing.clone(),
+            cut_off_for_10s_keeps_what_it_acknowledged_and_catches_up,
+        ),
+        server_trial(
+            "postgres::an_instance_cut_off_never_fires_what_another_fires",
+            missing.clone(),
+            an_instance_cut_off_never_fires_what_another_fires,
         ),
         server_trial(
             "postgres::notify_wakes_another_instance",
@@ -294,5 +307,332 @@ async fn wrong_password_or_port_is_a_one_line_error() {
     }
     for (cause, line) in outputs {
         println!("{cause}: {line}");
+    }
+}
+
+/// How long the partition tests cut the network.
+const CUT: Duration = Duration::from_secs(10);
+
+/// The proxy in front of the test server, and `config` with its URL going through it.
+async fn proxied(config: &PostgresConfig) -> (Proxy, PostgresConfig) {
+    let url = url::Url::parse(&config.url).expect("url");
+    let upstream = format!(
+        "{}:{}",
+        url.host_str().expect("host"),
+        url.port().unwrap_or(5432)
+    )
+    .parse()
+    .expect("the test server is at an IP address");
+    let proxy = Proxy::start(upstream).await;
+    let through = PostgresConfig {
+        url: proxy.rewrite(&config.url),
+        ..config.clone()
+    };
+    (proxy, through)
+}
+
+/// Schedules one timer due `ahead_ms` later every 100 ms through `service`'s API until
+/// `stop`; returns the keys it acknowledged (201) and how many it sent.
+fn schedule_steadily(
+    service: &Service,
+    prefix: &'static str,
+    ahead_ms: i64,
+    stop: CancellationToken,
+) -> tokio::task::JoinHandle<(Vec<TimerKey>, usize)> {
+    let base = service.base.clone();
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(60))
+        .build()
+        .expect("an HTTP client");
+    tokio::spawn(async move {
+        let mut acknowledged = Vec::new();
+        let mut sent = 0;
+        let mut tick = tokio::time::interval(Duration::from_millis(100));
+        while !stop.is_cancelled() {
+            tick.tick().await;
+            let id = format!("{prefix}-{sent}");
+            sent += 1;
+            let body = serde_json::json!({"tenantId": "steady", "serviceCallId": id, "dueTimeMs": now_ms() + ahead_ms});
+            let answer = http
+                .post(format!("{base}/v1/timers"))
+                .header("content-type", "application/json")
+                .body(body.to_string())
+                .send()
+                .await;
+            if answer.is_ok_and(|a| a.status().as_u16() == 201) {
+                acknowledged.push(TimerKey::new("steady", &id));
+            }
+        }
+        (acknowledged, sent)
+    })
+}
+
+/// Waits until `/readyz` answers `status`; how long that took, ms.
+async fn readyz_turns(service: &Service, status: u16, deadline: Duration) -> Option<i64> {
+    let from = now_ms();
+    wait_for(deadline, || async {
+        let (got, _) = service
+            .send(reqwest::Method::GET, "/readyz", None)
+            .await
+            .ok()?;
+        (got == status).then_some(())
+    })
+    .await
+    .map(|()| now_ms() - from)
+}
+
+/// Events fired before they were due.
+fn early(events: &[timer_conformance::e2e::Received]) -> Vec<String> {
+    events
+        .iter()
+        .filter(|e| lateness_ms(&e.envelope) < 0)
+        .map(|e| timer_of(&e.envelope))
+        .collect()
+}
+
+async fn cut_off_for_10s_keeps_what_it_acknowledged_and_catches_up() {
+    const N: usize = 3_000;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = schema_config();
+    let store = PostgresStore::open(&config).await.expect("open");
+    let (proxy, through) = proxied(&config).await;
+    let env = env_for(
+        &through,
+        &[
+            ("TIMER_STORE__CONNECT_TIMEOUT", "2s"),
+            ("TIMER_ENGINE__POLL_INTERVAL", "1s"),
+        ],
+    );
+    let service = Service::start(Path::new(BIN), dir.path(), &env).await;
+    let events = service.events().await;
+    let due_from = now_ms() + 1_000;
+    let all = timers("c", N, due_from, 25_000);
+    store_timers(&store, &all).await;
+    let stop = CancellationToken::new();
+    let steady = schedule_steadily(&service, "s", 2_000, stop.clone());
+    events
+        .wait(200, Duration::from_secs(60))
+        .await
+        .unwrap_or_else(|| service.fail("firing started"));
+
+    let cut_ms = now_ms();
+    let cut_at = tokio::time::Instant::now();
+    proxy.cut();
+    let not_ready = readyz_turns(&service, 503, Duration::from_secs(10))
+        .await
+        .unwrap_or_else(|| service.fail("/readyz answers 503 within 10 s of the cut"));
+    let (_, body) = service.get("/readyz").await;
+    println!("cut off from PostgreSQL: not ready {not_ready} ms later: {body}");
+    // The partition lasts its time (not a wait for something to happen).
+    tokio::time::sleep_until(cut_at + CUT).await;
+    let fired_in_cut = events
+        .snapshot()
+        .iter()
+        .filter(|e| e.at_ms > cut_ms + 1_000)
+        .count();
+    let healed_ms = now_ms();
+    proxy.heal();
+    let ready = readyz_turns(&service, 200, Duration::from_secs(60))
+        .await
+        .unwrap_or_else(|| service.fail("/readyz answers 200 again after the cut"));
+    // A few more schedules after the cut, then stop.
+    let more = events.len() + 20;
+    events.wait(more, Duration::from_secs(60)).await;
+    stop.cancel();
+    let (acknowledged, sent) = steady.await.expect("the scheduler");
+    assert!(
+        drained(&store, Duration::from_secs(120)).await,
+        "every timer fired after the cut ({} pending); log:\n{}",
+        store.scheduled_count().await.unwrap_or(0),
+        service.log_text()
+    );
+    assert_reached(&store, all.iter().map(|t| &t.key).chain(&acknowledged)).await;
+    let got = events.snapshot();
+    let counts = count_by_key(&got);
+    let missing: Vec<_> = all
+        .iter()
+        .map(|t| t.key.to_string())
+        .chain(acknowledged.iter().map(|k| k.to_string()))
+        .filter(|k| !counts.contains_key(k))
+        .take(5)
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "every stored and acknowledged timer's event arrived: {missing:?}"
+    );
+    let early = early(&got);
+    assert!(early.is_empty(), "nothing fired early: {early:?}");
+    // Caught up: the last timer due before the heal fired this long after it.
+    let caught_up = got
+        .iter()
+        .filter(|e| due_ms(&e.envelope) < healed_ms)
+        .map(|e| e.at_ms - healed_ms)
+        .max()
+        .unwrap_or(0);
+    let twice = counts.values().filter(|n| **n > 1).count();
+    println!(
+        "cut {} s: {fired_in_cut} fired during the cut (after its first second), ready {ready} ms \
+         after the heal, everything due before the heal fired {caught_up} ms after it; \
+         {} of {sent} schedules acknowledged (all fired), {twice} fired twice",
+        CUT.as_secs(),
+        acknowledged.len()
+    );
+    assert_eq!(service.terminate().await, Some(0));
+}
+
+async fn an_instance_cut_off_never_fires_what_another_fires() {
+    const N: usize = 6_000;
+    const BURSTS: usize = 10;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = schema_config();
+    let store = PostgresStore::open(&config).await.expect("open");
+    let lost_within = store
+        .lease_owners()
+        .expect("postgres keeps lease owners")
+        .lost_within();
+    let (proxy, through) = proxied(&config).await;
+    // A lease shorter than the cut: B claims what A held while A is still running, cut off.
+    let extra = [
+        ("TIMER_STORE__CONNECT_TIMEOUT", "2s"),
+        ("TIMER_ENGINE__BATCH_SIZE", "200"),
+        ("TIMER_ENGINE__LEASE", "3s"),
+    ];
+    let a = Service::start(Path::new(BIN), dir.path(), &env_for(&through, &extra)).await;
+    let b = Service::start(Path::new(BIN), dir.path(), &env_for(&config, &extra)).await;
+    let (a_log, b_log) = (a.events().await, b.events().await);
+    // Bursts of timers due at once, so that claims are large and their settles take a while.
+    let due_from = now_ms() + 1_000;
+    let all: Vec<NewTimer> = (0..BURSTS)
+        .flat_map(|i| timers(&format!("p{i}"), N / BURSTS, due_from + i as i64 * 3_000, 0))
+        .collect();
+    store_timers(&store, &all).await;
+    let a_owner = a.get("/v1/status").await.1["instanceId"]
+        .as_str()
+        .map(str::to_owned)
+        .expect("the status names the instance");
+    let tenants: Vec<String> = (0..10).map(|i| format!("tenant-{i}")).collect();
+    // Cut A off while the database shows it holding leases: a batch of its own in flight,
+    // which only B can fire while the cut lasts.
+    let mut held = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while held.is_empty() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "A never held leases when cut off"
+        );
+        if leased_keys(&store, &tenants, Some(&a_owner))
+            .await
+            .is_empty()
+        {
+            continue;
+        }
+        proxy.cut();
+        // What the database shows after the cut is what A holds: it can change none of it.
+        held = leased_keys(&store, &tenants, Some(&a_owner)).await;
+        if held.is_empty() {
+            proxy.heal();
+            readyz_turns(&a, 200, Duration::from_secs(60))
+                .await
+                .unwrap_or_else(|| a.fail("A is ready again after a short cut"));
+        }
+    }
+    let cut_ms = now_ms();
+    let cut_at = tokio::time::Instant::now();
+    readyz_turns(&a, 503, Duration::from_secs(10))
+        .await
+        .unwrap_or_else(|| a.fail("A reports not ready while cut off"));
+    assert!(
+        readyz_turns(&b, 200, Duration::from_secs(1))
+            .await
+            .is_some(),
+        "B stays ready"
+    );
+    // The partition lasts its time (not a wait for something to happen).
+    tokio::time::sleep_until(cut_at + CUT).await;
+    let healed_ms = now_ms();
+    proxy.heal();
+    readyz_turns(&a, 200, Duration::from_secs(60))
+        .await
+        .unwrap_or_else(|| a.fail("A is ready again after the cut"));
+    assert!(
+        drained(&store, Duration::from_secs(120)).await,
+        "every timer fired ({} pending)",
+        store.scheduled_count().await.unwrap_or(0)
+    );
+    assert_reached(&store, all.iter().map(|t| &t.key)).await;
+
+    let (a_events, b_events) = (a_log.snapshot(), b_log.snapshot());
+    let first_fire = |events: &[timer_conformance::e2e::Received]| {
+        let mut first: HashMap<String, i64> = HashMap::new();
+        for e in events {
+            let at = e.envelope["timestampMs"].as_i64().unwrap_or(0);
+            let entry = first.entry(timer_of(&e.envelope)).or_insert(at);
+            *entry = (*entry).min(at);
+        }
+        first
+    };
+    let (a_first, b_first) = (first_fire(&a_events), first_fire(&b_events));
+    // What A fired after the cut: nothing once its fence was up.
+    let a_in_cut: Vec<i64> = a_events
+        .iter()
+        .map(|e| e.envelope["timestampMs"].as_i64().unwrap_or(0) - cut_ms)
+        .filter(|after| (0..(healed_ms - cut_ms)).contains(after))
+        .collect();
+    let a_last_in_cut = a_in_cut.iter().max().copied().unwrap_or(0);
+    assert!(
+        a_last_in_cut < lost_within.as_millis() as i64,
+        "A fired {a_last_in_cut} ms after it was cut off, later than {lost_within:?}; log:\n{}",
+        a.log_text()
+    );
+    // Fired by both: A's fire came first (its publish before it lost the lease), then B's.
+    let mut both = 0;
+    for (timer, b_at) in &b_first {
+        if let Some(a_at) = a_first.get(timer) {
+            both += 1;
+            let a_last = a_events
+                .iter()
+                .filter(|e| &timer_of(&e.envelope) == timer)
+                .map(|e| e.envelope["timestampMs"].as_i64().unwrap_or(0))
+                .max()
+                .unwrap_or(*a_at);
+            let b_last = b_events
+                .iter()
+                .filter(|e| &timer_of(&e.envelope) == timer)
+                .map(|e| e.envelope["timestampMs"].as_i64().unwrap_or(0))
+                .max()
+                .unwrap_or(*b_at);
+            assert!(
+                a_last < *b_at || b_last < *a_at,
+                "{timer} fired by A at {a_at}..{a_last} and by B at {b_at}..{b_last}: at once"
+            );
+        }
+    }
+    // B fired what A held, while A was still cut off (once A's 3 s leases ran out).
+    let held_by_b: Vec<i64> = held
+        .iter()
+        .filter_map(|k| b_first.get(&k.to_string()).map(|at| at - cut_ms))
+        .collect();
+    assert_eq!(held_by_b.len(), held.len(), "B fired every timer A held");
+    assert!(
+        held_by_b.iter().all(|after| *after < healed_ms - cut_ms),
+        "B fired them during the cut: {held_by_b:?} ms after it"
+    );
+    let all_events: Vec<_> = a_events.iter().chain(&b_events).cloned().collect();
+    let early = early(&all_events);
+    assert!(early.is_empty(), "nothing fired early: {early:?}");
+    println!(
+        "A cut off holding {} leases: A fired {} events in the cut, the last {a_last_in_cut} ms \
+         after it; B fired those {} timers {:?}..{:?} ms after the cut; {both} timers fired by \
+         both (one after the other); A {} / B {} events",
+        held.len(),
+        a_in_cut.len(),
+        held_by_b.len(),
+        held_by_b.iter().min(),
+        held_by_b.iter().max(),
+        a_events.len(),
+        b_events.len()
+    );
+    for s in [a, b] {
+        assert_eq!(s.terminate().await, Some(0));
     }
 }

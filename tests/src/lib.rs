@@ -6,6 +6,7 @@
 pub mod broker;
 pub mod e2e;
 pub mod fixtures;
+pub mod proxy;
 pub mod scenarios;
 pub mod store;
 

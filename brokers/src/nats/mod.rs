@@ -397,11 +397,20 @@ impl Broker for NatsBroker {
 
     async fn health(&self) -> Result<()> {
         match self.client.connection_state() {
-            async_nats::connection::State::Connected => Ok(()),
-            state => Err(Error::unavailable(format!(
-                "nats broker: connection {state}"
-            ))),
+            async_nats::connection::State::Connected => {}
+            state => {
+                return Err(Error::unavailable(format!(
+                    "nats broker: connection {state}"
+                )))
+            }
         }
+        // A round trip to the server: a connection cut off without a close still reads as
+        // connected until the client's pings fail (minutes).
+        self.js
+            .query_account()
+            .await
+            .map(|_| ())
+            .map_err(|e| unavailable("no answer to a JetStream request", e))
     }
 }
 

@@ -52,6 +52,7 @@ impl Engine {
                 break;
             };
             if !claimed.is_empty() {
+                let _firing = inner.firing.lock().await;
                 self.fire(claimed, held_until, &fence, &shutdown).await;
                 continue;
             }

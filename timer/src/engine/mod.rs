@@ -93,6 +93,10 @@ struct Inner {
     /// A membership joined before the tasks started ([`Engine::join`]), and again at
     /// shutdown until it is left.
     joined: Mutex<Option<Box<dyn Membership>>>,
+    /// Held by the firing task while it fires a batch: joining again waits for it, so a
+    /// batch published before the membership was lost is settled before the join releases
+    /// this instance's leases (which would fire it again).
+    firing: tokio::sync::Mutex<()>,
 }
 
 impl Engine {
@@ -135,6 +139,7 @@ impl Engine {
                 throttle,
                 member,
                 joined: Mutex::new(None),
+                firing: tokio::sync::Mutex::new(()),
             }),
         }
     }

@@ -7,6 +7,9 @@
 //!   after joining again, releases them once `LeaseOwners::lost_within` has passed).
 //! - A store without the ability (memory, SQLite) has one membership for the life of the
 //!   engine, never lost.
+//! - Joining again waits until the firing task is done with its batch: a batch whose publish
+//!   the broker confirmed is settled (the settle waits for an unreachable store), so only
+//!   what was abandoned is released by the join and fires again.
 //! - While a publish runs, its leases are renewed every third of `engine.lease`; if renewals
 //!   fail until less than a fifth of the lease is left, the publish is abandoned before the
 //!   lease can run out, so no other instance claims a timer this one still publishes.
@@ -54,8 +57,9 @@ impl Engine {
         owners.join(&self.inner.owner, release_at).await
     }
 
-    /// Whether this instance is a live member of the store's instances now.
-    fn is_member(&self) -> bool {
+    /// Whether this instance is a live member of the store's instances now (always, once
+    /// started, for a store without [`LeaseOwners`]); it claims timers only while it is one.
+    pub fn is_member(&self) -> bool {
         live(&self.inner.member.borrow())
     }
 
@@ -84,6 +88,9 @@ impl Engine {
             let mut membership = match joined.take() {
                 Some(m) => m,
                 None => {
+                    // A batch this instance published settles first (its settle waits for the
+                    // store like the join does); what it abandoned is released by the join.
+                    let _idle = inner.firing.lock().await;
                     let join = retry.until_ok(|| self.join_now(owners)).await;
                     let Some(m) = join else { return };
                     info!(instance = %inner.owner, "joined the store's live instances");

@@ -8,7 +8,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{error, warn, Level};
 
 use crate::config::EngineConfig;
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorKind, Result};
 
 /// Exponential backoff: `retry_base * 2^(attempt-1)`, capped at `retry_max`.
 pub fn backoff(config: &EngineConfig, attempt: u32) -> Duration {
@@ -48,7 +48,9 @@ pub(super) struct Retry<'a> {
     pub plugin: (&'static str, &'static str),
     /// `Level::ERROR` where a failure holds up acknowledged work, else `Level::WARN`.
     pub level: Level,
-    /// Gives up after this many failures in a row (`None`: only shutdown stops it).
+    /// Gives up after this many failures in a row that the plugin would answer the same way
+    /// again (any kind but [`ErrorKind::Unavailable`]); an unreachable server is waited for.
+    /// `None`: only shutdown stops it.
     pub max_failures: Option<u32>,
 }
 
@@ -62,6 +64,8 @@ impl Retry<'_> {
         Fut: Future<Output = Result<T>>,
     {
         let mut failures = 0u32;
+        // Failures that are not an unreachable server's.
+        let mut lasting = 0u32;
         loop {
             // The first attempt runs even during shutdown: work already in hand (a batch
             // received, a publish the broker confirmed within the grace) is finished, not left
@@ -71,13 +75,16 @@ impl Retry<'_> {
                 Err(e) => e,
             };
             failures += 1;
+            if e.kind() != ErrorKind::Unavailable {
+                lasting += 1;
+            }
             let (role, kind) = self.plugin;
             if self.level == Level::ERROR {
                 error!(plugin = role, kind, failures, error = %e.chain(), "{} failed; retrying", self.what);
             } else {
                 warn!(plugin = role, kind, failures, error = %e.chain(), "{} failed; retrying", self.what);
             }
-            if self.max_failures.is_some_and(|max| failures >= max) {
+            if self.max_failures.is_some_and(|max| lasting >= max) {
                 return None;
             }
             let wait = backoff(self.config, failures).min(self.config.poll_interval);
@@ -143,27 +150,44 @@ mod tests {
             .await;
         assert_eq!(got, Some(3));
         assert_eq!(
-            always_failing(&retry).await,
+            always_failing(&retry, || Error::internal("broken")).await,
             (None, 3),
             "gives up after max_failures"
         );
+        // An unreachable server is waited for: 20 failures, then it answers.
+        let mut calls = 0;
+        let got = retry
+            .until_ok(|| {
+                calls += 1;
+                let n = calls;
+                async move {
+                    if n <= 20 {
+                        Err(Error::unavailable("down"))
+                    } else {
+                        Ok(n)
+                    }
+                }
+            })
+            .await;
+        assert_eq!(got, Some(21), "max_failures counts no unreachable server");
         shutdown.cancel();
         let got = retry.until_ok(|| async { Ok(1) }).await;
         assert_eq!(got, Some(1), "the first attempt runs during shutdown too");
         assert_eq!(
-            always_failing(&retry).await,
+            always_failing(&retry, || Error::unavailable("down")).await,
             (None, 1),
             "no retry after shutdown"
         );
     }
 
-    /// What `until_ok` gives for an operation that always fails, and how often it was tried.
-    async fn always_failing(retry: &Retry<'_>) -> (Option<()>, u32) {
+    /// What `until_ok` gives for an operation that always fails with `error`, and how often it
+    /// was tried.
+    async fn always_failing(retry: &Retry<'_>, error: fn() -> Error) -> (Option<()>, u32) {
         let mut calls = 0;
         let got = retry
             .until_ok(|| {
                 calls += 1;
-                async { Err(Error::unavailable("down")) }
+                async move { Err(error()) }
             })
             .await;
         (got, calls)

@@ -12,8 +12,9 @@ use crate::model::{ClaimedTimer, Timestamp};
 use crate::store::Settlement;
 use crate::wire::TimerFailedEnvelope;
 
-/// Attempts at settling a fired batch before its leases are left to expire (the timers then
-/// fire again: a duplicate, never a loss).
+/// Attempts at settling a fired batch that the store refuses (not merely cannot be reached:
+/// that is waited for, since every claim waits for it too) before its leases are left to
+/// expire (the timers then fire again: a duplicate, never a loss).
 const SETTLE_ATTEMPTS: u32 = 5;
 
 impl Engine {
