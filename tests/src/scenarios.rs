@@ -217,21 +217,36 @@ impl Setup {
     ) -> Setup {
         let store = (case.store.isolated)("e2e").expect("an isolated store");
         let dir = tempfile::tempdir().expect("tempdir");
-        let mut config = json!({
-            "store": store.config.to_value().expect("the store section"),
-            "broker": section,
-        });
-        merge(&mut config, &sections);
-        let path = write_config(dir.path(), &config);
-        Setup {
+        let mut setup = Setup {
             bin: case.bin.clone(),
             broker,
             section,
             sections,
             store,
             dir,
-            env: vec![("TIMER_CONFIG", path.display().to_string())],
-        }
+            env: Vec::new(),
+        };
+        setup.write();
+        setup
+    }
+
+    /// Writes the config file the service reads.
+    fn write(&mut self) {
+        let mut config = json!({
+            "store": self.store.config.to_value().expect("the store section"),
+            "broker": self.section,
+        });
+        merge(&mut config, &self.sections);
+        let path = write_config(self.dir.path(), &config);
+        self.env = vec![("TIMER_CONFIG", path.display().to_string())];
+    }
+
+    /// The service reads `value` as `key` of its `[broker]` section (the address of a proxy in
+    /// front of the server); the test's clients reach the server as before.
+    pub fn with_broker_key(mut self, key: &str, value: Value) -> Setup {
+        self.section[key] = value;
+        self.write();
+        self
     }
 
     /// Starts the service on this setup and waits until it is ready.

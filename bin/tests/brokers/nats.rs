@@ -1,17 +1,22 @@
 //! What is NATS's own: JetStream drops a publish with an id it already stored (so an outage
 //! repeats no event), a stream of another's is never overwritten, and events go to the tenant's
 //! subject (checked on a cron timer that fires every second through a stop of the service); a
-//! series with `catchUp: all` fires its latest missed occurrences after a stop.
+//! series with `catchUp: all` fires its latest missed occurrences after a stop; a service cut
+//! off from the server for 10 s (a proxy between them) reports not ready, loses nothing and
+//! catches up.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::jetstream;
 use serde_json::{json, Value};
 use timer_brokers::nats::{NatsBroker, NatsConfig, NatsTestClient};
-use timer_conformance::e2e::{due_ms, now_ms, percentiles};
-use timer_conformance::scenarios::{BrokerCase, BrokerTraits, Outage, Setup};
+use timer_conformance::e2e::{due_ms, lateness_ms, now_ms, percentiles, timer_of};
+use timer_conformance::proxy::Proxy;
+use timer_conformance::scenarios::{
+    commands, envelope, timers, BrokerCase, BrokerTraits, Outage, Setup,
+};
 use timer_conformance::{checks, wait_for, Check};
 use timer_core::plugin::TestClient;
 
@@ -39,6 +44,7 @@ pub fn checks() -> Vec<Check<Arc<BrokerCase>>> {
         a_stream_with_other_subjects_is_an_error_not_an_overwrite,
         cron_every_second_in_berlin_fires_one_catch_up_after_a_stop,
         catch_up_all_fires_the_three_latest_missed_after_ten_seconds_down,
+        a_ten_second_cut_from_the_server_loses_nothing_and_catches_up,
     ]
 }
 
@@ -308,5 +314,111 @@ async fn catch_up_all_fires_the_three_latest_missed_after_ten_seconds_down(case:
         late.iter().map(|o| o.fired - o.due).collect::<Vec<_>>(),
         on_time.len()
     );
+    setup.clean_up().await;
+}
+
+/// Waits until `/readyz` answers `status`; how long that took, ms.
+async fn readyz_turns(
+    service: &timer_conformance::e2e::Service,
+    status: u16,
+    deadline: Duration,
+) -> Option<i64> {
+    let from = now_ms();
+    wait_for(deadline, || async {
+        let (got, _) = service
+            .send(reqwest::Method::GET, "/readyz", None)
+            .await
+            .ok()?;
+        (got == status).then_some(())
+    })
+    .await
+    .map(|()| now_ms() - from)
+}
+
+async fn a_ten_second_cut_from_the_server_loses_nothing_and_catches_up(case: Arc<BrokerCase>) {
+    const N: usize = 2_000;
+    const CUT: Duration = Duration::from_secs(10);
+    let setup = Setup::new(&case);
+    let url = nats_config(&setup).url.clone();
+    let parsed = url::Url::parse(&url).expect("the test server's URL");
+    let upstream = format!(
+        "{}:{}",
+        parsed.host_str().expect("a host"),
+        parsed.port().unwrap_or(4222)
+    )
+    .parse()
+    .expect("the test server is at an IP address");
+    let proxy = Proxy::start(upstream).await;
+    let setup = setup.with_broker_key("url", json!(proxy.rewrite(&url)));
+    let client = setup.client().await;
+    let store = setup.store().await;
+    let service = setup.start().await;
+    // Half the commands before the cut, half while it lasts (the server takes them; the
+    // service reads them after); due from 3 s to 23 s from now.
+    let all = commands("cut", N, 5, now_ms() + 3_000, 20_000);
+    client.send_commands(&all[..N / 2]).await.expect("send");
+    wait_for(Duration::from_secs(60), || async {
+        client.events().await.ok().filter(|e| e.len() >= 100)
+    })
+    .await
+    .unwrap_or_else(|| service.fail("firing started"));
+
+    let cut_at = tokio::time::Instant::now();
+    proxy.cut();
+    let not_ready = readyz_turns(&service, 503, Duration::from_secs(10))
+        .await
+        .unwrap_or_else(|| service.fail("/readyz answers 503 within 10 s of the cut"));
+    let (_, body) = service.get("/readyz").await;
+    client.send_commands(&all[N / 2..]).await.expect("send");
+    // The partition lasts its time (not a wait for something to happen).
+    tokio::time::sleep_until(cut_at + CUT).await;
+    let healed_ms = now_ms();
+    proxy.heal();
+    let ready = readyz_turns(&service, 200, Duration::from_secs(60))
+        .await
+        .unwrap_or_else(|| service.fail("/readyz answers 200 again after the cut"));
+    let read = wait_for(Duration::from_secs(120), || async {
+        client.events().await.ok().filter(|e| timers(e).len() >= N)
+    })
+    .await
+    .unwrap_or_else(|| service.fail("every timer fired after the cut"));
+    let mut ids: HashMap<String, HashSet<String>> = HashMap::new();
+    let mut early = Vec::new();
+    let mut caught_up = 0;
+    for e in &read {
+        let v = envelope(e);
+        ids.entry(timer_of(&v))
+            .or_default()
+            .insert(v["id"].as_str().unwrap_or_default().to_owned());
+        if lateness_ms(&v) < 0 {
+            early.push(timer_of(&v));
+        }
+        if due_ms(&v) < healed_ms {
+            caught_up = caught_up.max(v["timestampMs"].as_i64().unwrap_or(0) - healed_ms);
+        }
+    }
+    assert_eq!(ids.len(), N, "every timer fired");
+    assert!(early.is_empty(), "nothing fired early: {early:?}");
+    assert!(
+        ids.values().all(|ids| ids.len() == 1),
+        "a timer delivered twice has one id"
+    );
+    let repeated = read.len() - N;
+    println!(
+        "cut off from NATS for {} s: not ready {not_ready} ms later ({body}), ready {ready} ms \
+         after the heal; everything due before the heal fired by {caught_up} ms after it; {} \
+         events for {N} timers ({repeated} repeated)",
+        CUT.as_secs(),
+        read.len()
+    );
+    assert!(
+        wait_for(Duration::from_secs(30), || async {
+            (store.scheduled_count().await.ok()? == 0).then_some(())
+        })
+        .await
+        .is_some(),
+        "every timer is Reached in the store"
+    );
+    assert_eq!(service.terminate().await, Some(0));
     setup.clean_up().await;
 }

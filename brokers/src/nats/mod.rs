@@ -406,11 +406,11 @@ impl Broker for NatsBroker {
         }
         // A round trip to the server: a connection cut off without a close still reads as
         // connected until the client's pings fail (minutes).
-        self.js
-            .query_account()
+        self.client
+            .request("$JS.API.INFO", Vec::new().into())
             .await
             .map(|_| ())
-            .map_err(|e| unavailable("no answer to a JetStream request", e))
+            .map_err(|e| unavailable("no answer to a JetStream request ($JS.API.INFO)", e))
     }
 }
 
