@@ -203,7 +203,9 @@ pub struct EngineConfig {
     #[schemars(with = "String")]
     pub shutdown_grace: Duration,
     /// This instance's name in leases. Empty means `<pid>-<8 random hex digits>`; when you set
-    /// it, give every instance its own.
+    /// it, give every instance its own: on PostgreSQL a second running instance with a name in
+    /// use on the same schema refuses to start. A name kept across restarts (one per
+    /// StatefulSet pod) lets a restarted instance release its predecessor's leases at once.
     pub instance_id: String,
     /// Most history entries kept per timer (`GET /v1/tenants/{tenant}/timers/{id}/history`);
     /// the oldest are dropped as new ones come. 0 records no history.
