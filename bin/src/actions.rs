@@ -536,7 +536,10 @@ pub async fn status(State(app): State<AppState>) -> Response {
     let engine = &app.engine;
     let store = engine.store();
     let broker = engine.broker();
-    let (store_health, broker_health) = tokio::join!(store.health(), broker.health());
+    let (store_health, broker_health) = tokio::join!(
+        crate::http::answers_within(store.health(), "store"),
+        crate::http::answers_within(broker.health(), "broker"),
+    );
     let health = |kind: &'static str, result: timer_core::Result<()>| Health {
         kind,
         healthy: result.is_ok(),

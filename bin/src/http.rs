@@ -572,8 +572,9 @@ async fn readyz(State(app): State<AppState>) -> Response {
 /// without a close answers nothing (a TCP connection can wait minutes before it fails).
 pub const READY_WITHIN: Duration = Duration::from_secs(2);
 
-/// `health` as it answers within [`READY_WITHIN`]; an error naming the `part` otherwise.
-async fn answers_within(
+/// `health` as it answers within [`READY_WITHIN`]; an error naming the `part` otherwise
+/// (`/readyz`, `/v1/status`).
+pub(crate) async fn answers_within(
     health: impl std::future::Future<Output = Result<(), Error>>,
     part: &str,
 ) -> Result<(), Error> {

@@ -10,7 +10,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::tcp::{ReadHalf, WriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -102,122 +102,142 @@ async fn accept(
             _ = stop.cancelled() => return,
             accepted = listener.accept() => match accepted {
                 Ok((client, _)) => client,
-                Err(_) => continue,
+                Err(_) => {
+                    // Out of file descriptors, say: try again in a moment, not in a hot loop.
+                    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                    continue;
+                }
             },
         };
-        tokio::spawn(carry(client, upstream, state.subscribe(), stop.clone()));
+        tokio::spawn(carry(
+            client,
+            upstream,
+            state.subscribe(),
+            stop.child_token(),
+        ));
     }
 }
 
-/// One connection: connects upstream once bytes flow, then pumps both ways until either side
-/// closes, a reset, or the proxy stops.
+/// How one direction of a connection ended.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Ended {
+    /// Its sender closed; the close was passed on (the other direction goes on: a half-close).
+    Closed,
+    /// A reset, the proxy's stop, or an error on either side: both sockets are to be reset.
+    Reset,
+}
+
+/// One connection: connects upstream once bytes flow, then pumps both ways until both sides
+/// closed, or resets both (a reset, the proxy's stop, an error on either side).
 async fn carry(
-    client: TcpStream,
+    mut client: TcpStream,
     upstream: SocketAddr,
     mut state: watch::Receiver<State>,
-    stop: CancellationToken,
+    gone: CancellationToken,
 ) {
     let generation = state.borrow().generation;
-    let Some(()) = flowing(&mut state, generation, &stop).await else {
+    if flowing(&mut state, generation, &gone).await == Some(Ended::Reset) {
         return reset_now(client);
-    };
-    let Ok(server) = TcpStream::connect(upstream).await else {
+    }
+    let Ok(mut server) = TcpStream::connect(upstream).await else {
         return reset_now(client);
     };
     let _ = client.set_nodelay(true);
     let _ = server.set_nodelay(true);
-    let (client_read, client_write) = client.into_split();
-    let (server_read, server_write) = server.into_split();
-    let ended = CancellationToken::new();
-    let to_server = pump(
-        client_read,
-        server_write,
-        state.clone(),
-        generation,
-        stop.clone(),
-        ended.clone(),
-    );
-    let to_client = pump(
-        server_read,
-        client_write,
-        state,
-        generation,
-        stop,
-        ended.clone(),
-    );
-    let (a, b) = tokio::join!(to_server, to_client);
-    // A reset: both sockets closed with RST rather than FIN.
-    if let (Some((r1, w1)), Some((r2, w2))) = (a, b) {
-        if let (Ok(s1), Ok(s2)) = (r1.reunite(w2), r2.reunite(w1)) {
-            reset_now(s1);
-            reset_now(s2);
+    let ended = {
+        let (client_read, client_write) = client.split();
+        let (server_read, server_write) = server.split();
+        let (a, b) = tokio::join!(
+            pump(client_read, server_write, state.clone(), generation, &gone),
+            pump(server_read, client_write, state, generation, &gone),
+        );
+        if a == Ended::Reset || b == Ended::Reset {
+            Ended::Reset
+        } else {
+            Ended::Closed
         }
+    };
+    if ended == Ended::Reset {
+        reset_now(client);
+        reset_now(server);
     }
 }
 
-/// Waits until bytes flow in `generation`; None when a reset or the stop came first.
+/// Waits until bytes flow in `generation`: `None` then, `Some(Reset)` when a reset or `gone`
+/// came first.
 async fn flowing(
     state: &mut watch::Receiver<State>,
     generation: u64,
-    stop: &CancellationToken,
-) -> Option<()> {
-    loop {
-        let now = *state.borrow_and_update();
-        if now.generation != generation || stop.is_cancelled() {
-            return None;
-        }
-        if now.flowing {
-            return Some(());
-        }
-        tokio::select! {
-            _ = stop.cancelled() => return None,
-            changed = state.changed() => changed.ok()?,
-        }
-    }
+    gone: &CancellationToken,
+) -> Option<Ended> {
+    let wait = state.wait_for(|s| s.flowing || s.generation != generation);
+    let now = tokio::select! {
+        _ = gone.cancelled() => return Some(Ended::Reset),
+        now = wait => match now {
+            Ok(now) => *now,
+            Err(_) => return Some(Ended::Reset),
+        },
+    };
+    (now.generation != generation).then_some(Ended::Reset)
 }
 
-/// Copies `from` into `to` while bytes flow. Returns both halves when the connection is to
-/// be reset (a new generation or the proxy's stop), None when a side closed (the close is
-/// passed on to the other).
+/// Returns when `generation` has been reset (or the proxy is gone).
+async fn reset(state: &mut watch::Receiver<State>, generation: u64) {
+    let _ = state.wait_for(|s| s.generation != generation).await;
+}
+
+/// Copies `from` into `to` while bytes flow; bytes read just before a cut are held until it
+/// heals, and so is a close. Cancels `gone` when it ends with a reset, so the other direction
+/// ends too.
 async fn pump(
-    mut from: OwnedReadHalf,
-    mut to: OwnedWriteHalf,
+    mut from: ReadHalf<'_>,
+    mut to: WriteHalf<'_>,
     mut state: watch::Receiver<State>,
     generation: u64,
-    stop: CancellationToken,
-    ended: CancellationToken,
-) -> Option<(OwnedReadHalf, OwnedWriteHalf)> {
+    gone: &CancellationToken,
+) -> Ended {
+    let ended = copy(&mut from, &mut to, &mut state, generation, gone).await;
+    if ended == Ended::Reset {
+        gone.cancel();
+    }
+    ended
+}
+
+async fn copy(
+    from: &mut ReadHalf<'_>,
+    to: &mut WriteHalf<'_>,
+    state: &mut watch::Receiver<State>,
+    generation: u64,
+    gone: &CancellationToken,
+) -> Ended {
     let mut buf = vec![0u8; 64 * 1024];
+    let mut resets = state.clone();
     loop {
-        if flowing(&mut state, generation, &stop).await.is_none() {
-            return Some((from, to));
+        if let Some(ended) = flowing(state, generation, gone).await {
+            return ended;
         }
         let n = tokio::select! {
-            _ = ended.cancelled() => 0,
-            _ = stop.cancelled() => return Some((from, to)),
-            changed = state.changed() => {
-                if changed.is_err() {
-                    return Some((from, to));
-                }
-                if state.borrow().generation != generation {
-                    return Some((from, to));
-                }
-                continue;
-            }
-            read = from.read(&mut buf) => read.unwrap_or(0),
+            _ = gone.cancelled() => return Ended::Reset,
+            _ = reset(&mut resets, generation) => return Ended::Reset,
+            read = from.read(&mut buf) => match read {
+                Ok(n) => n,
+                Err(_) => return Ended::Reset,
+            },
         };
+        if let Some(ended) = flowing(state, generation, gone).await {
+            return ended;
+        }
         if n == 0 {
             let _ = to.shutdown().await;
-            ended.cancel();
-            return None;
+            return Ended::Closed;
         }
-        // Bytes read during a flow are held while a cut lasts, then written.
-        if flowing(&mut state, generation, &stop).await.is_none() {
-            return Some((from, to));
-        }
-        if to.write_all(&buf[..n]).await.is_err() {
-            ended.cancel();
-            return None;
+        let wrote = tokio::select! {
+            _ = gone.cancelled() => return Ended::Reset,
+            _ = reset(&mut resets, generation) => return Ended::Reset,
+            wrote = to.write_all(&buf[..n]) => wrote,
+        };
+        if wrote.is_err() {
+            return Ended::Reset;
         }
     }
 }

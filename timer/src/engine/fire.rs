@@ -30,6 +30,8 @@ impl Engine {
             let Some(fence) = self.member(&shutdown).await else {
                 break;
             };
+            // From the claim until its batch is done: joining again waits (`owners`).
+            let firing = inner.firing.lock().await;
             let claimed = retry
                 .until_ok(|| async {
                     let started = Instant::now();
@@ -52,10 +54,10 @@ impl Engine {
                 break;
             };
             if !claimed.is_empty() {
-                let _firing = inner.firing.lock().await;
                 self.fire(claimed, held_until, &fence, &shutdown).await;
                 continue;
             }
+            drop(firing);
             let now = inner.clock.now();
             let next = match inner.store.next_due_at().await {
                 Ok(next) => next.unwrap_or(Timestamp::MAX),
@@ -142,8 +144,10 @@ impl Engine {
         let grace = inner.config.shutdown_grace;
         let publish = self.within_publish_timeout("publishing", inner.broker.publish(&events));
         let published = tokio::select! {
-            r = publish => Published::Done(r),
+            // The leases first: a batch claimed as the membership was lost is not published.
+            biased;
             why = self.hold_leases(&claimed, held_until, fence) => Published::Abandoned(why),
+            r = publish => Published::Done(r),
             _ = async { shutdown.cancelled().await; tokio::time::sleep(grace).await } => {
                 Published::Shutdown
             }

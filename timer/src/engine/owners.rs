@@ -90,7 +90,10 @@ impl Engine {
                 None => {
                     // A batch this instance published settles first (its settle waits for the
                     // store like the join does); what it abandoned is released by the join.
-                    let _idle = inner.firing.lock().await;
+                    let _idle = tokio::select! {
+                        _ = shutdown.cancelled() => return,
+                        idle = inner.firing.lock() => idle,
+                    };
                     let join = retry.until_ok(|| self.join_now(owners)).await;
                     let Some(m) = join else { return };
                     info!(instance = %inner.owner, "joined the store's live instances");
@@ -172,6 +175,7 @@ impl Engine {
         let mut next = held_until.checked_sub(lease * 2 / 3).unwrap_or(held_until);
         loop {
             tokio::select! {
+                biased;
                 _ = fence.cancelled() => {
                     return FENCED.to_owned();
                 }
@@ -181,6 +185,7 @@ impl Engine {
             let until = inner.clock.now().saturating_add(lease);
             let left = held_until.saturating_duration_since(sent);
             let renewed = tokio::select! {
+                biased;
                 _ = fence.cancelled() => {
                     return FENCED.to_owned();
                 }

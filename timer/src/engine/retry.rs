@@ -48,9 +48,9 @@ pub(super) struct Retry<'a> {
     pub plugin: (&'static str, &'static str),
     /// `Level::ERROR` where a failure holds up acknowledged work, else `Level::WARN`.
     pub level: Level,
-    /// Gives up after this many failures in a row that the plugin would answer the same way
-    /// again (any kind but [`ErrorKind::Unavailable`]); an unreachable server is waited for.
-    /// `None`: only shutdown stops it.
+    /// Gives up after this many failures of any kind but [`ErrorKind::Unavailable`] (ones the
+    /// plugin would answer the same way again); an unreachable server is waited for. `None`:
+    /// only shutdown stops it.
     pub max_failures: Option<u32>,
 }
 
