@@ -122,17 +122,24 @@ impl Service {
         }
     }
 
-    /// Waits until `/readyz` answers 200 (again, after an outage), within `deadline`.
-    pub async fn ready_again(&self, deadline: Duration) -> bool {
+    /// Waits until `/readyz` answers `status` (`503` while cut off, `200` after), within
+    /// `deadline`; how long that took, ms.
+    pub async fn readyz_turns(&self, status: u16, deadline: Duration) -> Option<i64> {
+        let from = now_ms();
         wait_for(deadline, || async {
-            let (status, _) = self
+            let (got, _) = self
                 .send(reqwest::Method::GET, "/readyz", None)
                 .await
                 .ok()?;
-            (status == 200).then_some(())
+            (got == status).then_some(())
         })
         .await
-        .is_some()
+        .map(|()| now_ms() - from)
+    }
+
+    /// Waits until `/readyz` answers 200 (again, after an outage), within `deadline`.
+    pub async fn ready_again(&self, deadline: Duration) -> bool {
+        self.readyz_turns(200, deadline).await.is_some()
     }
 
     pub fn log_text(&self) -> String {

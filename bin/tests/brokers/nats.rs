@@ -317,24 +317,6 @@ async fn catch_up_all_fires_the_three_latest_missed_after_ten_seconds_down(case:
     setup.clean_up().await;
 }
 
-/// Waits until `/readyz` answers `status`; how long that took, ms.
-async fn readyz_turns(
-    service: &timer_conformance::e2e::Service,
-    status: u16,
-    deadline: Duration,
-) -> Option<i64> {
-    let from = now_ms();
-    wait_for(deadline, || async {
-        let (got, _) = service
-            .send(reqwest::Method::GET, "/readyz", None)
-            .await
-            .ok()?;
-        (got == status).then_some(())
-    })
-    .await
-    .map(|()| now_ms() - from)
-}
-
 async fn a_ten_second_cut_from_the_server_loses_nothing_and_catches_up(case: Arc<BrokerCase>) {
     const N: usize = 2_000;
     const CUT: Duration = Duration::from_secs(10);
@@ -365,7 +347,8 @@ async fn a_ten_second_cut_from_the_server_loses_nothing_and_catches_up(case: Arc
 
     let cut_at = tokio::time::Instant::now();
     proxy.cut();
-    let not_ready = readyz_turns(&service, 503, Duration::from_secs(10))
+    let not_ready = service
+        .readyz_turns(503, Duration::from_secs(10))
         .await
         .unwrap_or_else(|| service.fail("/readyz answers 503 within 10 s of the cut"));
     let (_, body) = service.get("/readyz").await;
@@ -374,7 +357,8 @@ async fn a_ten_second_cut_from_the_server_loses_nothing_and_catches_up(case: Arc
     tokio::time::sleep_until(cut_at + CUT).await;
     let healed_ms = now_ms();
     proxy.heal();
-    let ready = readyz_turns(&service, 200, Duration::from_secs(60))
+    let ready = service
+        .readyz_turns(200, Duration::from_secs(60))
         .await
         .unwrap_or_else(|| service.fail("/readyz answers 200 again after the cut"));
     // Caught up: every timer due before the heal is on the stream (an upper bound: the stream
