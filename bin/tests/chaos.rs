@@ -15,7 +15,6 @@
 //! `TIMER_TEST_NATS_URL`/`_DIR` (bash scripts/test.sh sets them).
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -54,18 +53,6 @@ fn main() {
         soak,
     )];
     libtest_mimic::run(&args, trials).exit();
-}
-
-/// `host:port` of a server URL.
-fn address_of(url: &str) -> SocketAddr {
-    let parsed = url::Url::parse(url).expect("a server URL");
-    format!(
-        "{}:{}",
-        parsed.host_str().expect("a host"),
-        parsed.port().expect("a port")
-    )
-    .parse()
-    .expect("the test servers are at IP addresses")
 }
 
 /// One instance: its proxies to the database and the broker, its config, and the process.
@@ -158,8 +145,8 @@ async fn soak() {
 
     let mut instances = Vec::new();
     for i in 0..INSTANCES {
-        let store_proxy = Proxy::start(address_of(&pg.url)).await;
-        let broker_proxy = Proxy::start(address_of(&nats_url)).await;
+        let store_proxy = Proxy::in_front_of(&pg.url, 5432).await;
+        let broker_proxy = Proxy::in_front_of(&nats_url, 4222).await;
         let mut broker_section = section.clone();
         broker_section["url"] = json!(broker_proxy.rewrite(&nats_url));
         let config = json!({

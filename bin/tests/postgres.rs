@@ -315,15 +315,7 @@ const CUT: Duration = Duration::from_secs(10);
 
 /// The proxy in front of the test server, and `config` with its URL going through it.
 async fn proxied(config: &PostgresConfig) -> (Proxy, PostgresConfig) {
-    let url = url::Url::parse(&config.url).expect("url");
-    let upstream = format!(
-        "{}:{}",
-        url.host_str().expect("host"),
-        url.port().unwrap_or(5432)
-    )
-    .parse()
-    .expect("the test server is at an IP address");
-    let proxy = Proxy::start(upstream).await;
+    let proxy = Proxy::in_front_of(&config.url, 5432).await;
     let through = PostgresConfig {
         url: proxy.rewrite(&config.url),
         ..config.clone()

@@ -52,6 +52,19 @@ impl Proxy {
         }
     }
 
+    /// A proxy in front of the server a URL names (`postgres://u:p@127.0.0.1:5432/db`,
+    /// `nats://127.0.0.1:4222`); its port, or `default_port` when it names none.
+    pub async fn in_front_of(url: &str, default_port: u16) -> Proxy {
+        let parsed = url::Url::parse(url).unwrap_or_else(|e| panic!("{url}: {e}"));
+        let host = parsed
+            .host_str()
+            .unwrap_or_else(|| panic!("{url} names no host"));
+        let upstream = format!("{host}:{}", parsed.port().unwrap_or(default_port))
+            .parse()
+            .unwrap_or_else(|e| panic!("{url}: the proxy needs an IP address: {e}"));
+        Proxy::start(upstream).await
+    }
+
     /// Where clients connect.
     pub fn addr(&self) -> SocketAddr {
         self.addr

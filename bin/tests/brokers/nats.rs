@@ -322,15 +322,7 @@ async fn a_ten_second_cut_from_the_server_loses_nothing_and_catches_up(case: Arc
     const CUT: Duration = Duration::from_secs(10);
     let setup = Setup::new(&case);
     let url = nats_config(&setup).url.clone();
-    let parsed = url::Url::parse(&url).expect("the test server's URL");
-    let upstream = format!(
-        "{}:{}",
-        parsed.host_str().expect("a host"),
-        parsed.port().unwrap_or(4222)
-    )
-    .parse()
-    .expect("the test server is at an IP address");
-    let proxy = Proxy::start(upstream).await;
+    let proxy = Proxy::in_front_of(&url, 4222).await;
     let setup = setup.with_broker_key("url", json!(proxy.rewrite(&url)));
     let client = setup.client().await;
     let store = setup.store().await;
