@@ -393,17 +393,14 @@ async fn cut_off_for_10s_keeps_what_it_acknowledged_and_catches_up() {
         .await
         .unwrap_or_else(|| service.fail("firing started"));
 
-    let cut_ms = now_ms();
-    let cut_at = tokio::time::Instant::now();
-    proxy.cut();
-    let not_ready = service
-        .readyz_turns(503, Duration::from_secs(10))
-        .await
-        .unwrap_or_else(|| service.fail("/readyz answers 503 within 10 s of the cut"));
-    let (_, body) = service.get("/readyz").await;
-    println!("cut off from PostgreSQL: not ready {not_ready} ms later: {body}");
+    let cut = service.cut_off(&proxy).await;
+    let cut_ms = cut.at_ms;
+    println!(
+        "cut off from PostgreSQL: not ready {} ms later: {}",
+        cut.not_ready_ms, cut.readyz
+    );
     // The partition lasts its time (not a wait for something to happen).
-    tokio::time::sleep_until(cut_at + CUT).await;
+    tokio::time::sleep_until(cut.at + CUT).await;
     let fired_in_cut = events
         .snapshot()
         .iter()

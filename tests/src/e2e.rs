@@ -137,6 +137,24 @@ impl Service {
         .map(|()| now_ms() - from)
     }
 
+    /// Cuts `proxy` (the service's way to a server) and waits until `/readyz` answers 503
+    /// (within 10 s, else the test fails): when the cut began, and the not-ready answer.
+    pub async fn cut_off(&self, proxy: &crate::proxy::Proxy) -> CutOff {
+        let (at, at_ms) = (tokio::time::Instant::now(), now_ms());
+        proxy.cut();
+        let not_ready_ms = self
+            .readyz_turns(503, Duration::from_secs(10))
+            .await
+            .unwrap_or_else(|| self.fail("/readyz answers 503 within 10 s of the cut"));
+        let (_, readyz) = self.get("/readyz").await;
+        CutOff {
+            at,
+            at_ms,
+            not_ready_ms,
+            readyz,
+        }
+    }
+
     /// Waits until `/readyz` answers 200 (again, after an outage), within `deadline`.
     pub async fn ready_again(&self, deadline: Duration) -> bool {
         self.readyz_turns(200, deadline).await.is_some()
@@ -253,6 +271,16 @@ impl Service {
         });
         log
     }
+}
+
+/// A cut as [`Service::cut_off`] saw it.
+pub struct CutOff {
+    /// When it began, on the monotonic clock and as epoch ms.
+    pub at: tokio::time::Instant,
+    pub at_ms: i64,
+    /// How long after it `/readyz` answered 503, ms, and that answer.
+    pub not_ready_ms: i64,
+    pub readyz: Value,
 }
 
 /// Sends `signal` (`-TERM`, `-KILL`, `-STOP`, ...) to a process this test started, by its pid.

@@ -134,42 +134,18 @@ mod tests {
             level: Level::WARN,
             max_failures: Some(3),
         };
-        let mut calls = 0;
-        let got = retry
-            .until_ok(|| {
-                calls += 1;
-                let n = calls;
-                async move {
-                    if n < 3 {
-                        Err(Error::unavailable("down"))
-                    } else {
-                        Ok(n)
-                    }
-                }
-            })
-            .await;
-        assert_eq!(got, Some(3));
+        assert_eq!(answering_after(&retry, 2).await, Some(3));
         assert_eq!(
             always_failing(&retry, || Error::internal("broken")).await,
             (None, 3),
             "gives up after max_failures"
         );
         // An unreachable server is waited for: 20 failures, then it answers.
-        let mut calls = 0;
-        let got = retry
-            .until_ok(|| {
-                calls += 1;
-                let n = calls;
-                async move {
-                    if n <= 20 {
-                        Err(Error::unavailable("down"))
-                    } else {
-                        Ok(n)
-                    }
-                }
-            })
-            .await;
-        assert_eq!(got, Some(21), "max_failures counts no unreachable server");
+        assert_eq!(
+            answering_after(&retry, 20).await,
+            Some(21),
+            "max_failures counts no unreachable server"
+        );
         shutdown.cancel();
         let got = retry.until_ok(|| async { Ok(1) }).await;
         assert_eq!(got, Some(1), "the first attempt runs during shutdown too");
@@ -178,6 +154,25 @@ mod tests {
             (None, 1),
             "no retry after shutdown"
         );
+    }
+
+    /// What `until_ok` gives for an operation whose server is unreachable for its first
+    /// `failures` calls, then answers with the number of the call.
+    async fn answering_after(retry: &Retry<'_>, failures: u32) -> Option<u32> {
+        let mut calls = 0;
+        retry
+            .until_ok(|| {
+                calls += 1;
+                let n = calls;
+                async move {
+                    if n <= failures {
+                        Err(Error::unavailable("down"))
+                    } else {
+                        Ok(n)
+                    }
+                }
+            })
+            .await
     }
 
     /// What `until_ok` gives for an operation that always fails with `error`, and how often it
