@@ -486,6 +486,7 @@ where
     let end = tokio::time::Instant::now() + deadline;
     while tokio::time::Instant::now() < end {
         if leased().await.is_empty() {
+            tokio::time::sleep(Duration::from_millis(2)).await;
             continue;
         }
         signal(pid, "-STOP").await;
