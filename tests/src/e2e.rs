@@ -15,7 +15,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use serde_json::{json, Value};
 use timer_core::plugin::TestServer;
-use timer_core::{NewTimer, PageAfter, Store, TimerFilter, TimerKey, TimerState, Timestamp};
+use timer_core::{NewTimer, Store, TimerKey, TimerState, Timestamp};
 use tokio::process::{Child, Command};
 
 use crate::wait_for;
@@ -431,45 +431,6 @@ pub async fn drained(store: &dyn Store, deadline: Duration) -> bool {
     })
     .await
     .is_some()
-}
-
-/// The Scheduled timers of `tenants` that `owner` (a lease owner, or any when `None`) holds a
-/// lease on, as the store shows them now: a batch in flight.
-pub async fn leased_keys(
-    store: &dyn Store,
-    tenants: &[String],
-    owner: Option<&str>,
-) -> Vec<TimerKey> {
-    let queries = store.queries().expect("the store lists timers");
-    let filter = TimerFilter {
-        states: vec![TimerState::Scheduled],
-        ..TimerFilter::default()
-    };
-    let mut keys = Vec::new();
-    for tenant in tenants {
-        let mut after = None;
-        loop {
-            let page = queries
-                .list(tenant, &filter, after.as_ref(), 1000)
-                .await
-                .expect("list");
-            let Some(last) = page.last() else { break };
-            after = Some(PageAfter {
-                due_at: last.due_at,
-                service_call_id: last.key.service_call_id.clone(),
-            });
-            keys.extend(
-                page.iter()
-                    .filter(|t| match (&t.lease_owner, owner) {
-                        (Some(held), Some(owner)) => held == owner,
-                        (Some(_), None) => true,
-                        (None, _) => false,
-                    })
-                    .map(|t| t.key.clone()),
-            );
-        }
-    }
-    keys
 }
 
 /// Freezes process `pid` (SIGSTOP) at a moment `leased` finds it holding leases, and returns
