@@ -261,8 +261,8 @@ async fn notify_wakes_another_instance() {
     b.terminate().await;
 }
 
-/// The timers one instance holds leases on, read straight from the table with one indexed
-/// query (`timers_leased`). A batch is leased only between its claim and its mark, tens of
+/// The timers one instance holds live leases on, read straight from the table with one
+/// indexed query (`timers_leased`). A batch is leased only between its claim and its mark, tens of
 /// milliseconds: the store's listing, tenant by tenant, is too slow to catch it on a busy
 /// machine.
 struct Leases {
@@ -277,7 +277,7 @@ impl Leases {
             .expect("connect to the test database");
         let query = format!(
             "SELECT tenant_id, service_call_id FROM \"{}\".timers \
-             WHERE state = 0 AND lease_owner = $1 ORDER BY 1, 2",
+             WHERE state = 0 AND lease_owner = $1 AND lease_until IS NOT NULL ORDER BY 1, 2",
             config.schema
         );
         Self { pool, query }
