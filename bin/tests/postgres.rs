@@ -445,12 +445,7 @@ async fn cut_off_for_10s_keeps_what_it_acknowledged_and_catches_up() {
         fired_in_cut, 0,
         "nothing fires while the store is cut off (after its first 2 s)"
     );
-    let healed_ms = now_ms();
-    proxy.heal();
-    let ready = service
-        .readyz_turns(200, Duration::from_secs(60))
-        .await
-        .unwrap_or_else(|| service.fail("/readyz answers 200 again after the cut"));
+    let (healed_ms, ready) = service.heal(&proxy).await;
     // A few more schedules after the cut, then stop.
     let more = events.len() + 20;
     events.wait(more, Duration::from_secs(60)).await;
@@ -571,11 +566,7 @@ async fn an_instance_cut_off_never_fires_what_another_fires() {
     );
     // The partition lasts its time (not a wait for something to happen).
     tokio::time::sleep_until(cut_at + CUT).await;
-    let healed_ms = now_ms();
-    proxy.heal();
-    a.readyz_turns(200, Duration::from_secs(60))
-        .await
-        .unwrap_or_else(|| a.fail("A is ready again after the cut"));
+    let (healed_ms, _) = a.heal(&proxy).await;
     assert!(
         drained(&store, Duration::from_secs(120)).await,
         "every timer fired ({} pending)",

@@ -155,6 +155,18 @@ impl Service {
         }
     }
 
+    /// Heals `proxy` and waits until `/readyz` answers 200 again (within 60 s, else the test
+    /// fails): when the heal came (epoch ms), and how long after it the service was ready.
+    pub async fn heal(&self, proxy: &crate::proxy::Proxy) -> (i64, i64) {
+        let healed_ms = now_ms();
+        proxy.heal();
+        let ready = self
+            .readyz_turns(200, Duration::from_secs(60))
+            .await
+            .unwrap_or_else(|| self.fail("/readyz answers 200 again after the cut"));
+        (healed_ms, ready)
+    }
+
     /// Waits until `/readyz` answers 200 (again, after an outage), within `deadline`.
     pub async fn ready_again(&self, deadline: Duration) -> bool {
         self.readyz_turns(200, deadline).await.is_some()

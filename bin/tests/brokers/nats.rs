@@ -341,12 +341,7 @@ async fn a_ten_second_cut_from_the_server_loses_nothing_and_catches_up(case: Arc
     client.send_commands(&all[N / 2..]).await.expect("send");
     // The partition lasts its time (not a wait for something to happen).
     tokio::time::sleep_until(cut.at + CUT).await;
-    let healed_ms = now_ms();
-    proxy.heal();
-    let ready = service
-        .readyz_turns(200, Duration::from_secs(60))
-        .await
-        .unwrap_or_else(|| service.fail("/readyz answers 200 again after the cut"));
+    let (healed_ms, ready) = service.heal(&proxy).await;
     // Caught up: every timer due before the heal is on the stream (an upper bound: the stream
     // is read again and again until it is).
     let due_before_heal: HashSet<String> = all
