@@ -22,7 +22,7 @@ use std::time::Duration;
 use libtest_mimic::Arguments;
 use serde_json::{json, Value};
 use timer_conformance::e2e::{
-    now_ms, percentiles, schedule, write_config, ScriptedServer, Service,
+    now_ms, percentiles, schedule, timer_of, write_config, ScriptedServer, Service,
 };
 use timer_conformance::proxy::Proxy;
 use timer_conformance::scenarios::envelope;
@@ -274,10 +274,8 @@ async fn soak() {
         .collect();
     let events = wait_for(Duration::from_secs(180), || async {
         let events = client.events().await.ok()?;
-        let fired: std::collections::HashSet<String> = events
-            .iter()
-            .map(|e| timer_conformance::e2e::timer_of(&envelope(e)))
-            .collect();
+        let fired: std::collections::HashSet<String> =
+            events.iter().map(|e| timer_of(&envelope(e))).collect();
         due.keys().all(|k| fired.contains(k)).then_some(events)
     })
     .await;
@@ -290,13 +288,10 @@ async fn soak() {
     let mut fires: HashMap<String, Vec<(String, i64)>> = HashMap::new();
     for e in &events {
         let v: Value = envelope(e);
-        fires
-            .entry(timer_conformance::e2e::timer_of(&v))
-            .or_default()
-            .push((
-                v["id"].as_str().unwrap_or_default().to_owned(),
-                v["timestampMs"].as_i64().unwrap_or(0),
-            ));
+        fires.entry(timer_of(&v)).or_default().push((
+            v["id"].as_str().unwrap_or_default().to_owned(),
+            v["timestampMs"].as_i64().unwrap_or(0),
+        ));
     }
     let lost: Vec<&String> = due.keys().filter(|k| !fires.contains_key(*k)).collect();
     // A mark may still be on its way when the event is read.

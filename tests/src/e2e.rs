@@ -447,26 +447,42 @@ pub async fn drained(store: &dyn Store, deadline: Duration) -> bool {
 
 /// Freezes process `pid` (SIGSTOP) at a moment `leased` finds it holding leases, and returns
 /// what it held then; it stays frozen (kill it, or SIGCONT it). Panics after `deadline`.
-pub async fn freeze_holding_leases<F, Fut>(
+pub async fn freeze_holding_leases(
     pid: u32,
     deadline: Duration,
-    mut leased: F,
-) -> Vec<TimerKey>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Vec<TimerKey>>,
-{
+    leased: impl AsyncFnMut() -> Vec<TimerKey>,
+) -> Vec<TimerKey> {
+    catch_holding_leases(
+        &format!("process {pid}"),
+        deadline,
+        leased,
+        async || signal(pid, "-STOP").await,
+        async || signal(pid, "-CONT").await,
+    )
+    .await
+}
+
+/// Catches an instance holding leases: at a moment `leased` finds some, runs `stop` (freezes
+/// the instance, cuts it off) and returns what it held then, once two looks 200 ms apart agree
+/// (a mark sent before the stop may still land; at most 20 looks). When it held nothing after
+/// all, runs `resume` and waits for the next moment. Panics after `deadline`, naming `who`.
+pub async fn catch_holding_leases(
+    who: &str,
+    deadline: Duration,
+    mut leased: impl AsyncFnMut() -> Vec<TimerKey>,
+    mut stop: impl AsyncFnMut(),
+    mut resume: impl AsyncFnMut(),
+) -> Vec<TimerKey> {
     let end = tokio::time::Instant::now() + deadline;
     while tokio::time::Instant::now() < end {
         if leased().await.is_empty() {
             tokio::time::sleep(Duration::from_millis(2)).await;
             continue;
         }
-        signal(pid, "-STOP").await;
-        // A settle sent before the stop may still land: look until two looks agree.
+        stop().await;
         let mut held = leased().await;
         for _ in 0..20 {
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            tokio::time::sleep(Duration::from_millis(200)).await;
             let again = leased().await;
             if again == held {
                 break;
@@ -476,9 +492,9 @@ where
         if !held.is_empty() {
             return held;
         }
-        signal(pid, "-CONT").await;
+        resume().await;
     }
-    panic!("never caught process {pid} holding leases within {deadline:?}");
+    panic!("never caught {who} holding leases within {deadline:?}");
 }
 
 /// Waits until every timer of `keys` is Reached, then returns how long after `since_ms`
