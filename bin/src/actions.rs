@@ -555,6 +555,11 @@ pub async fn status(State(app): State<AppState>) -> Response {
         instance_id: engine.instance_id().to_owned(),
         store: health(store.name(), store_health),
         broker: health(broker.name(), broker_health),
+        tasks_down: engine
+            .tasks_down()
+            .into_iter()
+            .map(|(task, error)| crate::api::TaskDown { task, error })
+            .collect(),
         timers: match totals {
             Ok(totals) => Counts {
                 pending: totals.pending,

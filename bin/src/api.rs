@@ -391,6 +391,9 @@ pub struct Status {
     pub instance_id: String,
     pub store: Health,
     pub broker: Health,
+    /// The engine's tasks that panicked and wait to be started again, with what happened
+    /// (empty while every task runs; `/readyz` answers 503 meanwhile).
+    pub tasks_down: Vec<TaskDown>,
     pub timers: Counts,
     #[schema(format = DateTime)]
     #[schema(required = true)]
@@ -402,6 +405,13 @@ pub struct Status {
     /// Other live instances, where the store keeps a register of them (none does yet: null).
     #[schema(required = true)]
     pub instances: Option<Vec<String>>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct TaskDown {
+    /// `ingest`, `firing`, `purge`, `membership` or `take-over`.
+    pub task: &'static str,
+    pub error: String,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -469,18 +479,22 @@ pub struct Percentiles {
     pub p99: Option<u64>,
 }
 
-/// `GET /readyz`: each part's kind and `ok` or its error.
+/// `GET /readyz`: each part's kind and whether it is `ok`.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct Readiness {
     pub store: Probe,
     pub broker: Probe,
+    /// The engine's tasks (kind `engine`): `unavailable` while one that panicked waits to be
+    /// started again.
+    pub engine: Probe,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
 pub struct Probe {
     pub kind: &'static str,
-    /// `ok`, or what is wrong.
-    pub status: String,
+    /// `ok` or `unavailable`; why is in the log and in `GET /v1/status` (not told to anonymous
+    /// callers).
+    pub status: &'static str,
 }
 
 /// `GET /v1/dead-letters` (in-process broker): commands it could not take, with the reason.

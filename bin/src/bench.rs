@@ -663,6 +663,7 @@ async fn serve_counting(
         memory_hub: rig.hub.clone(),
         shutdown: rig.shutdown.clone(),
         counts: crate::counted::Counts::new(counts_max_age),
+        ready: crate::counted::Cached::new("readiness", crate::http::READY_MAX_AGE),
         auth: auth.map(Arc::new),
     };
     let app = crate::http::router(state, config);

@@ -46,6 +46,8 @@ pub struct AppState {
     pub counts: crate::counted::Counts,
     /// Checks bearer tokens; `None`: the API has no authentication.
     pub auth: Option<Arc<Auth>>,
+    /// The last health checks of `/readyz` (store, broker reachable), shared by its callers.
+    pub ready: Arc<crate::counted::Cached<(bool, bool)>>,
 }
 
 /// Path parameters of the routes on one timer.
@@ -518,39 +520,45 @@ async fn healthz() -> &'static str {
     "ok"
 }
 
-/// Readiness: the store and the broker answer.
+/// Readiness: the store and the broker answer, this instance is a live member of the store's
+/// instances, and every engine task runs. Anyone may ask, so the answer says only which part is
+/// `unavailable`, never why (errors name hosts and users): the reasons are in the log and in
+/// `GET /v1/status`. The checks run at most once per [`READY_MAX_AGE`], whatever the number
+/// of callers, so polling cannot make the service reconnect to its broker over and over.
 #[utoipa::path(
     get,
     path = "/readyz",
     tag = "operations",
     security(()),
     responses(
-        (status = 200, description = "Both are reachable", body = Readiness),
-        (status = 503, description = "One is not; its `status` says why", body = Readiness),
+        (status = 200, description = "Every part is `ok`", body = Readiness),
+        (status = 503, description = "A part is `unavailable` (the reason is in the log and `GET /v1/status`)", body = Readiness),
     )
 )]
 async fn readyz(State(app): State<AppState>) -> Response {
-    let (store, broker) = tokio::join!(
-        answers_within(app.engine.store().health(), "store"),
-        answers_within(app.engine.broker().health(), "broker"),
-    );
+    let engine = app.engine.clone();
+    let checked = app.ready.get(|| async move {
+        let (store, broker) = tokio::join!(
+            answers_within(engine.store().health(), "store"),
+            answers_within(engine.broker().health(), "broker"),
+        );
+        for (part, result) in [("store", &store), ("broker", &broker)] {
+            if let Err(e) = result {
+                tracing::warn!(part, error = %e.chain(), "not ready");
+            }
+        }
+        Ok::<_, std::convert::Infallible>((store.is_ok(), broker.is_ok()))
+    });
+    let (store, broker) = match checked.await {
+        Ok(parts) => *parts,
+        Err(never) => match never {},
+    };
     // Reachable is not enough: cut off for a moment, the instance stops firing until it has
     // joined the store's live instances again.
-    let store = store.and_then(|()| {
-        if app.engine.is_member() {
-            Ok(())
-        } else {
-            Err(Error::unavailable(
-                "this instance is not a live member of the store's instances (joining again \
-                 after losing its connection); it fires nothing until it is",
-            ))
-        }
-    });
-    let show = |r: &Result<(), Error>| match r {
-        Ok(()) => "ok".to_owned(),
-        Err(e) => e.chain(),
-    };
-    let status = if store.is_ok() && broker.is_ok() {
+    let store = store && app.engine.is_member();
+    let engine = app.engine.tasks_down().is_empty();
+    let show = |ok: bool| if ok { "ok" } else { "unavailable" };
+    let status = if store && broker && engine {
         StatusCode::OK
     } else {
         StatusCode::SERVICE_UNAVAILABLE
@@ -558,15 +566,22 @@ async fn readyz(State(app): State<AppState>) -> Response {
     let body = Readiness {
         store: Probe {
             kind: app.engine.store().name(),
-            status: show(&store),
+            status: show(store),
         },
         broker: Probe {
             kind: app.engine.broker().name(),
-            status: show(&broker),
+            status: show(broker),
+        },
+        engine: Probe {
+            kind: "engine",
+            status: show(engine),
         },
     };
     (status, Json(body)).into_response()
 }
+
+/// How long `/readyz` answers from its last health checks.
+pub const READY_MAX_AGE: Duration = Duration::from_secs(1);
 
 /// How long `/readyz` waits for the store's and the broker's health check: a server cut off
 /// without a close answers nothing (a TCP connection can wait minutes before it fails).

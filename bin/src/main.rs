@@ -634,6 +634,7 @@ async fn run(config: Config) -> anyhow::Result<()> {
         memory_hub,
         shutdown: shutdown.clone(),
         counts: counted::Counts::new(config.http.counts_max_age),
+        ready: counted::Cached::new("readiness", http::READY_MAX_AGE),
         auth: auth::Auth::from_config(&config.http)
             .map_err(|e| anyhow::anyhow!(e.chain()))?
             .map(std::sync::Arc::new),

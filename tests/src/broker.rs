@@ -17,6 +17,7 @@ pub fn checks() -> Vec<Check<Arc<dyn TestClient>>> {
     crate::checks![
         published_event_readable_with_its_id,
         many_events_confirmed_together,
+        odd_tenant_ids_delivered_or_refused_alone,
         unacked_command_redelivered,
         acked_command_not_redelivered,
         commands_arrive_in_batches,
@@ -52,7 +53,8 @@ async fn receive_all(broker: &dyn Broker, n: usize) -> Vec<timer_core::Delivery>
 pub async fn published_event_readable_with_its_id(fx: Arc<dyn TestClient>) {
     let broker = fx.connect().await.expect("connect");
     let events: Vec<OutboundEvent> = (0..3).map(event).collect();
-    broker.publish(&events).await.expect("publish");
+    let undelivered = broker.publish(&events).await.expect("publish");
+    assert!(undelivered.is_empty(), "refused: {undelivered:?}");
     let read = wait_for(WAIT, || async {
         fx.events().await.ok().filter(|e| e.len() >= 3)
     })
@@ -69,10 +71,11 @@ pub async fn many_events_confirmed_together(fx: Arc<dyn TestClient>) {
     const N: usize = 1_000;
     let broker = fx.connect().await.expect("connect");
     let events: Vec<OutboundEvent> = (0..N).map(event).collect();
-    tokio::time::timeout(Duration::from_secs(60), broker.publish(&events))
+    let undelivered = tokio::time::timeout(Duration::from_secs(60), broker.publish(&events))
         .await
         .expect("1000 publishes confirmed within a minute")
         .expect("publish");
+    assert!(undelivered.is_empty(), "refused: {undelivered:?}");
     let read = wait_for(WAIT, || async {
         fx.events().await.ok().filter(|e| e.len() >= N)
     })
@@ -83,6 +86,68 @@ pub async fn many_events_confirmed_together(fx: Arc<dyn TestClient>) {
         events.iter().all(|e| ids.contains(&e.id)),
         "every confirmed event is readable"
     );
+}
+
+/// The longest and oddest tenant ids: the longest valid one of the default limits
+/// (`limits.max_id_bytes` = 128) in characters every broker escapes, the characters that mean
+/// something in subjects, routing keys and URLs, multi-byte text, and ids far longer than the
+/// default allows (a deployment may raise the limit).
+fn odd_tenants() -> Vec<String> {
+    vec![
+        ".".repeat(128),
+        "*".repeat(128),
+        ">".repeat(128),
+        "%".repeat(128),
+        "#".repeat(128),
+        "ü".repeat(64),
+        "🦀".repeat(32),
+        "a.*.>.#.%2E. x".into(),
+        ".".repeat(1_500),
+        "x".repeat(5_000),
+    ]
+}
+
+/// Each odd tenant's event, in one batch with an ordinary one: what [`Broker::check_key`]
+/// accepts is delivered and readable with its id; what it refuses comes back alone as
+/// undelivered (never a panic, never the whole batch failed), and the ordinary event is
+/// delivered all the same.
+pub async fn odd_tenant_ids_delivered_or_refused_alone(fx: Arc<dyn TestClient>) {
+    let broker = fx.connect().await.expect("connect");
+    let mut events = vec![event(0)];
+    for (i, tenant) in odd_tenants().into_iter().enumerate() {
+        events.push(OutboundEvent {
+            id: Uuid::now_v7(),
+            key: TimerKey::new(tenant, format!("odd{i}")),
+            body: format!(r#"{{"odd":{i}}}"#).into_bytes(),
+        });
+    }
+    let refused_by_check: Vec<usize> = (0..events.len())
+        .filter(|&i| broker.check_key(&events[i].key).is_err())
+        .collect();
+    let undelivered = broker.publish(&events).await.expect("publish");
+    let undelivered: Vec<usize> = undelivered.iter().map(|u| u.index).collect();
+    assert_eq!(
+        undelivered, refused_by_check,
+        "publish refuses exactly the events whose key check_key refuses, one by one"
+    );
+    let expected: Vec<&OutboundEvent> = (0..events.len())
+        .filter(|i| !undelivered.contains(i))
+        .map(|i| &events[i])
+        .collect();
+    assert!(
+        expected.len() > 1,
+        "the ordinary event and some odd ones are delivered"
+    );
+    let read = wait_for(WAIT, || async {
+        fx.events().await.ok().filter(|e| e.len() >= expected.len())
+    })
+    .await
+    .expect("every delivered event readable");
+    for e in expected {
+        let found = read.iter().find(|r| r.id == e.id);
+        let found = found.unwrap_or_else(|| panic!("event of {:?} not read back", e.key));
+        assert_eq!(found.body, e.body);
+    }
 }
 
 pub async fn unacked_command_redelivered(fx: Arc<dyn TestClient>) {

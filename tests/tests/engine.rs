@@ -14,6 +14,7 @@ use timer_core::{
     Action, Broker, CancelOutcome, ClaimedTimer, ControlOutcome, Delivery, Engine, EngineConfig,
     Error, Lease, Limits, ManualClock, NewTimer, OutboundEvent, Reason, Recurrence, Result,
     ScheduleOutcome, Scheduled, Settlement, Store, Timer, TimerKey, TimerState, Timestamp,
+    Undelivered,
 };
 use timer_stores::memory::MemoryStore;
 use tokio_util::sync::CancellationToken;
@@ -277,30 +278,42 @@ enum Publish {
     Hangs,
     /// Each publish waits until the gate is opened (`notify_one`), then works.
     Gated(Arc<tokio::sync::Notify>),
+    /// The first `n` publishes panic (as an SDK that panics on input it should refuse).
+    PanicsFirst(u32),
+    /// Events of this tenant come back undelivered, one by one (as RabbitMQ returns an event
+    /// no queue is bound for); the others are published.
+    Refuses(String),
 }
 
 /// The memory broker, its publishing as [`Publish`] says.
 struct FaultyBroker {
     inner: MemoryBroker,
     failures: AtomicU32,
+    panics: AtomicU32,
     hangs: bool,
     gate: Option<Arc<tokio::sync::Notify>>,
+    refuses: Option<String>,
 }
 
 impl FaultyBroker {
     fn new(inner: MemoryBroker, publish: Publish) -> Self {
-        let (failures, hangs, gate) = match publish {
-            Publish::Works => (0, false, None),
-            Publish::FailsFirst(n) => (n, false, None),
-            Publish::Hangs => (0, true, None),
-            Publish::Gated(gate) => (0, false, Some(gate)),
-        };
-        FaultyBroker {
+        let mut broker = FaultyBroker {
             inner,
-            failures: AtomicU32::new(failures),
-            hangs,
-            gate,
+            failures: AtomicU32::new(0),
+            panics: AtomicU32::new(0),
+            hangs: false,
+            gate: None,
+            refuses: None,
+        };
+        match publish {
+            Publish::Works => {}
+            Publish::FailsFirst(n) => broker.failures = AtomicU32::new(n),
+            Publish::Hangs => broker.hangs = true,
+            Publish::Gated(gate) => broker.gate = Some(gate),
+            Publish::PanicsFirst(n) => broker.panics = AtomicU32::new(n),
+            Publish::Refuses(tenant) => broker.refuses = Some(tenant),
         }
+        broker
     }
 }
 
@@ -315,7 +328,7 @@ impl Broker for FaultyBroker {
     async fn ack(&self, tags: &[u64]) -> Result<()> {
         self.inner.ack(tags).await
     }
-    async fn publish(&self, events: &[OutboundEvent]) -> Result<()> {
+    async fn publish(&self, events: &[OutboundEvent]) -> Result<Vec<Undelivered>> {
         if self.hangs {
             std::future::pending::<()>().await;
         }
@@ -325,7 +338,25 @@ impl Broker for FaultyBroker {
         if injected(&self.failures) {
             return Err(Error::unavailable("injected publish failure"));
         }
-        self.inner.publish(events).await
+        if injected(&self.panics) {
+            panic!("injected publish panic");
+        }
+        let Some(refused) = &self.refuses else {
+            return self.inner.publish(events).await;
+        };
+        let (mine, others): (Vec<_>, Vec<_>) = events
+            .iter()
+            .enumerate()
+            .partition(|(_, e)| &e.key.tenant_id == refused);
+        let others: Vec<OutboundEvent> = others.into_iter().map(|(_, e)| e.clone()).collect();
+        self.inner.publish(&others).await?;
+        Ok(mine
+            .into_iter()
+            .map(|(index, _)| Undelivered {
+                index,
+                error: Error::unavailable(format!("injected: no queue bound for {refused}")),
+            })
+            .collect())
     }
     async fn dead_letter(&self, body: &[u8], reason: &str) -> Result<()> {
         self.inner.dead_letter(body, reason).await
@@ -488,6 +519,74 @@ async fn failed_publish_is_retried_with_exponential_backoff() {
         .expect("published on the third attempt");
     let t = timer_where(&r.store, "retry", |t| t.state == TimerState::Reached).await;
     assert_eq!(t.attempts, 2, "attempts stay visible after success");
+}
+
+/// A panic in the firing task (here the broker's publish) does not stop firing for good: the
+/// task is started again after the retry backoff, `tasks_down` reports it meanwhile (`/readyz`
+/// answers 503), and the timer it held fires once its lease runs out.
+#[tokio::test]
+async fn a_firing_task_that_panics_is_restarted_and_reported_down_meanwhile() {
+    let r = Setup::publishing(Publish::PanicsFirst(1)).start();
+    r.schedule(&[timer("poison", T0)]).await;
+    let down = wait_for(WAIT, || async {
+        Some(r.engine.tasks_down()).filter(|d| !d.is_empty())
+    })
+    .await
+    .expect("the firing task is reported down");
+    assert_eq!(down[0].0, "firing", "{down:?}");
+    assert!(down[0].1.contains("injected publish panic"), "{down:?}");
+    wait_for(WAIT, || async {
+        r.engine.tasks_down().is_empty().then_some(())
+    })
+    .await
+    .expect("the firing task runs again after retry_base");
+    no_events_for_a_while(&r.hub).await;
+    r.clock.advance(secs(10)); // the lease of the panicked batch runs out
+    events(&r.hub, 1)
+        .await
+        .expect("fired by the restarted task");
+    timer_where(&r.store, "poison", |t| t.state == TimerState::Reached).await;
+}
+
+/// An event the broker refuses on its own (a tenant whose queue is unbound) is retried on its
+/// own backoff with its own error; the other tenant's event of the same batch is delivered and
+/// Reached, with no error and no attempt counted.
+#[tokio::test]
+async fn an_event_the_broker_refuses_does_not_hold_back_the_rest_of_its_batch() {
+    let r = Setup::publishing(Publish::Refuses("unbound".into())).start();
+    let unbound = NewTimer {
+        key: TimerKey::new("unbound", "a"),
+        ..timer("a", T0)
+    };
+    r.schedule(&[unbound, timer("b", T0)]).await;
+    let fired = events(&r.hub, 1).await.expect("b is delivered");
+    assert_eq!(fired.len(), 1);
+    assert_eq!(fired[0].key, TimerKey::new("t", "b"));
+    let b = timer_where(&r.store, "b", |t| t.state == TimerState::Reached).await;
+    assert_eq!((b.attempts, b.last_error), (0, None));
+    let a = wait_for(WAIT, || async {
+        let a = r
+            .store
+            .get(&TimerKey::new("unbound", "a"))
+            .await
+            .ok()
+            .flatten();
+        a.filter(|a| a.attempts == 1)
+    })
+    .await
+    .expect("a is released for a retry");
+    assert_eq!(a.state, TimerState::Scheduled);
+    assert_eq!(
+        a.available_at,
+        T0.saturating_add(secs(1)),
+        "after retry_base"
+    );
+    assert!(
+        a.last_error
+            .as_deref()
+            .is_some_and(|e| e.contains("no queue bound for unbound")),
+        "{a:?}"
+    );
 }
 
 #[tokio::test]

@@ -6,7 +6,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use uuid::Uuid;
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::model::TimerKey;
 
 /// One inbound command. `tag` is the plugin's handle for acknowledging it.
@@ -22,6 +22,25 @@ pub struct OutboundEvent {
     pub id: Uuid,
     pub key: TimerKey,
     pub body: Vec<u8>,
+}
+
+/// One event of a batch the broker refused for itself alone, while it confirmed the others: it
+/// came back unroutable, or its key cannot be carried by the broker's protocol. `index` is its
+/// place in the batch given to [`Broker::publish`]. The engine retries it on its own backoff
+/// (and gives it up after `engine.max_attempts`), so one tenant's refused event never holds back
+/// another tenant's.
+#[derive(Debug)]
+pub struct Undelivered {
+    pub index: usize,
+    pub error: Error,
+}
+
+/// A limit of a broker's protocol that an id breaks ([`Broker::check_key`]): the command field
+/// (`tenantId`, `serviceCallId`) and what is wrong with it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyLimit {
+    pub field: &'static str,
+    pub message: String,
 }
 
 /// A tenant id as one routing token (NATS subject token, AMQP topic word): letters, digits, `-`
@@ -67,10 +86,19 @@ pub trait Broker: Send + Sync + 'static {
         Ok(())
     }
 
-    /// Returns Ok only when the broker durably accepted every event (pipelined, not one round
-    /// trip each). On Err some events may have gone out: the caller treats the whole batch as
-    /// unpublished and fires it again later (a duplicate, never a loss).
-    async fn publish(&self, events: &[OutboundEvent]) -> Result<()>;
+    /// Whether this broker can carry the events of a timer with `key` (its routing key, subject
+    /// or headers have limits of their own). The engine asks at admission, so a timer it could
+    /// never publish is refused (reason `invalid_id`, naming the field) instead of stored.
+    fn check_key(&self, _key: &TimerKey) -> std::result::Result<(), KeyLimit> {
+        Ok(())
+    }
+
+    /// Publishes a batch (pipelined, not one round trip each). `Ok` when the broker durably
+    /// accepted every event but the ones it lists as [`Undelivered`] (refused one by one,
+    /// e.g. returned as unroutable: the others are confirmed). On `Err` some events may have
+    /// gone out: the caller treats the whole batch as unpublished and fires it again later (a
+    /// duplicate, never a loss).
+    async fn publish(&self, events: &[OutboundEvent]) -> Result<Vec<Undelivered>>;
 
     /// Sends a command that cannot be processed to the dead-letter destination with the reason.
     async fn dead_letter(&self, body: &[u8], reason: &str) -> Result<()>;

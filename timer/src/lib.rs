@@ -15,7 +15,7 @@ pub mod redact;
 pub mod store;
 pub mod wire;
 
-pub use broker::{Broker, Delivery, OutboundEvent};
+pub use broker::{Broker, Delivery, KeyLimit, OutboundEvent, Undelivered};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::{EngineConfig, Limits};
 pub use control::{Action, Change, HistoryEntry};

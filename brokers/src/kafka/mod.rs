@@ -28,7 +28,7 @@ use rdkafka::message::{BorrowedMessage, Header, Message, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
-use timer_core::{Broker, Delivery, Error, OutboundEvent, Result};
+use timer_core::{Broker, Delivery, Error, OutboundEvent, Result, Undelivered};
 
 use crate::shared::DeliveryTags;
 
@@ -405,7 +405,7 @@ impl Broker for KafkaBroker {
             .map_err(|e| unavailable("committing offsets", e))
     }
 
-    async fn publish(&self, events: &[OutboundEvent]) -> Result<()> {
+    async fn publish(&self, events: &[OutboundEvent]) -> Result<Vec<Undelivered>> {
         let sends = events.iter().map(|event| {
             let id = event.id.to_string();
             let headers = OwnedHeaders::new().insert(Header {
@@ -421,17 +421,28 @@ impl Broker for KafkaBroker {
             self.producer.send(record, Duration::ZERO)
         });
         let results = futures::future::join_all(sends).await;
-        let failed: Vec<KafkaError> = results
+        let what = || format!("publishing events to {}", self.config.events_topic);
+        let failed: Vec<(usize, KafkaError)> = results
             .into_iter()
-            .filter_map(|r| r.err().map(|(e, _)| e))
+            .enumerate()
+            .filter_map(|(index, r)| r.err().map(|(e, _)| (index, e)))
             .collect();
-        match failed.into_iter().next() {
-            None => Ok(()),
-            Some(first) => Err(delivery_failed(
-                format!("publishing events to {}", self.config.events_topic),
-                first,
-            )),
+        if failed.len() == events.len() {
+            // Nothing went out: the broker (not one record) is the problem.
+            if let Some((_, first)) = failed.into_iter().next() {
+                return Err(delivery_failed(what(), first));
+            }
+            return Ok(Vec::new());
         }
+        // Some records were refused on their own (too large, their partition's leader
+        // unavailable): the others are delivered.
+        Ok(failed
+            .into_iter()
+            .map(|(index, e)| Undelivered {
+                index,
+                error: delivery_failed(what(), e),
+            })
+            .collect())
     }
 
     async fn dead_letter(&self, body: &[u8], reason: &str) -> Result<()> {

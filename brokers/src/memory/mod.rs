@@ -13,7 +13,7 @@ use async_trait::async_trait;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use timer_core::config::duration;
-use timer_core::{Broker, Delivery, Error, OutboundEvent, Result, TimerKey};
+use timer_core::{Broker, Delivery, Error, OutboundEvent, Result, TimerKey, Undelivered};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use uuid::Uuid;
@@ -267,7 +267,7 @@ impl Broker for MemoryBroker {
         Ok(())
     }
 
-    async fn publish(&self, events: &[OutboundEvent]) -> Result<()> {
+    async fn publish(&self, events: &[OutboundEvent]) -> Result<Vec<Undelivered>> {
         let retain = self.hub.inner.config.retain;
         let mut state = self.hub.lock()?;
         for e in events {
@@ -278,7 +278,7 @@ impl Broker for MemoryBroker {
             };
             push_bounded(&mut state.events, event, retain);
         }
-        Ok(())
+        Ok(Vec::new())
     }
 
     async fn dead_letter(&self, body: &[u8], reason: &str) -> Result<()> {

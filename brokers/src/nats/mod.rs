@@ -15,7 +15,7 @@ use async_trait::async_trait;
 use futures::{FutureExt, StreamExt};
 use timer_core::broker::routing_token;
 use timer_core::redact::hide_userinfo;
-use timer_core::{Broker, Delivery, Error, OutboundEvent, Result};
+use timer_core::{Broker, Delivery, Error, KeyLimit, OutboundEvent, Result, TimerKey, Undelivered};
 
 use crate::shared::DeliveryTags;
 
@@ -112,7 +112,29 @@ impl NatsBroker {
         let body = message.payload.to_vec();
         self.pending.remember(message, body)
     }
+
+    /// The subject of a tenant's events, when it fits [`MAX_SUBJECT_BYTES`].
+    fn event_subject(&self, tenant: &str) -> std::result::Result<String, KeyLimit> {
+        let subject = format!("{}.{}", self.events_subject, routing_token(tenant));
+        if subject.len() > MAX_SUBJECT_BYTES {
+            return Err(KeyLimit {
+                field: "tenantId",
+                message: format!(
+                    "makes the event subject {} bytes; at most {MAX_SUBJECT_BYTES} fit the NATS \
+                     protocol line (every byte but letters, digits, - and _ takes 3)",
+                    subject.len()
+                ),
+            });
+        }
+        Ok(subject)
+    }
 }
+
+/// Longest event subject this broker publishes to. The server closes a connection whose
+/// protocol line (`HPUB <subject> <reply> <sizes>`) is longer than its `max_control_line`
+/// (4096 bytes by default): one such event would cut every tenant's publishes off, again and
+/// again. What is left of the line holds the reply inbox and the sizes.
+const MAX_SUBJECT_BYTES: usize = 3_968;
 
 /// Where and how to connect: the URL without credentials, and the user/password to use (from
 /// the config keys, else from the URL's userinfo, which async-nats would ignore).
@@ -347,16 +369,26 @@ impl Broker for NatsBroker {
             .map_err(|e| unavailable("flushing in-progress acknowledgements", e))
     }
 
-    async fn publish(&self, events: &[OutboundEvent]) -> Result<()> {
+    fn check_key(&self, key: &TimerKey) -> std::result::Result<(), KeyLimit> {
+        self.event_subject(&key.tenant_id).map(|_| ())
+    }
+
+    async fn publish(&self, events: &[OutboundEvent]) -> Result<Vec<Undelivered>> {
         let mut acks = Vec::with_capacity(events.len());
-        for event in events {
+        let mut undelivered = Vec::new();
+        for (index, event) in events.iter().enumerate() {
+            let subject = match self.event_subject(&event.key.tenant_id) {
+                Ok(subject) => subject,
+                Err(limit) => {
+                    // Stored before the broker's limit was checked at admission.
+                    let error =
+                        Error::invalid(format!("nats broker: {} {}", limit.field, limit.message));
+                    undelivered.push(Undelivered { index, error });
+                    continue;
+                }
+            };
             let mut headers = HeaderMap::new();
             headers.insert(NATS_MESSAGE_ID, event.id.to_string().as_str());
-            let subject = format!(
-                "{}.{}",
-                self.events_subject,
-                routing_token(&event.key.tenant_id)
-            );
             let ack = self
                 .js
                 .publish_with_headers(subject, headers, event.body.clone().into())
@@ -371,7 +403,7 @@ impl Broker for NatsBroker {
         {
             result.map_err(|e| unavailable("awaiting a PubAck", e))?;
         }
-        Ok(())
+        Ok(undelivered)
     }
 
     async fn dead_letter(&self, body: &[u8], reason: &str) -> Result<()> {

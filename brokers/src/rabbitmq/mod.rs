@@ -26,7 +26,7 @@ use lapin::{
 };
 use timer_core::broker::routing_token;
 use timer_core::redact::hide_userinfo;
-use timer_core::{Broker, Delivery, Error, OutboundEvent, Result};
+use timer_core::{Broker, Delivery, Error, KeyLimit, OutboundEvent, Result, TimerKey, Undelivered};
 
 use crate::shared::DeliveryTags;
 
@@ -85,8 +85,19 @@ async fn open_channel(connection: &Connection) -> Result<Channel> {
         .map_err(|e| unavailable("opening a channel", e))
 }
 
-fn s(text: &str) -> ShortString {
-    text.into()
+/// AMQP's short strings (names, routing keys, property values) hold at most 255 bytes.
+const MAX_SHORT_STRING: usize = 255;
+
+/// `text` as an AMQP short string; `what` names it in the error when it is longer than
+/// [`MAX_SHORT_STRING`] bytes (lapin's `From` would panic).
+fn s(what: &str, text: &str) -> Result<ShortString> {
+    ShortString::try_new(text).map_err(|e| {
+        Error::invalid(format!(
+            "rabbitmq broker: {what} is {} bytes; AMQP allows at most {MAX_SHORT_STRING}",
+            text.len()
+        ))
+        .with_source(e)
+    })
 }
 
 async fn connection(config: &RabbitmqConfig) -> Result<Connection> {
@@ -210,8 +221,8 @@ impl RabbitmqBroker {
         session
             .publish
             .basic_publish(
-                s(exchange),
-                s(routing_key),
+                s("the exchange name", exchange)?,
+                s("the routing key", routing_key)?,
                 BasicPublishOptions {
                     mandatory: true,
                     ..Default::default()
@@ -254,13 +265,13 @@ pub async fn delete_topology(config: &RabbitmqConfig) -> Result<()> {
         &sink_queue(config),
     ] {
         channel
-            .queue_delete(s(queue), QueueDeleteOptions::default())
+            .queue_delete(s("a queue name", queue)?, QueueDeleteOptions::default())
             .await
             .map_err(|e| unavailable(&format!("deleting queue {queue}"), e))?;
     }
     for exchange in [&config.events_exchange, &config.dead_letter_exchange] {
         channel
-            .exchange_delete(s(exchange), ExchangeDeleteOptions::default())
+            .exchange_delete(s("an exchange name", exchange)?, ExchangeDeleteOptions::default())
             .await
             .map_err(|e| unavailable(&format!("deleting exchange {exchange}"), e))?;
     }
@@ -282,7 +293,7 @@ async fn declare(channel: &Channel, c: &RabbitmqConfig) -> Result<()> {
         (&c.dead_letter_exchange, ExchangeKind::Fanout),
     ] {
         channel
-            .exchange_declare(s(exchange), kind, durable, FieldTable::default())
+            .exchange_declare(s("an exchange name", exchange)?, kind, durable, FieldTable::default())
             .await
             .map_err(|e| unavailable(&format!("declaring exchange {exchange}"), e))?;
     }
@@ -297,7 +308,7 @@ async fn declare_queue(channel: &Channel, queue: &str) -> Result<()> {
         ..Default::default()
     };
     channel
-        .queue_declare(s(queue), durable, FieldTable::default())
+        .queue_declare(s("a queue name", queue)?, durable, FieldTable::default())
         .await
         .map(|_| ())
         .map_err(|e| unavailable(&format!("declaring queue {queue}"), e))
@@ -306,9 +317,9 @@ async fn declare_queue(channel: &Channel, queue: &str) -> Result<()> {
 async fn bind_queue(channel: &Channel, queue: &str, exchange: &str, key: &str) -> Result<()> {
     channel
         .queue_bind(
-            s(queue),
-            s(exchange),
-            s(key),
+            s("a queue name", queue)?,
+            s("an exchange name", exchange)?,
+            s("a binding key", key)?,
             QueueBindOptions::default(),
             FieldTable::default(),
         )
@@ -316,28 +327,41 @@ async fn bind_queue(channel: &Channel, queue: &str, exchange: &str, key: &str) -
         .map_err(|e| unavailable(&format!("binding queue {queue}"), e))
 }
 
-/// Waits for every publisher confirm. A nack, a lost channel, or a message returned as
-/// unroutable (no queue bound for its routing key) is an error: the events count as not
-/// published and are retried, never dropped.
-async fn confirmed(confirms: Vec<lapin::PublisherConfirm>) -> Result<()> {
-    for result in futures::future::join_all(confirms).await {
-        match result.map_err(|e| unavailable("awaiting a publisher confirm", e))? {
-            Confirmation::Ack(None) | Confirmation::NotRequested => {}
-            Confirmation::Ack(Some(returned)) => {
-                return Err(Error::unavailable(format!(
-                    "rabbitmq broker: no queue is bound to exchange {} for routing key {:?}; \
-                     the event was returned, not delivered (bind a queue, it will be retried)",
-                    returned.delivery.exchange, returned.delivery.routing_key
-                )))
-            }
-            Confirmation::Nack(_) => {
-                return Err(Error::unavailable(
-                    "rabbitmq broker: the broker nacked a publish",
-                ))
-            }
-        }
+/// Waits for one publisher confirm. A nack or a lost channel is an error of the connection
+/// (`Err`); a message returned as unroutable (no queue bound for its routing key) is an error of
+/// that event alone (`Ok(Some)`): it counts as not published and is retried, never dropped.
+async fn confirmed(confirm: lapin::PublisherConfirm) -> Result<Option<Error>> {
+    match confirm
+        .await
+        .map_err(|e| unavailable("awaiting a publisher confirm", e))?
+    {
+        Confirmation::Ack(None) | Confirmation::NotRequested => Ok(None),
+        Confirmation::Ack(Some(returned)) => Ok(Some(Error::unavailable(format!(
+            "rabbitmq broker: no queue is bound to exchange {} for routing key {:?}; \
+             the event was returned, not delivered (bind a queue, it will be retried)",
+            returned.delivery.exchange, returned.delivery.routing_key
+        )))),
+        Confirmation::Nack(_) => Err(Error::unavailable(
+            "rabbitmq broker: the broker nacked a publish",
+        )),
     }
-    Ok(())
+}
+
+/// The routing key of a tenant's events, when it fits AMQP's limit.
+fn routing_key(tenant: &str) -> std::result::Result<String, KeyLimit> {
+    let key = routing_token(tenant);
+    if key.len() > MAX_SHORT_STRING {
+        return Err(KeyLimit {
+            field: "tenantId",
+            message: format!(
+                "becomes the routing key {}..., {} bytes; AMQP allows at most {MAX_SHORT_STRING} \
+                 (every byte but letters, digits, - and _ takes 3)",
+                &key[..16],
+                key.len()
+            ),
+        });
+    }
+    Ok(key)
 }
 
 #[async_trait]
@@ -358,8 +382,8 @@ impl Broker for RabbitmqBroker {
             let created = session
                 .consume
                 .basic_consume(
-                    s(&self.config.commands_queue),
-                    s(&tag),
+                    s("broker.commands_queue", &self.config.commands_queue)?,
+                    s("the consumer tag", &tag)?,
                     BasicConsumeOptions::default(),
                     FieldTable::default(),
                 )
@@ -435,16 +459,32 @@ impl Broker for RabbitmqBroker {
         Ok(())
     }
 
-    async fn publish(&self, events: &[OutboundEvent]) -> Result<()> {
+    fn check_key(&self, key: &TimerKey) -> std::result::Result<(), KeyLimit> {
+        routing_key(&key.tenant_id).map(|_| ())
+    }
+
+    async fn publish(&self, events: &[OutboundEvent]) -> Result<Vec<Undelivered>> {
         let session = self.session().await?;
         let mut confirms = Vec::with_capacity(events.len());
-        for event in events {
+        let mut undelivered = Vec::new();
+        for (index, event) in events.iter().enumerate() {
+            let routing_key = match routing_key(&event.key.tenant_id) {
+                Ok(key) => key,
+                Err(limit) => {
+                    // Stored before the broker's limit was checked at admission.
+                    let error = Error::invalid(format!(
+                        "rabbitmq broker: {} {}",
+                        limit.field, limit.message
+                    ));
+                    undelivered.push(Undelivered { index, error });
+                    continue;
+                }
+            };
             let properties = BasicProperties::default()
                 .with_delivery_mode(2)
-                .with_content_type(s("application/json"))
-                .with_message_id(s(&event.id.to_string()))
-                .with_type(s("DueTimeReached"));
-            let routing_key = routing_token(&event.key.tenant_id);
+                .with_content_type("application/json".into())
+                .with_message_id(event.id.to_string().into())
+                .with_type("DueTimeReached".into());
             match self
                 .publish_one(
                     &session,
@@ -455,26 +495,35 @@ impl Broker for RabbitmqBroker {
                 )
                 .await
             {
-                Ok(confirm) => confirms.push(confirm),
+                Ok(confirm) => confirms.push((index, confirm)),
                 Err(e) => {
                     self.discard(&session).await;
                     return Err(e);
                 }
             }
         }
-        let result = confirmed(confirms).await;
-        if let Err(e) = &result {
-            if !e.to_string().contains("no queue is bound") {
-                self.discard(&session).await;
+        let (indexes, confirms): (Vec<usize>, Vec<_>) = confirms.into_iter().unzip();
+        for (index, result) in indexes
+            .into_iter()
+            .zip(futures::future::join_all(confirms.into_iter().map(confirmed)).await)
+        {
+            match result {
+                Ok(None) => {}
+                Ok(Some(error)) => undelivered.push(Undelivered { index, error }),
+                Err(e) => {
+                    self.discard(&session).await;
+                    return Err(e);
+                }
             }
         }
-        result
+        undelivered.sort_by_key(|u| u.index);
+        Ok(undelivered)
     }
 
     async fn dead_letter(&self, body: &[u8], reason: &str) -> Result<()> {
         let session = self.session().await?;
         let mut headers = FieldTable::default();
-        headers.insert(s(REASON_HEADER), AMQPValue::LongString(reason.into()));
+        headers.insert(REASON_HEADER.into(), AMQPValue::LongString(reason.into()));
         let properties = BasicProperties::default()
             .with_delivery_mode(2)
             .with_headers(headers);
@@ -488,7 +537,11 @@ impl Broker for RabbitmqBroker {
             )
             .await
         {
-            Ok(confirm) => confirmed(vec![confirm]).await,
+            Ok(confirm) => match confirmed(confirm).await {
+                Ok(None) => Ok(()),
+                Ok(Some(returned)) => Err(returned),
+                Err(e) => Err(e),
+            },
             Err(e) => Err(e),
         };
         if result.is_err() {

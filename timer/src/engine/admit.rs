@@ -22,21 +22,36 @@ impl Engine {
     /// Decodes one command as received from a broker (`ScheduleTimer` or `CancelTimer`),
     /// counting it and, when refused, its reason.
     pub fn admit(&self, body: &[u8]) -> Result<Command, Rejection> {
-        self.counted(decode_command(
-            body,
-            &self.inner.limits,
-            self.inner.clock.now(),
-        ))
+        let decoded = decode_command(body, &self.inner.limits, self.inner.clock.now());
+        self.counted(decoded.and_then(|command| match &command {
+            Command::Schedule(timer) => self.carried(&timer.key).map(|()| command),
+            _ => Ok(command),
+        }))
     }
 
     /// Decodes one `ScheduleTimer` as received over HTTP (a `CancelTimer` is refused with
     /// [`Reason::NotAcceptedHere`]), counting it like [`admit`](Self::admit).
     pub fn admit_schedule(&self, body: &[u8]) -> Result<NewTimer, Rejection> {
-        self.counted(decode_schedule(
-            body,
-            &self.inner.limits,
-            self.inner.clock.now(),
-        ))
+        let decoded = decode_schedule(body, &self.inner.limits, self.inner.clock.now());
+        self.counted(decoded.and_then(|timer| self.carried(&timer.key).map(|()| timer)))
+    }
+
+    /// Whether the broker can carry this timer's events ([`Broker::check_key`]): a timer it
+    /// could never publish is refused here rather than stored to fail at its due time.
+    ///
+    /// [`Broker::check_key`]: crate::broker::Broker::check_key
+    fn carried(&self, key: &TimerKey) -> Result<(), Rejection> {
+        self.inner.broker.check_key(key).map_err(|limit| {
+            Rejection::new(
+                Reason::InvalidId,
+                Some(limit.field),
+                format!(
+                    "{} (a limit of the {} broker)",
+                    limit.message,
+                    self.inner.broker.name()
+                ),
+            )
+        })
     }
 
     /// Takes the schedules of `timers` from their tenants' allowances (`limits.rate`), for the

@@ -124,11 +124,15 @@ impl Engine {
             key: key.clone(),
             body: body.clone(),
         };
-        self.within_publish_timeout(
-            "publishing a manually triggered event",
-            inner.broker.publish(std::slice::from_ref(&event)),
-        )
-        .await?;
+        let undelivered = self
+            .within_publish_timeout(
+                "publishing a manually triggered event",
+                inner.broker.publish(std::slice::from_ref(&event)),
+            )
+            .await?;
+        if let Some(refused) = undelivered.into_iter().next() {
+            return Err(refused.error);
+        }
         ::metrics::counter!(metric::TRIGGERS).increment(1);
         let _ = inner.fired.send(Arc::new(super::FiredEvent {
             tenant_id: key.tenant_id.clone(),

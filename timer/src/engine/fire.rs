@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::{metrics as metric, Engine};
-use crate::broker::OutboundEvent;
+use crate::broker::{OutboundEvent, Undelivered};
 use crate::error::{Error, Result};
 use crate::model::{ClaimedTimer, Lease, Timestamp};
 use crate::policy::{self, Fire, Plan};
@@ -159,23 +159,48 @@ impl Engine {
                 ::metrics::counter!(metric::CLAIMS_ABANDONED).increment(claimed.len() as u64);
                 warn!(timers = claimed.len(), reason = %why, "stopped publishing a batch whose leases could be lost; another instance fires it");
             }
-            Published::Done(Ok(())) => {
+            Published::Done(Ok(undelivered)) => {
+                let mut refused: Vec<Option<String>> = vec![None; claimed.len()];
+                for Undelivered { index, error } in undelivered {
+                    if let Some(slot) = refused.get_mut(index) {
+                        *slot = Some(error.chain());
+                    }
+                }
+                let mut delivered = (Vec::new(), Vec::new(), Vec::new());
+                let mut failed = Vec::new();
+                let batch = claimed.into_iter().zip(fires).zip(as_fired).zip(events);
+                for ((((t, fire), as_fired), event), refusal) in batch.zip(refused) {
+                    match refusal {
+                        None => {
+                            delivered.0.push((t, fire));
+                            delivered.1.push(as_fired);
+                            delivered.2.push(event);
+                        }
+                        Some(error) => failed.push((t, error)),
+                    }
+                }
+                let (fired, as_fired, events) = delivered;
                 self.announce(&as_fired, events, reached_at);
-                let settlements = claimed
+                let settlements = fired
                     .into_iter()
-                    .zip(&fires)
                     .map(|(t, fire)| {
-                        let settlement = policy::fired(&t, fire, reached_at, &inner.owner);
+                        let settlement = policy::fired(&t, &fire, reached_at, &inner.owner);
                         (t, settlement)
                     })
                     .collect();
                 self.settle_all(settlements, reached_at, shutdown).await;
+                if let Some((timer, error)) = failed.first() {
+                    ::metrics::counter!(metric::PUBLISH_FAILURES).increment(failed.len() as u64);
+                    warn!(broker = inner.broker.name(), timer = %timer.key, error = %error, timers = failed.len(), "the broker refused events of a batch (it confirmed the others); releasing them for a retry");
+                    self.release_with_backoff(failed).await;
+                }
             }
             Published::Done(Err(e)) => {
                 ::metrics::counter!(metric::PUBLISH_FAILURES).increment(claimed.len() as u64);
                 let message = e.chain();
                 warn!(broker = inner.broker.name(), error = %message, timers = claimed.len(), "publishing events failed; releasing the timers for a retry");
-                self.release_with_backoff(&claimed, &message).await;
+                let failed = claimed.into_iter().map(|t| (t, message.clone())).collect();
+                self.release_with_backoff(failed).await;
             }
             Published::Shutdown => {
                 info!(
@@ -208,9 +233,9 @@ impl Engine {
 
     /// Runs a send to the broker, but never for longer than `engine.publish_timeout`: a stuck
     /// broker cannot hold the firing task (nor keep a timer "firing" for a cancel) for longer.
-    pub(super) async fn within_publish_timeout<F>(&self, what: &str, send: F) -> Result<()>
+    pub(super) async fn within_publish_timeout<F, T>(&self, what: &str, send: F) -> Result<T>
     where
-        F: Future<Output = Result<()>>,
+        F: Future<Output = Result<T>>,
     {
         let deadline = self.inner.config.publish_timeout;
         match tokio::time::timeout(deadline, send).await {
@@ -225,7 +250,7 @@ impl Engine {
 
 /// How a publish ended.
 enum Published {
-    Done(Result<()>),
+    Done(Result<Vec<Undelivered>>),
     /// Its leases could be lost (why): left alone.
     Abandoned(String),
     /// Shutdown, and the broker did not confirm within the grace.

@@ -36,6 +36,9 @@ pub const LEASES_TAKEN_OVER: &str = "timer.leases.taken_over";
 pub const CLAIMS_ABANDONED: &str = "timer.claims.abandoned";
 /// Times this instance lost its membership in the store and joined again.
 pub const MEMBERSHIP_LOST: &str = "timer.membership.lost";
+/// Engine tasks started again after a panic, labelled by `task` (`ingest`, `firing`, `purge`,
+/// `membership`, `take-over`).
+pub const TASK_RESTARTS: &str = "timer.engine.task_restarts";
 
 /// How a metric is recorded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -160,6 +163,11 @@ pub const ALL: &[(&str, Kind, &str)] = &[
         MEMBERSHIP_LOST,
         Kind::Counter,
         "Times this instance lost the store connection that shows it alive and joined again (postgres)",
+    ),
+    (
+        TASK_RESTARTS,
+        Kind::Counter,
+        "Engine tasks started again after a panic, by task (label task); /readyz answers 503 until it runs again",
     ),
 ];
 

@@ -14,6 +14,7 @@
 //!   failed);
 //! - [`retry`]: the backoff and the retry loop every task uses;
 //! - `purge`: deleting finished timers after `engine.retention`;
+//! - `supervise`: starting a task that panicked again, and reporting it down meanwhile;
 //! - `control`: pause, resume and cancel (one timer, or page by page over a filter), a manual
 //!   trigger, and a timer's history;
 //! - [`metrics`]: metric names and descriptions.
@@ -29,6 +30,7 @@ mod purge;
 mod recent;
 pub mod retry;
 mod settle;
+mod supervise;
 mod throttle;
 
 use std::sync::atomic::{AtomicBool, AtomicI64};
@@ -97,6 +99,8 @@ struct Inner {
     /// batch published before the membership was lost is settled before the join releases
     /// this instance's leases (which would fire it again).
     firing: tokio::sync::Mutex<()>,
+    /// The tasks that panicked and wait to be started again ([`supervise`]).
+    down: supervise::TasksDown,
 }
 
 impl Engine {
@@ -140,6 +144,7 @@ impl Engine {
                 member,
                 joined: Mutex::new(None),
                 firing: tokio::sync::Mutex::new(()),
+                down: supervise::TasksDown::default(),
             }),
         }
     }
@@ -185,16 +190,32 @@ impl Engine {
     /// all at once, which is how tests simulate a crash.
     pub fn start(&self, shutdown: CancellationToken) -> tokio::task::JoinHandle<()> {
         let mut tasks = tokio::task::JoinSet::new();
-        tasks.spawn(self.clone().ingest_loop(shutdown.clone()));
-        tasks.spawn(self.clone().purge_loop(shutdown.clone()));
-        tasks.spawn(self.clone().membership_loop(shutdown.clone()));
-        tasks.spawn(self.clone().take_over_loop(shutdown.clone()));
-        tasks.spawn(self.clone().fire_loop(shutdown));
+        let s = &shutdown;
+        tasks.spawn(
+            self.clone()
+                .supervise("ingest", s.clone(), Engine::ingest_loop),
+        );
+        tasks.spawn(
+            self.clone()
+                .supervise("purge", s.clone(), Engine::purge_loop),
+        );
+        tasks.spawn(
+            self.clone()
+                .supervise("membership", s.clone(), Engine::membership_loop),
+        );
+        tasks.spawn(
+            self.clone()
+                .supervise("take-over", s.clone(), Engine::take_over_loop),
+        );
+        tasks.spawn(
+            self.clone()
+                .supervise("firing", s.clone(), Engine::fire_loop),
+        );
         let engine = self.clone();
         tokio::spawn(async move {
             while let Some(result) = tasks.join_next().await {
                 if let Err(e) = result {
-                    error!(error = %e, "engine task panicked");
+                    error!(error = %e, "engine task supervisor ended abnormally");
                 }
             }
             // Every claim is settled or given back: leave the live instances.

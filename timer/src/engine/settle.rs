@@ -62,37 +62,37 @@ impl Engine {
         }
     }
 
-    /// A publish failed: each timer is released for a retry after its backoff, or, at its last
-    /// allowed attempt, given up.
-    pub(super) async fn release_with_backoff(&self, claimed: &[ClaimedTimer], error: &str) {
+    /// Publishes failed: each timer is released for a retry after its backoff, or, at its last
+    /// allowed attempt, given up. Each timer comes with its own error (one refused event of a
+    /// batch has its own; a failed batch shares one).
+    pub(super) async fn release_with_backoff(&self, failed: Vec<(ClaimedTimer, String)>) {
         let inner = &self.inner;
         let now = inner.clock.now();
         let max = inner.config.max_attempts;
-        let (last, mut retry): (Vec<ClaimedTimer>, Vec<ClaimedTimer>) = claimed
-            .iter()
-            .cloned()
-            .partition(|t| max > 0 && t.attempts.saturating_add(1) >= max);
+        let (last, mut retry): (Vec<_>, Vec<_>) = failed
+            .into_iter()
+            .partition(|(t, _)| max > 0 && t.attempts.saturating_add(1) >= max);
         // The broker just failed a publish: after the first dead letter that does not go out
         // either, the rest are retried instead of each waiting out its own deadline.
         let mut broker_up = true;
-        for timer in last {
+        for (timer, error) in last {
             let attempts = timer.attempts.saturating_add(1);
             let reason = format!("max_attempts: publishing failed {attempts} times: {error}");
-            broker_up = broker_up && self.give_up(&timer, error, &reason).await;
+            broker_up = broker_up && self.give_up(&timer, &error, &reason).await;
             if !broker_up {
-                retry.push(timer);
+                retry.push((timer, error));
             }
         }
         let released: Vec<(ClaimedTimer, Settlement)> = retry
             .into_iter()
-            .map(|t| {
+            .map(|(t, error)| {
                 let delay = jittered(
                     backoff(&inner.config, t.attempts + 1),
                     inner.config.retry_jitter_percent,
                 );
                 let settlement = Settlement::Retry {
                     at: now.saturating_add(delay),
-                    error: Some(error.to_owned()),
+                    error: Some(error),
                 };
                 (t, settlement)
             })
