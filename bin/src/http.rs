@@ -385,6 +385,7 @@ async fn cancel_timer(
     responses(
         (status = 202, description = "`queued`: the in-process broker has it", body = Outcome),
         (status = 404, description = "Another broker is configured: publish to it", body = ErrorBody),
+        (status = 503, description = "The in-process broker holds as many unacknowledged commands as it may, in all or of this tenant (`broker.max_queued`, `broker.max_queued_per_tenant`); `Retry-After` says when to send again", body = ErrorBody),
     )
 )]
 async fn send_command(
@@ -421,7 +422,17 @@ async fn send_command(
     };
     match hub.send_command(body.to_vec()) {
         Ok(()) => (StatusCode::ACCEPTED, Json(Outcome { outcome: "queued" })).into_response(),
-        Err(e) => server_error(&e),
+        Err(e) => {
+            // Full (broker.max_queued, broker.max_queued_per_tenant): the engine catches up.
+            let mut response = server_error(&e);
+            if e.kind() == ErrorKind::Unavailable {
+                response.headers_mut().insert(
+                    axum::http::header::RETRY_AFTER,
+                    axum::http::HeaderValue::from(1u64),
+                );
+            }
+            response
+        }
     }
 }
 

@@ -969,6 +969,65 @@ async fn a_cancel_command_that_meets_a_fire_waits_for_it_and_then_applies() {
     );
 }
 
+/// A tenant flooding far over its rate holds at most `limits.rate.max_held_per_tenant`
+/// commands; the rest are dead-lettered (`tenant_limit`) and acknowledged, so the flood cannot
+/// fill `limits.rate.max_held` and stop the other tenants' commands. What it holds is applied as
+/// its allowance refills.
+#[tokio::test]
+async fn a_flooding_tenant_holds_only_its_share_and_the_others_go_on() {
+    let mut setup = Setup::default();
+    setup.limits.rate.schedules_per_second = 1;
+    setup.limits.rate.burst = 1;
+    setup.limits.rate.max_held = 5;
+    setup.limits.rate.max_held_per_tenant = 3;
+    let r = setup.start();
+    let later = T0.saturating_add(secs(3600));
+    let cmd = |tenant: &str, id: usize| {
+        format!(
+            r#"{{"tenantId":"{tenant}","serviceCallId":"{id}","dueTimeMs":{}}}"#,
+            later.as_millis()
+        )
+    };
+    for i in 0..10 {
+        r.hub.send_command(cmd("big", i)).expect("send");
+    }
+    r.hub.send_command(cmd("t", 0)).expect("send");
+    // 1 applied (the burst), 3 held, 6 refused; `t` is not held behind them.
+    let letters = dead_letters(&r.hub, 6).await.expect("6 dead letters");
+    assert_eq!(letters.len(), 6);
+    for letter in &letters {
+        assert!(
+            letter.reason.starts_with("tenantId (tenant_limit)"),
+            "{}",
+            letter.reason
+        );
+        assert!(
+            letter.reason.contains("limits.rate.max_held_per_tenant"),
+            "{}",
+            letter.reason
+        );
+    }
+    timer_where(&r.store, "0", |t| t.state == TimerState::Scheduled).await;
+    assert_eq!(r.hub.unacknowledged().expect("count"), 3, "3 held");
+    // Refilled (one a second: a burst of 1), they are applied in order.
+    for held in (0..3).rev() {
+        r.clock.advance(secs(1));
+        let applied = wait_for(WAIT, || async {
+            (r.hub.unacknowledged().ok()? == held).then_some(())
+        })
+        .await;
+        assert!(applied.is_some(), "one more applied, {held} held");
+    }
+    let big = |id: &'static str| {
+        let store = r.store.clone();
+        async move { store.get(&TimerKey::new("big", id)).await.expect("get") }
+    };
+    for id in ["0", "1", "2", "3"] {
+        assert!(big(id).await.is_some(), "big/{id} stored");
+    }
+    assert!(big("4").await.is_none(), "big/4 was refused");
+}
+
 #[tokio::test]
 async fn a_tenant_over_its_limit_is_refused_and_others_are_not() {
     let mut setup = Setup::default();

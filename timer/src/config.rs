@@ -84,6 +84,11 @@ pub struct RateLimits {
     /// tenant's commands wait: keep the broker's own window of unacknowledged commands
     /// (`broker.max_ack_pending` on NATS, `broker.prefetch` on RabbitMQ) above it. At least 1.
     pub max_held: usize,
+    /// Most of them one tenant may have, so that a tenant flooding far over its rate cannot
+    /// fill `limits.rate.max_held` and stop every other tenant's commands: a command of a
+    /// tenant holding this many is refused (reason `tenant_limit`: a dead letter, and the
+    /// command is acknowledged). 0 sets no share but `limits.rate.max_held`.
+    pub max_held_per_tenant: usize,
 }
 
 impl Default for RateLimits {
@@ -93,6 +98,7 @@ impl Default for RateLimits {
             burst: 0,
             tenants: BTreeMap::new(),
             max_held: 10_000,
+            max_held_per_tenant: 1_000,
         }
     }
 }

@@ -35,6 +35,14 @@ pub struct MemoryConfig {
     /// How many published events, and how many dead letters, are kept for reading back (the
     /// oldest go first; 0 counts as 1).
     pub retain: usize,
+    /// Most commands waiting or delivered and not yet acknowledged, over all tenants. A
+    /// command sent beyond it is refused (`POST /v1/commands` answers 503 with `Retry-After`),
+    /// so a producer faster than the store cannot grow the queue without end. 0 counts as 1.
+    pub max_queued: usize,
+    /// Most of them one tenant (the command's `tenantId`; commands without one count as one
+    /// tenant) may have: a tenant that floods is refused before it fills the queue for all.
+    /// 0 sets no limit but `broker.max_queued`.
+    pub max_queued_per_tenant: usize,
 }
 
 impl Default for MemoryConfig {
@@ -43,6 +51,8 @@ impl Default for MemoryConfig {
             kind: "memory".into(),
             ack_wait: Duration::from_secs(30),
             retain: 10_000,
+            max_queued: 100_000,
+            max_queued_per_tenant: 10_000,
         }
     }
 }
@@ -78,39 +88,72 @@ struct Hub {
 
 #[derive(Default)]
 struct HubState {
-    queue: VecDeque<Vec<u8>>,
+    queue: VecDeque<Queued>,
     in_flight: HashMap<u64, InFlight>,
+    /// Commands queued or in flight, by tenant (absent: none).
+    per_tenant: HashMap<Option<Arc<str>>, usize>,
     next_tag: u64,
     events: VecDeque<PublishedEvent>,
     dead_letters: VecDeque<DeadLetter>,
 }
 
+/// A command waiting to be delivered, with the tenant it names.
+struct Queued {
+    tenant: Option<Arc<str>>,
+    body: Vec<u8>,
+}
+
 struct InFlight {
     consumer: u64,
-    body: Vec<u8>,
+    command: Queued,
     deadline: Instant,
 }
 
 impl HubState {
     /// Puts unacknowledged deliveries that match back at the front of the queue.
     fn requeue(&mut self, pred: impl Fn(&InFlight) -> bool) -> usize {
-        let mut back: Vec<(u64, Vec<u8>)> = Vec::new();
-        self.in_flight.retain(|tag, f| {
-            if pred(f) {
-                back.push((*tag, std::mem::take(&mut f.body)));
-                false
-            } else {
-                true
+        let mut back: Vec<(u64, InFlight)> = Vec::new();
+        let tags: Vec<u64> = self
+            .in_flight
+            .iter()
+            .filter(|(_, f)| pred(f))
+            .map(|(tag, _)| *tag)
+            .collect();
+        for tag in tags {
+            if let Some(f) = self.in_flight.remove(&tag) {
+                back.push((tag, f));
             }
-        });
+        }
         // Older deliveries (lower tags) go first.
         back.sort_by_key(|(tag, _)| std::cmp::Reverse(*tag));
         let n = back.len();
-        for (_, body) in back {
-            self.queue.push_front(body);
+        for (_, f) in back {
+            self.queue.push_front(f.command);
         }
         n
     }
+
+    /// One command of `tenant` acknowledged: it counts no more.
+    fn done(&mut self, tenant: &Option<Arc<str>>) {
+        if let Some(n) = self.per_tenant.get_mut(tenant) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                self.per_tenant.remove(tenant);
+            }
+        }
+    }
+}
+
+/// The `tenantId` a command names, read as the engine will (a command without one, or not
+/// JSON, is refused there; here it only counts).
+fn tenant_of(body: &[u8]) -> Option<Arc<str>> {
+    #[derive(Deserialize)]
+    struct Named<'a> {
+        #[serde(rename = "tenantId", borrow)]
+        tenant_id: Option<std::borrow::Cow<'a, str>>,
+    }
+    let named: Named = serde_json::from_slice(body).ok()?;
+    named.tenant_id.map(|t| Arc::from(t.as_ref()))
 }
 
 fn push_bounded<T>(buf: &mut VecDeque<T>, item: T, retain: usize) {
@@ -148,9 +191,32 @@ impl MemoryHub {
         }
     }
 
-    /// Enqueues a command, as a producing service would.
+    /// Enqueues a command, as a producing service would. Refused (`Unavailable`, try again
+    /// later) when `broker.max_queued` commands are unacknowledged, or
+    /// `broker.max_queued_per_tenant` of its tenant.
     pub fn send_command(&self, body: impl Into<Vec<u8>>) -> Result<()> {
-        self.lock()?.queue.push_back(body.into());
+        let body = body.into();
+        let tenant = tenant_of(&body);
+        let config = &self.inner.config;
+        let mut state = self.lock()?;
+        let all = state.queue.len() + state.in_flight.len();
+        if all >= config.max_queued.max(1) {
+            return Err(Error::unavailable(format!(
+                "memory broker: {all} commands are not acknowledged yet (broker.max_queued); \
+                 send again later"
+            )));
+        }
+        let mine = state.per_tenant.get(&tenant).copied().unwrap_or(0);
+        if config.max_queued_per_tenant > 0 && mine >= config.max_queued_per_tenant {
+            return Err(Error::unavailable(format!(
+                "memory broker: tenant {:?} has {mine} commands not acknowledged yet \
+                 (broker.max_queued_per_tenant); send again later",
+                tenant.as_deref().unwrap_or("")
+            )));
+        }
+        *state.per_tenant.entry(tenant.clone()).or_insert(0) += 1;
+        state.queue.push_back(Queued { tenant, body });
+        drop(state);
         self.inner.arrived.notify_waiters();
         self.inner.arrived.notify_one();
         Ok(())
@@ -191,18 +257,21 @@ impl MemoryBroker {
         state.requeue(|f| f.deadline <= now);
         let n = max.min(state.queue.len());
         let mut out = Vec::with_capacity(n);
-        for body in state.queue.drain(..n).collect::<Vec<_>>() {
+        for command in state.queue.drain(..n).collect::<Vec<_>>() {
             state.next_tag += 1;
             let tag = state.next_tag;
+            out.push(Delivery {
+                tag,
+                body: command.body.clone(),
+            });
             state.in_flight.insert(
                 tag,
                 InFlight {
                     consumer: self.consumer,
-                    body: body.clone(),
+                    command,
                     deadline: now + ack_wait,
                 },
             );
-            out.push(Delivery { tag, body });
         }
         Ok(out)
     }
@@ -247,7 +316,9 @@ impl Broker for MemoryBroker {
     async fn ack(&self, tags: &[u64]) -> Result<()> {
         let mut state = self.hub.lock()?;
         for tag in tags {
-            state.in_flight.remove(tag);
+            if let Some(f) = state.in_flight.remove(tag) {
+                state.done(&f.command.tenant);
+            }
         }
         Ok(())
     }
@@ -293,5 +364,45 @@ impl Broker for MemoryBroker {
 
     async fn health(&self) -> Result<()> {
         self.hub.lock().map(|_| ())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn command(tenant: &str) -> Vec<u8> {
+        format!(r#"{{"type":"CancelTimer","tenantId":"{tenant}","serviceCallId":"x"}}"#)
+            .into_bytes()
+    }
+
+    #[tokio::test]
+    async fn a_flooding_tenant_is_refused_before_it_fills_the_queue_for_all() {
+        let hub = MemoryHub::new(MemoryConfig {
+            max_queued: 5,
+            max_queued_per_tenant: 2,
+            ..MemoryConfig::default()
+        });
+        hub.send_command(command("a")).unwrap();
+        hub.send_command(command("a")).unwrap();
+        let refused = hub.send_command(command("a")).unwrap_err();
+        assert!(
+            refused.to_string().contains(r#"tenant "a" has 2 commands"#),
+            "{refused}"
+        );
+        assert!(refused.to_string().contains("broker.max_queued_per_tenant"));
+        hub.send_command(command("b")).unwrap();
+        hub.send_command(b"not json".to_vec()).unwrap();
+        hub.send_command(command("c")).unwrap();
+        let full = hub.send_command(command("d")).unwrap_err();
+        assert!(full.to_string().contains("(broker.max_queued)"), "{full}");
+
+        // Delivered and still unacknowledged, they count; acknowledged, they make room.
+        let broker = hub.connect();
+        let got = broker.receive(10, Duration::ZERO).await.unwrap();
+        assert_eq!(got.len(), 5);
+        assert!(hub.send_command(command("a")).is_err());
+        broker.ack(&[got[0].tag]).await.unwrap();
+        hub.send_command(command("a")).unwrap();
     }
 }

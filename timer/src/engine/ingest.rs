@@ -107,7 +107,16 @@ impl Engine {
             };
             let mut ready = Vec::with_capacity(deliveries.len());
             for delivery in deliveries {
-                let admitted = self.admitted(delivery);
+                let mut admitted = self.admitted(delivery);
+                if let Some(refusal) = admitted
+                    .tenant()
+                    .and_then(|tenant| self.over_held_share(&held, tenant))
+                {
+                    // Refused: a dead letter, acknowledged in its turn.
+                    admitted.command = Err(refusal);
+                    ready.push(admitted);
+                    continue;
+                }
                 let schedule = matches!(admitted.command, Ok(Command::Schedule(_)));
                 // Behind its tenant's held commands, whatever it is; a schedule also when it is
                 // over its tenant's rate.
@@ -136,6 +145,22 @@ impl Engine {
         // Held commands stay unacknowledged: the broker delivers them again.
         ::metrics::gauge!(metric::COMMANDS_HELD).set(0.0);
         debug!(held = held.len(), "ingest task stopped");
+    }
+
+    /// A refusal when `tenant` holds its whole share of `limits.rate.max_held` already.
+    fn over_held_share(&self, held: &Held<Admitted>, tenant: &str) -> Option<Rejection> {
+        let share = self.inner.limits.rate.max_held_per_tenant;
+        let holding = held.of(tenant);
+        (share > 0 && holding >= share).then(|| {
+            Rejection::new(
+                Reason::TenantLimit,
+                Some("tenantId"),
+                format!(
+                    "tenant {tenant:?} has {holding} commands held back for its rate limit \
+                     (limits.rate.max_held_per_tenant); this one was refused: send slower"
+                ),
+            )
+        })
     }
 
     /// Tells the broker to keep the held commands (restart their ack wait) a third of the way

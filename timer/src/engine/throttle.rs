@@ -209,6 +209,11 @@ impl<T> Held<T> {
         self.tenants.contains_key(tenant)
     }
 
+    /// How many commands `tenant` has held.
+    pub(crate) fn of(&self, tenant: &str) -> usize {
+        self.tenants.get(tenant).map_or(0, VecDeque::len)
+    }
+
     /// Puts a command at the end of its tenant's line.
     pub(crate) fn push(&mut self, tenant: &str, item: T, schedule: bool, tag: u64) {
         let line = self.tenants.entry(tenant.to_owned()).or_default();
