@@ -81,7 +81,7 @@ pub fn checks() -> Vec<Check<Arc<dyn Store>>> {
         recurrence_round_trips_and_advance_moves_to_next,
         advance_needs_the_lease_and_revision,
         rescheduling_a_recurring_timer_resets_its_count,
-        scheduled_by_tenant_counts_scheduled_timers_only,
+        live_by_tenant_counts_scheduled_and_paused_timers,
         list_orders_by_due_time_then_id_within_the_tenant,
         list_filters_combine,
         list_compares_ids_byte_by_byte,
@@ -956,7 +956,7 @@ pub async fn rescheduling_a_recurring_timer_resets_its_count(store: Arc<dyn Stor
     assert_eq!(row(s, "t", "r").await.recurrence, None);
 }
 
-pub async fn scheduled_by_tenant_counts_scheduled_timers_only(store: Arc<dyn Store>) {
+pub async fn live_by_tenant_counts_scheduled_and_paused_timers(store: Arc<dyn Store>) {
     let s = store.as_ref();
     let mut batch: Vec<NewTimer> = (0..5)
         .map(|i| timer("a", &format!("a{i}"), T0_MS + 1_000 + i))
@@ -965,13 +965,19 @@ pub async fn scheduled_by_tenant_counts_scheduled_timers_only(store: Arc<dyn Sto
     batch.push(timer("c", "due", T0_MS));
     put(s, &batch, T0).await;
     cancel(s, "a", "a0", T0).await;
+    let pause = Action::Pause { note: None };
+    let paused = control(s)
+        .apply(&[TimerKey::new("a", "a1")], &pause, T0)
+        .await
+        .expect("pause a/a1");
+    assert_eq!(paused, vec![ControlOutcome::Paused]);
     let claimed = claim(s, T0, 10, "i1", T0_MS + 1_000).await;
     mark_reached(s, &claimed, "i1", T0).await;
-    let counts = scheduled_by_tenant(s, &["a", "b", "c", "nobody"]).await;
+    let counts = live_by_tenant(s, &["a", "b", "c", "nobody"]).await;
     assert_eq!(
         counts.get("a"),
         Some(&4),
-        "cancelled ones do not count: {counts:?}"
+        "cancelled ones do not count, a paused one does: {counts:?}"
     );
     assert_eq!(counts.get("b"), Some(&1));
     assert_eq!(
@@ -980,7 +986,7 @@ pub async fn scheduled_by_tenant_counts_scheduled_timers_only(store: Arc<dyn Sto
         "reached ones do not count: {counts:?}"
     );
     assert_eq!(counts.get("nobody"), None);
-    let only_b = scheduled_by_tenant(s, &["b"]).await;
+    let only_b = live_by_tenant(s, &["b"]).await;
     assert_eq!(only_b.len(), 1, "only the tenants asked for");
 }
 
@@ -1426,11 +1432,11 @@ async fn scheduled_count(s: &dyn Store) -> u64 {
     s.scheduled_count().await.expect("scheduled_count")
 }
 
-async fn scheduled_by_tenant(s: &dyn Store, tenants: &[&str]) -> HashMap<String, u64> {
+async fn live_by_tenant(s: &dyn Store, tenants: &[&str]) -> HashMap<String, u64> {
     let tenants: Vec<String> = tenants.iter().map(|t| t.to_string()).collect();
     s.tenant_counts()
         .expect("the store counts timers per tenant")
-        .scheduled_by_tenant(&tenants)
+        .live_by_tenant(&tenants)
         .await
         .expect("counting per tenant")
 }

@@ -30,10 +30,12 @@ pub struct Limits {
     /// Largest `POST /v1/timers/batch` body, in bytes; a larger one is answered 413 before it
     /// is read. Each command in it is also held to `limits.max_message_bytes`.
     pub max_batch_bytes: usize,
-    /// Most Scheduled timers one tenant may have; 0 sets no limit. A new timer over it is
-    /// refused with reason `tenant_limit` (HTTP 429; on the broker path a dead letter, and the
-    /// command is acknowledged); rescheduling an existing Scheduled timer stays allowed, and
-    /// other tenants are not affected. Checking costs a count of the tenant's timers for every
+    /// Most Scheduled or Paused timers one tenant may have (a paused timer keeps its row as
+    /// long as a scheduled one); 0 sets no limit. A new timer over it is refused with reason
+    /// `tenant_limit` (HTTP 429; on the broker path a dead letter, and the command is
+    /// acknowledged); rescheduling an existing Scheduled or Paused timer stays allowed, and
+    /// other tenants are not affected. Finished timers are kept for `engine.retention` and not
+    /// counted: what they hold is bounded by `limits.rate` times the retention. Checking costs a count of the tenant's timers for every
     /// batch that names the tenant, which is why it is off unless set; several instances check
     /// independently and may together overshoot by up to one batch each.
     pub max_pending_per_tenant: u64,

@@ -134,7 +134,7 @@ pub trait Store: Send + Sync + 'static {
         None
     }
 
-    /// Counting Scheduled timers per tenant, for `limits.max_pending_per_tenant`; `None` when
+    /// Counting Scheduled and Paused timers per tenant, for `limits.max_pending_per_tenant`; `None` when
     /// the store cannot (the engine then refuses that limit at start).
     fn tenant_counts(&self) -> Option<&dyn TenantCounts> {
         None
@@ -360,9 +360,10 @@ pub trait TimerQueries: Send + Sync {
     async fn count(&self, state: TimerState) -> Result<u64>;
 }
 
-/// An optional store ability: Scheduled timers counted per tenant.
+/// An optional store ability: live (Scheduled and Paused) timers counted per tenant.
 #[async_trait]
 pub trait TenantCounts: Send + Sync {
-    /// How many timers of each of `tenants` are Scheduled; tenants without any are absent.
-    async fn scheduled_by_tenant(&self, tenants: &[String]) -> Result<HashMap<String, u64>>;
+    /// How many timers of each of `tenants` are Scheduled or Paused (a paused timer holds its
+    /// row as long as a scheduled one); tenants without any are absent.
+    async fn live_by_tenant(&self, tenants: &[String]) -> Result<HashMap<String, u64>>;
 }

@@ -565,11 +565,12 @@ impl TimerQueries for MemoryStore {
 
 #[async_trait]
 impl TenantCounts for MemoryStore {
-    async fn scheduled_by_tenant(&self, tenants: &[String]) -> Result<HashMap<String, u64>> {
+    async fn live_by_tenant(&self, tenants: &[String]) -> Result<HashMap<String, u64>> {
         let state = self.lock()?;
         let mut counts = HashMap::new();
-        for (_, key) in &state.ready {
-            if tenants.contains(&key.tenant_id) {
+        let live = |s: TimerState| matches!(s, TimerState::Scheduled | TimerState::Paused);
+        for (key, row) in &state.rows {
+            if live(row.timer.state) && tenants.contains(&key.tenant_id) {
                 *counts.entry(key.tenant_id.clone()).or_insert(0) += 1;
             }
         }

@@ -786,15 +786,15 @@ impl TimerQueries for PostgresStore {
 
 #[async_trait]
 impl TenantCounts for PostgresStore {
-    async fn scheduled_by_tenant(&self, tenants: &[String]) -> Result<HashMap<String, u64>> {
+    async fn live_by_tenant(&self, tenants: &[String]) -> Result<HashMap<String, u64>> {
         let rows: Vec<(String, i64)> = sqlx::query_as(
-            "SELECT tenant_id, COUNT(*) FROM timers WHERE state = 0 AND tenant_id = ANY($1) \
-             GROUP BY tenant_id",
+            "SELECT tenant_id, COUNT(*) FROM timers WHERE state IN (0, 4) \
+             AND tenant_id = ANY($1) GROUP BY tenant_id",
         )
         .bind(tenants)
         .fetch_all(&self.pool)
         .await
-        .map_err(|e| db_err("counting Scheduled timers per tenant", e))?;
+        .map_err(|e| db_err("counting Scheduled and Paused timers per tenant", e))?;
         Ok(rows
             .into_iter()
             .map(|(tenant, n)| (tenant, u64::try_from(n).unwrap_or(0)))

@@ -626,15 +626,15 @@ impl TimerQueries for SqliteStore {
 
 #[async_trait]
 impl TenantCounts for SqliteStore {
-    async fn scheduled_by_tenant(&self, tenants: &[String]) -> Result<HashMap<String, u64>> {
+    async fn live_by_tenant(&self, tenants: &[String]) -> Result<HashMap<String, u64>> {
         let mut counts = HashMap::new();
         // SQLite allows 32,766 parameters per statement; a batch names far fewer tenants, but
         // stay well below the limit whatever the batch size.
         for chunk in tenants.chunks(500) {
             let marks = vec!["?"; chunk.len()].join(", ");
             let sql = format!(
-                "SELECT tenant_id, COUNT(*) FROM timers WHERE state = 0 AND tenant_id IN ({marks}) \
-                 GROUP BY tenant_id"
+                "SELECT tenant_id, COUNT(*) FROM timers WHERE state IN (0, 4) \
+                 AND tenant_id IN ({marks}) GROUP BY tenant_id"
             );
             let mut query = sqlx::query_as::<_, (String, i64)>(&sql);
             for tenant in chunk {
@@ -643,7 +643,7 @@ impl TenantCounts for SqliteStore {
             for (tenant, n) in query
                 .fetch_all(&self.read)
                 .await
-                .map_err(|e| db_err("counting Scheduled timers per tenant", e))?
+                .map_err(|e| db_err("counting Scheduled and Paused timers per tenant", e))?
             {
                 counts.insert(tenant, u64::try_from(n).unwrap_or(0));
             }

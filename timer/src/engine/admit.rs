@@ -126,8 +126,8 @@ impl Engine {
     }
 
     /// Which timers `limits.max_pending_per_tenant` refuses: new timers of a tenant that has
-    /// that many Scheduled ones (counting this batch). A timer that already exists as Scheduled
-    /// is a reschedule and always allowed. Instances check independently, so several of them
+    /// that many Scheduled or Paused ones (counting this batch). A timer that already exists as
+    /// Scheduled or Paused is a reschedule and always allowed. Instances check independently, so several of them
     /// together may overshoot by up to one batch each.
     async fn over_tenant_limit(&self, timers: &[NewTimer]) -> Result<Vec<Option<Rejection>>> {
         let inner = &self.inner;
@@ -145,7 +145,7 @@ impl Engine {
         let mut tenants: Vec<String> = timers.iter().map(|t| t.key.tenant_id.clone()).collect();
         tenants.sort_unstable();
         tenants.dedup();
-        let mut counts = counter.scheduled_by_tenant(&tenants).await?;
+        let mut counts = counter.live_by_tenant(&tenants).await?;
         let mut refused = Vec::with_capacity(timers.len());
         for timer in timers {
             let count = counts.entry(timer.key.tenant_id.clone()).or_insert(0);
@@ -155,13 +155,14 @@ impl Engine {
                 continue;
             }
             let existing = inner.store.get(&timer.key).await?;
-            let reschedule = existing.is_some_and(|t| t.state == TimerState::Scheduled);
+            let reschedule = existing
+                .is_some_and(|t| matches!(t.state, TimerState::Scheduled | TimerState::Paused));
             refused.push((!reschedule).then(|| {
                 Rejection::new(
                     Reason::TenantLimit,
                     None,
                     format!(
-                        "tenant {:?} has {limit} Scheduled timers already \
+                        "tenant {:?} has {limit} Scheduled or Paused timers already \
                          (limits.max_pending_per_tenant); nothing was stored",
                         timer.key.tenant_id
                     ),

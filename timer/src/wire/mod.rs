@@ -49,7 +49,7 @@ pub enum Reason {
     InvalidPolicy,
     /// A command this path does not take (a `CancelTimer` on `POST /v1/timers`).
     NotAcceptedHere,
-    /// The tenant has `limits.max_pending_per_tenant` Scheduled timers already.
+    /// The tenant has `limits.max_pending_per_tenant` Scheduled or Paused timers already.
     TenantLimit,
 }
 
