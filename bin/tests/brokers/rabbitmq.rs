@@ -28,7 +28,102 @@ pub fn traits() -> BrokerTraits {
 }
 
 pub fn checks() -> Vec<Check<Arc<BrokerCase>>> {
-    checks![an_unroutable_event_is_retried_not_lost]
+    checks![
+        an_unroutable_event_is_retried_not_lost,
+        a_tenant_too_long_for_a_routing_key_is_refused_and_nothing_stops_firing,
+    ]
+}
+
+/// A tenant id whose routing key is longer than AMQP's 255 bytes (86 dots, valid under the
+/// default `limits.max_id_bytes`) once stopped every fire of a RabbitMQ deployment: the firing
+/// task panicked building the routing key, and the next instance took the timer over and died
+/// the same way. Now it is refused at admission, over HTTP and on the broker path, naming the
+/// field; the longest that fits (85 dots: a 255-byte routing key) fires; and a timer of the long
+/// tenant stored before the check (written to the store beside the service) is retried on its
+/// own with the reason, while the other tenants' timers fire and `/readyz` stays 200.
+async fn a_tenant_too_long_for_a_routing_key_is_refused_and_nothing_stops_firing(
+    case: Arc<BrokerCase>,
+) {
+    let setup = Setup::with_engine(
+        &case,
+        json!({ "retry_base": "100ms", "retry_max": "200ms" }),
+    );
+    let client = setup.client().await; // binds a queue for every routing key
+    let service = setup.start().await;
+    let long = ".".repeat(86);
+    let fits = ".".repeat(85);
+
+    let (status, v) = service
+        .post("/v1/timers", schedule(&long, "http", now_ms()))
+        .await;
+    assert_eq!(status, 400, "{v}");
+    assert_eq!(v["error"]["reason"], "invalid_id", "{v}");
+    assert_eq!(v["error"]["field"], "tenantId", "{v}");
+    let message = v["error"]["message"].as_str().unwrap_or("");
+    assert!(
+        message.contains("258 bytes") && message.contains("255"),
+        "{v}"
+    );
+
+    let command = schedule(&long, "broker", now_ms());
+    client.send_command(command.as_bytes()).await.expect("send");
+    let letters = wait_for(Duration::from_secs(30), || async {
+        client.dead_letters().await.ok().filter(|d| !d.is_empty())
+    })
+    .await
+    .expect("the command is dead-lettered");
+    assert!(
+        letters[0].reason.starts_with("tenantId (invalid_id)"),
+        "{}",
+        letters[0].reason
+    );
+
+    // As if stored by a release that did not check: straight into the store.
+    let limits = timer_core::Limits {
+        max_id_bytes: 1_000,
+        ..timer_core::Limits::default()
+    };
+    let now = timer_core::Timestamp::from_millis(now_ms());
+    let stored = schedule(&long, "stored", now_ms());
+    let stored = timer_core::decode_schedule(stored.as_bytes(), &limits, now).expect("valid");
+    let store = setup.store().await;
+    store.schedule(&[stored], now).await.expect("stored");
+
+    for (tenant, id) in [("t", "ok"), (fits.as_str(), "fits")] {
+        let (status, v) = service
+            .post("/v1/timers", schedule(tenant, id, now_ms()))
+            .await;
+        assert_eq!(status, 201, "{v}");
+    }
+    let fired = wait_for(Duration::from_secs(30), || async {
+        let events = client.events().await.ok()?;
+        let ids: Vec<String> = events
+            .iter()
+            .filter_map(|e| serde_json::from_slice::<Value>(&e.body).ok())
+            .filter_map(|v| v["aggregateId"].as_str().map(str::to_owned))
+            .collect();
+        (ids.contains(&"ok".to_owned()) && ids.contains(&"fits".to_owned())).then_some(ids)
+    })
+    .await
+    .expect("the other tenants' timers fire");
+    assert!(!fired.contains(&"stored".to_owned()), "{fired:?}");
+    let key = timer_core::TimerKey::new(long.clone(), "stored");
+    let retried = wait_for(Duration::from_secs(30), || async {
+        let t = store.get(&key).await.ok().flatten()?;
+        (t.attempts >= 2).then_some(t)
+    })
+    .await
+    .expect("the stored timer is retried on its own");
+    let error = retried.last_error.unwrap_or_default();
+    assert!(
+        error.contains("routing key") && error.contains("255"),
+        "{error}"
+    );
+    let (status, ready) = service.get("/readyz").await;
+    assert_eq!(status, 200, "{ready}");
+    assert_eq!(ready["engine"]["status"], "ok", "{ready}");
+    service.terminate().await;
+    setup.clean_up().await;
 }
 
 async fn an_unroutable_event_is_retried_not_lost(case: Arc<BrokerCase>) {
