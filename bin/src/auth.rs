@@ -133,6 +133,9 @@ pub struct Principal {
     pub name: Arc<str>,
     pub tenants: Tenants,
     scopes: BTreeSet<Scope>,
+    /// When its credential stops being valid (a JWT's `exp`); `None` for keys and tokens. A
+    /// request is checked when it arrives; what lasts (the event stream) ends then.
+    pub expires_at: Option<std::time::SystemTime>,
 }
 
 impl Principal {
@@ -142,6 +145,7 @@ impl Principal {
             name: "anonymous".into(),
             tenants: Tenants::All,
             scopes: Scope::ALL.into_iter().collect(),
+            expires_at: None,
         }
     }
 
@@ -306,6 +310,7 @@ impl Auth {
                     name: key.name.as_str().into(),
                     tenants: Tenants::from_list(&key.tenants),
                     scopes: key.scopes.iter().copied().collect(),
+                    expires_at: None,
                 },
             });
         }
@@ -456,10 +461,16 @@ impl Jwt {
         };
         let scopes: BTreeSet<Scope> = words.into_iter().filter_map(Scope::parse).collect();
         let subject = claims.get("sub").and_then(|s| s.as_str()).unwrap_or("");
+        // `exp` is required and was checked: a number of seconds since the epoch.
+        let expires_at = claims
+            .get("exp")
+            .and_then(serde_json::Value::as_u64)
+            .map(|exp| std::time::UNIX_EPOCH + std::time::Duration::from_secs(exp));
         Ok(Principal {
             name: format!("jwt:{subject}").into(),
             tenants,
             scopes,
+            expires_at,
         })
     }
 }

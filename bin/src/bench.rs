@@ -23,7 +23,6 @@ use serde::Serialize;
 use timer_brokers::memory::{HubConfig, MemoryConfig, MemoryHub};
 use timer_core::plugin::{BrokerConfig, Isolated, StoreConfig, TestClient};
 use timer_core::{Engine, NewTimer, Store, SystemClock, TimerKey, Timestamp};
-use tokio::sync::broadcast::error::RecvError;
 use tokio_util::sync::CancellationToken;
 
 use crate::client::ClientTls;
@@ -100,7 +99,7 @@ struct Rig {
     /// Holds the broker's resources ready for the run (RabbitMQ's events need a bound queue).
     client: Arc<dyn TestClient>,
     /// Events of the first engine from before it started.
-    first_events: tokio::sync::broadcast::Receiver<Arc<timer_core::FiredEvent>>,
+    first_events: timer_core::engine::Subscription,
     /// When the engines were started.
     started: Instant,
     /// Schedules/s of the preload, when there was one.
@@ -243,7 +242,7 @@ async fn start_rig_with(config: &Config, instances: usize, load: Preload) -> any
         );
         engines.push(engine);
     }
-    let first_events = engines[0].subscribe();
+    let first_events = engines[0].subscribe(WATCH_BUDGET, Box::new(|_| true));
     let started = Instant::now();
     let tasks = engines.iter().map(|e| e.start(shutdown.clone())).collect();
     Ok(Rig {
@@ -300,6 +299,10 @@ async fn schedule_all(engine: &Engine, timers: Vec<NewTimer>) -> anyhow::Result<
     Ok(())
 }
 
+/// How many bytes of events a bench watcher may have waiting: a herd of a million (about 400
+/// bytes each) while the watcher catches up.
+const WATCH_BUDGET: usize = 1 << 30;
+
 /// What a watcher of the engine's confirmed events saw.
 struct Watched {
     /// (receive time − due time) in ms per event.
@@ -315,16 +318,19 @@ async fn watch(engines: &[Engine], n: usize, deadline: Duration) -> Watched {
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     let mut forwarders = Vec::new();
     for engine in engines {
-        let mut events = engine.subscribe();
+        let mut events = engine.subscribe(WATCH_BUDGET, Box::new(|_| true));
         let tx = tx.clone();
         forwarders.push(tokio::spawn(async move {
             loop {
                 let item = match events.recv().await {
-                    Ok(event) => Ok((now_ms(), event)),
-                    Err(RecvError::Lagged(k)) => Err(k),
-                    Err(RecvError::Closed) => return,
+                    Some(event) => Ok((now_ms(), event)),
+                    None => match events.lagged() {
+                        Some(k) => Err(k),
+                        None => return,
+                    },
                 };
-                if tx.send(item).is_err() {
+                let lagged = item.is_err();
+                if tx.send(item).is_err() || lagged {
                     return;
                 }
             }
@@ -460,7 +466,7 @@ async fn restart_run(config: &Config, pending: usize) -> anyhow::Result<Run> {
     let first = tokio::time::timeout(Duration::from_secs(120), rig.first_events.recv()).await;
     let elapsed = rig.started.elapsed().as_secs_f64() * 1000.0;
     rig.stop().await;
-    if !matches!(first, Ok(Ok(_))) {
+    if !matches!(first, Ok(Some(_))) {
         bail!("no timer fired within 120 s of the start");
     }
     Ok(vec![
@@ -664,6 +670,7 @@ async fn serve_counting(
         shutdown: rig.shutdown.clone(),
         counts: crate::counted::Counts::new(counts_max_age),
         ready: crate::counted::Cached::new("readiness", crate::http::READY_MAX_AGE),
+        streams: crate::http::EventStreams::new(&config.http),
         auth: auth.map(Arc::new),
     };
     let app = crate::http::router(state, config);
@@ -671,6 +678,7 @@ async fn serve_counting(
         listener,
         app,
         server_tls,
+        crate::https::Listening::of(&config.http),
         rig.shutdown.clone(),
     ));
     Ok(Served {

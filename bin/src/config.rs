@@ -72,6 +72,22 @@ pub struct HttpConfig {
     #[serde(with = "duration")]
     #[schemars(with = "String")]
     pub counts_max_age: Duration,
+    /// Most connections served at once (the event streams count); further clients wait in the
+    /// listen backlog until one closes, so slow or idle clients cannot take every task and
+    /// file descriptor. At least 1.
+    pub max_connections: usize,
+    /// How long a client may take to send a request's headers before its connection is closed
+    /// (a client that trickles them in, byte by byte, would hold a connection for ever).
+    #[serde(with = "duration")]
+    #[schemars(with = "String")]
+    pub header_read_timeout: Duration,
+    /// Most `GET /v1/events` streams open at once; one more is answered 503.
+    pub max_event_streams: usize,
+    /// How many bytes of events one event stream may have waiting for its client. A client
+    /// that reads slower than its events come is sent `lagged` (how many of its events it
+    /// missed) and its stream is closed; it connects again to go on. No reader, however slow,
+    /// makes the service keep more than this for it.
+    pub event_stream_buffer: usize,
 }
 
 impl Default for HttpConfig {
@@ -87,6 +103,10 @@ impl Default for HttpConfig {
             tls_client_ca: None,
             ui: true,
             counts_max_age: Duration::from_secs(5),
+            max_connections: 1_024,
+            header_read_timeout: Duration::from_secs(10),
+            max_event_streams: 256,
+            event_stream_buffer: 1024 * 1024,
         }
     }
 }
@@ -252,6 +272,14 @@ fn validate(config: &Config) -> Result<(), Error> {
         ));
     }
     crate::https::server_config(http)?;
+    if http.max_connections == 0 {
+        return Err(Error::config("http.max_connections must be at least 1"));
+    }
+    if http.header_read_timeout.is_zero() {
+        return Err(Error::config(
+            "http.header_read_timeout must be more than 0s (no request could be read)",
+        ));
+    }
     if config.limits.max_id_bytes == 0 || config.limits.max_message_bytes == 0 {
         return Err(Error::config(
             "limits.max_id_bytes and limits.max_message_bytes must be at least 1",

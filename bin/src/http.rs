@@ -18,8 +18,6 @@ use timer_core::{
     CancelOutcome, Engine, Error, ErrorKind, Reason, Rejection, ScheduleOutcome, Scheduled,
     TimerKey,
 };
-use tokio_stream::wrappers::errors::BroadcastStreamRecvError;
-use tokio_stream::wrappers::BroadcastStream;
 use tokio_util::sync::CancellationToken;
 use tower_http::limit::RequestBodyLimitLayer;
 use tower_http::timeout::TimeoutLayer;
@@ -48,6 +46,48 @@ pub struct AppState {
     pub auth: Option<Arc<Auth>>,
     /// The last health checks of `/readyz` (store, broker reachable), shared by its callers.
     pub ready: Arc<crate::counted::Cached<(bool, bool)>>,
+    /// The open event streams and their limits.
+    pub streams: Arc<EventStreams>,
+}
+
+/// How many `GET /v1/events` streams may be open (`http.max_event_streams`), how many bytes
+/// each may have waiting (`http.event_stream_buffer`), and how many are open.
+pub struct EventStreams {
+    pub max: usize,
+    pub buffer: usize,
+    open: std::sync::atomic::AtomicUsize,
+}
+
+impl EventStreams {
+    pub fn new(http: &crate::config::HttpConfig) -> Arc<Self> {
+        Arc::new(EventStreams {
+            max: http.max_event_streams,
+            buffer: http.event_stream_buffer,
+            open: Default::default(),
+        })
+    }
+
+    /// A place for one more stream, held until it is dropped; `None` when all are taken.
+    fn open(self: &Arc<Self>) -> Option<OpenStream> {
+        use std::sync::atomic::Ordering;
+        self.open
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < self.max).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| OpenStream(self.clone()))
+    }
+}
+
+/// One open event stream's place.
+struct OpenStream(Arc<EventStreams>);
+
+impl Drop for OpenStream {
+    fn drop(&mut self) {
+        self.0
+            .open
+            .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    }
 }
 
 /// Path parameters of the routes on one timer.
@@ -478,13 +518,19 @@ struct EventsQuery {
 }
 
 /// Server-sent events: each `DueTimeReached` this instance publishes (event `DueTimeReached`,
-/// data its JSON), and `lagged` with a count when a slow reader missed some.
+/// data its JSON) of the tenants the caller may read. A reader slower than its events, with
+/// `http.event_stream_buffer` bytes of them waiting, gets `lagged` (how many of its events it
+/// missed) and the stream ends: connect again to go on. A stream also ends when the caller's JWT
+/// expires. At most `http.max_event_streams` are open at once (503 beyond).
 #[utoipa::path(
     get,
     path = "/v1/events",
     tag = "embedded",
     params(EventsQuery),
-    responses((status = 200, description = "An endless event stream", content_type = "text/event-stream", body = String))
+    responses(
+        (status = 200, description = "An event stream, until the caller lags, its JWT expires or the service stops", content_type = "text/event-stream", body = String),
+        (status = 503, description = "`http.max_event_streams` streams are open; `Retry-After` says when to try again", body = ErrorBody),
+    )
 )]
 async fn events(
     State(app): State<AppState>,
@@ -496,24 +542,58 @@ async fn events(
             return refused.into_response();
         }
     }
-    let stream = BroadcastStream::new(app.engine.subscribe());
-    let shown = move |tenant: &str| {
+    let Some(open) = app.streams.open() else {
+        let mut response = error_body(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable",
+            None,
+            &format!(
+                "{} event streams are open, as many as http.max_event_streams allows; try again \
+                 later",
+                app.streams.max
+            ),
+        );
+        response.headers_mut().insert(
+            axum::http::header::RETRY_AFTER,
+            axum::http::HeaderValue::from(5u64),
+        );
+        return response;
+    };
+    // Until its credential expires (a JWT's exp): it was checked once, when the stream began.
+    let expires = caller.expires_at.map(|at| {
+        let left = at
+            .duration_since(std::time::SystemTime::now())
+            .unwrap_or_default();
+        tokio::time::Instant::now() + left
+    });
+    let shows = move |tenant: &str| {
         query.tenant.as_deref().is_none_or(|t| t == tenant) && caller.may_use(tenant)
     };
-    let stream = tokio_stream::StreamExt::filter_map(stream, move |item| match item {
-        Ok(fired) if shown(&fired.tenant_id) => Some(Ok::<_, Infallible>(
-            Event::default()
-                .event("DueTimeReached")
-                .data(fired.json.clone()),
-        )),
-        Ok(_) => None,
-        // A slow client skipped events; say so rather than pretend.
-        Err(BroadcastStreamRecvError::Lagged(n)) => {
-            Some(Ok(Event::default().event("lagged").data(n.to_string())))
+    let events = app.engine.subscribe(app.streams.buffer, Box::new(shows));
+    let stream = futures::stream::unfold(Some((events, open)), |state| async move {
+        let (mut events, open) = state?;
+        match events.recv().await {
+            Some(fired) => {
+                let event = Event::default()
+                    .event("DueTimeReached")
+                    .data(fired.json.clone());
+                Some((Ok::<_, Infallible>(event), Some((events, open))))
+            }
+            // Dropped for reading too slowly: say so, and end (the client connects again).
+            None => events.lagged().map(|missed| {
+                let event = Event::default().event("lagged").data(missed.to_string());
+                (Ok(event), None)
+            }),
         }
     });
     // End the stream at shutdown, so graceful shutdown is not held open by watchers.
     let stream = futures::StreamExt::take_until(stream, app.shutdown.clone().cancelled_owned());
+    let stream = futures::StreamExt::take_until(stream, async move {
+        match expires {
+            Some(at) => tokio::time::sleep_until(at).await,
+            None => std::future::pending().await,
+        }
+    });
     Sse::new(stream)
         .keep_alive(KeepAlive::default())
         .into_response()

@@ -99,27 +99,69 @@ pub fn certificates(key: &str, file: &Path) -> Result<Vec<CertificateDer<'static
     Ok(certs)
 }
 
-/// Serves `app` on `listener` until `shutdown`, over HTTPS when `tls` is given.
+/// Limits of the listener, whatever the scheme.
+#[derive(Debug, Clone, Copy)]
+pub struct Listening {
+    /// `http.max_connections`: connections served at once; the next waits in the kernel's
+    /// backlog until one closes.
+    pub max_connections: usize,
+    /// `http.header_read_timeout`: how long a connection may take to send a request's headers
+    /// (the first, or the next on a kept-alive connection) before it is closed.
+    pub header_read_timeout: Duration,
+}
+
+impl Listening {
+    pub fn of(http: &HttpConfig) -> Self {
+        Listening {
+            max_connections: http.max_connections.max(1),
+            header_read_timeout: http.header_read_timeout,
+        }
+    }
+}
+
+/// Serves `app` on `listener` until `shutdown`, then lets open requests finish for up to
+/// [`DRAIN_TIMEOUT`]. Each connection is HTTP/1.1 (over TLS when `tls` is given) in a task of its
+/// own; at most `max_connections` at once, and a client that does not send its headers within
+/// `header_read_timeout` (a slow-loris) is cut off, so slow clients cannot take every task.
 pub async fn serve(
     listener: TcpListener,
     app: Router,
     tls: Option<rustls::ServerConfig>,
+    limits: Listening,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
-    let Some(tls) = tls else {
-        return axum::serve(listener, app)
-            .with_graceful_shutdown(shutdown.cancelled_owned())
-            .await;
-    };
-    let acceptor = TlsAcceptor::from(Arc::new(tls));
+    let acceptor = tls.map(|tls| TlsAcceptor::from(Arc::new(tls)));
     let graceful = GracefulShutdown::new();
+    let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
+    // When the cap was last logged: once a minute at most.
+    let mut warned: Option<tokio::time::Instant> = None;
     loop {
+        // A slot first: at the cap, connections wait in the backlog instead of taking tasks.
+        let slot = match slots.clone().try_acquire_owned() {
+            Ok(slot) => slot,
+            Err(_) => {
+                if warned.is_none_or(|at| at.elapsed() >= Duration::from_secs(60)) {
+                    tracing::warn!(
+                        max = limits.max_connections,
+                        "as many HTTP connections open as http.max_connections allows; new ones wait"
+                    );
+                    warned = Some(tokio::time::Instant::now());
+                }
+                tokio::select! {
+                    _ = shutdown.cancelled() => break,
+                    slot = slots.clone().acquire_owned() => match slot {
+                        Ok(slot) => slot,
+                        Err(_) => break,
+                    },
+                }
+            }
+        };
         let (stream, peer) = tokio::select! {
             _ = shutdown.cancelled() => break,
             accepted = listener.accept() => match accepted {
                 Ok(accepted) => accepted,
                 Err(e) => {
-                    // Out of file descriptors and the like: wait a little rather than spin.
+                    // Out of file descriptors, or a connection reset before it was accepted.
                     tracing::warn!(error = %e, "cannot accept a connection");
                     tokio::time::sleep(Duration::from_millis(50)).await;
                     continue;
@@ -130,6 +172,19 @@ pub async fn serve(
         let service = TowerToHyperService::new(app.clone());
         let watcher = graceful.watcher();
         tokio::spawn(async move {
+            let _slot = slot;
+            let mut builder = hyper::server::conn::http1::Builder::new();
+            builder
+                .timer(TokioTimer::new())
+                .header_read_timeout(limits.header_read_timeout);
+            let Some(acceptor) = acceptor else {
+                let connection = builder.serve_connection(TokioIo::new(stream), service);
+                // Server-sent events and the like hold a connection; upgrades are not used.
+                if let Err(e) = watcher.watch(connection).await {
+                    tracing::debug!(%peer, error = %e, "HTTP connection ended with an error");
+                }
+                return;
+            };
             let mut stream = stream;
             let mut first = [0u8; 1];
             match tokio::time::timeout(HANDSHAKE_TIMEOUT, stream.peek(&mut first)).await {
@@ -150,9 +205,7 @@ pub async fn serve(
                 }
                 Err(_) => return,
             };
-            let connection = hyper::server::conn::http1::Builder::new()
-                .timer(TokioTimer::new())
-                .serve_connection(TokioIo::new(tls), service);
+            let connection = builder.serve_connection(TokioIo::new(tls), service);
             if let Err(e) = watcher.watch(connection).await {
                 tracing::debug!(%peer, error = %e, "HTTPS connection ended with an error");
             }
@@ -163,7 +216,7 @@ pub async fn serve(
         .await
         .is_err()
     {
-        tracing::warn!("HTTPS connections still open after {DRAIN_TIMEOUT:?}; closing them");
+        tracing::warn!("HTTP connections still open after {DRAIN_TIMEOUT:?}; closing them");
     }
     Ok(())
 }

@@ -635,6 +635,7 @@ async fn run(config: Config) -> anyhow::Result<()> {
         shutdown: shutdown.clone(),
         counts: counted::Counts::new(config.http.counts_max_age),
         ready: counted::Cached::new("readiness", http::READY_MAX_AGE),
+        streams: http::EventStreams::new(&config.http),
         auth: auth::Auth::from_config(&config.http)
             .map_err(|e| anyhow::anyhow!(e.chain()))?
             .map(std::sync::Arc::new),
@@ -649,7 +650,8 @@ async fn run(config: Config) -> anyhow::Result<()> {
         "timer-service running"
     );
     tokio::spawn(signal(shutdown.clone()));
-    if let Err(e) = https::serve(listener, app, tls, shutdown.clone()).await {
+    let limits = https::Listening::of(&config.http);
+    if let Err(e) = https::serve(listener, app, tls, limits, shutdown.clone()).await {
         error!(error = %e, "HTTP server failed");
         shutdown.cancel();
     }

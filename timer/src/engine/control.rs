@@ -2,7 +2,6 @@
 //! a manual trigger, and reading a timer's history.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
 use super::{metrics as metric, Engine};
 use crate::broker::OutboundEvent;
@@ -134,10 +133,10 @@ impl Engine {
             return Err(refused.error);
         }
         ::metrics::counter!(metric::TRIGGERS).increment(1);
-        let _ = inner.fired.send(Arc::new(super::FiredEvent {
+        inner.fired.send(super::FiredEvent {
             tenant_id: key.tenant_id.clone(),
             json: String::from_utf8(body).unwrap_or_default(),
-        }));
+        });
         if let Some(history) = inner.store.history() {
             let change = Change::Triggered {
                 event_id: envelope.id.to_string(),

@@ -4,7 +4,6 @@
 
 use std::future::Future;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
 use tokio::time::Instant;
 
 use tokio::sync::broadcast;
@@ -223,11 +222,10 @@ impl Engine {
             ::metrics::histogram!(metric::FIRE_LATENESS).record(late.as_secs_f64());
             let late_ms = u64::try_from(late.as_millis()).unwrap_or(u64::MAX);
             self.inner.recent.record(at, late_ms);
-            // No receivers is fine: the stream is for whoever watches.
-            let _ = self.inner.fired.send(Arc::new(super::FiredEvent {
+            self.inner.fired.send(super::FiredEvent {
                 tenant_id: timer.key.tenant_id.clone(),
                 json: String::from_utf8(event.body).unwrap_or_default(),
-            }));
+            });
         }
     }
 

@@ -15,6 +15,8 @@
 //! - [`retry`]: the backoff and the retry loop every task uses;
 //! - `purge`: deleting finished timers after `engine.retention`;
 //! - `supervise`: starting a task that panicked again, and reporting it down meanwhile;
+//! - `watch`: the events this instance fired, for watchers (the HTTP event stream), each
+//!   filtered and bounded on its own;
 //! - `control`: pause, resume and cancel (one timer, or page by page over a filter), a manual
 //!   trigger, and a timer's history;
 //! - [`metrics`]: metric names and descriptions.
@@ -32,11 +34,12 @@ pub mod retry;
 mod settle;
 mod supervise;
 mod throttle;
+mod watch;
 
 use std::sync::atomic::{AtomicBool, AtomicI64};
 use std::sync::{Arc, Mutex};
 
-use tokio::sync::{broadcast, watch, Notify};
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, warn};
 
@@ -51,6 +54,7 @@ pub use owners::TAKE_OVER_EVERY;
 pub use recent::{LastMinute, MinuteFires};
 pub use retry::backoff;
 pub use throttle::{Rate, Throttled};
+pub use watch::{Shows, Subscription};
 
 /// Metric names, as before the split (`timer_core::engine::metric::TIMERS_FIRED`).
 pub use self::metrics as metric;
@@ -80,7 +84,7 @@ struct Inner {
     /// When the firing task plans to look next (ms); `i64::MAX` while it is busy or planning,
     /// so every schedule wakes it then (a stored permit makes it plan again at once).
     planned: AtomicI64,
-    fired: broadcast::Sender<Arc<FiredEvent>>,
+    fired: watch::Watchers,
     /// Single schedules waiting to be written together ([`group_commit`]).
     queue: Mutex<Vec<group_commit::Waiting>>,
     /// Whether a flush task is writing `queue`.
@@ -91,7 +95,7 @@ struct Inner {
     throttle: throttle::Throttle,
     /// While this instance is a member of the store's live instances: the fence cancelled when
     /// it stops being one ([`owners`]). Always set for a store without that ability.
-    member: watch::Sender<Option<CancellationToken>>,
+    member: tokio::sync::watch::Sender<Option<CancellationToken>>,
     /// A membership joined before the tasks started ([`Engine::join`]), and again at
     /// shutdown until it is left.
     joined: Mutex<Option<Box<dyn Membership>>>,
@@ -120,12 +124,11 @@ impl Engine {
         if let Some(history) = store.history() {
             history.set_limit(config.history_per_timer);
         }
-        // Room for a burst of fires while a watcher (event stream, bench) catches up.
-        let (fired, _) = broadcast::channel(65_536);
         let throttle = throttle::Throttle::new(&limits.rate, clock.clone());
         // Without lease owners in the store, one membership for the engine's life.
-        let member =
-            watch::Sender::new(store.lease_owners().is_none().then(CancellationToken::new));
+        let member = tokio::sync::watch::Sender::new(
+            store.lease_owners().is_none().then(CancellationToken::new),
+        );
         Engine {
             inner: Arc::new(Inner {
                 store,
@@ -136,7 +139,7 @@ impl Engine {
                 owner,
                 wake: Notify::new(),
                 planned: AtomicI64::new(i64::MAX),
-                fired,
+                fired: watch::Watchers::default(),
                 queue: Mutex::new(Vec::new()),
                 flushing: AtomicBool::new(false),
                 recent: recent::RecentFires::default(),
@@ -180,9 +183,11 @@ impl Engine {
         self.inner.recent.last_hour(self.inner.clock.now())
     }
 
-    /// Events as they fire (after the broker confirmed them). Slow receivers lag and skip.
-    pub fn subscribe(&self) -> broadcast::Receiver<Arc<FiredEvent>> {
-        self.inner.fired.subscribe()
+    /// Events as they fire (after the broker confirmed them), of the tenants `shows` lets
+    /// through. At most `budget` bytes of them wait for the reader: a slower one is dropped
+    /// ([`Subscription::lagged`]).
+    pub fn subscribe(&self, budget: usize, shows: Shows) -> Subscription {
+        self.inner.fired.add(budget, shows)
     }
 
     /// Starts the ingest, firing and purge tasks. The returned task ends once `shutdown` is
