@@ -38,9 +38,12 @@ pub struct Recurrence {
     pub max_occurrences: Option<u32>,
 }
 
-/// How many skipped occurrences [`Schedule::resume`] counts one by one (a per-second series
-/// paused for a day has 86,400).
-pub const MAX_COUNTED_SKIPS: u64 = 100_000;
+/// How many skipped (or missed) occurrences [`Schedule::resume`] and the policies count one by
+/// one. Each is a cron search (about a microsecond): a resume runs inside the store's write
+/// transaction, and a bulk resume of 1,000 per-second series paused for a day counted 86,400
+/// each, holding SQLite's write lock (and every fire) for minutes. Beyond this, the series goes
+/// on from the first occurrence after now, and the count says "at least".
+pub const MAX_COUNTED_SKIPS: u64 = 1_000;
 
 /// What [`Schedule::resume`] found.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -280,6 +283,21 @@ mod tests {
             .resume(due, utc("2026-11-24T12:30:00Z"));
         assert_eq!(over.next, None);
         assert_eq!(over.skipped.unwrap().count, 2);
+    }
+
+    /// A per-second series paused for a day skipped 86,400 occurrences: the resume (inside the
+    /// store's write transaction) counts only the first MAX_COUNTED_SKIPS and says "at least",
+    /// and still goes on at the first occurrence after now.
+    #[test]
+    fn resume_counts_a_long_pause_only_up_to_the_cap() {
+        let schedule = recurrence("* * * * * *", "UTC").schedule().unwrap();
+        let due = utc("2026-11-24T10:00:00Z");
+        let resumed = schedule.resume(due, utc("2026-11-25T10:00:00.500Z"));
+        assert_eq!(resumed.next, Some(utc("2026-11-25T10:00:01Z")));
+        let skipped = resumed.skipped.unwrap();
+        assert_eq!((skipped.count, skipped.at_least), (MAX_COUNTED_SKIPS, true));
+        assert_eq!(skipped.first, due);
+        assert_eq!(skipped.last, utc("2026-11-24T10:16:39Z"), "the 1,000th");
     }
 
     #[test]
