@@ -55,6 +55,11 @@ fn main() {
             an_instance_cut_off_never_fires_what_another_fires,
         ),
         server_trial(
+            "postgres::a_statement_waiting_on_a_lock_is_cut_off_by_the_statement_timeout",
+            missing.clone(),
+            a_statement_waiting_on_a_lock_is_cut_off_by_the_statement_timeout,
+        ),
+        server_trial(
             "postgres::notify_wakes_another_instance",
             missing.clone(),
             notify_wakes_another_instance,
@@ -106,6 +111,48 @@ async fn start_instances(dir: &Path, env: &[(&'static str, String)], n: usize) -
         services.push(Service::start(Path::new(BIN), dir, env).await);
     }
     services
+}
+
+/// `store.statement_timeout`: a statement of the store that waits on a lock another session
+/// holds is cancelled by the server after the timeout, with an error saying so, instead of
+/// holding its connection (and the task that called it) for as long as the lock is held.
+async fn a_statement_waiting_on_a_lock_is_cut_off_by_the_statement_timeout() {
+    let config = PostgresConfig {
+        statement_timeout: Duration::from_millis(300),
+        ..schema_config()
+    };
+    let store = PostgresStore::open(&config).await.expect("open");
+    let now = Timestamp::from_millis(now_ms());
+    store
+        .schedule(&timers("lock", 1, now_ms() + 60_000, 0), now)
+        .await
+        .expect("schedule");
+    let key = TimerKey::new("tenant-0", "lock00000");
+    let other = sqlx::PgPool::connect(&config.url).await.expect("connect");
+    let mut holder = other.begin().await.expect("begin");
+    let locked = format!(
+        "SELECT 1 FROM {}.timers WHERE tenant_id = $1 AND service_call_id = $2 FOR UPDATE",
+        config.schema
+    );
+    let held: Option<i32> = sqlx::query_scalar(&locked)
+        .bind(&key.tenant_id)
+        .bind(&key.service_call_id)
+        .fetch_optional(&mut *holder)
+        .await
+        .expect("lock the row");
+    assert_eq!(held, Some(1), "the row exists");
+    // Far longer than the timeout, so only a mechanism that is broken makes this fail.
+    let cancelled = tokio::time::timeout(Duration::from_secs(20), store.cancel(&key, now))
+        .await
+        .expect("the statement timeout cuts the wait off");
+    let error = cancelled.expect_err("cancelled by the server").chain();
+    assert!(error.contains("statement timeout"), "{error}");
+    holder.rollback().await.expect("rollback");
+    store
+        .cancel(&key, now)
+        .await
+        .expect("the lock gone, the cancel goes through");
+    store.drop_schema().await.expect("drop schema");
 }
 
 async fn notify_reaches_another_store_handle() {

@@ -190,11 +190,13 @@ async fn timer_where(store: &Arc<dyn Store>, id: &str, pred: impl Fn(&Timer) -> 
 
 /// A memory store with injected faults: the first `schedule_failures` schedules fail, as an
 /// unreachable database would; with `hang_reached`, settling a fired one-shot timer never
-/// returns (the process "dies" between publishing and marking).
+/// returns (the process "dies" between publishing and marking); the first `hung_claims` claims
+/// never answer (a connection that hangs without a reset).
 struct Faulty {
     inner: Arc<dyn Store>,
     schedule_failures: AtomicU32,
     hang_reached: bool,
+    hung_claims: AtomicU32,
 }
 
 impl Faulty {
@@ -203,6 +205,7 @@ impl Faulty {
             inner,
             schedule_failures: AtomicU32::new(0),
             hang_reached: false,
+            hung_claims: AtomicU32::new(0),
         }
     }
 }
@@ -231,6 +234,9 @@ impl Store for Faulty {
         limit: usize,
         lease: &Lease,
     ) -> Result<Vec<ClaimedTimer>> {
+        if injected(&self.hung_claims) {
+            std::future::pending::<()>().await;
+        }
         self.inner.claim_due(now, limit, lease).await
     }
     async fn settle(
@@ -750,6 +756,23 @@ async fn ingest_stores_valid_commands_and_dead_letters_bad_ones() {
         all_acknowledged(&r.hub).await,
         "every command acknowledged, good or bad: the stream keeps flowing"
     );
+}
+
+/// A store call that never answers (a connection hanging without a reset) holds the firing task
+/// only for `engine.store_timeout`: the claim is tried again and the timer fires.
+#[tokio::test]
+async fn a_store_call_that_hangs_is_given_up_after_the_store_timeout() {
+    let mut setup = Setup::on(Arc::new(Faulty {
+        hung_claims: AtomicU32::new(1),
+        ..Faulty::new(Arc::new(MemoryStore::new()))
+    }));
+    setup.config.store_timeout = ms(200);
+    setup.config.retry_base = ms(20);
+    let r = setup.start();
+    r.schedule(&[timer("after-a-hang", T0)]).await;
+    events(&r.hub, 1)
+        .await
+        .expect("fired once the hung claim was given up");
 }
 
 #[tokio::test]

@@ -174,6 +174,14 @@ pub struct EngineConfig {
     #[serde(with = "duration")]
     #[schemars(with = "String")]
     pub publish_timeout: Duration,
+    /// Longest one call of the engine's tasks to the store may take (a claim, a settlement, an
+    /// ingested batch's write, a purge) before it counts as failed and is retried. A connection
+    /// that hangs without a reset (a server gone behind a firewall) would otherwise hold the
+    /// task until the OS gives up on it, for many minutes. A claim or settlement cut off this
+    /// way fires again when its lease ends (a duplicate, never a loss). Above 0.
+    #[serde(with = "duration")]
+    #[schemars(with = "String")]
+    pub store_timeout: Duration,
     /// First retry delay after a failed publish, doubled per attempt up to `engine.retry_max`.
     /// Also the first pause of a task whose store or broker call failed.
     #[serde(with = "duration")]
@@ -227,6 +235,7 @@ impl Default for EngineConfig {
             batch_size: 500,
             lease: Duration::from_secs(10),
             publish_timeout: Duration::from_secs(15),
+            store_timeout: Duration::from_secs(30),
             retry_base: Duration::from_millis(500),
             retry_max: Duration::from_secs(60),
             retry_jitter_percent: 20,
@@ -253,6 +262,9 @@ impl EngineConfig {
                 "lease",
                 "must be at least 100ms (it is renewed every third of it)",
             );
+        }
+        if self.store_timeout.is_zero() {
+            return bad("store_timeout", "must be above 0");
         }
         if self.publish_timeout.is_zero() {
             return bad("publish_timeout", "must be above 0");

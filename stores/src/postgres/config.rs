@@ -28,6 +28,13 @@ pub struct PostgresConfig {
     #[serde(with = "duration")]
     #[schemars(with = "String")]
     pub connect_timeout: Duration,
+    /// Longest one statement may run on the server (PostgreSQL's `statement_timeout`), waits
+    /// for locks included; a longer one is cancelled by the server, fails and is retried. Keeps
+    /// a stuck statement from holding locks and connections for ever. Migrations at start-up
+    /// are not bound by it. `0s` sets no limit.
+    #[serde(with = "duration")]
+    #[schemars(with = "String")]
+    pub statement_timeout: Duration,
     /// TLS: `disable`, `allow`, `prefer`, `require`, `verify-ca` or `verify-full` (rustls, with
     /// Mozilla's root certificates and `store.ssl_root_cert`). Overrides `sslmode` in the URL;
     /// when not set, the URL's `sslmode`, else `PGSSLMODE`, else `prefer`.
@@ -57,6 +64,7 @@ impl Default for PostgresConfig {
             schema: "public".into(),
             max_connections: 10,
             connect_timeout: Duration::from_secs(5),
+            statement_timeout: Duration::from_secs(30),
             ssl_mode: None,
             ssl_root_cert: None,
             notify: true,

@@ -173,8 +173,12 @@ impl PostgresStore {
             options.get_port(),
             options.get_username()
         );
+        let statement_timeout = config.statement_timeout.as_millis().to_string();
         let options = options
-            .options([("search_path", config.schema.as_str())])
+            .options([
+                ("search_path", config.schema.as_str()),
+                ("statement_timeout", statement_timeout.as_str()),
+            ])
             .application_name("timer-service");
         let cannot = |cause: String| {
             Error::unavailable(format!(
@@ -251,14 +255,27 @@ impl PostgresStore {
                 .map_err(|e| db_err(op, e))?;
         }
         tx.commit().await.map_err(|e| db_err(op, e))?;
+        // Index builds on a big table take as long as they take: store.statement_timeout
+        // bounds the service's own statements, not its migrations (RESET goes back to the
+        // connection's own setting before it returns to the pool).
+        let mut conn = pool.acquire().await.map_err(|e| db_err(op, e))?;
+        sqlx::query("SET statement_timeout = 0")
+            .execute(&mut *conn)
+            .await
+            .map_err(|e| db_err(op, e))?;
         // sqlx's migrator holds a PostgreSQL advisory lock while it runs.
         sqlx::migrate!("./migrations/postgres")
-            .run(pool)
+            .run_direct(&mut *conn)
             .await
             .map_err(|e| {
                 Error::unavailable(format!("postgres store: migrating schema {schema} failed"))
                     .with_source(e)
-            })
+            })?;
+        sqlx::query("RESET statement_timeout")
+            .execute(&mut *conn)
+            .await
+            .map(|_| ())
+            .map_err(|e| db_err(op, e))
     }
 
     /// Drops this store's schema and everything in it (benchmarks and tests clean up with it).

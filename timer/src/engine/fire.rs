@@ -58,7 +58,7 @@ impl Engine {
             }
             drop(firing);
             let now = inner.clock.now();
-            let next = match inner.store.next_due_at().await {
+            let next = match self.bounded(inner.store.next_due_at()).await {
                 Ok(next) => next.unwrap_or(Timestamp::MAX),
                 Err(e) => {
                     warn!(error = %e.chain(), "reading the next due time failed; polling");

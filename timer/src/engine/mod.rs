@@ -233,6 +233,21 @@ impl Engine {
         })
     }
 
+    /// A store call of a task that does not retry it, bounded by `engine.store_timeout` (see
+    /// [`retry::Retry::timeout`]).
+    async fn bounded<T>(
+        &self,
+        call: impl std::future::Future<Output = crate::error::Result<T>>,
+    ) -> crate::error::Result<T> {
+        let limit = self.inner.config.store_timeout;
+        tokio::time::timeout(limit, call).await.unwrap_or_else(|_| {
+            Err(crate::error::Error::unavailable(format!(
+                "store: no answer within {} (engine.store_timeout)",
+                humantime::format_duration(limit)
+            )))
+        })
+    }
+
     /// How a task of this engine retries on the store.
     fn store_retry<'a>(
         &'a self,
@@ -246,6 +261,7 @@ impl Engine {
             plugin: ("store", self.inner.store.name()),
             level: tracing::Level::WARN,
             max_failures: None,
+            timeout: Some(self.inner.config.store_timeout),
         }
     }
 
@@ -257,6 +273,7 @@ impl Engine {
     ) -> retry::Retry<'a> {
         retry::Retry {
             plugin: ("broker", self.inner.broker.name()),
+            timeout: None,
             ..self.store_retry(shutdown, what)
         }
     }

@@ -20,7 +20,7 @@ impl Engine {
                 if shutdown.is_cancelled() {
                     return;
                 }
-                match inner.store.purge(older_than, batch).await {
+                match self.bounded(inner.store.purge(older_than, batch)).await {
                     Ok(n) => {
                         ::metrics::counter!(metric::TIMERS_PURGED).increment(n);
                         if (n as usize) < batch {

@@ -52,6 +52,10 @@ pub(super) struct Retry<'a> {
     /// plugin would answer the same way again); an unreachable server is waited for. `None`:
     /// only shutdown stops it.
     pub max_failures: Option<u32>,
+    /// Longest one attempt may take (`engine.store_timeout` for the store): a connection that
+    /// hangs without a reset would otherwise hold the task until the OS gives up on it, for
+    /// many minutes. `None`: the operation bounds itself (a receive's wait, a publish's timeout).
+    pub timeout: Option<Duration>,
 }
 
 impl Retry<'_> {
@@ -70,7 +74,16 @@ impl Retry<'_> {
             // The first attempt runs even during shutdown: work already in hand (a batch
             // received, a publish the broker confirmed within the grace) is finished, not left
             // to a redelivery or an expiring lease. Shutdown only ends the retries.
-            let e: Error = match op().await {
+            let attempt = match self.timeout {
+                None => op().await,
+                Some(limit) => tokio::time::timeout(limit, op()).await.unwrap_or_else(|_| {
+                    Err(Error::unavailable(format!(
+                        "no answer within {} (engine.store_timeout)",
+                        humantime::format_duration(limit)
+                    )))
+                }),
+            };
+            let e: Error = match attempt {
                 Ok(value) => return Some(value),
                 Err(e) => e,
             };
@@ -133,6 +146,7 @@ mod tests {
             plugin: ("store", "memory"),
             level: Level::WARN,
             max_failures: Some(3),
+            timeout: None,
         };
         assert_eq!(answering_after(&retry, 2).await, Some(3));
         assert_eq!(

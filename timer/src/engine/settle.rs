@@ -57,7 +57,10 @@ impl Engine {
             .iter()
             .map(|t| (t.clone(), Settlement::Retry { at, error: None }))
             .collect();
-        if let Err(e) = inner.store.settle(&released, &inner.owner, at).await {
+        if let Err(e) = self
+            .bounded(inner.store.settle(&released, &inner.owner, at))
+            .await
+        {
             warn!(error = %e.chain(), "{what} failed; their lease expires");
         }
     }
@@ -100,7 +103,10 @@ impl Engine {
         if released.is_empty() {
             return;
         }
-        match inner.store.settle(&released, &inner.owner, now).await {
+        match self
+            .bounded(inner.store.settle(&released, &inner.owner, now))
+            .await
+        {
             Ok(changed) => self.history_written(changed),
             Err(e) => {
                 warn!(error = %e.chain(), "releasing timers failed; they return when the lease expires")
@@ -127,7 +133,10 @@ impl Engine {
             return false;
         }
         let failed = [(timer.clone(), Settlement::Failed(error.to_owned()))];
-        match inner.store.settle(&failed, &inner.owner, at).await {
+        match self
+            .bounded(inner.store.settle(&failed, &inner.owner, at))
+            .await
+        {
             Ok(0) => {
                 // Rescheduled meanwhile (another revision): it lives on, the dead letter was
                 // early. Give its lease back so it is not "firing" until the lease ends.
