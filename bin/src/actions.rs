@@ -189,6 +189,7 @@ pub async fn resume(
         (status = 200, description = "`retried`, or `not_failed` (Scheduled or Paused)", body = TimerOutcome),
         (status = 409, description = "Finished otherwise (`already_reached`, `already_cancelled`)", body = TimerOutcome),
         (status = 404, description = "No such timer", body = ErrorBody),
+        (status = 429, description = "The tenant is over its rate (`limits.rate`: a retry fires, so it counts as a schedule); `Retry-After` says when", body = ErrorBody),
         (status = 501, description = "The store cannot retry", body = ErrorBody),
     )
 )]
@@ -196,6 +197,9 @@ pub async fn retry(
     State(app): State<AppState>,
     Path(TimerPath { tenant, id }): Path<TimerPath>,
 ) -> Response {
+    if let Err(throttled) = app.engine.within_rate_of(&tenant) {
+        return crate::http::too_fast(&throttled);
+    }
     act(&app, TimerKey::new(tenant, id), Action::Retry).await
 }
 
@@ -270,6 +274,7 @@ pub async fn complete(
         (status = 200, description = "The broker confirmed the event", body = TriggerOutcome),
         (status = 409, description = "Finished (`already_reached`, …) or firing right now (`firing`)", body = TimerOutcome),
         (status = 404, description = "No such timer", body = ErrorBody),
+        (status = 429, description = "The tenant is over its rate (`limits.rate`: a trigger fires, so it counts as a schedule); `Retry-After` says when", body = ErrorBody),
         (status = 503, description = "The broker did not confirm in time", body = ErrorBody),
     )
 )]
@@ -277,6 +282,9 @@ pub async fn trigger(
     State(app): State<AppState>,
     Path(TimerPath { tenant, id }): Path<TimerPath>,
 ) -> Response {
+    if let Err(throttled) = app.engine.within_rate_of(&tenant) {
+        return crate::http::too_fast(&throttled);
+    }
     let key = TimerKey::new(tenant, id);
     match app.engine.trigger(&key).await {
         Ok(Triggered::Fired { event_id, at }) => Json(TriggerOutcome {

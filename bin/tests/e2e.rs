@@ -570,6 +570,16 @@ async fn a_tenant_over_its_rate_gets_429_and_the_others_fire_on_time() {
         404,
         "nothing written"
     );
+    // A manual trigger and a retry fire as a schedule does: they take from the same allowance.
+    for action in ["trigger", "retry"] {
+        let path = format!("/v1/tenants/small/timers/1/{action}");
+        let (status, retry_after, v) = post_with_header(&service, &path, String::new()).await;
+        assert_eq!(
+            (status, v["error"]["reason"].as_str(), retry_after.is_some()),
+            (429, Some("rate_limited"), true),
+            "{action}: {v}"
+        );
+    }
 
     // More of one tenant than its burst at once never fits: no Retry-After.
     let batch = json!({ "commands": (0..=RATE)
@@ -663,10 +673,11 @@ async fn a_tenant_over_its_rate_gets_429_and_the_others_fire_on_time() {
         "the steady tenant's timers fire on time: p99 {p99} ms"
     );
     let metrics = service.text("/metrics").await;
-    // One for "small", 21 for the batch, and the flood's refusals.
+    // Three for "small" (a schedule, a trigger, a retry), 21 for the batch, and the flood's
+    // refusals.
     assert_eq!(
         timer_conformance::e2e::metric(&metrics, "timer_commands_throttled{path=\"http\"}"),
-        (1 + RATE + 1 + refused) as f64,
+        (3 + RATE + 1 + refused) as f64,
         "{metrics}"
     );
     service.terminate().await;

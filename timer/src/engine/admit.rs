@@ -70,6 +70,17 @@ impl Engine {
         taken
     }
 
+    /// Takes one from `tenant`'s allowance of schedules for an action that fires as a schedule
+    /// would (a manual trigger, a retry of a Failed timer), for the HTTP API; `Err` (counted as
+    /// [`within_rate`](Self::within_rate) counts) when the tenant is over its rate.
+    pub fn within_rate_of(&self, tenant: &str) -> Result<(), super::Throttled> {
+        let taken = self.inner.throttle.take(tenant, 1);
+        if taken.is_err() {
+            ::metrics::counter!(metric::COMMANDS_THROTTLED, "path" => "http").increment(1);
+        }
+        taken
+    }
+
     fn counted<T>(&self, decoded: Result<T, Rejection>) -> Result<T, Rejection> {
         ::metrics::counter!(metric::COMMANDS_RECEIVED).increment(1);
         if let Err(r) = &decoded {
