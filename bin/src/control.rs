@@ -495,9 +495,17 @@ pub async fn all_summaries(
         },
     };
     let next = end_page(&mut tenants, limit, |last| tenant_cursor(last));
-    let counted_at = app.engine.clock().now();
-    match summaries(queries, counted_at, &tenants).await {
-        Ok(summaries) => Json(SummaryPage {
+    let now = app.engine.clock().now();
+    // Each tenant counted at most once per http.counts_max_age, whoever asks.
+    let counted = app
+        .counts
+        .tenants
+        .get(&tenants, now, |tenants| async move {
+            summaries(queries, now, &tenants).await
+        })
+        .await;
+    match counted {
+        Ok((summaries, counted_at)) => Json(SummaryPage {
             tenants: summaries.iter().map(summary_view).collect(),
             next_cursor: next,
             counted_at: counted_at.to_rfc3339(),

@@ -17,6 +17,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use timer_core::{TenantSummary, Timestamp};
+
 use crate::actions::Totals;
 use crate::control::FirstTenants;
 
@@ -27,6 +29,9 @@ pub struct Counts {
     pub totals: Arc<Cached<Totals>>,
     /// The first tenants' summaries, for `GET /v1/summary` without a cursor.
     pub first_tenants: Arc<Cached<FirstTenants>>,
+    /// Single tenants' summaries, for the pages of `GET /v1/summary` that are not the shared
+    /// first page: a key limited to some tenants, and pages after a cursor.
+    pub tenants: Arc<PerTenant>,
 }
 
 impl Counts {
@@ -34,7 +39,100 @@ impl Counts {
         Counts {
             totals: Cached::new("timers by state", max_age),
             first_tenants: Cached::new("tenant summaries", max_age),
+            tenants: Arc::new(PerTenant::new(max_age)),
         }
+    }
+}
+
+/// Most tenants whose summaries [`PerTenant`] keeps; beyond it, the ones too old are dropped
+/// (and if none is, all: the next requests count again).
+const KEPT_TENANTS: usize = 10_000;
+
+/// Tenants' summaries, each kept for `max_age` and shared by the requests that ask for it, so
+/// that a client polling its tenants' summaries (a key limited to some tenants, with the
+/// dashboard open) counts each tenant at most once per `http.counts_max_age`, however often it
+/// asks.
+pub struct PerTenant {
+    max_age: Duration,
+    kept: Mutex<std::collections::HashMap<String, (Instant, Timestamp, TenantSummary)>>,
+}
+
+impl PerTenant {
+    fn new(max_age: Duration) -> Self {
+        PerTenant {
+            max_age,
+            kept: Mutex::default(),
+        }
+    }
+
+    /// The summaries of `tenants`, in order: the ones kept and young enough as they are, the
+    /// others counted together by `count` (given the tenants it is to count, and the time to
+    /// count at) and kept. Also when the oldest of them was counted.
+    pub async fn get<F, Fut>(
+        &self,
+        tenants: &[String],
+        now: Timestamp,
+        count: F,
+    ) -> timer_core::Result<(Vec<TenantSummary>, Timestamp)>
+    where
+        F: FnOnce(Vec<String>) -> Fut,
+        Fut: Future<Output = timer_core::Result<Vec<TenantSummary>>>,
+    {
+        let mut found: Vec<Option<(Timestamp, TenantSummary)>> = {
+            let kept = self.kept();
+            tenants
+                .iter()
+                .map(|t| {
+                    let (taken, at, summary) = kept.get(t)?;
+                    (taken.elapsed() < self.max_age).then(|| (*at, summary.clone()))
+                })
+                .collect()
+        };
+        let missing: Vec<String> = tenants
+            .iter()
+            .zip(&found)
+            .filter(|(_, f)| f.is_none())
+            .map(|(t, _)| t.clone())
+            .collect();
+        if !missing.is_empty() {
+            let started = Instant::now();
+            let mut counted = count(missing).await?.into_iter();
+            let mut kept = self.kept();
+            if kept.len() + tenants.len() > KEPT_TENANTS {
+                kept.retain(|_, (taken, _, _)| taken.elapsed() < self.max_age);
+                if kept.len() + tenants.len() > KEPT_TENANTS {
+                    kept.clear();
+                }
+            }
+            for slot in found.iter_mut().filter(|f| f.is_none()) {
+                let summary = counted.next().ok_or_else(|| {
+                    timer_core::Error::internal("the store returned fewer summaries than tenants")
+                })?;
+                if !self.max_age.is_zero() {
+                    let entry = (started, now, summary.clone());
+                    kept.insert(summary.tenant_id.clone(), entry);
+                }
+                *slot = Some((now, summary));
+            }
+        }
+        let oldest = found
+            .iter()
+            .flatten()
+            .map(|(at, _)| *at)
+            .min()
+            .unwrap_or(now);
+        Ok((
+            found.into_iter().flatten().map(|(_, s)| s).collect(),
+            oldest,
+        ))
+    }
+
+    fn kept(
+        &self,
+    ) -> MutexGuard<'_, std::collections::HashMap<String, (Instant, Timestamp, TenantSummary)>>
+    {
+        // Entries are inserted whole: a poisoned lock still holds a usable map.
+        self.kept.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
@@ -222,6 +320,60 @@ mod tests {
             "the failure let the next count start"
         );
         assert_eq!(*cached.get(counter(&made)).await.unwrap(), 1);
+    }
+
+    /// Counts the tenants it is asked for, and records which.
+    fn summaries_of(
+        asked: &Arc<Mutex<Vec<Vec<String>>>>,
+    ) -> impl FnOnce(Vec<String>) -> std::future::Ready<timer_core::Result<Vec<TenantSummary>>>
+    {
+        let asked = Arc::clone(asked);
+        move |tenants| {
+            asked.lock().unwrap().push(tenants.clone());
+            std::future::ready(Ok(tenants
+                .into_iter()
+                .map(|tenant_id| TenantSummary {
+                    tenant_id,
+                    ..TenantSummary::default()
+                })
+                .collect()))
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_tenant_is_counted_once_per_max_age_whoever_asks() {
+        let cache = PerTenant::new(Duration::from_secs(4));
+        let asked = Arc::new(Mutex::new(Vec::new()));
+        let t = |names: &[&str]| names.iter().map(|n| n.to_string()).collect::<Vec<_>>();
+        let now = Timestamp::from_millis(1_000);
+        let (got, _) = cache
+            .get(&t(&["a", "b"]), now, summaries_of(&asked))
+            .await
+            .unwrap();
+        assert_eq!(
+            got.iter().map(|s| s.tenant_id.as_str()).collect::<Vec<_>>(),
+            ["a", "b"]
+        );
+        tokio::time::advance(Duration::from_secs(1)).await;
+        let later = Timestamp::from_millis(2_000);
+        let (got, oldest) = cache
+            .get(&t(&["b", "c", "a"]), later, summaries_of(&asked))
+            .await
+            .unwrap();
+        assert_eq!(
+            got.iter().map(|s| s.tenant_id.as_str()).collect::<Vec<_>>(),
+            ["b", "c", "a"]
+        );
+        assert_eq!(oldest, now, "the oldest summary's time");
+        tokio::time::advance(Duration::from_secs(4)).await;
+        cache
+            .get(&t(&["a"]), later, summaries_of(&asked))
+            .await
+            .unwrap();
+        assert_eq!(
+            *asked.lock().unwrap(),
+            [t(&["a", "b"]), t(&["c"]), t(&["a"])]
+        );
     }
 
     #[tokio::test(start_paused = true)]
