@@ -24,11 +24,17 @@ impl<T> DeliveryTags<T> {
         }
     }
 
-    /// Keeps `handle` under a new tag; the delivery the engine gets carries that tag.
-    pub(crate) fn remember(&self, handle: T, body: Vec<u8>) -> Result<Delivery> {
+    /// Keeps `handle` under a new tag; the delivery the engine gets carries that tag (and the
+    /// tenant the broker binds it to, if any: [`Delivery::tenant`]).
+    pub(crate) fn remember(
+        &self,
+        handle: T,
+        body: Vec<u8>,
+        tenant: Option<String>,
+    ) -> Result<Delivery> {
         let tag = self.next.fetch_add(1, Ordering::Relaxed);
         self.lock()?.insert(tag, handle);
-        Ok(Delivery { tag, body })
+        Ok(Delivery { tag, body, tenant })
     }
 
     /// The handles of `tags`, forgotten; tags not (or no longer) known are skipped.
@@ -67,8 +73,9 @@ mod tests {
     #[test]
     fn tags_are_new_and_taken_once() {
         let tags = DeliveryTags::new("test");
-        let a = tags.remember("a", b"1".to_vec()).unwrap();
-        let b = tags.remember("b", b"2".to_vec()).unwrap();
+        let a = tags.remember("a", b"1".to_vec(), None).unwrap();
+        let b = tags.remember("b", b"2".to_vec(), Some("t".into())).unwrap();
+        assert_eq!(b.tenant.as_deref(), Some("t"));
         assert_ne!(a.tag, b.tag);
         assert_eq!(b.body, b"2");
         assert_eq!(tags.take(&[b.tag, 999, a.tag]).unwrap(), vec!["b", "a"]);

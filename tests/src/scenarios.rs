@@ -62,6 +62,9 @@ pub struct BrokerTraits {
     /// Why the test server cannot hand a killed consumer's commands to its successor, where it
     /// cannot: the ingest-kill scenario is left out, saying so.
     pub no_takeover: Option<&'static str>,
+    /// The tenant the broker binds its test client's commands to with `broker.bind_tenant`
+    /// (the NATS subject's last token, the Kafka key, the RabbitMQ user).
+    pub bound_tenant: &'static str,
 }
 
 impl Default for BrokerTraits {
@@ -73,6 +76,7 @@ impl Default for BrokerTraits {
             unreachable: None,
             acknowledged: None,
             no_takeover: None,
+            bound_tenant: "test",
         }
     }
 }
@@ -114,6 +118,7 @@ pub fn trials(
         an_overlap_skip_series_fires_after_each_completion,
         an_unreachable_server_is_a_one_line_error,
         ten_thousand_timers_survive_a_service_restart_and_a_server_outage,
+        a_bound_broker_takes_commands_of_its_tenant_only,
     ];
     checks.extend(own);
     let mut trials = to_trials(
@@ -455,6 +460,59 @@ pub async fn malformed_command_is_dead_lettered_and_events_keep_flowing(case: Ar
         );
     }
     drop(access);
+    service.terminate().await;
+    setup.clean_up().await;
+}
+
+/// `broker.bind_tenant`: the broker's own addressing (the subject, the key, the user) names the
+/// tenant, so a producer allowed to send for one tenant cannot schedule, nor cancel, another
+/// tenant's timers: such commands are dead-lettered (`invalid_id`, naming the key) and the
+/// ones of its own tenant are applied.
+pub async fn a_bound_broker_takes_commands_of_its_tenant_only(case: Arc<BrokerCase>) {
+    let own = case.traits.bound_tenant;
+    let setup = Setup::new(&case).with_broker_key("bind_tenant", json!(true));
+    let client = setup.client().await;
+    let service = setup.start().await;
+    let far = now_ms() + 3_600_000;
+    let (status, v) = service
+        .post("/v1/timers", schedule("victim", "kept", far))
+        .await;
+    assert_eq!(status, 201, "{v}");
+    let cancel = json!({"type": "CancelTimer", "tenantId": "victim", "serviceCallId": "kept"});
+    let bodies = [
+        schedule("victim", "planted", now_ms()),
+        cancel.to_string(),
+        schedule(own, "mine", now_ms()),
+    ];
+    let bodies: Vec<Vec<u8>> = bodies.iter().map(|b| b.clone().into_bytes()).collect();
+    client.send_commands(&bodies).await.expect("send");
+    let fired = wait_for(WAIT, || async {
+        let events = client.events().await.ok()?;
+        events
+            .iter()
+            .map(envelope)
+            .find(|v| v["aggregateId"] == "mine")
+    })
+    .await
+    .unwrap_or_else(|| service.fail("the command of its own tenant fired"));
+    assert_eq!(fired["tenantId"], own);
+    let letters = wait_for(WAIT, || async {
+        client.dead_letters().await.ok().filter(|l| l.len() >= 2)
+    })
+    .await
+    .unwrap_or_else(|| service.fail("both commands of another tenant are dead-lettered"));
+    for letter in &letters {
+        assert!(
+            letter.reason.starts_with("tenantId (invalid_id)")
+                && letter.reason.contains("broker.bind_tenant"),
+            "{}",
+            letter.reason
+        );
+    }
+    let (_, kept) = service.get("/v1/tenants/victim/timers/kept").await;
+    assert_eq!(kept["state"], "Scheduled", "not cancelled: {kept}");
+    let (status, _) = service.get("/v1/tenants/victim/timers/planted").await;
+    assert_eq!(status, 404, "not scheduled");
     service.terminate().await;
     setup.clean_up().await;
 }

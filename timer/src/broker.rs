@@ -14,6 +14,12 @@ use crate::model::TimerKey;
 pub struct Delivery {
     pub tag: u64,
     pub body: Vec<u8>,
+    /// The tenant the broker's own addressing gives the command, where the broker binds
+    /// commands to tenants (`broker.bind_tenant`: the NATS subject's last token, the Kafka
+    /// record key, the RabbitMQ `user-id` the server checked), so that a producer allowed to
+    /// send for one tenant cannot act on another's timers: the engine refuses a command whose
+    /// `tenantId` is not this one. `None`: not bound (any `tenantId` is taken).
+    pub tenant: Option<String>,
 }
 
 /// One outbound event. `id` is the envelope id: it goes into the broker's de-duplication slot.
@@ -56,6 +62,25 @@ pub fn routing_token(tenant: &str) -> String {
         }
     }
     out
+}
+
+/// The tenant id a [`routing_token`] stands for; `None` when the token is not one (a `%` not
+/// followed by two hex digits, or bytes that are not UTF-8).
+pub fn tenant_of_token(token: &str) -> Option<String> {
+    let bytes = token.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = token.get(i + 1..i + 3)?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
 }
 
 #[async_trait]
@@ -117,5 +142,19 @@ mod tests {
         assert_eq!(routing_token("a.b *>#"), "a%2Eb%20%2A%3E%23");
         assert_eq!(routing_token("ü"), "%C3%BC");
         assert_ne!(routing_token("a.b"), routing_token("a%2Eb"));
+    }
+
+    #[test]
+    fn tokens_read_back_as_their_tenants() {
+        for tenant in ["acme-1_x", "a.b *>#", "ü🦀", "%", "a%2Eb"] {
+            assert_eq!(
+                tenant_of_token(&routing_token(tenant)).as_deref(),
+                Some(tenant)
+            );
+        }
+        assert_eq!(tenant_of_token("acme"), Some("acme".into()));
+        assert_eq!(tenant_of_token("a%2"), None, "cut short");
+        assert_eq!(tenant_of_token("a%zz"), None, "not hex");
+        assert_eq!(tenant_of_token("%FF"), None, "not UTF-8");
     }
 }

@@ -33,6 +33,7 @@ pub fn traits() -> BrokerTraits {
         // it, and tansu (its test server) does not expire that member: the commands wait for
         // good. A Kafka cluster hands them over after `session.timeout.ms`.
         no_takeover: Some("tansu 0.6.0 keeps a killed group member's partitions"),
+        bound_tenant: "test",
     }
 }
 

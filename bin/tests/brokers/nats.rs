@@ -36,6 +36,7 @@ pub fn traits() -> BrokerTraits {
         )),
         acknowledged: None,
         no_takeover: None,
+        bound_tenant: "test",
     }
 }
 

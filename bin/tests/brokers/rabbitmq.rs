@@ -24,6 +24,7 @@ pub fn traits() -> BrokerTraits {
         )),
         acknowledged: None,
         no_takeover: None,
+        bound_tenant: "guest",
     }
 }
 

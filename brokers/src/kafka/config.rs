@@ -30,6 +30,12 @@ pub struct KafkaConfig {
     /// Create missing topics at start-up with the admin API. `false`: a missing topic is an
     /// error at start-up, naming the topic and its key. An existing topic is used as it is.
     pub create_topics: bool,
+    /// Bind each command to the tenant of its record key: the key is the tenant id, and a
+    /// command naming another `tenantId` (or without a key) is refused (`invalid_id`, a dead
+    /// letter). Producers key commands by tenant anyway (it keeps a tenant's commands in
+    /// order); with it, a gateway or ACL that fixes the key fixes the tenant. `false`: the
+    /// tenant is the command's `tenantId`, whatever the key.
+    pub bind_tenant: bool,
     /// Partitions of the topics the service creates. At least 1.
     pub partitions: i32,
     /// Replication factor of the topics the service creates. At least 1.
@@ -131,6 +137,7 @@ impl Default for KafkaConfig {
             events_topic: "timer.events".into(),
             dead_letter_topic: "timer.dead-letters".into(),
             create_topics: true,
+            bind_tenant: false,
             partitions: 3,
             replication_factor: 1,
             connect_timeout: Duration::from_secs(10),

@@ -216,7 +216,13 @@ impl KafkaBroker {
             track.epoch
         };
         let body = message.payload().unwrap_or_default().to_vec();
-        self.tags.remember((partition, offset, track_epoch), body)
+        // The record key as the tenant; a key that is not UTF-8 names no tenant.
+        let tenant = self.config.bind_tenant.then(|| {
+            let key = message.key().unwrap_or_default();
+            String::from_utf8(key.to_vec()).unwrap_or_else(|_| "(a key not UTF-8)".to_owned())
+        });
+        self.tags
+            .remember((partition, offset, track_epoch), body, tenant)
     }
 
     /// Marks `tags` acknowledged and returns, per partition, the offset to commit: one past

@@ -73,6 +73,13 @@ pub struct NatsConfig {
     /// Create the three streams when they are missing. `false`: a missing stream is an error at
     /// start-up. An existing stream is checked, never changed.
     pub create_streams: bool,
+    /// Bind each command to the tenant of its subject: the last token of the subject it was
+    /// published on is the tenant (as events' subjects write it: every byte but letters,
+    /// digits, `-` and `_` as `%XX`), and a command naming another `tenantId` is refused
+    /// (`invalid_id`, a dead letter). With NATS permissions that allow a producer to publish
+    /// only on `timer.commands.acme`, it can act on tenant `acme` alone. `false`: the tenant
+    /// is the command's `tenantId`, whatever the subject.
+    pub bind_tenant: bool,
 }
 
 impl NatsConfig {
@@ -109,6 +116,7 @@ impl Default for NatsConfig {
             dead_letter_subject: "timer.deadletters".into(),
             duplicate_window: Duration::from_secs(120),
             create_streams: true,
+            bind_tenant: false,
         }
     }
 }

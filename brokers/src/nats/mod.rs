@@ -13,7 +13,7 @@ use async_nats::header::{HeaderMap, NATS_MESSAGE_ID};
 use async_nats::jetstream::{self, consumer, stream, AckKind, ErrorCode};
 use async_trait::async_trait;
 use futures::{FutureExt, StreamExt};
-use timer_core::broker::routing_token;
+use timer_core::broker::{routing_token, tenant_of_token};
 use timer_core::redact::hide_userinfo;
 use timer_core::{Broker, Delivery, Error, KeyLimit, OutboundEvent, Result, TimerKey, Undelivered};
 
@@ -36,6 +36,8 @@ pub struct NatsBroker {
     pending: DeliveryTags<jetstream::Message>,
     events_subject: String,
     dead_letter_subject: String,
+    /// `broker.bind_tenant`: the subject's last token is the command's tenant.
+    bind_tenant: bool,
     /// The consumer's ack wait as the server has it (an existing consumer keeps its own).
     ack_wait: Duration,
 }
@@ -105,12 +107,18 @@ impl NatsBroker {
             pending: DeliveryTags::new("nats"),
             events_subject: config.events_subject.clone(),
             dead_letter_subject: config.dead_letter_subject.clone(),
+            bind_tenant: config.bind_tenant,
         })
     }
 
     fn remember(&self, message: jetstream::Message) -> Result<Delivery> {
         let body = message.payload.to_vec();
-        self.pending.remember(message, body)
+        let tenant = self.bind_tenant.then(|| {
+            let token = message.subject.rsplit('.').next().unwrap_or_default();
+            // A token that is not one names no tenant: no tenantId matches it.
+            tenant_of_token(token).unwrap_or_else(|| format!("(not a tenant token: {token})"))
+        });
+        self.pending.remember(message, body, tenant)
     }
 
     /// The subject of a tenant's events, when it fits [`MAX_SUBJECT_BYTES`].

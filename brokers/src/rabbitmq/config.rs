@@ -41,6 +41,13 @@ pub struct RabbitmqConfig {
     #[serde(with = "duration")]
     #[schemars(with = "String")]
     pub connect_timeout: Duration,
+    /// Bind each command to the tenant of the user that published it: the message's `user-id`
+    /// property, which RabbitMQ checks against the user of the connection (a message claiming
+    /// another user is refused by the server), is the tenant, and a command naming another
+    /// `tenantId` (or without `user-id`) is refused (`invalid_id`, a dead letter). Give each
+    /// tenant's producers a RabbitMQ user named as the tenant. `false`: the tenant is the
+    /// command's `tenantId`, whoever sent it.
+    pub bind_tenant: bool,
 }
 
 impl Default for RabbitmqConfig {
@@ -55,6 +62,7 @@ impl Default for RabbitmqConfig {
             dead_letter_queue: "timer.dead-letters".into(),
             prefetch: 1_000,
             connect_timeout: Duration::from_secs(5),
+            bind_tenant: false,
         }
     }
 }

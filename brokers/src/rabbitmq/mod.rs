@@ -204,8 +204,13 @@ impl RabbitmqBroker {
     }
 
     fn remember(&self, generation: u64, delivery: lapin::message::Delivery) -> Result<Delivery> {
+        // The user-id RabbitMQ checked against the publishing connection's user.
+        let tenant = self.config.bind_tenant.then(|| {
+            let user = delivery.properties.user_id().as_ref();
+            user.map_or_else(String::new, |u| u.as_str().to_owned())
+        });
         self.pending
-            .remember((generation, delivery.delivery_tag), delivery.data)
+            .remember((generation, delivery.delivery_tag), delivery.data, tenant)
     }
 
     /// Publishes on the confirm channel with `mandatory`, so an event no queue would take comes

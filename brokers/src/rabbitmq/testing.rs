@@ -19,6 +19,9 @@ pub struct RabbitmqTestClient {
     pub config: RabbitmqConfig,
     _connection: Connection,
     channel: Channel,
+    /// The user of `config.url`: commands carry it as their `user-id` (RabbitMQ checks it),
+    /// which `broker.bind_tenant` reads as their tenant.
+    user: String,
     events_queue: String,
     events: Mutex<Vec<ReadEvent>>,
     dead: Mutex<Vec<ReadDeadLetter>>,
@@ -42,10 +45,16 @@ impl RabbitmqTestClient {
             .confirm_select(ConfirmSelectOptions::default())
             .await
             .map_err(|e| unavailable("confirms", e))?;
+        let user = config
+            .url
+            .parse::<lapin::uri::AMQPUri>()
+            .map(|uri| uri.authority.userinfo.username)
+            .map_err(|e| unavailable("the URL", e))?;
         Ok(RabbitmqTestClient {
             config,
             _connection: connection,
             channel,
+            user,
             events_queue,
             events: Mutex::new(Vec::new()),
             dead: Mutex::new(Vec::new()),
@@ -86,7 +95,9 @@ impl TestClient for RabbitmqTestClient {
                             self.config.commands_queue.as_str().into(),
                             BasicPublishOptions::default(),
                             body,
-                            BasicProperties::default().with_delivery_mode(2),
+                            BasicProperties::default()
+                                .with_delivery_mode(2)
+                                .with_user_id(self.user.as_str().into()),
                         )
                         .await
                         .map_err(|e| unavailable("publish", e))?,

@@ -61,6 +61,32 @@ impl Admitted {
     }
 }
 
+/// A command of a delivery the broker binds to a tenant ([`Delivery::tenant`]) must name that
+/// tenant: a producer allowed to send for one tenant cannot act on another's timers.
+fn bound_to(delivery: &Delivery, command: Command) -> Result<Command, Rejection> {
+    let Some(bound) = &delivery.tenant else {
+        return Ok(command);
+    };
+    let named = match &command {
+        Command::Schedule(timer) => &timer.key.tenant_id,
+        Command::Cancel(key)
+        | Command::Pause(key)
+        | Command::Resume(key)
+        | Command::Complete(key, _) => &key.tenant_id,
+    };
+    if named == bound {
+        return Ok(command);
+    }
+    Err(Rejection::new(
+        Reason::InvalidId,
+        Some("tenantId"),
+        format!(
+            "is {named:?}, but the broker delivered this command for tenant {bound:?} \
+             (broker.bind_tenant)"
+        ),
+    ))
+}
+
 /// How often the tenants' allowances of the rate limit are tidied up.
 const FORGET_IDLE_EVERY: Duration = Duration::from_secs(60);
 
@@ -198,7 +224,8 @@ impl Engine {
                     ))
                 }
                 command => Ok(command),
-            });
+            })
+            .and_then(|command| bound_to(&delivery, command));
         Admitted { delivery, command }
     }
 
