@@ -254,7 +254,12 @@ impl Service {
 
     /// [`Service::events`], authenticated with `Authorization: Bearer key` when given.
     pub async fn events_as(&self, key: Option<&str>) -> EventLog {
-        let mut request = self.http.get(format!("{}/v1/events", self.base));
+        self.events_at("/v1/events", key).await
+    }
+
+    /// The events of the event stream at `path` (`/v1/events?tenant=...`), as they arrive.
+    pub async fn events_at(&self, path: &str, key: Option<&str>) -> EventLog {
+        let mut request = self.http.get(format!("{}{path}", self.base));
         if let Some(key) = key {
             request = request.bearer_auth(key);
         }
