@@ -32,7 +32,84 @@ pub fn checks() -> Vec<Check<Arc<BrokerCase>>> {
     checks![
         an_unroutable_event_is_retried_not_lost,
         a_tenant_too_long_for_a_routing_key_is_refused_and_nothing_stops_firing,
+        a_tenant_without_a_bound_queue_does_not_hold_back_the_others,
     ]
+}
+
+/// Tenant `a` has no queue bound for its routing key (it unbound it), tenant `b` has one. Their
+/// timers fall due together, so their events are published in one batch: RabbitMQ returns `a`'s
+/// event, and only `a`'s timer is retried, with `a`'s routing key in its `lastError`; `b`'s is
+/// delivered and Reached at once, with no error and no attempt counted.
+async fn a_tenant_without_a_bound_queue_does_not_hold_back_the_others(case: Arc<BrokerCase>) {
+    use lapin::options::{QueueBindOptions, QueueDeclareOptions};
+    use lapin::types::FieldTable;
+    let setup = Setup::with_engine(&case, json!({ "retry_base": "1s", "retry_max": "2s" }));
+    let service = setup.start().await; // declares the events exchange
+    let config: &RabbitmqConfig = setup
+        .broker
+        .config
+        .as_any()
+        .downcast_ref()
+        .expect("a rabbitmq config");
+    let connection =
+        lapin::Connection::connect(&config.url, lapin::ConnectionProperties::default())
+            .await
+            .expect("connect");
+    let channel = connection.create_channel().await.expect("channel");
+    let queue = format!("{}.b-only", config.events_exchange);
+    channel
+        .queue_declare(
+            queue.as_str().into(),
+            QueueDeclareOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .expect("declare");
+    channel
+        .queue_bind(
+            queue.as_str().into(),
+            config.events_exchange.as_str().into(),
+            "b".into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .expect("bind");
+    let due = now_ms() + 500;
+    for tenant in ["a", "b"] {
+        let (status, v) = service
+            .post("/v1/timers", schedule(tenant, "together", due))
+            .await;
+        assert_eq!(status, 201, "{v}");
+    }
+    let b = wait_for(Duration::from_secs(30), || async {
+        let (_, t) = service.get("/v1/tenants/b/timers/together").await;
+        (t["state"] == "Reached").then_some(t)
+    })
+    .await
+    .expect("b's timer is delivered");
+    assert_eq!(
+        (b["attempts"].as_u64(), &b["lastError"]),
+        (Some(0), &Value::Null),
+        "{b}"
+    );
+    let a = wait_for(Duration::from_secs(30), || async {
+        let (_, t) = service.get("/v1/tenants/a/timers/together").await;
+        (t["attempts"].as_u64()? >= 1).then_some(t)
+    })
+    .await
+    .expect("a's timer is retried");
+    assert_eq!(a["state"], "Scheduled", "{a}");
+    let error = a["lastError"].as_str().unwrap_or_default();
+    assert!(error.contains("routing key \"a\""), "{a}");
+    let _ = channel
+        .queue_delete(
+            queue.as_str().into(),
+            lapin::options::QueueDeleteOptions::default(),
+        )
+        .await;
+    service.terminate().await;
+    setup.clean_up().await;
 }
 
 /// A tenant id whose routing key is longer than AMQP's 255 bytes (86 dots, valid under the

@@ -344,7 +344,8 @@ async fn confirmed(confirm: lapin::PublisherConfirm) -> Result<Option<Error>> {
         Confirmation::Ack(Some(returned)) => Ok(Some(Error::unavailable(format!(
             "rabbitmq broker: no queue is bound to exchange {} for routing key {:?}; \
              the event was returned, not delivered (bind a queue, it will be retried)",
-            returned.delivery.exchange, returned.delivery.routing_key
+            returned.delivery.exchange,
+            returned.delivery.routing_key.as_str()
         )))),
         Confirmation::Nack(_) => Err(Error::unavailable(
             "rabbitmq broker: the broker nacked a publish",
