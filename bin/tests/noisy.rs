@@ -9,7 +9,7 @@
 //! The timers are kept in the memory store, so that what is measured is the service keeping
 //! tenants apart, not the disk. Abuses with brokers of their own (ids too long for a routing key,
 //! an unbound RabbitMQ queue) are in the broker tests; a bulk resume of long-paused series in
-//! `timer-core` (`resume_counts_a_long_pause_only_up_to_the_cap`).
+//! `timer-core` (`resume_stops_counting_a_long_pause_of_a_fast_series`).
 
 use std::path::Path;
 use std::sync::Arc;

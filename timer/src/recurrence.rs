@@ -38,12 +38,16 @@ pub struct Recurrence {
     pub max_occurrences: Option<u32>,
 }
 
-/// How many skipped (or missed) occurrences [`Schedule::resume`] and the policies count one by
-/// one. Each is a cron search (about a microsecond): a resume runs inside the store's write
-/// transaction, and a bulk resume of 1,000 per-second series paused for a day counted 86,400
-/// each, holding SQLite's write lock (and every fire) for minutes. Beyond this, the series goes
-/// on from the first occurrence after now, and the count says "at least".
-pub const MAX_COUNTED_SKIPS: u64 = 1_000;
+/// How many missed occurrences the policies (`catchUp`, `catchUpWindow`) look at one by one
+/// when they plan a claim, outside any transaction (a per-second series, a day: 86,400).
+pub const MAX_COUNTED_SKIPS: u64 = 100_000;
+
+/// How many skipped occurrences [`Schedule::resume`] counts one by one. Each is a cron search
+/// (about a microsecond) and a resume runs inside the store's write transaction: a bulk resume
+/// of 1,000 per-second series paused for a day counted 86,400 each, holding SQLite's write lock
+/// (and every fire) for minutes. Beyond this, the series goes on from the first occurrence after
+/// now, and the count says "at least".
+pub const MAX_RESUME_SKIPS: u64 = 1_000;
 
 /// What [`Schedule::resume`] found.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -60,7 +64,8 @@ pub struct Skipped {
     pub count: u64,
     pub first: Timestamp,
     pub last: Timestamp,
-    /// Counting stopped at [`MAX_COUNTED_SKIPS`]: there were more.
+    /// Counting stopped at [`MAX_RESUME_SKIPS`] (a resume) or [`MAX_COUNTED_SKIPS`] (a
+    /// policy): there were more.
     pub at_least: bool,
 }
 
@@ -154,7 +159,7 @@ impl Schedule {
     /// Where a paused series goes on when resumed at `now`, its next occurrence being `due`:
     /// the occurrences before `now` (from `due` on) are skipped, the series continues with the
     /// first one at or after `now` (the cadence is kept). Counting stops after
-    /// [`MAX_COUNTED_SKIPS`]; then [`Skipped::at_least`] is set.
+    /// [`MAX_RESUME_SKIPS`]; then [`Skipped::at_least`] is set.
     pub fn resume(&self, due: Timestamp, now: Timestamp) -> Resumed {
         if due >= now {
             return Resumed {
@@ -170,7 +175,7 @@ impl Schedule {
         };
         let mut next = self.find(due, false);
         while let Some(at) = next.filter(|at| *at < now) {
-            if skipped.count >= MAX_COUNTED_SKIPS {
+            if skipped.count >= MAX_RESUME_SKIPS {
                 skipped.at_least = true;
                 next = self.first(now);
                 break;
@@ -285,21 +290,6 @@ mod tests {
         assert_eq!(over.skipped.unwrap().count, 2);
     }
 
-    /// A per-second series paused for a day skipped 86,400 occurrences: the resume (inside the
-    /// store's write transaction) counts only the first MAX_COUNTED_SKIPS and says "at least",
-    /// and still goes on at the first occurrence after now.
-    #[test]
-    fn resume_counts_a_long_pause_only_up_to_the_cap() {
-        let schedule = recurrence("* * * * * *", "UTC").schedule().unwrap();
-        let due = utc("2026-11-24T10:00:00Z");
-        let resumed = schedule.resume(due, utc("2026-11-25T10:00:00.500Z"));
-        assert_eq!(resumed.next, Some(utc("2026-11-25T10:00:01Z")));
-        let skipped = resumed.skipped.unwrap();
-        assert_eq!((skipped.count, skipped.at_least), (MAX_COUNTED_SKIPS, true));
-        assert_eq!(skipped.first, due);
-        assert_eq!(skipped.last, utc("2026-11-24T10:16:39Z"), "the 1,000th");
-    }
-
     #[test]
     fn resume_stops_counting_a_long_pause_of_a_fast_series() {
         let schedule = recurrence("* * * * * *", "UTC").schedule().unwrap();
@@ -307,7 +297,10 @@ mod tests {
         let resumed = schedule.resume(due, utc("2026-11-26T00:00:00.500Z"));
         assert_eq!(resumed.next, Some(utc("2026-11-26T00:00:01Z")));
         let skipped = resumed.skipped.unwrap();
-        assert_eq!((skipped.count, skipped.at_least), (MAX_COUNTED_SKIPS, true));
+        // 172,800 skipped; a resume (inside the store's write transaction) counts 1,000.
+        assert_eq!((skipped.count, skipped.at_least), (MAX_RESUME_SKIPS, true));
+        assert_eq!(skipped.first, due);
+        assert_eq!(skipped.last, utc("2026-11-24T00:16:39Z"), "the 1,000th");
     }
 
     fn at(tz: Tz, y: i32, mo: u32, d: u32, h: u32, mi: u32, s: u32) -> Timestamp {

@@ -33,7 +33,8 @@ pub struct KafkaConfig {
     /// Bind each command to the tenant of its record key: the key is the tenant id, and a
     /// command naming another `tenantId` (or without a key) is refused (`invalid_id`, a dead
     /// letter). Producers key commands by tenant anyway (it keeps a tenant's commands in
-    /// order); with it, a gateway or ACL that fixes the key fixes the tenant. `false`: the
+    /// order); with it, a gateway that fixes the key fixes the tenant (Kafka's ACLs cannot).
+    /// `false`: the
     /// tenant is the command's `tenantId`, whatever the key.
     pub bind_tenant: bool,
     /// Partitions of the topics the service creates. At least 1.

@@ -60,7 +60,7 @@ impl Default for RabbitmqConfig {
             events_exchange: "timer.events".into(),
             dead_letter_exchange: "timer.dead-letters".into(),
             dead_letter_queue: "timer.dead-letters".into(),
-            prefetch: 1_000,
+            prefetch: 20_000,
             connect_timeout: Duration::from_secs(5),
             bind_tenant: false,
         }

@@ -197,6 +197,6 @@ impl Engine {
     }
 }
 
-fn rejected(reason: Reason) {
+pub(super) fn rejected(reason: Reason) {
     ::metrics::counter!(metric::COMMANDS_REJECTED, "reason" => reason.as_str()).increment(1);
 }

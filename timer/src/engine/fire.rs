@@ -165,22 +165,18 @@ impl Engine {
                         *slot = Some(error.chain());
                     }
                 }
-                let mut delivered = (Vec::new(), Vec::new(), Vec::new());
+                let mut delivered = Delivered::default();
                 let mut failed = Vec::new();
                 let batch = claimed.into_iter().zip(fires).zip(as_fired).zip(events);
-                for ((((t, fire), as_fired), event), refusal) in batch.zip(refused) {
+                for ((((claim, fire), as_fired), event), refusal) in batch.zip(refused) {
                     match refusal {
-                        None => {
-                            delivered.0.push((t, fire));
-                            delivered.1.push(as_fired);
-                            delivered.2.push(event);
-                        }
-                        Some(error) => failed.push((t, error)),
+                        None => delivered.push(claim, fire, as_fired, event),
+                        Some(error) => failed.push((claim, error)),
                     }
                 }
-                let (fired, as_fired, events) = delivered;
-                self.announce(&as_fired, events, reached_at);
-                let settlements = fired
+                self.announce(&delivered.as_fired, delivered.events, reached_at);
+                let settlements = delivered
+                    .fired
                     .into_iter()
                     .map(|(t, fire)| {
                         let settlement = policy::fired(&t, &fire, reached_at, &inner.owner);
@@ -243,6 +239,29 @@ impl Engine {
                 humantime::format_duration(deadline)
             ))),
         }
+    }
+}
+
+/// The part of a published batch the broker confirmed: each claim with its fire, as its event
+/// describes it, and the event.
+#[derive(Default)]
+struct Delivered {
+    fired: Vec<(ClaimedTimer, Fire)>,
+    as_fired: Vec<ClaimedTimer>,
+    events: Vec<OutboundEvent>,
+}
+
+impl Delivered {
+    fn push(
+        &mut self,
+        claim: ClaimedTimer,
+        fire: Fire,
+        as_fired: ClaimedTimer,
+        event: OutboundEvent,
+    ) {
+        self.fired.push((claim, fire));
+        self.as_fired.push(as_fired);
+        self.events.push(event);
     }
 }
 

@@ -48,16 +48,8 @@ struct Admitted {
 impl Admitted {
     /// The tenant of a command that was decoded.
     fn tenant(&self) -> Option<&str> {
-        match &self.command {
-            Ok(Command::Schedule(timer)) => Some(&timer.key.tenant_id),
-            Ok(
-                Command::Cancel(key)
-                | Command::Pause(key)
-                | Command::Resume(key)
-                | Command::Complete(key, _),
-            ) => Some(&key.tenant_id),
-            Err(_) => None,
-        }
+        let command = self.command.as_ref().ok()?;
+        Some(&command.key().tenant_id)
     }
 }
 
@@ -67,16 +59,11 @@ fn bound_to(delivery: &Delivery, command: Command) -> Result<Command, Rejection>
     let Some(bound) = &delivery.tenant else {
         return Ok(command);
     };
-    let named = match &command {
-        Command::Schedule(timer) => &timer.key.tenant_id,
-        Command::Cancel(key)
-        | Command::Pause(key)
-        | Command::Resume(key)
-        | Command::Complete(key, _) => &key.tenant_id,
-    };
+    let named = &command.key().tenant_id;
     if named == bound {
         return Ok(command);
     }
+    super::admit::rejected(Reason::InvalidId);
     Err(Rejection::new(
         Reason::InvalidId,
         Some("tenantId"),
@@ -139,6 +126,7 @@ impl Engine {
                     .and_then(|tenant| self.over_held_share(&held, tenant))
                 {
                     // Refused: a dead letter, acknowledged in its turn.
+                    super::admit::rejected(refusal.reason);
                     admitted.command = Err(refusal);
                     ready.push(admitted);
                     continue;
@@ -214,6 +202,7 @@ impl Engine {
                 Command::Pause(_) | Command::Resume(_) | Command::Complete(..)
                     if self.inner.store.control().is_none() =>
                 {
+                    super::admit::rejected(Reason::NotAcceptedHere);
                     Err(Rejection::new(
                         Reason::NotAcceptedHere,
                         Some("type"),

@@ -15,7 +15,7 @@
 //! - [`retry`]: the backoff and the retry loop every task uses;
 //! - `purge`: deleting finished timers after `engine.retention`;
 //! - `supervise`: starting a task that panicked again, and reporting it down meanwhile;
-//! - `watch`: the events this instance fired, for watchers (the HTTP event stream), each
+//! - `watchers`: the events this instance fired, for watchers (the HTTP event stream), each
 //!   filtered and bounded on its own;
 //! - `control`: pause, resume and cancel (one timer, or page by page over a filter), a manual
 //!   trigger, and a timer's history;
@@ -34,12 +34,12 @@ pub mod retry;
 mod settle;
 mod supervise;
 mod throttle;
-mod watch;
+mod watchers;
 
 use std::sync::atomic::{AtomicBool, AtomicI64};
 use std::sync::{Arc, Mutex};
 
-use tokio::sync::Notify;
+use tokio::sync::{watch, Notify};
 use tokio_util::sync::CancellationToken;
 use tracing::{error, warn};
 
@@ -54,7 +54,7 @@ pub use owners::TAKE_OVER_EVERY;
 pub use recent::{LastMinute, MinuteFires};
 pub use retry::backoff;
 pub use throttle::{Rate, Throttled};
-pub use watch::{Shows, Subscription};
+pub use watchers::{Shows, Subscription};
 
 /// Metric names, as before the split (`timer_core::engine::metric::TIMERS_FIRED`).
 pub use self::metrics as metric;
@@ -84,7 +84,7 @@ struct Inner {
     /// When the firing task plans to look next (ms); `i64::MAX` while it is busy or planning,
     /// so every schedule wakes it then (a stored permit makes it plan again at once).
     planned: AtomicI64,
-    fired: watch::Watchers,
+    fired: watchers::Watchers,
     /// Single schedules waiting to be written together ([`group_commit`]).
     queue: Mutex<Vec<group_commit::Waiting>>,
     /// Whether a flush task is writing `queue`.
@@ -95,7 +95,7 @@ struct Inner {
     throttle: throttle::Throttle,
     /// While this instance is a member of the store's live instances: the fence cancelled when
     /// it stops being one ([`owners`]). Always set for a store without that ability.
-    member: tokio::sync::watch::Sender<Option<CancellationToken>>,
+    member: watch::Sender<Option<CancellationToken>>,
     /// A membership joined before the tasks started ([`Engine::join`]), and again at
     /// shutdown until it is left.
     joined: Mutex<Option<Box<dyn Membership>>>,
@@ -126,9 +126,8 @@ impl Engine {
         }
         let throttle = throttle::Throttle::new(&limits.rate, clock.clone());
         // Without lease owners in the store, one membership for the engine's life.
-        let member = tokio::sync::watch::Sender::new(
-            store.lease_owners().is_none().then(CancellationToken::new),
-        );
+        let member =
+            watch::Sender::new(store.lease_owners().is_none().then(CancellationToken::new));
         Engine {
             inner: Arc::new(Inner {
                 store,
@@ -139,7 +138,7 @@ impl Engine {
                 owner,
                 wake: Notify::new(),
                 planned: AtomicI64::new(i64::MAX),
-                fired: watch::Watchers::default(),
+                fired: watchers::Watchers::default(),
                 queue: Mutex::new(Vec::new()),
                 flushing: AtomicBool::new(false),
                 recent: recent::RecentFires::default(),

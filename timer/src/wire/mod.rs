@@ -154,6 +154,19 @@ pub enum Command {
     Complete(TimerKey, Completion),
 }
 
+impl Command {
+    /// The timer the command is about.
+    pub fn key(&self) -> &TimerKey {
+        match self {
+            Command::Schedule(timer) => &timer.key,
+            Command::Cancel(key)
+            | Command::Pause(key)
+            | Command::Resume(key)
+            | Command::Complete(key, _) => key,
+        }
+    }
+}
+
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct WireCommand<'a> {
