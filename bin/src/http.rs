@@ -752,3 +752,6 @@ pub async fn pending_gauge(engine: Engine, shutdown: CancellationToken) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

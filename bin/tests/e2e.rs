@@ -2,6 +2,8 @@
 //! API. Support code lives in `timer_conformance::e2e`.
 
 use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -13,6 +15,7 @@ use timer_conformance::e2e::{
 use timer_conformance::wait_for;
 use timer_core::{Store, TimerKey};
 use timer_stores::sqlite::{SqliteConfig, SqliteStore};
+use tokio_util::sync::CancellationToken;
 
 const BIN: &str = env!("CARGO_BIN_EXE_timer-service");
 
@@ -1621,6 +1624,136 @@ async fn bulk_pause_of_100k_timers_goes_in_pages_and_none_fires() {
         (status, v["error"]["reason"].as_str()),
         (400, Some("invalid_json")),
         "{v}"
+    );
+    service.terminate().await;
+}
+
+/// A bulk resume of 1,000 per-second series paused for a day: each skipped 86,340 occurrences,
+/// and counting them one by one inside the store's write transaction held SQLite's write lock,
+/// and every other tenant's schedules and fires, for minutes. A resume counts skips only up to
+/// 100 (`atLeast`), so it takes moments, and another tenant's timers, scheduled over HTTP
+/// meanwhile, fire on time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bulk_resume_of_long_paused_series_does_not_stall_the_others() {
+    const SERIES: usize = 1_000;
+    const DAY_MS: i64 = 86_400_000;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let service = Service::start(Path::new(BIN), dir.path(), &embedded(dir.path(), &[])).await;
+    let steady_events = service.events_at("/v1/events?tenant=steady", None).await;
+    let series: Vec<Value> = (0..SERIES)
+        .map(|i| json!({"tenantId": "noisy", "serviceCallId": format!("s{i:04}"), "cron": "* * * * * *"}))
+        .collect();
+    let (status, v) = service
+        .post(
+            "/v1/timers/batch",
+            json!({ "commands": series }).to_string(),
+        )
+        .await;
+    assert_eq!(status, 200, "{v}");
+    let pause = json!({"action": "pause", "filter": {}});
+    let (_, v) = service
+        .post("/v1/tenants/noisy/timers/bulk", pause.to_string())
+        .await;
+    assert_eq!(v["changed"], SERIES, "{v}");
+    // As if paused a day ago, and ended a minute ago: a resume skips every occurrence since.
+    let db = dir.path().join("timers.db");
+    let pool =
+        sqlx::SqlitePool::connect_with(sqlx::sqlite::SqliteConnectOptions::new().filename(&db))
+            .await
+            .expect("open the database beside the service");
+    let now = now_ms();
+    sqlx::query(
+        "UPDATE timers SET due_at = due_at - ?1, available_at = due_at - ?1, \
+         recurrence = json_set(recurrence, '$.endAt', ?2) WHERE tenant_id = 'noisy'",
+    )
+    .bind(DAY_MS)
+    .bind(now - 60_000)
+    .execute(&pool)
+    .await
+    .expect("move the series back a day");
+    pool.close().await;
+
+    let stop = CancellationToken::new();
+    let sending = Arc::new(AtomicUsize::new(0));
+    let steady = {
+        let stop = stop.clone();
+        let sending = sending.clone();
+        let base = service.base.clone();
+        let http = service.http.clone();
+        tokio::spawn(async move {
+            let mut sent = 0usize;
+            let mut tick = tokio::time::interval(Duration::from_millis(50));
+            while !stop.is_cancelled() {
+                tick.tick().await;
+                let body = command("steady", &format!("s{sent:04}"), now_ms() + 300);
+                let answer = http
+                    .post(format!("{base}/v1/timers"))
+                    .header("content-type", "application/json")
+                    .body(body)
+                    .send()
+                    .await
+                    .expect("schedule");
+                assert_eq!(answer.status().as_u16(), 201);
+                sent += 1;
+                sending.store(sent, Ordering::SeqCst);
+            }
+            sent
+        })
+    };
+    let started = std::time::Instant::now();
+    let resume = json!({"action": "resume", "filter": {}});
+    let (status, v) = service
+        .post("/v1/tenants/noisy/timers/bulk", resume.to_string())
+        .await;
+    let took = started.elapsed();
+    assert_eq!((status, &v["changed"]), (200, &json!(SERIES)), "{v}");
+    // Ten more steady timers after the resume.
+    let after = sending.load(Ordering::SeqCst) + 10;
+    wait_for(Duration::from_secs(30), || async {
+        (sending.load(Ordering::SeqCst) >= after).then_some(())
+    })
+    .await
+    .expect("the steady tenant goes on sending");
+    stop.cancel();
+    let sent = steady.await.expect("the steady tenant");
+    let received = steady_events
+        .wait(sent, Duration::from_secs(30))
+        .await
+        .unwrap_or_else(|| {
+            service.fail(format_args!(
+                "{} of {sent} steady timers fired",
+                steady_events.len()
+            ))
+        });
+    let lateness: Vec<i64> = received
+        .iter()
+        .map(|r| r.at_ms - due_ms(&r.envelope))
+        .collect();
+    let (p50, p99, max) = percentiles(lateness);
+    eprintln!(
+        "bulk resume of {SERIES} series paused a day: {} ms; steady tenant ({sent} timers) \
+         lateness at its reader p50 {p50} ms, p99 {p99} ms, max {max} ms",
+        took.as_millis()
+    );
+    assert!(
+        p99 <= 2_000,
+        "the steady tenant's timers fire on time: p99 {p99} ms"
+    );
+    let (_, series) = service.get("/v1/tenants/noisy/timers/s0000").await;
+    assert_eq!(
+        series["state"], "Reached",
+        "ended during the pause: {series}"
+    );
+    let (_, history) = service.get("/v1/tenants/noisy/timers/s0000/history").await;
+    let skipped = history["history"]
+        .as_array()
+        .and_then(|e| e.iter().find(|e| e["type"] == "skipped"))
+        .cloned()
+        .unwrap_or_else(|| panic!("a skipped entry: {history}"));
+    assert_eq!(
+        (&skipped["count"], &skipped["atLeast"]),
+        (&json!(100), &json!(true)),
+        "{skipped}"
     );
     service.terminate().await;
 }

@@ -1,0 +1,130 @@
+//! `/readyz` as the router answers it, on an engine whose firing task panics once.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use axum::body::Body;
+use axum::http::Request;
+use serde_json::Value;
+use timer_brokers::memory::{MemoryBroker, MemoryConfig, MemoryHub};
+use timer_core::{
+    decode_schedule, Broker, Delivery, Engine, EngineConfig, Limits, OutboundEvent, Result,
+    SystemClock, Timestamp, Undelivered,
+};
+use timer_stores::memory::MemoryStore;
+use tokio_util::sync::CancellationToken;
+use tower::ServiceExt as _;
+
+use super::{router, AppState, EventStreams, READY_MAX_AGE};
+
+/// The memory broker, but its first publish panics (as an SDK that panics on input it should
+/// have refused).
+struct PanicsOnce {
+    inner: MemoryBroker,
+    panicked: AtomicBool,
+}
+
+#[async_trait]
+impl Broker for PanicsOnce {
+    fn name(&self) -> &'static str {
+        "memory"
+    }
+    async fn receive(&self, max: usize, wait: Duration) -> Result<Vec<Delivery>> {
+        self.inner.receive(max, wait).await
+    }
+    async fn ack(&self, tags: &[u64]) -> Result<()> {
+        self.inner.ack(tags).await
+    }
+    async fn publish(&self, events: &[OutboundEvent]) -> Result<Vec<Undelivered>> {
+        if !self.panicked.swap(true, Ordering::SeqCst) {
+            panic!("injected publish panic");
+        }
+        self.inner.publish(events).await
+    }
+    async fn dead_letter(&self, body: &[u8], reason: &str) -> Result<()> {
+        self.inner.dead_letter(body, reason).await
+    }
+    async fn health(&self) -> Result<()> {
+        self.inner.health().await
+    }
+}
+
+async fn readyz(app: &axum::Router) -> (u16, Value) {
+    let request = Request::get("/readyz")
+        .body(Body::empty())
+        .expect("a request");
+    let response = app.clone().oneshot(request).await.expect("an answer");
+    let status = response.status().as_u16();
+    let body = axum::body::to_bytes(response.into_body(), 1 << 20)
+        .await
+        .expect("the body");
+    (status, serde_json::from_slice(&body).expect("JSON"))
+}
+
+/// While the firing task that panicked waits out its restart backoff, `/readyz` answers 503 with
+/// the engine `unavailable` (and no error text); once it runs again, 200.
+#[tokio::test]
+async fn readyz_is_503_while_an_engine_task_is_down() {
+    let config = crate::config::load(&figment::Figment::new()).expect("the defaults load");
+    let hub = MemoryHub::new(MemoryConfig::default());
+    let broker = PanicsOnce {
+        inner: hub.connect(),
+        panicked: AtomicBool::new(false),
+    };
+    let engine = Engine::new(
+        Arc::new(MemoryStore::new()),
+        Arc::new(broker),
+        Arc::new(SystemClock),
+        EngineConfig {
+            // Long enough to see the task down, short enough for a test.
+            retry_base: Duration::from_secs(2),
+            ..EngineConfig::default()
+        },
+        Limits::default(),
+    );
+    let shutdown = CancellationToken::new();
+    let task = engine.start(shutdown.clone());
+    let state = AppState {
+        engine: engine.clone(),
+        metrics: None,
+        memory_hub: Some(hub),
+        shutdown: shutdown.clone(),
+        counts: crate::counted::Counts::new(config.http.counts_max_age),
+        auth: None,
+        ready: crate::counted::Cached::new("readiness", READY_MAX_AGE),
+        streams: EventStreams::new(&config.http),
+    };
+    let app = router(state, &config);
+    let (status, ready) = readyz(&app).await;
+    assert_eq!(
+        (status, &ready["engine"]["status"]),
+        (200, &Value::from("ok"))
+    );
+
+    let now = Timestamp::from_millis(chrono::Utc::now().timestamp_millis());
+    let body = format!(
+        r#"{{"tenantId":"t","serviceCallId":"panics","dueTimeMs":{}}}"#,
+        now.as_millis()
+    );
+    let timer = decode_schedule(body.as_bytes(), &Limits::default(), now).expect("valid");
+    engine.schedule(&[timer]).await.expect("schedule");
+    let down = timer_conformance::wait_for(Duration::from_secs(10), || async {
+        let (status, ready) = readyz(&app).await;
+        (status == 503).then_some(ready)
+    })
+    .await
+    .expect("/readyz answers 503 while the firing task is down");
+    assert_eq!(down["engine"]["status"], "unavailable", "{down}");
+    assert_eq!(down["store"]["status"], "ok", "{down}");
+    assert_eq!(down["broker"]["status"], "ok", "{down}");
+    let up = timer_conformance::wait_for(Duration::from_secs(10), || async {
+        let (status, _) = readyz(&app).await;
+        (status == 200).then_some(())
+    })
+    .await;
+    assert!(up.is_some(), "200 again once the task was restarted");
+    shutdown.cancel();
+    let _ = tokio::time::timeout(Duration::from_secs(10), task).await;
+}
