@@ -9,8 +9,8 @@ use std::time::Duration;
 use futures::StreamExt;
 use serde_json::{json, Value};
 use timer_conformance::e2e::{
-    assert_reached, count_by_key, drained, due_ms, freeze_holding_leases, lateness_ms, now_ms,
-    percentiles, recovered_after, run_to_end, schedule as command, Service,
+    assert_reached, count_by_key, drained, due_ms, freeze_holding_leases, lateness_at_reader,
+    lateness_ms, now_ms, percentiles, recovered_after, run_to_end, schedule as command, Service,
 };
 use timer_conformance::wait_for;
 use timer_core::{Store, TimerKey};
@@ -1725,11 +1725,7 @@ async fn a_bulk_resume_of_long_paused_series_does_not_stall_the_others() {
                 steady_events.len()
             ))
         });
-    let lateness: Vec<i64> = received
-        .iter()
-        .map(|r| r.at_ms - due_ms(&r.envelope))
-        .collect();
-    let (p50, p99, max) = percentiles(lateness);
+    let (p50, p99, max) = lateness_at_reader(&received);
     eprintln!(
         "bulk resume of {SERIES} series paused a day: {} ms; steady tenant ({sent} timers) \
          lateness at its reader p50 {p50} ms, p99 {p99} ms, max {max} ms",

@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use serde_json::{json, Value};
-use timer_conformance::e2e::{due_ms, now_ms, percentiles, schedule, timer_of, Service};
+use timer_conformance::e2e::{lateness_at_reader, now_ms, schedule, timer_of, Service};
 use timer_conformance::wait_for;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -87,11 +87,7 @@ async fn a_noisy_tenant_neither_stops_nor_starves_the_others() {
         received.iter().map(|r| timer_of(&r.envelope)).collect();
     let lost: Vec<&String> = sent.iter().filter(|id| !fired.contains(*id)).collect();
     assert!(lost.is_empty(), "steady timers that never fired: {lost:?}");
-    let lateness: Vec<i64> = received
-        .iter()
-        .map(|r| r.at_ms - due_ms(&r.envelope))
-        .collect();
-    let (p50, p99, max) = percentiles(lateness);
+    let (p50, p99, max) = lateness_at_reader(&received);
     eprintln!(
         "steady tenant: {} timers, lateness at its reader p50 {p50} ms, p99 {p99} ms, max {max} ms",
         sent.len()

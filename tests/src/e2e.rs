@@ -401,6 +401,17 @@ pub fn count_by_key(events: &[Received]) -> HashMap<String, usize> {
     counts
 }
 
+/// p50/p99/max of how late events reached their reader: receive time − `payload.dueAt`, ms
+/// (what a consumer sees, publish and delivery included).
+pub fn lateness_at_reader(received: &[Received]) -> (i64, i64, i64) {
+    percentiles(
+        received
+            .iter()
+            .map(|r| r.at_ms - due_ms(&r.envelope))
+            .collect(),
+    )
+}
+
 /// p50/p99/max of a list of millisecond figures.
 pub fn percentiles(mut values: Vec<i64>) -> (i64, i64, i64) {
     if values.is_empty() {

@@ -93,12 +93,7 @@ async fn a_tenant_without_a_bound_queue_does_not_hold_back_the_others(case: Arc<
         (Some(0), &Value::Null),
         "{b}"
     );
-    let a = wait_for(Duration::from_secs(30), || async {
-        let (_, t) = service.get("/v1/tenants/a/timers/together").await;
-        (t["attempts"].as_u64()? >= 1).then_some(t)
-    })
-    .await
-    .expect("a's timer is retried");
+    let a = retried(&service, "/v1/tenants/a/timers/together").await;
     assert_eq!(a["state"], "Scheduled", "{a}");
     let error = a["lastError"].as_str().unwrap_or_default();
     assert!(error.contains("routing key \"a\""), "{a}");
@@ -204,6 +199,16 @@ async fn a_tenant_too_long_for_a_routing_key_is_refused_and_nothing_stops_firing
     setup.clean_up().await;
 }
 
+/// The timer at `path` once a failed publish was recorded (`attempts` at least 1).
+async fn retried(service: &timer_conformance::e2e::Service, path: &str) -> Value {
+    wait_for(Duration::from_secs(30), || async {
+        let (_, t) = service.get(path).await;
+        (t["attempts"].as_u64()? >= 1).then_some(t)
+    })
+    .await
+    .unwrap_or_else(|| panic!("{path}: a failed publish recorded"))
+}
+
 async fn an_unroutable_event_is_retried_not_lost(case: Arc<BrokerCase>) {
     let setup = Setup::with_engine(
         &case,
@@ -215,12 +220,7 @@ async fn an_unroutable_event_is_retried_not_lost(case: Arc<BrokerCase>) {
         .await;
     assert_eq!(status, 201, "{v}");
     // No queue is bound to the events exchange: RabbitMQ returns the event, the timer stays.
-    let failing = wait_for(Duration::from_secs(30), || async {
-        let (_, t) = service.get("/v1/tenants/t/timers/nobody-listens").await;
-        (t["attempts"].as_u64()? >= 1).then_some(t)
-    })
-    .await
-    .expect("publish attempts recorded");
+    let failing = retried(&service, "/v1/tenants/t/timers/nobody-listens").await;
     assert_eq!(failing["state"], "Scheduled", "{failing}");
     assert!(
         failing["lastError"]
