@@ -461,11 +461,12 @@ impl Jwt {
         };
         let scopes: BTreeSet<Scope> = words.into_iter().filter_map(Scope::parse).collect();
         let subject = claims.get("sub").and_then(|s| s.as_str()).unwrap_or("");
-        // `exp` is required and was checked: a number of seconds since the epoch.
+        // `exp` is required and was checked: a number of seconds since the epoch (one too far
+        // for the system clock counts as never).
         let expires_at = claims
             .get("exp")
             .and_then(serde_json::Value::as_u64)
-            .map(|exp| std::time::UNIX_EPOCH + std::time::Duration::from_secs(exp));
+            .and_then(|exp| std::time::UNIX_EPOCH.checked_add(std::time::Duration::from_secs(exp)));
         Ok(Principal {
             name: format!("jwt:{subject}").into(),
             tenants,

@@ -560,11 +560,11 @@ async fn events(
         return response;
     };
     // Until its credential expires (a JWT's exp): it was checked once, when the stream began.
-    let expires = caller.expires_at.map(|at| {
+    let expires = caller.expires_at.and_then(|at| {
         let left = at
             .duration_since(std::time::SystemTime::now())
             .unwrap_or_default();
-        tokio::time::Instant::now() + left
+        tokio::time::Instant::now().checked_add(left)
     });
     let shows = move |tenant: &str| {
         query.tenant.as_deref().is_none_or(|t| t == tenant) && caller.may_use(tenant)

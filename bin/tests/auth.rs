@@ -908,3 +908,43 @@ async fn hash_token_prints_the_sha256_a_key_entry_holds() {
     assert_eq!(given.code, Some(0), "{}", given.stderr);
     assert_eq!(given.stdout.trim(), sha256(TEAM_A));
 }
+
+/// An event stream ends when the JWT that opened it expires (it was checked once, when the
+/// stream began); one whose `exp` is too far for the clock to hold just stays open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_stream_ends_when_its_jwt_expires() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let service = start(dir.path(), jwt_settings()).await;
+    let now = now_ms() / 1000;
+    let open = |token: String| {
+        let request = service
+            .http
+            .get(format!("{}/v1/events", service.base))
+            .bearer_auth(token);
+        async move {
+            let response = request.send().await.expect("open the event stream");
+            assert_eq!(response.status(), 200);
+            response
+        }
+    };
+    let soon = open(jwt(&claims(json!({"exp": now + 2})), JWT_SECRET)).await;
+    let never = open(jwt(&claims(json!({"exp": u64::MAX / 2})), JWT_SECRET)).await;
+    let ended = tokio::time::timeout(Duration::from_secs(20), soon.bytes()).await;
+    assert!(
+        ended.is_ok_and(|body| body.is_ok()),
+        "the stream of the expiring JWT ended"
+    );
+    let mut stream = never.bytes_stream();
+    let still = tokio::time::timeout(
+        Duration::from_millis(500),
+        futures::StreamExt::next(&mut stream),
+    )
+    .await;
+    assert!(
+        still.is_err() || still.is_ok_and(|item| item.is_some()),
+        "the other stream is still open"
+    );
+    let (status, _) = service.get("/healthz").await;
+    assert_eq!(status, 200, "the service did not fall over a far exp");
+    service.terminate().await;
+}
