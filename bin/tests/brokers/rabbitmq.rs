@@ -45,12 +45,7 @@ async fn a_tenant_without_a_bound_queue_does_not_hold_back_the_others(case: Arc<
     use lapin::types::FieldTable;
     let setup = Setup::with_engine(&case, json!({ "retry_base": "1s", "retry_max": "2s" }));
     let service = setup.start().await; // declares the events exchange
-    let config: &RabbitmqConfig = setup
-        .broker
-        .config
-        .as_any()
-        .downcast_ref()
-        .expect("a rabbitmq config");
+    let config = rabbitmq_config(&setup);
     let connection =
         lapin::Connection::connect(&config.url, lapin::ConnectionProperties::default())
             .await
@@ -199,6 +194,16 @@ async fn a_tenant_too_long_for_a_routing_key_is_refused_and_nothing_stops_firing
     setup.clean_up().await;
 }
 
+/// The `[broker]` config of a RabbitMQ scenario.
+fn rabbitmq_config(setup: &Setup) -> &RabbitmqConfig {
+    setup
+        .broker
+        .config
+        .as_any()
+        .downcast_ref()
+        .expect("a rabbitmq config")
+}
+
 /// The timer at `path` once a failed publish was recorded (`attempts` at least 1).
 async fn retried(service: &timer_conformance::e2e::Service, path: &str) -> Value {
     wait_for(Duration::from_secs(30), || async {
@@ -231,12 +236,7 @@ async fn an_unroutable_event_is_retried_not_lost(case: Arc<BrokerCase>) {
     );
     // Once a queue is bound (the test client binds its sink), the retry delivers it.
     let client = setup.client().await;
-    let config: &RabbitmqConfig = setup
-        .broker
-        .config
-        .as_any()
-        .downcast_ref()
-        .expect("a rabbitmq config");
+    let config = rabbitmq_config(&setup);
     let reader = client
         .as_any()
         .downcast_ref::<RabbitmqTestClient>()

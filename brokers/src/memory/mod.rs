@@ -112,18 +112,7 @@ struct InFlight {
 impl HubState {
     /// Puts unacknowledged deliveries that match back at the front of the queue.
     fn requeue(&mut self, pred: impl Fn(&InFlight) -> bool) -> usize {
-        let mut back: Vec<(u64, InFlight)> = Vec::new();
-        let tags: Vec<u64> = self
-            .in_flight
-            .iter()
-            .filter(|(_, f)| pred(f))
-            .map(|(tag, _)| *tag)
-            .collect();
-        for tag in tags {
-            if let Some(f) = self.in_flight.remove(&tag) {
-                back.push((tag, f));
-            }
-        }
+        let mut back: Vec<(u64, InFlight)> = self.in_flight.extract_if(|_, f| pred(f)).collect();
         // Older deliveries (lower tags) go first.
         back.sort_by_key(|(tag, _)| std::cmp::Reverse(*tag));
         let n = back.len();

@@ -63,22 +63,14 @@ impl Engine {
             .inner
             .throttle
             .take_all(timers.iter().map(|t| t.key.tenant_id.as_str()));
-        if taken.is_err() {
-            ::metrics::counter!(metric::COMMANDS_THROTTLED, "path" => "http")
-                .increment(timers.len() as u64);
-        }
-        taken
+        throttled_http(taken, timers.len())
     }
 
     /// Takes one from `tenant`'s allowance of schedules for an action that fires as a schedule
     /// would (a manual trigger, a retry of a Failed timer), for the HTTP API; `Err` (counted as
     /// [`within_rate`](Self::within_rate) counts) when the tenant is over its rate.
     pub fn within_rate_of(&self, tenant: &str) -> Result<(), super::Throttled> {
-        let taken = self.inner.throttle.take(tenant, 1);
-        if taken.is_err() {
-            ::metrics::counter!(metric::COMMANDS_THROTTLED, "path" => "http").increment(1);
-        }
-        taken
+        throttled_http(self.inner.throttle.take(tenant, 1), 1)
     }
 
     fn counted<T>(&self, decoded: Result<T, Rejection>) -> Result<T, Rejection> {
@@ -138,8 +130,8 @@ impl Engine {
 
     /// Which timers `limits.max_pending_per_tenant` refuses: new timers of a tenant that has
     /// that many Scheduled or Paused ones (counting this batch). A timer that already exists as
-    /// Scheduled or Paused is a reschedule and always allowed. Instances check independently, so several of them
-    /// together may overshoot by up to one batch each.
+    /// Scheduled or Paused is a reschedule and always allowed. Instances check independently, so
+    /// several of them together may overshoot by up to one batch each.
     async fn over_tenant_limit(&self, timers: &[NewTimer]) -> Result<Vec<Option<Rejection>>> {
         let inner = &self.inner;
         let limit = inner.limits.max_pending_per_tenant;
@@ -195,6 +187,15 @@ impl Engine {
         ::metrics::counter!(metric::CANCELS_PROCESSED, "outcome" => label).increment(1);
         Ok(outcome)
     }
+}
+
+/// `taken`, counting its `n` schedules in `timer.commands.throttled` (`path="http"`) when
+/// they were over the rate.
+fn throttled_http(taken: Result<(), super::Throttled>, n: usize) -> Result<(), super::Throttled> {
+    if taken.is_err() {
+        ::metrics::counter!(metric::COMMANDS_THROTTLED, "path" => "http").increment(n as u64);
+    }
+    taken
 }
 
 pub(super) fn rejected(reason: Reason) {

@@ -63,7 +63,6 @@ fn bound_to(delivery: &Delivery, command: Command) -> Result<Command, Rejection>
     if named == bound {
         return Ok(command);
     }
-    super::admit::rejected(Reason::InvalidId);
     Err(Rejection::new(
         Reason::InvalidId,
         Some("tenantId"),
@@ -193,29 +192,34 @@ impl Engine {
         }
     }
 
-    /// Decodes a delivery; a `PauseTimer` or `ResumeTimer` is refused when the store cannot do
-    /// it.
+    /// Decodes a delivery (counted by `admit`), then refuses (and counts) a `PauseTimer`,
+    /// `ResumeTimer` or `TimerCompleted` the store cannot do, and a command for another tenant
+    /// than the broker binds the delivery to.
     fn admitted(&self, delivery: Delivery) -> Admitted {
-        let command = self
-            .admit(&delivery.body)
-            .and_then(|command| match command {
-                Command::Pause(_) | Command::Resume(_) | Command::Complete(..)
-                    if self.inner.store.control().is_none() =>
-                {
-                    super::admit::rejected(Reason::NotAcceptedHere);
-                    Err(Rejection::new(
-                        Reason::NotAcceptedHere,
-                        Some("type"),
-                        format!(
-                            "the {} store cannot pause, resume or complete timers",
-                            self.inner.store.name()
-                        ),
-                    ))
-                }
-                command => Ok(command),
-            })
-            .and_then(|command| bound_to(&delivery, command));
+        let command = self.admit(&delivery.body).and_then(|command| {
+            self.accepted_here(&delivery, command)
+                .inspect_err(|refused| super::admit::rejected(refused.reason))
+        });
         Admitted { delivery, command }
+    }
+
+    /// The refusals of a decoded command that only the broker path makes.
+    fn accepted_here(&self, delivery: &Delivery, command: Command) -> Result<Command, Rejection> {
+        if matches!(
+            command,
+            Command::Pause(_) | Command::Resume(_) | Command::Complete(..)
+        ) && self.inner.store.control().is_none()
+        {
+            return Err(Rejection::new(
+                Reason::NotAcceptedHere,
+                Some("type"),
+                format!(
+                    "the {} store cannot pause, resume or complete timers",
+                    self.inner.store.name()
+                ),
+            ));
+        }
+        bound_to(delivery, command)
     }
 
     /// Applies commands in their order and acknowledges them.

@@ -232,19 +232,13 @@ impl Engine {
         })
     }
 
-    /// A store call of a task that does not retry it, bounded by `engine.store_timeout` (see
-    /// [`retry::Retry::timeout`]).
+    /// A store call of a task that does not retry it, bounded by `engine.store_timeout`
+    /// ([`retry::within_store_timeout`]).
     async fn bounded<T>(
         &self,
         call: impl std::future::Future<Output = crate::error::Result<T>>,
     ) -> crate::error::Result<T> {
-        let limit = self.inner.config.store_timeout;
-        tokio::time::timeout(limit, call).await.unwrap_or_else(|_| {
-            Err(crate::error::Error::unavailable(format!(
-                "store: no answer within {} (engine.store_timeout)",
-                humantime::format_duration(limit)
-            )))
-        })
+        retry::within_store_timeout(self.inner.config.store_timeout, call).await
     }
 
     /// How a task of this engine retries on the store.

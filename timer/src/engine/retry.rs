@@ -30,6 +30,21 @@ pub(super) fn jittered(delay: Duration, percent: u32) -> Duration {
     Duration::from_millis(u64::try_from(ms).unwrap_or(u64::MAX))
 }
 
+/// `call`, or an `Unavailable` error when the store gives no answer within `limit`
+/// (`engine.store_timeout`): a connection that hangs without a reset would otherwise hold the
+/// task until the OS gives up on it, for many minutes.
+pub(super) async fn within_store_timeout<T>(
+    limit: Duration,
+    call: impl Future<Output = Result<T>>,
+) -> Result<T> {
+    tokio::time::timeout(limit, call).await.unwrap_or_else(|_| {
+        Err(Error::unavailable(format!(
+            "store: no answer within {} (engine.store_timeout)",
+            humantime::format_duration(limit)
+        )))
+    })
+}
+
 /// Waits `d` unless shutdown comes first; false when shutting down.
 pub(super) async fn pause(shutdown: &CancellationToken, d: Duration) -> bool {
     tokio::select! {
@@ -52,9 +67,9 @@ pub(super) struct Retry<'a> {
     /// plugin would answer the same way again); an unreachable server is waited for. `None`:
     /// only shutdown stops it.
     pub max_failures: Option<u32>,
-    /// Longest one attempt may take (`engine.store_timeout` for the store): a connection that
-    /// hangs without a reset would otherwise hold the task until the OS gives up on it, for
-    /// many minutes. `None`: the operation bounds itself (a receive's wait, a publish's timeout).
+    /// Longest one attempt on the store may take (`engine.store_timeout`,
+    /// [`within_store_timeout`]). `None`: the operation bounds itself (a receive's wait, a
+    /// publish's timeout).
     pub timeout: Option<Duration>,
 }
 
@@ -76,12 +91,7 @@ impl Retry<'_> {
             // to a redelivery or an expiring lease. Shutdown only ends the retries.
             let attempt = match self.timeout {
                 None => op().await,
-                Some(limit) => tokio::time::timeout(limit, op()).await.unwrap_or_else(|_| {
-                    Err(Error::unavailable(format!(
-                        "no answer within {} (engine.store_timeout)",
-                        humantime::format_duration(limit)
-                    )))
-                }),
+                Some(limit) => within_store_timeout(limit, op()).await,
             };
             let e: Error = match attempt {
                 Ok(value) => return Some(value),
