@@ -1640,8 +1640,10 @@ async fn a_bulk_resume_of_long_paused_series_does_not_stall_the_others() {
     let dir = tempfile::tempdir().expect("tempdir");
     let service = Service::start(Path::new(BIN), dir.path(), &embedded(dir.path(), &[])).await;
     let steady_events = service.events_at("/v1/events?tenant=steady", None).await;
+    // Yearly at first, so that none fires (and is "firing", refusing the pause) before it is
+    // paused; made per-second below, with the pause moved back a day.
     let series: Vec<Value> = (0..SERIES)
-        .map(|i| json!({"tenantId": "noisy", "serviceCallId": format!("s{i:04}"), "cron": "* * * * * *"}))
+        .map(|i| json!({"tenantId": "noisy", "serviceCallId": format!("s{i:04}"), "cron": "0 0 0 1 1 *"}))
         .collect();
     let (status, v) = service
         .post(
@@ -1655,18 +1657,21 @@ async fn a_bulk_resume_of_long_paused_series_does_not_stall_the_others() {
         .post("/v1/tenants/noisy/timers/bulk", pause.to_string())
         .await;
     assert_eq!(v["changed"], SERIES, "{v}");
-    // As if paused a day ago, and ended a minute ago: a resume skips every occurrence since.
+    // As if per-second series paused a day ago, which ended a minute ago: a resume skips every
+    // occurrence since.
     let db = dir.path().join("timers.db");
     let pool =
         sqlx::SqlitePool::connect_with(sqlx::sqlite::SqliteConnectOptions::new().filename(&db))
             .await
             .expect("open the database beside the service");
-    let now = now_ms();
+    // On a whole second: an occurrence of the per-second pattern.
+    let now = now_ms() / 1000 * 1000;
     sqlx::query(
-        "UPDATE timers SET due_at = due_at - ?1, available_at = due_at - ?1, \
-         recurrence = json_set(recurrence, '$.endAt', ?2) WHERE tenant_id = 'noisy'",
+        "UPDATE timers SET due_at = ?1, available_at = ?1, \
+         recurrence = json_set(recurrence, '$.cron', '* * * * * *', '$.endAt', ?2) \
+         WHERE tenant_id = 'noisy'",
     )
-    .bind(DAY_MS)
+    .bind(now - DAY_MS)
     .bind(now - 60_000)
     .execute(&pool)
     .await
