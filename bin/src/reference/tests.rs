@@ -341,7 +341,7 @@ fn every_timer_resource_in_the_docs_has_the_api_fields() {
         policy: None,
         work: None,
     };
-    let view = serde_json::to_value(crate::api::TimerView::of(&timer)).expect("serializes");
+    let view = serde_json::to_value(crate::http::views::TimerView::of(&timer)).expect("serializes");
     let keys = |map: &serde_json::Map<String, Value>| map.keys().cloned().collect::<BTreeSet<_>>();
     let wanted = view.as_object().map(keys).expect("an object");
     let wanted_recurrence = view["recurrence"].as_object().map(keys).expect("an object");

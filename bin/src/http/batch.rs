@@ -10,32 +10,31 @@
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
 use axum::Extension;
 use axum::Json;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use timer_core::{NewTimer, Reason, Rejection, Scheduled};
+use utoipa::ToSchema;
 
-use crate::api::{
-    Batch as BatchBody, BatchRefused, BatchResult, BatchResults, ErrorBody, ErrorDetail,
-    RejectedItem,
-};
-use crate::auth::Principal;
-use crate::http::{error_body, outcome_code, server_error, too_fast, AppState};
+use crate::http::auth::Principal;
+use crate::http::error::{ApiError, ErrorBody, ErrorDetail, RejectedItem};
+use crate::http::state::AppState;
+use crate::http::timers::outcome_code;
+use crate::http::views::ScheduleTimer;
 
+/// The body as read: each command is decoded by the engine's admission, as `POST /v1/timers`'s.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct Batch<'a> {
+struct Commands<'a> {
     #[serde(borrow)]
     commands: Vec<&'a RawValue>,
 }
 
 fn rejection_detail(r: &Rejection, field: Option<String>) -> ErrorDetail {
     ErrorDetail {
-        reason: r.reason.as_str().to_owned(),
         field,
-        message: r.message.clone(),
+        ..ErrorDetail::new(r.reason.as_str(), None, &r.message)
     }
 }
 
@@ -52,7 +51,7 @@ fn item_field(i: usize, field: Option<&str>) -> String {
     post,
     path = "/v1/timers/batch",
     tag = "timers",
-    request_body = BatchBody,
+    request_body = Batch,
     responses(
         (status = 200, description = "One result per command, in order", body = BatchResults),
         (status = 400, description = "Refused items (nothing was written), or a body that is not a batch, or over `limits.max_batch`", body = BatchRefused),
@@ -66,29 +65,24 @@ pub async fn schedule_batch(
     State(app): State<AppState>,
     Extension(caller): Extension<Principal>,
     body: Bytes,
-) -> Response {
-    let batch: Batch = match serde_json::from_slice(&body) {
-        Ok(batch) => batch,
-        Err(e) => {
-            return error_body(
-                StatusCode::BAD_REQUEST,
-                Reason::InvalidJson.as_str(),
-                Some("commands"),
-                &format!("the body must be {{\"commands\": [...]}}: {e}"),
-            )
-        }
-    };
+) -> Result<Json<BatchResults>, ApiError> {
+    let batch: Commands = serde_json::from_slice(&body).map_err(|e| {
+        ApiError::bad_request(
+            Reason::InvalidJson.as_str(),
+            format!("the body must be {{\"commands\": [...]}}: {e}"),
+        )
+        .field("commands")
+    })?;
     let max = app.engine.limits().max_batch;
     if batch.commands.len() > max {
-        return error_body(
-            StatusCode::BAD_REQUEST,
+        return Err(ApiError::bad_request(
             Reason::TooLarge.as_str(),
-            Some("commands"),
-            &format!(
+            format!(
                 "{} commands, the limit is {max} (limits.max_batch)",
                 batch.commands.len()
             ),
-        );
+        )
+        .field("commands"));
     }
     let mut timers: Vec<NewTimer> = Vec::with_capacity(batch.commands.len());
     let mut admitted: Vec<usize> = Vec::with_capacity(batch.commands.len());
@@ -109,31 +103,28 @@ pub async fn schedule_batch(
         .filter(|(timer, _)| !caller.may_use(&timer.key.tenant_id))
         .map(|(timer, i)| RejectedItem {
             index: i,
-            error: ErrorDetail {
-                reason: "forbidden".into(),
-                field: Some(item_field(i, Some("tenantId"))),
-                message: format!(
+            error: ErrorDetail::new(
+                "forbidden",
+                Some(&item_field(i, Some("tenantId"))),
+                &format!(
                     "key {:?} may not use tenant {:?}",
                     caller.name, timer.key.tenant_id
                 ),
-            },
+            ),
         })
         .collect();
     if let Some(first) = forbidden.first() {
-        let body = BatchRefused {
-            error: ErrorDetail {
-                message: format!(
-                    "{} of {} commands name a tenant this key may not use, nothing was written; \
-                     the first: {}",
-                    forbidden.len(),
-                    batch.commands.len(),
-                    first.error.message
-                ),
-                ..first.error.clone()
-            },
-            rejected: forbidden,
-        };
-        return (StatusCode::FORBIDDEN, Json(body)).into_response();
+        let message = format!(
+            "{} of {} commands name a tenant this key may not use, nothing was written; the \
+             first: {}",
+            forbidden.len(),
+            batch.commands.len(),
+            first.error.message
+        );
+        let field = first.error.field.clone().unwrap_or_default();
+        return Err(ApiError::new(StatusCode::FORBIDDEN, "forbidden", message)
+            .field(field)
+            .rejected(forbidden));
     }
     if let Some((first, r)) = refused.first() {
         let field = item_field(*first, r.field.as_deref());
@@ -150,23 +141,12 @@ pub async fn schedule_batch(
             batch.commands.len(),
             r.message
         );
-        let body = BatchRefused {
-            error: ErrorDetail {
-                reason: r.reason.as_str().to_owned(),
-                field: Some(field),
-                message,
-            },
-            rejected,
-        };
-        return (StatusCode::BAD_REQUEST, Json(body)).into_response();
+        return Err(ApiError::bad_request(r.reason.as_str(), message)
+            .field(field)
+            .rejected(rejected));
     }
-    if let Err(throttled) = app.engine.within_rate(&timers) {
-        return too_fast(&throttled);
-    }
-    let scheduled = match app.engine.schedule(&timers).await {
-        Ok(scheduled) => scheduled,
-        Err(e) => return server_error(&e),
-    };
+    app.engine.within_rate(&timers)?;
+    let scheduled = app.engine.schedule(&timers).await?;
     let results = timers
         .iter()
         .zip(&scheduled)
@@ -183,5 +163,39 @@ pub async fn schedule_batch(
             }
         })
         .collect();
-    Json(BatchResults { results }).into_response()
+    Ok(Json(BatchResults { results }))
+}
+
+/// One result of a batch, in the order of the commands: an `outcome`, or the `error` that
+/// refused this item (a tenant over its limit).
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BatchResult {
+    pub tenant_id: String,
+    pub service_call_id: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub outcome: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<ErrorDetail>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct BatchResults {
+    pub results: Vec<BatchResult>,
+}
+
+/// A refused batch: nothing was written. With refused items, `error` names the first and
+/// `rejected` has them all; a body that is not a batch has only `error`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct BatchRefused {
+    pub error: ErrorDetail,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub rejected: Vec<RejectedItem>,
+}
+
+/// `POST /v1/timers/batch`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Batch {
+    /// Up to `limits.max_batch` (default 1,000).
+    pub commands: Vec<ScheduleTimer>,
 }

@@ -19,8 +19,22 @@ use tokio::time::Instant;
 
 use timer_core::{TenantSummary, Timestamp};
 
-use crate::actions::Totals;
-use crate::control::FirstTenants;
+/// The store's timers by state (`GET /v1/status`): `None` where the store cannot count that
+/// state.
+pub struct Totals {
+    pub counted_at: Timestamp,
+    pub pending: Option<u64>,
+    pub paused: Option<u64>,
+    pub failed: Option<u64>,
+}
+
+/// The summaries of the first tenants, as many as the largest page of `GET /v1/summary`.
+pub struct FirstTenants {
+    pub counted_at: Timestamp,
+    pub summaries: Vec<TenantSummary>,
+    /// Whether there are tenants after these.
+    pub more: bool,
+}
 
 /// The counts the API shares between requests.
 #[derive(Clone)]

@@ -13,17 +13,17 @@ const ASSETS: [(&str, &str, &str); 3] = [
     (
         "index.html",
         "text/html; charset=utf-8",
-        include_str!("../ui/index.html"),
+        include_str!("../../ui/index.html"),
     ),
     (
         "app.js",
         "text/javascript; charset=utf-8",
-        include_str!("../ui/app.js"),
+        include_str!("../../ui/app.js"),
     ),
     (
         "app.css",
         "text/css; charset=utf-8",
-        include_str!("../ui/app.css"),
+        include_str!("../../ui/app.css"),
     ),
 ];
 

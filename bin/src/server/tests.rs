@@ -1,4 +1,4 @@
-//! `/readyz` as the router answers it, on an engine whose firing task panics once.
+//! `/readyz` as the assembled router answers it, on an engine whose firing task panics once.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -17,7 +17,7 @@ use timer_stores::memory::MemoryStore;
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt as _;
 
-use super::{router, AppState, EventStreams, READY_MAX_AGE};
+use super::{app, Serving};
 
 /// The memory broker, but its first publish panics (as an SDK that panics on input it should
 /// have refused).
@@ -86,17 +86,17 @@ async fn readyz_is_503_while_an_engine_task_is_down() {
     );
     let shutdown = CancellationToken::new();
     let task = engine.start(shutdown.clone());
-    let state = AppState {
-        engine: engine.clone(),
-        metrics: None,
-        memory_hub: Some(hub),
-        shutdown: shutdown.clone(),
-        counts: crate::counted::Counts::new(config.http.counts_max_age),
-        auth: None,
-        ready: crate::counted::Cached::new("readiness", READY_MAX_AGE),
-        streams: EventStreams::new(&config.http),
-    };
-    let app = router(state, &config);
+    let app = app(
+        &config,
+        Serving {
+            engine: engine.clone(),
+            auth: None,
+            metrics: None,
+            memory_hub: Some(hub),
+            shutdown: shutdown.clone(),
+            counts_max_age: config.http.counts_max_age,
+        },
+    );
     let (status, ready) = readyz(&app).await;
     assert_eq!(
         (status, &ready["engine"]["status"]),

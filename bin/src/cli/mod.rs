@@ -1,0 +1,299 @@
+//! The command line: the server's commands (`run`, `check-config`), the tools (`bench`, `fuzz`,
+//! `hash-token`) and the client commands that talk to a running service ([`commands`] runs them
+//! through [`client`]).
+
+pub mod bench;
+pub mod client;
+pub mod commands;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "timer-service",
+    version,
+    about = "A durable, multi-tenant, broker-agnostic timer service"
+)]
+pub struct Cli {
+    /// Config file (TOML). Default: config/timer-service.toml when it exists.
+    #[arg(long, short, global = true, env = "TIMER_CONFIG")]
+    pub config: Option<PathBuf>,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand)]
+pub enum Command {
+    /// Run the service: ingest commands, fire timers, serve the HTTP API.
+    Run,
+    /// Print the effective configuration (secrets redacted); exit 1 naming what is wrong.
+    CheckConfig,
+    /// Print the SHA-256 of an API key, for `[[http.keys]] sha256`. Reads the key from
+    /// standard input when it is not given (keeps it out of the shell's history).
+    HashToken {
+        /// The key; `-` or nothing: the first line of standard input.
+        key: Option<String>,
+    },
+    /// Measure lateness, herd, ingest, pending and restart on the configured store and broker
+    /// (in this process, on a fresh temp SQLite file or PostgreSQL schema and broker resources
+    /// of its own, never the configured data).
+    Bench(bench::Options),
+    /// Feed generated inputs to the command decoder: every one must get a typed answer.
+    Fuzz {
+        /// How many inputs.
+        #[arg(long, default_value_t = 1_000_000)]
+        inputs: u64,
+        /// Seed of the generator (the same seed gives the same inputs).
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+    },
+    /// Talk to a running service through its HTTP API.
+    #[command(flatten)]
+    Client(Client),
+}
+
+/// The commands that talk to a running service through its HTTP API.
+#[derive(Subcommand)]
+pub enum Client {
+    /// Schedule (or reschedule) a timer through a running service's HTTP API; or, with
+    /// --file, every command of a file through the batch endpoint.
+    Schedule {
+        #[arg(long, required_unless_present = "file")]
+        tenant: Option<String>,
+        /// The service call id (the timer's id within the tenant).
+        #[arg(long, required_unless_present = "file")]
+        id: Option<String>,
+        /// A file of ScheduleTimer commands (a JSON array, or one JSON object per line), sent
+        /// in batches through POST /v1/timers/batch.
+        #[arg(long, conflicts_with_all = ["tenant", "id", "at", "due_in", "correlation_id", "payload"])]
+        file: Option<PathBuf>,
+        /// Commands per batch with --file (at most the service's limits.max_batch).
+        #[arg(long, default_value_t = 1000, requires = "file")]
+        batch_size: usize,
+        /// Due time as RFC 3339 with offset, e.g. 2027-01-15T10:00:00+01:00.
+        #[arg(long, conflicts_with = "due_in")]
+        at: Option<String>,
+        /// Due after this long, e.g. 1s, 2m 30s.
+        #[arg(long = "in", value_parser = humantime::parse_duration)]
+        due_in: Option<Duration>,
+        #[arg(long)]
+        correlation_id: Option<String>,
+        /// Opaque JSON echoed back in the DueTimeReached event.
+        #[arg(long)]
+        payload: Option<String>,
+        #[command(flatten)]
+        api: Api,
+    },
+    /// Show a timer: state, due time, when it fired, attempts.
+    Get(TimerArgs),
+    /// Cancel a scheduled or paused timer.
+    Cancel(TimerArgs),
+    /// Pause a timer: it does not fire until resumed.
+    Pause {
+        #[command(flatten)]
+        timer: TimerArgs,
+        /// Why; kept in the timer's history.
+        #[arg(long)]
+        note: Option<String>,
+    },
+    /// Resume a paused timer: a one-shot timer whose due time passed fires at once; a series
+    /// goes on with its next occurrence from now (the ones missed are skipped).
+    Resume(TimerArgs),
+    /// Schedule a Failed timer again: published at once, its attempts back to 0.
+    Retry(TimerArgs),
+    /// Fire one extra DueTimeReached now ("trigger": "manual"), without moving the schedule.
+    Trigger(TimerArgs),
+    /// Report that the work an occurrence's event triggered is done (a TimerCompleted): frees a
+    /// series with overlap skip or bufferOne, stops a one-shot timer's re-fires.
+    Complete {
+        #[command(flatten)]
+        timer: TimerArgs,
+        /// The event's payload.occurrence (default: the last fired one).
+        #[arg(long)]
+        occurrence: Option<u32>,
+        /// How the work ended.
+        #[arg(long, value_parser = ["succeeded", "failed"])]
+        outcome: Option<String>,
+        /// Kept in the timer's history (cut at 1 KiB).
+        #[arg(long)]
+        message: Option<String>,
+    },
+    /// A timer's history of changes, oldest first: one page, or every entry with --all (then
+    /// one per line).
+    History {
+        #[command(flatten)]
+        timer: TimerArgs,
+        /// Entries per page, 1 to 1000 (the service's default: 100).
+        #[arg(long)]
+        limit: Option<usize>,
+        /// Where to go on: the nextCursor of the page before.
+        #[arg(long, conflicts_with = "all")]
+        cursor: Option<String>,
+        #[arg(long)]
+        all: bool,
+    },
+    /// Cancel, pause, resume or retry every timer of a tenant that the filters match, page by
+    /// page.
+    Bulk {
+        #[arg(long)]
+        tenant: String,
+        #[arg(long, value_parser = ["cancel", "pause", "resume", "retry"])]
+        action: String,
+        #[command(flatten)]
+        filter: FilterArgs,
+        /// With --action pause: the note each paused timer's history gets.
+        #[arg(long)]
+        note: Option<String>,
+        #[command(flatten)]
+        api: Api,
+    },
+    /// This instance's version, store and broker health, counts, next due time and what fired
+    /// in the last minute.
+    Status {
+        #[command(flatten)]
+        api: Api,
+    },
+    /// List a tenant's timers, earliest due first, with filters; one page, or every page with
+    /// --all (then one timer per line).
+    List(ListArgs),
+    /// Counts per state, next due time and recent failures: of one tenant, or of every tenant.
+    Summary {
+        /// One tenant; without it, every tenant (a page of them: --limit, --cursor).
+        #[arg(long)]
+        tenant: Option<String>,
+        #[arg(long)]
+        limit: Option<usize>,
+        #[arg(long)]
+        cursor: Option<String>,
+        #[command(flatten)]
+        api: Api,
+    },
+}
+
+/// Which of a tenant's timers `list` and `bulk` take, as `GET /v1/tenants/{tenant}/timers`
+/// filters them.
+#[derive(clap::Args)]
+pub struct FilterArgs {
+    /// scheduled, paused, reached, cancelled or failed; repeat it or separate with commas for
+    /// several.
+    #[arg(long)]
+    state: Vec<String>,
+    /// Only timers whose id starts with this.
+    #[arg(long)]
+    prefix: Option<String>,
+    /// Due at or after this time (RFC 3339 with offset, or epoch milliseconds).
+    #[arg(long)]
+    due_after: Option<String>,
+    /// Due before this time (RFC 3339 with offset, or epoch milliseconds).
+    #[arg(long)]
+    due_before: Option<String>,
+    /// Only recurring timers (true) or only one-shot timers (false).
+    #[arg(long)]
+    recurring: Option<bool>,
+    /// Only Scheduled timers whose last publish failed (true), or all but those (false).
+    #[arg(long)]
+    retrying: Option<bool>,
+}
+
+impl FilterArgs {
+    /// The filters as (name, value) pairs of the list's query string.
+    fn pairs(&self) -> Vec<(&'static str, String)> {
+        let mut pairs: Vec<(&'static str, String)> = self
+            .state
+            .iter()
+            .flat_map(|s| s.split(','))
+            .filter(|s| !s.is_empty())
+            .map(|s| ("state", s.to_owned()))
+            .collect();
+        let optional = [
+            ("prefix", self.prefix.clone()),
+            ("dueAfter", self.due_after.clone()),
+            ("dueBefore", self.due_before.clone()),
+            ("recurring", self.recurring.map(|r| r.to_string())),
+            ("retrying", self.retrying.map(|r| r.to_string())),
+        ];
+        pairs.extend(optional.into_iter().filter_map(|(k, v)| Some((k, v?))));
+        pairs
+    }
+
+    /// The filters as the JSON object of a bulk action.
+    fn json(&self) -> serde_json::Value {
+        let mut filter = serde_json::Map::new();
+        for (name, value) in self.pairs() {
+            match (name, filter.get_mut(name)) {
+                ("state", Some(serde_json::Value::Array(states))) => states.push(value.into()),
+                ("state", _) => {
+                    filter.insert(name.into(), serde_json::json!([value]));
+                }
+                ("recurring" | "retrying", _) => {
+                    filter.insert(name.into(), (value == "true").into());
+                }
+                _ => {
+                    filter.insert(name.into(), value.into());
+                }
+            }
+        }
+        filter.into()
+    }
+}
+
+/// The filters and paging of `list`, as `GET /v1/tenants/{tenant}/timers` takes them.
+#[derive(clap::Args)]
+pub struct ListArgs {
+    #[arg(long)]
+    tenant: String,
+    #[command(flatten)]
+    filter: FilterArgs,
+    /// Timers per page, 1 to 1000 (the service's default: 100).
+    #[arg(long)]
+    limit: Option<usize>,
+    /// Where to go on: the nextCursor of the page before.
+    #[arg(long, conflicts_with = "all")]
+    cursor: Option<String>,
+    /// Follow nextCursor to the last page and print every timer, one JSON object per line.
+    #[arg(long)]
+    all: bool,
+    #[command(flatten)]
+    api: Api,
+}
+
+impl ListArgs {
+    fn query(&self) -> Vec<(&'static str, String)> {
+        let mut query = self.filter.pairs();
+        let optional = [
+            ("limit", self.limit.map(|n| n.to_string())),
+            ("cursor", self.cursor.clone()),
+        ];
+        query.extend(optional.into_iter().filter_map(|(k, v)| Some((k, v?))));
+        query
+    }
+}
+
+/// One timer of a running service, by its key.
+#[derive(clap::Args)]
+pub struct TimerArgs {
+    #[arg(long)]
+    tenant: String,
+    /// The service call id (the timer's id within the tenant).
+    #[arg(long)]
+    id: String,
+    #[command(flatten)]
+    api: Api,
+}
+
+#[derive(clap::Args)]
+pub struct Api {
+    /// Base URL of the service. Default: http://<http.addr from the config> (https:// when
+    /// the config sets http.tls_cert).
+    #[arg(long)]
+    url: Option<String>,
+    /// Bearer token (an API key or a JWT). Default: http.token from the config
+    /// (TIMER_HTTP__TOKEN).
+    #[arg(long)]
+    token: Option<String>,
+    #[command(flatten)]
+    tls: client::ClientTls,
+}

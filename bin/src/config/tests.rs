@@ -1,0 +1,261 @@
+//! Loading: defaults, files, environment names, and the errors that name what is wrong.
+
+// figment's Jail closures return figment::Error, which is large; that is its API.
+#![allow(clippy::result_large_err)]
+
+use super::render::redact;
+use super::*;
+use figment::Jail;
+
+fn load_in_jail(toml: Option<&str>) -> Result<Config, Error> {
+    let figment = match toml {
+        Some(_) => figment(Some(Path::new("test.toml")))?,
+        None => figment(None)?,
+    };
+    load(&figment)
+}
+
+/// The error `load` gives with these environment variables set (and nothing else).
+fn refused_with(env: &[(&str, &str)]) -> String {
+    let mut error = String::new();
+    Jail::expect_with(|jail| {
+        for (name, value) in env {
+            jail.set_env(name, value);
+        }
+        error = match load_in_jail(None) {
+            Ok(_) => "loaded without an error".into(),
+            Err(e) => e.to_string(),
+        };
+        Ok(())
+    });
+    error
+}
+
+#[test]
+fn defaults_are_the_embedded_setup() {
+    Jail::expect_with(|_| {
+        let c = load_in_jail(None).map_err(|e| e.to_string())?;
+        assert_eq!(c.broker.kind(), "memory");
+        #[cfg(feature = "sqlite")]
+        assert_eq!(c.store.kind(), "sqlite");
+        assert_eq!(c.http.addr.to_string(), "127.0.0.1:8080");
+        assert_eq!(c.engine.poll_interval, Duration::from_secs(5));
+        Ok(())
+    });
+}
+
+#[test]
+fn env_overrides_file_and_nests_with_double_underscore() {
+    Jail::expect_with(|jail| {
+        jail.create_file(
+            "test.toml",
+            "[engine]\nbatch_size = 7\npoll_interval = \"2s\"\n[http]\naddr = \"127.0.0.1:9000\"\n",
+        )?;
+        jail.set_env("TIMER_HTTP__ADDR", "127.0.0.1:9100");
+        jail.set_env("TIMER_TEST_REQUIRE", "1");
+        let c = load_in_jail(Some("")).map_err(|e| e.to_string())?;
+        assert_eq!(c.engine.batch_size, 7);
+        assert_eq!(c.engine.poll_interval, Duration::from_secs(2));
+        assert_eq!(c.http.addr.to_string(), "127.0.0.1:9100");
+        Ok(())
+    });
+}
+
+#[test]
+fn seed_environment_names_work() {
+    Jail::expect_with(|jail| {
+        jail.set_env("TIMER_POLLING_INTERVAL", "250");
+        jail.set_env("TIMER_BATCH_SIZE", "42");
+        // The seed's store name is the SQLite file: a build without SQLite has no such key.
+        #[cfg(feature = "sqlite")]
+        jail.set_env("TIMER_DB_PATH", "/tmp/x/event_service.db");
+        let c = load_in_jail(None).map_err(|e| e.to_string())?;
+        assert_eq!(c.engine.poll_interval, Duration::from_millis(250));
+        assert_eq!(c.engine.batch_size, 42);
+        #[cfg(feature = "sqlite")]
+        match c
+            .store
+            .as_any()
+            .downcast_ref::<timer_stores::sqlite::SqliteConfig>()
+        {
+            Some(s) => assert_eq!(s.path(), "/tmp/x/event_service.db"),
+            None => panic!("{:?}", c.store),
+        }
+        Ok(())
+    });
+}
+
+#[test]
+fn unknown_kind_lists_the_known_ones() {
+    let e = refused_with(&[("TIMER_STORE__KIND", "nope")]);
+    assert!(e.contains("store.kind = \"nope\""), "{e}");
+    assert!(e.contains("known: memory, sqlite, postgres"), "{e}");
+    assert!(e.contains("TIMER_"), "names the source: {e}");
+}
+
+#[test]
+fn kind_not_compiled_in_names_the_feature() {
+    // A registry of its own: with --all-features every real kind is compiled in.
+    use timer_core::plugin::{BrokerPlugin, Known};
+    static LINES: &[Known<BrokerPlugin>] = &[
+        Known {
+            kind: "memory",
+            plugin: Some(&timer_brokers::memory::PLUGIN),
+        },
+        Known {
+            kind: "kafka",
+            plugin: None,
+        },
+    ];
+    Jail::expect_with(|jail| {
+        jail.set_env("TIMER_BROKER__KIND", "kafka");
+        let figment = figment(None).map_err(|e| e.to_string())?;
+        let Err(e) = plugin_of(&figment, "broker", &Registry(LINES), "memory") else {
+            panic!("kafka is not compiled into this registry");
+        };
+        assert_eq!(e.kind(), timer_core::ErrorKind::Unsupported);
+        let e = e.to_string();
+        assert!(
+            e.contains("broker \"kafka\" is not compiled in; rebuild with --features kafka"),
+            "{e}"
+        );
+        assert!(e.contains("compiled in: memory"), "{e}");
+        assert!(e.contains("TIMER_"), "names the source: {e}");
+        Ok(())
+    });
+}
+
+#[cfg(feature = "kafka")]
+#[test]
+fn kafka_publish_timeout_must_stay_below_the_engines() {
+    Jail::expect_with(|jail| {
+        jail.set_env("TIMER_BROKER__KIND", "kafka");
+        jail.set_env("TIMER_BROKER__PUBLISH_TIMEOUT", "20s");
+        let e = load_in_jail(None).unwrap_err().to_string();
+        assert!(
+            e.contains("broker.publish_timeout") && e.contains("engine.publish_timeout"),
+            "{e}"
+        );
+        jail.set_env("TIMER_BROKER__PUBLISH_TIMEOUT", "10s");
+        assert!(load_in_jail(None).is_ok());
+        Ok(())
+    });
+}
+
+/// Every file in `config/` loads through the real loader, and one named after a plugin
+/// (`config/nats.toml`) configures that plugin.
+#[cfg(all(
+    feature = "sqlite",
+    feature = "postgres",
+    feature = "nats",
+    feature = "kafka",
+    feature = "rabbitmq"
+))]
+#[test]
+fn every_config_file_loads() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../config");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .expect("the config directory")
+        .map(|entry| entry.expect("a config directory entry").path())
+        .filter(|path| path.extension().is_some_and(|e| e == "toml"))
+        .collect();
+    files.sort();
+    assert!(
+        files.len() >= 2,
+        "config files in {}: {files:?}",
+        dir.display()
+    );
+    Jail::expect_with(|_| {
+        for file in &files {
+            let c = figment(Some(file))
+                .and_then(|f| load(&f))
+                .map_err(|e| format!("{}: {}", file.display(), e.chain()))?;
+            let stem = file
+                .file_stem()
+                .and_then(|s| s.to_str())
+                .unwrap_or_default();
+            if timer_stores::PLUGINS.known(stem).is_some() {
+                assert_eq!(c.store.kind(), stem, "{}", file.display());
+            } else if timer_brokers::PLUGINS.known(stem).is_some() {
+                assert_eq!(c.broker.kind(), stem, "{}", file.display());
+            }
+        }
+        Ok(())
+    });
+}
+
+#[test]
+fn engine_settings_that_would_spin_are_refused() {
+    let e = refused_with(&[("TIMER_ENGINE__PURGE_INTERVAL", "0s")]);
+    assert!(e.contains("engine.purge_interval"), "{e}");
+}
+
+#[test]
+fn typo_in_a_key_is_an_error_naming_key_and_file() {
+    Jail::expect_with(|jail| {
+        jail.create_file("test.toml", "[engine]\npoll_intervall = \"1s\"\n")?;
+        let e = load_in_jail(Some("")).unwrap_err().to_string();
+        assert!(e.contains("poll_intervall"), "{e}");
+        assert!(e.contains("test.toml"), "{e}");
+        jail.create_file("test.toml", "[store]\nkind = \"memory\"\nurl = \"x\"\n")?;
+        let e = load_in_jail(Some("")).unwrap_err().to_string();
+        assert!(
+            e.contains("url"),
+            "plugin sections reject unknown keys too: {e}"
+        );
+        Ok(())
+    });
+}
+
+#[test]
+fn bad_values_are_errors() {
+    let e = refused_with(&[("TIMER_ENGINE__POLL_INTERVAL", "soon")]).to_lowercase();
+    assert!(
+        e.contains("soon") && e.contains("engine.poll_interval"),
+        "{e}"
+    );
+    let e = refused_with(&[("TIMER_HTTP__TOKEN", " ")]);
+    assert!(e.contains("http.token is empty"), "{e}");
+    let e = refused_with(&[("TIMER_ENGINE__BATCH_SIZE", "0")]);
+    assert!(e.contains("engine.batch_size"), "{e}");
+    Jail::expect_with(|_| {
+        let e = figment(Some(Path::new("missing.toml")))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("missing.toml"), "{e}");
+        Ok(())
+    });
+}
+
+#[test]
+fn redaction_hides_secrets() {
+    assert_eq!(
+        timer_core::redact::redact_url("postgres://app:hunter2@db:5432/timers"),
+        "postgres://app:***@db:5432/timers"
+    );
+    assert_eq!(
+        timer_core::redact::redact_url("sqlite://timer-service.db"),
+        "sqlite://timer-service.db"
+    );
+    let mut v: toml::Value = toml::from_str("[broker]\nurl = \"nats://u:pw@h:4222\"\ntoken = \"abc\"\n[x]\nsasl_password = \"p\"\nname = \"ok\"").unwrap();
+    redact(&mut v, "");
+    let text = toml::to_string(&v).unwrap();
+    assert!(
+        !text.contains("pw@") && !text.contains("abc") && !text.contains("\"p\""),
+        "{text}"
+    );
+    assert!(text.contains("name = \"ok\""));
+    // librdkafka properties as written in [broker.properties].
+    let mut v: toml::Value = toml::from_str(
+        "[broker.properties]\n\"sasl.password\" = \"s1\"\n\"ssl.key.pem\" = \"s2\"\n\
+         \"sasl.oauthbearer.client.secret\" = \"s3\"\n\"ssl.keystore.password\" = \"s4\"\n\
+         \"sasl.mechanisms\" = \"PLAIN\"",
+    )
+    .unwrap();
+    redact(&mut v, "");
+    let text = toml::to_string(&v).unwrap();
+    for secret in ["s1", "s2", "s3", "s4"] {
+        assert!(!text.contains(secret), "{secret} shown: {text}");
+    }
+    assert!(text.contains("PLAIN"), "{text}");
+}

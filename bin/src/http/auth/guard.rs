@@ -1,0 +1,160 @@
+//! The middleware on every API route ([`guard`]): authenticates, applies the route's rule, and
+//! writes the audit line of every write.
+
+use std::sync::Arc;
+
+use axum::extract::{FromRequestParts, MatchedPath, RawPathParams, Request, State};
+use axum::http::{header, HeaderValue, Method, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+
+use super::{rule, Auth, Forbidden, Principal, Rule};
+use crate::http::error::ApiError;
+
+/// The middleware on every API route: authenticates, applies the route's [`Rule`], passes the
+/// [`Principal`] on, and writes the audit line of a write.
+pub async fn guard(
+    State(auth): State<Option<Arc<Auth>>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let (mut parts, body) = request.into_parts();
+    let matched = parts.extensions.get::<MatchedPath>().cloned();
+    let params = RawPathParams::from_request_parts(&mut parts, &())
+        .await
+        .ok();
+    let mut request = Request::from_parts(parts, body);
+    let principal = match &auth {
+        None => Principal::anonymous(),
+        Some(auth) => {
+            let bearer = request
+                .headers()
+                .get(header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.strip_prefix("Bearer "));
+            let checked = match bearer {
+                Some(bearer) => auth.authenticate(bearer.trim()),
+                None => Err("missing bearer token (Authorization: Bearer …)".into()),
+            };
+            match checked {
+                Ok(principal) => principal,
+                Err(why) => return unauthorized(&why),
+            }
+        }
+    };
+    let method = request.method().clone();
+    let Some(path) = matched.as_ref().map(|m| m.as_str().to_owned()) else {
+        // No route matched: the 404 says nothing more than that.
+        return next.run(request).await;
+    };
+    let param = |wanted: &str| {
+        let params = params.as_ref()?;
+        let (_, value) = params.iter().find(|(name, _)| *name == wanted)?;
+        Some(value.to_owned())
+    };
+    let (tenant, id) = (param("tenant"), param("id"));
+    let checked = match rule(&method, &path) {
+        None => Err(Forbidden::new("this route has no access rule")),
+        Some(Rule::Authenticated) => Ok(()),
+        Some(Rule::Each(scope)) => principal.need(scope),
+        Some(Rule::Tenant(scope)) => principal.need(scope).and_then(|()| match &tenant {
+            Some(tenant) => principal.need_tenant(tenant, None),
+            None => Err(Forbidden::new("this route has no tenant in its path")),
+        }),
+    };
+    let name = principal.name.clone();
+    request.extensions_mut().insert(principal);
+    let response = match checked {
+        Ok(()) => next.run(request).await,
+        Err(refused) => ApiError::from(refused).into_response(),
+    };
+    if method != Method::GET {
+        audit(&name, &method, &path, tenant, id, response).await
+    } else {
+        response
+    }
+}
+
+fn unauthorized(why: &str) -> Response {
+    let mut response = ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", why).into_response();
+    response
+        .headers_mut()
+        .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    response
+}
+
+/// Largest answer whose outcome the audit line reads; a larger one is logged by its status.
+const AUDIT_BODY_LIMIT: usize = 1 << 20;
+
+/// Writes the audit line of a write: who, which tenant, what, and how it ended (the answer's
+/// `outcome`, or its error `reason`), and gives the answer back unchanged.
+async fn audit(
+    key: &str,
+    method: &Method,
+    path: &str,
+    tenant: Option<String>,
+    id: Option<String>,
+    response: Response,
+) -> Response {
+    use axum::body::HttpBody as _;
+    let (parts, body) = response.into_parts();
+    // Only an answer already in memory and small is read (every write route's JSON is); any
+    // other is passed on untouched and logged by its status.
+    let small = body
+        .size_hint()
+        .exact()
+        .is_some_and(|n| n <= AUDIT_BODY_LIMIT as u64);
+    let (body, json) = if small {
+        match axum::body::to_bytes(body, AUDIT_BODY_LIMIT).await {
+            Ok(bytes) => {
+                let json: Option<serde_json::Value> = serde_json::from_slice(&bytes).ok();
+                (axum::body::Body::from(bytes), json)
+            }
+            // An in-memory body of known size does not fail.
+            Err(_) => (axum::body::Body::empty(), None),
+        }
+    } else {
+        (body, None)
+    };
+    let outcome = json.as_ref().and_then(|v| {
+        v.get("outcome")
+            .or_else(|| v.pointer("/error/reason"))
+            .and_then(|o| o.as_str())
+            .map(str::to_owned)
+    });
+    // The tenant of `POST /v1/timers` is in its body; the answer names it.
+    let tenant = tenant.or_else(|| {
+        json.as_ref()
+            .and_then(|v| v.pointer("/timer/tenantId"))
+            .and_then(|t| t.as_str())
+            .map(str::to_owned)
+    });
+    tracing::info!(
+        target: "timer_service::audit",
+        key = %key,
+        tenant = tenant.as_deref(),
+        action = action(method, path),
+        id = id.as_deref(),
+        status = parts.status.as_u16(),
+        outcome = outcome.as_deref(),
+        "api write"
+    );
+    Response::from_parts(parts, body)
+}
+
+/// The audit name of a write route.
+fn action(method: &Method, path: &str) -> &'static str {
+    match (method.as_str(), path) {
+        ("POST", "/v1/timers") => "schedule",
+        ("POST", "/v1/timers/batch") => "schedule_batch",
+        ("POST", "/v1/commands") => "command",
+        ("DELETE", _) => "cancel",
+        (_, p) if p.ends_with("/pause") => "pause",
+        (_, p) if p.ends_with("/resume") => "resume",
+        (_, p) if p.ends_with("/retry") => "retry",
+        (_, p) if p.ends_with("/trigger") => "trigger",
+        (_, p) if p.ends_with("/complete") => "complete",
+        (_, p) if p.ends_with("/bulk") => "bulk",
+        _ => "other",
+    }
+}

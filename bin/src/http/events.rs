@@ -1,0 +1,96 @@
+//! `GET /v1/events`: the fires of this instance as Server-Sent Events.
+
+use std::convert::Infallible;
+
+use axum::extract::{Query, State};
+use axum::http::StatusCode;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::Extension;
+use serde::Deserialize;
+
+use crate::http::auth::Principal;
+use crate::http::error::{ApiError, ErrorBody};
+use crate::http::state::AppState;
+
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct EventsQuery {
+    /// Only this tenant's events.
+    pub tenant: Option<String>,
+}
+
+/// Server-sent events: each `DueTimeReached` this instance publishes (event `DueTimeReached`,
+/// data its JSON) of the tenants the caller may read. A reader slower than its events, with
+/// `http.event_stream_buffer` bytes of them waiting, gets `lagged` (how many of its events it
+/// missed) and the stream ends: connect again to go on. A stream also ends when the caller's JWT
+/// expires. At most `http.max_event_streams` are open at once (503 beyond).
+#[utoipa::path(
+    get,
+    path = "/v1/events",
+    tag = "embedded",
+    params(EventsQuery),
+    responses(
+        (status = 200, description = "An event stream, until the caller lags, its JWT expires or the service stops", content_type = "text/event-stream", body = String),
+        (status = 503, description = "`http.max_event_streams` streams are open; `Retry-After` says when to try again", body = ErrorBody),
+    )
+)]
+pub async fn events(
+    State(app): State<AppState>,
+    Extension(caller): Extension<Principal>,
+    Query(query): Query<EventsQuery>,
+) -> Result<Response, ApiError> {
+    if let Some(tenant) = &query.tenant {
+        caller.need_tenant(tenant, Some("tenant"))?;
+    }
+    let open = app.streams.open().ok_or_else(|| {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable",
+            format!(
+                "{} event streams are open, as many as http.max_event_streams allows; try again \
+                 later",
+                app.streams.max
+            ),
+        )
+        .retry_after(5)
+    })?;
+    // Until its credential expires (a JWT's exp): it was checked once, when the stream began.
+    let expires = caller.expires_at.and_then(|at| {
+        let left = at
+            .duration_since(std::time::SystemTime::now())
+            .unwrap_or_default();
+        tokio::time::Instant::now().checked_add(left)
+    });
+    let shows = move |tenant: &str| {
+        query.tenant.as_deref().is_none_or(|t| t == tenant) && caller.may_use(tenant)
+    };
+    let events = app.engine.subscribe(app.streams.buffer, Box::new(shows));
+    let stream = futures::stream::unfold(Some((events, open)), |state| async move {
+        let (mut events, open) = state?;
+        match events.recv().await {
+            Some(fired) => {
+                let event = Event::default()
+                    .event("DueTimeReached")
+                    .data(fired.json.clone());
+                Some((Ok::<_, Infallible>(event), Some((events, open))))
+            }
+            // Dropped for reading too slowly: say so, and end (the client connects again).
+            None => events.lagged().map(|missed| {
+                let event = Event::default().event("lagged").data(missed.to_string());
+                (Ok(event), None)
+            }),
+        }
+    });
+    // End the stream at shutdown, so graceful shutdown is not held open by watchers.
+    let stream = futures::StreamExt::take_until(stream, app.shutdown.clone().cancelled_owned());
+    let stream = futures::StreamExt::take_until(stream, async move {
+        match expires {
+            Some(at) => tokio::time::sleep_until(at).await,
+            None => std::future::pending().await,
+        }
+    });
+    Ok(Sse::new(stream)
+        .keep_alive(KeepAlive::default())
+        .into_response())
+}

@@ -1,0 +1,90 @@
+//! What every handler shares: [`AppState`], the open event streams, and the path parameters.
+//!
+//! Below the handlers: it imports only the leaf modules (`counted`, `auth`, `config`).
+
+use std::sync::Arc;
+
+use metrics_exporter_prometheus::PrometheusHandle;
+use serde::Deserialize;
+use timer_brokers::memory::MemoryHub;
+use timer_core::Engine;
+use tokio_util::sync::CancellationToken;
+
+use crate::http::auth::Auth;
+use crate::http::counted::{Cached, Counts};
+
+#[derive(Clone)]
+pub struct AppState {
+    pub engine: Engine,
+    pub metrics: Option<PrometheusHandle>,
+    pub memory_hub: Option<MemoryHub>,
+    pub shutdown: CancellationToken,
+    /// The counts `/v1/status` and `/v1/summary` share between requests.
+    pub counts: Counts,
+    /// Checks bearer tokens; `None`: the API has no authentication.
+    pub auth: Option<Arc<Auth>>,
+    /// The last health checks of `/readyz` (store, broker reachable), shared by its callers.
+    pub ready: Arc<Cached<(bool, bool)>>,
+    /// The open event streams and their limits.
+    pub streams: Arc<EventStreams>,
+}
+
+/// How many `GET /v1/events` streams may be open (`http.max_event_streams`), how many bytes
+/// each may have waiting (`http.event_stream_buffer`), and how many are open.
+pub struct EventStreams {
+    pub max: usize,
+    pub buffer: usize,
+    open: std::sync::atomic::AtomicUsize,
+}
+
+impl EventStreams {
+    /// `max` streams (`http.max_event_streams`), each with `buffer` bytes waiting at most
+    /// (`http.event_stream_buffer`).
+    pub fn new(max: usize, buffer: usize) -> Arc<Self> {
+        Arc::new(EventStreams {
+            max,
+            buffer,
+            open: Default::default(),
+        })
+    }
+
+    /// A place for one more stream, held until it is dropped; `None` when all are taken.
+    pub fn open(self: &Arc<Self>) -> Option<OpenStream> {
+        use std::sync::atomic::Ordering;
+        self.open
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < self.max).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| OpenStream(self.clone()))
+    }
+}
+
+/// One open event stream's place.
+pub struct OpenStream(Arc<EventStreams>);
+
+impl Drop for OpenStream {
+    fn drop(&mut self) {
+        self.0
+            .open
+            .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    }
+}
+
+/// Path parameters of the routes on one timer.
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Path)]
+pub struct TimerPath {
+    /// The tenant (`tenantId`).
+    pub tenant: String,
+    /// The timer's `serviceCallId`.
+    pub id: String,
+}
+
+/// Path parameter of the routes on one tenant.
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Path)]
+pub struct TenantPath {
+    /// The tenant (`tenantId`).
+    pub tenant: String,
+}

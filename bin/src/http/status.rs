@@ -1,0 +1,335 @@
+//! How the instance is: `GET /v1/status` (for operators), `/healthz` and `/readyz` (for
+//! probes), `/metrics` (for Prometheus).
+
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::Serialize;
+use timer_core::{Engine, Error, TimerState};
+use utoipa::ToSchema;
+
+use crate::http::counted::Totals;
+use crate::http::error::{ApiError, ErrorBody};
+use crate::http::state::AppState;
+
+/// `GET /v1/status`.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Status {
+    pub version: &'static str,
+    pub instance_id: String,
+    pub store: Health,
+    pub broker: Health,
+    /// The engine's tasks that panicked and wait to be started again, with what happened
+    /// (empty while every task runs; `/readyz` answers 503 meanwhile).
+    pub tasks_down: Vec<TaskDown>,
+    pub timers: Counts,
+    #[schema(format = DateTime)]
+    #[schema(required = true)]
+    pub next_due_at: Option<String>,
+    pub last_minute: LastMinute,
+    /// The minutes of the last hour in which this instance fired, oldest first (the current
+    /// minute too, so far); minutes without fires are left out.
+    pub last_hour: Vec<MinuteView>,
+    /// Other live instances, where the store keeps a register of them (none does yet: null).
+    #[schema(required = true)]
+    pub instances: Option<Vec<String>>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct TaskDown {
+    /// `ingest`, `firing`, `purge`, `membership` or `take-over`.
+    pub task: &'static str,
+    pub error: String,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Health {
+    /// The plugin: `sqlite`, `postgres`, `memory`, `nats`, …
+    pub kind: &'static str,
+    pub healthy: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// Counts from the store; null where it cannot count (or the count failed).
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Counts {
+    #[schema(required = true)]
+    pub pending: Option<u64>,
+    #[schema(required = true)]
+    pub paused: Option<u64>,
+    #[schema(required = true)]
+    pub failed: Option<u64>,
+    /// When these counts were taken: they are shared between requests for up to
+    /// `http.counts_max_age`. Null when there are no counts.
+    #[schema(format = DateTime)]
+    #[schema(required = true)]
+    pub counted_at: Option<String>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LastMinute {
+    /// Timers this instance fired in the last 60 seconds.
+    pub fired: u64,
+    pub lateness_ms: Percentiles,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MinuteView {
+    /// The minute's start.
+    #[schema(format = DateTime)]
+    pub start: String,
+    pub fired: u64,
+    pub lateness_ms: Percentiles,
+}
+
+impl MinuteView {
+    pub fn of(m: &timer_core::engine::MinuteFires) -> Self {
+        MinuteView {
+            start: m.start.to_rfc3339(),
+            fired: m.fired,
+            lateness_ms: Percentiles {
+                p50: m.p50_ms,
+                p99: m.p99_ms,
+            },
+        }
+    }
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Percentiles {
+    #[schema(required = true)]
+    pub p50: Option<u64>,
+    #[schema(required = true)]
+    pub p99: Option<u64>,
+}
+
+/// `GET /readyz`: each part's kind and whether it is `ok`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Readiness {
+    pub store: Probe,
+    pub broker: Probe,
+    /// The engine's tasks (kind `engine`): `unavailable` while one that panicked waits to be
+    /// started again.
+    pub engine: Probe,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Probe {
+    pub kind: &'static str,
+    /// `ok` or `unavailable`; why is in the log and in `GET /v1/status` (not told to anonymous
+    /// callers).
+    pub status: &'static str,
+}
+
+/// Liveness: the process answers.
+#[utoipa::path(
+    get,
+    path = "/healthz",
+    tag = "operations",
+    security(()),
+    responses((status = 200, description = "`ok`", content_type = "text/plain", body = String))
+)]
+pub async fn healthz() -> &'static str {
+    "ok"
+}
+
+/// Readiness: the store and the broker answer, this instance is a live member of the store's
+/// instances, and every engine task runs. Anyone may ask, so the answer says only which part is
+/// `unavailable`, never why (errors name hosts and users): the reasons are in the log and in
+/// `GET /v1/status`. The checks run at most once per [`READY_MAX_AGE`], whatever the number
+/// of callers, so polling cannot make the service reconnect to its broker over and over.
+#[utoipa::path(
+    get,
+    path = "/readyz",
+    tag = "operations",
+    security(()),
+    responses(
+        (status = 200, description = "Every part is `ok`", body = Readiness),
+        (status = 503, description = "A part is `unavailable` (the reason is in the log and `GET /v1/status`)", body = Readiness),
+    )
+)]
+pub async fn readyz(State(app): State<AppState>) -> Response {
+    let engine = app.engine.clone();
+    let checked = app.ready.get(|| async move {
+        let (store, broker) = tokio::join!(
+            answers_within(engine.store().health(), "store"),
+            answers_within(engine.broker().health(), "broker"),
+        );
+        for (part, result) in [("store", &store), ("broker", &broker)] {
+            if let Err(e) = result {
+                tracing::warn!(part, error = %e.chain(), "not ready");
+            }
+        }
+        Ok::<_, std::convert::Infallible>((store.is_ok(), broker.is_ok()))
+    });
+    let (store, broker) = match checked.await {
+        Ok(parts) => *parts,
+        Err(never) => match never {},
+    };
+    // Reachable is not enough: cut off for a moment, the instance stops firing until it has
+    // joined the store's live instances again.
+    let store = store && app.engine.is_member();
+    let engine = app.engine.tasks_down().is_empty();
+    let show = |ok: bool| if ok { "ok" } else { "unavailable" };
+    let status = if store && broker && engine {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    let body = Readiness {
+        store: Probe {
+            kind: app.engine.store().name(),
+            status: show(store),
+        },
+        broker: Probe {
+            kind: app.engine.broker().name(),
+            status: show(broker),
+        },
+        engine: Probe {
+            kind: "engine",
+            status: show(engine),
+        },
+    };
+    (status, Json(body)).into_response()
+}
+
+/// How long `/readyz` answers from its last health checks.
+pub const READY_MAX_AGE: Duration = Duration::from_secs(1);
+
+/// How long `/readyz` waits for the store's and the broker's health check: a server cut off
+/// without a close answers nothing (a TCP connection can wait minutes before it fails).
+pub const READY_WITHIN: Duration = Duration::from_secs(2);
+
+/// `health` as it answers within [`READY_WITHIN`]; an error naming the `part` otherwise
+/// (`/readyz`, `/v1/status`).
+async fn answers_within(
+    health: impl std::future::Future<Output = Result<(), Error>>,
+    part: &str,
+) -> Result<(), Error> {
+    tokio::time::timeout(READY_WITHIN, health)
+        .await
+        .unwrap_or_else(|_| {
+            Err(Error::unavailable(format!(
+                "{part}: no answer to the health check within {} s",
+                READY_WITHIN.as_secs()
+            )))
+        })
+}
+
+/// Prometheus metrics (`docs/metrics.md` lists them).
+#[utoipa::path(
+    get,
+    path = "/metrics",
+    tag = "operations",
+    security(()),
+    responses(
+        (status = 200, description = "Prometheus text format", content_type = "text/plain", body = String),
+        (status = 404, description = "No metrics recorder (metrics.enabled = false)", body = ErrorBody),
+    )
+)]
+pub async fn metrics(State(app): State<AppState>) -> Result<String, ApiError> {
+    match &app.metrics {
+        Some(handle) => Ok(handle.render()),
+        None => Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "unsupported",
+            "metrics recorder not installed",
+        )),
+    }
+}
+
+/// Counts [`Totals`]; fails if a count the store can make fails.
+async fn count_totals(engine: Engine) -> timer_core::Result<Totals> {
+    let counted_at = engine.clock().now();
+    let store = engine.store();
+    let Some(queries) = store.queries() else {
+        return Ok(Totals {
+            counted_at,
+            pending: Some(store.scheduled_count().await?),
+            paused: None,
+            failed: None,
+        });
+    };
+    let (pending, paused, failed) = tokio::join!(
+        queries.count(TimerState::Scheduled),
+        queries.count(TimerState::Paused),
+        queries.count(TimerState::Failed),
+    );
+    Ok(Totals {
+        counted_at,
+        pending: Some(pending?),
+        paused: Some(paused?),
+        failed: Some(failed?),
+    })
+}
+
+/// This instance, its store and broker with their health, and what they hold.
+#[utoipa::path(
+    get,
+    path = "/v1/status",
+    tag = "operations",
+    responses((status = 200, description = "The status (also when a part is unhealthy)", body = Status))
+)]
+pub async fn status(State(app): State<AppState>) -> Json<Status> {
+    let engine = &app.engine;
+    let store = engine.store();
+    let broker = engine.broker();
+    let (store_health, broker_health) = tokio::join!(
+        answers_within(store.health(), "store"),
+        answers_within(broker.health(), "broker"),
+    );
+    let health = |kind: &'static str, result: timer_core::Result<()>| Health {
+        kind,
+        healthy: result.is_ok(),
+        error: result.err().map(|e| e.chain()),
+    };
+    let (totals, next_due) = tokio::join!(
+        app.counts.totals.get(|| count_totals(app.engine.clone())),
+        store.next_due_at(),
+    );
+    let minute = engine.last_minute();
+    Json(Status {
+        version: env!("CARGO_PKG_VERSION"),
+        instance_id: engine.instance_id().to_owned(),
+        store: health(store.name(), store_health),
+        broker: health(broker.name(), broker_health),
+        tasks_down: engine
+            .tasks_down()
+            .into_iter()
+            .map(|(task, error)| TaskDown { task, error })
+            .collect(),
+        timers: match totals {
+            Ok(totals) => Counts {
+                pending: totals.pending,
+                paused: totals.paused,
+                failed: totals.failed,
+                counted_at: Some(totals.counted_at.to_rfc3339()),
+            },
+            Err(_) => Counts {
+                pending: None,
+                paused: None,
+                failed: None,
+                counted_at: None,
+            },
+        },
+        next_due_at: next_due.ok().flatten().map(|t| t.to_rfc3339()),
+        last_minute: LastMinute {
+            fired: minute.fired,
+            lateness_ms: Percentiles {
+                p50: minute.p50_ms,
+                p99: minute.p99_ms,
+            },
+        },
+        last_hour: engine.last_hour().iter().map(MinuteView::of).collect(),
+        // No store keeps a register of live instances yet.
+        instances: None,
+    })
+}

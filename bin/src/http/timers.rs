@@ -1,0 +1,189 @@
+//! One timer: schedule it (`POST /v1/timers`), read it with its next fire times, cancel it.
+
+use axum::body::Bytes;
+use axum::extract::{Path, RawQuery, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
+use timer_core::{
+    CancelOutcome, Reason, ScheduleOutcome, Scheduled, Timer, TimerKey, TimerState, Timestamp,
+};
+
+use crate::http::auth::Principal;
+use crate::http::error::{ApiError, ErrorBody, ErrorDetail};
+use crate::http::params::next_parameter;
+use crate::http::state::{AppState, TimerPath};
+use crate::http::views::{Occurrence, Outcome, ScheduleTimer, TimerOutcome, TimerView};
+
+/// The outcome code of a stored schedule, as the API names it (`outcome`, and the reason of a
+/// 409).
+pub fn outcome_code(outcome: ScheduleOutcome) -> &'static str {
+    match outcome {
+        ScheduleOutcome::Created => "created",
+        ScheduleOutcome::Updated => "updated",
+        ScheduleOutcome::AlreadyReached => "already_reached",
+        ScheduleOutcome::AlreadyCancelled => "already_cancelled",
+        ScheduleOutcome::AlreadyFailed => "already_failed",
+    }
+}
+
+/// Schedules a timer, or moves a Scheduled one with the same key.
+#[utoipa::path(
+    post,
+    path = "/v1/timers",
+    tag = "timers",
+    request_body = ScheduleTimer,
+    responses(
+        (status = 201, description = "Created", body = TimerOutcome),
+        (status = 200, description = "Updated (same key, new due time or fields)", body = TimerOutcome),
+        (status = 409, description = "The timer already fired, was cancelled or failed; nothing changed", body = TimerOutcome),
+        (status = 400, description = "The command is refused; `field` names what is wrong", body = ErrorBody),
+        (status = 429, description = "The tenant is over its rate limit (`rate_limited`, with a `Retry-After` header in seconds), or at its limit of pending timers (`tenant_limit`); nothing was written", body = ErrorBody),
+        (status = 503, description = "The store is unavailable", body = ErrorBody),
+    )
+)]
+pub async fn schedule(
+    State(app): State<AppState>,
+    Extension(caller): Extension<Principal>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let timer = app.engine.admit_schedule(&body)?;
+    caller.need_tenant(&timer.key.tenant_id, Some("tenantId"))?;
+    app.engine.within_rate(std::slice::from_ref(&timer))?;
+    let key = timer.key.clone();
+    let outcome = match app.engine.schedule_one(timer).await? {
+        Scheduled::Stored(outcome) => outcome,
+        Scheduled::Refused(r) if r.reason == Reason::TenantLimit => {
+            let error = ApiError::new(StatusCode::TOO_MANY_REQUESTS, r.reason.as_str(), &r.message);
+            return Err(match r.field {
+                Some(field) => error.field(field),
+                None => error,
+            });
+        }
+        Scheduled::Refused(r) => return Err(r.into()),
+    };
+    let status = match outcome {
+        ScheduleOutcome::Created => StatusCode::CREATED,
+        ScheduleOutcome::Updated => StatusCode::OK,
+        _ => StatusCode::CONFLICT,
+    };
+    let outcome = outcome_code(outcome);
+    let timer = app.engine.store().get(&key).await?;
+    let timer = timer.as_ref().map(TimerView::of);
+    let error = (status == StatusCode::CONFLICT).then(|| {
+        let message = match outcome {
+            "already_reached" => "the timer already fired; nothing changed",
+            "already_failed" => "the timer failed (engine.max_attempts publishes); nothing changed",
+            _ => "the timer was cancelled; nothing changed",
+        };
+        ErrorDetail::new(outcome, None, message)
+    });
+    let body = TimerOutcome {
+        outcome,
+        timer,
+        error,
+    };
+    Ok((status, Json(body)).into_response())
+}
+
+/// A timer; with `next=N`, its next N fire times too.
+#[utoipa::path(
+    get,
+    path = "/v1/tenants/{tenant}/timers/{id}",
+    tag = "timers",
+    params(
+        TimerPath,
+        ("next" = Option<usize>, Query, description = "Add `nextOccurrences`: up to this many (at most 100) coming fire times"),
+    ),
+    responses(
+        (status = 200, description = "The timer", body = TimerView),
+        (status = 400, description = "A bad query parameter", body = ErrorBody),
+        (status = 404, description = "No such timer", body = ErrorBody),
+    )
+)]
+pub async fn get_timer(
+    State(app): State<AppState>,
+    Path(TimerPath { tenant, id }): Path<TimerPath>,
+    RawQuery(query): RawQuery,
+) -> Result<Json<TimerView>, ApiError> {
+    let next = next_parameter(query.as_deref())?;
+    let Some(timer) = app.engine.store().get(&TimerKey::new(tenant, id)).await? else {
+        return Err(ApiError::no_such_timer());
+    };
+    let mut view = TimerView::of(&timer);
+    if let Some(n) = next {
+        let now = app.engine.clock().now();
+        view.next_occurrences = Some(next_occurrences(&timer, now, n));
+    }
+    Ok(Json(view))
+}
+
+/// Cancels a Scheduled or Paused timer.
+#[utoipa::path(
+    delete,
+    path = "/v1/tenants/{tenant}/timers/{id}",
+    tag = "timers",
+    params(TimerPath),
+    responses(
+        (status = 200, description = "`cancelled`, or `already_cancelled`", body = Outcome),
+        (status = 409, description = "It already fired or failed (`already_reached`, `already_failed`), or is firing right now (`firing`)", body = ErrorBody),
+        (status = 404, description = "No such timer", body = ErrorBody),
+    )
+)]
+pub async fn cancel_timer(
+    State(app): State<AppState>,
+    Path(TimerPath { tenant, id }): Path<TimerPath>,
+) -> Result<Json<Outcome>, ApiError> {
+    let outcome = match app.engine.cancel(&TimerKey::new(tenant, id)).await? {
+        CancelOutcome::Cancelled => "cancelled",
+        CancelOutcome::AlreadyCancelled => "already_cancelled",
+        CancelOutcome::AlreadyReached => {
+            return Err(ApiError::conflict(
+                "already_reached",
+                "the timer already fired",
+            ))
+        }
+        CancelOutcome::AlreadyFailed => {
+            return Err(ApiError::conflict(
+                "already_failed",
+                "the timer failed (engine.max_attempts publishes)",
+            ))
+        }
+        CancelOutcome::Firing => {
+            return Err(ApiError::conflict(
+                "firing",
+                "the timer's event is being published right now; it fires once (retry the \
+                 cancel if you need it gone should the publish fail)",
+            ))
+        }
+        CancelOutcome::NotFound => return Err(ApiError::no_such_timer()),
+    };
+    Ok(Json(Outcome { outcome }))
+}
+
+/// Up to `n` coming fire times of `timer`, each in UTC and on the wall clock of its time zone:
+/// a Scheduled series' next occurrences, a Scheduled one-shot timer's due time, nothing for a
+/// finished timer.
+pub fn next_occurrences(timer: &Timer, now: Timestamp, n: usize) -> Vec<Occurrence> {
+    if timer.state != TimerState::Scheduled {
+        return Vec::new();
+    }
+    let Some(recurrence) = &timer.recurrence else {
+        let at = timer.due_at.to_rfc3339();
+        return vec![Occurrence {
+            utc: at.clone(),
+            local: at,
+        }];
+    };
+    let Ok(schedule) = recurrence.schedule() else {
+        return Vec::new();
+    };
+    schedule
+        .upcoming(timer.due_at, timer.occurrences, now, n)
+        .into_iter()
+        .map(|at| Occurrence {
+            utc: at.to_rfc3339(),
+            local: schedule.local_rfc3339(at),
+        })
+        .collect()
+}

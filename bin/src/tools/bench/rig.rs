@@ -1,0 +1,337 @@
+//! The rig of a run: engines on a fresh store and broker, the timers a workload schedules, and
+//! the watcher that times their events.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::bail;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use timer_brokers::memory::{HubConfig, MemoryConfig, MemoryHub};
+use timer_core::plugin::{BrokerConfig, Isolated, StoreConfig, TestClient};
+use timer_core::{Engine, NewTimer, Store, SystemClock, TimerKey, Timestamp};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Config;
+
+/// Engines on one fresh store for one run, and the store and broker resources of the run,
+/// removed after it. With several instances each engine has its own store handle (its own pool)
+/// on the same data, as separate processes would; timers are scheduled through the first.
+pub(super) struct Rig {
+    pub(super) engine: Engine,
+    pub(super) engines: Vec<Engine>,
+    pub(super) hub: Option<MemoryHub>,
+    pub(super) shutdown: CancellationToken,
+    pub(super) tasks: Vec<tokio::task::JoinHandle<()>>,
+    pub(super) store: Isolated<dyn StoreConfig>,
+    pub(super) broker: Isolated<dyn BrokerConfig>,
+    /// Holds the broker's resources ready for the run (RabbitMQ's events need a bound queue).
+    pub(super) client: Arc<dyn TestClient>,
+    /// Events of the first engine from before it started.
+    pub(super) first_events: timer_core::engine::Subscription,
+    /// When the engines were started.
+    pub(super) started: Instant,
+    /// Schedules/s of the preload, when there was one.
+    pub(super) preload_rate: f64,
+}
+
+/// What to put in the store before the engines start.
+#[derive(Clone, Copy, Default)]
+pub(super) struct Preload {
+    /// Timers due tomorrow and later.
+    pub(super) far: usize,
+    /// Timers already due.
+    pub(super) due_now: usize,
+    /// All in the tenant [`LIST_TENANT`] (else spread over 16 tenants).
+    pub(super) one_tenant: bool,
+}
+
+/// The tenant the list workload fills.
+pub(super) const LIST_TENANT: &str = "bench-list";
+
+impl Rig {
+    pub(super) async fn stop(self) {
+        self.shutdown.cancel();
+        for task in self.tasks {
+            let _ = task.await;
+        }
+        // Every broker client is gone before its streams or queues are deleted.
+        drop(self.engine);
+        drop(self.engines);
+        drop(self.hub);
+        drop(self.client);
+        for result in [
+            self.store.config.clean_up().await,
+            self.broker.config.clean_up().await,
+        ] {
+            if let Err(e) = result {
+                eprintln!("warning: cleaning up after the bench: {}", e.chain());
+            }
+        }
+    }
+}
+
+/// A fresh store (never the configured data: a temp file, a schema of its own on the configured
+/// server) and a second handle on it for every further instance.
+pub(super) async fn fresh_stores(
+    config: &dyn StoreConfig,
+    instances: usize,
+) -> anyhow::Result<(Vec<Arc<dyn Store>>, Isolated<dyn StoreConfig>)> {
+    if instances > 1 && !config.shared() {
+        bail!(
+            "--instances needs a store several instances share (postgres), not {}",
+            config.kind()
+        );
+    }
+    let isolated = config.isolated("bench")?;
+    let mut stores = Vec::new();
+    for _ in 0..instances {
+        stores.push(isolated.config.open().await?);
+    }
+    Ok((stores, isolated))
+}
+
+/// Broker resources of its own on the configured server (streams, queues, topics), and a client
+/// that keeps them ready. The memory broker keeps no events for reading back.
+pub(super) async fn fresh_broker(
+    config: &dyn BrokerConfig,
+) -> anyhow::Result<(Isolated<dyn BrokerConfig>, Arc<dyn TestClient>)> {
+    let mut isolated = config.isolated("bench")?;
+    if let Some(memory) = isolated.config.as_any().downcast_ref::<HubConfig>() {
+        isolated = Isolated::new(Box::new(HubConfig::new(MemoryConfig {
+            retain: 1,
+            ..memory.config.clone()
+        })));
+    }
+    let client = isolated.config.test_client().await?;
+    Ok((isolated, client))
+}
+
+pub(super) async fn start_rig(config: &Config, instances: usize) -> anyhow::Result<Rig> {
+    start_rig_with(config, instances, Preload::default()).await
+}
+
+/// Fills `store` in batches of 10,000 (never holding them all); returns schedules/s.
+pub(super) async fn preload(store: &Arc<dyn Store>, preload: Preload) -> anyhow::Result<f64> {
+    let total = preload.far + preload.due_now;
+    if total == 0 {
+        return Ok(0.0);
+    }
+    let bar = progress(total, "preloading");
+    let now = now_ms();
+    let started = Instant::now();
+    let mut i = 0;
+    while i < total {
+        let end = (i + 10_000).min(total);
+        let batch: Vec<NewTimer> = (i..end)
+            .map(|k| {
+                let due = if k < preload.due_now {
+                    now - 1
+                } else {
+                    now + 86_400_000 + k as i64
+                };
+                let mut timer = timer(k, due);
+                if preload.one_tenant {
+                    timer.key.tenant_id = LIST_TENANT.to_owned();
+                }
+                timer
+            })
+            .collect();
+        store
+            .schedule(&batch, Timestamp::from_millis(now_ms()))
+            .await?;
+        bar.inc(batch.len() as u64);
+        i = end;
+    }
+    bar.finish_and_clear();
+    Ok(total as f64 / started.elapsed().as_secs_f64())
+}
+
+pub(super) async fn start_rig_with(
+    config: &Config,
+    instances: usize,
+    load: Preload,
+) -> anyhow::Result<Rig> {
+    let (stores, store) = fresh_stores(config.store.as_ref(), instances.max(1)).await?;
+    let preload_rate = preload(&stores[0], load).await?;
+    let (broker, client) = fresh_broker(config.broker.as_ref()).await?;
+    let shutdown = CancellationToken::new();
+    let mut engines = Vec::new();
+    for store in stores {
+        let connected = broker.config.connect().await?;
+        let engine = Engine::new(
+            store,
+            connected,
+            Arc::new(SystemClock),
+            config.engine.clone(),
+            config.limits.clone(),
+        );
+        engines.push(engine);
+    }
+    let first_events = engines[0].subscribe(WATCH_BUDGET, Box::new(|_| true));
+    let started = Instant::now();
+    let tasks = engines.iter().map(|e| e.start(shutdown.clone())).collect();
+    Ok(Rig {
+        engine: engines[0].clone(),
+        engines,
+        hub: crate::plugins::memory_hub(broker.config.as_ref()),
+        shutdown,
+        tasks,
+        store,
+        broker,
+        client,
+        first_events,
+        started,
+        preload_rate,
+    })
+}
+
+pub(super) fn now_ms() -> i64 {
+    chrono::Utc::now().timestamp_millis()
+}
+
+pub(super) fn progress(len: usize, what: &str) -> ProgressBar {
+    let bar = ProgressBar::with_draw_target(Some(len as u64), ProgressDrawTarget::stderr());
+    if let Ok(style) = ProgressStyle::with_template("{msg:>12} [{bar:30}] {pos}/{len} {per_sec}") {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    bar.set_message(what.to_owned());
+    bar
+}
+
+pub(super) fn timer(i: usize, due_ms: i64) -> NewTimer {
+    NewTimer {
+        key: TimerKey::new(format!("bench-{}", i % 16), format!("t{i:08}")),
+        due_at: Timestamp::from_millis(due_ms),
+        correlation_id: None,
+        payload: None,
+        recurrence: None,
+        policy: None,
+        work: None,
+    }
+}
+
+/// Schedules in batches of 1,000 through the engine (as the ingest task does).
+pub(super) async fn schedule_all(engine: &Engine, timers: Vec<NewTimer>) -> anyhow::Result<()> {
+    let bar = progress(timers.len(), "scheduling");
+    for chunk in timers.chunks(1_000) {
+        engine.schedule(chunk).await?;
+        bar.inc(chunk.len() as u64);
+    }
+    bar.finish_and_clear();
+    Ok(())
+}
+
+/// How many bytes of events a bench watcher may have waiting: a herd of a million (about 400
+/// bytes each) while the watcher catches up.
+pub(super) const WATCH_BUDGET: usize = 1 << 30;
+
+/// What a watcher of the engine's confirmed events saw.
+pub(super) struct Watched {
+    /// (receive time − due time) in ms per event.
+    pub(super) lateness: Vec<i64>,
+    pub(super) last_receive_ms: i64,
+    pub(super) distinct: usize,
+    pub(super) duplicates: usize,
+    pub(super) lagged: u64,
+}
+
+/// Watches the events of every engine until `n` distinct timers fired or `deadline` passes.
+pub(super) async fn watch(engines: &[Engine], n: usize, deadline: Duration) -> Watched {
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let mut forwarders = Vec::new();
+    for engine in engines {
+        let mut events = engine.subscribe(WATCH_BUDGET, Box::new(|_| true));
+        let tx = tx.clone();
+        forwarders.push(tokio::spawn(async move {
+            loop {
+                let item = match events.recv().await {
+                    Some(event) => Ok((now_ms(), event)),
+                    None => match events.lagged() {
+                        Some(k) => Err(k),
+                        None => return,
+                    },
+                };
+                let lagged = item.is_err();
+                if tx.send(item).is_err() || lagged {
+                    return;
+                }
+            }
+        }));
+    }
+    drop(tx);
+    let bar = progress(n, "firing");
+    let mut seen: HashMap<String, usize> = HashMap::with_capacity(n);
+    let mut out = Watched {
+        lateness: Vec::with_capacity(n),
+        last_receive_ms: 0,
+        distinct: 0,
+        duplicates: 0,
+        lagged: 0,
+    };
+    let end = tokio::time::Instant::now() + deadline;
+    while seen.len() < n {
+        let (received, event) = match tokio::time::timeout_at(end, rx.recv()).await {
+            Err(_) | Ok(None) => break,
+            Ok(Some(Err(k))) => {
+                out.lagged += k;
+                continue;
+            }
+            Ok(Some(Ok(item))) => item,
+        };
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(&event.json) else {
+            continue;
+        };
+        let due = v["payload"]["dueAt"]
+            .as_str()
+            .and_then(|d| chrono::DateTime::parse_from_rfc3339(d).ok())
+            .map(|d| d.timestamp_millis())
+            .unwrap_or(received);
+        out.lateness.push(received - due);
+        out.last_receive_ms = received;
+        let key = format!(
+            "{}/{}",
+            v["tenantId"].as_str().unwrap_or_default(),
+            v["aggregateId"].as_str().unwrap_or_default()
+        );
+        let count = seen.entry(key).or_insert(0);
+        *count += 1;
+        if *count > 1 {
+            out.duplicates += 1;
+        } else {
+            bar.inc(1);
+        }
+    }
+    for f in forwarders {
+        f.abort();
+    }
+    bar.finish_and_clear();
+    out.distinct = seen.len();
+    out
+}
+
+pub(super) fn percentile(sorted: &[i64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize] as f64
+}
+
+pub(super) async fn wait_pending(
+    store: &Arc<dyn Store>,
+    n: u64,
+    bar: &ProgressBar,
+) -> anyhow::Result<()> {
+    let end = Instant::now() + Duration::from_secs(600);
+    loop {
+        let pending = store.scheduled_count().await?;
+        bar.set_position(pending);
+        if pending >= n {
+            return Ok(());
+        }
+        if Instant::now() > end {
+            bail!("only {pending} of {n} commands stored after 10 minutes");
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
