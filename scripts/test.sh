@@ -4,6 +4,8 @@
 # summary. First it compiles the default build and each plugin feature alone (scripts/builds.sh).
 # Usage: bash scripts/test.sh [extra cargo test args]
 #
+# Besides the tests: cargo-machete (no unused dependency) and mdbook (the book in docs/ builds),
+# built once into ~/.cache/timer-service (scripts/tools.sh).
 # Servers: PostgreSQL (scripts/servers/postgres.sh), NATS with JetStream (scripts/servers/nats.sh),
 # RabbitMQ (scripts/servers/rabbitmq.sh), a Kafka-protocol broker (tansu, scripts/servers/kafka.sh;
 # built once into ~/.cache/timer-service, about 12 minutes on 2 cores), and ChromeDriver with
@@ -17,6 +19,15 @@ bash scripts/deps.sh # build dependencies of --all-features, installed with apt 
 
 # The default build and each plugin feature alone compile (before any server starts).
 bash scripts/builds.sh
+
+# The tools besides the tests, built once into ~/.cache/timer-service (scripts/tools.sh).
+bash scripts/tools.sh install
+# No dependency that no source file uses.
+"$(bash scripts/tools.sh bin cargo-machete)"
+# The book builds (its links and anchors are checked by the docs tests with the rest).
+book="$(mktemp -d /tmp/timer-service-book.XXXXXX)"
+"$(bash scripts/tools.sh bin mdbook)" build docs --dest-dir "$book"
+rm -rf "$book"
 
 # This script provides every server, so a test that cannot reach one is a failure, not a skip.
 export TIMER_TEST_REQUIRE="${TIMER_TEST_REQUIRE:-1}"

@@ -430,3 +430,200 @@ async fn every_route_is_documented_and_answers_as_documented() {
         "the status never counted the pause: {status}"
     );
 }
+
+/// A schema with its `$ref` followed, and of `oneOf: [X, null]`, X.
+fn resolved<'a>(document: &'a Value, schema: &'a Value) -> &'a Value {
+    if let Some(reference) = schema["$ref"].as_str() {
+        let name = reference.trim_start_matches("#/components/schemas/");
+        return resolved(document, &document["components"]["schemas"][name]);
+    }
+    if let Some(options) = schema["oneOf"].as_array() {
+        if let Some(other) = options.iter().find(|o| o["type"] != "null") {
+            return resolved(document, other);
+        }
+    }
+    schema
+}
+
+/// Values at each bound of `schema` and just past it: `(bound, at, past)`. Strings are made of
+/// `1`s, which every documented pattern takes (ids, times as epoch milliseconds).
+fn bounds(schema: &Value, item: &dyn Fn(usize) -> Value) -> Vec<(String, Value, Value)> {
+    let mut cases = Vec::new();
+    let ones = |n: u64| Value::from("1".repeat(n as usize));
+    if let Some(min) = schema["minimum"].as_i64() {
+        cases.push((format!("minimum {min}"), json!(min), json!(min - 1)));
+    }
+    if let Some(max) = schema["maximum"].as_i64() {
+        cases.push((format!("maximum {max}"), json!(max), json!(max + 1)));
+    }
+    if let Some(min) = schema["minLength"].as_u64().filter(|n| *n > 0) {
+        cases.push((format!("minLength {min}"), ones(min), ones(min - 1)));
+    }
+    if let Some(max) = schema["maxLength"].as_u64() {
+        cases.push((format!("maxLength {max}"), ones(max), ones(max + 1)));
+    }
+    if let Some(max) = schema["maxItems"].as_u64() {
+        let items = |n: u64| Value::from((0..n as usize).map(item).collect::<Vec<_>>());
+        cases.push((format!("maxItems {max}"), items(max), items(max + 1)));
+    }
+    let word = |w: &Value| match &schema["type"] {
+        t if t == "array" || t.as_array().is_some_and(|t| t.contains(&json!("array"))) => {
+            json!([w])
+        }
+        _ => w.clone(),
+    };
+    let words = schema["enum"]
+        .as_array()
+        .or_else(|| schema["items"]["enum"].as_array());
+    for w in words.into_iter().flatten() {
+        cases.push((format!("enum {w}"), word(w), word(&json!("not-a-word"))));
+    }
+    cases
+}
+
+/// Every bound the document gives a parameter or a body property is the server's: a request at
+/// the bound is taken (any answer but 400), one just past it is refused (400). Empty path
+/// segments are left out: no router matches `/v1/tenants//timers`, so they never reach a check.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_documented_bound_is_enforced() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let api = Documented::start(dir.path()).await;
+    let due = now_ms() + 3_600_000;
+    let probe = serde_json::from_str::<Value>(&schedule("acme", "probe", due)).expect("json");
+    let (status, _) = api.call(Method::POST, "/v1/timers", Some(probe)).await;
+    assert_eq!(status, 201);
+    // A body the route takes, to change one property of at a time.
+    let base = |method: &str, route: &str| -> Value {
+        match (method, route) {
+            // A series, so that its fields (maxOccurrences) are taken too.
+            ("POST", "/v1/timers") => json!({
+                "tenantId": "acme", "serviceCallId": "bound", "cron": "0 9 * * *",
+            }),
+            ("POST", "/v1/timers/batch") => json!({ "commands": [] }),
+            ("POST", "/v1/tenants/{tenant}/timers/bulk") => {
+                json!({ "action": "pause", "filter": { "prefix": "no-such-timer-" } })
+            }
+            ("POST", "/v1/commands") => {
+                serde_json::from_str(&schedule("acme", "command", due)).expect("json")
+            }
+            _ => json!({}),
+        }
+    };
+    let item = |i: usize| -> Value {
+        serde_json::from_str(&schedule("acme", &format!("batch-{i}"), due)).expect("json")
+    };
+    let mut checked: BTreeSet<String> = BTreeSet::new();
+    let mut wrong = Vec::new();
+    for (method, route) in api.operations() {
+        let operation = &api.document["paths"][&route][method.to_ascii_lowercase()];
+        let verb = Method::from_bytes(method.as_bytes()).expect("a method");
+        let path_of = |tenant: &str, id: &str| {
+            route
+                .replace("{tenant}", &url::form_urlencoded::byte_serialize(tenant.as_bytes()).collect::<String>())
+                .replace("{id}", &url::form_urlencoded::byte_serialize(id.as_bytes()).collect::<String>())
+        };
+        let has_body = operation["requestBody"].is_object();
+        let body = has_body.then(|| base(&method, &route));
+        let mut tries: Vec<(String, String, Option<Value>, Option<Value>)> = Vec::new();
+        for parameter in operation["parameters"].as_array().into_iter().flatten() {
+            let name = parameter["name"].as_str().unwrap_or_default();
+            let place = parameter["in"].as_str().unwrap_or_default();
+            let schema = resolved(&api.document, &parameter["schema"]);
+            for (bound, at, past) in bounds(schema, &item) {
+                if place == "path" && bound == "minLength 1" {
+                    continue;
+                }
+                let text = |v: &Value| match v {
+                    Value::String(s) => s.clone(),
+                    Value::Array(items) => items
+                        .iter()
+                        .map(|i| i.as_str().map(str::to_owned).unwrap_or_else(|| i.to_string()))
+                        .collect::<Vec<_>>()
+                        .join(","),
+                    other => other.to_string(),
+                };
+                let (at, past) = (text(&at), text(&past));
+                let request = |value: &str| match place {
+                    "path" if name == "tenant" => path_of(value, "probe"),
+                    "path" => path_of("acme", value),
+                    _ => format!(
+                        "{}?{name}={}",
+                        path_of("acme", "probe"),
+                        url::form_urlencoded::byte_serialize(value.as_bytes()).collect::<String>()
+                    ),
+                };
+                tries.push((format!("{name} {bound}"), request(&at), body.clone(), None));
+                tries.push((format!("{name} {bound}"), request(&past), None, body.clone()));
+            }
+        }
+        // Body properties, and the properties of an object property (`filter.state`).
+        let mut properties: Vec<(Vec<String>, &Value)> = Vec::new();
+        if has_body {
+            let schema = resolved(
+                &api.document,
+                &operation["requestBody"]["content"]["application/json"]["schema"],
+            );
+            for (name, property) in schema["properties"].as_object().into_iter().flatten() {
+                let property = resolved(&api.document, property);
+                properties.push((vec![name.clone()], property));
+                for (inner, schema) in property["properties"].as_object().into_iter().flatten() {
+                    let schema = resolved(&api.document, schema);
+                    properties.push((vec![name.clone(), inner.clone()], schema));
+                }
+            }
+        }
+        for (names, schema) in properties {
+            for (bound, at, past) in bounds(schema, &item) {
+                let with = |value: Value| {
+                    let mut body = body.clone().unwrap_or_else(|| json!({}));
+                    let mut at = &mut body;
+                    for name in &names[..names.len() - 1] {
+                        if !at[name.as_str()].is_object() {
+                            at[name.as_str()] = json!({});
+                        }
+                        at = &mut at[name.as_str()];
+                    }
+                    at[names[names.len() - 1].as_str()] = value;
+                    body
+                };
+                let path = path_of("acme", "probe");
+                let what = format!("{} {bound}", names.join("."));
+                tries.push((what.clone(), path.clone(), Some(with(at)), None));
+                tries.push((what, path, None, Some(with(past))));
+            }
+        }
+        for (what, path, accepted, refused) in tries {
+            let (expect_refused, body) = match (accepted, refused) {
+                (_, Some(body)) => (true, Some(body)),
+                (body, None) => (false, body),
+            };
+            let (status, answer) = api.call(verb.clone(), &path, body).await;
+            checked.insert(format!("{method} {route} {what}"));
+            if (status == 400) != expect_refused {
+                wrong.push(format!(
+                    "{method} {path} ({what}, {}): {status} {answer}",
+                    if expect_refused { "past the bound" } else { "at the bound" }
+                ));
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "answers that break the document:\n{}", wrong.join("\n"));
+    // The walk found the bounds the handlers check (a document without them would pass it).
+    for expected in [
+        "GET /v1/tenants/{tenant}/timers limit maximum 1000",
+        "GET /v1/tenants/{tenant}/timers/{id} next minimum 1",
+        "GET /v1/tenants/{tenant}/timers state enum \"failed\"",
+        "GET /v1/tenants/{tenant}/timers dueAfter minLength 1",
+        "DELETE /v1/tenants/{tenant}/timers/{id} id maxLength 128",
+        "POST /v1/timers tenantId maxLength 128",
+        "POST /v1/timers/batch commands maxItems 1000",
+        "POST /v1/tenants/{tenant}/timers/{id}/pause note maxLength 1024",
+        "POST /v1/tenants/{tenant}/timers/bulk filter.state enum \"paused\"",
+        "POST /v1/tenants/{tenant}/timers/{id}/complete outcome enum \"failed\"",
+    ] {
+        assert!(
+            checked.contains(expected),
+            "{expected} was not checked; checked: {checked:#?}"
+        );
+    }
+}

@@ -24,7 +24,7 @@ struct PauseBody {
 }
 
 /// Longest pause note, in bytes.
-const MAX_NOTE_BYTES: usize = 1_024;
+pub const MAX_NOTE_BYTES: usize = 1_024;
 
 /// Refuses a pause note (of one timer or a bulk pause) over [`MAX_NOTE_BYTES`]: 400.
 pub fn check_note(note: Option<&str>) -> Result<(), ApiError> {
@@ -38,13 +38,12 @@ pub fn check_note(note: Option<&str>) -> Result<(), ApiError> {
     }
 }
 
-/// An optional JSON body: empty (or only whitespace) is `T::default()`.
+/// An optional JSON body: empty (or only whitespace) or `null` is `T::default()`.
 pub fn optional_body<T: DeserializeOwned + Default>(body: &[u8]) -> serde_json::Result<T> {
     if body.iter().all(u8::is_ascii_whitespace) {
-        Ok(T::default())
-    } else {
-        serde_json::from_slice(body)
+        return Ok(T::default());
     }
+    Ok(serde_json::from_slice::<Option<T>>(body)?.unwrap_or_default())
 }
 
 /// The answer to an action on one timer: 200 with the outcome and the timer as it is now when

@@ -57,6 +57,9 @@ pub struct BulkFilter {
     pub retrying: Option<bool>,
 }
 
+/// The actions a bulk request may ask for.
+pub const ACTIONS: [&str; 4] = ["cancel", "pause", "resume", "retry"];
+
 /// Timers a bulk action reads and changes per transaction.
 pub const BULK_PAGE: usize = 1_000;
 
@@ -65,8 +68,9 @@ pub const BULK_PAGE: usize = 1_000;
 #[serde(deny_unknown_fields)]
 struct BulkBody {
     action: String,
+    /// Absent or `null`: every timer of the tenant.
     #[serde(default)]
-    filter: serde_json::Map<String, Value>,
+    filter: Option<serde_json::Map<String, Value>>,
     /// For `pause`: the note every paused timer's history gets.
     #[serde(default)]
     note: Option<String>,
@@ -85,6 +89,10 @@ fn bulk_filter(filter: &serde_json::Map<String, Value>) -> Result<ListParams, Ba
         "retrying",
     ];
     for (name, value) in filter {
+        // `null`: as if the filter were not given.
+        if value.is_null() {
+            continue;
+        }
         if matches!(name.as_str(), "limit" | "cursor") {
             return Err(BadParameter::owned(
                 format!("filter.{name}"),
@@ -157,12 +165,12 @@ pub async fn bulk(
         other => {
             return Err(ApiError::bad_request(
                 "invalid_parameter",
-                format!("{other:?} is not an action (cancel, pause, resume, retry)"),
+                format!("{other:?} is not an action ({})", ACTIONS.join(", ")),
             )
             .field("action"))
         }
     };
-    let params = bulk_filter(&body.filter)?;
+    let params = bulk_filter(&body.filter.unwrap_or_default())?;
     let engine = app.engine.clone();
     let name = action.as_str();
     // Its own task: a client that leaves does not stop it halfway through a page.

@@ -33,9 +33,10 @@ pub struct DeadLetterView {
     post,
     path = "/v1/commands",
     tag = "embedded",
-    request_body(content = Object, description = "A command as a broker carries it: ScheduleTimer, CancelTimer, PauseTimer, ResumeTimer or TimerCompleted (see the wire contract)"),
+    request_body(content = serde_json::Value, description = "A command as a broker carries it: ScheduleTimer, CancelTimer, PauseTimer, ResumeTimer or TimerCompleted (see the wire contract). Any body but an empty one is queued: one that is not a valid command becomes a dead letter (`GET /v1/dead-letters`), as on a broker.", content_type = "application/json"),
     responses(
         (status = 202, description = "`queued`: the in-process broker has it", body = Outcome),
+        (status = 400, description = "No body (`invalid_json`)", body = ErrorBody),
         (status = 404, description = "Another broker is configured: publish to it", body = ErrorBody),
         (status = 503, description = "The in-process broker holds as many unacknowledged commands as it may, in all or of this tenant (`broker.max_queued`, `broker.max_queued_per_tenant`); `Retry-After` says when to send again", body = ErrorBody),
     )
@@ -45,6 +46,11 @@ pub async fn send_command(
     Extension(caller): Extension<Principal>,
     body: Bytes,
 ) -> Result<Response, ApiError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Err(ApiError::invalid_json(
+            "the body is empty: send one command (a JSON object)",
+        ));
+    }
     if caller.tenants != Tenants::All {
         // The broker path checks the command; here only its tenant is read, so a key limited to
         // some tenants cannot feed commands of others.

@@ -8,6 +8,7 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Extension;
 use serde::Deserialize;
+use timer_core::wire::check_id;
 
 use crate::http::auth::Principal;
 use crate::http::error::{ApiError, ErrorBody};
@@ -41,6 +42,7 @@ pub async fn events(
     Query(query): Query<EventsQuery>,
 ) -> Result<Response, ApiError> {
     if let Some(tenant) = &query.tenant {
+        check_id(tenant.clone(), "tenant", app.engine.limits())?;
         caller.need_tenant(tenant, Some("tenant"))?;
     }
     let open = app.streams.open().ok_or_else(|| {

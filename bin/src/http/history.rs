@@ -43,7 +43,7 @@ pub struct HistoryPage {
 /// Default and largest page of a history.
 const DEFAULT_HISTORY_PAGE: usize = 100;
 
-const MAX_HISTORY_PAGE: usize = 1_000;
+pub const MAX_HISTORY_PAGE: usize = 1_000;
 
 /// A timer's history, oldest first: every change (created, rescheduled, paused, resumed,
 /// skipped, buffered, triggered, fired, timed_out, completed, publish_failed, given_up, retried,

@@ -9,6 +9,7 @@
 pub mod actions;
 pub mod auth;
 pub mod batch;
+pub mod bounds;
 pub mod bulk;
 pub mod counted;
 pub mod embedded;
@@ -78,6 +79,11 @@ pub fn routes(
         .routes(routes!(events::events))
         // A bulk action runs to its end, page after page, however long that takes.
         .routes(routes!(bulk::bulk).layer(limited(body_limit)))
+        // Inside the guard: a caller without access learns nothing of what the ids may be.
+        .layer(axum::middleware::from_fn_with_state(
+            Arc::new(config.limits.clone()),
+            params::check_path_ids,
+        ))
         .layer(axum::middleware::from_fn_with_state(auth, auth::guard));
     // Health and metrics stay open: probes and scrapers carry no token.
     let open = OpenApiRouter::new()
@@ -101,6 +107,7 @@ pub fn router(state: AppState, config: &Config) -> Router {
     // Serializing a document of plain strings and maps cannot fail.
     let mut json = serde_json::to_value(&document).unwrap_or_default();
     openapi::add_auth_answers(&mut json);
+    bounds::constrain(&mut json, &config.limits);
     let json = serde_json::to_vec(&json).unwrap_or_default();
     let router = if config.http.ui {
         router.merge(ui::routes())

@@ -6,12 +6,37 @@
 //! position (keyset pagination), so writes between pages never repeat or skip a timer that was
 //! there all along. A cursor is only good for the tenant and filters it came from.
 
+use std::sync::Arc;
+
+use axum::extract::{RawPathParams, Request, State};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine as _;
 use serde::{Deserialize, Serialize};
-use timer_core::{PageAfter, TimerFilter, TimerState, Timestamp};
+use timer_core::wire::check_id;
+use timer_core::{Limits, PageAfter, TimerFilter, TimerState, Timestamp};
 
 use crate::http::error::ApiError;
+
+/// The middleware on the API routes: a `{tenant}` or `{id}` of the path must be an id as the
+/// wire contract has them (1 to `limits.max_id_bytes` bytes, no control character), or the
+/// request is refused, 400 `invalid_id` naming it, before a handler or the store sees it.
+pub async fn check_path_ids(
+    State(limits): State<Arc<Limits>>,
+    params: RawPathParams,
+    request: Request,
+    next: Next,
+) -> Response {
+    for (name, value) in &params {
+        if matches!(name, "tenant" | "id") {
+            if let Err(refused) = check_id(value.to_owned(), name, &limits) {
+                return ApiError::from(refused).into_response();
+            }
+        }
+    }
+    next.run(request).await
+}
 
 /// Default and largest page size.
 pub const DEFAULT_LIMIT: usize = 100;
@@ -161,7 +186,7 @@ pub fn count(field: &'static str, value: &str, max: usize) -> Result<usize, BadP
 }
 
 /// Most occurrences `?next=` shows.
-const MAX_NEXT: usize = 100;
+pub const MAX_NEXT: usize = 100;
 
 /// The `next` parameter of `GET /v1/tenants/{tenant}/timers/{id}` (the only one it takes).
 pub fn next_parameter(query: Option<&str>) -> Result<Option<usize>, BadParameter> {
