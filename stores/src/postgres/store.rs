@@ -2,16 +2,15 @@
 //! counts); the lease owners are in owners.rs, the settle statements in settle.rs.
 
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use async_trait::async_trait;
 use sqlx::Row;
 use timer_core::policy::{Policy, Work};
 use timer_core::{
-    Action, CancelOutcome, Change, ClaimedTimer, ControlOutcome, Error, HistoryEntry, Lease,
-    NewTimer, PageAfter, Recurrence, Result, ScheduleOutcome, Settlement, Store, TenantCounts,
-    TenantSummary, Timer, TimerControl, TimerFilter, TimerHistory, TimerKey, TimerQueries,
-    TimerState, Timestamp,
+    CancelOutcome, Change, ClaimedTimer, Error, Lease, NewTimer, Recurrence, Result,
+    ScheduleOutcome, Settlement, Store, TenantCounts, Timer, TimerControl, TimerHistory, TimerKey,
+    TimerQueries, TimerState, Timestamp,
 };
 use tokio::sync::broadcast;
 
@@ -20,7 +19,7 @@ use super::settle::{
     SETTLE_REACHED, SETTLE_REACHED_SQL, SETTLE_RETRY, SETTLE_RETRY_SQL,
 };
 use super::{db_err, PostgresStore};
-use crate::sql::{self, Statements, TimerRow};
+use crate::sql::{self, SqlAbilities, Statements, TimerRow};
 
 impl PostgresStore {
     fn statements(&self) -> Statements<'_, Self> {
@@ -432,66 +431,21 @@ impl Store for PostgresStore {
     }
 }
 
-#[async_trait]
-impl TimerControl for PostgresStore {
-    async fn apply(
-        &self,
-        keys: &[TimerKey],
-        action: &Action,
-        now: Timestamp,
-    ) -> Result<Vec<ControlOutcome>> {
-        let limit = self.history.load(Ordering::Relaxed);
-        self.statements().apply(keys, action, now, limit).await
-    }
-}
-
-#[async_trait]
-impl TimerHistory for PostgresStore {
-    fn set_limit(&self, per_timer: usize) {
-        self.history.store(per_timer, Ordering::Relaxed);
-    }
-
-    async fn read(&self, key: &TimerKey, after: u64, limit: usize) -> Result<Vec<HistoryEntry>> {
-        self.statements().history(key, after, limit).await
-    }
-
-    async fn record(&self, key: &TimerKey, at: Timestamp, change: &Change) -> Result<bool> {
-        let limit = self.history.load(Ordering::Relaxed);
-        self.statements().record(key, at, change, limit).await
-    }
-}
-
-#[async_trait]
-impl TimerQueries for PostgresStore {
-    async fn list(
-        &self,
-        tenant: &str,
-        filter: &TimerFilter,
-        after: Option<&PageAfter>,
-        limit: usize,
-    ) -> Result<Vec<Timer>> {
-        self.statements().list(tenant, filter, after, limit).await
-    }
-
-    async fn tenants(&self, after: Option<&str>, limit: usize) -> Result<Vec<String>> {
-        self.statements().tenants(after, limit).await
-    }
-
-    async fn summaries(
-        &self,
-        tenants: &[String],
-        failed_since: Timestamp,
-        fired_since: Timestamp,
-    ) -> Result<Vec<TenantSummary>> {
+impl SqlAbilities for PostgresStore {
+    fn reads(&self) -> Statements<'_, Self> {
         self.statements()
-            .summaries(tenants, failed_since, fired_since)
-            .await
     }
 
-    async fn count(&self, state: TimerState) -> Result<u64> {
-        self.statements().count(state).await
+    fn writes(&self) -> Statements<'_, Self> {
+        self.statements()
+    }
+
+    fn history_kept(&self) -> &AtomicUsize {
+        &self.history
     }
 }
+
+crate::sql::sql_abilities!(PostgresStore);
 
 #[async_trait]
 impl TenantCounts for PostgresStore {

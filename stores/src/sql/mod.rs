@@ -4,8 +4,10 @@
 //! differs. Shared statements number their parameters `$1`, `$2`, …, which SQLite takes too.
 //!
 //! Here: the [`Dialect`], error mapping, write transactions and the history a write records;
-//! `row.rs` decodes a row, `reads.rs`, `writes.rs` and `control.rs` hold the [`Statements`].
+//! `row.rs` decodes a row, `reads.rs`, `writes.rs` and `control.rs` hold the [`Statements`], and
+//! `abilities.rs` the stores' control, history and query abilities built on them.
 
+mod abilities;
 mod control;
 mod reads;
 mod row;
@@ -14,6 +16,7 @@ mod writes;
 use sqlx::{Database, Decode, Encode, Executor, IntoArguments, Pool, Type};
 use timer_core::{Change, Error, ErrorKind, TimerKey, Timestamp};
 
+pub(crate) use abilities::{sql_abilities, SqlAbilities};
 pub(crate) use row::TimerRow;
 pub(crate) use writes::settle_step;
 
