@@ -9,25 +9,24 @@ use std::str::FromStr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use async_trait::async_trait;
-use tracing::info;
-use sqlx::QueryBuilder;
 use sqlx::sqlite::{
-    Sqlite, SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
-    SqliteSynchronous,
+    Sqlite, SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool,
+    SqlitePoolOptions, SqliteSynchronous,
 };
+use sqlx::QueryBuilder;
 use timer_core::control::DEFAULT_HISTORY;
 use timer_core::policy::{Policy, Work};
 use timer_core::{
-    Action, CancelOutcome, Change, ClaimedTimer, ControlOutcome, Error, HistoryEntry, Lease,
-    NewTimer, PageAfter, Recurrence, Result, ScheduleOutcome, Settlement, Store, TenantCounts,
-    TenantSummary, Timer, TimerControl, TimerFilter, TimerHistory, TimerKey, TimerQueries,
-    TimerState, Timestamp,
+    CancelOutcome, Change, ClaimedTimer, Error, Lease, NewTimer, Recurrence, Result,
+    ScheduleOutcome, Settlement, Store, TenantCounts, Timer, TimerControl, TimerHistory, TimerKey,
+    TimerQueries, TimerState, Timestamp,
 };
+use tracing::info;
 
 pub use config::{SqliteConfig, Synchronous};
 pub use plugin::PLUGIN;
 
-use crate::sql::{self, Dialect, Entry, Statements, ROWS_PER_STATEMENT};
+use crate::sql::{self, Dialect, Entry, SqlAbilities, Statements, ROWS_PER_STATEMENT};
 
 pub struct SqliteStore {
     write: SqlitePool,
@@ -69,7 +68,6 @@ impl Dialect for SqliteStore {
     fn retryable(_: &sqlx::Error) -> bool {
         true
     }
-
 }
 
 fn db_err(op: &str, e: sqlx::Error) -> Error {
@@ -188,8 +186,10 @@ fn lock_exclusively(path: &str) -> Result<std::fs::File> {
         .truncate(false)
         .open(&lock_path)
         .map_err(|e| {
-            Error::unavailable(format!("sqlite store: cannot open the lock file {lock_path:?}"))
-                .with_source(e)
+            Error::unavailable(format!(
+                "sqlite store: cannot open the lock file {lock_path:?}"
+            ))
+            .with_source(e)
         })?;
     match file.try_lock() {
         Ok(()) => {}
@@ -209,10 +209,10 @@ fn lock_exclusively(path: &str) -> Result<std::fs::File> {
             )));
         }
         Err(std::fs::TryLockError::Error(e)) => {
-            return Err(Error::unavailable(format!(
-                "sqlite store: cannot lock {lock_path:?}"
-            ))
-            .with_source(e))
+            return Err(
+                Error::unavailable(format!("sqlite store: cannot lock {lock_path:?}"))
+                    .with_source(e),
+            )
         }
     }
     // Who holds it, for the error above; a failure here only loses that hint.
@@ -326,6 +326,12 @@ async fn insert_new(
 }
 
 impl SqliteStore {
+    fn history_limit(&self) -> usize {
+        self.history.load(Ordering::Relaxed)
+    }
+}
+
+impl SqlAbilities for SqliteStore {
     fn reads(&self) -> Statements<'_, Self> {
         sql::on(&self.read)
     }
@@ -334,8 +340,8 @@ impl SqliteStore {
         sql::on(&self.write)
     }
 
-    fn history_limit(&self) -> usize {
-        self.history.load(Ordering::Relaxed)
+    fn history_kept(&self) -> &AtomicUsize {
+        &self.history
     }
 }
 
@@ -473,7 +479,9 @@ impl Store for SqliteStore {
             let query = match settlement {
                 Settlement::Next(next) => query.bind(next.as_millis()),
                 Settlement::Failed(error) => query.bind(error.as_str()),
-                Settlement::Retry { at, error } => query.bind(at.as_millis()).bind(error.as_deref()),
+                Settlement::Retry { at, error } => {
+                    query.bind(at.as_millis()).bind(error.as_deref())
+                }
                 Settlement::Reached | Settlement::Step(_) => query,
             };
             let seq: Option<i64> = query
@@ -561,68 +569,7 @@ impl Store for SqliteStore {
     }
 }
 
-#[async_trait]
-impl TimerControl for SqliteStore {
-    async fn apply(
-        &self,
-        keys: &[TimerKey],
-        action: &Action,
-        now: Timestamp,
-    ) -> Result<Vec<ControlOutcome>> {
-        self.writes()
-            .apply(keys, action, now, self.history_limit())
-            .await
-    }
-}
-
-#[async_trait]
-impl TimerHistory for SqliteStore {
-    fn set_limit(&self, per_timer: usize) {
-        self.history.store(per_timer, Ordering::Relaxed);
-    }
-
-    async fn read(&self, key: &TimerKey, after: u64, limit: usize) -> Result<Vec<HistoryEntry>> {
-        self.reads().history(key, after, limit).await
-    }
-
-    async fn record(&self, key: &TimerKey, at: Timestamp, change: &Change) -> Result<bool> {
-        self.writes()
-            .record(key, at, change, self.history_limit())
-            .await
-    }
-}
-
-#[async_trait]
-impl TimerQueries for SqliteStore {
-    async fn list(
-        &self,
-        tenant: &str,
-        filter: &TimerFilter,
-        after: Option<&PageAfter>,
-        limit: usize,
-    ) -> Result<Vec<Timer>> {
-        self.reads().list(tenant, filter, after, limit).await
-    }
-
-    async fn tenants(&self, after: Option<&str>, limit: usize) -> Result<Vec<String>> {
-        self.reads().tenants(after, limit).await
-    }
-
-    async fn summaries(
-        &self,
-        tenants: &[String],
-        failed_since: Timestamp,
-        fired_since: Timestamp,
-    ) -> Result<Vec<TenantSummary>> {
-        self.reads()
-            .summaries(tenants, failed_since, fired_since)
-            .await
-    }
-
-    async fn count(&self, state: TimerState) -> Result<u64> {
-        self.reads().count(state).await
-    }
-}
+crate::sql::sql_abilities!(SqliteStore);
 
 #[async_trait]
 impl TenantCounts for SqliteStore {
@@ -653,80 +600,4 @@ impl TenantCounts for SqliteStore {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use timer_core::ErrorKind;
-
-    async fn open_err(url: &str) -> Error {
-        let config = SqliteConfig {
-            url: url.into(),
-            ..SqliteConfig::default()
-        };
-        match SqliteStore::open(&config).await {
-            Ok(_) => panic!("{url} should not open"),
-            Err(e) => e,
-        }
-    }
-
-    #[tokio::test]
-    async fn unusable_urls_are_config_errors_naming_the_url() {
-        for url in ["sqlite::memory:", "sqlite://", "sqlite://t.db?mode=ro"] {
-            let e = open_err(url).await;
-            assert_eq!(e.kind(), ErrorKind::Config, "{url}: {e}");
-            assert!(e.to_string().contains(url), "{url}: {e}");
-        }
-    }
-
-    /// Another process holding the write lock: schedule and cancel wait for it, up to
-    /// `store.busy_timeout`, instead of failing at once with "database is locked".
-    #[tokio::test]
-    async fn writes_wait_for_another_writer_on_the_same_file() {
-        use sqlx::Connection;
-        let dir = tempfile::tempdir().expect("tempdir");
-        let config = SqliteConfig::for_path(dir.path().join("t.db"));
-        let store = SqliteStore::open(&config).await.expect("open");
-        let now = Timestamp::from_millis(1_000);
-        let timer = |id: &str| NewTimer {
-            key: TimerKey::new("t", id),
-            due_at: Timestamp::from_millis(60_000),
-            correlation_id: None,
-            payload: None,
-            recurrence: None,
-            policy: None,
-            work: None,
-        };
-        store.schedule(&[timer("a")], now).await.expect("schedule");
-        let url = format!("sqlite://{}", config.path());
-        let mut other = sqlx::SqliteConnection::connect(&url).await.expect("connect");
-        for attempt in ["schedule", "cancel"] {
-            let lock = other.begin_with("BEGIN IMMEDIATE").await.expect("lock");
-            let write = async {
-                match attempt {
-                    "schedule" => store.schedule(&[timer("b")], now).await.map(drop),
-                    _ => store.cancel(&TimerKey::new("t", "a"), now).await.map(drop),
-                }
-            };
-            tokio::pin!(write);
-            // While the lock is held the write waits: it neither fails nor finishes.
-            let waiting = tokio::time::timeout(std::time::Duration::from_millis(300), &mut write).await;
-            assert!(waiting.is_err(), "{attempt} did not wait: {waiting:?}");
-            lock.commit().await.expect("release");
-            write.await.unwrap_or_else(|e| panic!("{attempt} after the lock: {e}"));
-        }
-        let a = store.get(&TimerKey::new("t", "a")).await.expect("get");
-        assert_eq!(a.map(|t| t.state), Some(TimerState::Cancelled));
-    }
-
-    #[tokio::test]
-    async fn a_missing_directory_is_unavailable_naming_the_path() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let path = dir.path().join("no/such/dir/t.db");
-        let e = open_err(&format!("sqlite://{}", path.display())).await;
-        assert_eq!(e.kind(), ErrorKind::Unavailable);
-        assert!(
-            e.chain().contains(&path.display().to_string()),
-            "{}",
-            e.chain()
-        );
-    }
-}
+mod tests;

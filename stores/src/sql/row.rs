@@ -1,0 +1,138 @@
+//! One row of `timers` decoded with the dialect's column types ([`TimerRow`]).
+
+use std::marker::PhantomData;
+
+use sqlx::{ColumnIndex, Database, Decode, Row, Type};
+use timer_core::policy::{Policy, Work};
+use timer_core::{ClaimedTimer, Error, Recurrence, Result, Timer, TimerKey, TimerState, Timestamp};
+
+use super::{db_err, Dialect};
+
+/// A counter as stored, clamped into `u32` (a negative one reads as 0).
+fn count(n: i64) -> u32 {
+    u32::try_from(n.max(0)).unwrap_or(u32::MAX)
+}
+
+/// One row of `timers`, decoded with the dialect's column types.
+pub(crate) struct TimerRow<'r, D: Dialect> {
+    row: &'r <D::Db as Database>::Row,
+    dialect: PhantomData<D>,
+}
+
+impl<'r, D> TimerRow<'r, D>
+where
+    D: Dialect,
+    &'static str: ColumnIndex<<D::Db as Database>::Row>,
+    i64: Decode<'r, D::Db> + Type<D::Db>,
+    String: Decode<'r, D::Db> + Type<D::Db>,
+{
+    pub(crate) fn of(row: &'r <D::Db as Database>::Row) -> Self {
+        TimerRow {
+            row,
+            dialect: PhantomData,
+        }
+    }
+
+    fn get<T: Decode<'r, D::Db> + Type<D::Db>>(&self, column: &'static str) -> Result<T> {
+        self.row
+            .try_get(column)
+            .map_err(|e| db_err::<D>("reading a timer", e))
+    }
+
+    fn time(&self, column: &'static str) -> Result<Timestamp> {
+        self.get(column).map(Timestamp::from_millis)
+    }
+
+    fn count(&self, column: &'static str) -> Result<u32> {
+        Ok(count(self.get::<D::Count>(column)?.into()))
+    }
+
+    pub(crate) fn key(&self) -> Result<TimerKey> {
+        Ok(TimerKey {
+            tenant_id: self.get("tenant_id")?,
+            service_call_id: self.get("service_call_id")?,
+        })
+    }
+
+    fn recurrence(&self) -> Result<Option<Recurrence>> {
+        self.get::<Option<String>>("recurrence")?
+            .as_deref()
+            .map(Recurrence::from_json)
+            .transpose()
+    }
+
+    fn policy(&self) -> Result<Option<Policy>> {
+        self.get::<Option<String>>("policy")?
+            .as_deref()
+            .map(Policy::from_json)
+            .transpose()
+    }
+
+    fn work(&self) -> Result<Option<Work>> {
+        self.get::<Option<String>>("work")?
+            .as_deref()
+            .map(Work::from_json)
+            .transpose()
+    }
+
+    /// The `state` column.
+    fn state(&self) -> Result<TimerState> {
+        let code: i64 = self.get::<D::State>("state")?.into();
+        TimerState::from_code(code)
+            .ok_or_else(|| Error::internal(format!("{} store: unknown state code {code}", D::NAME)))
+    }
+
+    /// A row a claim returned.
+    pub(crate) fn claimed(&self) -> Result<ClaimedTimer> {
+        Ok(ClaimedTimer {
+            key: self.key()?,
+            due_at: self.time("due_at")?,
+            registered_at: self.time("registered_at")?,
+            correlation_id: self.get("correlation_id")?,
+            payload: self.get("payload")?,
+            attempts: self.count("attempts")?,
+            revision: self.get("revision")?,
+            recurrence: self.recurrence()?,
+            occurrences: self.count("occurrences")?,
+            policy: self.policy()?,
+            work: self.work()?,
+        })
+    }
+
+    /// A row of [`TIMER_COLUMNS`](super::TIMER_COLUMNS): what a claim returns, with the state,
+    /// the last fire and the lease besides.
+    pub(crate) fn timer(&self) -> Result<Timer> {
+        let ClaimedTimer {
+            key,
+            due_at,
+            registered_at,
+            correlation_id,
+            payload,
+            attempts,
+            revision: _,
+            recurrence,
+            occurrences,
+            policy,
+            work,
+        } = self.claimed()?;
+        Ok(Timer {
+            key,
+            due_at,
+            state: self.state()?,
+            registered_at,
+            reached_at: self
+                .get::<Option<i64>>("reached_at")?
+                .map(Timestamp::from_millis),
+            correlation_id,
+            payload,
+            attempts,
+            last_error: self.get("last_error")?,
+            lease_owner: self.get("lease_owner")?,
+            available_at: self.time("available_at")?,
+            recurrence,
+            occurrences,
+            policy,
+            work,
+        })
+    }
+}

@@ -1,0 +1,112 @@
+//! The shared statements of the firing path: claiming due timers, settling a claim the engine
+//! spelled out step by step ([`settle_step`]), purging finished timers.
+
+use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Type};
+use timer_core::policy::Work;
+use timer_core::store::Step;
+use timer_core::{ClaimedTimer, Lease, Result, Timestamp};
+
+use super::{db_err, Dialect, Statements, TimerRow};
+
+/// Settles one claim as `step` says ([`Settlement::Step`](timer_core::Settlement::Step)) at
+/// `at`, if `owner` still holds it at the claimed revision: `None` when not. Returns the row's
+/// `history_seq` after the step's changes; the caller records them.
+pub(crate) async fn settle_step<D>(
+    conn: &mut <D::Db as Database>::Connection,
+    claim: &ClaimedTimer,
+    step: &Step,
+    owner: &str,
+    at: Timestamp,
+) -> std::result::Result<Option<i64>, sqlx::Error>
+where
+    D: Dialect,
+    for<'c> &'c mut <D::Db as Database>::Connection: Executor<'c, Database = D::Db>,
+    for<'q> <D::Db as Database>::Arguments<'q>: IntoArguments<'q, D::Db>,
+    for<'q> &'q str: Encode<'q, D::Db> + Type<D::Db>,
+    for<'q> i64: Encode<'q, D::Db> + Decode<'q, D::Db> + Type<D::Db>,
+    for<'q> Option<i64>: Encode<'q, D::Db>,
+    for<'q> String: Encode<'q, D::Db> + Type<D::Db>,
+    for<'q> Option<String>: Encode<'q, D::Db>,
+    usize: ColumnIndex<<D::Db as Database>::Row>,
+{
+    let finished = step.state.is_finished().then_some(at.as_millis());
+    sqlx::query_scalar(
+        "UPDATE timers SET state = CAST($6 AS SMALLINT), \
+           revision = revision + CASE WHEN due_at <> $7 THEN 1 ELSE 0 END, \
+           due_at = $7, available_at = $8, finished_at = $9, \
+           reached_at = CASE WHEN $10 = 1 THEN $3 ELSE reached_at END, \
+           occurrences = occurrences \
+             + CASE WHEN $10 = 1 AND recurrence IS NOT NULL THEN 1 ELSE 0 END, \
+           attempts = CASE WHEN $10 = 1 THEN 0 ELSE attempts END, \
+           last_error = CASE WHEN $10 = 1 THEN NULL ELSE last_error END, \
+           work = $11, lease_owner = NULL, lease_until = NULL, \
+           history_seq = history_seq + $12 \
+         WHERE tenant_id = $1 AND service_call_id = $2 AND state = 0 AND lease_owner = $4 \
+           AND revision = $5 RETURNING history_seq",
+    )
+    .bind(claim.key.tenant_id.as_str())
+    .bind(claim.key.service_call_id.as_str())
+    .bind(at.as_millis())
+    .bind(owner)
+    .bind(claim.revision)
+    .bind(step.state.code())
+    .bind(step.due_at.as_millis())
+    .bind(step.available_at.max(step.due_at).as_millis())
+    .bind(finished)
+    .bind(i64::from(step.fired))
+    .bind(step.work.as_ref().map(Work::to_json))
+    .bind(i64::try_from(step.changes.len()).unwrap_or(0))
+    .fetch_optional(&mut *conn)
+    .await
+}
+
+impl<D> Statements<'_, D>
+where
+    D: Dialect,
+    for<'c> &'c mut <D::Db as Database>::Connection: Executor<'c, Database = D::Db>,
+    for<'q> <D::Db as Database>::Arguments<'q>: IntoArguments<'q, D::Db>,
+    for<'q> &'q str: Encode<'q, D::Db> + Type<D::Db>,
+    for<'q> i64: Encode<'q, D::Db> + Decode<'q, D::Db> + Type<D::Db>,
+    for<'q> Option<i64>: Encode<'q, D::Db>,
+    for<'q> String: Encode<'q, D::Db>,
+    for<'q> Option<String>: Encode<'q, D::Db>,
+    for<'r> String: Decode<'r, D::Db> + Type<D::Db>,
+    for<'r> bool: Decode<'r, D::Db> + Type<D::Db>,
+    &'static str: ColumnIndex<<D::Db as Database>::Row>,
+    usize: ColumnIndex<<D::Db as Database>::Row>,
+{
+    pub(crate) async fn claim(
+        &self,
+        now: Timestamp,
+        limit: usize,
+        lease: &Lease,
+    ) -> Result<Vec<ClaimedTimer>> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let rows = sqlx::query(D::CLAIM)
+            .bind(lease.owner.as_str())
+            .bind(lease.until.as_millis())
+            .bind(now.as_millis())
+            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .fetch_all(self.pool)
+            .await
+            .map_err(|e| db_err::<D>("claiming due timers", e))?;
+        let mut claimed = rows
+            .iter()
+            .map(|row| TimerRow::<D>::of(row).claimed())
+            .collect::<Result<Vec<_>>>()?;
+        claimed.sort_by(|a, b| a.due_at.cmp(&b.due_at).then_with(|| a.key.cmp(&b.key)));
+        Ok(claimed)
+    }
+
+    pub(crate) async fn purge(&self, older_than: Timestamp, limit: usize) -> Result<u64> {
+        let gone = sqlx::query(D::PURGE)
+            .bind(older_than.as_millis())
+            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .fetch_all(self.pool)
+            .await
+            .map_err(|e| db_err::<D>("purging finished timers", e))?;
+        Ok(gone.len() as u64)
+    }
+}

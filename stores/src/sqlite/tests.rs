@@ -1,0 +1,82 @@
+//! Unit tests of the sqlite store: unusable URLs, a second writer on the file, a missing
+//! directory.
+
+use super::*;
+use timer_core::ErrorKind;
+
+async fn open_err(url: &str) -> Error {
+    let config = SqliteConfig {
+        url: url.into(),
+        ..SqliteConfig::default()
+    };
+    match SqliteStore::open(&config).await {
+        Ok(_) => panic!("{url} should not open"),
+        Err(e) => e,
+    }
+}
+
+#[tokio::test]
+async fn unusable_urls_are_config_errors_naming_the_url() {
+    for url in ["sqlite::memory:", "sqlite://", "sqlite://t.db?mode=ro"] {
+        let e = open_err(url).await;
+        assert_eq!(e.kind(), ErrorKind::Config, "{url}: {e}");
+        assert!(e.to_string().contains(url), "{url}: {e}");
+    }
+}
+
+/// Another process holding the write lock: schedule and cancel wait for it, up to
+/// `store.busy_timeout`, instead of failing at once with "database is locked".
+#[tokio::test]
+async fn writes_wait_for_another_writer_on_the_same_file() {
+    use sqlx::Connection;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = SqliteConfig::for_path(dir.path().join("t.db"));
+    let store = SqliteStore::open(&config).await.expect("open");
+    let now = Timestamp::from_millis(1_000);
+    let timer = |id: &str| NewTimer {
+        key: TimerKey::new("t", id),
+        due_at: Timestamp::from_millis(60_000),
+        correlation_id: None,
+        payload: None,
+        recurrence: None,
+        policy: None,
+        work: None,
+    };
+    store.schedule(&[timer("a")], now).await.expect("schedule");
+    let url = format!("sqlite://{}", config.path());
+    let mut other = sqlx::SqliteConnection::connect(&url)
+        .await
+        .expect("connect");
+    for attempt in ["schedule", "cancel"] {
+        let lock = other.begin_with("BEGIN IMMEDIATE").await.expect("lock");
+        let write = async {
+            match attempt {
+                "schedule" => store.schedule(&[timer("b")], now).await.map(drop),
+                _ => store.cancel(&TimerKey::new("t", "a"), now).await.map(drop),
+            }
+        };
+        tokio::pin!(write);
+        // While the lock is held the write waits: it neither fails nor finishes.
+        let waiting = tokio::time::timeout(std::time::Duration::from_millis(300), &mut write).await;
+        assert!(waiting.is_err(), "{attempt} did not wait: {waiting:?}");
+        lock.commit().await.expect("release");
+        write
+            .await
+            .unwrap_or_else(|e| panic!("{attempt} after the lock: {e}"));
+    }
+    let a = store.get(&TimerKey::new("t", "a")).await.expect("get");
+    assert_eq!(a.map(|t| t.state), Some(TimerState::Cancelled));
+}
+
+#[tokio::test]
+async fn a_missing_directory_is_unavailable_naming_the_path() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("no/such/dir/t.db");
+    let e = open_err(&format!("sqlite://{}", path.display())).await;
+    assert_eq!(e.kind(), ErrorKind::Unavailable);
+    assert!(
+        e.chain().contains(&path.display().to_string()),
+        "{}",
+        e.chain()
+    );
+}

@@ -1,0 +1,205 @@
+//! Claiming and settling: claim order and exclusivity, leases running out, releases for a retry,
+//! failing, the next due time.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use timer_core::{NewTimer, ScheduleOutcome, Store, TimerState};
+
+use super::{
+    at, cancel, claim, fail, ids, mark_reached, next_due, put, release, row, schedule_and_claim,
+    scheduled_count, state_of, timer, T0, T0_MS,
+};
+
+pub async fn no_refire_after_reached(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    let claimed = schedule_and_claim(s, timer("t", "a", T0_MS), "i1", T0_MS + 100).await;
+    assert_eq!(mark_reached(s, &claimed, "i1", T0).await, 1);
+    // Even long after every lease has run out, a Reached timer is never claimed again.
+    let later = at(T0_MS + 86_400_000);
+    let again = claim(s, later, 10, "i2", later.as_millis() + 100).await;
+    assert!(
+        again.is_empty(),
+        "a Reached timer was claimed again: {again:?}"
+    );
+    assert_eq!(next_due(s).await, None);
+    assert_eq!(scheduled_count(s).await, 0);
+    // Marking twice does nothing more.
+    assert_eq!(mark_reached(s, &claimed, "i1", T0).await, 0);
+}
+
+pub async fn claim_takes_oldest_first_up_to_limit(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    let batch: Vec<NewTimer> = [5, 1, 4, 2, 3, 99]
+        .iter()
+        .map(|d| timer("t", &format!("d{d}"), T0_MS + d))
+        .collect();
+    put(s, &batch, T0).await;
+    let now = at(T0_MS + 10);
+    let first = claim(s, now, 2, "i1", now.as_millis() + 1_000).await;
+    assert_eq!(ids(&first), ["d1", "d2"]);
+    let rest = claim(s, now, 10, "i1", now.as_millis() + 1_000).await;
+    assert_eq!(ids(&rest), ["d3", "d4", "d5"], "d99 is not due yet");
+    assert!(claim(s, now, 10, "i1", 0).await.is_empty());
+    assert!(
+        claim(s, now, 0, "i1", 0).await.is_empty(),
+        "limit 0 claims nothing"
+    );
+}
+
+pub async fn claim_is_exclusive_under_concurrency(store: Arc<dyn Store>) {
+    const N: usize = 2_000;
+    let batch: Vec<NewTimer> = (0..N)
+        .map(|i| timer("t", &format!("c{i:05}"), T0_MS + (i % 50) as i64))
+        .collect();
+    put(store.as_ref(), &batch, T0).await;
+    let now = at(T0_MS + 100);
+    let mut tasks = Vec::new();
+    for worker in 0..8 {
+        let store = store.clone();
+        tasks.push(tokio::spawn(async move {
+            let owner = format!("w{worker}");
+            let mut mine = Vec::new();
+            loop {
+                let got = claim(store.as_ref(), now, 37, &owner, now.as_millis() + 60_000).await;
+                if got.is_empty() {
+                    return mine;
+                }
+                mine.extend(got.into_iter().map(|c| c.key));
+            }
+        }));
+    }
+    let mut seen = HashSet::new();
+    let mut total = 0;
+    for task in tasks {
+        for key in task.await.expect("claimer task") {
+            total += 1;
+            assert!(seen.insert(key.clone()), "{key} was claimed twice");
+        }
+    }
+    assert_eq!(total, N, "every due timer claimed exactly once");
+}
+
+pub async fn expired_lease_makes_row_claimable(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    let first = schedule_and_claim(s, timer("t", "a", T0_MS), "crashed", T0_MS + 1_000).await;
+    assert_eq!(ids(&first), ["a"]);
+    let during = at(T0_MS + 999);
+    assert!(
+        claim(s, during, 10, "other", during.as_millis() + 1_000)
+            .await
+            .is_empty(),
+        "a live lease keeps the row from others"
+    );
+    let after = at(T0_MS + 1_000);
+    let second = claim(s, after, 10, "other", after.as_millis() + 1_000).await;
+    assert_eq!(
+        ids(&second),
+        ["a"],
+        "an expired lease makes the row claimable"
+    );
+    // The old owner lost the lease: its mark does nothing; the new owner's does.
+    assert_eq!(mark_reached(s, &first, "crashed", after).await, 0);
+    assert_eq!(state_of(s, "t", "a").await, TimerState::Scheduled);
+    assert_eq!(mark_reached(s, &second, "other", after).await, 1);
+    assert_eq!(state_of(s, "t", "a").await, TimerState::Reached);
+}
+
+pub async fn release_keeps_attempts_and_last_error(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    let claimed = schedule_and_claim(s, timer("t", "a", T0_MS), "i1", T0_MS + 30_000).await;
+    let retry_at = at(T0_MS + 5_000);
+    release(s, &claimed, "i1", retry_at, Some("broker said no")).await;
+    let got = row(s, "t", "a").await;
+    assert_eq!(got.state, TimerState::Scheduled);
+    assert_eq!(got.attempts, 1);
+    assert_eq!(got.last_error.as_deref(), Some("broker said no"));
+    assert_eq!(got.due_at, T0, "release keeps the due time");
+    assert_eq!(next_due(s).await, Some(retry_at));
+    let early = at(retry_at.as_millis() - 1);
+    assert!(claim(s, early, 10, "i1", early.as_millis() + 30_000)
+        .await
+        .is_empty());
+    let again = claim(s, retry_at, 10, "i1", retry_at.as_millis() + 30_000).await;
+    assert_eq!(ids(&again), ["a"]);
+    assert_eq!(again[0].attempts, 1);
+    release(s, &again, "i1", retry_at, Some("still no")).await;
+    let got = row(s, "t", "a").await;
+    assert_eq!(got.attempts, 2);
+    assert_eq!(got.last_error.as_deref(), Some("still no"));
+    // A release by someone who does not hold the lease changes nothing.
+    release(s, &again, "stranger", retry_at, Some("x")).await;
+    assert_eq!(row(s, "t", "a").await.attempts, 2);
+}
+
+pub async fn release_without_error_keeps_attempts(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    let claimed = schedule_and_claim(s, timer("t", "a", T0_MS), "i1", T0_MS + 30_000).await;
+    release(s, &claimed, "i1", T0, None).await;
+    let got = row(s, "t", "a").await;
+    assert_eq!(got.attempts, 0);
+    assert_eq!(got.last_error, None);
+    let again = claim(s, T0, 10, "i2", T0_MS + 30_000).await;
+    assert_eq!(ids(&again), ["a"], "a released claim is claimable at once");
+}
+
+pub async fn reschedule_while_firing_keeps_timer_scheduled(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    let claimed = schedule_and_claim(s, timer("t", "a", T0_MS), "i1", T0_MS + 30_000).await;
+    let later = T0_MS + 60_000;
+    let out = put(s, &[timer("t", "a", later)], at(T0_MS + 1)).await;
+    assert_eq!(out, vec![ScheduleOutcome::Updated]);
+    // The fire of the old due time completes, but the timer now waits for its new due time.
+    assert_eq!(mark_reached(s, &claimed, "i1", at(T0_MS + 2)).await, 0);
+    let got = row(s, "t", "a").await;
+    assert_eq!(got.state, TimerState::Scheduled);
+    assert_eq!(got.due_at, at(later));
+    let again = claim(s, at(later), 10, "i2", later + 30_000).await;
+    assert_eq!(ids(&again), ["a"]);
+    // A repeated command with the same due time (a broker redelivery) does not disturb a fire.
+    put(s, &[timer("t", "a", later)], at(later)).await;
+    assert_eq!(mark_reached(s, &again, "i2", at(later)).await, 1);
+}
+
+pub async fn next_due_at_tracks_claimable_rows(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    assert_eq!(next_due(s).await, None, "empty store");
+    let batch = [
+        timer("t", "a", T0_MS + 300),
+        timer("t", "b", T0_MS + 100),
+        timer("t", "c", T0_MS + 200),
+    ];
+    put(s, &batch, T0).await;
+    assert_eq!(next_due(s).await, Some(at(T0_MS + 100)));
+    let now = at(T0_MS + 100);
+    claim(s, now, 1, "i1", T0_MS + 10_000).await;
+    assert_eq!(
+        next_due(s).await,
+        Some(at(T0_MS + 200)),
+        "a leased row counts from its lease expiry"
+    );
+    cancel(s, "t", "c", now).await;
+    assert_eq!(next_due(s).await, Some(at(T0_MS + 300)));
+    cancel(s, "t", "a", now).await;
+    assert_eq!(next_due(s).await, Some(at(T0_MS + 10_000)));
+}
+
+pub async fn fail_marks_failed_for_the_lease_holder_only(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    let claimed = schedule_and_claim(s, timer("t", "a", T0_MS), "i1", T0_MS + 1_000).await;
+    assert_eq!(
+        fail(s, &claimed, "i2", T0, "not mine").await,
+        0,
+        "only the lease holder fails it"
+    );
+    assert_eq!(
+        fail(s, &claimed, "i1", at(T0_MS + 5), "broker down").await,
+        1
+    );
+    let t = row(s, "t", "a").await;
+    assert_eq!(t.state, TimerState::Failed);
+    assert_eq!(t.attempts, 1, "the last attempt counts");
+    assert_eq!(t.last_error.as_deref(), Some("broker down"));
+    assert_eq!(scheduled_count(s).await, 0);
+    assert_eq!(next_due(s).await, None);
+}

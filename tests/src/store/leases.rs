@@ -1,0 +1,211 @@
+//! Leases across instances and restarts: renewing, a restart of a store one service owns, dead
+//! lease owners taken over.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use timer_core::{CancelOutcome, ErrorKind, Store, TakenOver, TimerKey};
+
+use super::{
+    at, cancel, claim, ids, mark_reached, put, row, schedule_and_claim, timer, FreshStore, T0,
+    T0_MS,
+};
+
+pub async fn renew_extends_only_the_owners_leases(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    let claimed = schedule_and_claim(s, timer("t", "a", T0_MS), "i1", T0_MS + 1_000).await;
+    assert_eq!(ids(&claimed), ["a"]);
+    let keys = [TimerKey::new("t", "a"), TimerKey::new("t", "missing")];
+    let renew = |owner: &'static str, until_ms: i64| {
+        let keys = keys.clone();
+        async move {
+            s.renew(&keys, owner, at(until_ms))
+                .await
+                .unwrap_or_else(|e| panic!("renewing for {owner} failed: {e}"))
+        }
+    };
+    assert_eq!(renew("stranger", T0_MS + 9_000).await, 0, "not its lease");
+    assert_eq!(renew("i1", T0_MS + 5_000).await, 1, "the holder renews");
+    assert!(
+        claim(s, at(T0_MS + 4_999), 10, "i2", T0_MS + 9_000)
+            .await
+            .is_empty(),
+        "a renewed lease keeps the row from others until its new end"
+    );
+    assert_eq!(
+        cancel(s, "t", "a", at(T0_MS + 4_999)).await,
+        CancelOutcome::Firing,
+        "a renewed lease is live for a cancel too"
+    );
+    assert_eq!(
+        mark_reached(s, &claimed, "i1", at(T0_MS + 4_000)).await,
+        1,
+        "the holder settles after renewing"
+    );
+    assert_eq!(
+        renew("i1", T0_MS + 9_000).await,
+        0,
+        "a settled claim has no lease"
+    );
+
+    // A lease that ran out and was claimed by another is that one's.
+    let b = schedule_and_claim(s, timer("t", "b", T0_MS), "i1", T0_MS + 1_000).await;
+    assert_eq!(ids(&b), ["b"]);
+    let taken = claim(s, at(T0_MS + 1_000), 10, "i2", T0_MS + 2_000).await;
+    assert_eq!(ids(&taken), ["b"]);
+    assert_eq!(
+        s.renew(&[TimerKey::new("t", "b")], "i1", at(T0_MS + 9_000))
+            .await
+            .expect("renew"),
+        0,
+        "the old holder renews nothing"
+    );
+    assert!(
+        claim(s, at(T0_MS + 2_000), 10, "i3", T0_MS + 3_000)
+            .await
+            .iter()
+            .any(|t| t.key.service_call_id == "b"),
+        "the new holder's lease ends as it was set"
+    );
+}
+
+/// A store that keeps its timers across a restart and cannot tell dead lease owners from live
+/// ones is opened by one service at a time: a second open is refused while the first is open,
+/// and an open releases every lease in it (they belong to a run that ended).
+pub async fn a_restart_releases_every_lease_of_a_store_one_service_owns(fresh: FreshStore) {
+    let (store, config, _keep) = fresh.into_parts();
+    if store.lease_owners().is_some() {
+        return; // dead_owners_are_taken_over_at_once
+    }
+    let s = store.as_ref();
+    put(s, &[timer("t", "late", T0_MS + 60_000)], T0).await;
+    let claimed = schedule_and_claim(s, timer("t", "a", T0_MS), "old", T0_MS + 3_600_000).await;
+    assert_eq!(ids(&claimed), ["a"]);
+    match config.open().await {
+        Ok(other) => {
+            let persists = other.get(&TimerKey::new("t", "a")).await.ok().flatten();
+            assert!(
+                persists.is_none(),
+                "a second service opened a store with this one's timers while it ran, and \
+                 cannot tell which leases are dead"
+            );
+            return; // a store in process memory: nothing survives a restart
+        }
+        Err(e) => {
+            assert_eq!(e.kind(), ErrorKind::Config, "{}", e.chain());
+            assert!(
+                e.chain().contains("in use"),
+                "names the conflict: {}",
+                e.chain()
+            );
+        }
+    }
+    drop(store);
+    let reopened = config
+        .open()
+        .await
+        .unwrap_or_else(|e| panic!("opening again after the first closed: {}", e.chain()));
+    let s = reopened.as_ref();
+    let again = claim(s, T0, 10, "new", T0_MS + 1_000).await;
+    assert_eq!(
+        ids(&again),
+        ["a"],
+        "the lease of the run that ended is released at the restart"
+    );
+    assert_eq!(row(s, "t", "late").await.available_at, at(T0_MS + 60_000));
+}
+
+/// With lease owners, an owner's leases come back the moment it is found dead (claimable
+/// `lost_within` later), never while it lives; two live owners never share a name.
+pub async fn dead_owners_are_taken_over_at_once(fresh: FreshStore) {
+    let (store, config, _keep) = fresh.into_parts();
+    let Some(owners) = store.lease_owners() else {
+        return; // a_restart_releases_every_lease_of_a_store_one_service_owns
+    };
+    let second = config
+        .open()
+        .await
+        .unwrap_or_else(|e| panic!("a second instance on the store: {}", e.chain()));
+    let others = second
+        .lease_owners()
+        .expect("the same plugin has the ability");
+    let s = store.as_ref();
+    let i1 = owners.join("i1", T0).await.expect("i1 joins");
+    let refused = others
+        .join("i1", T0)
+        .await
+        .err()
+        .expect("a live name is refused");
+    assert_eq!(refused.kind(), ErrorKind::Config, "{}", refused.chain());
+    assert!(
+        refused.chain().contains("\"i1\""),
+        "names it: {}",
+        refused.chain()
+    );
+    let i2 = others.join("i2", T0).await.expect("i2 joins");
+
+    put(
+        s,
+        &[timer("t", "a", T0_MS), timer("t", "b", T0_MS + 10)],
+        T0,
+    )
+    .await;
+    let claimed = claim(s, at(T0_MS + 10), 10, "i1", T0_MS + 3_600_000).await;
+    assert_eq!(ids(&claimed), ["a", "b"]);
+    let release_at = at(T0_MS + 1_000);
+    let taken = others.take_over(release_at).await.expect("take over");
+    assert_eq!(taken, [], "nothing of a live owner");
+
+    drop(i1); // the instance dies: its connection ends
+    let taken = crate::wait_for(Duration::from_secs(10), || async {
+        let taken = others.take_over(release_at).await.expect("take over");
+        (!taken.is_empty()).then_some(taken)
+    })
+    .await
+    .expect("a dead owner is found within seconds");
+    assert_eq!(
+        taken,
+        [TakenOver {
+            owner: "i1".into(),
+            leases: 2
+        }]
+    );
+    assert_eq!(others.take_over(release_at).await.expect("again"), []);
+    assert!(
+        claim(s, at(T0_MS + 999), 10, "i2", T0_MS + 3_600_000)
+            .await
+            .is_empty(),
+        "released leases are claimable only from the time given"
+    );
+    let again = claim(s, release_at, 10, "i2", T0_MS + 3_600_000).await;
+    assert_eq!(ids(&again), ["a", "b"]);
+    assert_eq!(
+        mark_reached(s, &claimed, "i1", release_at).await,
+        0,
+        "the dead owner settles nothing"
+    );
+
+    // i2 dies holding them and runs again before anyone took it over: joining releases them.
+    drop(i2);
+    let rejoined = crate::wait_for(Duration::from_secs(10), || async {
+        others.join("i2", at(T0_MS + 2_000)).await.ok()
+    })
+    .await
+    .expect("the name is free once its connection ended");
+    assert_eq!(
+        ids(&claim(s, at(T0_MS + 2_000), 10, "i3", T0_MS + 3_600_000).await),
+        ["a", "b"]
+    );
+    rejoined.leave().await.expect("leave");
+    assert_eq!(
+        others.take_over(release_at).await.expect("after a leave"),
+        [],
+        "a left owner is not dead"
+    );
+    let i2 = others
+        .join("i2", T0)
+        .await
+        .expect("a left name is free at once");
+    drop(i2);
+    let _ = second;
+}

@@ -1,0 +1,235 @@
+//! Scheduling: outcomes of a schedule, rescheduling, batches, what a timer keeps (due time to the
+//! millisecond, payload, correlation id).
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use timer_core::{
+    decode_schedule, CancelOutcome, Limits, NewTimer, ScheduleOutcome, Store, TimerKey, TimerState,
+};
+
+use super::{
+    at, cancel, claim, find, ids, mark_reached, put, row, scheduled_count, state_of, timer, T0,
+    T0_MS,
+};
+
+pub async fn upsert_outcomes(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    let out = put(s, &[timer("t", "a", T0_MS + 1_000)], T0).await;
+    assert_eq!(out, vec![ScheduleOutcome::Created]);
+    let got = row(s, "t", "a").await;
+    assert_eq!(got.state, TimerState::Scheduled);
+    assert_eq!(got.registered_at, T0);
+    assert_eq!(got.attempts, 0);
+    assert_eq!(got.reached_at, None);
+
+    let out = put(s, &[timer("t", "a", T0_MS + 2_000)], at(T0_MS + 10)).await;
+    assert_eq!(out, vec![ScheduleOutcome::Updated]);
+    let got = row(s, "t", "a").await;
+    assert_eq!(got.registered_at, T0, "registered_at is kept on reschedule");
+
+    // Fire it, then scheduling again changes nothing.
+    let claimed = claim(s, at(T0_MS + 2_000), 10, "i1", T0_MS + 32_000).await;
+    assert_eq!(ids(&claimed), ["a"]);
+    assert_eq!(mark_reached(s, &claimed, "i1", at(T0_MS + 2_001)).await, 1);
+    let out = put(s, &[timer("t", "a", T0_MS + 9_000)], T0).await;
+    assert_eq!(out, vec![ScheduleOutcome::AlreadyReached]);
+    let got = row(s, "t", "a").await;
+    assert_eq!(got.state, TimerState::Reached);
+    assert_eq!(
+        got.due_at,
+        at(T0_MS + 2_000),
+        "a reached timer keeps its due time"
+    );
+    assert_eq!(got.reached_at, Some(at(T0_MS + 2_001)));
+
+    put(s, &[timer("t", "b", T0_MS)], T0).await;
+    assert_eq!(cancel(s, "t", "b", T0).await, CancelOutcome::Cancelled);
+    let out = put(s, &[timer("t", "b", T0_MS)], T0).await;
+    assert_eq!(out, vec![ScheduleOutcome::AlreadyCancelled]);
+    assert_eq!(state_of(s, "t", "b").await, TimerState::Cancelled);
+
+    // The same service call id under another tenant is another timer.
+    let out = put(s, &[timer("u", "a", T0_MS)], T0).await;
+    assert_eq!(out, vec![ScheduleOutcome::Created]);
+    assert!(find(s, "v", "a").await.is_none());
+}
+
+pub async fn reschedule_moves_due_time(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    put(s, &[timer("t", "a", T0_MS + 1_000)], T0).await;
+    put(s, &[timer("t", "a", T0_MS + 5_000)], T0).await;
+    assert_eq!(row(s, "t", "a").await.due_at, at(T0_MS + 5_000));
+    let early = claim(s, at(T0_MS + 4_999), 10, "i1", T0_MS + 60_000).await;
+    assert!(
+        early.is_empty(),
+        "a moved timer is not due at its old time: {early:?}"
+    );
+    let due = claim(s, at(T0_MS + 5_000), 10, "i1", T0_MS + 60_000).await;
+    assert_eq!(ids(&due), ["a"]);
+    assert_eq!(due[0].due_at, at(T0_MS + 5_000));
+
+    // Moving it earlier works too.
+    put(s, &[timer("t", "b", T0_MS + 9_000)], T0).await;
+    put(s, &[timer("t", "b", T0_MS + 100)], T0).await;
+    let due = claim(s, at(T0_MS + 100), 10, "i1", T0_MS + 60_000).await;
+    assert_eq!(ids(&due), ["b"]);
+}
+
+pub async fn duplicate_key_in_one_batch(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    let batch = [timer("t", "a", T0_MS + 1), timer("t", "a", T0_MS + 2)];
+    let out = put(s, &batch, T0).await;
+    assert_eq!(
+        out,
+        vec![ScheduleOutcome::Created, ScheduleOutcome::Updated]
+    );
+    assert_eq!(
+        row(s, "t", "a").await.due_at,
+        at(T0_MS + 2),
+        "the later entry of a batch wins"
+    );
+    assert_eq!(scheduled_count(s).await, 1);
+    // A big batch (stores may write it in several statements) with a key early and late.
+    let mut big: Vec<NewTimer> = (0..2_500)
+        .map(|i| timer("big", &format!("k{i:04}"), T0_MS + 10))
+        .collect();
+    big[2_010] = timer("big", "k0010", T0_MS + 20);
+    let out = put(s, &big, T0).await;
+    assert_eq!(out[10], ScheduleOutcome::Created);
+    assert_eq!(out[2_010], ScheduleOutcome::Updated, "the repeat updates");
+    let created = out
+        .iter()
+        .filter(|o| **o == ScheduleOutcome::Created)
+        .count();
+    assert_eq!(created, 2_499);
+    assert_eq!(row(s, "big", "k0010").await.due_at, at(T0_MS + 20));
+    assert_eq!(scheduled_count(s).await, 2_500);
+}
+
+pub async fn millisecond_precision_across_offsets(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    let limits = Limits::default();
+    // The same instant written in three offsets, and its neighbours one millisecond apart.
+    let commands = [
+        (
+            r#"{"tenantId":"t","serviceCallId":"utc","dueAt":"2027-03-01T12:00:00.500Z"}"#,
+            0,
+        ),
+        (
+            r#"{"tenantId":"t","serviceCallId":"plus","dueAt":"2027-03-01T13:30:00.500+01:30"}"#,
+            0,
+        ),
+        (
+            r#"{"tenantId":"t","serviceCallId":"minus","dueAt":"2027-03-01T07:00:00.500-05:00"}"#,
+            0,
+        ),
+        (
+            r#"{"tenantId":"t","serviceCallId":"next","dueAt":"2027-03-01T12:00:00.501Z"}"#,
+            1,
+        ),
+        (
+            r#"{"tenantId":"t","serviceCallId":"prev","dueAt":"2027-03-01T12:00:00.499Z"}"#,
+            -1,
+        ),
+    ];
+    let base = chrono::DateTime::parse_from_rfc3339("2027-03-01T12:00:00.500Z")
+        .expect("valid")
+        .timestamp_millis();
+    let mut batch = Vec::new();
+    for (json, delta) in commands {
+        let t = decode_schedule(json.as_bytes(), &limits, T0).expect("valid command");
+        assert_eq!(t.due_at.as_millis(), base + delta, "{json}");
+        batch.push(t);
+    }
+    put(s, &batch, T0).await;
+    for (id, delta) in [
+        ("utc", 0),
+        ("plus", 0),
+        ("minus", 0),
+        ("next", 1),
+        ("prev", -1),
+    ] {
+        assert_eq!(
+            row(s, "t", id).await.due_at.as_millis(),
+            base + delta,
+            "{id} stored to the millisecond"
+        );
+    }
+    let until = base + 60_000;
+    assert_eq!(
+        ids(&claim(s, at(base - 2), 10, "i1", until).await),
+        Vec::<String>::new()
+    );
+    assert_eq!(
+        ids(&claim(s, at(base - 1), 10, "i1", until).await),
+        ["prev"]
+    );
+    let mut same = ids(&claim(s, at(base), 10, "i1", until).await);
+    same.sort();
+    assert_eq!(
+        same,
+        ["minus", "plus", "utc"],
+        "due exactly at now is due (inclusive)"
+    );
+    assert_eq!(
+        ids(&claim(s, at(base + 1), 10, "i1", until).await),
+        ["next"]
+    );
+}
+
+pub async fn payload_and_correlation_round_trip(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    let payload = r#"{"order":{"id":42,"items":["ä","\u0000"]},"n":1.5e3}"#;
+    let t = NewTimer {
+        key: TimerKey::new("tenant-ü", "call/1 with spaces"),
+        due_at: T0,
+        correlation_id: Some("corr-1".into()),
+        payload: Some(payload.into()),
+        recurrence: None,
+        policy: None,
+        work: None,
+    };
+    put(s, std::slice::from_ref(&t), T0).await;
+    let got = row(s, "tenant-ü", "call/1 with spaces").await;
+    assert_eq!(got.payload.as_deref(), Some(payload));
+    assert_eq!(got.correlation_id.as_deref(), Some("corr-1"));
+    let claimed = claim(s, T0, 1, "i1", T0_MS + 1_000).await;
+    assert_eq!(claimed.len(), 1);
+    assert_eq!(claimed[0].key, t.key);
+    assert_eq!(claimed[0].payload.as_deref(), Some(payload));
+    assert_eq!(claimed[0].correlation_id.as_deref(), Some("corr-1"));
+    assert_eq!(claimed[0].registered_at, T0);
+}
+
+pub async fn batch_of_10k(store: Arc<dyn Store>) {
+    const N: usize = 10_000;
+    let s = store.as_ref();
+    let batch: Vec<NewTimer> = (0..N)
+        .map(|i| {
+            let tenant = format!("tenant{}", i % 7);
+            timer(&tenant, &format!("b{i:05}"), T0_MS + (i % 1000) as i64)
+        })
+        .collect();
+    let out = tokio::time::timeout(Duration::from_secs(120), put(s, &batch, T0))
+        .await
+        .expect("a 10k batch finishes");
+    assert_eq!(out.len(), N);
+    assert!(out.iter().all(|o| *o == ScheduleOutcome::Created));
+    assert_eq!(scheduled_count(s).await, N as u64);
+    let now = at(T0_MS + 1_000);
+    let mut seen = HashSet::new();
+    loop {
+        let got = claim(s, now, 1_000, "i1", now.as_millis() + 60_000).await;
+        if got.is_empty() {
+            break;
+        }
+        assert_eq!(mark_reached(s, &got, "i1", now).await, got.len() as u64);
+        for c in got {
+            assert!(seen.insert(c.key), "claimed twice");
+        }
+    }
+    assert_eq!(seen.len(), N);
+    assert_eq!(scheduled_count(s).await, 0);
+}

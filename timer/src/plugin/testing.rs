@@ -1,0 +1,126 @@
+//! What tests and the bench use a plugin with: its test server ([`TestServer`]), configs on
+//! isolated resources ([`Isolated`], [`fresh_name`]) and an independent client of a broker
+//! ([`TestClient`]).
+
+use std::any::Any;
+
+use async_trait::async_trait;
+use uuid::Uuid;
+
+use crate::broker::Broker;
+use crate::error::{Error, Result};
+
+/// A config on isolated resources, with whatever keeps them alive (a temp dir) until dropped.
+pub struct Isolated<C: ?Sized> {
+    pub config: Box<C>,
+    pub guard: Box<dyn Any + Send + Sync>,
+}
+
+impl<C: ?Sized> Isolated<C> {
+    /// A config whose resources need nothing kept alive.
+    pub fn new(config: Box<C>) -> Self {
+        Isolated {
+            config,
+            guard: Box::new(()),
+        }
+    }
+}
+
+/// An event as an independent consumer read it back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReadEvent {
+    /// The de-duplication id the broker carried (header, message id).
+    pub id: Uuid,
+    pub body: Vec<u8>,
+}
+
+/// A dead letter as an independent consumer read it back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReadDeadLetter {
+    pub body: Vec<u8>,
+    pub reason: String,
+}
+
+/// An independent producer and reader on one broker config's resources.
+#[async_trait]
+pub trait TestClient: Send + Sync + 'static {
+    /// A new connection of the plugin under test to these resources; dropping it disconnects.
+    async fn connect(&self) -> Result<Box<dyn Broker>>;
+    /// Sends a command as a producing service would, and waits until the broker has it.
+    async fn send_command(&self, body: &[u8]) -> Result<()>;
+    /// Sends many commands, all in flight together where the broker allows, and waits for all.
+    async fn send_commands(&self, bodies: &[Vec<u8>]) -> Result<()> {
+        for body in bodies {
+            self.send_command(body).await?;
+        }
+        Ok(())
+    }
+    /// Every event published so far, as a consumer reads them.
+    async fn events(&self) -> Result<Vec<ReadEvent>>;
+    /// Every dead letter so far.
+    async fn dead_letters(&self) -> Result<Vec<ReadDeadLetter>>;
+    fn as_any(&self) -> &dyn Any;
+}
+
+/// A server the tests run a plugin against, started by `scripts/servers/<script>.sh` (which
+/// `scripts/test.sh` calls) and reached through environment variables it prints.
+#[derive(Debug, Clone, Copy)]
+pub struct TestServer {
+    /// The variable holding its address (URL or `host:port`), e.g. `TIMER_TEST_NATS_URL`.
+    pub address_env: &'static str,
+    /// The variable holding its data directory, for a test that stops and restarts it.
+    pub dir_env: &'static str,
+    /// `scripts/servers/<script>.sh` with `install`, `start DIR` and `stop DIR`.
+    pub script: &'static str,
+    /// The variable that script reads its port from (`NATS_PORT`).
+    pub port_env: &'static str,
+}
+
+impl TestServer {
+    pub const fn new(
+        address_env: &'static str,
+        dir_env: &'static str,
+        script: &'static str,
+        port_env: &'static str,
+    ) -> Self {
+        TestServer {
+            address_env,
+            dir_env,
+            script,
+            port_env,
+        }
+    }
+
+    /// The server's address, or an error naming the variable and how to get a server.
+    pub fn address(&self) -> Result<String> {
+        std::env::var(self.address_env).map_err(|_| {
+            Error::config(format!(
+                "{} is not set (bash scripts/test.sh starts {})",
+                self.address_env, self.script
+            ))
+        })
+    }
+
+    /// Why the server cannot be used, if it cannot.
+    pub fn unavailable(&self) -> Option<String> {
+        self.address().err().map(|e| e.to_string())
+    }
+
+    /// The port in the address (`scheme://user:pw@host:PORT/path` or `host:PORT`).
+    pub fn port(&self) -> Option<u16> {
+        let address = self.address().ok()?;
+        let rest = address
+            .split_once("://")
+            .map_or(address.as_str(), |(_, r)| r);
+        let authority = rest.split('/').next()?;
+        let host_port = authority.rsplit('@').next()?;
+        host_port.rsplit_once(':')?.1.parse().ok()
+    }
+}
+
+/// A new resource name: `prefix` and 12 random hex digits (lowercase, so it is a valid name for
+/// every server we run: schemas, streams, queues, topics).
+pub fn fresh_name(prefix: &str) -> String {
+    let id = Uuid::new_v4().simple().to_string();
+    format!("{prefix}{}", &id[..12])
+}
