@@ -43,14 +43,16 @@ pub fn constrain(document: &mut Value, limits: &Limits) {
                 let Some(parameters) = operation["parameters"].as_array_mut() else {
                     continue;
                 };
+                let mut takes_ids = false;
                 for parameter in parameters {
                     let place = parameter["in"].as_str().unwrap_or_default().to_owned();
                     let name = parameter["name"].as_str().unwrap_or_default().to_owned();
                     let bounds = match (place.as_str(), name.as_str()) {
-                        ("path", "tenant" | "id") | ("query", "tenant") => id.clone(),
-                        ("query", "limit") if path.ends_with("/history") => {
-                            range(MAX_HISTORY_PAGE)
+                        ("path", "tenant" | "id") | ("query", "tenant") => {
+                            takes_ids = true;
+                            id.clone()
                         }
+                        ("query", "limit") if path.ends_with("/history") => range(MAX_HISTORY_PAGE),
                         ("query", "limit") => range(MAX_LIMIT),
                         ("query", "next") => range(MAX_NEXT),
                         ("query", "state") => json!({ "items": { "enum": states } }),
@@ -60,6 +62,13 @@ pub fn constrain(document: &mut Value, limits: &Limits) {
                         _ => continue,
                     };
                     merge(&mut parameter["schema"], bounds);
+                }
+                // Refused before the handler (`params::check_path_ids`, the event stream).
+                if takes_ids && operation["responses"]["400"].is_null() {
+                    operation["responses"]["400"] = json!({
+                        "description": "A tenant or id that is no id (`invalid_id`, naming it)",
+                        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}},
+                    });
                 }
             }
         }
@@ -76,8 +85,16 @@ pub fn constrain(document: &mut Value, limits: &Limits) {
         ("PauseRequest", "note", note.clone()),
         ("BulkRequest", "note", note),
         ("BulkRequest", "action", json!({ "enum": ACTIONS })),
-        ("BulkFilter", "state", json!({ "items": { "enum": states } })),
-        ("CompleteRequest", "outcome", json!({ "enum": COMPLETION_OUTCOMES })),
+        (
+            "BulkFilter",
+            "state",
+            json!({ "items": { "enum": states } }),
+        ),
+        (
+            "CompleteRequest",
+            "outcome",
+            json!({ "enum": COMPLETION_OUTCOMES }),
+        ),
     ];
     for (schema, property, bounds) in bodies {
         let property = &mut schemas[schema]["properties"][property];

@@ -14,7 +14,7 @@ pub use events::{
     TimerFailed, TimerFailedEnvelope, MANUAL_TRIGGER, TIMER_FAILED,
 };
 pub use reasons::{Reason, Rejection};
-pub use validate::{completion_fields, MAX_COMPLETION_MESSAGE_BYTES, MAX_PAYLOAD_DEPTH};
+pub use validate::{check_id, completion_fields, MAX_COMPLETION_MESSAGE_BYTES, MAX_PAYLOAD_DEPTH};
 
 pub const SCHEDULE_TIMER: &str = "ScheduleTimer";
 pub const CANCEL_TIMER: &str = "CancelTimer";

@@ -499,7 +499,7 @@ fn required_id(value: Option<String>, field: &str, limits: &Limits) -> Result<St
 
 /// Ids are non-empty, at most `max_id_bytes` long, and free of control characters (they end up
 /// in logs, subjects and routing keys).
-fn check_id(value: String, field: &str, limits: &Limits) -> Result<String, Rejection> {
+pub fn check_id(value: String, field: &str, limits: &Limits) -> Result<String, Rejection> {
     if value.is_empty() {
         return Err(Rejection::new(
             Reason::InvalidId,
