@@ -694,7 +694,7 @@ pub(crate) async fn answers_within(
         })
 }
 
-/// Prometheus metrics (`docs/metrics.md` lists them).
+/// Prometheus metrics (`docs/src/operations/metrics.md` lists them).
 #[utoipa::path(
     get,
     path = "/metrics",
