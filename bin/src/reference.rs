@@ -1,9 +1,10 @@
 //! The configuration reference, generated: every section's keys with their defaults and doc
 //! comments, read from the config structs' JSON Schema (`schemars`), so the struct doc comments
 //! are the one place a key is described. From it come the reference in `config/README.md` and
-//! the example file `config/timer-service.example.toml`; the metrics table in `bin/README.md`
-//! comes from the engine's metric list. The `docs` tests fail when a checked-in copy differs from
-//! what the code generates, and rewrite it when run with `UPDATE_DOCS=1`.
+//! the example file `config/timer-service.example.toml`; the metrics table in
+//! `docs/src/operations/metrics.md` comes from the engine's metric list. The `docs` tests fail
+//! when a checked-in copy differs from what the code generates, and rewrite it when run with
+//! `UPDATE_DOCS=1`.
 
 use std::fmt::Write as _;
 
@@ -204,7 +205,7 @@ pub fn example_toml(sections: &[Section]) -> String {
     out
 }
 
-/// The metrics table of `bin/README.md`, from the engine's metric list.
+/// The metrics table of `docs/src/operations/metrics.md`, from the engine's metric list.
 pub fn metrics_markdown() -> String {
     let mut out = String::from("| Prometheus name | type | meaning |\n|---|---|---|\n");
     for (name, kind, help) in metric::ALL {

@@ -142,8 +142,10 @@ impl Documented {
 
 /// The routes of the README's route table (`| \`METHOD /path\` | ...`).
 fn readme_routes() -> BTreeSet<(String, String)> {
-    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md"))
-        .expect("read bin/README.md");
+    let readme = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/src/api/README.md"),
+    )
+    .expect("read docs/src/api/README.md");
     readme
         .lines()
         .filter_map(|line| line.strip_prefix("| `"))
@@ -182,7 +184,7 @@ async fn every_route_is_documented_and_answers_as_documented() {
     assert_eq!(
         documented,
         readme_routes(),
-        "the document's routes (left) and bin/README.md's route table (right) differ"
+        "the document's routes (left) and docs/src/api/README.md's route table (right) differ"
     );
 
     // Something to read and act on: a series, a one-shot timer and a refused command.

@@ -224,7 +224,7 @@ async fn answers_within(
         })
 }
 
-/// Prometheus metrics (`docs/metrics.md` lists them).
+/// Prometheus metrics (`docs/src/operations/metrics.md` lists them).
 #[utoipa::path(
     get,
     path = "/metrics",
