@@ -24,10 +24,17 @@ bash scripts/builds.sh
 bash scripts/tools.sh install
 # No dependency that no source file uses.
 "$(bash scripts/tools.sh bin cargo-machete)"
-# The book builds (its links and anchors are checked by the docs tests with the rest).
+# The book builds, without a warning (mdbook only warns of an {{#include}} it cannot find); its
+# links and anchors are checked by the docs tests with the rest.
 book="$(mktemp -d /tmp/timer-service-book.XXXXXX)"
-"$(bash scripts/tools.sh bin mdbook)" build docs --dest-dir "$book"
+"$(bash scripts/tools.sh bin mdbook)" build docs --dest-dir "$book" 2>&1 | tee "$book.log"
 rm -rf "$book"
+if grep -E 'WARN|ERROR' "$book.log" >/dev/null; then
+    echo "the book has warnings (above)" >&2
+    rm -f "$book.log"
+    exit 1
+fi
+rm -f "$book.log"
 
 # This script provides every server, so a test that cannot reach one is a failure, not a skip.
 export TIMER_TEST_REQUIRE="${TIMER_TEST_REQUIRE:-1}"

@@ -26,6 +26,9 @@ fn modules(dir: &Path, path: &Module, out: &mut BTreeMap<Module, PathBuf>) {
             .unwrap_or_default()
             .to_owned();
         if file.is_dir() {
+            if name == "tests" || name == "reference" {
+                continue;
+            }
             let mut child = path.clone();
             child.push(name);
             modules(&file, &child, out);

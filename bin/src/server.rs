@@ -185,7 +185,7 @@ pub async fn pending_gauge(engine: Engine, shutdown: CancellationToken) {
         if let Ok(n) = engine.store().scheduled_count().await {
             metrics::gauge!(metric::PENDING).set(n as f64);
         }
-        if let Ok(Some(n)) = engine.paused_count().await {
+        if let Ok(n) = engine.paused_count().await {
             metrics::gauge!(metric::PAUSED).set(n as f64);
         }
     }

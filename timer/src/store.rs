@@ -134,28 +134,19 @@ pub trait Store: Send + Sync + 'static {
         None
     }
 
-    /// Counting Scheduled and Paused timers per tenant, for `limits.max_pending_per_tenant`; `None` when
-    /// the store cannot (the engine then refuses that limit at start).
-    fn tenant_counts(&self) -> Option<&dyn TenantCounts> {
-        None
-    }
+    /// Counting Scheduled and Paused timers per tenant, for `limits.max_pending_per_tenant`.
+    /// Every store has the abilities below (the control plane is part of the service); only
+    /// [`lease_owners`](Store::lease_owners) is optional.
+    fn tenant_counts(&self) -> &dyn TenantCounts;
 
-    /// Listing, searching and counting a tenant's timers (the control plane); `None` when the
-    /// store cannot (those routes then answer `unsupported`).
-    fn queries(&self) -> Option<&dyn TimerQueries> {
-        None
-    }
+    /// Listing, searching and counting a tenant's timers (the control plane).
+    fn queries(&self) -> &dyn TimerQueries;
 
-    /// Pausing, resuming and cancelling timers in batches (the control plane); `None` when the
-    /// store cannot.
-    fn control(&self) -> Option<&dyn TimerControl> {
-        None
-    }
+    /// Pausing, resuming and cancelling timers in batches (the control plane).
+    fn control(&self) -> &dyn TimerControl;
 
-    /// Each timer's history of changes; `None` when the store keeps none.
-    fn history(&self) -> Option<&dyn TimerHistory> {
-        None
-    }
+    /// Each timer's history of changes.
+    fn history(&self) -> &dyn TimerHistory;
 
     /// Knowing which lease owners are alive, so the leases of an instance that died come back
     /// at once; `None` when the store cannot tell (they come back when they run out, unless

@@ -108,7 +108,6 @@ async fn act(app: &AppState, key: TimerKey, action: Action) -> Result<Response, 
         (status = 409, description = "Finished (`already_reached`, …; with the timer) or firing right now (`firing`: retry)", body = TimerOutcome),
         (status = 400, description = "A bad body or a note over 1 KiB", body = ErrorBody),
         (status = 404, description = "No such timer", body = ErrorBody),
-        (status = 501, description = "The store cannot pause", body = ErrorBody),
     )
 )]
 pub async fn pause(
@@ -140,7 +139,6 @@ pub async fn pause(
         (status = 200, description = "`resumed`, or `not_paused`", body = TimerOutcome),
         (status = 409, description = "Finished (`already_reached`, …)", body = TimerOutcome),
         (status = 404, description = "No such timer", body = ErrorBody),
-        (status = 501, description = "The store cannot pause", body = ErrorBody),
     )
 )]
 pub async fn resume(
@@ -163,7 +161,6 @@ pub async fn resume(
         (status = 409, description = "Finished otherwise (`already_reached`, `already_cancelled`)", body = TimerOutcome),
         (status = 404, description = "No such timer", body = ErrorBody),
         (status = 429, description = "The tenant is over its rate (`limits.rate`: a retry fires, so it counts as a schedule); `Retry-After` says when", body = ErrorBody),
-        (status = 501, description = "The store cannot retry", body = ErrorBody),
     )
 )]
 pub async fn retry(
@@ -205,7 +202,6 @@ const COMPLETE_BODY: &str =
         (status = 409, description = "An event of the timer is being published right now (`firing`: retry)", body = TimerOutcome),
         (status = 400, description = "A bad body: reason `invalid_json`, or `invalid_policy` naming the field (`occurrence`, `outcome`)", body = ErrorBody),
         (status = 404, description = "No such timer", body = ErrorBody),
-        (status = 501, description = "The store cannot record completions", body = ErrorBody),
     )
 )]
 pub async fn complete(

@@ -142,7 +142,6 @@ fn bulk_filter(filter: &serde_json::Map<String, Value>) -> Result<ListParams, Ba
     responses(
         (status = 200, description = "Done", body = BulkOutcome),
         (status = 400, description = "A bad action or filter; `field` names it (`action`, `filter.state`, …)", body = ErrorBody),
-        (status = 501, description = "The store cannot list or pause", body = ErrorBody),
     )
 )]
 pub async fn bulk(

@@ -19,13 +19,12 @@ use tokio::time::Instant;
 
 use timer_core::{TenantSummary, Timestamp};
 
-/// The store's timers by state (`GET /v1/status`): `None` where the store cannot count that
-/// state.
+/// The store's timers by state (`GET /v1/status`).
 pub struct Totals {
     pub counted_at: Timestamp,
-    pub pending: Option<u64>,
-    pub paused: Option<u64>,
-    pub failed: Option<u64>,
+    pub pending: u64,
+    pub paused: u64,
+    pub failed: u64,
 }
 
 /// The summaries of the first tenants, as many as the largest page of `GET /v1/summary`.

@@ -61,7 +61,6 @@ pub const MAX_HISTORY_PAGE: usize = 1_000;
         (status = 200, description = "A page", body = HistoryPage),
         (status = 400, description = "A bad parameter; `field` names it", body = ErrorBody),
         (status = 404, description = "No such timer", body = ErrorBody),
-        (status = 501, description = "The store keeps no history", body = ErrorBody),
     )
 )]
 pub async fn history(

@@ -8,7 +8,7 @@ use std::time::Duration;
 use axum::extract::{Path, RawQuery, State};
 use axum::{Extension, Json};
 use serde::Serialize;
-use timer_core::{Engine, Error, PageAfter, TenantSummary, TimerQueries, TimerState, Timestamp};
+use timer_core::{Engine, PageAfter, TenantSummary, TimerQueries, TimerState, Timestamp};
 use utoipa::ToSchema;
 
 use crate::http::auth::{Principal, Tenants};
@@ -26,11 +26,6 @@ const FAILED_WINDOW: Duration = Duration::from_secs(24 * 3600);
 
 /// How far back `firedLastHour` counts.
 const FIRED_WINDOW: Duration = Duration::from_secs(3600);
-
-/// What a store without [`TimerQueries`] answers (501 `unsupported` over HTTP).
-fn cannot_list(store: &str) -> Error {
-    Error::unsupported(format!("the {store} store cannot list or count timers"))
-}
 
 /// The query of `GET /v1/tenants/{tenant}/timers`, for the document (read by
 /// [`ListParams::parse`], which also refuses unknown parameters).
@@ -67,7 +62,6 @@ struct ListQuery {
     responses(
         (status = 200, description = "A page", body = TimerPage),
         (status = 400, description = "A bad parameter, or a cursor of another tenant or filter; `field` names it", body = ErrorBody),
-        (status = 501, description = "The store cannot list", body = ErrorBody),
     )
 )]
 pub async fn list_timers(
@@ -75,8 +69,7 @@ pub async fn list_timers(
     Path(TenantPath { tenant }): Path<TenantPath>,
     RawQuery(query): RawQuery,
 ) -> Result<Json<TimerPage>, ApiError> {
-    let store = app.engine.store();
-    let queries = store.queries().ok_or_else(|| cannot_list(store.name()))?;
+    let queries = app.engine.store().queries();
     let params = ListParams::parse(query.as_deref())?;
     let after = match params.cursor.as_deref() {
         Some(cursor) => Some(ListCursor::open(cursor, &tenant, &params.filter)?),
@@ -107,15 +100,13 @@ pub async fn list_timers(
     params(TenantPath),
     responses(
         (status = 200, description = "The summary (zero counts for a tenant without timers)", body = SummaryView),
-        (status = 501, description = "The store cannot count", body = ErrorBody),
     )
 )]
 pub async fn tenant_summary(
     State(app): State<AppState>,
     Path(TenantPath { tenant }): Path<TenantPath>,
 ) -> Result<Json<Option<SummaryView>>, ApiError> {
-    let store = app.engine.store();
-    let queries = store.queries().ok_or_else(|| cannot_list(store.name()))?;
+    let queries = app.engine.store().queries();
     let summaries = summaries(queries, app.engine.clock().now(), &[tenant]).await?;
     Ok(Json(summaries.first().map(summary_view)))
 }
@@ -139,7 +130,6 @@ struct PageQuery {
     responses(
         (status = 200, description = "A page of tenants", body = SummaryPage),
         (status = 400, description = "A bad parameter; `field` names it", body = ErrorBody),
-        (status = 501, description = "The store cannot count", body = ErrorBody),
     )
 )]
 pub async fn all_summaries(
@@ -147,8 +137,7 @@ pub async fn all_summaries(
     Extension(caller): Extension<Principal>,
     RawQuery(query): RawQuery,
 ) -> Result<Json<SummaryPage>, ApiError> {
-    let store = app.engine.store();
-    let queries = store.queries().ok_or_else(|| cannot_list(store.name()))?;
+    let queries = app.engine.store().queries();
     let mut limit = DEFAULT_LIMIT;
     let mut after: Option<String> = None;
     for (name, value) in url::form_urlencoded::parse(query.as_deref().unwrap_or("").as_bytes()) {
@@ -221,10 +210,7 @@ fn first_page(first: &FirstTenants, limit: usize) -> SummaryPage {
 }
 
 async fn count_first_tenants(engine: Engine) -> timer_core::Result<FirstTenants> {
-    let store = engine.store();
-    let Some(queries) = store.queries() else {
-        return Err(cannot_list(store.name()));
-    };
+    let queries = engine.store().queries();
     let counted_at = engine.clock().now();
     let mut tenants = queries.tenants(None, MAX_LIMIT + 1).await?;
     let more = tenants.len() > MAX_LIMIT;

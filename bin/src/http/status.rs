@@ -246,18 +246,10 @@ pub async fn metrics(State(app): State<AppState>) -> Result<String, ApiError> {
     }
 }
 
-/// Counts [`Totals`]; fails if a count the store can make fails.
+/// Counts [`Totals`]; fails if a count fails.
 async fn count_totals(engine: Engine) -> timer_core::Result<Totals> {
     let counted_at = engine.clock().now();
-    let store = engine.store();
-    let Some(queries) = store.queries() else {
-        return Ok(Totals {
-            counted_at,
-            pending: Some(store.scheduled_count().await?),
-            paused: None,
-            failed: None,
-        });
-    };
+    let queries = engine.store().queries();
     let (pending, paused, failed) = tokio::join!(
         queries.count(TimerState::Scheduled),
         queries.count(TimerState::Paused),
@@ -265,9 +257,9 @@ async fn count_totals(engine: Engine) -> timer_core::Result<Totals> {
     );
     Ok(Totals {
         counted_at,
-        pending: Some(pending?),
-        paused: Some(paused?),
-        failed: Some(failed?),
+        pending: pending?,
+        paused: paused?,
+        failed: failed?,
     })
 }
 
@@ -308,9 +300,9 @@ pub async fn status(State(app): State<AppState>) -> Json<Status> {
             .collect(),
         timers: match totals {
             Ok(totals) => Counts {
-                pending: totals.pending,
-                paused: totals.paused,
-                failed: totals.failed,
+                pending: Some(totals.pending),
+                paused: Some(totals.paused),
+                failed: Some(totals.failed),
                 counted_at: Some(totals.counted_at.to_rfc3339()),
             },
             Err(_) => Counts {

@@ -410,20 +410,20 @@ impl Store for PostgresStore {
         self.channel.as_ref().map(|_| self.wakeups.subscribe())
     }
 
-    fn tenant_counts(&self) -> Option<&dyn TenantCounts> {
-        Some(self)
+    fn tenant_counts(&self) -> &dyn TenantCounts {
+        self
     }
 
-    fn queries(&self) -> Option<&dyn TimerQueries> {
-        Some(self)
+    fn queries(&self) -> &dyn TimerQueries {
+        self
     }
 
-    fn control(&self) -> Option<&dyn TimerControl> {
-        Some(self)
+    fn control(&self) -> &dyn TimerControl {
+        self
     }
 
-    fn history(&self) -> Option<&dyn TimerHistory> {
-        Some(self)
+    fn history(&self) -> &dyn TimerHistory {
+        self
     }
 
     fn lease_owners(&self) -> Option<&dyn timer_core::LeaseOwners> {

@@ -552,20 +552,20 @@ impl Store for SqliteStore {
         self.reads().health().await
     }
 
-    fn tenant_counts(&self) -> Option<&dyn TenantCounts> {
-        Some(self)
+    fn tenant_counts(&self) -> &dyn TenantCounts {
+        self
     }
 
-    fn queries(&self) -> Option<&dyn TimerQueries> {
-        Some(self)
+    fn queries(&self) -> &dyn TimerQueries {
+        self
     }
 
-    fn control(&self) -> Option<&dyn TimerControl> {
-        Some(self)
+    fn control(&self) -> &dyn TimerControl {
+        self
     }
 
-    fn history(&self) -> Option<&dyn TimerHistory> {
-        Some(self)
+    fn history(&self) -> &dyn TimerHistory {
+        self
     }
 }
 

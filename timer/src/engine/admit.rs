@@ -138,13 +138,7 @@ impl Engine {
         if limit == 0 {
             return Ok(vec![None; timers.len()]);
         }
-        let Some(counter) = inner.store.tenant_counts() else {
-            return Err(Error::config(format!(
-                "limits.max_pending_per_tenant needs a store that counts timers per tenant; the \
-                 {} store does not",
-                inner.store.name()
-            )));
-        };
+        let counter = inner.store.tenant_counts();
         let mut tenants: Vec<String> = timers.iter().map(|t| t.key.tenant_id.clone()).collect();
         tenants.sort_unstable();
         tenants.dedup();

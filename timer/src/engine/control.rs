@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use super::{metrics as metric, Engine};
 use crate::broker::OutboundEvent;
 use crate::control::{Action, Change, HistoryEntry};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::model::{ControlOutcome, TimerKey, TimerState, Timestamp};
 use crate::store::{PageAfter, TimerFilter};
 use crate::wire::DueTimeReachedEnvelope;
@@ -37,13 +37,11 @@ impl Engine {
     /// Applies `action` to `keys` in one store transaction; one outcome per key, in order.
     pub async fn control(&self, keys: &[TimerKey], action: &Action) -> Result<Vec<ControlOutcome>> {
         let inner = &self.inner;
-        let control = inner.store.control().ok_or_else(|| {
-            Error::unsupported(format!(
-                "the {} store cannot pause, resume, cancel or retry in batches",
-                inner.store.name()
-            ))
-        })?;
-        let outcomes = control.apply(keys, action, inner.clock.now()).await?;
+        let outcomes = inner
+            .store
+            .control()
+            .apply(keys, action, inner.clock.now())
+            .await?;
         let mut changed = 0;
         for outcome in &outcomes {
             changed += u64::from(outcome.changed());
@@ -68,12 +66,7 @@ impl Engine {
         action: &Action,
         page_size: usize,
     ) -> Result<Bulk> {
-        let queries = self.inner.store.queries().ok_or_else(|| {
-            Error::unsupported(format!(
-                "the {} store cannot list timers",
-                self.inner.store.name()
-            ))
-        })?;
+        let queries = self.inner.store.queries();
         let mut bulk = Bulk::default();
         let mut after: Option<PageAfter> = None;
         loop {
@@ -137,16 +130,14 @@ impl Engine {
             tenant_id: key.tenant_id.clone(),
             json: String::from_utf8(body).unwrap_or_default(),
         });
-        if let Some(history) = inner.store.history() {
-            let change = Change::Triggered {
-                event_id: envelope.id.to_string(),
-            };
-            // The event went out; a failed record only leaves it out of the history.
-            match history.record(key, at, &change).await {
-                Ok(_) => self.history_written(1),
-                Err(e) => {
-                    tracing::warn!(timer = %key, error = %e.chain(), "recording a manual trigger in the history failed")
-                }
+        let change = Change::Triggered {
+            event_id: envelope.id.to_string(),
+        };
+        // The event went out; a failed record only leaves it out of the history.
+        match inner.store.history().record(key, at, &change).await {
+            Ok(_) => self.history_written(1),
+            Err(e) => {
+                tracing::warn!(timer = %key, error = %e.chain(), "recording a manual trigger in the history failed")
             }
         }
         Ok(Triggered::Fired {
@@ -164,28 +155,25 @@ impl Engine {
         limit: usize,
     ) -> Result<Option<Vec<HistoryEntry>>> {
         let inner = &self.inner;
-        let history = inner.store.history().ok_or_else(|| {
-            Error::unsupported(format!("the {} store keeps no history", inner.store.name()))
-        })?;
         if inner.store.get(key).await?.is_none() {
             return Ok(None);
         }
-        history.read(key, after, limit).await.map(Some)
+        inner
+            .store
+            .history()
+            .read(key, after, limit)
+            .await
+            .map(Some)
     }
 
-    /// How many timers are Paused (the `timer.paused` gauge and the status), when the store
-    /// can count them.
-    pub async fn paused_count(&self) -> Result<Option<u64>> {
-        match self.inner.store.queries() {
-            Some(queries) => queries.count(TimerState::Paused).await.map(Some),
-            None => Ok(None),
-        }
+    /// How many timers are Paused (the `timer.paused` gauge).
+    pub async fn paused_count(&self) -> Result<u64> {
+        self.inner.store.queries().count(TimerState::Paused).await
     }
 
     /// Counts `n` history entries written, while history is on.
     pub(super) fn history_written(&self, n: u64) {
-        if n > 0 && self.inner.config.history_per_timer > 0 && self.inner.store.history().is_some()
-        {
+        if n > 0 && self.inner.config.history_per_timer > 0 {
             ::metrics::counter!(metric::HISTORY_WRITES).increment(n);
         }
     }

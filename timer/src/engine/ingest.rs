@@ -197,29 +197,10 @@ impl Engine {
     /// than the broker binds the delivery to.
     fn admitted(&self, delivery: Delivery) -> Admitted {
         let command = self.admit(&delivery.body).and_then(|command| {
-            self.accepted_here(&delivery, command)
+            bound_to(&delivery, command)
                 .inspect_err(|refused| super::admit::rejected(refused.reason))
         });
         Admitted { delivery, command }
-    }
-
-    /// The refusals of a decoded command that only the broker path makes.
-    fn accepted_here(&self, delivery: &Delivery, command: Command) -> Result<Command, Rejection> {
-        if matches!(
-            command,
-            Command::Pause(_) | Command::Resume(_) | Command::Complete(..)
-        ) && self.inner.store.control().is_none()
-        {
-            return Err(Rejection::new(
-                Reason::NotAcceptedHere,
-                Some("type"),
-                format!(
-                    "the {} store cannot pause, resume or complete timers",
-                    self.inner.store.name()
-                ),
-            ));
-        }
-        bound_to(delivery, command)
     }
 
     /// Applies commands in their order and acknowledges them.

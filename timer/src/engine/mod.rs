@@ -121,9 +121,7 @@ impl Engine {
         } else {
             config.instance_id.clone()
         };
-        if let Some(history) = store.history() {
-            history.set_limit(config.history_per_timer);
-        }
+        store.history().set_limit(config.history_per_timer);
         let throttle = throttle::Throttle::new(&limits.rate, clock.clone());
         // Without lease owners in the store, one membership for the engine's life.
         let member =
