@@ -2,28 +2,14 @@
 //! ([`TimerControl::apply`](timer_core::TimerControl::apply)), reading and recording a timer's
 //! history.
 
-use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Row, Type};
+use sqlx::Row;
 use timer_core::control::transition;
 use timer_core::policy::Work;
 use timer_core::{Action, Change, ControlOutcome, HistoryEntry, Result, TimerKey, Timestamp};
 
-use super::{begin_write, db_err, record, Dialect, Statements, TimerRow, TIMER_COLUMNS};
+use super::{begin_write, db_err, record, TimerRow, TIMER_COLUMNS};
 
-impl<D> Statements<'_, D>
-where
-    D: Dialect,
-    for<'c> &'c mut <D::Db as Database>::Connection: Executor<'c, Database = D::Db>,
-    for<'q> <D::Db as Database>::Arguments<'q>: IntoArguments<'q, D::Db>,
-    for<'q> &'q str: Encode<'q, D::Db> + Type<D::Db>,
-    for<'q> i64: Encode<'q, D::Db> + Decode<'q, D::Db> + Type<D::Db>,
-    for<'q> Option<i64>: Encode<'q, D::Db>,
-    for<'q> String: Encode<'q, D::Db>,
-    for<'q> Option<String>: Encode<'q, D::Db>,
-    for<'r> String: Decode<'r, D::Db> + Type<D::Db>,
-    for<'r> bool: Decode<'r, D::Db> + Type<D::Db>,
-    &'static str: ColumnIndex<<D::Db as Database>::Row>,
-    usize: ColumnIndex<<D::Db as Database>::Row>,
-{
+statements! {
     /// [`TimerControl::apply`](timer_core::TimerControl::apply): each row read (and locked,
     /// [`Dialect::LOCK_ROW`]) and written in one transaction, its changes recorded.
     pub(crate) async fn apply(

@@ -7,6 +7,32 @@
 //! `row.rs` decodes a row, `reads.rs`, `writes.rs` and `control.rs` hold the [`Statements`], and
 //! `abilities.rs` the stores' control, history and query abilities built on them.
 
+/// `impl Statements { … }` for every dialect whose database binds and reads what the
+/// statements do: the bounds written once for the files that add statements (`reads`, `writes`,
+/// `control`).
+macro_rules! statements {
+    ($($body:tt)*) => {
+        impl<D> $crate::sql::Statements<'_, D>
+        where
+            D: $crate::sql::Dialect,
+            for<'c> &'c mut <D::Db as sqlx::Database>::Connection:
+                sqlx::Executor<'c, Database = D::Db>,
+            for<'q> <D::Db as sqlx::Database>::Arguments<'q>: sqlx::IntoArguments<'q, D::Db>,
+            for<'q> &'q str: sqlx::Encode<'q, D::Db> + sqlx::Type<D::Db>,
+            for<'q> i64: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
+            for<'q> Option<i64>: sqlx::Encode<'q, D::Db>,
+            for<'q> String: sqlx::Encode<'q, D::Db>,
+            for<'q> Option<String>: sqlx::Encode<'q, D::Db>,
+            for<'r> String: sqlx::Decode<'r, D::Db> + sqlx::Type<D::Db>,
+            for<'r> bool: sqlx::Decode<'r, D::Db> + sqlx::Type<D::Db>,
+            &'static str: sqlx::ColumnIndex<<D::Db as sqlx::Database>::Row>,
+            usize: sqlx::ColumnIndex<<D::Db as sqlx::Database>::Row>,
+        {
+            $($body)*
+        }
+    };
+}
+
 mod abilities;
 mod control;
 mod reads;

@@ -1,12 +1,12 @@
 //! The shared statements that only read: a timer, the next due time, counts, listings, tenant
 //! summaries, the health check.
 
-use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Row, Type};
+use sqlx::Row;
 use timer_core::{
     PageAfter, Result, TenantSummary, Timer, TimerFilter, TimerKey, TimerState, Timestamp,
 };
 
-use super::{db_err, Dialect, Statements, TimerRow, TIMER_COLUMNS};
+use super::{db_err, TimerRow, TIMER_COLUMNS};
 
 /// The first string after every string that starts with `prefix`, in byte order (which for
 /// UTF-8 is code point order): the prefix with its last character replaced by the next one,
@@ -28,21 +28,7 @@ fn prefix_end(prefix: &str) -> Option<String> {
     None
 }
 
-impl<D> Statements<'_, D>
-where
-    D: Dialect,
-    for<'c> &'c mut <D::Db as Database>::Connection: Executor<'c, Database = D::Db>,
-    for<'q> <D::Db as Database>::Arguments<'q>: IntoArguments<'q, D::Db>,
-    for<'q> &'q str: Encode<'q, D::Db> + Type<D::Db>,
-    for<'q> i64: Encode<'q, D::Db> + Decode<'q, D::Db> + Type<D::Db>,
-    for<'q> Option<i64>: Encode<'q, D::Db>,
-    for<'q> String: Encode<'q, D::Db>,
-    for<'q> Option<String>: Encode<'q, D::Db>,
-    for<'r> String: Decode<'r, D::Db> + Type<D::Db>,
-    for<'r> bool: Decode<'r, D::Db> + Type<D::Db>,
-    &'static str: ColumnIndex<<D::Db as Database>::Row>,
-    usize: ColumnIndex<<D::Db as Database>::Row>,
-{
+statements! {
     pub(crate) async fn get(&self, key: &TimerKey) -> Result<Option<Timer>> {
         let sql = format!(
             "SELECT {TIMER_COLUMNS} FROM timers WHERE tenant_id = $1 AND service_call_id = $2"

@@ -6,7 +6,7 @@ use timer_core::policy::Work;
 use timer_core::store::Step;
 use timer_core::{ClaimedTimer, Lease, Result, Timestamp};
 
-use super::{db_err, Dialect, Statements, TimerRow};
+use super::{db_err, Dialect, TimerRow};
 
 /// Settles one claim as `step` says ([`Settlement::Step`](timer_core::Settlement::Step)) at
 /// `at`, if `owner` still holds it at the claimed revision: `None` when not. Returns the row's
@@ -60,21 +60,7 @@ where
     .await
 }
 
-impl<D> Statements<'_, D>
-where
-    D: Dialect,
-    for<'c> &'c mut <D::Db as Database>::Connection: Executor<'c, Database = D::Db>,
-    for<'q> <D::Db as Database>::Arguments<'q>: IntoArguments<'q, D::Db>,
-    for<'q> &'q str: Encode<'q, D::Db> + Type<D::Db>,
-    for<'q> i64: Encode<'q, D::Db> + Decode<'q, D::Db> + Type<D::Db>,
-    for<'q> Option<i64>: Encode<'q, D::Db>,
-    for<'q> String: Encode<'q, D::Db>,
-    for<'q> Option<String>: Encode<'q, D::Db>,
-    for<'r> String: Decode<'r, D::Db> + Type<D::Db>,
-    for<'r> bool: Decode<'r, D::Db> + Type<D::Db>,
-    &'static str: ColumnIndex<<D::Db as Database>::Row>,
-    usize: ColumnIndex<<D::Db as Database>::Row>,
-{
+statements! {
     pub(crate) async fn claim(
         &self,
         now: Timestamp,
