@@ -4,9 +4,9 @@
 //! What an answer reveals is decided in [`ApiError::into_response`]: a client error (4xx) says
 //! what is wrong with the request. A 5xx carries a `requestId` (also in the `x-request-id`
 //! header) and the log line with the whole error chain carries the same id. A 500 says nothing
-//! more: its cause is ours, and its chain may name hosts, users and files. A 503 or 501 also
-//! says why (the disk is full, the broker's queue is full, the store cannot list), since that
-//! tells the client whether and when to try again.
+//! more: its cause is ours, and its chain may name hosts, users and files. A 503 also says why
+//! (the disk is full, the in-process broker's queue is full, the store cannot be reached), since
+//! that tells the client whether and when to try again.
 //!
 //! This module imports nothing else of the binary.
 
