@@ -157,6 +157,30 @@ pub trait Store: Send + Sync + 'static {
     }
 }
 
+/// The four ability accessors of a store that implements the abilities itself, written in its
+/// `impl Store` block: `timer_core::own_abilities!();` gives `tenant_counts`, `queries`,
+/// `control` and `history`, each answering `self`.
+#[macro_export]
+macro_rules! own_abilities {
+    () => {
+        fn tenant_counts(&self) -> &dyn $crate::TenantCounts {
+            self
+        }
+
+        fn queries(&self) -> &dyn $crate::TimerQueries {
+            self
+        }
+
+        fn control(&self) -> &dyn $crate::TimerControl {
+            self
+        }
+
+        fn history(&self) -> &dyn $crate::TimerHistory {
+            self
+        }
+    };
+}
+
 /// An optional store ability: which lease owners are alive. An owner is *alive* while its
 /// [`Membership`] holds something the store itself takes away when the owner's process or
 /// connection ends (PostgreSQL: a session-level advisory lock). The leases of an owner that is

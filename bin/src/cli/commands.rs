@@ -128,17 +128,10 @@ pub async fn run(command: Client, config: &Config) -> anyhow::Result<()> {
             });
             act(t, "complete", Some(body)).await
         }
-        Client::History {
-            timer: t,
-            limit,
-            cursor,
-            all,
-        } => {
+        Client::History { timer: t, page } => {
             let client = api_client(&t.api)?;
-            let mut query: Vec<(&'static str, String)> = Vec::new();
-            query.extend(limit.map(|n| ("limit", n.to_string())));
-            query.extend(cursor.map(|c| ("cursor", c)));
-            if !all {
+            let query = page.pairs();
+            if !page.all {
                 print(client.history(&t.tenant, &t.id, &query).await?);
                 return Ok(());
             }
@@ -174,7 +167,7 @@ pub async fn run(command: Client, config: &Config) -> anyhow::Result<()> {
         Client::List(args) => {
             let client = api_client(&args.api)?;
             let query = args.query();
-            if !args.all {
+            if !args.page.all {
                 print(client.list(&args.tenant, &query).await?);
                 return Ok(());
             }

@@ -126,14 +126,8 @@ pub enum Client {
     History {
         #[command(flatten)]
         timer: TimerArgs,
-        /// Entries per page, 1 to 1000 (the service's default: 100).
-        #[arg(long)]
-        limit: Option<usize>,
-        /// Where to go on: the nextCursor of the page before.
-        #[arg(long, conflicts_with = "all")]
-        cursor: Option<String>,
-        #[arg(long)]
-        all: bool,
+        #[command(flatten)]
+        page: PageArgs,
     },
     /// Cancel, pause, resume or retry every timer of a tenant that the filters match, page by
     /// page.
@@ -247,27 +241,44 @@ pub struct ListArgs {
     tenant: String,
     #[command(flatten)]
     filter: FilterArgs,
-    /// Timers per page, 1 to 1000 (the service's default: 100).
+    #[command(flatten)]
+    pub page: PageArgs,
+    #[command(flatten)]
+    api: Api,
+}
+
+/// One page of a list (`--limit`, `--cursor`), or every page (`--all`).
+#[derive(clap::Args)]
+pub struct PageArgs {
+    /// Items per page, 1 to 1000 (the service's default: 100).
     #[arg(long)]
     limit: Option<usize>,
     /// Where to go on: the nextCursor of the page before.
     #[arg(long, conflicts_with = "all")]
     cursor: Option<String>,
-    /// Follow nextCursor to the last page and print every timer, one JSON object per line.
+    /// Follow nextCursor to the last page and print every item, one JSON object per line.
     #[arg(long)]
-    all: bool,
-    #[command(flatten)]
-    api: Api,
+    pub all: bool,
 }
 
-impl ListArgs {
-    fn query(&self) -> Vec<(&'static str, String)> {
-        let mut query = self.filter.pairs();
+impl PageArgs {
+    /// `limit` and `cursor` as (name, value) pairs of a query string, those given.
+    pub fn pairs(&self) -> Vec<(&'static str, String)> {
         let optional = [
             ("limit", self.limit.map(|n| n.to_string())),
             ("cursor", self.cursor.clone()),
         ];
-        query.extend(optional.into_iter().filter_map(|(k, v)| Some((k, v?))));
+        optional
+            .into_iter()
+            .filter_map(|(k, v)| Some((k, v?)))
+            .collect()
+    }
+}
+
+impl ListArgs {
+    pub fn query(&self) -> Vec<(&'static str, String)> {
+        let mut query = self.filter.pairs();
+        query.extend(self.page.pairs());
         query
     }
 }

@@ -387,21 +387,7 @@ impl Store for MemoryStore {
         self.lock().map(|_| ())
     }
 
-    fn tenant_counts(&self) -> &dyn TenantCounts {
-        self
-    }
-
-    fn queries(&self) -> &dyn TimerQueries {
-        self
-    }
-
-    fn control(&self) -> &dyn TimerControl {
-        self
-    }
-
-    fn history(&self) -> &dyn TimerHistory {
-        self
-    }
+    timer_core::own_abilities!();
 }
 
 #[async_trait]

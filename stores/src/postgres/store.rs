@@ -9,8 +9,8 @@ use sqlx::Row;
 use timer_core::policy::{Policy, Work};
 use timer_core::{
     CancelOutcome, Change, ClaimedTimer, Error, Lease, NewTimer, Recurrence, Result,
-    ScheduleOutcome, Settlement, Store, TenantCounts, Timer, TimerControl, TimerHistory, TimerKey,
-    TimerQueries, TimerState, Timestamp,
+    ScheduleOutcome, Settlement, Store, TenantCounts, Timer, TimerControl, TimerKey, TimerState,
+    Timestamp,
 };
 use tokio::sync::broadcast;
 
@@ -360,7 +360,8 @@ impl Store for PostgresStore {
                 .map_err(|e| db_err(op, e))?;
             if let Some(seq) = seq {
                 changed += 1;
-                sql::record::<Self>(&mut tx, &t.key, seq, at, &step.changes, limit)
+                let entries = sql::numbered(&t.key, seq, &step.changes);
+                sql::record_all::<Self>(&mut tx, &entries, at, limit)
                     .await
                     .map_err(|e| db_err(op, e))?;
             }
@@ -410,21 +411,7 @@ impl Store for PostgresStore {
         self.channel.as_ref().map(|_| self.wakeups.subscribe())
     }
 
-    fn tenant_counts(&self) -> &dyn TenantCounts {
-        self
-    }
-
-    fn queries(&self) -> &dyn TimerQueries {
-        self
-    }
-
-    fn control(&self) -> &dyn TimerControl {
-        self
-    }
-
-    fn history(&self) -> &dyn TimerHistory {
-        self
-    }
+    timer_core::own_abilities!();
 
     fn lease_owners(&self) -> Option<&dyn timer_core::LeaseOwners> {
         Some(self)

@@ -7,7 +7,7 @@ use timer_core::control::transition;
 use timer_core::policy::Work;
 use timer_core::{Action, Change, ControlOutcome, HistoryEntry, Result, TimerKey, Timestamp};
 
-use super::{begin_write, db_err, record, TimerRow, TIMER_COLUMNS};
+use super::{begin_write, db_err, numbered, record_all, TimerRow, TIMER_COLUMNS};
 
 statements! {
     /// [`TimerControl::apply`](timer_core::TimerControl::apply): each row read (and locked,
@@ -76,7 +76,7 @@ statements! {
             .fetch_one(&mut *tx)
             .await
             .map_err(err)?;
-            record::<D>(&mut *tx, key, seq, now, &write.changes, history)
+            record_all::<D>(&mut *tx, &numbered(key, seq, &write.changes), now, history)
                 .await
                 .map_err(err)?;
         }
@@ -139,14 +139,8 @@ statements! {
         let Some(seq) = seq else {
             return Ok(false);
         };
-        record::<D>(
-            &mut *tx,
-            key,
-            seq,
-            at,
-            std::slice::from_ref(change),
-            history,
-        )
+        let entries = numbered(key, seq, std::slice::from_ref(change));
+        record_all::<D>(&mut *tx, &entries, at, history)
         .await
         .map_err(err)?;
         tx.commit().await.map_err(err)?;

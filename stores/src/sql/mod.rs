@@ -127,28 +127,6 @@ pub(crate) struct Entry<'a> {
     pub change: Change,
 }
 
-/// Writes `changes` as the history entries of `key` numbered up to `last` (the row's
-/// `history_seq` after the change), then drops its entries beyond the newest `limit`. Nothing
-/// when `limit` is 0.
-pub(crate) async fn record<D>(
-    conn: &mut <D::Db as Database>::Connection,
-    key: &TimerKey,
-    last: i64,
-    at: Timestamp,
-    changes: &[Change],
-    limit: usize,
-) -> std::result::Result<(), sqlx::Error>
-where
-    D: Dialect,
-    for<'c> &'c mut <D::Db as Database>::Connection: Executor<'c, Database = D::Db>,
-    for<'q> <D::Db as Database>::Arguments<'q>: IntoArguments<'q, D::Db>,
-    for<'q> &'q str: Encode<'q, D::Db> + Type<D::Db>,
-    for<'q> String: Encode<'q, D::Db> + Type<D::Db>,
-    for<'q> i64: Encode<'q, D::Db> + Type<D::Db>,
-{
-    record_all::<D>(conn, &numbered(key, last, changes), at, limit).await
-}
-
 /// `changes` as the history entries of `key` numbered up to `last` (the row's `history_seq`
 /// after the change).
 pub(crate) fn numbered<'a>(key: &'a TimerKey, last: i64, changes: &[Change]) -> Vec<Entry<'a>> {

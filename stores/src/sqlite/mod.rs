@@ -18,8 +18,8 @@ use timer_core::control::DEFAULT_HISTORY;
 use timer_core::policy::{Policy, Work};
 use timer_core::{
     CancelOutcome, Change, ClaimedTimer, Error, Lease, NewTimer, Recurrence, Result,
-    ScheduleOutcome, Settlement, Store, TenantCounts, Timer, TimerControl, TimerHistory, TimerKey,
-    TimerQueries, TimerState, Timestamp,
+    ScheduleOutcome, Settlement, Store, TenantCounts, Timer, TimerControl, TimerKey, TimerState,
+    Timestamp,
 };
 use tracing::info;
 
@@ -552,21 +552,7 @@ impl Store for SqliteStore {
         self.reads().health().await
     }
 
-    fn tenant_counts(&self) -> &dyn TenantCounts {
-        self
-    }
-
-    fn queries(&self) -> &dyn TimerQueries {
-        self
-    }
-
-    fn control(&self) -> &dyn TimerControl {
-        self
-    }
-
-    fn history(&self) -> &dyn TimerHistory {
-        self
-    }
+    timer_core::own_abilities!();
 }
 
 crate::sql::sql_abilities!(SqliteStore);
