@@ -497,9 +497,11 @@ async fn every_documented_bound_is_enforced() {
     // A body the route takes, to change one property of at a time.
     let base = |method: &str, route: &str| -> Value {
         match (method, route) {
-            // A series, so that its fields (maxOccurrences) are taken too.
+            // A series catching up on all it missed, so that its fields (maxOccurrences,
+            // catchUpLimit) are taken too.
             ("POST", "/v1/timers") => json!({
                 "tenantId": "acme", "serviceCallId": "bound", "cron": "0 9 * * *",
+                "catchUp": "all",
             }),
             ("POST", "/v1/timers/batch") => json!({ "commands": [] }),
             ("POST", "/v1/tenants/{tenant}/timers/bulk") => {
@@ -638,6 +640,8 @@ async fn every_documented_bound_is_enforced() {
         "GET /v1/tenants/{tenant}/timers dueAfter minLength 1",
         "DELETE /v1/tenants/{tenant}/timers/{id} id maxLength 128",
         "POST /v1/timers tenantId maxLength 128",
+        "POST /v1/timers catchUpLimit maximum 10000",
+        "POST /v1/timers overlap enum \"bufferOne\"",
         "POST /v1/timers/batch commands maxItems 1000",
         "POST /v1/tenants/{tenant}/timers/{id}/pause note maxLength 1024",
         "POST /v1/tenants/{tenant}/timers/bulk filter.state enum \"paused\"",

@@ -6,6 +6,7 @@
 //! same (the descriptions say bytes).
 
 use serde_json::{json, Value};
+use timer_core::policy::{CatchUp, Overlap, MAX_CATCH_UP_LIMIT};
 use timer_core::{Limits, TimerState};
 
 use crate::http::actions::MAX_NOTE_BYTES;
@@ -33,6 +34,8 @@ pub fn constrain(document: &mut Value, limits: &Limits) {
         .iter()
         .map(|s| s.as_str().to_ascii_lowercase())
         .collect();
+    let overlaps: Vec<&str> = Overlap::ALL.iter().map(|o| o.as_str()).collect();
+    let catch_ups: Vec<&str> = CatchUp::ALL.iter().map(|c| c.as_str()).collect();
     let range = |max: usize| json!({ "minimum": 1, "maximum": max });
     if let Some(paths) = document["paths"].as_object_mut() {
         for (path, item) in paths.iter_mut() {
@@ -80,6 +83,13 @@ pub fn constrain(document: &mut Value, limits: &Limits) {
         ("ScheduleTimer", "serviceCallId", id.clone()),
         ("ScheduleTimer", "correlationId", id),
         ("ScheduleTimer", "maxOccurrences", json!({ "minimum": 1 })),
+        ("ScheduleTimer", "overlap", json!({ "enum": overlaps })),
+        ("ScheduleTimer", "catchUp", json!({ "enum": catch_ups })),
+        (
+            "ScheduleTimer",
+            "catchUpLimit",
+            json!({ "minimum": 1, "maximum": MAX_CATCH_UP_LIMIT }),
+        ),
         ("CompleteRequest", "occurrence", json!({ "minimum": 1 })),
         ("Batch", "commands", json!({ "maxItems": limits.max_batch })),
         ("PauseRequest", "note", note.clone()),

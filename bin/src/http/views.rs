@@ -272,4 +272,33 @@ pub struct ScheduleTimer {
     pub end_at: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_occurrences: Option<u32>,
+    /// `allow` (the default), `skip` or `bufferOne`: what a series does with an occurrence due
+    /// while the work of the one before has not completed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub overlap: Option<String>,
+    /// How long the work of one fire may take: a duration (`"30s"`, `"1h 30m"`) or integer
+    /// milliseconds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub completion_timeout: Option<WireDuration>,
+    /// `once`, `skip` or `all`: what a series does with the occurrences it missed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub catch_up: Option<String>,
+    /// With `catchUp: all`: at most this many missed occurrences fire.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub catch_up_limit: Option<u32>,
+    /// A missed occurrence older than this is skipped: a duration.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub catch_up_window: Option<WireDuration>,
+    /// Each occurrence fires later than its cron time by less than this: a duration.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub jitter: Option<WireDuration>,
+}
+
+/// A duration of the wire contract: text such as `"30s"`, `"5m"`, `"1h 30m"`, or integer
+/// milliseconds.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(untagged)]
+pub enum WireDuration {
+    Text(String),
+    Millis(u64),
 }

@@ -6,6 +6,9 @@
 //! rebalance. Events go out through an idempotent producer (`acks=all`), keyed by tenant, with
 //! the envelope id in the `timer-event-id` header; a batch counts as published only once every
 //! delivery report is OK, with all of them in flight together.
+//!
+//! The rest is the plugin's page of the book (`README.md` beside this file).
+#![doc = include_str!("README.md")]
 
 mod config;
 mod plugin;

@@ -1,6 +1,9 @@
 //! `memory`: an in-process broker. Commands are handed to this process's engine (and stay
 //! delivered until acknowledged); events and dead letters are kept in a bounded buffer that the
 //! HTTP API and tests can read. Nothing survives a restart.
+//!
+//! The rest is the plugin's page of the book (`README.md` beside this file).
+#![doc = include_str!("README.md")]
 
 mod plugin;
 

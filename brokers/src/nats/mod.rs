@@ -2,6 +2,9 @@
 //! and are acknowledged after the store committed them; events are published with
 //! `Nats-Msg-Id` = envelope id, many in flight, and count as published only once every PubAck
 //! arrived. The client reconnects by itself; a broken pull stream is opened again.
+//!
+//! The rest is the plugin's page of the book (`README.md` beside this file).
+#![doc = include_str!("README.md")]
 
 mod config;
 mod plugin;

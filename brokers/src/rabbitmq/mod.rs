@@ -4,6 +4,9 @@
 //! many in flight, counted only when every confirm arrived. After a lost connection the next
 //! call connects again and declares the topology again; unacknowledged commands of the lost
 //! connection are requeued by the broker.
+//!
+//! The rest is the plugin's page of the book (`README.md` beside this file).
+#![doc = include_str!("README.md")]
 
 mod config;
 mod plugin;

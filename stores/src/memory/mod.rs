@@ -1,4 +1,7 @@
 //! `memory`: timers in process memory. Lost at exit; for tests and trying things out.
+//!
+//! The rest is the plugin's page of the book (`README.md` beside this file).
+#![doc = include_str!("README.md")]
 
 mod plugin;
 

@@ -1,6 +1,9 @@
 //! `postgres`: timers in PostgreSQL (sqlx). Several instances share one schema: claiming uses
 //! `FOR UPDATE SKIP LOCKED`, so two instances never lease the same row, and a NOTIFY on every
 //! scheduled batch wakes every instance's firing task when a sooner timer arrives.
+//!
+//! The rest is the plugin's page of the book (`README.md` beside this file).
+#![doc = include_str!("README.md")]
 
 mod config;
 mod notify;

@@ -1,5 +1,8 @@
 //! `sqlite`: timers in one SQLite file (sqlx, WAL). Writes go through a single connection, so
 //! they never contend inside the process; reads use a small pool.
+//!
+//! The rest is the plugin's page of the book (`README.md` beside this file).
+#![doc = include_str!("README.md")]
 
 mod config;
 mod plugin;
