@@ -296,6 +296,8 @@ pub struct ScheduleTimer {
 
 /// A duration of the wire contract: text such as `"30s"`, `"5m"`, `"1h 30m"`, or integer
 /// milliseconds.
+// Only the document uses it: a command is read by the wire decoder, not through this type.
+#[allow(dead_code)]
 #[derive(Debug, Serialize, ToSchema)]
 #[serde(untagged)]
 pub enum WireDuration {
