@@ -12,6 +12,7 @@
 
 mod config;
 mod plugin;
+#[cfg(feature = "testing")]
 mod testing;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -36,9 +37,12 @@ use timer_core::{Broker, Delivery, Error, OutboundEvent, Result, Undelivered};
 use crate::shared::DeliveryTags;
 
 pub use config::{KafkaConfig, FIXED_PROPERTIES};
-pub use plugin::{PLUGIN, TEST_SERVER};
+pub use plugin::PLUGIN;
+#[cfg(feature = "testing")]
+pub use plugin::TEST_SERVER;
 /// The client library, for tests and tools that talk to the same cluster.
 pub use rdkafka;
+#[cfg(feature = "testing")]
 pub use testing::KafkaTestClient;
 
 /// Header carrying the envelope id of a `DueTimeReached` event.

@@ -3,17 +3,19 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use timer_core::plugin::{
-    fresh_name, BrokerConfig, BrokerPlugin, Isolated, Section, TestClient, TestServer,
-};
+use timer_core::plugin::{BrokerConfig, BrokerPlugin, Section};
+#[cfg(feature = "testing")]
+use timer_core::plugin::{fresh_name, Isolated, TestClient, TestServer};
 use timer_core::{Broker, EngineConfig, Error, Result};
 
+#[cfg(feature = "testing")]
 use super::testing::KafkaTestClient;
 use super::{KafkaBroker, KafkaConfig};
 
 pub const PLUGIN: BrokerPlugin = BrokerPlugin::of::<KafkaConfig>();
 
 /// The Kafka-protocol server the tests use (`scripts/servers/kafka.sh start` prints it).
+#[cfg(feature = "testing")]
 pub const TEST_SERVER: TestServer = TestServer::new(
     "TIMER_TEST_KAFKA_BROKERS",
     "TIMER_TEST_KAFKA_DIR",
@@ -23,10 +25,12 @@ pub const TEST_SERVER: TestServer = TestServer::new(
 
 impl Section for KafkaConfig {
     const KIND: &'static str = "kafka";
+    #[cfg(feature = "testing")]
     const TEST_SERVER: Option<TestServer> = Some(TEST_SERVER);
     fn validate(&self) -> Result<()> {
         self.check()
     }
+    #[cfg(feature = "testing")]
     fn for_test_server(brokers: String) -> Self {
         KafkaConfig {
             brokers,
@@ -53,10 +57,12 @@ impl BrokerConfig for KafkaConfig {
     async fn connect(&self) -> Result<Arc<dyn Broker>> {
         Ok(Arc::new(KafkaBroker::connect(self).await?))
     }
+    #[cfg(feature = "testing")]
     async fn test_client(&self) -> Result<Arc<dyn TestClient>> {
         Ok(Arc::new(KafkaTestClient::new(self.clone()).await?))
     }
     /// Topics and a consumer group of their own.
+    #[cfg(feature = "testing")]
     fn isolated(&self, prefix: &str) -> Result<Isolated<dyn BrokerConfig>> {
         let name = fresh_name(prefix);
         Ok(Isolated::new(Box::new(KafkaConfig {
@@ -69,6 +75,7 @@ impl BrokerConfig for KafkaConfig {
     }
     /// Leaves the topics: tansu 0.6.0 (the Kafka test server) panics in its storage and sends
     /// metadata that crashes librdkafka once a topic is deleted. Says so, naming them.
+    #[cfg(feature = "testing")]
     async fn clean_up(&self) -> Result<()> {
         eprintln!(
             "note: the kafka topics {}, {} and {} stay on {}; delete them with your cluster's \

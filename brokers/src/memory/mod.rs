@@ -21,7 +21,9 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 use uuid::Uuid;
 
-pub use plugin::{HubConfig, MemoryTestClient, PLUGIN};
+#[cfg(feature = "testing")]
+pub use plugin::MemoryTestClient;
+pub use plugin::{HubConfig, PLUGIN};
 
 /// The memory broker, the embedded default: commands, events and dead letters inside this
 /// process, for one instance. Commands come from `POST /v1/commands`; events show on

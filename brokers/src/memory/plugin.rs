@@ -6,10 +6,9 @@ use std::any::Any;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use timer_core::plugin::{
-    BrokerConfig, BrokerPlugin, ConfigSection, Isolated, PluginConfig, ReadDeadLetter, ReadEvent,
-    Section, TestClient,
-};
+use timer_core::plugin::{BrokerConfig, BrokerPlugin, ConfigSection, PluginConfig, Section};
+#[cfg(feature = "testing")]
+use timer_core::plugin::{Isolated, ReadDeadLetter, ReadEvent, TestClient};
 use timer_core::{Broker, Result};
 
 use super::{MemoryConfig, MemoryHub};
@@ -19,7 +18,9 @@ use super::{MemoryConfig, MemoryHub};
 pub const PLUGIN: BrokerPlugin = BrokerPlugin {
     kind: MemoryConfig::KIND,
     load,
+    #[cfg(feature = "testing")]
     test_server: None,
+    #[cfg(feature = "testing")]
     isolated,
     schema: || schemars::schema_for!(MemoryConfig),
 };
@@ -33,6 +34,7 @@ impl Section for MemoryConfig {
     const KIND: &'static str = "memory";
 }
 
+#[cfg(feature = "testing")]
 fn isolated(_prefix: &str) -> Result<Isolated<dyn BrokerConfig>> {
     Ok(Isolated::new(Box::new(HubConfig::new(
         MemoryConfig::default(),
@@ -78,22 +80,26 @@ impl BrokerConfig for HubConfig {
     async fn connect(&self) -> Result<Arc<dyn Broker>> {
         Ok(Arc::new(self.hub.connect()))
     }
+    #[cfg(feature = "testing")]
     async fn test_client(&self) -> Result<Arc<dyn TestClient>> {
         Ok(Arc::new(MemoryTestClient {
             hub: self.hub.clone(),
         }))
     }
     /// A hub of its own.
+    #[cfg(feature = "testing")]
     fn isolated(&self, _prefix: &str) -> Result<Isolated<dyn BrokerConfig>> {
         Ok(Isolated::new(Box::new(HubConfig::new(self.config.clone()))))
     }
 }
 
 /// A producer and reader on a hub, as the tests use it.
+#[cfg(feature = "testing")]
 pub struct MemoryTestClient {
     pub hub: MemoryHub,
 }
 
+#[cfg(feature = "testing")]
 #[async_trait]
 impl TestClient for MemoryTestClient {
     async fn connect(&self) -> Result<Box<dyn Broker>> {

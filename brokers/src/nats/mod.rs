@@ -8,6 +8,7 @@
 
 mod config;
 mod plugin;
+#[cfg(feature = "testing")]
 mod testing;
 
 use std::time::Duration;
@@ -23,7 +24,10 @@ use timer_core::{Broker, Delivery, Error, KeyLimit, OutboundEvent, Result, Timer
 use crate::shared::DeliveryTags;
 
 pub use config::NatsConfig;
-pub use plugin::{PLUGIN, TEST_SERVER};
+pub use plugin::PLUGIN;
+#[cfg(feature = "testing")]
+pub use plugin::TEST_SERVER;
+#[cfg(feature = "testing")]
 pub use testing::NatsTestClient;
 
 /// Header carrying the reason of a dead letter.

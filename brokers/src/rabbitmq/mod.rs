@@ -10,6 +10,7 @@
 
 mod config;
 mod plugin;
+#[cfg(feature = "testing")]
 mod testing;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -34,7 +35,10 @@ use timer_core::{Broker, Delivery, Error, KeyLimit, OutboundEvent, Result, Timer
 use crate::shared::DeliveryTags;
 
 pub use config::RabbitmqConfig;
-pub use plugin::{PLUGIN, TEST_SERVER};
+pub use plugin::PLUGIN;
+#[cfg(feature = "testing")]
+pub use plugin::TEST_SERVER;
+#[cfg(feature = "testing")]
 pub use testing::RabbitmqTestClient;
 
 /// Header carrying the reason of a dead letter.

@@ -3,17 +3,19 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use timer_core::plugin::{
-    fresh_name, BrokerConfig, BrokerPlugin, Isolated, Section, TestClient, TestServer,
-};
+use timer_core::plugin::{BrokerConfig, BrokerPlugin, Section};
+#[cfg(feature = "testing")]
+use timer_core::plugin::{fresh_name, Isolated, TestClient, TestServer};
 use timer_core::{Broker, Result};
 
+#[cfg(feature = "testing")]
 use super::testing::RabbitmqTestClient;
 use super::{RabbitmqBroker, RabbitmqConfig};
 
 pub const PLUGIN: BrokerPlugin = BrokerPlugin::of::<RabbitmqConfig>();
 
 /// The RabbitMQ server the tests use (`scripts/servers/rabbitmq.sh start` prints it).
+#[cfg(feature = "testing")]
 pub const TEST_SERVER: TestServer = TestServer::new(
     "TIMER_TEST_RABBITMQ_URL",
     "TIMER_TEST_RABBITMQ_DIR",
@@ -23,7 +25,9 @@ pub const TEST_SERVER: TestServer = TestServer::new(
 
 impl Section for RabbitmqConfig {
     const KIND: &'static str = "rabbitmq";
+    #[cfg(feature = "testing")]
     const TEST_SERVER: Option<TestServer> = Some(TEST_SERVER);
+    #[cfg(feature = "testing")]
     fn for_test_server(url: String) -> Self {
         RabbitmqConfig {
             url,
@@ -39,10 +43,12 @@ impl BrokerConfig for RabbitmqConfig {
     }
     /// Also binds a queue to the events exchange (RabbitMQ returns events no queue is bound
     /// to, and the service would retry them), as a consumer of the events would.
+    #[cfg(feature = "testing")]
     async fn test_client(&self) -> Result<Arc<dyn TestClient>> {
         Ok(Arc::new(RabbitmqTestClient::new(self.clone()).await?))
     }
     /// Queues and exchanges of its own.
+    #[cfg(feature = "testing")]
     fn isolated(&self, prefix: &str) -> Result<Isolated<dyn BrokerConfig>> {
         let name = fresh_name(prefix);
         Ok(Isolated::new(Box::new(RabbitmqConfig {
@@ -53,6 +59,7 @@ impl BrokerConfig for RabbitmqConfig {
             ..self.clone()
         })))
     }
+    #[cfg(feature = "testing")]
     async fn clean_up(&self) -> Result<()> {
         super::delete_topology(self).await
     }

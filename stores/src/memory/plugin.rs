@@ -3,7 +3,9 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use timer_core::plugin::{Isolated, Section, StoreConfig, StorePlugin};
+#[cfg(feature = "testing")]
+use timer_core::plugin::Isolated;
+use timer_core::plugin::{Section, StoreConfig, StorePlugin};
 use timer_core::{Result, Store};
 
 use super::{MemoryConfig, MemoryStore};
@@ -23,6 +25,7 @@ impl StoreConfig for MemoryConfig {
     fn shared(&self) -> bool {
         false
     }
+    #[cfg(feature = "testing")]
     fn isolated(&self, _prefix: &str) -> Result<Isolated<dyn StoreConfig>> {
         Ok(Isolated::new(Box::new(self.clone())))
     }

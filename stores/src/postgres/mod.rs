@@ -23,7 +23,9 @@ use timer_core::{Error, Result, Timestamp};
 use tokio::sync::broadcast;
 
 pub use config::PostgresConfig;
-pub use plugin::{PLUGIN, TEST_SERVER};
+pub use plugin::PLUGIN;
+#[cfg(feature = "testing")]
+pub use plugin::TEST_SERVER;
 
 use crate::sql::{self, Dialect};
 use notify::listen;

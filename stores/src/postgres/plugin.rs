@@ -4,15 +4,21 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
+#[cfg(feature = "testing")]
 use sqlx::{Connection, PgConnection};
-use timer_core::plugin::{fresh_name, Isolated, Section, StoreConfig, StorePlugin, TestServer};
-use timer_core::{Error, Result, Store};
+use timer_core::plugin::{Section, StoreConfig, StorePlugin};
+#[cfg(feature = "testing")]
+use timer_core::plugin::{fresh_name, Isolated, TestServer};
+#[cfg(feature = "testing")]
+use timer_core::Error;
+use timer_core::{Result, Store};
 
 use super::{PostgresConfig, PostgresStore};
 
 pub const PLUGIN: StorePlugin = StorePlugin::of::<PostgresConfig>();
 
 /// The PostgreSQL server the tests use (`scripts/servers/postgres.sh start` prints it).
+#[cfg(feature = "testing")]
 pub const TEST_SERVER: TestServer = TestServer::new(
     "TIMER_TEST_POSTGRES_URL",
     "TIMER_TEST_POSTGRES_DIR",
@@ -22,10 +28,12 @@ pub const TEST_SERVER: TestServer = TestServer::new(
 
 impl Section for PostgresConfig {
     const KIND: &'static str = "postgres";
+    #[cfg(feature = "testing")]
     const TEST_SERVER: Option<TestServer> = Some(TEST_SERVER);
     fn validate(&self) -> Result<()> {
         self.check()
     }
+    #[cfg(feature = "testing")]
     fn for_test_server(url: String) -> Self {
         PostgresConfig {
             url,
@@ -41,6 +49,7 @@ impl StoreConfig for PostgresConfig {
         Ok(Arc::new(PostgresStore::open(self).await?))
     }
     /// A new schema `<prefix>_<random>` on the same server.
+    #[cfg(feature = "testing")]
     fn isolated(&self, prefix: &str) -> Result<Isolated<dyn StoreConfig>> {
         Ok(Isolated::new(Box::new(PostgresConfig {
             schema: fresh_name(&format!("{prefix}_")),
@@ -48,6 +57,7 @@ impl StoreConfig for PostgresConfig {
         })))
     }
     /// Drops the schema and everything in it.
+    #[cfg(feature = "testing")]
     async fn clean_up(&self) -> Result<()> {
         let options = super::connect_options(self)?;
         let cannot = "postgres store: cannot connect to drop the schema";

@@ -3,8 +3,12 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use timer_core::plugin::{Isolated, Section, StoreConfig, StorePlugin};
-use timer_core::{Error, Result, Store};
+#[cfg(feature = "testing")]
+use timer_core::plugin::Isolated;
+use timer_core::plugin::{Section, StoreConfig, StorePlugin};
+#[cfg(feature = "testing")]
+use timer_core::Error;
+use timer_core::{Result, Store};
 
 use super::{SqliteConfig, SqliteStore};
 
@@ -27,6 +31,7 @@ impl StoreConfig for SqliteConfig {
         false
     }
     /// Never the configured file: `<prefix>.db` in a new temp dir, removed when the guard drops.
+    #[cfg(feature = "testing")]
     fn isolated(&self, prefix: &str) -> Result<Isolated<dyn StoreConfig>> {
         let dir = tempfile::tempdir()
             .map_err(|e| Error::internal("cannot create a temp dir").with_source(e))?;

@@ -11,6 +11,7 @@ use schemars::JsonSchema;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+#[cfg(feature = "testing")]
 use super::{Isolated, TestClient, TestServer};
 use crate::broker::Broker;
 use crate::config::EngineConfig;
@@ -40,13 +41,15 @@ pub trait Section:
     /// `store.kind` / `broker.kind`, also the cargo feature and the folder name.
     const KIND: &'static str;
     /// The server its tests need; `None` when it runs in process or on a local file.
+    #[cfg(feature = "testing")]
     const TEST_SERVER: Option<TestServer> = None;
     /// What can be checked without a server; `load` runs it.
     fn validate(&self) -> Result<()> {
         Ok(())
     }
     /// The config reaching the test server at `address` (before isolation); only called when
-    /// there is a [`TEST_SERVER`](Section::TEST_SERVER).
+    /// there is a `TEST_SERVER`.
+    #[cfg(feature = "testing")]
     fn for_test_server(_address: String) -> Self {
         Self::default()
     }
@@ -93,9 +96,11 @@ pub trait StoreConfig: PluginConfig {
     /// `prefix`…); other settings kept. The bench runs on the configured server with it, and
     /// [`StorePlugin::isolated`](crate::plugin::StorePlugin::isolated) applies it to a config for
     /// the test server.
+    #[cfg(feature = "testing")]
     fn isolated(&self, prefix: &str) -> Result<Isolated<dyn StoreConfig>>;
     /// Removes what an [`isolated`](crate::plugin::StorePlugin::isolated) run created (a bench
     /// schema); a no-op where nothing outlives the run.
+    #[cfg(feature = "testing")]
     async fn clean_up(&self) -> Result<()> {
         Ok(())
     }
@@ -112,14 +117,17 @@ pub trait BrokerConfig: PluginConfig {
     /// An independent client on the resources this config names: produces commands and reads
     /// events and dead letters as a real service would. Creates the resources first when they
     /// are missing, so commands can be sent before the service starts.
+    #[cfg(feature = "testing")]
     async fn test_client(&self) -> Result<Arc<dyn TestClient>>;
     /// This config on fresh resources of the same server (streams, queues, topics, consumer
     /// group named after `prefix`); other settings kept. The bench runs on the configured
     /// server with it, and [`BrokerPlugin::isolated`](crate::plugin::BrokerPlugin::isolated)
     /// applies it to a config for the test server.
+    #[cfg(feature = "testing")]
     fn isolated(&self, prefix: &str) -> Result<Isolated<dyn BrokerConfig>>;
     /// Removes what an [`isolated`](crate::plugin::BrokerPlugin::isolated) run created, where the
     /// server allows it safely; a no-op otherwise.
+    #[cfg(feature = "testing")]
     async fn clean_up(&self) -> Result<()> {
         Ok(())
     }

@@ -10,15 +10,17 @@
 //! - `kind`: the value of `store.kind` / `broker.kind`, also the cargo feature and folder name;
 //! - `load`: reads and checks the plugin's config section ([`ConfigSection`]) into a typed config
 //!   behind [`StoreConfig`] / [`BrokerConfig`], which opens the store or connects the broker;
-//! - `test_server`: the server the tests and the bench run it against ([`TestServer`]), if any;
-//! - `isolated`: a config naming fresh resources on that server (a temp file, a new schema, new
-//!   streams or topics), so runs never share state, and [`BrokerConfig::test_client`] for an
-//!   independent producer and reader on them.
+//! - with the `testing` feature, what tests and the bench use: `test_server`, the server they
+//!   run it against (`TestServer`), if any, and `isolated`, a config naming fresh resources on
+//!   that server (a temp file, a new schema, new streams or topics), so runs never share state,
+//!   with `BrokerConfig::test_client` for an independent producer and reader on them.
 
 mod config;
+#[cfg(feature = "testing")]
 mod testing;
 
 pub use config::{to_value, BrokerConfig, ConfigSection, PluginConfig, Section, StoreConfig};
+#[cfg(feature = "testing")]
 pub use testing::{fresh_name, Isolated, ReadDeadLetter, ReadEvent, TestClient, TestServer};
 
 use crate::error::Result;
@@ -33,11 +35,13 @@ pub struct Plugin<C: ?Sized + 'static> {
     /// checked without a server.
     pub load: fn(&ConfigSection) -> Result<Box<C>>,
     /// The server its tests need; `None` when it runs in process or on a local file.
+    #[cfg(feature = "testing")]
     pub test_server: Option<TestServer>,
     /// A config on fresh, isolated resources (a temp file, a schema, streams, queues, topics,
     /// a consumer group) for one test or bench run; `prefix` starts the names it makes (`t`,
     /// `bench`). Fails with [`ErrorKind::Config`](crate::ErrorKind) naming the variable when
     /// the test server is not configured.
+    #[cfg(feature = "testing")]
     pub isolated: fn(prefix: &str) -> Result<Isolated<C>>,
     /// The JSON Schema of its config section: every key with its doc comment and default,
     /// from which the configuration reference and the example file are generated.
@@ -56,13 +60,16 @@ impl<D: ?Sized + 'static> Plugin<D> {
         Plugin {
             kind: C::KIND,
             load: |section| Ok(load_section::<C>(section)?.boxed()),
+            #[cfg(feature = "testing")]
             test_server: C::TEST_SERVER,
+            #[cfg(feature = "testing")]
             isolated: |prefix| test_config::<C>()?.isolate(prefix),
             schema: || schemars::schema_for!(C),
         }
     }
 
     /// Why this plugin's test server cannot be used, if it cannot.
+    #[cfg(feature = "testing")]
     pub fn unavailable(&self) -> Option<String> {
         self.test_server.as_ref().and_then(TestServer::unavailable)
     }
@@ -72,6 +79,7 @@ impl<D: ?Sized + 'static> Plugin<D> {
 /// `dyn BrokerConfig`): what [`Plugin::of`] needs to make a descriptor of it.
 pub trait Family<D: ?Sized> {
     fn boxed(self) -> Box<D>;
+    #[cfg(feature = "testing")]
     fn isolate(&self, prefix: &str) -> Result<Isolated<D>>;
 }
 
@@ -79,6 +87,7 @@ impl<C: StoreConfig> Family<dyn StoreConfig> for C {
     fn boxed(self) -> Box<dyn StoreConfig> {
         Box::new(self)
     }
+    #[cfg(feature = "testing")]
     fn isolate(&self, prefix: &str) -> Result<Isolated<dyn StoreConfig>> {
         self.isolated(prefix)
     }
@@ -88,6 +97,7 @@ impl<C: BrokerConfig> Family<dyn BrokerConfig> for C {
     fn boxed(self) -> Box<dyn BrokerConfig> {
         Box::new(self)
     }
+    #[cfg(feature = "testing")]
     fn isolate(&self, prefix: &str) -> Result<Isolated<dyn BrokerConfig>> {
         self.isolated(prefix)
     }
@@ -178,6 +188,7 @@ fn load_section<C: Section>(section: &ConfigSection) -> Result<C> {
 }
 
 /// `C` for its test server, or its defaults when it has none.
+#[cfg(feature = "testing")]
 fn test_config<C: Section>() -> Result<C> {
     match C::TEST_SERVER {
         Some(server) => Ok(C::for_test_server(server.address()?)),
@@ -185,5 +196,5 @@ fn test_config<C: Section>() -> Result<C> {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "testing"))]
 mod tests;
