@@ -1,0 +1,185 @@
+//! Commands run to their end, and the test servers' scripts (stop, start, restart).
+
+use std::ffi::OsStr;
+use std::fmt::Display;
+use std::path::{Path, PathBuf};
+use std::process::Output;
+use std::time::Duration;
+
+use timer_core::plugin::TestServer;
+use tokio::process::Command;
+
+use super::{running, signal};
+use crate::wait_for;
+
+/// How a command run to its end went.
+pub struct Exit {
+    /// The exit code; `None` when a signal ended it.
+    pub code: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Exit {
+    /// The last line it wrote to stderr (where `run` reports why it stopped).
+    pub fn last_line(&self) -> &str {
+        self.stderr.lines().last().unwrap_or_default()
+    }
+}
+
+/// Runs `program args` in `dir` with `env` added, to its end, which must come `within` that
+/// long; killed if the test ends first (a service that starts after all must not outlive it).
+pub async fn run_to_end<K, V>(
+    program: &Path,
+    dir: &Path,
+    args: &[&str],
+    env: &[(K, V)],
+    within: Duration,
+) -> Exit
+where
+    K: AsRef<OsStr>,
+    V: AsRef<OsStr>,
+{
+    let mut command = Command::new(program);
+    command.args(args).current_dir(dir).kill_on_drop(true);
+    for (k, v) in env {
+        command.env(k, v);
+    }
+    let out = tokio::time::timeout(within, command.output())
+        .await
+        .unwrap_or_else(|_| panic!("{} exits within {within:?}", program.display()))
+        .unwrap_or_else(|e| panic!("run {}: {e}", program.display()));
+    Exit {
+        code: out.status.code(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+/// Runs `program args` (a `run` of the service, perhaps through a launcher) that must refuse
+/// to start: it exits 1 within a minute. Returns how it went, for the message to be checked.
+pub async fn refused_to_run(
+    program: &Path,
+    args: &[&str],
+    dir: &Path,
+    env: &[(&str, String)],
+) -> Exit {
+    let mut env = env.to_vec();
+    // Should it start after all, on a port of its own.
+    env.push(("TIMER_HTTP__ADDR", "127.0.0.1:0".to_owned()));
+    let exit = run_to_end(program, dir, args, &env, Duration::from_secs(60)).await;
+    assert_eq!(exit.code, Some(1), "refuses to run: {}", exit.stderr);
+    exit
+}
+
+/// Runs `command` to its end and panics, with its stderr, unless it succeeds.
+pub async fn run_ok(command: &mut Command, what: impl Display) -> Output {
+    let out = command
+        .output()
+        .await
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
+    assert!(
+        out.status.success(),
+        "{what}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// Why a test needing all of `vars` cannot run, if one is not set; `starts` says what sets
+/// them (`bash scripts/test.sh starts PostgreSQL`).
+pub fn missing_var(vars: &[&str], starts: &str) -> Option<String> {
+    vars.iter()
+        .find(|v| std::env::var(v).is_err())
+        .map(|v| format!("{v} is not set ({starts})"))
+}
+
+/// A test server started by one of the project's scripts (`scripts/servers/<name>.sh`), which a
+/// test stops and starts again (by the pid the script recorded, never by name).
+pub struct ScriptedServer {
+    name: String,
+    script: PathBuf,
+    dir: String,
+    port_env: &'static str,
+    port: u16,
+}
+
+impl ScriptedServer {
+    /// `name`: the script (`postgres`, `nats`, `rabbitmq`); `dir`: its data directory (what
+    /// `scripts/test.sh` exported); `port_env`/`port`: the port it must come back on.
+    pub fn new(name: &str, dir: String, port_env: &'static str, port: u16) -> Self {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../scripts/servers")
+            .join(format!("{name}.sh"));
+        ScriptedServer {
+            name: name.to_owned(),
+            script,
+            dir,
+            port_env,
+            port,
+        }
+    }
+
+    /// The server a plugin's tests run against, as its variables describe it; the reason when
+    /// one is missing.
+    pub fn of(server: &TestServer) -> Result<Self, String> {
+        let starts = format!("bash scripts/test.sh starts {}", server.script);
+        if let Some(why) = missing_var(&[server.address_env, server.dir_env], &starts) {
+            return Err(why);
+        }
+        let dir = std::env::var(server.dir_env).map_err(|e| e.to_string())?;
+        let port = server
+            .port()
+            .ok_or_else(|| format!("no port in {}", server.address_env))?;
+        Ok(Self::new(server.script, dir, server.port_env, port))
+    }
+
+    /// Runs `script start|stop DIR`; panics with the script's output when it fails.
+    pub async fn run(&self, action: &str) {
+        let mut command = Command::new("bash");
+        command
+            .arg(&self.script)
+            .args([action, &self.dir])
+            .env(self.port_env, self.port.to_string());
+        run_ok(&mut command, format!("{} {action}", self.script.display())).await;
+    }
+
+    /// SIGKILL to the server, by the pid its script recorded (`DIR/<name>.pid`); returns once
+    /// it is gone (its port free for the next start).
+    pub async fn kill9(&self) {
+        let pid_file = Path::new(&self.dir).join(format!("{}.pid", self.name));
+        let pid: u32 = std::fs::read_to_string(&pid_file)
+            .unwrap_or_else(|e| panic!("{}: {e}", pid_file.display()))
+            .trim()
+            .parse()
+            .unwrap_or_else(|e| panic!("{}: {e}", pid_file.display()));
+        signal(pid, "-KILL").await;
+        let gone = wait_for(Duration::from_secs(30), || async {
+            (!running(pid)).then_some(())
+        })
+        .await;
+        assert!(
+            gone.is_some(),
+            "{} (pid {pid}) ended after SIGKILL",
+            self.name
+        );
+    }
+
+    /// While the returned guard lives, a test ending (or panicking) with the server down
+    /// starts it again, so the test binaries after this one find it.
+    pub fn restart_guard(&self) -> RestartOnDrop<'_> {
+        RestartOnDrop(self)
+    }
+}
+
+pub struct RestartOnDrop<'a>(&'a ScriptedServer);
+
+impl Drop for RestartOnDrop<'_> {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("bash")
+            .arg(&self.0.script)
+            .args(["start", &self.0.dir])
+            .env(self.0.port_env, self.0.port.to_string())
+            .output();
+    }
+}
