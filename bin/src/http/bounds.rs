@@ -1,6 +1,7 @@
 //! The bounds the handlers enforce, written into the OpenAPI document from the constants and
 //! limits the handlers check them with: ranges of numbers, lengths and patterns of strings, the
-//! words of enums. A client generated from the document then sends only what the server takes.
+//! words of enums. A client generated from the document then sends only what the server takes
+//! (and knows the words of a timer's state it gets back).
 //!
 //! Lengths count bytes of UTF-8 on the server and characters in JSON Schema: for ASCII, the
 //! same (the descriptions say bytes).
@@ -34,6 +35,7 @@ pub fn constrain(document: &mut Value, limits: &Limits) {
         .iter()
         .map(|s| s.as_str().to_ascii_lowercase())
         .collect();
+    let state_names: Vec<&str> = TimerState::ALL.iter().map(|s| s.as_str()).collect();
     let overlaps: Vec<&str> = Overlap::ALL.iter().map(|o| o.as_str()).collect();
     let catch_ups: Vec<&str> = CatchUp::ALL.iter().map(|c| c.as_str()).collect();
     let range = |max: usize| json!({ "minimum": 1, "maximum": max });
@@ -105,6 +107,8 @@ pub fn constrain(document: &mut Value, limits: &Limits) {
             "outcome",
             json!({ "enum": COMPLETION_OUTCOMES }),
         ),
+        // What the service answers: a timer's state is one of the five.
+        ("TimerView", "state", json!({ "enum": state_names })),
     ];
     for (schema, property, bounds) in bodies {
         let property = &mut schemas[schema]["properties"][property];
