@@ -627,6 +627,13 @@ async fn every_documented_bound_is_enforced() {
             }
         }
     }
+    // A path segment that is not UTF-8 is no id either, answered with the JSON error body.
+    let (status, body) = api.call(Method::GET, "/v1/tenants/%FF/timers", None).await;
+    assert_eq!(
+        (status, body["error"]["reason"].as_str()),
+        (400, Some("invalid_id")),
+        "{body}"
+    );
     assert!(
         wrong.is_empty(),
         "answers that break the document:\n{}",

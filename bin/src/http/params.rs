@@ -8,6 +8,7 @@
 
 use std::sync::Arc;
 
+use axum::extract::rejection::RawPathParamsRejection;
 use axum::extract::{RawPathParams, Request, State};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -24,10 +25,19 @@ use crate::http::error::ApiError;
 /// request is refused, 400 `invalid_id` naming it, before a handler or the store sees it.
 pub async fn check_path_ids(
     State(limits): State<Arc<Limits>>,
-    params: RawPathParams,
+    params: Result<RawPathParams, RawPathParamsRejection>,
     request: Request,
     next: Next,
 ) -> Response {
+    let params = match params {
+        Ok(params) => params,
+        // A segment whose percent-encoding is not UTF-8: no id can be that.
+        Err(RawPathParamsRejection::InvalidUtf8InPathParam(e)) => {
+            return ApiError::bad_request("invalid_id", e.body_text()).into_response()
+        }
+        // No parameters in the route's path.
+        Err(_) => return next.run(request).await,
+    };
     for (name, value) in &params {
         if matches!(name, "tenant" | "id") {
             if let Err(refused) = check_id(value.to_owned(), name, &limits) {

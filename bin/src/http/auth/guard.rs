@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use axum::extract::rejection::RawPathParamsRejection;
 use axum::extract::{FromRequestParts, MatchedPath, RawPathParams, Request, State};
 use axum::http::{header, HeaderValue, Method, StatusCode};
 use axum::middleware::Next;
@@ -20,9 +21,7 @@ pub async fn guard(
 ) -> Response {
     let (mut parts, body) = request.into_parts();
     let matched = parts.extensions.get::<MatchedPath>().cloned();
-    let params = RawPathParams::from_request_parts(&mut parts, &())
-        .await
-        .ok();
+    let params = RawPathParams::from_request_parts(&mut parts, &()).await;
     let mut request = Request::from_parts(parts, body);
     let principal = match &auth {
         None => Principal::anonymous(),
@@ -41,6 +40,14 @@ pub async fn guard(
                 Err(why) => return unauthorized(&why),
             }
         }
+    };
+    // A `{tenant}` or `{id}` whose percent-encoding is not UTF-8 is no id: refused (400) as the
+    // id check refuses one. The caller is authenticated by then, and learns nothing of others.
+    let (params, not_utf8) = match params {
+        Ok(params) => (Some(params), None),
+        Err(RawPathParamsRejection::InvalidUtf8InPathParam(e)) => (None, Some(e.body_text())),
+        // A route without parameters in its path.
+        Err(_) => (None, None),
     };
     let method = request.method().clone();
     let Some(path) = matched.as_ref().map(|m| m.as_str().to_owned()) else {
@@ -64,9 +71,10 @@ pub async fn guard(
     };
     let name = principal.name.clone();
     request.extensions_mut().insert(principal);
-    let response = match checked {
-        Ok(()) => next.run(request).await,
-        Err(refused) => ApiError::from(refused).into_response(),
+    let response = match (not_utf8, checked) {
+        (Some(why), _) => ApiError::bad_request("invalid_id", why).into_response(),
+        (None, Ok(())) => next.run(request).await,
+        (None, Err(refused)) => ApiError::from(refused).into_response(),
     };
     if method != Method::GET {
         audit(&name, &method, &path, tenant, id, response).await
