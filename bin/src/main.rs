@@ -44,27 +44,10 @@ fn main() -> ExitCode {
     match runtime.block_on(dispatch(cli)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {}", one_line(&e));
+            eprintln!("error: {}", timer_core::error::one_line(e.as_ref()));
             ExitCode::FAILURE
         }
     }
-}
-
-/// The error and its causes on one line, joined by `: `, a cause that only repeats the end of
-/// the line before left out (as `timer_core::Error::chain` does).
-fn one_line(error: &anyhow::Error) -> String {
-    let mut line = String::new();
-    for cause in error.chain() {
-        let text = cause.to_string();
-        if line.ends_with(&text) {
-            continue;
-        }
-        if !line.is_empty() {
-            line.push_str(": ");
-        }
-        line.push_str(&text);
-    }
-    line
 }
 
 async fn dispatch(cli: Cli) -> anyhow::Result<()> {

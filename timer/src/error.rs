@@ -98,18 +98,25 @@ impl Error {
 
     /// The message and every source, joined by `: `, on one line (for logs and `last_error`).
     pub fn chain(&self) -> String {
-        let mut out = self.to_string();
-        let mut next = std::error::Error::source(self);
-        while let Some(source) = next {
-            let text = source.to_string();
-            if !out.ends_with(&text) {
-                out.push_str(": ");
-                out.push_str(&text);
-            }
-            next = source.source();
-        }
-        out
+        one_line(self)
     }
+}
+
+/// `error` and every source, joined by `: ` on one line; a source whose text only repeats the
+/// end of the line so far is left out. [`Error::chain`], and how the binary prints the error it
+/// exits with.
+pub fn one_line(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = error.to_string();
+    let mut next = error.source();
+    while let Some(source) = next {
+        let text = source.to_string();
+        if !out.ends_with(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        next = source.source();
+    }
+    out
 }
 
 impl fmt::Display for Error {

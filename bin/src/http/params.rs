@@ -29,14 +29,10 @@ pub async fn check_path_ids(
     request: Request,
     next: Next,
 ) -> Response {
-    let params = match params {
-        Ok(params) => params,
-        // A segment whose percent-encoding is not UTF-8: no id can be that.
-        Err(RawPathParamsRejection::InvalidUtf8InPathParam(e)) => {
-            return ApiError::bad_request("invalid_id", e.body_text()).into_response()
-        }
-        // No parameters in the route's path.
-        Err(_) => return next.run(request).await,
+    // No parameters in the route's path; or a segment that is not UTF-8, which the access
+    // guard (outside this layer) already refused as no id.
+    let Ok(params) = params else {
+        return next.run(request).await;
     };
     for (name, value) in &params {
         if matches!(name, "tenant" | "id") {
