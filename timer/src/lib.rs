@@ -7,6 +7,7 @@ pub mod config;
 pub mod control;
 pub mod engine;
 pub mod error;
+pub mod fair;
 pub mod model;
 pub mod plugin;
 pub mod policy;

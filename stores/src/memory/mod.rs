@@ -5,7 +5,7 @@
 
 mod plugin;
 
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
@@ -13,6 +13,7 @@ use async_trait::async_trait;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use timer_core::control::{transition, DEFAULT_HISTORY};
+use timer_core::fair::{FairShare, FairSteps, Visited};
 use timer_core::{
     Action, CancelOutcome, Change, ClaimedTimer, ControlOutcome, Error, HistoryEntry, Lease,
     NewTimer, PageAfter, Result, ScheduleOutcome, Settlement, Store, TenantCounts, TenantSummary,
@@ -35,6 +36,8 @@ pub struct MemoryStore {
     state: Mutex<State>,
     /// History entries kept per timer ([`TimerHistory::set_limit`]).
     history_limit: AtomicUsize,
+    /// Claims shared between tenants ([`timer_core::fair`]).
+    fair: FairShare,
 }
 
 impl Default for MemoryStore {
@@ -42,6 +45,7 @@ impl Default for MemoryStore {
         MemoryStore {
             state: Mutex::default(),
             history_limit: AtomicUsize::new(DEFAULT_HISTORY),
+            fair: FairShare::new(),
         }
     }
 }
@@ -52,8 +56,67 @@ struct State {
     ready: Ready,
 }
 
-/// Scheduled rows by `available_at`: what `claim_due` and `next_due_at` read.
-type Ready = BTreeSet<(Timestamp, TimerKey)>;
+/// The Scheduled rows by `available_at`, all of them and each tenant's: what `claim_due` and
+/// `next_due_at` read.
+#[derive(Debug, Default)]
+struct Ready {
+    all: BTreeSet<(Timestamp, TimerKey)>,
+    /// Each tenant's, by `available_at` and then id; a tenant without any is not here.
+    by_tenant: BTreeMap<String, BTreeSet<(Timestamp, String)>>,
+}
+
+impl Ready {
+    fn insert(&mut self, (at, key): (Timestamp, TimerKey)) {
+        self.by_tenant
+            .entry(key.tenant_id.clone())
+            .or_default()
+            .insert((at, key.service_call_id.clone()));
+        self.all.insert((at, key));
+    }
+
+    fn remove(&mut self, entry: &(Timestamp, TimerKey)) {
+        if !self.all.remove(entry) {
+            return;
+        }
+        let (at, key) = entry;
+        if let Some(rows) = self.by_tenant.get_mut(&key.tenant_id) {
+            rows.remove(&(*at, key.service_call_id.clone()));
+            if rows.is_empty() {
+                self.by_tenant.remove(&key.tenant_id);
+            }
+        }
+    }
+
+    fn first(&self) -> Option<&(Timestamp, TimerKey)> {
+        self.all.first()
+    }
+
+    fn len(&self) -> usize {
+        self.all.len()
+    }
+
+    /// The keys of up to `limit` rows due at `now`, earliest first: of `tenant`, or of all.
+    fn due(&self, now: Timestamp, tenant: Option<&str>, limit: usize) -> Vec<TimerKey> {
+        match tenant {
+            None => self
+                .all
+                .iter()
+                .take_while(|(at, _)| *at <= now)
+                .take(limit)
+                .map(|(_, key)| key.clone())
+                .collect(),
+            Some(tenant) => self
+                .by_tenant
+                .get(tenant)
+                .into_iter()
+                .flatten()
+                .take_while(|(at, _)| *at <= now)
+                .take(limit)
+                .map(|(_, id)| TimerKey::new(tenant, id.as_str()))
+                .collect(),
+        }
+    }
+}
 
 #[derive(Debug, Clone)]
 struct Row {
@@ -81,6 +144,72 @@ impl MemoryStore {
         self.state
             .lock()
             .map_err(|_| Error::internal("memory store: a thread panicked while holding its lock"))
+    }
+}
+
+impl MemoryStore {
+    /// Leases up to `share` due rows of each of `tenants` (`None`: `share` rows of anyone).
+    fn claim_of(
+        &self,
+        now: Timestamp,
+        tenants: &[Option<&str>],
+        share: usize,
+        lease: &Lease,
+    ) -> Result<Vec<ClaimedTimer>> {
+        let mut state = self.lock()?;
+        let State { rows, ready } = &mut *state;
+        let mut claimed = Vec::new();
+        for tenant in tenants {
+            for key in ready.due(now, *tenant, share) {
+                if let Some(row) = rows.get_mut(&key) {
+                    claimed.push(row.claim(ready, lease));
+                }
+            }
+        }
+        Ok(claimed)
+    }
+}
+
+#[async_trait]
+impl FairSteps for MemoryStore {
+    async fn claim_earliest(
+        &self,
+        now: Timestamp,
+        limit: usize,
+        lease: &Lease,
+    ) -> Result<Vec<ClaimedTimer>> {
+        self.claim_of(now, &[None], limit, lease)
+    }
+
+    async fn visit_tenants(
+        &self,
+        now: Timestamp,
+        after: &str,
+        visits: usize,
+    ) -> Result<Vec<Visited>> {
+        let state = self.lock()?;
+        let after = std::ops::Bound::Excluded(after.to_owned());
+        Ok(state
+            .ready
+            .by_tenant
+            .range((after, std::ops::Bound::Unbounded))
+            .take(visits)
+            .map(|(tenant, rows)| Visited {
+                tenant: tenant.clone(),
+                due: rows.first().is_some_and(|(at, _)| *at <= now),
+            })
+            .collect())
+    }
+
+    async fn claim_of_tenants(
+        &self,
+        now: Timestamp,
+        tenants: &[String],
+        share: usize,
+        lease: &Lease,
+    ) -> Result<Vec<ClaimedTimer>> {
+        let tenants: Vec<Option<&str>> = tenants.iter().map(|t| Some(t.as_str())).collect();
+        self.claim_of(now, &tenants, share, lease)
     }
 }
 
@@ -234,21 +363,7 @@ impl Store for MemoryStore {
         limit: usize,
         lease: &Lease,
     ) -> Result<Vec<ClaimedTimer>> {
-        let mut state = self.lock()?;
-        let State { rows, ready } = &mut *state;
-        let keys: Vec<TimerKey> = ready
-            .iter()
-            .take_while(|(at, _)| *at <= now)
-            .take(limit)
-            .map(|(_, key)| key.clone())
-            .collect();
-        let mut claimed = Vec::with_capacity(keys.len());
-        for key in keys {
-            if let Some(row) = rows.get_mut(&key) {
-                claimed.push(row.claim(ready, lease));
-            }
-        }
-        Ok(claimed)
+        self.fair.claim(self, now, limit, lease).await
     }
 
     async fn settle(

@@ -6,6 +6,7 @@
 #![doc = include_str!("README.md")]
 
 mod config;
+mod fair;
 mod notify;
 mod owners;
 mod plugin;
@@ -19,6 +20,7 @@ use std::time::Duration;
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions, PgSslMode, Postgres};
 use sqlx::Connection;
 use timer_core::control::DEFAULT_HISTORY;
+use timer_core::fair::FairShare;
 use timer_core::{Error, Result, Timestamp};
 use tokio::sync::broadcast;
 
@@ -42,6 +44,8 @@ pub struct PostgresStore {
     history: AtomicUsize,
     /// `store.connect_timeout`, for connections opened later (the lease owner's).
     connect_timeout: Duration,
+    /// Claims shared between tenants ([`timer_core::fair`]).
+    fair: FairShare,
 }
 
 impl Drop for PostgresStore {
@@ -222,6 +226,7 @@ impl PostgresStore {
             listener,
             history: AtomicUsize::new(DEFAULT_HISTORY),
             connect_timeout: config.connect_timeout,
+            fair: FairShare::new(),
         })
     }
 

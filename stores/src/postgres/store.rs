@@ -229,7 +229,7 @@ impl Store for PostgresStore {
         limit: usize,
         lease: &Lease,
     ) -> Result<Vec<ClaimedTimer>> {
-        self.statements().claim(now, limit, lease).await
+        self.fair.claim(self, now, limit, lease).await
     }
 
     async fn settle(

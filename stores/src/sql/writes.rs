@@ -1,12 +1,27 @@
-//! The shared statements of the firing path: claiming due timers, settling a claim the engine
-//! spelled out step by step ([`settle_step`]), purging finished timers.
+//! The shared statements of the firing path: claiming due timers (and visiting the tenants that
+//! have some, for a fair claim), settling a claim the engine spelled out step by step
+//! ([`settle_step`]), purging finished timers.
 
-use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Type};
+use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Row, Type};
+use timer_core::fair::Visited;
 use timer_core::policy::Work;
 use timer_core::store::Step;
 use timer_core::{ClaimedTimer, Lease, Result, Timestamp};
 
 use super::{db_err, Dialect, TimerRow};
+
+/// Up to `$2` tenants with Scheduled rows after `$1` in id order (a recursive skip scan: each
+/// step one probe of `timers_tenant_claimable`), each with whether a row is due at `$3`.
+const VISIT_TENANTS: &str = "WITH RECURSIVE visit(tenant_id, n) AS ( \
+      SELECT (SELECT tenant_id FROM timers WHERE state = 0 AND tenant_id > $1 \
+              ORDER BY tenant_id LIMIT 1), 1 \
+      UNION ALL \
+      SELECT (SELECT t.tenant_id FROM timers t WHERE t.state = 0 AND t.tenant_id > v.tenant_id \
+              ORDER BY t.tenant_id LIMIT 1), v.n + 1 \
+      FROM visit v WHERE v.tenant_id IS NOT NULL AND v.n < $2) \
+    SELECT v.tenant_id, EXISTS (SELECT 1 FROM timers t WHERE t.state = 0 \
+           AND t.tenant_id = v.tenant_id AND t.available_at <= $3) AS due \
+    FROM visit v WHERE v.tenant_id IS NOT NULL ORDER BY v.n";
 
 /// Settles one claim as `step` says ([`Settlement::Step`](timer_core::Settlement::Step)) at
 /// `at`, if `owner` still holds it at the claimed revision: `None` when not. Returns the row's
@@ -84,6 +99,36 @@ statements! {
             .collect::<Result<Vec<_>>>()?;
         claimed.sort_by(|a, b| a.due_at.cmp(&b.due_at).then_with(|| a.key.cmp(&b.key)));
         Ok(claimed)
+    }
+
+    /// [`FairSteps::visit_tenants`](timer_core::fair::FairSteps::visit_tenants): a skip scan
+    /// over `timers_tenant_claimable`, each step the next tenant after the last (one probe),
+    /// then for each whether its earliest row is due (one more).
+    pub(crate) async fn visit_tenants(
+        &self,
+        now: Timestamp,
+        after: &str,
+        visits: usize,
+    ) -> Result<Vec<Visited>> {
+        if visits == 0 {
+            return Ok(Vec::new());
+        }
+        let rows = sqlx::query(VISIT_TENANTS)
+            .bind(after)
+            .bind(i64::try_from(visits).unwrap_or(i64::MAX))
+            .bind(now.as_millis())
+            .fetch_all(self.pool)
+            .await
+            .map_err(|e| db_err::<D>("visiting the tenants with due timers", e))?;
+        rows.iter()
+            .map(|row| {
+                Ok(Visited {
+                    tenant: row.try_get("tenant_id")?,
+                    due: row.try_get("due")?,
+                })
+            })
+            .collect::<std::result::Result<_, sqlx::Error>>()
+            .map_err(|e| db_err::<D>("reading the tenants with due timers", e))
     }
 
     pub(crate) async fn purge(&self, older_than: Timestamp, limit: usize) -> Result<u64> {

@@ -5,6 +5,7 @@
 #![doc = include_str!("README.md")]
 
 mod config;
+mod fair;
 mod plugin;
 
 use std::collections::{HashMap, HashSet};
@@ -18,6 +19,7 @@ use sqlx::sqlite::{
 };
 use sqlx::QueryBuilder;
 use timer_core::control::DEFAULT_HISTORY;
+use timer_core::fair::FairShare;
 use timer_core::policy::{Policy, Work};
 use timer_core::{
     CancelOutcome, Change, ClaimedTimer, Error, Lease, NewTimer, Recurrence, Result,
@@ -39,6 +41,8 @@ pub struct SqliteStore {
     /// The lock on `PATH.lock` that keeps other services off the file while this one runs
     /// (`None`: [`SqliteStore::attach`]ed beside one).
     _lock: Option<std::fs::File>,
+    /// Claims shared between tenants ([`timer_core::fair`]).
+    fair: FairShare,
 }
 
 /// Who opens the file: the service that owns it, or a tool beside it.
@@ -168,6 +172,7 @@ impl SqliteStore {
             read,
             history: AtomicUsize::new(DEFAULT_HISTORY),
             _lock: lock,
+            fair: FairShare::new(),
         })
     }
 }
@@ -439,7 +444,7 @@ impl Store for SqliteStore {
         limit: usize,
         lease: &Lease,
     ) -> Result<Vec<ClaimedTimer>> {
-        self.writes().claim(now, limit, lease).await
+        self.fair.claim(self, now, limit, lease).await
     }
 
     async fn settle(

@@ -4,6 +4,7 @@
 mod actions;
 mod cancels;
 mod claims;
+mod fairness;
 mod history;
 mod leases;
 mod queries;
@@ -36,6 +37,12 @@ pub use claims::{
     next_due_at_tracks_claimable_rows, no_refire_after_reached,
     release_keeps_attempts_and_last_error, release_without_error_keeps_attempts,
     reschedule_while_firing_keeps_timer_scheduled,
+};
+pub use fairness::{
+    a_claim_in_a_backlog_shares_the_batch_between_tenants,
+    fair_claims_are_exclusive_under_concurrency,
+    tenants_beyond_one_claims_visits_are_served_in_turn,
+    two_instances_share_a_backlog_and_never_claim_a_row_twice,
 };
 pub use history::{
     history_keeps_the_newest_entries_and_goes_with_the_timer, history_records_each_change_in_order,
@@ -143,6 +150,9 @@ pub fn checks() -> Vec<Check<Arc<dyn Store>>> {
         history_keeps_the_newest_entries_and_goes_with_the_timer,
         count_counts_each_state,
         renew_extends_only_the_owners_leases,
+        a_claim_in_a_backlog_shares_the_batch_between_tenants,
+        tenants_beyond_one_claims_visits_are_served_in_turn,
+        fair_claims_are_exclusive_under_concurrency,
     ]
 }
 
@@ -155,6 +165,7 @@ pub fn restart_checks() -> Vec<Check<FreshStore>> {
     crate::checks![
         a_restart_releases_every_lease_of_a_store_one_service_owns,
         dead_owners_are_taken_over_at_once,
+        two_instances_share_a_backlog_and_never_claim_a_row_twice,
     ]
 }
 

@@ -1,0 +1,65 @@
+//! The steps of a fair claim ([`timer_core::fair`]) on PostgreSQL: the earliest rows and the
+//! tenant visit are the shared statements; the shares of all tenants are one statement.
+
+use async_trait::async_trait;
+use timer_core::fair::{FairSteps, Visited};
+use timer_core::{ClaimedTimer, Lease, Result, Timestamp};
+
+use super::{db_err, PostgresStore};
+use crate::sql::{SqlAbilities, TimerRow};
+
+/// Leases up to `$4` claimable rows of each tenant of `$5`, each one's earliest first (a
+/// lateral probe of `timers_tenant_claimable` per tenant; SKIP LOCKED as the plain claim).
+/// Parameters 1 to 3 as [`Dialect::CLAIM`](crate::sql::Dialect).
+const CLAIM_OF_TENANTS: &str =
+    "UPDATE timers t SET lease_owner = $1, available_at = $2, lease_until = $2 \
+     FROM (SELECT c.tenant_id, c.service_call_id FROM unnest($5::text[]) AS d(tenant_id) \
+           CROSS JOIN LATERAL (SELECT tenant_id, service_call_id FROM timers \
+               WHERE state = 0 AND tenant_id = d.tenant_id AND available_at <= $3 \
+               ORDER BY available_at LIMIT $4 FOR UPDATE SKIP LOCKED) c) c \
+     WHERE t.tenant_id = c.tenant_id AND t.service_call_id = c.service_call_id \
+     RETURNING t.tenant_id, t.service_call_id, t.due_at, t.registered_at, \
+               t.correlation_id, t.payload, t.attempts, t.revision, t.recurrence, \
+               t.occurrences, t.policy, t.work";
+
+#[async_trait]
+impl FairSteps for PostgresStore {
+    async fn claim_earliest(
+        &self,
+        now: Timestamp,
+        limit: usize,
+        lease: &Lease,
+    ) -> Result<Vec<ClaimedTimer>> {
+        self.writes().claim(now, limit, lease).await
+    }
+
+    async fn visit_tenants(
+        &self,
+        now: Timestamp,
+        after: &str,
+        visits: usize,
+    ) -> Result<Vec<Visited>> {
+        self.writes().visit_tenants(now, after, visits).await
+    }
+
+    async fn claim_of_tenants(
+        &self,
+        now: Timestamp,
+        tenants: &[String],
+        share: usize,
+        lease: &Lease,
+    ) -> Result<Vec<ClaimedTimer>> {
+        let rows = sqlx::query(CLAIM_OF_TENANTS)
+            .bind(lease.owner.as_str())
+            .bind(lease.until.as_millis())
+            .bind(now.as_millis())
+            .bind(i64::try_from(share).unwrap_or(i64::MAX))
+            .bind(tenants)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| db_err("claiming due timers of each tenant", e))?;
+        rows.iter()
+            .map(|row| TimerRow::<Self>::of(row).claimed())
+            .collect()
+    }
+}

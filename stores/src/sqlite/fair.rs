@@ -1,0 +1,70 @@
+//! The steps of a fair claim ([`timer_core::fair`]) on SQLite: the earliest rows and the tenant
+//! visit are the shared statements; a share of each tenant is one statement per tenant, all in
+//! one write transaction.
+
+use async_trait::async_trait;
+use timer_core::fair::{FairSteps, Visited};
+use timer_core::{ClaimedTimer, Lease, Result, Timestamp};
+
+use super::{db_err, SqliteStore};
+use crate::sql::{self, SqlAbilities, TimerRow};
+
+/// Leases up to `?4` claimable rows of tenant `?5`, its earliest first (through
+/// `timers_tenant_claimable`). Parameters 1 to 3 as [`Dialect::CLAIM`](crate::sql::Dialect).
+const CLAIM_OF_TENANT: &str =
+    "UPDATE timers SET lease_owner = ?1, available_at = ?2, lease_until = ?2 \
+     WHERE rowid IN (SELECT rowid FROM timers WHERE state = 0 AND tenant_id = ?5 \
+                     AND available_at <= ?3 ORDER BY available_at LIMIT ?4) \
+     RETURNING tenant_id, service_call_id, due_at, registered_at, correlation_id, payload, \
+               attempts, revision, recurrence, occurrences, policy, work";
+
+#[async_trait]
+impl FairSteps for SqliteStore {
+    async fn claim_earliest(
+        &self,
+        now: Timestamp,
+        limit: usize,
+        lease: &Lease,
+    ) -> Result<Vec<ClaimedTimer>> {
+        self.writes().claim(now, limit, lease).await
+    }
+
+    async fn visit_tenants(
+        &self,
+        now: Timestamp,
+        after: &str,
+        visits: usize,
+    ) -> Result<Vec<Visited>> {
+        self.writes().visit_tenants(now, after, visits).await
+    }
+
+    async fn claim_of_tenants(
+        &self,
+        now: Timestamp,
+        tenants: &[String],
+        share: usize,
+        lease: &Lease,
+    ) -> Result<Vec<ClaimedTimer>> {
+        let op = "claiming due timers of each tenant";
+        let mut tx = sql::begin_write::<Self>(&self.write)
+            .await
+            .map_err(|e| db_err(op, e))?;
+        let mut claimed = Vec::new();
+        for tenant in tenants {
+            let rows = sqlx::query(CLAIM_OF_TENANT)
+                .bind(lease.owner.as_str())
+                .bind(lease.until.as_millis())
+                .bind(now.as_millis())
+                .bind(i64::try_from(share).unwrap_or(i64::MAX))
+                .bind(tenant.as_str())
+                .fetch_all(&mut *tx)
+                .await
+                .map_err(|e| db_err(op, e))?;
+            for row in &rows {
+                claimed.push(TimerRow::<Self>::of(row).claimed()?);
+            }
+        }
+        tx.commit().await.map_err(|e| db_err(op, e))?;
+        Ok(claimed)
+    }
+}

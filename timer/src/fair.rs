@@ -1,0 +1,169 @@
+//! Fair claims: when more timers are due than one claim takes, the claim is shared between the
+//! tenants that have due timers, so one tenant's herd does not make another tenant's timers
+//! wait behind it. Every store claims through [`FairShare::claim`]; a store supplies three
+//! steps ([`FairSteps`]), each bounded by an index, so no claim scans the due set.
+//!
+//! # The claim
+//! - **No backlog** (the previous claim took fewer rows than it could): the claim takes the
+//!   earliest due rows, whoever they belong to, as a store without fairness would. Everything
+//!   due fit in the last claim, so no tenant waits behind another; this costs nothing extra.
+//! - **Backlog** (the previous claim was full): the claim first visits tenants that have
+//!   Scheduled rows, in tenant id order from a cursor, at most `limit` of them, and keeps those
+//!   with a due row. It takes up to `limit / due tenants` (at least one) of each one's earliest
+//!   due rows, then fills what is left of the batch with the earliest due rows of anyone, so a
+//!   herd alone still fills every batch. When the visit stopped at its bound, the next claim
+//!   starts after the last tenant visited; otherwise it starts from the first tenant again.
+//!
+//! # Invariants
+//! - A claim never takes more than `limit` rows, and takes `limit` whenever that many are due
+//!   (the fill), so fairness costs the herd no throughput.
+//! - Within a tenant, rows are claimed earliest `available_at` first (both steps take a tenant's
+//!   earliest; the fill takes anyone's earliest).
+//! - In a backlog, a tenant with a due row is served by the next claim when at most `limit`
+//!   tenants have Scheduled rows, and within ⌈tenants / limit⌉ claims otherwise, whatever other
+//!   tenants have due; so it waits about one claim batch, plus one when the backlog begins.
+//! - Nothing is starved: every claim's fill serves the earliest due rows of all.
+//! - Each instance keeps its own cursor and backlog flag (memory, not shared): several
+//!   instances each share their own claims the same way, and the store's row locks keep their
+//!   claims apart as before.
+
+use std::sync::Mutex;
+
+use async_trait::async_trait;
+
+use crate::error::Result;
+use crate::model::{ClaimedTimer, Lease, Timestamp};
+
+/// One tenant visited by [`FairSteps::visit_tenants`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Visited {
+    pub tenant: String,
+    /// It has a claimable row (Scheduled, `available_at` at or before now).
+    pub due: bool,
+}
+
+/// The three steps of a fair claim, each in the store's terms.
+#[async_trait]
+pub trait FairSteps: Send + Sync {
+    /// Leases up to `limit` claimable rows, earliest `available_at` first, whoever they belong
+    /// to: the claim of a store without fairness.
+    async fn claim_earliest(
+        &self,
+        now: Timestamp,
+        limit: usize,
+        lease: &Lease,
+    ) -> Result<Vec<ClaimedTimer>>;
+
+    /// Up to `visits` tenants with Scheduled rows whose id sorts after `after` (byte order;
+    /// `""`: from the first), in that order, each saying whether it has a claimable row. One
+    /// index probe or two per tenant: the cost does not grow with the number of due rows.
+    async fn visit_tenants(
+        &self,
+        now: Timestamp,
+        after: &str,
+        visits: usize,
+    ) -> Result<Vec<Visited>>;
+
+    /// Leases up to `share` claimable rows of each of `tenants`, each tenant's earliest
+    /// `available_at` first.
+    async fn claim_of_tenants(
+        &self,
+        now: Timestamp,
+        tenants: &[String],
+        share: usize,
+        lease: &Lease,
+    ) -> Result<Vec<ClaimedTimer>>;
+}
+
+/// One instance's state of fair claiming: where the next visit starts and whether the last
+/// claim was full. Each store holds one.
+#[derive(Debug, Default)]
+pub struct FairShare {
+    state: Mutex<Cursor>,
+}
+
+#[derive(Debug, Default, Clone)]
+struct Cursor {
+    /// The previous claim took all it could: more may be due than one claim takes.
+    backlog: bool,
+    /// The next visit starts after this tenant (`""`: from the first).
+    after: String,
+}
+
+impl FairShare {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Claims up to `limit` due rows as the module explains; the claims come back earliest
+    /// due first (then by key).
+    pub async fn claim(
+        &self,
+        steps: &(impl FairSteps + ?Sized),
+        now: Timestamp,
+        limit: usize,
+        lease: &Lease,
+    ) -> Result<Vec<ClaimedTimer>> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let cursor = self.cursor();
+        let mut claimed = if cursor.backlog {
+            self.shared(steps, now, limit, lease, &cursor.after).await?
+        } else {
+            steps.claim_earliest(now, limit, lease).await?
+        };
+        self.update(|c| c.backlog = claimed.len() >= limit);
+        claimed.sort_by(|a, b| a.due_at.cmp(&b.due_at).then_with(|| a.key.cmp(&b.key)));
+        Ok(claimed)
+    }
+
+    /// The claim in a backlog: a share for each tenant with due rows, then the fill.
+    async fn shared(
+        &self,
+        steps: &(impl FairSteps + ?Sized),
+        now: Timestamp,
+        limit: usize,
+        lease: &Lease,
+        after: &str,
+    ) -> Result<Vec<ClaimedTimer>> {
+        let visited = steps.visit_tenants(now, after, limit).await?;
+        let next = match visited.last() {
+            Some(last) if visited.len() >= limit => last.tenant.clone(),
+            _ => String::new(),
+        };
+        self.update(|c| c.after = next);
+        let due: Vec<String> = visited
+            .into_iter()
+            .filter(|v| v.due)
+            .map(|v| v.tenant)
+            .collect();
+        let mut claimed = Vec::new();
+        if due.len() > 1 {
+            let share = (limit / due.len()).max(1);
+            claimed = steps.claim_of_tenants(now, &due, share, lease).await?;
+        }
+        let rest = limit.saturating_sub(claimed.len());
+        if rest > 0 {
+            claimed.extend(steps.claim_earliest(now, rest, lease).await?);
+        }
+        Ok(claimed)
+    }
+
+    fn cursor(&self) -> Cursor {
+        match self.state.lock() {
+            Ok(c) => c.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    fn update(&self, change: impl FnOnce(&mut Cursor)) {
+        match self.state.lock() {
+            Ok(mut c) => change(&mut c),
+            Err(poisoned) => change(&mut poisoned.into_inner()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

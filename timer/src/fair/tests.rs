@@ -1,0 +1,214 @@
+//! The fair claim against a model of a store: rows in a list, each step done by hand.
+
+use std::collections::BTreeSet;
+
+use super::*;
+use crate::model::TimerKey;
+
+/// Rows `(available_at, tenant, id)`; a claimed row moves to the lease end.
+#[derive(Default)]
+struct Model {
+    rows: Mutex<Vec<(i64, String, String)>>,
+}
+
+impl Model {
+    fn with(rows: &[(i64, &str, &str)]) -> Self {
+        let rows = rows
+            .iter()
+            .map(|(at, t, id)| (*at, t.to_string(), id.to_string()))
+            .collect();
+        Model {
+            rows: Mutex::new(rows),
+        }
+    }
+
+    fn take(
+        &self,
+        now: Timestamp,
+        lease: &Lease,
+        pick: impl Fn(&str) -> bool,
+        n: usize,
+    ) -> Vec<ClaimedTimer> {
+        let mut rows = self.rows.lock().unwrap();
+        let mut due: Vec<usize> = (0..rows.len())
+            .filter(|&i| rows[i].0 <= now.as_millis() && pick(&rows[i].1))
+            .collect();
+        due.sort_by_key(|&i| (rows[i].0, rows[i].2.clone()));
+        due.truncate(n);
+        due.into_iter()
+            .map(|i| {
+                let (at, tenant, id) = rows[i].clone();
+                rows[i].0 = lease.until.as_millis();
+                claimed(&tenant, &id, at)
+            })
+            .collect()
+    }
+}
+
+fn claimed(tenant: &str, id: &str, at: i64) -> ClaimedTimer {
+    ClaimedTimer {
+        key: TimerKey::new(tenant, id),
+        due_at: Timestamp::from_millis(at),
+        registered_at: Timestamp::from_millis(0),
+        correlation_id: None,
+        payload: None,
+        attempts: 0,
+        revision: 0,
+        recurrence: None,
+        occurrences: 0,
+        policy: None,
+        work: None,
+    }
+}
+
+#[async_trait]
+impl FairSteps for Model {
+    async fn claim_earliest(
+        &self,
+        now: Timestamp,
+        limit: usize,
+        lease: &Lease,
+    ) -> Result<Vec<ClaimedTimer>> {
+        Ok(self.take(now, lease, |_| true, limit))
+    }
+
+    async fn visit_tenants(
+        &self,
+        now: Timestamp,
+        after: &str,
+        visits: usize,
+    ) -> Result<Vec<Visited>> {
+        let rows = self.rows.lock().unwrap();
+        let tenants: BTreeSet<&String> = rows.iter().map(|r| &r.1).collect();
+        Ok(tenants
+            .into_iter()
+            .filter(|t| t.as_str() > after)
+            .take(visits)
+            .map(|t| Visited {
+                tenant: t.clone(),
+                due: rows.iter().any(|r| &r.1 == t && r.0 <= now.as_millis()),
+            })
+            .collect())
+    }
+
+    async fn claim_of_tenants(
+        &self,
+        now: Timestamp,
+        tenants: &[String],
+        share: usize,
+        lease: &Lease,
+    ) -> Result<Vec<ClaimedTimer>> {
+        let mut all = Vec::new();
+        for t in tenants {
+            all.extend(self.take(now, lease, |x| x == t, share));
+        }
+        Ok(all)
+    }
+}
+
+fn lease() -> Lease {
+    Lease {
+        owner: "me".into(),
+        until: Timestamp::from_millis(1_000_000),
+    }
+}
+
+/// `big` has 10 rows due at 1..=10, `small` one due at 50: the claims at 100 with a limit of 4.
+fn herd() -> Model {
+    let mut rows: Vec<(i64, &str, &str)> = Vec::new();
+    let ids = [
+        "b01", "b02", "b03", "b04", "b05", "b06", "b07", "b08", "b09", "b10",
+    ];
+    for (i, id) in ids.iter().enumerate() {
+        rows.push((i as i64 + 1, "big", id));
+    }
+    rows.push((50, "small", "s1"));
+    Model::with(&rows)
+}
+
+fn ids(claimed: &[ClaimedTimer]) -> Vec<&str> {
+    claimed
+        .iter()
+        .map(|c| c.key.service_call_id.as_str())
+        .collect()
+}
+
+#[tokio::test]
+async fn without_a_backlog_the_earliest_go_first_and_a_full_claim_starts_sharing() {
+    let model = herd();
+    let fair = FairShare::new();
+    let now = Timestamp::from_millis(100);
+    let first = fair.claim(&model, now, 4, &lease()).await.unwrap();
+    assert_eq!(ids(&first), ["b01", "b02", "b03", "b04"]);
+    // Full: the next claim shares, so `small` is served now, not after the herd.
+    let second = fair.claim(&model, now, 4, &lease()).await.unwrap();
+    assert_eq!(ids(&second), ["b05", "b06", "b07", "s1"]);
+    let third = fair.claim(&model, now, 4, &lease()).await.unwrap();
+    assert_eq!(ids(&third), ["b08", "b09", "b10"]);
+    // Not full: back to the plain claim.
+    assert!(!fair.cursor().backlog);
+}
+
+#[tokio::test]
+async fn a_claim_that_is_not_full_leaves_no_backlog() {
+    let model = herd();
+    let fair = FairShare::new();
+    let now = Timestamp::from_millis(100);
+    let all = fair.claim(&model, now, 20, &lease()).await.unwrap();
+    assert_eq!(all.len(), 11);
+    assert_eq!(
+        all.last().map(|c| c.key.service_call_id.as_str()),
+        Some("s1")
+    );
+    assert!(!fair.cursor().backlog);
+}
+
+#[tokio::test]
+async fn beyond_the_visit_bound_every_tenant_is_served_in_turn() {
+    // Six tenants of three due rows each, a limit of 2: a claim visits two tenants.
+    let tenants = ["t1", "t2", "t3", "t4", "t5", "t6"];
+    let ids = ["a", "b", "c"];
+    let mut rows: Vec<(i64, &str, &str)> = Vec::new();
+    for t in tenants {
+        for (i, id) in ids.iter().enumerate() {
+            rows.push((i as i64, t, id));
+        }
+    }
+    let model = Model::with(&rows);
+    let fair = FairShare::new();
+    let now = Timestamp::from_millis(100);
+    let mut first_claim_of = std::collections::HashMap::new();
+    for n in 0..6 {
+        for c in fair.claim(&model, now, 2, &lease()).await.unwrap() {
+            first_claim_of.entry(c.key.tenant_id.clone()).or_insert(n);
+        }
+    }
+    // The first claim is a plain one (t1 and t2: the earliest); then each claim visits the
+    // next two tenants: t1 and t2, t3 and t4, t5 and t6.
+    for t in tenants {
+        let n = first_claim_of.get(t).copied();
+        assert!(n.is_some_and(|n| n <= 3), "{t} first served by claim {n:?}");
+    }
+}
+
+#[tokio::test]
+async fn within_a_tenant_due_order_is_kept() {
+    let model = herd();
+    let fair = FairShare::new();
+    let now = Timestamp::from_millis(100);
+    let mut big = Vec::new();
+    loop {
+        let claimed = fair.claim(&model, now, 3, &lease()).await.unwrap();
+        if claimed.is_empty() {
+            break;
+        }
+        big.extend(
+            claimed
+                .into_iter()
+                .filter(|c| c.key.tenant_id == "big")
+                .map(|c| c.due_at),
+        );
+    }
+    assert_eq!(big.len(), 10);
+    assert!(big.windows(2).all(|w| w[0] <= w[1]), "{big:?}");
+}
