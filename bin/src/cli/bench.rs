@@ -8,6 +8,8 @@ use super::client::ClientTls;
 pub enum Workload {
     Lateness,
     Herd,
+    /// A herd of one tenant and a trickle of 8 others: the others' lateness while it drains.
+    Fairness,
     Ingest,
     /// `--pending` timers far in the future, then the lateness workload on top; RSS reported.
     Pending,
@@ -27,7 +29,8 @@ pub struct Options {
     /// Timers per run (list: requests per page).
     #[arg(long, default_value_t = 10_000)]
     pub timers: usize,
-    /// Lateness workload: spread the due times over this long.
+    /// Lateness workload: spread the due times over this long (fairness: the trickle goes on
+    /// this long after the herd is due).
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     pub over: Duration,
     /// Runs per workload; the table shows the median.

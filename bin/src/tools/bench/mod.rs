@@ -6,6 +6,10 @@
 //! - `lateness`: N timers due uniformly over the next S seconds; lateness = the moment a
 //!   watcher of the engine's confirmed events receives the event − the due time.
 //! - `herd`: N timers due in the same millisecond; time from due to the last event, fires/s.
+//! - `fairness`: N timers of one tenant due in the same millisecond (the herd), and 8 other
+//!   tenants with a timer each every 25 ms from just before the herd is due until `--over`
+//!   after it (the trickle). The trickle's lateness while the herd drains (due before the
+//!   herd's last fire), and the herd's drain time and fires/s.
 //! - `ingest`: schedules/s through the broker path (commands → ingest task → store) and through
 //!   the HTTP API (one timer per request, 64 in flight).
 //! - `list`: `--pending` timers in one tenant, then `GET /v1/tenants/{tenant}/timers` pages
@@ -16,7 +20,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use serde::Serialize;
-use timer_core::NewTimer;
+use timer_core::{NewTimer, TimerKey};
 
 use crate::cli::bench::{Options, Workload};
 use crate::config::Config;
@@ -136,6 +140,7 @@ async fn lateness_on(rig: Rig, n: usize, over: Duration) -> anyhow::Result<Run> 
                 &engines,
                 n,
                 Duration::from_millis((lead + span) as u64) + Duration::from_secs(60),
+                false,
             )
             .await
         })
@@ -167,6 +172,7 @@ async fn herd_run(config: &Config, n: usize, instances: usize) -> anyhow::Result
                 &engines,
                 n,
                 Duration::from_millis(lead as u64) + Duration::from_secs(120),
+                false,
             )
             .await
         })
@@ -179,6 +185,78 @@ async fn herd_run(config: &Config, n: usize, instances: usize) -> anyhow::Result
         ("due to last fire", "ms", last),
         ("fires/s", "1/s", (w.distinct as f64) * 1000.0 / last),
         ("missing", "timers", (n - w.distinct) as f64),
+        ("duplicates", "events", w.duplicates as f64),
+    ])
+}
+
+/// The tenant of the fairness workload's herd, and how many others trickle beside it.
+const HERD_TENANT: &str = "bench-herd";
+const TRICKLE_TENANTS: usize = 8;
+const TRICKLE_EVERY_MS: i64 = 25;
+
+async fn fairness_run(
+    config: &Config,
+    n: usize,
+    over: Duration,
+    instances: usize,
+) -> anyhow::Result<Run> {
+    let rig = start_rig(config, instances).await?;
+    let lead = 1_000 + (n as i64 / 5);
+    let due = now_ms() + lead;
+    let mut timers: Vec<NewTimer> = (0..n)
+        .map(|i| NewTimer {
+            key: TimerKey::new(HERD_TENANT, format!("h{i:08}")),
+            ..timer(i, due)
+        })
+        .collect();
+    let span = i64::try_from(over.as_millis()).unwrap_or(i64::MAX);
+    let mut at = due - 100;
+    let mut i = 0;
+    while at <= due + span {
+        for k in 0..TRICKLE_TENANTS {
+            timers.push(NewTimer {
+                key: TimerKey::new(format!("bench-small-{k}"), format!("s{i:08}")),
+                ..timer(i, at)
+            });
+        }
+        at += TRICKLE_EVERY_MS;
+        i += 1;
+    }
+    let total = timers.len();
+    let watcher = {
+        let engines = rig.engines.clone();
+        let deadline = Duration::from_millis((lead + span) as u64) + Duration::from_secs(120);
+        tokio::spawn(async move { watch(&engines, total, deadline, true).await })
+    };
+    // The herd last: each batch commits its own, so the trickle is stored before anything is due.
+    timers.reverse();
+    schedule_all(&rig.engine, timers).await?;
+    let w = watcher.await.context("watcher")?;
+    rig.stop().await;
+    let herd_last = w
+        .fires
+        .iter()
+        .filter(|(tenant, _, _)| tenant == HERD_TENANT)
+        .map(|(_, _, received)| *received)
+        .max()
+        .unwrap_or(due);
+    let mut others: Vec<i64> = w
+        .fires
+        .iter()
+        .filter(|(tenant, at, _)| tenant != HERD_TENANT && *at < herd_last)
+        .map(|(_, at, received)| received - at)
+        .collect();
+    others.sort_unstable();
+    let drain = (herd_last - due).max(1) as f64;
+    let herd_fired = w.fires.iter().filter(|(t, _, _)| t == HERD_TENANT).count();
+    Ok(vec![
+        ("others p50", "ms", percentile(&others, 0.50)),
+        ("others p99", "ms", percentile(&others, 0.99)),
+        ("others max", "ms", percentile(&others, 1.0)),
+        ("others measured", "timers", others.len() as f64),
+        ("herd drain", "ms", drain),
+        ("herd fires/s", "1/s", herd_fired as f64 * 1000.0 / drain),
+        ("missing", "timers", (total - w.distinct) as f64),
         ("duplicates", "events", w.duplicates as f64),
     ])
 }
@@ -202,6 +280,7 @@ pub async fn run(config: Config, options: Options) -> anyhow::Result<()> {
         Workload::All => &[Workload::Lateness, Workload::Herd, Workload::Ingest],
         Workload::Lateness => &[Workload::Lateness],
         Workload::Herd => &[Workload::Herd],
+        Workload::Fairness => &[Workload::Fairness],
         Workload::Ingest => &[Workload::Ingest],
         Workload::Pending => &[Workload::Pending],
         Workload::Restart => &[Workload::Restart],
@@ -212,6 +291,7 @@ pub async fn run(config: Config, options: Options) -> anyhow::Result<()> {
         let name = match workload {
             Workload::Lateness => "lateness",
             Workload::Herd => "herd",
+            Workload::Fairness => "fairness",
             Workload::Pending => "pending",
             Workload::Restart => "restart",
             Workload::List => "list",
@@ -231,6 +311,9 @@ pub async fn run(config: Config, options: Options) -> anyhow::Result<()> {
                     lateness_run(&config, options.timers, options.over, options.instances).await?
                 }
                 Workload::Herd => herd_run(&config, options.timers, options.instances).await?,
+                Workload::Fairness => {
+                    fairness_run(&config, options.timers, options.over, options.instances).await?
+                }
                 Workload::Pending => {
                     pending_run(&config, options.timers, options.over, options.pending).await?
                 }

@@ -230,14 +230,22 @@ pub(super) const WATCH_BUDGET: usize = 1 << 30;
 pub(super) struct Watched {
     /// (receive time − due time) in ms per event.
     pub(super) lateness: Vec<i64>,
+    /// (tenant, due time, receive time) in ms per event, when asked for.
+    pub(super) fires: Vec<(String, i64, i64)>,
     pub(super) last_receive_ms: i64,
     pub(super) distinct: usize,
     pub(super) duplicates: usize,
     pub(super) lagged: u64,
 }
 
-/// Watches the events of every engine until `n` distinct timers fired or `deadline` passes.
-pub(super) async fn watch(engines: &[Engine], n: usize, deadline: Duration) -> Watched {
+/// Watches the events of every engine until `n` distinct timers fired or `deadline` passes;
+/// with `by_tenant`, keeps each event's tenant, due and receive time too.
+pub(super) async fn watch(
+    engines: &[Engine],
+    n: usize,
+    deadline: Duration,
+    by_tenant: bool,
+) -> Watched {
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     let mut forwarders = Vec::new();
     for engine in engines {
@@ -264,6 +272,7 @@ pub(super) async fn watch(engines: &[Engine], n: usize, deadline: Duration) -> W
     let mut seen: HashMap<String, usize> = HashMap::with_capacity(n);
     let mut out = Watched {
         lateness: Vec::with_capacity(n),
+        fires: Vec::new(),
         last_receive_ms: 0,
         distinct: 0,
         duplicates: 0,
@@ -289,11 +298,11 @@ pub(super) async fn watch(engines: &[Engine], n: usize, deadline: Duration) -> W
             .unwrap_or(received);
         out.lateness.push(received - due);
         out.last_receive_ms = received;
-        let key = format!(
-            "{}/{}",
-            v["tenantId"].as_str().unwrap_or_default(),
-            v["aggregateId"].as_str().unwrap_or_default()
-        );
+        let tenant = v["tenantId"].as_str().unwrap_or_default();
+        if by_tenant {
+            out.fires.push((tenant.to_owned(), due, received));
+        }
+        let key = format!("{tenant}/{}", v["aggregateId"].as_str().unwrap_or_default());
         let count = seen.entry(key).or_insert(0);
         *count += 1;
         if *count > 1 {
