@@ -9,9 +9,10 @@
 //!   due fit in the last claim, so no tenant waits behind another; this costs nothing extra.
 //! - **Backlog** (the previous claim was full): the claim first visits tenants that have
 //!   Scheduled rows, in tenant id order from a cursor, at most `limit` of them, and keeps those
-//!   with a due row. It takes up to `limit / due tenants` (at least one) of each one's earliest
-//!   due rows, then fills what is left of the batch with the earliest due rows of anyone, so a
-//!   herd alone still fills every batch. When the visit stopped at its bound, the next claim
+//!   with a due row. It takes an equal share of `limit` (the shares add up to `limit`) of each
+//!   one's earliest due rows, then fills what is left of the batch (the shares of tenants with
+//!   fewer due rows) with the earliest due rows of anyone, so a herd alone still fills every
+//!   batch. When the visit stopped at its bound, the next claim
 //!   starts after the last tenant visited; otherwise it starts from the first tenant again.
 //!
 //! # Invariants
@@ -64,13 +65,12 @@ pub trait FairSteps: Send + Sync {
         visits: usize,
     ) -> Result<Vec<Visited>>;
 
-    /// Leases up to `share` claimable rows of each of `tenants`, each tenant's earliest
-    /// `available_at` first.
+    /// Leases up to its share of claimable rows of each tenant of `shares`, each tenant's
+    /// earliest `available_at` first.
     async fn claim_of_tenants(
         &self,
         now: Timestamp,
-        tenants: &[String],
-        share: usize,
+        shares: &[(String, usize)],
         lease: &Lease,
     ) -> Result<Vec<ClaimedTimer>>;
 }
@@ -107,7 +107,7 @@ impl FairShare {
         if limit == 0 {
             return Ok(Vec::new());
         }
-        let cursor = self.cursor();
+        let cursor = self.current();
         let mut claimed = if cursor.backlog {
             self.shared(steps, now, limit, lease, &cursor.after).await?
         } else {
@@ -140,8 +140,9 @@ impl FairShare {
             .collect();
         let mut claimed = Vec::new();
         if due.len() > 1 {
-            let share = (limit / due.len()).max(1);
-            claimed = steps.claim_of_tenants(now, &due, share, lease).await?;
+            claimed = steps
+                .claim_of_tenants(now, &shares(due, limit), lease)
+                .await?;
         }
         let rest = limit.saturating_sub(claimed.len());
         if rest > 0 {
@@ -150,7 +151,12 @@ impl FairShare {
         Ok(claimed)
     }
 
+    #[cfg(test)]
     fn cursor(&self) -> Cursor {
+        self.current()
+    }
+
+    fn current(&self) -> Cursor {
         match self.state.lock() {
             Ok(c) => c.clone(),
             Err(poisoned) => poisoned.into_inner().clone(),
@@ -163,6 +169,18 @@ impl FairShare {
             Err(poisoned) => change(&mut poisoned.into_inner()),
         }
     }
+}
+
+/// `limit` shared between `tenants` (at most `limit` of them): each gets `limit / tenants`, and
+/// the first `limit % tenants` one more, so the shares add up to `limit`.
+fn shares(tenants: Vec<String>, limit: usize) -> Vec<(String, usize)> {
+    let n = tenants.len().max(1);
+    let (base, extra) = (limit / n, limit % n);
+    tenants
+        .into_iter()
+        .enumerate()
+        .map(|(i, tenant)| (tenant, (base + usize::from(i < extra)).max(1)))
+        .collect()
 }
 
 #[cfg(test)]

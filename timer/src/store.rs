@@ -80,8 +80,11 @@ pub trait Store: Send + Sync + 'static {
     /// `rescheduled` in the same transaction (as `settle` and `cancel` record theirs).
     async fn schedule(&self, timers: &[NewTimer], now: Timestamp) -> Result<Vec<ScheduleOutcome>>;
 
-    /// Atomically leases up to `limit` claimable rows to `lease.owner` until `lease.until`,
-    /// earliest `available_at` first. Two callers never hold the same row at once.
+    /// Leases up to `limit` claimable rows to `lease.owner` until `lease.until`, earliest
+    /// `available_at` first; when the previous claim was full, shared between the tenants with
+    /// claimable rows as [`crate::fair`] says (a store claims through
+    /// [`FairShare::claim`](crate::fair::FairShare::claim)). Returned earliest due first. Two
+    /// callers never hold the same row at once.
     async fn claim_due(
         &self,
         now: Timestamp,

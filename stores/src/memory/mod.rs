@@ -148,19 +148,18 @@ impl MemoryStore {
 }
 
 impl MemoryStore {
-    /// Leases up to `share` due rows of each of `tenants` (`None`: `share` rows of anyone).
+    /// Leases up to its share of due rows of each tenant of `shares` (`None`: of anyone).
     fn claim_of(
         &self,
         now: Timestamp,
-        tenants: &[Option<&str>],
-        share: usize,
+        shares: &[(Option<&str>, usize)],
         lease: &Lease,
     ) -> Result<Vec<ClaimedTimer>> {
         let mut state = self.lock()?;
         let State { rows, ready } = &mut *state;
         let mut claimed = Vec::new();
-        for tenant in tenants {
-            for key in ready.due(now, *tenant, share) {
+        for (tenant, share) in shares {
+            for key in ready.due(now, *tenant, *share) {
                 if let Some(row) = rows.get_mut(&key) {
                     claimed.push(row.claim(ready, lease));
                 }
@@ -178,7 +177,7 @@ impl FairSteps for MemoryStore {
         limit: usize,
         lease: &Lease,
     ) -> Result<Vec<ClaimedTimer>> {
-        self.claim_of(now, &[None], limit, lease)
+        self.claim_of(now, &[(None, limit)], lease)
     }
 
     async fn visit_tenants(
@@ -204,12 +203,12 @@ impl FairSteps for MemoryStore {
     async fn claim_of_tenants(
         &self,
         now: Timestamp,
-        tenants: &[String],
-        share: usize,
+        shares: &[(String, usize)],
         lease: &Lease,
     ) -> Result<Vec<ClaimedTimer>> {
-        let tenants: Vec<Option<&str>> = tenants.iter().map(|t| Some(t.as_str())).collect();
-        self.claim_of(now, &tenants, share, lease)
+        let shares: Vec<(Option<&str>, usize)> =
+            shares.iter().map(|(t, n)| (Some(t.as_str()), *n)).collect();
+        self.claim_of(now, &shares, lease)
     }
 }
 

@@ -8,15 +8,21 @@ use timer_core::{ClaimedTimer, Lease, Result, Timestamp};
 use super::{db_err, PostgresStore};
 use crate::sql::{SqlAbilities, TimerRow};
 
-/// Leases up to `$4` claimable rows of each tenant of `$5`, each one's earliest first (a
-/// lateral probe of `timers_tenant_claimable` per tenant; SKIP LOCKED as the plain claim).
-/// Parameters 1 to 3 as [`Dialect::CLAIM`](crate::sql::Dialect).
+/// Leases up to its share (`$5`) of claimable rows of each tenant of `$4`, each one's earliest
+/// first (a lateral probe of `timers_tenant_claimable` per tenant; SKIP LOCKED as the plain
+/// claim). Parameters 1 to 3 as [`Dialect::CLAIM`](crate::sql::Dialect).
+///
+/// "Due" is written as a row comparison on the index's columns, which only that index can take
+/// as its bound: with `available_at <= $3` a plan made for a tenant in general (the tenant
+/// comes from the array) may read `timers_claimable` in due order and filter by tenant, which
+/// for a small tenant behind another's herd reads the whole herd.
 const CLAIM_OF_TENANTS: &str =
     "UPDATE timers t SET lease_owner = $1, available_at = $2, lease_until = $2 \
-     FROM (SELECT c.tenant_id, c.service_call_id FROM unnest($5::text[]) AS d(tenant_id) \
+     FROM (SELECT c.tenant_id, c.service_call_id FROM unnest($4::text[], $5::bigint[]) AS d(tenant_id, share) \
            CROSS JOIN LATERAL (SELECT tenant_id, service_call_id FROM timers \
-               WHERE state = 0 AND tenant_id = d.tenant_id AND available_at <= $3 \
-               ORDER BY available_at LIMIT $4 FOR UPDATE SKIP LOCKED) c) c \
+               WHERE state = 0 AND available_at IS NOT NULL AND tenant_id = d.tenant_id \
+               AND (tenant_id, available_at) <= (d.tenant_id, $3) \
+               ORDER BY available_at LIMIT d.share FOR UPDATE SKIP LOCKED) c) c \
      WHERE t.tenant_id = c.tenant_id AND t.service_call_id = c.service_call_id \
      RETURNING t.tenant_id, t.service_call_id, t.due_at, t.registered_at, \
                t.correlation_id, t.payload, t.attempts, t.revision, t.recurrence, \
@@ -45,16 +51,19 @@ impl FairSteps for PostgresStore {
     async fn claim_of_tenants(
         &self,
         now: Timestamp,
-        tenants: &[String],
-        share: usize,
+        shares: &[(String, usize)],
         lease: &Lease,
     ) -> Result<Vec<ClaimedTimer>> {
+        let (tenants, counts): (Vec<&str>, Vec<i64>) = shares
+            .iter()
+            .map(|(t, n)| (t.as_str(), i64::try_from(*n).unwrap_or(i64::MAX)))
+            .unzip();
         let rows = sqlx::query(CLAIM_OF_TENANTS)
             .bind(lease.owner.as_str())
             .bind(lease.until.as_millis())
             .bind(now.as_millis())
-            .bind(i64::try_from(share).unwrap_or(i64::MAX))
-            .bind(tenants)
+            .bind(&tenants)
+            .bind(&counts)
             .fetch_all(&self.pool)
             .await
             .map_err(|e| db_err("claiming due timers of each tenant", e))?;

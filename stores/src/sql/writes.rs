@@ -10,18 +10,27 @@ use timer_core::{ClaimedTimer, Lease, Result, Timestamp};
 
 use super::{db_err, Dialect, TimerRow};
 
-/// Up to `$2` tenants with Scheduled rows after `$1` in id order (a recursive skip scan: each
-/// step one probe of `timers_tenant_claimable`), each with whether a row is due at `$3`.
-const VISIT_TENANTS: &str = "WITH RECURSIVE visit(tenant_id, n) AS ( \
-      SELECT (SELECT tenant_id FROM timers WHERE state = 0 AND tenant_id > $1 \
-              ORDER BY tenant_id LIMIT 1), 1 \
+/// Up to `$2` tenants with Scheduled rows after `$1` in id order, each with its earliest
+/// `available_at`: a recursive skip scan over `timers_tenant_claimable`, each step the first
+/// entry after the last tenant (two probes of it: its tenant and its `available_at`). Every
+/// subquery names the index's predicate (`available_at IS NOT NULL`, migration 0011/0007) and
+/// orders by both its columns with no equality on the tenant, so no other index can give that
+/// order: an `EXISTS (… tenant_id = …)` let PostgreSQL pick a sequential scan, and an
+/// `ORDER BY available_at` with the tenant equal, `timers_claimable`.
+const VISIT_TENANTS: &str = "WITH RECURSIVE visit(tenant_id, earliest, n) AS ( \
+      SELECT (SELECT tenant_id FROM timers WHERE state = 0 AND available_at IS NOT NULL \
+              AND tenant_id > $1 ORDER BY tenant_id, available_at LIMIT 1), \
+             (SELECT available_at FROM timers WHERE state = 0 AND available_at IS NOT NULL \
+              AND tenant_id > $1 ORDER BY tenant_id, available_at LIMIT 1), 1 \
       UNION ALL \
-      SELECT (SELECT t.tenant_id FROM timers t WHERE t.state = 0 AND t.tenant_id > v.tenant_id \
-              ORDER BY t.tenant_id LIMIT 1), v.n + 1 \
+      SELECT (SELECT t.tenant_id FROM timers t WHERE t.state = 0 \
+              AND t.available_at IS NOT NULL AND t.tenant_id > v.tenant_id \
+              ORDER BY t.tenant_id, t.available_at LIMIT 1), \
+             (SELECT t.available_at FROM timers t WHERE t.state = 0 \
+              AND t.available_at IS NOT NULL AND t.tenant_id > v.tenant_id \
+              ORDER BY t.tenant_id, t.available_at LIMIT 1), v.n + 1 \
       FROM visit v WHERE v.tenant_id IS NOT NULL AND v.n < $2) \
-    SELECT v.tenant_id, EXISTS (SELECT 1 FROM timers t WHERE t.state = 0 \
-           AND t.tenant_id = v.tenant_id AND t.available_at <= $3) AS due \
-    FROM visit v WHERE v.tenant_id IS NOT NULL ORDER BY v.n";
+    SELECT tenant_id, earliest FROM visit WHERE tenant_id IS NOT NULL ORDER BY n";
 
 /// Settles one claim as `step` says ([`Settlement::Step`](timer_core::Settlement::Step)) at
 /// `at`, if `owner` still holds it at the claimed revision: `None` when not. Returns the row's
@@ -101,9 +110,7 @@ statements! {
         Ok(claimed)
     }
 
-    /// [`FairSteps::visit_tenants`](timer_core::fair::FairSteps::visit_tenants): a skip scan
-    /// over `timers_tenant_claimable`, each step the next tenant after the last (one probe),
-    /// then for each whether its earliest row is due (one more).
+    /// [`FairSteps::visit_tenants`](timer_core::fair::FairSteps::visit_tenants) ([`VISIT_TENANTS`]).
     pub(crate) async fn visit_tenants(
         &self,
         now: Timestamp,
@@ -116,15 +123,16 @@ statements! {
         let rows = sqlx::query(VISIT_TENANTS)
             .bind(after)
             .bind(i64::try_from(visits).unwrap_or(i64::MAX))
-            .bind(now.as_millis())
             .fetch_all(self.pool)
             .await
             .map_err(|e| db_err::<D>("visiting the tenants with due timers", e))?;
         rows.iter()
             .map(|row| {
+                let earliest: Option<i64> = row.try_get("earliest")?;
                 Ok(Visited {
                     tenant: row.try_get("tenant_id")?,
-                    due: row.try_get("due")?,
+                    // None: its rows went meanwhile.
+                    due: earliest.is_some_and(|at| at <= now.as_millis()),
                 })
             })
             .collect::<std::result::Result<_, sqlx::Error>>()

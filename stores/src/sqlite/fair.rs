@@ -13,7 +13,8 @@ use crate::sql::{self, SqlAbilities, TimerRow};
 /// `timers_tenant_claimable`). Parameters 1 to 3 as [`Dialect::CLAIM`](crate::sql::Dialect).
 const CLAIM_OF_TENANT: &str =
     "UPDATE timers SET lease_owner = ?1, available_at = ?2, lease_until = ?2 \
-     WHERE rowid IN (SELECT rowid FROM timers WHERE state = 0 AND tenant_id = ?5 \
+     WHERE rowid IN (SELECT rowid FROM timers WHERE state = 0 AND available_at IS NOT NULL \
+                     AND tenant_id = ?5 \
                      AND available_at <= ?3 ORDER BY available_at LIMIT ?4) \
      RETURNING tenant_id, service_call_id, due_at, registered_at, correlation_id, payload, \
                attempts, revision, recurrence, occurrences, policy, work";
@@ -41,8 +42,7 @@ impl FairSteps for SqliteStore {
     async fn claim_of_tenants(
         &self,
         now: Timestamp,
-        tenants: &[String],
-        share: usize,
+        shares: &[(String, usize)],
         lease: &Lease,
     ) -> Result<Vec<ClaimedTimer>> {
         let op = "claiming due timers of each tenant";
@@ -50,12 +50,12 @@ impl FairSteps for SqliteStore {
             .await
             .map_err(|e| db_err(op, e))?;
         let mut claimed = Vec::new();
-        for tenant in tenants {
+        for (tenant, share) in shares {
             let rows = sqlx::query(CLAIM_OF_TENANT)
                 .bind(lease.owner.as_str())
                 .bind(lease.until.as_millis())
                 .bind(now.as_millis())
-                .bind(i64::try_from(share).unwrap_or(i64::MAX))
+                .bind(i64::try_from(*share).unwrap_or(i64::MAX))
                 .bind(tenant.as_str())
                 .fetch_all(&mut *tx)
                 .await

@@ -94,13 +94,12 @@ impl FairSteps for Model {
     async fn claim_of_tenants(
         &self,
         now: Timestamp,
-        tenants: &[String],
-        share: usize,
+        shares: &[(String, usize)],
         lease: &Lease,
     ) -> Result<Vec<ClaimedTimer>> {
         let mut all = Vec::new();
-        for t in tenants {
-            all.extend(self.take(now, lease, |x| x == t, share));
+        for (t, share) in shares {
+            all.extend(self.take(now, lease, |x| x == t, *share));
         }
         Ok(all)
     }
@@ -211,4 +210,19 @@ async fn within_a_tenant_due_order_is_kept() {
     }
     assert_eq!(big.len(), 10);
     assert!(big.windows(2).all(|w| w[0] <= w[1]), "{big:?}");
+}
+
+#[test]
+fn shares_add_up_to_the_limit() {
+    let tenants = |n: usize| (0..n).map(|i| format!("t{i}")).collect::<Vec<_>>();
+    let of = |n, limit| {
+        shares(tenants(n), limit)
+            .into_iter()
+            .map(|(_, s)| s)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(of(3, 10), [4, 3, 3]);
+    assert_eq!(of(2, 4), [2, 2]);
+    assert_eq!(of(4, 4), [1, 1, 1, 1]);
+    assert_eq!(of(16, 500).iter().sum::<usize>(), 500);
 }
