@@ -9,6 +9,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use timer_brokers::memory::{DeadLetter, MemoryBroker, MemoryConfig, MemoryHub, PublishedEvent};
 use timer_conformance::wait_for;
+use timer_core::config::TenantFireRate;
 use timer_core::policy::{CatchUp, Completion, Outcome, Overlap, Policy, Work};
 use timer_core::{
     Action, Broker, CancelOutcome, ClaimedTimer, ControlOutcome, Delivery, Engine, EngineConfig,
@@ -1065,6 +1066,66 @@ async fn a_flooding_tenant_holds_only_its_share_and_the_others_go_on() {
         assert!(big(id).await.is_some(), "big/{id} stored");
     }
     assert!(big("4").await.is_none(), "big/4 was refused");
+}
+
+/// `limits.fire_rate`: a tenant's herd goes out at its rate after its burst, each timer at its
+/// turn with its attempts kept, while another tenant's timer due at the same instant fires at
+/// once.
+#[tokio::test]
+async fn a_tenant_over_its_fire_rate_fires_at_its_turns_and_others_at_once() {
+    let mut setup = Setup::default();
+    setup.limits.fire_rate.tenants.insert(
+        "herd".into(),
+        TenantFireRate {
+            fires_per_second: 10,
+            burst: 2,
+        },
+    );
+    let r = setup.start();
+    let herd: Vec<NewTimer> = (0..5)
+        .map(|i| NewTimer {
+            key: TimerKey::new("herd", format!("h{i}")),
+            ..timer("x", T0)
+        })
+        .collect();
+    r.schedule(&herd).await;
+    r.schedule(&[timer("other", T0)]).await;
+    let tenants = |events: &[PublishedEvent]| -> Vec<String> {
+        events
+            .iter()
+            .map(|e| {
+                let envelope: serde_json::Value =
+                    serde_json::from_slice(&e.body).expect("event json");
+                envelope["tenantId"].as_str().unwrap_or("?").to_owned()
+            })
+            .collect()
+    };
+    // The burst of 2 and the other tenant's timer now; the rest of the herd waits.
+    let now = events(&r.hub, 3).await.expect("3 events at once");
+    let mut first = tenants(&now);
+    first.sort();
+    assert_eq!(first, ["herd", "herd", "t"]);
+    assert!(
+        more_events(&r.hub, 3).await.is_none(),
+        "the herd's rest waits for its turns"
+    );
+    let waiting = r
+        .store
+        .get(&TimerKey::new("herd", "h2"))
+        .await
+        .expect("get")
+        .expect("h2");
+    assert_eq!(waiting.state, TimerState::Scheduled);
+    assert_eq!(waiting.attempts, 0, "a turn is not an attempt");
+    assert_eq!(waiting.due_at, T0, "nor a reschedule");
+    // Then one every 100 ms.
+    for n in 4..=5 {
+        r.clock.advance(ms(100));
+        let fired = events(&r.hub, n).await.expect("one more at its turn");
+        assert_eq!(fired.len(), n, "exactly one more after 100 ms");
+    }
+    r.clock.advance(ms(100));
+    events(&r.hub, 6).await.expect("the last at its turn");
 }
 
 #[tokio::test]

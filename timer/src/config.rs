@@ -41,6 +41,8 @@ pub struct Limits {
     pub max_pending_per_tenant: u64,
     /// How fast each tenant may schedule timers: `limits.rate`.
     pub rate: RateLimits,
+    /// How fast each tenant's timers may fire: `limits.fire_rate` (off unless set).
+    pub fire_rate: FireRateLimits,
 }
 
 impl Default for Limits {
@@ -55,6 +57,7 @@ impl Default for Limits {
             max_batch_bytes: 16 * 1024 * 1024,
             max_pending_per_tenant: 0,
             rate: RateLimits::default(),
+            fire_rate: FireRateLimits::default(),
         }
     }
 }
@@ -143,6 +146,73 @@ impl RateLimits {
             }
         }
         Ok(())
+    }
+}
+
+/// Per-tenant limits on fires (`limits.fire_rate`), off by default: a tenant's fires go out at
+/// most `fires_per_second`, after a burst of `burst`; the rest of a herd is spread over the
+/// following seconds instead of flooding its consumers at once. A claimed timer over its
+/// tenant's rate is handed back, with its attempts and its due time unchanged, to be claimed at
+/// the moment its turn comes (counted in `timer_fires_paced_total` and
+/// `timer_fire_pace_delay_seconds`, by tenant). Other tenants' timers are not held up. Each
+/// instance paces the fires it claims: with N instances a tenant may fire up to N times the rate.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(default, deny_unknown_fields)]
+pub struct FireRateLimits {
+    /// Fires per second each tenant may have; 0 (the default) sets no limit, except for the
+    /// tenants of `limits.fire_rate.tenants`.
+    pub fires_per_second: u32,
+    /// How many fires a tenant may have at once after a quiet spell; 0 means one second's worth
+    /// (`fires_per_second`).
+    pub burst: u32,
+    /// Tenants with a limit of their own, by tenant id:
+    /// `acme = { fires_per_second = 100, burst = 200 }`; `fires_per_second = 0` there sets no
+    /// limit for that tenant.
+    pub tenants: BTreeMap<String, TenantFireRate>,
+}
+
+/// One tenant's own fire rate (`limits.fire_rate.tenants.<tenant>`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(default, deny_unknown_fields)]
+pub struct TenantFireRate {
+    /// Fires per second this tenant may have; 0 sets no limit.
+    pub fires_per_second: u32,
+    /// How many at once after a quiet spell; 0 means `fires_per_second`.
+    pub burst: u32,
+}
+
+impl FireRateLimits {
+    /// Checks settings that cannot mean what they say; names the key.
+    pub fn check(&self) -> crate::Result<()> {
+        let rates = std::iter::once((
+            "limits.fire_rate".to_owned(),
+            self.fires_per_second,
+            self.burst,
+        ))
+        .chain(self.tenants.iter().map(|(tenant, rate)| {
+            (
+                format!("limits.fire_rate.tenants.{tenant:?}"),
+                rate.fires_per_second,
+                rate.burst,
+            )
+        }));
+        for (key, per_second, burst) in rates {
+            if per_second == 0 && burst > 0 {
+                return Err(crate::Error::config(format!(
+                    "{key}.burst is set, but fires_per_second is 0 (no limit): set both"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// `tenant`'s rate as (fires per second, burst), burst at least 1; `None`: no limit.
+    pub fn of(&self, tenant: &str) -> Option<(u32, u32)> {
+        let (per_second, burst) = match self.tenants.get(tenant) {
+            Some(own) => (own.fires_per_second, own.burst),
+            None => (self.fires_per_second, self.burst),
+        };
+        (per_second > 0).then_some((per_second, if burst == 0 { per_second } else { burst }))
     }
 }
 

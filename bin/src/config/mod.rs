@@ -182,6 +182,7 @@ fn validate(config: &Config) -> Result<(), Error> {
         ));
     }
     config.limits.rate.check()?;
+    config.limits.fire_rate.check()?;
     Ok(())
 }
 

@@ -36,6 +36,10 @@ pub const LEASES_TAKEN_OVER: &str = "timer.leases.taken_over";
 pub const CLAIMS_ABANDONED: &str = "timer.claims.abandoned";
 /// Times this instance lost its membership in the store and joined again.
 pub const MEMBERSHIP_LOST: &str = "timer.membership.lost";
+/// Fires held back for their tenant's fire rate (`limits.fire_rate`), labelled by `tenant`.
+pub const FIRES_PACED: &str = "timer.fires.paced";
+/// How long each held-back fire waits for its turn, labelled by `tenant`.
+pub const FIRE_PACE_DELAY: &str = "timer.fire.pace_delay";
 /// Engine tasks started again after a panic, labelled by `task` (`ingest`, `firing`, `purge`,
 /// `membership`, `take-over`).
 pub const TASK_RESTARTS: &str = "timer.engine.task_restarts";
@@ -92,6 +96,16 @@ pub const ALL: &[(&str, Kind, &str)] = &[
         "Duration of one claim query",
     ),
     (FIRE_LATENESS, Kind::Histogram, "Fire time minus due time; a timer scheduled with a due time in the past counts from when it was scheduled"),
+    (
+        FIRES_PACED,
+        Kind::Counter,
+        "Claimed timers handed back until their turn because their tenant is over its fire rate (limits.fire_rate), by tenant (label tenant); a timer counts once per hand-back",
+    ),
+    (
+        FIRE_PACE_DELAY,
+        Kind::Histogram,
+        "How much later than its claim a timer over its tenant's fire rate gets its turn: the lateness the fire rate adds, by tenant (label tenant)",
+    ),
     (PENDING, Kind::Gauge, "Timers in state Scheduled (a recurring timer counts as one), refreshed every 5 s"),
     (
         CANCELS_PROCESSED,

@@ -8,6 +8,7 @@
 //! - `group_commit`: single schedules (HTTP) written together in one transaction;
 //! - `ingest`: the broker path, in batches, acknowledged after the store committed;
 //! - `fire`: claim due timers, publish their events within `engine.publish_timeout`;
+//! - `pace`: per-tenant fire rates, the turn of each timer over its tenant's rate;
 //! - `owners`: membership in the store's live instances, taking over dead ones' leases, and
 //!   renewing the leases of a publish in flight;
 //! - `settle`: what becomes of a claim after its publish (reached, next occurrence, retry,
@@ -28,6 +29,7 @@ mod group_commit;
 mod ingest;
 pub mod metrics;
 mod owners;
+mod pace;
 mod purge;
 mod recent;
 pub mod retry;
@@ -93,6 +95,8 @@ struct Inner {
     recent: recent::RecentFires,
     /// Every tenant's allowance of schedules (`limits.rate`).
     throttle: throttle::Throttle,
+    /// Every tenant's turns to fire (`limits.fire_rate`).
+    pace: pace::Pace,
     /// While this instance is a member of the store's live instances: the fence cancelled when
     /// it stops being one ([`owners`]). Always set for a store without that ability.
     member: watch::Sender<Option<CancellationToken>>,
@@ -123,6 +127,7 @@ impl Engine {
         };
         store.history().set_limit(config.history_per_timer);
         let throttle = throttle::Throttle::new(&limits.rate, clock.clone());
+        let pace = pace::Pace::new(&limits.fire_rate);
         // Without lease owners in the store, one membership for the engine's life.
         let member =
             watch::Sender::new(store.lease_owners().is_none().then(CancellationToken::new));
@@ -141,6 +146,7 @@ impl Engine {
                 flushing: AtomicBool::new(false),
                 recent: recent::RecentFires::default(),
                 throttle,
+                pace,
                 member,
                 joined: Mutex::new(None),
                 firing: tokio::sync::Mutex::new(()),
