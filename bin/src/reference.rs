@@ -10,7 +10,7 @@ use std::fmt::Write as _;
 
 use schemars::{JsonSchema, Schema};
 use serde_json::Value;
-use timer_core::config::RateLimits;
+use timer_core::config::{FireRateLimits, RateLimits};
 use timer_core::engine::metric;
 use timer_core::plugin::Registry;
 use timer_core::{EngineConfig, Limits};
@@ -71,7 +71,7 @@ impl Section {
 }
 
 /// Every section of every plugin this build has, in the order of the example file: store,
-/// broker, engine, limits, limits.rate, http, log.
+/// broker, engine, limits, limits.rate, limits.fire_rate, http, log.
 pub fn sections() -> Vec<Section> {
     fn plugin_sections<P>(
         table: &'static str,
@@ -95,10 +95,13 @@ pub fn sections() -> Vec<Section> {
     }));
     sections.push(plain::<EngineConfig>("engine"));
     let mut limits = plain::<Limits>("limits");
-    // A table of its own, after the plain limits.
-    limits.keys.retain(|key| key.name != "rate");
+    // Tables of their own, after the plain limits.
+    limits
+        .keys
+        .retain(|key| key.name != "rate" && key.name != "fire_rate");
     sections.push(limits);
     sections.push(plain::<RateLimits>("limits.rate"));
+    sections.push(plain::<FireRateLimits>("limits.fire_rate"));
     sections.push(plain::<HttpConfig>("http"));
     sections.push(plain::<LogConfig>("log"));
     sections

@@ -60,6 +60,11 @@ fn main() {
             a_statement_waiting_on_a_lock_is_cut_off_by_the_statement_timeout,
         ),
         server_trial(
+            "postgres::two_instances_take_from_one_rate_budget_with_limits_rate_shared",
+            missing.clone(),
+            two_instances_take_from_one_rate_budget_with_limits_rate_shared,
+        ),
+        server_trial(
             "postgres::notify_wakes_another_instance",
             missing.clone(),
             notify_wakes_another_instance,
@@ -281,6 +286,54 @@ async fn killed_instance_timers_fired_by_the_others() {
     );
     for s in services {
         assert_eq!(s.terminate().await, Some(0));
+    }
+}
+
+/// `limits.rate.shared`: the allowance is kept in the schema, so what one instance took, the
+/// other cannot take again; without it each instance has a budget of its own.
+async fn two_instances_take_from_one_rate_budget_with_limits_rate_shared() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let later = now_ms() + 3_600_000;
+    let batch = |tenant: &str, n: usize| {
+        let commands: Vec<serde_json::Value> = (0..n)
+            .map(|i| serde_json::json!({"tenantId": tenant, "serviceCallId": format!("r{i}"), "dueTimeMs": later}))
+            .collect();
+        serde_json::json!({ "commands": commands }).to_string()
+    };
+    for shared in [true, false] {
+        let config = schema_config();
+        let flag = shared.to_string();
+        let env = env_for(
+            &config,
+            &[
+                ("TIMER_LIMITS__RATE__SCHEDULES_PER_SECOND", "1"),
+                ("TIMER_LIMITS__RATE__BURST", "5"),
+                ("TIMER_LIMITS__RATE__SHARED", flag.as_str()),
+            ],
+        );
+        let services = start_instances(dir.path(), &env, 2).await;
+        // The whole burst through the first instance.
+        let (status, v) = services[0].post("/v1/timers/batch", batch("acme", 5)).await;
+        assert_eq!(status, 200, "{v}");
+        // One more through the second, within the second the burst refills in.
+        let (status, v) = services[1].post("/v1/timers/batch", batch("acme", 1)).await;
+        if shared {
+            assert_eq!(
+                status, 429,
+                "the second instance took from the same budget: {v}"
+            );
+            assert_eq!(v["error"]["reason"], "rate_limited", "{v}");
+            // Another tenant's budget is untouched.
+            let (status, v) = services[1]
+                .post("/v1/timers/batch", batch("other", 5))
+                .await;
+            assert_eq!(status, 200, "{v}");
+        } else {
+            assert_eq!(status, 200, "each instance has its own budget: {v}");
+        }
+        for s in services {
+            assert_eq!(s.terminate().await, Some(0));
+        }
     }
 }
 

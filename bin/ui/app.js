@@ -57,6 +57,67 @@ function relative(iso) {
   return ms > 0 ? `in ${text}` : `${text} ago`;
 }
 
+/** `1.5 s`, `30 min`: a duration in ms, short. */
+function duration(ms) {
+  if (ms < 1000) return `${ms} ms`;
+  if (ms < 60e3) return `${Math.round(ms / 100) / 10} s`;
+  if (ms < 3600e3) return `${Math.round(ms / 60e3)} min`;
+  return `${Math.round(ms / 360e3) / 10} h`;
+}
+
+/**
+ * How the due time stands: relative to now, unless the timer waits for something else than
+ * its time (a series awaiting its last fire's completion does not fire at its due time).
+ */
+function dueNote(t) {
+  const awaiting = t.work && t.work.awaiting;
+  if (t.state === 'Scheduled' && awaiting && Date.parse(t.dueAt) <= Date.now()) {
+    return `waits for the completion of occurrence ${awaiting.occurrence}`;
+  }
+  return relative(t.dueAt);
+}
+
+/**
+ * A tenant's next due time from a shared count (up to `http.counts_max_age` old): in the future,
+ * relative to now; already past when counted by more than a second, a backlog; else due by now
+ * (it was still to come when counted, and has most likely fired since).
+ */
+function nextDueText(nextDueAt, countedAt) {
+  if (!nextDueAt) return '—';
+  const due = Date.parse(nextDueAt);
+  if (due > Date.now()) return relative(nextDueAt);
+  const counted = Date.parse(countedAt);
+  if (counted - due > 1000) return `${duration(counted - due)} overdue when counted`;
+  return 'due by now';
+}
+
+/** The policies of a `ScheduleTimer`, as one line; `—` without any. */
+function policyText(p) {
+  if (!p) return '—';
+  const parts = [`overlap ${p.overlap}`];
+  if (p.completionTimeoutMs !== null) parts.push(`completion timeout ${duration(p.completionTimeoutMs)}`);
+  if (p.catchUp !== null) {
+    const within = [p.catchUpLimit !== null ? `limit ${p.catchUpLimit}` : null,
+      p.catchUpWindowMs !== null ? `window ${duration(p.catchUpWindowMs)}` : null].filter(Boolean);
+    parts.push(`catch-up ${p.catchUp}${within.length ? ` (${within.join(', ')})` : ''}`);
+  }
+  if (p.jitterMs !== null) parts.push(`jitter ${duration(p.jitterMs)}`);
+  return parts.join(' · ');
+}
+
+/** What the policies recorded: the fire awaiting its completion, a buffered occurrence. */
+function workText(w) {
+  if (!w) return '—';
+  const parts = [];
+  if (w.awaiting) {
+    const a = w.awaiting;
+    parts.push(`awaiting the completion of occurrence ${a.occurrence} (fired ${utc(a.firedAt)}${a.deadline ? `, times out ${relative(a.deadline)}` : ''})`);
+  }
+  if (w.buffered) parts.push(`the occurrence due ${utc(w.buffered)} waits for it`);
+  if (w.lastCompleted !== null) parts.push(`last completed: occurrence ${w.lastCompleted}`);
+  return parts.length ? parts.join('; ') : '—';
+}
+
 /** A `datetime-local` value read as UTC → RFC 3339; empty stays empty. */
 function localInputToUtc(value) {
   if (!value) return '';
@@ -407,7 +468,7 @@ async function overview() {
       h('td', { class: 'num' }, t.counts.failed
         ? h('a', { href: `#/failed?tenant=${enc(t.tenantId)}` }, fmt(t.counts.failed)) : '0'),
       h('td', { class: 'num' }, fmt(t.firedLastHour)),
-      h('td', { class: 'hide-narrow' }, t.nextDueAt ? relative(t.nextDueAt) : '—'))));
+      h('td', { class: 'hide-narrow' }, nextDueText(t.nextDueAt, summary.countedAt)))));
     if (summary.tenants.length === 0) {
       tenantsBody.replaceChildren(h('tr', {}, h('td', { colspan: 6, class: 'muted' }, 'No timers yet.')));
     }
@@ -636,14 +697,16 @@ async function timerPage(params) {
       ...row('Tenant', t.tenantId),
       ...row('Id', t.serviceCallId),
       ...row('State', t.state),
-      ...row('Due (UTC)', `${utc(t.dueAt)} (${relative(t.dueAt)})`),
+      ...row('Due (UTC)', `${utc(t.dueAt)} (${dueNote(t)})`),
       ...row('Due (ms)', String(t.dueTimeMs)),
       ...row('Registered', utc(t.registeredAt)),
       ...row('Last fired', utc(t.reachedAt)),
       ...row('Attempts', String(t.attempts)),
       ...row('Last error', t.lastError || '—'),
       ...row('Next attempt', t.nextAttemptAt ? `${utc(t.nextAttemptAt)} (${relative(t.nextAttemptAt)})` : '—'),
-      ...row('Correlation id', t.correlationId || '—'));
+      ...row('Correlation id', t.correlationId || '—'),
+      ...row('Policy', policyText(t.policy)),
+      ...row('Work', workText(t.work)));
     payload.textContent = t.payload === null ? '(none)' : JSON.stringify(t.payload, null, 2);
     if (t.recurrence) {
       const r = t.recurrence;

@@ -68,8 +68,8 @@ impl Default for Limits {
 /// broker path holds the tenant's commands back (unacknowledged) until they fit: slower, never
 /// dropped, and without holding up other tenants' commands. Cancels, pauses and resumes take
 /// nothing, but on the broker path wait behind their tenant's held schedules, so a tenant's
-/// commands keep their order. Each instance keeps its own allowances: with N instances a tenant
-/// may schedule up to N times the rate.
+/// commands keep their order. Each instance keeps its own allowances (with N instances a tenant
+/// may schedule up to N times the rate) unless `limits.rate.shared` keeps them in the store.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct RateLimits {
@@ -94,6 +94,12 @@ pub struct RateLimits {
     /// tenant holding this many is refused (reason `tenant_limit`: a dead letter, and the
     /// command is acknowledged). 0 sets no share but `limits.rate.max_held`.
     pub max_held_per_tenant: usize,
+    /// Keep the allowances (these and `limits.fire_rate`) in the store, so every instance on it
+    /// takes from one budget per tenant instead of each keeping its own: N instances then
+    /// enforce the rate once, not N times. PostgreSQL keeps them (a row per tenant, one upsert
+    /// per checked batch); SQLite and memory are used by one instance, whose own allowances are
+    /// the only ones. While the store cannot be reached each instance limits alone.
+    pub shared: bool,
 }
 
 impl Default for RateLimits {
@@ -104,6 +110,7 @@ impl Default for RateLimits {
             tenants: BTreeMap::new(),
             max_held: 10_000,
             max_held_per_tenant: 1_000,
+            shared: false,
         }
     }
 }
@@ -155,7 +162,8 @@ impl RateLimits {
 /// tenant's rate is handed back, with its attempts and its due time unchanged, to be claimed at
 /// the moment its turn comes (counted in `timer_fires_paced_total` and
 /// `timer_fire_pace_delay_seconds`, by tenant). Other tenants' timers are not held up. Each
-/// instance paces the fires it claims: with N instances a tenant may fire up to N times the rate.
+/// instance paces the fires it claims (with N instances a tenant may fire up to N times the
+/// rate) unless `limits.rate.shared` keeps the allowances in the store.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct FireRateLimits {

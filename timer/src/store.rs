@@ -158,6 +158,47 @@ pub trait Store: Send + Sync + 'static {
     fn lease_owners(&self) -> Option<&dyn LeaseOwners> {
         None
     }
+
+    /// Rate allowances kept in the store, so that every instance on it takes from one budget
+    /// per tenant (`limits.rate.shared`); `None` when the store does not keep them (a store one
+    /// instance has to itself: the instance's own allowances are the only ones).
+    fn shared_allowances(&self) -> Option<&dyn SharedAllowances> {
+        None
+    }
+}
+
+/// Allowances of a generic cell rate algorithm kept in the store, one row per kind (`rate`:
+/// schedules, `fire`: fires) and tenant, holding the allowance's theoretical arrival time (TAT)
+/// in microseconds since the epoch. The engine does the arithmetic (`engine/throttle.rs`,
+/// `engine/pace.rs`); the store only moves a TAT atomically, so instances never take the same
+/// room twice.
+#[async_trait]
+pub trait SharedAllowances: Send + Sync {
+    /// Atomically: `start = max(tat, now_us)`; if `max_ahead_us` is `None` or
+    /// `start + cost_us - now_us <= max_ahead_us`, sets `tat = start + cost_us` and returns
+    /// [`Advanced::Taken`] with `start`; otherwise changes nothing and returns
+    /// [`Advanced::Denied`] with the TAT as it is. A missing allowance counts as `tat = now_us`.
+    async fn advance(
+        &self,
+        kind: &str,
+        tenant: &str,
+        now_us: i64,
+        cost_us: i64,
+        max_ahead_us: Option<i64>,
+    ) -> Result<Advanced>;
+
+    /// Deletes the allowances whose TAT is before `before_us` (full again, so the same as
+    /// missing); returns how many.
+    async fn forget(&self, before_us: i64) -> Result<u64>;
+}
+
+/// What [`SharedAllowances::advance`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Advanced {
+    /// Taken: the allowance's TAT was `start` (at least now) before this cost was added.
+    Taken { start_us: i64 },
+    /// Not taken; the allowance's TAT.
+    Denied { tat_us: i64 },
 }
 
 /// The four ability accessors of a store that implements the abilities itself, written in its

@@ -167,7 +167,7 @@ pub async fn retry(
     State(app): State<AppState>,
     Path(TimerPath { tenant, id }): Path<TimerPath>,
 ) -> Result<Response, ApiError> {
-    app.engine.within_rate_of(&tenant)?;
+    app.engine.within_rate_of(&tenant).await?;
     act(&app, TimerKey::new(tenant, id), Action::Retry).await
 }
 
@@ -244,7 +244,7 @@ pub async fn trigger(
     State(app): State<AppState>,
     Path(TimerPath { tenant, id }): Path<TimerPath>,
 ) -> Result<Response, ApiError> {
-    app.engine.within_rate_of(&tenant)?;
+    app.engine.within_rate_of(&tenant).await?;
     let key = TimerKey::new(tenant, id);
     match app.engine.trigger(&key).await? {
         Triggered::Fired { event_id, at } => Ok(Json(TriggerOutcome {

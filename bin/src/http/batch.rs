@@ -145,7 +145,7 @@ pub async fn schedule_batch(
             .field(field)
             .rejected(rejected));
     }
-    app.engine.within_rate(&timers)?;
+    app.engine.within_rate(&timers).await?;
     let scheduled = app.engine.schedule(&timers).await?;
     let results = timers
         .iter()

@@ -49,7 +49,7 @@ pub async fn schedule(
 ) -> Result<Response, ApiError> {
     let timer = app.engine.admit_schedule(&body)?;
     caller.need_tenant(&timer.key.tenant_id, Some("tenantId"))?;
-    app.engine.within_rate(std::slice::from_ref(&timer))?;
+    app.engine.within_rate(std::slice::from_ref(&timer)).await?;
     let key = timer.key.clone();
     let outcome = match app.engine.schedule_one(timer).await? {
         Scheduled::Stored(outcome) => outcome,

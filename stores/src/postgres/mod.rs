@@ -5,6 +5,7 @@
 //! The rest is the plugin's page of the book (`README.md` beside this file).
 #![doc = include_str!("README.md")]
 
+mod allowances;
 mod config;
 mod fair;
 mod notify;

@@ -416,6 +416,10 @@ impl Store for PostgresStore {
     fn lease_owners(&self) -> Option<&dyn timer_core::LeaseOwners> {
         Some(self)
     }
+
+    fn shared_allowances(&self) -> Option<&dyn timer_core::SharedAllowances> {
+        Some(self)
+    }
 }
 
 impl SqlAbilities for PostgresStore {

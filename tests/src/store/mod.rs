@@ -2,6 +2,7 @@
 //! instance. A check panics (with a message) on the first broken promise.
 
 mod actions;
+mod allowances;
 mod cancels;
 mod claims;
 mod fairness;
@@ -30,6 +31,7 @@ pub use actions::{
     pausing_a_firing_timer_is_refused, rescheduling_a_paused_timer_keeps_it_paused,
     retry_schedules_a_failed_timer_again,
 };
+pub use allowances::shared_allowances_are_one_budget_for_every_instance;
 pub use cancels::{cancel_outcomes, cancel_while_leased_is_refused};
 pub use claims::{
     claim_is_exclusive_under_concurrency, claim_takes_oldest_first_up_to_limit,
@@ -166,6 +168,7 @@ pub fn restart_checks() -> Vec<Check<FreshStore>> {
         a_restart_releases_every_lease_of_a_store_one_service_owns,
         dead_owners_are_taken_over_at_once,
         two_instances_share_a_backlog_and_never_claim_a_row_twice,
+        shared_allowances_are_one_budget_for_every_instance,
     ]
 }
 

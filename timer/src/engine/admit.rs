@@ -58,19 +58,20 @@ impl Engine {
     /// HTTP API: `Err` when a tenant is over its rate (or asks for more than its burst at
     /// once), counted in `timer.commands.throttled` with `path="http"`. The broker path holds
     /// such commands back instead.
-    pub fn within_rate(&self, timers: &[NewTimer]) -> Result<(), super::Throttled> {
+    pub async fn within_rate(&self, timers: &[NewTimer]) -> Result<(), super::Throttled> {
         let taken = self
             .inner
             .throttle
-            .take_all(timers.iter().map(|t| t.key.tenant_id.as_str()));
+            .take_all(timers.iter().map(|t| t.key.tenant_id.as_str()))
+            .await;
         throttled_http(taken, timers.len())
     }
 
     /// Takes one from `tenant`'s allowance of schedules for an action that fires as a schedule
     /// would (a manual trigger, a retry of a Failed timer), for the HTTP API; `Err` (counted as
     /// [`within_rate`](Self::within_rate) counts) when the tenant is over its rate.
-    pub fn within_rate_of(&self, tenant: &str) -> Result<(), super::Throttled> {
-        throttled_http(self.inner.throttle.take(tenant, 1), 1)
+    pub async fn within_rate_of(&self, tenant: &str) -> Result<(), super::Throttled> {
+        throttled_http(self.inner.throttle.take(tenant, 1).await, 1)
     }
 
     fn counted<T>(&self, decoded: Result<T, Rejection>) -> Result<T, Rejection> {

@@ -82,35 +82,35 @@ impl Engine {
     /// Takes the timers over their tenant's fire rate out of `firing` (and their plans out of
     /// `fires`): each is handed back until its turn (`limits.fire_rate`, [`super::pace`]),
     /// with its attempts and due time kept.
-    fn pace(
+    async fn pace(
         &self,
         firing: &mut Vec<ClaimedTimer>,
         fires: &mut Vec<Fire>,
         settled: &mut Vec<(ClaimedTimer, Settlement)>,
         now: Timestamp,
     ) {
-        let pace = &self.inner.pace;
+        let keys: Vec<&crate::model::TimerKey> = firing.iter().map(|t| &t.key).collect();
+        let turns = self.inner.pace.turns(&keys, now).await;
         let mut kept = Vec::with_capacity(firing.len());
-        for (t, fire) in std::mem::take(firing)
+        let claimed = std::mem::take(firing)
             .into_iter()
-            .zip(std::mem::take(fires))
-        {
-            match pace.turn(&t.key, now) {
-                None => kept.push((t, fire)),
-                Some(turn) => {
-                    let labels = [("tenant", t.key.tenant_id.clone())];
-                    ::metrics::counter!(metric::FIRES_PACED, &labels).increment(1);
-                    ::metrics::histogram!(metric::FIRE_PACE_DELAY, &labels)
-                        .record((turn.as_millis() - now.as_millis()).max(0) as f64 / 1000.0);
-                    settled.push((
-                        t,
-                        Settlement::Retry {
-                            at: turn,
-                            error: None,
-                        },
-                    ));
-                }
-            }
+            .zip(std::mem::take(fires));
+        for ((t, fire), turn) in claimed.zip(turns) {
+            let Some(turn) = turn else {
+                kept.push((t, fire));
+                continue;
+            };
+            let labels = [("tenant", t.key.tenant_id.clone())];
+            ::metrics::counter!(metric::FIRES_PACED, &labels).increment(1);
+            ::metrics::histogram!(metric::FIRE_PACE_DELAY, &labels)
+                .record((turn.as_millis() - now.as_millis()).max(0) as f64 / 1000.0);
+            settled.push((
+                t,
+                Settlement::Retry {
+                    at: turn,
+                    error: None,
+                },
+            ));
         }
         (*firing, *fires) = kept.into_iter().unzip();
     }
@@ -152,7 +152,8 @@ impl Engine {
             }
         }
         if !inner.pace.is_off() {
-            self.pace(&mut firing, &mut fires, &mut settled, reached_at);
+            self.pace(&mut firing, &mut fires, &mut settled, reached_at)
+                .await;
         }
         if !settled.is_empty() {
             self.settle_all(settled, reached_at, shutdown).await;

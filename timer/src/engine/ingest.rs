@@ -85,14 +85,14 @@ impl Engine {
         let mut tidied = tokio::time::Instant::now();
         loop {
             // Commands of tenants back within their rate go first, in their order.
-            let (released, next) = held.release(&inner.throttle);
+            let (released, next) = held.release(&inner.throttle).await;
             if !released.is_empty() {
                 ::metrics::gauge!(metric::COMMANDS_HELD).set(held.len() as f64);
                 self.apply(released, &shutdown).await;
             }
             self.keep_held(&mut held).await;
             if tidied.elapsed() >= FORGET_IDLE_EVERY {
-                inner.throttle.forget_idle();
+                inner.throttle.forget_idle().await;
                 tidied = tokio::time::Instant::now();
             }
             let wait = next.map_or(RECEIVE_WAIT, |next| next.min(RECEIVE_WAIT));
@@ -133,12 +133,13 @@ impl Engine {
                 let schedule = matches!(admitted.command, Ok(Command::Schedule(_)));
                 // Behind its tenant's held commands, whatever it is; a schedule also when it is
                 // over its tenant's rate.
-                let hold = admitted
-                    .tenant()
-                    .filter(|tenant| {
-                        held.holds(tenant) || (schedule && inner.throttle.take(tenant, 1).is_err())
-                    })
-                    .map(str::to_owned);
+                let hold = match admitted.tenant() {
+                    Some(tenant) if held.holds(tenant) => Some(tenant.to_owned()),
+                    Some(tenant) if schedule && inner.throttle.take(tenant, 1).await.is_err() => {
+                        Some(tenant.to_owned())
+                    }
+                    _ => None,
+                };
                 match hold {
                     None => ready.push(admitted),
                     Some(tenant) => {

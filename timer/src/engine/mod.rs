@@ -126,8 +126,12 @@ impl Engine {
             config.instance_id.clone()
         };
         store.history().set_limit(config.history_per_timer);
-        let throttle = throttle::Throttle::new(&limits.rate, clock.clone());
-        let pace = pace::Pace::new(&limits.fire_rate);
+        // `limits.rate.shared`: allowances in the store, for a store that keeps them (one
+        // that only one instance uses needs none: its own are the only ones).
+        let shared =
+            (limits.rate.shared && store.shared_allowances().is_some()).then(|| store.clone());
+        let throttle = throttle::Throttle::new(&limits.rate, clock.clone(), shared.clone());
+        let pace = pace::Pace::new(&limits.fire_rate, shared);
         // Without lease owners in the store, one membership for the engine's life.
         let member =
             watch::Sender::new(store.lease_owners().is_none().then(CancellationToken::new));

@@ -9,10 +9,13 @@
 //! instance claiming it) only costs a later turn.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
+
+use tracing::warn;
 
 use crate::config::FireRateLimits;
 use crate::model::{TimerKey, Timestamp};
+use crate::store::{Advanced, Store};
 
 /// Turns further back than this are forgotten when the map is swept (the timer was cancelled,
 /// rescheduled, or claimed elsewhere).
@@ -20,13 +23,15 @@ const FORGET_AFTER_MS: i64 = 60_000;
 
 pub(crate) struct Pace {
     limits: FireRateLimits,
+    /// The store whose shared allowances reserve the turns (`limits.rate.shared`), if any.
+    shared: Option<Arc<dyn Store>>,
     state: Mutex<State>,
 }
 
 #[derive(Default)]
 struct State {
     /// Each paced tenant's theoretical arrival time: when its allowance is full again, in
-    /// microseconds since the epoch.
+    /// microseconds since the epoch (kept here unless the allowances are shared).
     tat: HashMap<String, i64>,
     /// Timers handed back for a turn: the turn, in ms.
     turns: HashMap<TimerKey, i64>,
@@ -35,9 +40,10 @@ struct State {
 }
 
 impl Pace {
-    pub(crate) fn new(limits: &FireRateLimits) -> Pace {
+    pub(crate) fn new(limits: &FireRateLimits, shared: Option<Arc<dyn Store>>) -> Pace {
         Pace {
             limits: limits.clone(),
+            shared,
             state: Mutex::default(),
         }
     }
@@ -52,41 +58,85 @@ impl Pace {
                 .all(|t| t.fires_per_second == 0)
     }
 
-    /// When the timer `key` may fire, claimed at `now`: `None` for now, or its turn (which it
-    /// keeps: the caller hands it back until then).
-    pub(crate) fn turn(&self, key: &TimerKey, now: Timestamp) -> Option<Timestamp> {
-        let (per_second, burst) = self.limits.of(&key.tenant_id)?;
-        let now_ms = now.as_millis();
-        let mut state = match self.state.lock() {
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        match self.state.lock() {
             Ok(state) => state,
             Err(poisoned) => poisoned.into_inner(),
-        };
-        state.sweep(now_ms);
-        if let Some(turn) = state.turns.get(key).copied() {
-            if turn <= now_ms {
-                state.turns.remove(key);
-                return None;
+        }
+    }
+
+    /// When each of `keys` (claimed at `now`) may fire: `None` for now, or its turn, which it
+    /// keeps (the caller hands it back until then).
+    pub(crate) async fn turns(&self, keys: &[&TimerKey], now: Timestamp) -> Vec<Option<Timestamp>> {
+        let now_ms = now.as_millis();
+        let mut out: Vec<Option<Timestamp>> = vec![None; keys.len()];
+        // Per paced tenant, the timers that need a new turn (by index into `keys`).
+        let mut wanting: HashMap<&str, Vec<usize>> = HashMap::new();
+        {
+            let mut state = self.state();
+            state.sweep(now_ms);
+            for (i, key) in keys.iter().enumerate() {
+                if self.limits.of(&key.tenant_id).is_none() {
+                    continue;
+                }
+                match state.turns.get(*key).copied() {
+                    // Claimed again at its turn: it goes, without taking another.
+                    Some(turn) if turn <= now_ms => {
+                        state.turns.remove(*key);
+                    }
+                    Some(turn) => out[i] = Some(Timestamp::from_millis(turn)),
+                    None => wanting.entry(key.tenant_id.as_str()).or_default().push(i),
+                }
             }
-            return Some(Timestamp::from_millis(turn));
         }
-        let interval = 1_000_000 / i64::from(per_second).max(1);
-        let tolerance = interval * (i64::from(burst) - 1);
-        let now_us = now_ms.saturating_mul(1_000);
-        let tat = state
-            .tat
-            .get(&key.tenant_id)
-            .copied()
-            .unwrap_or(now_us)
-            .max(now_us);
-        let at_us = (tat - tolerance).max(now_us);
-        state.tat.insert(key.tenant_id.clone(), tat + interval);
-        if at_us <= now_us {
-            return None;
+        for (tenant, indexes) in wanting {
+            let Some((per_second, burst)) = self.limits.of(tenant) else {
+                continue;
+            };
+            let interval = 1_000_000 / i64::from(per_second).max(1);
+            let now_us = now_ms.saturating_mul(1_000);
+            let n = indexes.len() as i64;
+            let start = self.reserve(tenant, n * interval, now_us).await;
+            let mut state = self.state();
+            for (k, i) in indexes.into_iter().enumerate() {
+                // The k-th cell may go once the allowance is no more than a burst ahead.
+                let at_us =
+                    (start + (k as i64 + 1) * interval - i64::from(burst) * interval).max(now_us);
+                if at_us <= now_us {
+                    continue;
+                }
+                // Rounded up to the next ms: never before the turn.
+                let turn = (at_us + 999) / 1_000;
+                state.turns.insert(keys[i].clone(), turn);
+                out[i] = Some(Timestamp::from_millis(turn));
+            }
         }
-        // Rounded up to the next ms: never before the turn.
-        let turn = (at_us + 999) / 1_000;
-        state.turns.insert(key.clone(), turn);
-        Some(Timestamp::from_millis(turn))
+        out
+    }
+
+    /// Reserves `cost_us` of `tenant`'s allowance; returns where the reservation starts. Kept in
+    /// the store when shared; here when not, or when the store cannot be reached (a warning:
+    /// the instance paces alone meanwhile).
+    async fn reserve(&self, tenant: &str, cost_us: i64, now_us: i64) -> i64 {
+        if let Some(allowances) = self.shared.as_deref().and_then(|s| s.shared_allowances()) {
+            match allowances
+                .advance("fire", tenant, now_us, cost_us, None)
+                .await
+            {
+                Ok(Advanced::Taken { start_us }) => return start_us,
+                Ok(Advanced::Denied { tat_us }) => return tat_us.max(now_us),
+                Err(e) => warn!(
+                    tenant,
+                    error = %e.chain(),
+                    "reserving fire turns in the store failed; this instance paces alone"
+                ),
+            }
+        }
+        let mut state = self.state();
+        let tat = state.tat.entry(tenant.to_owned()).or_insert(now_us);
+        let start = (*tat).max(now_us);
+        *tat = start + cost_us;
+        start
     }
 }
 
@@ -128,12 +178,21 @@ mod tests {
         TimerKey::new(tenant, format!("t{i}"))
     }
 
-    #[test]
-    fn a_herd_fires_its_burst_then_one_turn_per_interval() {
-        let pace = Pace::new(&limits(10, 3));
+    async fn turn(pace: &Pace, key: &TimerKey, now: Timestamp) -> Option<i64> {
+        pace.turns(&[key], now).await[0].map(Timestamp::as_millis)
+    }
+
+    #[tokio::test]
+    async fn a_herd_fires_its_burst_then_one_turn_per_interval() {
+        let pace = Pace::new(&limits(10, 3), None);
         let now = Timestamp::from_millis(1_000_000);
-        let turns: Vec<Option<i64>> = (0..6)
-            .map(|i| pace.turn(&key("herd", i), now).map(|t| t.as_millis()))
+        let keys: Vec<TimerKey> = (0..6).map(|i| key("herd", i)).collect();
+        let refs: Vec<&TimerKey> = keys.iter().collect();
+        let turns: Vec<Option<i64>> = pace
+            .turns(&refs, now)
+            .await
+            .into_iter()
+            .map(|t| t.map(Timestamp::as_millis))
             .collect();
         // A burst of 3 now, then every 100 ms.
         assert_eq!(
@@ -148,41 +207,39 @@ mod tests {
             ]
         );
         // Other tenants are not paced.
-        assert_eq!(pace.turn(&key("other", 0), now), None);
+        assert_eq!(turn(&pace, &key("other", 0), now).await, None);
     }
 
-    #[test]
-    fn a_timer_claimed_again_at_its_turn_goes_out_without_taking_another() {
-        let pace = Pace::new(&limits(10, 1));
+    #[tokio::test]
+    async fn a_timer_claimed_again_at_its_turn_goes_out_without_taking_another() {
+        let pace = Pace::new(&limits(10, 1), None);
         let now = Timestamp::from_millis(1_000_000);
-        assert_eq!(pace.turn(&key("herd", 0), now), None);
-        let turn = pace.turn(&key("herd", 1), now).expect("over the rate");
-        assert_eq!(turn.as_millis(), 1_000_100);
+        assert_eq!(turn(&pace, &key("herd", 0), now).await, None);
+        let first = turn(&pace, &key("herd", 1), now).await;
+        assert_eq!(first, Some(1_000_100));
         // Claimed early (another claim before its turn): the same turn again.
-        assert_eq!(pace.turn(&key("herd", 1), now), Some(turn));
+        assert_eq!(turn(&pace, &key("herd", 1), now).await, first);
         // At its turn it goes, and the next timer still gets the turn after it.
-        assert_eq!(pace.turn(&key("herd", 1), turn), None);
-        assert_eq!(
-            pace.turn(&key("herd", 2), turn).map(|t| t.as_millis()),
-            Some(1_000_200)
-        );
+        let at = Timestamp::from_millis(1_000_100);
+        assert_eq!(turn(&pace, &key("herd", 1), at).await, None);
+        assert_eq!(turn(&pace, &key("herd", 2), at).await, Some(1_000_200));
     }
 
-    #[test]
-    fn after_a_quiet_spell_the_burst_is_full_again() {
-        let pace = Pace::new(&limits(100, 2));
+    #[tokio::test]
+    async fn after_a_quiet_spell_the_burst_is_full_again() {
+        let pace = Pace::new(&limits(100, 2), None);
         let t0 = Timestamp::from_millis(5_000_000);
-        assert_eq!(pace.turn(&key("herd", 0), t0), None);
-        assert_eq!(pace.turn(&key("herd", 1), t0), None);
-        assert!(pace.turn(&key("herd", 2), t0).is_some());
+        assert_eq!(turn(&pace, &key("herd", 0), t0).await, None);
+        assert_eq!(turn(&pace, &key("herd", 1), t0).await, None);
+        assert!(turn(&pace, &key("herd", 2), t0).await.is_some());
         let later = Timestamp::from_millis(5_010_000);
-        assert_eq!(pace.turn(&key("herd", 3), later), None);
-        assert_eq!(pace.turn(&key("herd", 4), later), None);
+        assert_eq!(turn(&pace, &key("herd", 3), later).await, None);
+        assert_eq!(turn(&pace, &key("herd", 4), later).await, None);
     }
 
     #[test]
     fn no_limit_is_off() {
-        assert!(Pace::new(&FireRateLimits::default()).is_off());
-        assert!(!Pace::new(&limits(1, 0)).is_off());
+        assert!(Pace::new(&FireRateLimits::default(), None).is_off());
+        assert!(!Pace::new(&limits(1, 0), None).is_off());
     }
 }

@@ -17,8 +17,11 @@ use governor::state::keyed::HashMapStateStore;
 use governor::state::{InMemoryState, NotKeyed};
 use governor::{Quota, RateLimiter};
 
+use tracing::warn;
+
 use crate::clock::Clock;
 use crate::config::RateLimits;
+use crate::store::{Advanced, SharedAllowances, Store};
 
 /// The engine's clock as governor reads it: time since the epoch (never before it).
 #[derive(Clone)]
@@ -96,10 +99,17 @@ pub(crate) struct Throttle {
     default: Option<(Rate, Keyed)>,
     /// Tenants of `limits.rate.tenants`; `None`: no limit for that tenant.
     own: HashMap<String, Option<(Rate, Direct)>>,
+    /// The store whose shared allowances are taken from instead of the limiters here
+    /// (`limits.rate.shared`), if any.
+    shared: Option<Arc<dyn Store>>,
 }
 
 impl Throttle {
-    pub(crate) fn new(config: &RateLimits, clock: Arc<dyn Clock>) -> Throttle {
+    pub(crate) fn new(
+        config: &RateLimits,
+        clock: Arc<dyn Clock>,
+        shared: Option<Arc<dyn Store>>,
+    ) -> Throttle {
         let clock = EngineClock(clock);
         let default = Rate::of(config.schedules_per_second, config.burst).map(|rate| {
             let limiter =
@@ -122,14 +132,43 @@ impl Throttle {
             clock,
             default,
             own,
+            shared,
         }
     }
 
-    /// Takes `n` schedules from `tenant`'s allowance, or nothing when they do not fit now.
-    pub(crate) fn take(&self, tenant: &str, n: u32) -> Result<(), Throttled> {
+    /// `tenant`'s rate; `None`: no limit.
+    fn rate_of(&self, tenant: &str) -> Option<Rate> {
+        match (self.own.get(tenant), &self.default) {
+            (Some(own), _) => own.as_ref().map(|(rate, _)| *rate),
+            (None, default) => default.as_ref().map(|(rate, _)| *rate),
+        }
+    }
+
+    /// Takes `n` schedules from `tenant`'s allowance, or nothing when they do not fit now: from
+    /// the store's shared allowance with `limits.rate.shared`, else (and while the store cannot
+    /// be reached: a warning) from this instance's own.
+    pub(crate) async fn take(&self, tenant: &str, n: u32) -> Result<(), Throttled> {
         let Some(n) = NonZeroU32::new(n) else {
             return Ok(());
         };
+        let Some(rate) = self.rate_of(tenant) else {
+            return Ok(());
+        };
+        if let Some(allowances) = self.shared.as_deref().and_then(|s| s.shared_allowances()) {
+            match take_shared(allowances, tenant, n, rate, self.clock.now()).await {
+                Ok(taken) => return taken,
+                Err(e) => warn!(
+                    tenant,
+                    error = %e.chain(),
+                    "taking from the shared allowance failed; this instance limits alone"
+                ),
+            }
+        }
+        self.take_here(tenant, n)
+    }
+
+    /// [`Throttle::take`] from this instance's own limiters.
+    fn take_here(&self, tenant: &str, n: NonZeroU32) -> Result<(), Throttled> {
         let (rate, checked) = match (self.own.get(tenant), &self.default) {
             (Some(None), _) | (None, None) => return Ok(()),
             (Some(Some((rate, limiter))), _) => (*rate, limiter.check_n(n)),
@@ -150,7 +189,7 @@ impl Throttle {
 
     /// Takes the schedules of several tenants, tenant by tenant; stops at the first tenant that
     /// does not fit (what earlier tenants took stays taken).
-    pub(crate) fn take_all<'a>(
+    pub(crate) async fn take_all<'a>(
         &self,
         tenants: impl IntoIterator<Item = &'a str>,
     ) -> Result<(), Throttled> {
@@ -158,18 +197,64 @@ impl Throttle {
         for tenant in tenants {
             *counts.entry(tenant).or_default() += 1;
         }
-        counts
-            .into_iter()
-            .try_for_each(|(tenant, n)| self.take(tenant, n))
+        for (tenant, n) in counts {
+            self.take(tenant, n).await?;
+        }
+        Ok(())
     }
 
     /// Forgets the allowances of tenants that are full again (the state of a tenant not seen
-    /// lately), so the map does not grow with every tenant ever seen.
-    pub(crate) fn forget_idle(&self) {
+    /// lately), so the map (and the store's table, when shared) does not grow with every
+    /// tenant ever seen.
+    pub(crate) async fn forget_idle(&self) {
         if let Some((_, limiter)) = &self.default {
             limiter.retain_recent();
         }
+        if let Some(allowances) = self.shared.as_deref().and_then(|s| s.shared_allowances()) {
+            let now_us = i64::try_from(self.clock.now().as_micros()).unwrap_or(i64::MAX);
+            if let Err(e) = allowances.forget(now_us).await {
+                warn!(error = %e.chain(), "forgetting full shared allowances failed");
+            }
+        }
     }
+}
+
+/// Takes `n` schedules of `tenant` at `rate` from the store's shared allowance: a cell costs
+/// `1 / per_second`, and they fit while the allowance is at most `burst` cells ahead of now.
+async fn take_shared(
+    allowances: &dyn SharedAllowances,
+    tenant: &str,
+    n: NonZeroU32,
+    rate: Rate,
+    now: Duration,
+) -> crate::Result<Result<(), Throttled>> {
+    let interval = 1_000_000 / i64::from(rate.per_second.get());
+    let cost = interval * i64::from(n.get());
+    let max_ahead = interval * i64::from(rate.burst.get());
+    let throttled = |retry_after| Throttled {
+        tenant: tenant.to_owned(),
+        rate,
+        asked: n.get(),
+        retry_after,
+    };
+    if cost > max_ahead {
+        return Ok(Err(throttled(None)));
+    }
+    let now_us = i64::try_from(now.as_micros()).unwrap_or(i64::MAX);
+    Ok(
+        match allowances
+            .advance("rate", tenant, now_us, cost, Some(max_ahead))
+            .await?
+        {
+            Advanced::Taken { .. } => Ok(()),
+            Advanced::Denied { tat_us } => {
+                let wait = tat_us.max(now_us) + cost - now_us - max_ahead;
+                Err(throttled(Some(Duration::from_micros(
+                    u64::try_from(wait).unwrap_or(0).max(1),
+                ))))
+            }
+        },
+    )
 }
 
 /// Commands the broker path holds back because their tenant is over its rate, unacknowledged,
@@ -228,13 +313,17 @@ impl<T> Held<T> {
 
     /// The commands at the front of each line that fit now, and how long until the next one
     /// does (None when nothing is held).
-    pub(crate) fn release(&mut self, throttle: &Throttle) -> (Vec<T>, Option<Duration>) {
+    pub(crate) async fn release(&mut self, throttle: &Throttle) -> (Vec<T>, Option<Duration>) {
         let mut ready = Vec::new();
         let mut next: Option<Duration> = None;
-        self.tenants.retain(|tenant, line| {
+        let tenants: Vec<String> = self.tenants.keys().cloned().collect();
+        for tenant in tenants {
+            let Some(line) = self.tenants.get_mut(&tenant) else {
+                continue;
+            };
             while let Some(front) = line.front() {
                 if front.schedule {
-                    if let Err(throttled) = throttle.take(tenant, 1) {
+                    if let Err(throttled) = throttle.take(&tenant, 1).await {
                         // A limit of at least 1 always fits one schedule at some point.
                         let wait = throttled
                             .retry_after
@@ -248,8 +337,10 @@ impl<T> Held<T> {
                     ready.push(held.item);
                 }
             }
-            !line.is_empty()
-        });
+            if line.is_empty() {
+                self.tenants.remove(&tenant);
+            }
+        }
         self.len -= ready.len();
         (ready, next)
     }
@@ -279,7 +370,7 @@ mod tests {
 
     fn throttle(config: RateLimits) -> (Arc<ManualClock>, Throttle) {
         let clock = Arc::new(ManualClock::new(Timestamp::from_millis(1_700_000_000_000)));
-        let throttle = Throttle::new(&config, clock.clone());
+        let throttle = Throttle::new(&config, clock.clone(), None);
         (clock, throttle)
     }
 
@@ -291,48 +382,48 @@ mod tests {
         }
     }
 
-    #[test]
-    fn no_limit_by_default() {
+    #[tokio::test]
+    async fn no_limit_by_default() {
         let (_, throttle) = throttle(RateLimits::default());
         for _ in 0..10_000 {
-            assert!(throttle.take("acme", 1).is_ok());
+            assert!(throttle.take("acme", 1).await.is_ok());
         }
     }
 
-    #[test]
-    fn a_tenant_gets_its_burst_then_its_rate() {
+    #[tokio::test]
+    async fn a_tenant_gets_its_burst_then_its_rate() {
         let (clock, throttle) = throttle(limits(10, 5));
         for _ in 0..5 {
-            assert!(throttle.take("acme", 1).is_ok());
+            assert!(throttle.take("acme", 1).await.is_ok());
         }
-        let over = throttle.take("acme", 1).unwrap_err();
+        let over = throttle.take("acme", 1).await.unwrap_err();
         assert_eq!(over.retry_after, Some(Duration::from_millis(100)));
         assert!(
             over.to_string().contains("10 schedules per second"),
             "{over}"
         );
         // Another tenant has its own allowance.
-        assert!(throttle.take("other", 5).is_ok());
+        assert!(throttle.take("other", 5).await.is_ok());
         clock.advance(Duration::from_millis(100));
-        assert!(throttle.take("acme", 1).is_ok());
-        assert!(throttle.take("acme", 1).is_err());
+        assert!(throttle.take("acme", 1).await.is_ok());
+        assert!(throttle.take("acme", 1).await.is_err());
     }
 
-    #[test]
-    fn more_than_the_burst_at_once_never_fits() {
+    #[tokio::test]
+    async fn more_than_the_burst_at_once_never_fits() {
         let (_, throttle) = throttle(limits(10, 0));
-        let never = throttle.take("acme", 11).unwrap_err();
+        let never = throttle.take("acme", 11).await.unwrap_err();
         assert_eq!(never.retry_after, None);
         assert!(
             never.to_string().contains("at most 10 at a time"),
             "{never}"
         );
         // Nothing was taken.
-        assert!(throttle.take("acme", 10).is_ok());
+        assert!(throttle.take("acme", 10).await.is_ok());
     }
 
-    #[test]
-    fn tenants_of_their_own_override_the_default() {
+    #[tokio::test]
+    async fn tenants_of_their_own_override_the_default() {
         let mut config = limits(1, 1);
         config.tenants.insert(
             "big".into(),
@@ -343,40 +434,40 @@ mod tests {
         );
         config.tenants.insert("free".into(), TenantRate::default());
         let (_, throttle) = throttle(config);
-        assert!(throttle.take("big", 100).is_ok());
-        assert!(throttle.take("big", 1).is_err());
-        assert!(throttle.take("free", 1_000_000).is_ok());
-        assert!(throttle.take("small", 1).is_ok());
-        assert!(throttle.take("small", 1).is_err());
+        assert!(throttle.take("big", 100).await.is_ok());
+        assert!(throttle.take("big", 1).await.is_err());
+        assert!(throttle.take("free", 1_000_000).await.is_ok());
+        assert!(throttle.take("small", 1).await.is_ok());
+        assert!(throttle.take("small", 1).await.is_err());
     }
 
-    #[test]
-    fn a_batch_counts_per_tenant() {
+    #[tokio::test]
+    async fn a_batch_counts_per_tenant() {
         let (_, throttle) = throttle(limits(2, 2));
-        assert!(throttle.take_all(["a", "b", "a", "b"]).is_ok());
-        let over = throttle.take_all(["b"]).unwrap_err();
+        assert!(throttle.take_all(["a", "b", "a", "b"]).await.is_ok());
+        let over = throttle.take_all(["b"]).await.unwrap_err();
         assert_eq!(over.tenant, "b");
     }
 
-    #[test]
-    fn held_commands_keep_their_order_per_tenant_and_others_pass() {
+    #[tokio::test]
+    async fn held_commands_keep_their_order_per_tenant_and_others_pass() {
         let (clock, throttle) = throttle(limits(1, 1));
         let mut held: Held<&str> = Held::default();
-        assert!(throttle.take("a", 1).is_ok());
+        assert!(throttle.take("a", 1).await.is_ok());
         held.push("a", "a-schedule-2", true, 2);
         held.push("a", "a-cancel-2", false, 3);
         held.push("a", "a-schedule-3", true, 4);
         assert!(held.holds("a") && !held.holds("b"));
         assert_eq!(held.len(), 3);
-        let (ready, next) = held.release(&throttle);
+        let (ready, next) = held.release(&throttle).await;
         assert!(ready.is_empty());
         assert_eq!(next, Some(Duration::from_secs(1)));
         clock.advance(Duration::from_secs(1));
-        let (ready, next) = held.release(&throttle);
+        let (ready, next) = held.release(&throttle).await;
         assert_eq!(ready, ["a-schedule-2", "a-cancel-2"]);
         assert_eq!(next, Some(Duration::from_secs(1)));
         clock.advance(Duration::from_secs(1));
-        let (ready, next) = held.release(&throttle);
+        let (ready, next) = held.release(&throttle).await;
         assert_eq!(ready, ["a-schedule-3"]);
         assert_eq!((next, held.len(), held.holds("a")), (None, 0, false));
     }
