@@ -28,8 +28,8 @@ pub use model::{
 };
 pub use plugin::{BrokerPlugin, StorePlugin};
 pub use store::{
-    Advanced, LeaseOwners, Membership, PageAfter, Settlement, SharedAllowances, Store, TakenOver,
-    TenantCounts, TenantSummary, TimerControl, TimerFilter, TimerHistory, TimerQueries,
+    LeaseOwners, Membership, PageAfter, Settlement, SharedAllowances, Store, Take, Taken,
+    TakenOver, TenantCounts, TenantSummary, TimerControl, TimerFilter, TimerHistory, TimerQueries,
 };
 pub use wire::{
     decode_command, decode_schedule, Command, DueTimeReachedEnvelope, Reason, Rejection,

@@ -167,38 +167,47 @@ pub trait Store: Send + Sync + 'static {
     }
 }
 
-/// Allowances of a generic cell rate algorithm kept in the store, one row per kind (`rate`:
-/// schedules, `fire`: fires) and tenant, holding the allowance's theoretical arrival time (TAT)
-/// in microseconds since the epoch. The engine does the arithmetic (`engine/throttle.rs`,
-/// `engine/pace.rs`); the store only moves a TAT atomically, so instances never take the same
-/// room twice.
+/// Allowances of a generic cell rate algorithm kept in the store, one per kind (`rate`:
+/// schedules, `fire`: fires) and tenant, each a theoretical arrival time (TAT) in microseconds
+/// since the epoch. The engine decides what to ask (`engine/throttle.rs`, `engine/pace.rs`); the
+/// store takes cells atomically, so instances never take the same room twice.
 #[async_trait]
 pub trait SharedAllowances: Send + Sync {
-    /// Atomically: `start = max(tat, now_us)`; if `max_ahead_us` is `None` or
-    /// `start + cost_us - now_us <= max_ahead_us`, sets `tat = start + cost_us` and returns
-    /// [`Advanced::Taken`] with `start`; otherwise changes nothing and returns
-    /// [`Advanced::Denied`] with the TAT as it is. A missing allowance counts as `tat = now_us`.
-    async fn advance(
-        &self,
-        kind: &str,
-        tenant: &str,
-        now_us: i64,
-        cost_us: i64,
-        max_ahead_us: Option<i64>,
-    ) -> Result<Advanced>;
+    /// Atomically: `start = max(tat, now)`; takes `k` cells, as many of `n` as keep
+    /// `start + k × cell` at most `max_ahead` past now (all `n` without `max_ahead`: reserved
+    /// turns), or none unless all fit when `all`; the TAT becomes `start + k × cell`. A missing
+    /// allowance counts as `tat = now`.
+    async fn take(&self, take: &Take<'_>) -> Result<Taken>;
 
     /// Deletes the allowances whose TAT is before `before_us` (full again, so the same as
     /// missing); returns how many.
     async fn forget(&self, before_us: i64) -> Result<u64>;
 }
 
-/// What [`SharedAllowances::advance`] did.
+/// What [`SharedAllowances::take`] asks for.
+#[derive(Debug, Clone, Copy)]
+pub struct Take<'a> {
+    pub kind: &'a str,
+    pub tenant: &'a str,
+    pub now_us: i64,
+    /// The cost of one cell: `1 / rate`.
+    pub cell_us: i64,
+    pub n: u32,
+    /// How far past now the TAT may go: `burst` cells. `None`: no bound.
+    pub max_ahead_us: Option<i64>,
+    /// All `n` or none.
+    pub all: bool,
+}
+
+/// What [`SharedAllowances::take`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Advanced {
-    /// Taken: the allowance's TAT was `start` (at least now) before this cost was added.
-    Taken { start_us: i64 },
-    /// Not taken; the allowance's TAT.
-    Denied { tat_us: i64 },
+pub struct Taken {
+    /// Cells taken.
+    pub taken: u32,
+    /// The TAT they started from (at least now).
+    pub start_us: i64,
+    /// The TAT after.
+    pub tat_us: i64,
 }
 
 /// The four ability accessors of a store that implements the abilities itself, written in its

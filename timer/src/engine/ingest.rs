@@ -5,6 +5,7 @@
 //! A schedule of a tenant over its rate limit (`limits.rate`) is held back, unacknowledged,
 //! with every later command of that tenant; the other tenants' commands go on.
 
+use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
@@ -73,6 +74,17 @@ fn bound_to(delivery: &Delivery, command: Command) -> Result<Command, Rejection>
     ))
 }
 
+/// Takes one of the schedules `tenant` was granted for this batch; false when none is left.
+fn take_granted(granted: &mut HashMap<String, u32>, tenant: &str) -> bool {
+    match granted.get_mut(tenant) {
+        Some(left) if *left > 0 => {
+            *left -= 1;
+            true
+        }
+        _ => false,
+    }
+}
+
 /// How often the tenants' allowances of the rate limit are tidied up.
 const FORGET_IDLE_EVERY: Duration = Duration::from_secs(60);
 
@@ -117,9 +129,28 @@ impl Engine {
                 Some(Some(deliveries)) => deliveries,
                 Some(None) | None => break,
             };
-            let mut ready = Vec::with_capacity(deliveries.len());
-            for delivery in deliveries {
-                let mut admitted = self.admitted(delivery);
+            let admitted: Vec<Admitted> =
+                deliveries.into_iter().map(|d| self.admitted(d)).collect();
+            // The schedules of each tenant not held already take from its allowance at once
+            // (one call of the store per tenant when the allowances are shared); a schedule
+            // beyond what it got is held with every later command of its tenant.
+            let mut asked: BTreeMap<&str, u32> = BTreeMap::new();
+            for a in &admitted {
+                if let (Some(tenant), Ok(Command::Schedule(_))) = (a.tenant(), &a.command) {
+                    if !held.holds(tenant) {
+                        *asked.entry(tenant).or_default() += 1;
+                    }
+                }
+            }
+            let mut granted: HashMap<String, u32> = HashMap::with_capacity(asked.len());
+            for (tenant, n) in asked {
+                granted.insert(
+                    tenant.to_owned(),
+                    inner.throttle.take_up_to(tenant, n).await,
+                );
+            }
+            let mut ready = Vec::with_capacity(admitted.len());
+            for mut admitted in admitted {
                 if let Some(refusal) = admitted
                     .tenant()
                     .and_then(|tenant| self.over_held_share(&held, tenant))
@@ -133,13 +164,12 @@ impl Engine {
                 let schedule = matches!(admitted.command, Ok(Command::Schedule(_)));
                 // Behind its tenant's held commands, whatever it is; a schedule also when it is
                 // over its tenant's rate.
-                let hold = match admitted.tenant() {
-                    Some(tenant) if held.holds(tenant) => Some(tenant.to_owned()),
-                    Some(tenant) if schedule && inner.throttle.take(tenant, 1).await.is_err() => {
-                        Some(tenant.to_owned())
-                    }
-                    _ => None,
-                };
+                let hold = admitted
+                    .tenant()
+                    .filter(|tenant| {
+                        held.holds(tenant) || (schedule && !take_granted(&mut granted, tenant))
+                    })
+                    .map(str::to_owned);
                 match hold {
                     None => ready.push(admitted),
                     Some(tenant) => {

@@ -15,7 +15,7 @@ use tracing::warn;
 
 use crate::config::FireRateLimits;
 use crate::model::{TimerKey, Timestamp};
-use crate::store::{Advanced, Store};
+use crate::store::{Store, Take};
 
 /// Turns further back than this are forgotten when the map is swept (the timer was cancelled,
 /// rescheduled, or claimed elsewhere).
@@ -95,8 +95,8 @@ impl Pace {
             };
             let interval = 1_000_000 / i64::from(per_second).max(1);
             let now_us = now_ms.saturating_mul(1_000);
-            let n = indexes.len() as i64;
-            let start = self.reserve(tenant, n * interval, now_us).await;
+            let n = u32::try_from(indexes.len()).unwrap_or(u32::MAX);
+            let start = self.reserve(tenant, n, interval, now_us).await;
             let mut state = self.state();
             for (k, i) in indexes.into_iter().enumerate() {
                 // The k-th cell may go once the allowance is no more than a burst ahead.
@@ -114,17 +114,22 @@ impl Pace {
         out
     }
 
-    /// Reserves `cost_us` of `tenant`'s allowance; returns where the reservation starts. Kept in
-    /// the store when shared; here when not, or when the store cannot be reached (a warning:
-    /// the instance paces alone meanwhile).
-    async fn reserve(&self, tenant: &str, cost_us: i64, now_us: i64) -> i64 {
+    /// Reserves `n` cells of `cell_us` of `tenant`'s allowance; returns where the reservation
+    /// starts. Kept in the store when shared; here when not, or when the store cannot be reached
+    /// (a warning: the instance paces alone meanwhile).
+    async fn reserve(&self, tenant: &str, n: u32, cell_us: i64, now_us: i64) -> i64 {
         if let Some(allowances) = self.shared.as_deref().and_then(|s| s.shared_allowances()) {
-            match allowances
-                .advance("fire", tenant, now_us, cost_us, None)
-                .await
-            {
-                Ok(Advanced::Taken { start_us }) => return start_us,
-                Ok(Advanced::Denied { tat_us }) => return tat_us.max(now_us),
+            let take = Take {
+                kind: "fire",
+                tenant,
+                now_us,
+                cell_us,
+                n,
+                max_ahead_us: None,
+                all: true,
+            };
+            match allowances.take(&take).await {
+                Ok(taken) => return taken.start_us,
                 Err(e) => warn!(
                     tenant,
                     error = %e.chain(),
@@ -135,7 +140,7 @@ impl Pace {
         let mut state = self.state();
         let tat = state.tat.entry(tenant.to_owned()).or_insert(now_us);
         let start = (*tat).max(now_us);
-        *tat = start + cost_us;
+        *tat = start + i64::from(n) * cell_us;
         start
     }
 }

@@ -21,7 +21,7 @@ use tracing::warn;
 
 use crate::clock::Clock;
 use crate::config::RateLimits;
-use crate::store::{Advanced, SharedAllowances, Store};
+use crate::store::{SharedAllowances, Store, Take};
 
 /// The engine's clock as governor reads it: time since the epoch (never before it).
 #[derive(Clone)]
@@ -167,6 +167,38 @@ impl Throttle {
         self.take_here(tenant, n)
     }
 
+    /// Takes as many of `n` schedules of `tenant` as fit now (the broker path, which holds the
+    /// rest): one call of the store for them all when the allowances are shared.
+    pub(crate) async fn take_up_to(&self, tenant: &str, n: u32) -> u32 {
+        let Some(rate) = self.rate_of(tenant) else {
+            return n;
+        };
+        if let Some(allowances) = self.shared.as_deref().and_then(|s| s.shared_allowances()) {
+            let cell = cell_us(rate);
+            let take = Take {
+                kind: "rate",
+                tenant,
+                now_us: micros(self.clock.now()),
+                cell_us: cell,
+                n,
+                max_ahead_us: Some(cell * i64::from(rate.burst.get())),
+                all: false,
+            };
+            match allowances.take(&take).await {
+                Ok(taken) => return taken.taken,
+                Err(e) => warn!(
+                    tenant,
+                    error = %e.chain(),
+                    "taking from the shared allowance failed; this instance limits alone"
+                ),
+            }
+        }
+        let one = NonZeroU32::MIN;
+        (0..n)
+            .take_while(|_| self.take_here(tenant, one).is_ok())
+            .count() as u32
+    }
+
     /// [`Throttle::take`] from this instance's own limiters.
     fn take_here(&self, tenant: &str, n: NonZeroU32) -> Result<(), Throttled> {
         let (rate, checked) = match (self.own.get(tenant), &self.default) {
@@ -211,16 +243,16 @@ impl Throttle {
             limiter.retain_recent();
         }
         if let Some(allowances) = self.shared.as_deref().and_then(|s| s.shared_allowances()) {
-            let now_us = i64::try_from(self.clock.now().as_micros()).unwrap_or(i64::MAX);
-            if let Err(e) = allowances.forget(now_us).await {
+            if let Err(e) = allowances.forget(micros(self.clock.now())).await {
                 warn!(error = %e.chain(), "forgetting full shared allowances failed");
             }
         }
     }
 }
 
-/// Takes `n` schedules of `tenant` at `rate` from the store's shared allowance: a cell costs
-/// `1 / per_second`, and they fit while the allowance is at most `burst` cells ahead of now.
+/// Takes `n` schedules of `tenant` at `rate` from the store's shared allowance, all or none:
+/// a cell costs `1 / per_second`, and cells fit while the allowance is at most `burst` cells
+/// ahead of now.
 async fn take_shared(
     allowances: &dyn SharedAllowances,
     tenant: &str,
@@ -228,9 +260,9 @@ async fn take_shared(
     rate: Rate,
     now: Duration,
 ) -> crate::Result<Result<(), Throttled>> {
-    let interval = 1_000_000 / i64::from(rate.per_second.get());
-    let cost = interval * i64::from(n.get());
-    let max_ahead = interval * i64::from(rate.burst.get());
+    let cell = cell_us(rate);
+    let cost = cell * i64::from(n.get());
+    let max_ahead = cell * i64::from(rate.burst.get());
     let throttled = |retry_after| Throttled {
         tenant: tenant.to_owned(),
         rate,
@@ -240,21 +272,34 @@ async fn take_shared(
     if cost > max_ahead {
         return Ok(Err(throttled(None)));
     }
-    let now_us = i64::try_from(now.as_micros()).unwrap_or(i64::MAX);
-    Ok(
-        match allowances
-            .advance("rate", tenant, now_us, cost, Some(max_ahead))
-            .await?
-        {
-            Advanced::Taken { .. } => Ok(()),
-            Advanced::Denied { tat_us } => {
-                let wait = tat_us.max(now_us) + cost - now_us - max_ahead;
-                Err(throttled(Some(Duration::from_micros(
-                    u64::try_from(wait).unwrap_or(0).max(1),
-                ))))
-            }
-        },
-    )
+    let now_us = micros(now);
+    let taken = allowances
+        .take(&Take {
+            kind: "rate",
+            tenant,
+            now_us,
+            cell_us: cell,
+            n: n.get(),
+            max_ahead_us: Some(max_ahead),
+            all: true,
+        })
+        .await?;
+    if taken.taken >= n.get() {
+        return Ok(Ok(()));
+    }
+    let wait = taken.start_us + cost - now_us - max_ahead;
+    Ok(Err(throttled(Some(Duration::from_micros(
+        u64::try_from(wait).unwrap_or(0).max(1),
+    )))))
+}
+
+/// The cost of one cell at `rate`, in microseconds.
+fn cell_us(rate: Rate) -> i64 {
+    1_000_000 / i64::from(rate.per_second.get())
+}
+
+fn micros(d: Duration) -> i64 {
+    i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
 }
 
 /// Commands the broker path holds back because their tenant is over its rate, unacknowledged,
