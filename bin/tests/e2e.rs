@@ -968,6 +968,30 @@ async fn bench_runs_every_workload_at_a_tiny_size() {
             );
         }
     }
+    let (code, out, err) = run_cli(
+        dir.path(),
+        &[
+            "bench",
+            "--workload",
+            "fairness",
+            "--timers",
+            "200",
+            "--over",
+            "300ms",
+            "--runs",
+            "1",
+            "--json",
+        ],
+        &[],
+    )
+    .await;
+    assert_eq!(code, 0, "fairness: {err}");
+    let figures: Vec<Value> = serde_json::from_str(&out).expect("JSON");
+    let metric = |name: &str| median(&figures, Some("fairness"), name);
+    assert_eq!(metric("missing"), Some(0.0), "{out}");
+    assert_eq!(metric("duplicates"), Some(0.0), "{out}");
+    assert!(metric("herd fires/s").is_some_and(|n| n > 0.0), "{out}");
+    assert!(metric("others p99").is_some(), "{out}");
     assert!(
         std::fs::read_dir(dir.path()).expect("dir").next().is_none(),
         "the bench leaves no database behind in the working directory"
@@ -1532,13 +1556,7 @@ async fn bulk_pause_of_100k_timers_goes_in_pages_and_none_fires() {
         let commands: Vec<Value> = (first..first + 1000)
             .map(|i| json!({"tenantId": "bulk", "serviceCallId": format!("t{i:06}"), "dueTimeMs": due + i as i64}))
             .collect();
-        let (status, v) = service
-            .post(
-                "/v1/timers/batch",
-                json!({ "commands": commands }).to_string(),
-            )
-            .await;
-        assert_eq!(status, 200, "{v}");
+        service.schedule_batch(&commands).await;
     }
     let pause = json!({"action": "pause", "filter": {"state": ["scheduled"], "prefix": "t"}, "note": "maintenance"});
     let (status, v) = service
@@ -1556,13 +1574,7 @@ async fn bulk_pause_of_100k_timers_goes_in_pages_and_none_fires() {
     let commands: Vec<Value> = (0..1000)
         .map(|i| json!({"tenantId": "bulk", "serviceCallId": format!("t{i:06}"), "dueTimeMs": now}))
         .collect();
-    let (status, v) = service
-        .post(
-            "/v1/timers/batch",
-            json!({ "commands": commands }).to_string(),
-        )
-        .await;
-    assert_eq!(status, 200, "{v}");
+    service.schedule_batch(&commands).await;
     service
         .post("/v1/timers", command("other", "sentinel", now + 500))
         .await;
@@ -1645,13 +1657,7 @@ async fn a_bulk_resume_of_long_paused_series_does_not_stall_the_others() {
     let series: Vec<Value> = (0..SERIES)
         .map(|i| json!({"tenantId": "noisy", "serviceCallId": format!("s{i:04}"), "cron": "0 0 0 1 1 *"}))
         .collect();
-    let (status, v) = service
-        .post(
-            "/v1/timers/batch",
-            json!({ "commands": series }).to_string(),
-        )
-        .await;
-    assert_eq!(status, 200, "{v}");
+    service.schedule_batch(&series).await;
     let pause = json!({"action": "pause", "filter": {}});
     let (_, v) = service
         .post("/v1/tenants/noisy/timers/bulk", pause.to_string())

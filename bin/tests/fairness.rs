@@ -97,7 +97,7 @@ async fn a_herd_does_not_make_other_tenants_late(services: &[Service]) {
             others.push(json!({"tenantId": tenant, "serviceCallId": format!("o{k:03}"), "dueTimeMs": due + 20 + k * EVERY_MS}));
         }
     }
-    post_batch(&services[0], others.clone()).await;
+    services[0].schedule_batch(&others).await;
     let batches: Vec<Vec<Value>> = (0..HERD)
         .step_by(1_000)
         .map(|first| {
@@ -113,9 +113,9 @@ async fn a_herd_does_not_make_other_tenants_late(services: &[Service]) {
         if round.is_empty() {
             break;
         }
-        let sends = round
-            .into_iter()
-            .map(|(i, batch)| post_batch(&services[i % services.len()], batch));
+        let sends = round.into_iter().map(|(i, batch)| async move {
+            services[i % services.len()].schedule_batch(&batch).await
+        });
         futures::future::join_all(sends).await;
     }
     let took = now_ms() - (due - lead_ms);
@@ -188,14 +188,4 @@ async fn a_herd_does_not_make_other_tenants_late(services: &[Service]) {
         let (status, _) = service.get("/readyz").await;
         assert_eq!(status, 200);
     }
-}
-
-async fn post_batch(service: &Service, commands: Vec<Value>) {
-    let (status, v) = service
-        .post(
-            "/v1/timers/batch",
-            json!({ "commands": commands }).to_string(),
-        )
-        .await;
-    assert_eq!(status, 200, "{v}");
 }

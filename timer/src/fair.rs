@@ -128,8 +128,10 @@ impl FairShare {
         after: &str,
     ) -> Result<Vec<ClaimedTimer>> {
         let visited = steps.visit_tenants(now, after, limit).await?;
+        // Stopped at its bound: more tenants may have due timers, after the last one visited.
+        let cut = visited.len() >= limit;
         let next = match visited.last() {
-            Some(last) if visited.len() >= limit => last.tenant.clone(),
+            Some(last) if cut => last.tenant.clone(),
             _ => String::new(),
         };
         self.update(|c| c.after = next);
@@ -139,7 +141,8 @@ impl FairShare {
             .map(|v| v.tenant)
             .collect();
         let mut claimed = Vec::new();
-        if due.len() > 1 {
+        // One due tenant among all of them: the fill takes its earliest anyway, cheaper.
+        if due.len() > 1 || (cut && !due.is_empty()) {
             claimed = steps
                 .claim_of_tenants(now, &shares(due, limit), lease)
                 .await?;

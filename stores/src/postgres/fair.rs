@@ -1,12 +1,10 @@
 //! The steps of a fair claim ([`timer_core::fair`]) on PostgreSQL: the earliest rows and the
 //! tenant visit are the shared statements; the shares of all tenants are one statement.
 
-use async_trait::async_trait;
-use timer_core::fair::{FairSteps, Visited};
 use timer_core::{ClaimedTimer, Lease, Result, Timestamp};
 
 use super::{db_err, PostgresStore};
-use crate::sql::{SqlAbilities, TimerRow};
+use crate::sql::TimerRow;
 
 /// Leases up to its share (`$5`) of claimable rows of each tenant of `$4`, each one's earliest
 /// first (a lateral probe of `timers_tenant_claimable` per tenant; SKIP LOCKED as the plain
@@ -28,27 +26,11 @@ const CLAIM_OF_TENANTS: &str =
                t.correlation_id, t.payload, t.attempts, t.revision, t.recurrence, \
                t.occurrences, t.policy, t.work";
 
-#[async_trait]
-impl FairSteps for PostgresStore {
-    async fn claim_earliest(
-        &self,
-        now: Timestamp,
-        limit: usize,
-        lease: &Lease,
-    ) -> Result<Vec<ClaimedTimer>> {
-        self.writes().claim(now, limit, lease).await
-    }
+crate::sql::sql_fair_steps!(PostgresStore);
 
-    async fn visit_tenants(
-        &self,
-        now: Timestamp,
-        after: &str,
-        visits: usize,
-    ) -> Result<Vec<Visited>> {
-        self.writes().visit_tenants(now, after, visits).await
-    }
-
-    async fn claim_of_tenants(
+impl PostgresStore {
+    /// [`FairSteps::claim_of_tenants`](timer_core::fair::FairSteps::claim_of_tenants).
+    pub(crate) async fn claim_shares(
         &self,
         now: Timestamp,
         shares: &[(String, usize)],

@@ -118,3 +118,46 @@ macro_rules! sql_abilities {
 }
 
 pub(crate) use sql_abilities;
+
+/// [`FairSteps`](timer_core::fair::FairSteps) for `$store`, a [`SqlAbilities`]: the earliest
+/// rows and the tenant visit are the shared statements on its writes; the shares are its own
+/// `claim_shares` (one statement on PostgreSQL, one per tenant on SQLite).
+macro_rules! sql_fair_steps {
+    ($store:ty) => {
+        #[async_trait::async_trait]
+        impl timer_core::fair::FairSteps for $store {
+            async fn claim_earliest(
+                &self,
+                now: timer_core::Timestamp,
+                limit: usize,
+                lease: &timer_core::Lease,
+            ) -> timer_core::Result<Vec<timer_core::ClaimedTimer>> {
+                <$store as $crate::sql::SqlAbilities>::writes(self)
+                    .claim(now, limit, lease)
+                    .await
+            }
+
+            async fn visit_tenants(
+                &self,
+                now: timer_core::Timestamp,
+                after: &str,
+                visits: usize,
+            ) -> timer_core::Result<Vec<timer_core::fair::Visited>> {
+                <$store as $crate::sql::SqlAbilities>::writes(self)
+                    .visit_tenants(now, after, visits)
+                    .await
+            }
+
+            async fn claim_of_tenants(
+                &self,
+                now: timer_core::Timestamp,
+                shares: &[(String, usize)],
+                lease: &timer_core::Lease,
+            ) -> timer_core::Result<Vec<timer_core::ClaimedTimer>> {
+                self.claim_shares(now, shares, lease).await
+            }
+        }
+    };
+}
+
+pub(crate) use sql_fair_steps;

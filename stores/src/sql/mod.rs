@@ -42,7 +42,7 @@ mod writes;
 use sqlx::{Database, Decode, Encode, Executor, IntoArguments, Pool, Type};
 use timer_core::{Change, Error, ErrorKind, TimerKey, Timestamp};
 
-pub(crate) use abilities::{sql_abilities, SqlAbilities};
+pub(crate) use abilities::{sql_abilities, sql_fair_steps, SqlAbilities};
 pub(crate) use row::TimerRow;
 pub(crate) use writes::settle_step;
 

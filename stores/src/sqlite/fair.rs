@@ -2,12 +2,10 @@
 //! visit are the shared statements; a share of each tenant is one statement per tenant, all in
 //! one write transaction.
 
-use async_trait::async_trait;
-use timer_core::fair::{FairSteps, Visited};
 use timer_core::{ClaimedTimer, Lease, Result, Timestamp};
 
 use super::{db_err, SqliteStore};
-use crate::sql::{self, SqlAbilities, TimerRow};
+use crate::sql::{self, TimerRow};
 
 /// Leases up to `?4` claimable rows of tenant `?5`, its earliest first (through
 /// `timers_tenant_claimable`). Parameters 1 to 3 as [`Dialect::CLAIM`](crate::sql::Dialect).
@@ -19,27 +17,11 @@ const CLAIM_OF_TENANT: &str =
      RETURNING tenant_id, service_call_id, due_at, registered_at, correlation_id, payload, \
                attempts, revision, recurrence, occurrences, policy, work";
 
-#[async_trait]
-impl FairSteps for SqliteStore {
-    async fn claim_earliest(
-        &self,
-        now: Timestamp,
-        limit: usize,
-        lease: &Lease,
-    ) -> Result<Vec<ClaimedTimer>> {
-        self.writes().claim(now, limit, lease).await
-    }
+crate::sql::sql_fair_steps!(SqliteStore);
 
-    async fn visit_tenants(
-        &self,
-        now: Timestamp,
-        after: &str,
-        visits: usize,
-    ) -> Result<Vec<Visited>> {
-        self.writes().visit_tenants(now, after, visits).await
-    }
-
-    async fn claim_of_tenants(
+impl SqliteStore {
+    /// [`FairSteps::claim_of_tenants`](timer_core::fair::FairSteps::claim_of_tenants).
+    pub(crate) async fn claim_shares(
         &self,
         now: Timestamp,
         shares: &[(String, usize)],

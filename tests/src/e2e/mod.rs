@@ -234,6 +234,14 @@ impl Service {
             .expect("POST")
     }
 
+    /// `POST /v1/timers/batch` of `commands`, which must be accepted (200); its answer.
+    pub async fn schedule_batch(&self, commands: &[Value]) -> Value {
+        let body = serde_json::json!({ "commands": commands }).to_string();
+        let (status, v) = self.post("/v1/timers/batch", body).await;
+        assert_eq!(status, 200, "the batch was refused: {v}");
+        v
+    }
+
     pub async fn get(&self, path: &str) -> (u16, Value) {
         self.send(reqwest::Method::GET, path, None)
             .await

@@ -226,3 +226,23 @@ fn shares_add_up_to_the_limit() {
     assert_eq!(of(4, 4), [1, 1, 1, 1]);
     assert_eq!(of(16, 500).iter().sum::<usize>(), 500);
 }
+
+#[tokio::test]
+async fn a_claim_of_one_still_goes_round_the_tenants() {
+    // Three tenants of three due rows each; every claim takes one.
+    let rows: Vec<(i64, &str, &str)> = ["t1", "t2", "t3"]
+        .iter()
+        .flat_map(|t| [(0, *t, "a"), (1, *t, "b"), (2, *t, "c")])
+        .collect();
+    let model = Model::with(&rows);
+    let fair = FairShare::new();
+    let now = Timestamp::from_millis(100);
+    let mut tenants = Vec::new();
+    for _ in 0..4 {
+        for c in fair.claim(&model, now, 1, &lease()).await.unwrap() {
+            tenants.push(c.key.tenant_id);
+        }
+    }
+    // The first is the earliest of all (t1); then one tenant a claim, in turn.
+    assert_eq!(tenants, ["t1", "t1", "t2", "t3"]);
+}
