@@ -132,27 +132,14 @@ impl RateLimits {
         if self.max_held == 0 {
             return bad("limits.rate.max_held".into(), "must be at least 1");
         }
-        let rates = std::iter::once((
-            "limits.rate".to_owned(),
-            self.schedules_per_second,
-            self.burst,
-        ))
-        .chain(self.tenants.iter().map(|(tenant, rate)| {
-            (
-                format!("limits.rate.tenants.{tenant:?}"),
-                rate.schedules_per_second,
-                rate.burst,
-            )
-        }));
-        for (key, per_second, burst) in rates {
-            if per_second == 0 && burst > 0 {
-                return bad(
-                    format!("{key}.burst"),
-                    "is set, but schedules_per_second is 0 (no limit): set both",
-                );
-            }
-        }
-        Ok(())
+        check_bursts(
+            "limits.rate",
+            "schedules_per_second",
+            (self.schedules_per_second, self.burst),
+            self.tenants
+                .iter()
+                .map(|(t, rate)| (t, rate.schedules_per_second, rate.burst)),
+        )
     }
 }
 
@@ -189,29 +176,38 @@ pub struct TenantFireRate {
     pub burst: u32,
 }
 
+/// A burst without a rate cannot mean what it says: for `table` (`limits.rate`) and each of its
+/// tenants, refuses a `burst` where `per_second` (named `rate_key`) is 0, naming the key.
+fn check_bursts<'a>(
+    table: &str,
+    rate_key: &str,
+    (per_second, burst): (u32, u32),
+    tenants: impl Iterator<Item = (&'a String, u32, u32)>,
+) -> crate::Result<()> {
+    let rates = std::iter::once((table.to_owned(), per_second, burst)).chain(tenants.map(
+        |(tenant, per_second, burst)| (format!("{table}.tenants.{tenant:?}"), per_second, burst),
+    ));
+    for (key, per_second, burst) in rates {
+        if per_second == 0 && burst > 0 {
+            return Err(crate::Error::config(format!(
+                "{key}.burst is set, but {rate_key} is 0 (no limit): set both"
+            )));
+        }
+    }
+    Ok(())
+}
+
 impl FireRateLimits {
     /// Checks settings that cannot mean what they say; names the key.
     pub fn check(&self) -> crate::Result<()> {
-        let rates = std::iter::once((
-            "limits.fire_rate".to_owned(),
-            self.fires_per_second,
-            self.burst,
-        ))
-        .chain(self.tenants.iter().map(|(tenant, rate)| {
-            (
-                format!("limits.fire_rate.tenants.{tenant:?}"),
-                rate.fires_per_second,
-                rate.burst,
-            )
-        }));
-        for (key, per_second, burst) in rates {
-            if per_second == 0 && burst > 0 {
-                return Err(crate::Error::config(format!(
-                    "{key}.burst is set, but fires_per_second is 0 (no limit): set both"
-                )));
-            }
-        }
-        Ok(())
+        check_bursts(
+            "limits.fire_rate",
+            "fires_per_second",
+            (self.fires_per_second, self.burst),
+            self.tenants
+                .iter()
+                .map(|(t, rate)| (t, rate.fires_per_second, rate.burst)),
+        )
     }
 
     /// `tenant`'s rate as (fires per second, burst), burst at least 1; `None`: no limit.
@@ -409,6 +405,39 @@ pub mod duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fire_rate_check_names_the_key_and_a_tenant_overrides_the_default() {
+        assert!(FireRateLimits::default().check().is_ok());
+        assert_eq!(FireRateLimits::default().of("acme"), None);
+        let mut limits = FireRateLimits {
+            fires_per_second: 0,
+            burst: 10,
+            tenants: BTreeMap::new(),
+        };
+        let e = limits.check().unwrap_err().to_string();
+        assert!(
+            e.contains("limits.fire_rate.burst is set, but fires_per_second is 0"),
+            "{e}"
+        );
+        limits.fires_per_second = 100;
+        limits.burst = 0;
+        limits.tenants.insert(
+            "slow".into(),
+            TenantFireRate {
+                fires_per_second: 5,
+                burst: 0,
+            },
+        );
+        limits
+            .tenants
+            .insert("free".into(), TenantFireRate::default());
+        assert!(limits.check().is_ok());
+        // A burst of 0 is one second's worth; a tenant of its own, or none.
+        assert_eq!(limits.of("acme"), Some((100, 100)));
+        assert_eq!(limits.of("slow"), Some((5, 5)));
+        assert_eq!(limits.of("free"), None);
+    }
 
     #[test]
     fn rate_check_names_the_key() {
