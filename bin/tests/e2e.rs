@@ -905,20 +905,27 @@ fn median(figures: &[Value], workload: Option<&str>, metric: &str) -> Option<f64
         .and_then(|f| f["median"].as_f64())
 }
 
+/// `timer-service bench ARGS --runs 1 --json` in `dir`, which must succeed: its figures.
+async fn bench_figures(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> (Vec<Value>, String) {
+    let mut all = vec!["bench"];
+    all.extend_from_slice(args);
+    all.extend_from_slice(&["--runs", "1", "--json"]);
+    let (code, out, err) = run_cli(dir, &all, env).await;
+    assert_eq!(code, 0, "bench {args:?}: {err}");
+    let figures = serde_json::from_str(&out).expect("bench --json prints JSON");
+    (figures, out)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bench_runs_every_workload_at_a_tiny_size() {
     let dir = tempfile::tempdir().expect("tempdir");
     for store in ["memory", "sqlite"] {
-        let (code, out, err) = run_cli(
+        let (figures, out) = bench_figures(
             dir.path(),
-            &[
-                "bench", "--timers", "50", "--over", "500ms", "--runs", "1", "--json",
-            ],
+            &["--timers", "50", "--over", "500ms"],
             &[("TIMER_STORE__KIND", store)],
         )
         .await;
-        assert_eq!(code, 0, "{store}: {err}");
-        let figures: Vec<Value> = serde_json::from_str(&out).expect("bench --json prints JSON");
         let get = |workload: &str, metric: &str| {
             median(&figures, Some(workload), metric)
                 .unwrap_or_else(|| panic!("{store}: no {workload}/{metric} in {out}"))
@@ -935,27 +942,17 @@ async fn bench_runs_every_workload_at_a_tiny_size() {
             .all(|f| f["store"] == store && f["broker"] == "memory"));
     }
     for workload in ["pending", "restart"] {
-        let (code, out, err) = run_cli(
-            dir.path(),
-            &[
-                "bench",
-                "--workload",
-                workload,
-                "--pending",
-                "500",
-                "--timers",
-                "20",
-                "--over",
-                "300ms",
-                "--runs",
-                "1",
-                "--json",
-            ],
-            &[],
-        )
-        .await;
-        assert_eq!(code, 0, "{workload}: {err}");
-        let figures: Vec<Value> = serde_json::from_str(&out).expect("JSON");
+        let args = [
+            "--workload",
+            workload,
+            "--pending",
+            "500",
+            "--timers",
+            "20",
+            "--over",
+            "300ms",
+        ];
+        let (figures, out) = bench_figures(dir.path(), &args, &[]).await;
         let metric = |name: &str| median(&figures, None, name);
         assert_eq!(metric("pending timers"), Some(500.0), "{out}");
         if workload == "pending" {
@@ -968,25 +965,15 @@ async fn bench_runs_every_workload_at_a_tiny_size() {
             );
         }
     }
-    let (code, out, err) = run_cli(
-        dir.path(),
-        &[
-            "bench",
-            "--workload",
-            "fairness",
-            "--timers",
-            "200",
-            "--over",
-            "300ms",
-            "--runs",
-            "1",
-            "--json",
-        ],
-        &[],
-    )
-    .await;
-    assert_eq!(code, 0, "fairness: {err}");
-    let figures: Vec<Value> = serde_json::from_str(&out).expect("JSON");
+    let args = [
+        "--workload",
+        "fairness",
+        "--timers",
+        "200",
+        "--over",
+        "300ms",
+    ];
+    let (figures, out) = bench_figures(dir.path(), &args, &[]).await;
     let metric = |name: &str| median(&figures, Some("fairness"), name);
     assert_eq!(metric("missing"), Some(0.0), "{out}");
     assert_eq!(metric("duplicates"), Some(0.0), "{out}");
