@@ -246,3 +246,51 @@ async fn a_claim_of_one_still_goes_round_the_tenants() {
     // The first is the earliest of all (t1); then one tenant a claim, in turn.
     assert_eq!(tenants, ["t1", "t1", "t2", "t3"]);
 }
+
+/// A store whose fill fails: the shares it leased still come back.
+struct FillFails(Model);
+
+#[async_trait]
+impl FairSteps for FillFails {
+    async fn claim_earliest(&self, _: Timestamp, _: usize, _: &Lease) -> Result<Vec<ClaimedTimer>> {
+        Err(crate::error::Error::unavailable(
+            "injected: the fill failed",
+        ))
+    }
+
+    async fn visit_tenants(
+        &self,
+        now: Timestamp,
+        after: &str,
+        visits: usize,
+    ) -> Result<Vec<Visited>> {
+        self.0.visit_tenants(now, after, visits).await
+    }
+
+    async fn claim_of_tenants(
+        &self,
+        now: Timestamp,
+        shares: &[(String, usize)],
+        lease: &Lease,
+    ) -> Result<Vec<ClaimedTimer>> {
+        self.0.claim_of_tenants(now, shares, lease).await
+    }
+}
+
+#[tokio::test]
+async fn a_failed_fill_keeps_what_the_shares_leased() {
+    let store = FillFails(herd());
+    let fair = FairShare::new();
+    fair.update(|c| c.backlog = true);
+    let now = Timestamp::from_millis(100);
+    // big and small share 4; small has only 1, so 1 is left to the fill, which fails.
+    let claimed = fair
+        .claim(&store, now, 4, &lease())
+        .await
+        .expect("the shares");
+    assert_eq!(ids(&claimed), ["b01", "b02", "s1"]);
+    // Nothing leased at all: the error.
+    let empty = FillFails(Model::default());
+    let fair = FairShare::new();
+    assert!(fair.claim(&empty, now, 4, &lease()).await.is_err());
+}
