@@ -85,6 +85,8 @@ where
 }
 
 statements! {
+    /// [`FairSteps::claim_earliest`](timer_core::fair::FairSteps::claim_earliest): the rows in
+    /// the order the database returns them (`FairShare::claim` orders the whole claim).
     pub(crate) async fn claim(
         &self,
         now: Timestamp,
@@ -102,12 +104,9 @@ statements! {
             .fetch_all(self.pool)
             .await
             .map_err(|e| db_err::<D>("claiming due timers", e))?;
-        let mut claimed = rows
-            .iter()
+        rows.iter()
             .map(|row| TimerRow::<D>::of(row).claimed())
-            .collect::<Result<Vec<_>>>()?;
-        claimed.sort_by(|a, b| a.due_at.cmp(&b.due_at).then_with(|| a.key.cmp(&b.key)));
-        Ok(claimed)
+            .collect()
     }
 
     /// [`FairSteps::visit_tenants`](timer_core::fair::FairSteps::visit_tenants) ([`VISIT_TENANTS`]).

@@ -1,14 +1,13 @@
 //! Claiming and settling: claim order and exclusivity, leases running out, releases for a retry,
 //! failing, the next due time.
 
-use std::collections::HashSet;
 use std::sync::Arc;
 
 use timer_core::{NewTimer, ScheduleOutcome, Store, TimerState};
 
 use super::{
-    at, cancel, claim, fail, ids, mark_reached, next_due, put, release, row, schedule_and_claim,
-    scheduled_count, state_of, timer, T0, T0_MS,
+    at, cancel, claim, claim_all_concurrently, fail, ids, mark_reached, next_due, put, release,
+    row, schedule_and_claim, scheduled_count, state_of, timer, T0, T0_MS,
 };
 
 pub async fn no_refire_after_reached(store: Arc<dyn Store>) {
@@ -53,31 +52,8 @@ pub async fn claim_is_exclusive_under_concurrency(store: Arc<dyn Store>) {
         .map(|i| timer("t", &format!("c{i:05}"), T0_MS + (i % 50) as i64))
         .collect();
     put(store.as_ref(), &batch, T0).await;
-    let now = at(T0_MS + 100);
-    let mut tasks = Vec::new();
-    for worker in 0..8 {
-        let store = store.clone();
-        tasks.push(tokio::spawn(async move {
-            let owner = format!("w{worker}");
-            let mut mine = Vec::new();
-            loop {
-                let got = claim(store.as_ref(), now, 37, &owner, now.as_millis() + 60_000).await;
-                if got.is_empty() {
-                    return mine;
-                }
-                mine.extend(got.into_iter().map(|c| c.key));
-            }
-        }));
-    }
-    let mut seen = HashSet::new();
-    let mut total = 0;
-    for task in tasks {
-        for key in task.await.expect("claimer task") {
-            total += 1;
-            assert!(seen.insert(key.clone()), "{key} was claimed twice");
-        }
-    }
-    assert_eq!(total, N, "every due timer claimed exactly once");
+    let claimed = claim_all_concurrently(&store, 8, 37, at(T0_MS + 100)).await;
+    assert_eq!(claimed, N, "every due timer claimed exactly once");
 }
 
 pub async fn expired_lease_makes_row_claimable(store: Arc<dyn Store>) {

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use timer_core::{NewTimer, Store, TimerKey};
 
-use super::{at, claim, ids, put, timer, FreshStore, T0, T0_MS};
+use super::{at, claim, claim_all_concurrently, ids, put, timer, FreshStore, T0, T0_MS};
 
 /// `big` has `herd` timers due at T0 + 1 ms, + 2 ms, …; each of `small` one due after them all.
 async fn a_herd_and_small_tenants(s: &dyn Store, herd: usize, small: &[&str]) {
@@ -100,30 +100,9 @@ pub async fn fair_claims_are_exclusive_under_concurrency(store: Arc<dyn Store>) 
         })
         .collect();
     put(store.as_ref(), &batch, T0).await;
-    let now = at(T0_MS + 100);
-    let mut tasks = Vec::new();
-    for worker in 0..6 {
-        let store = store.clone();
-        tasks.push(tokio::spawn(async move {
-            let owner = format!("w{worker}");
-            let mut mine = Vec::new();
-            loop {
-                let got = claim(store.as_ref(), now, 23, &owner, now.as_millis() + 60_000).await;
-                if got.is_empty() {
-                    return mine;
-                }
-                mine.extend(got.into_iter().map(|c| c.key));
-            }
-        }));
-    }
-    let mut seen: HashSet<TimerKey> = HashSet::new();
-    for task in tasks {
-        for key in task.await.expect("claimer task") {
-            assert!(seen.insert(key.clone()), "{key} was claimed twice");
-        }
-    }
+    let claimed = claim_all_concurrently(&store, 6, 23, at(T0_MS + 100)).await;
     assert_eq!(
-        seen.len(),
+        claimed,
         TENANTS * EACH,
         "every due timer claimed exactly once"
     );

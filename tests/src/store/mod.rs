@@ -217,6 +217,38 @@ async fn claim(
         .unwrap_or_else(|e| panic!("claiming at {now:?} for {owner} failed: {e}"))
 }
 
+/// `workers` claimers of `limit` at a time, each its own lease owner, until nothing is due at
+/// `now`; asserts that no timer was claimed twice, and returns how many were claimed.
+async fn claim_all_concurrently(
+    store: &Arc<dyn Store>,
+    workers: usize,
+    limit: usize,
+    now: Timestamp,
+) -> usize {
+    let mut tasks = Vec::new();
+    for worker in 0..workers {
+        let store = store.clone();
+        tasks.push(tokio::spawn(async move {
+            let owner = format!("w{worker}");
+            let mut mine = Vec::new();
+            loop {
+                let got = claim(store.as_ref(), now, limit, &owner, now.as_millis() + 60_000).await;
+                if got.is_empty() {
+                    return mine;
+                }
+                mine.extend(got.into_iter().map(|c| c.key));
+            }
+        }));
+    }
+    let mut seen = std::collections::HashSet::new();
+    for task in tasks {
+        for key in task.await.expect("claimer task") {
+            assert!(seen.insert(key.clone()), "{key} was claimed twice");
+        }
+    }
+    seen.len()
+}
+
 /// A timer being fired: `new` scheduled at T0, then the timers due at T0 claimed for `owner`
 /// until `until_ms`.
 async fn schedule_and_claim(

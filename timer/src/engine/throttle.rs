@@ -21,7 +21,7 @@ use tracing::warn;
 
 use crate::clock::Clock;
 use crate::config::RateLimits;
-use crate::store::{SharedAllowances, Store, Take};
+use crate::store::{Store, Take, Taken};
 
 /// The engine's clock as governor reads it: time since the epoch (never before it).
 #[derive(Clone)]
@@ -154,17 +154,27 @@ impl Throttle {
         let Some(rate) = self.rate_of(tenant) else {
             return Ok(());
         };
-        if let Some(allowances) = self.shared.as_deref().and_then(|s| s.shared_allowances()) {
-            match take_shared(allowances, tenant, n, rate, self.clock.now()).await {
-                Ok(taken) => return taken,
-                Err(e) => warn!(
-                    tenant,
-                    error = %e.chain(),
-                    "taking from the shared allowance failed; this instance limits alone"
-                ),
-            }
+        let throttled = |retry_after| Throttled {
+            tenant: tenant.to_owned(),
+            rate,
+            asked: n.get(),
+            retry_after,
+        };
+        // More than the burst never fits (as the limiters here say too).
+        if n > rate.burst {
+            return Err(throttled(None));
         }
-        self.take_here(tenant, n)
+        let Some(shared) = self.take_shared(tenant, n.get(), rate, true).await else {
+            return self.take_here(tenant, n);
+        };
+        if shared.taken.taken >= n.get() {
+            return Ok(());
+        }
+        // The cells fit once the allowance, with them, is no more than a burst ahead of now.
+        let fits_at = shared.taken.start_us + shared.cell_us * i64::from(n.get())
+            - shared.cell_us * i64::from(rate.burst.get());
+        let wait = u64::try_from(fits_at - shared.now_us).unwrap_or(0).max(1);
+        Err(throttled(Some(Duration::from_micros(wait))))
     }
 
     /// Takes as many of `n` schedules of `tenant` as fit now (the broker path, which holds the
@@ -173,30 +183,47 @@ impl Throttle {
         let Some(rate) = self.rate_of(tenant) else {
             return n;
         };
-        if let Some(allowances) = self.shared.as_deref().and_then(|s| s.shared_allowances()) {
-            let cell = cell_us(rate);
-            let take = Take {
-                kind: "rate",
-                tenant,
-                now_us: micros(self.clock.now()),
-                cell_us: cell,
-                n,
-                max_ahead_us: Some(cell * i64::from(rate.burst.get())),
-                all: false,
-            };
-            match allowances.take(&take).await {
-                Ok(taken) => return taken.taken,
-                Err(e) => warn!(
-                    tenant,
-                    error = %e.chain(),
-                    "taking from the shared allowance failed; this instance limits alone"
-                ),
-            }
+        if let Some(shared) = self.take_shared(tenant, n, rate, false).await {
+            return shared.taken.taken;
         }
         let one = NonZeroU32::MIN;
         (0..n)
             .take_while(|_| self.take_here(tenant, one).is_ok())
             .count() as u32
+    }
+
+    /// Takes up to `n` cells of `tenant` at `rate` (all or none when `all`) from the store's
+    /// shared allowance: a cell costs `1 / per_second`, and cells fit while the allowance is at
+    /// most `burst` cells ahead of now. `None` when the allowances are not shared, or the store
+    /// failed (a warning: this instance limits alone meanwhile).
+    async fn take_shared(&self, tenant: &str, n: u32, rate: Rate, all: bool) -> Option<Shared> {
+        let allowances = self.shared.as_deref()?.shared_allowances()?;
+        let cell_us = 1_000_000 / i64::from(rate.per_second.get());
+        let now_us = micros(self.clock.now());
+        let take = Take {
+            kind: "rate",
+            tenant,
+            now_us,
+            cell_us,
+            n,
+            max_ahead_us: Some(cell_us * i64::from(rate.burst.get())),
+            all,
+        };
+        match allowances.take(&take).await {
+            Ok(taken) => Some(Shared {
+                taken,
+                cell_us,
+                now_us,
+            }),
+            Err(e) => {
+                warn!(
+                    tenant,
+                    error = %e.chain(),
+                    "taking from the shared allowance failed; this instance limits alone"
+                );
+                None
+            }
+        }
     }
 
     /// [`Throttle::take`] from this instance's own limiters.
@@ -250,52 +277,11 @@ impl Throttle {
     }
 }
 
-/// Takes `n` schedules of `tenant` at `rate` from the store's shared allowance, all or none:
-/// a cell costs `1 / per_second`, and cells fit while the allowance is at most `burst` cells
-/// ahead of now.
-async fn take_shared(
-    allowances: &dyn SharedAllowances,
-    tenant: &str,
-    n: NonZeroU32,
-    rate: Rate,
-    now: Duration,
-) -> crate::Result<Result<(), Throttled>> {
-    let cell = cell_us(rate);
-    let cost = cell * i64::from(n.get());
-    let max_ahead = cell * i64::from(rate.burst.get());
-    let throttled = |retry_after| Throttled {
-        tenant: tenant.to_owned(),
-        rate,
-        asked: n.get(),
-        retry_after,
-    };
-    if cost > max_ahead {
-        return Ok(Err(throttled(None)));
-    }
-    let now_us = micros(now);
-    let taken = allowances
-        .take(&Take {
-            kind: "rate",
-            tenant,
-            now_us,
-            cell_us: cell,
-            n: n.get(),
-            max_ahead_us: Some(max_ahead),
-            all: true,
-        })
-        .await?;
-    if taken.taken >= n.get() {
-        return Ok(Ok(()));
-    }
-    let wait = taken.start_us + cost - now_us - max_ahead;
-    Ok(Err(throttled(Some(Duration::from_micros(
-        u64::try_from(wait).unwrap_or(0).max(1),
-    )))))
-}
-
-/// The cost of one cell at `rate`, in microseconds.
-fn cell_us(rate: Rate) -> i64 {
-    1_000_000 / i64::from(rate.per_second.get())
+/// What the store's shared allowance gave ([`Throttle::take_shared`]), and on what terms.
+struct Shared {
+    taken: Taken,
+    cell_us: i64,
+    now_us: i64,
 }
 
 fn micros(d: Duration) -> i64 {
