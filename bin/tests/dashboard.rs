@@ -309,7 +309,7 @@ async fn time_big_tenant(browser: &Browser, n: usize) {
         browser.wait_count("#f-tenant", 1).await;
         browser.open("").await;
         browser
-            .wait_text("tr[data-tenant=big] td:nth-child(2)", &group(n))
+            .wait_text("#tenants tr[data-tenant=big] td:nth-child(2)", &group(n))
             .await;
         shown.push(format!("{visit} {} ms", started.elapsed().as_millis()));
     }
@@ -424,13 +424,22 @@ async fn walk_through(name: &str, dir: &Path, mut env: Vec<(&str, String)>, stor
         assert_eq!(status, 201, "{body}");
     }
     browser
-        .wait_text("tr[data-tenant=acme] td:nth-child(5)", "3")
+        .wait_text("#tenants tr[data-tenant=acme] td:nth-child(5)", "3")
         .await;
     let same_page = browser
         .run("return window.stillThisPage === true;", vec![])
         .await;
     assert_eq!(same_page, json!(true), "the overview updated in place");
     browser.wait_text("#card-lateness", "ms").await;
+    // Who waits: nothing is due now; acme's three fires of the last minute, with their lateness.
+    browser
+        .wait_text("#waiting tr[data-tenant=acme] td:nth-child(4)", "3")
+        .await;
+    let acme = browser
+        .text("#waiting tr[data-tenant=acme]")
+        .await
+        .unwrap_or_default();
+    assert!(acme.contains(" ms"), "acme's lateness is shown: {acme}");
 
     // 250 timers far ahead, one recurring, one another instance is firing right now.
     let later = now_ms() + 86_400_000;
@@ -526,10 +535,10 @@ async fn walk_through(name: &str, dir: &Path, mut env: Vec<(&str, String)>, stor
     assert_eq!(n, 2);
     // 250 pages, the series, busy and flaky are Scheduled; broken failed.
     browser
-        .wait_text("tr[data-tenant=acme] td:nth-child(2)", "253")
+        .wait_text("#tenants tr[data-tenant=acme] td:nth-child(2)", "253")
         .await;
     browser
-        .wait_text("tr[data-tenant=acme] td:nth-child(4)", "1")
+        .wait_text("#tenants tr[data-tenant=acme] td:nth-child(4)", "1")
         .await;
     browser.wait_text("#counted-at", "UTC").await;
     browser.wait_count("#next-due tr", 10).await;
@@ -667,8 +676,11 @@ async fn walk_through(name: &str, dir: &Path, mut env: Vec<(&str, String)>, stor
     browser
         .wait_text("#overview-restricted", "its own tenants")
         .await;
-    browser.wait_count("tr[data-tenant=other]", 1).await;
-    browser.wait_count("tr[data-tenant=acme]", 0).await;
+    browser
+        .wait_count("#tenants tr[data-tenant=other]", 1)
+        .await;
+    browser.wait_count("#tenants tr[data-tenant=acme]", 0).await;
+    browser.wait_text("#waiting", "Needs the admin scope").await;
     browser.shot("overview-tenant-key").await;
     browser
         .client

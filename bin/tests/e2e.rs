@@ -1529,6 +1529,14 @@ async fn pause_resume_trigger_and_history_of_a_series() {
     assert_eq!(v["timers"]["paused"], 1, "{v}");
     assert!(v["lastMinute"]["fired"].as_u64() >= Some(3), "{v}");
     assert!(v["lastMinute"]["latenessMs"]["p99"].is_u64(), "{v}");
+    assert_eq!(v["lastMinute"]["tenants"], 1, "{v}");
+    let acme = &v["lastMinute"]["byTenant"][0];
+    assert_eq!(acme["tenantId"], "acme", "{v}");
+    assert_eq!(acme["fired"], v["lastMinute"]["fired"], "{v}");
+    assert!(
+        acme["maxLatenessMs"].as_u64() >= acme["latenessMs"]["p99"].as_u64(),
+        "{v}"
+    );
     service.terminate().await;
 }
 

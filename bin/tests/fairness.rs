@@ -8,6 +8,7 @@
 
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::Mutex;
 use std::time::Duration;
 
 use libtest_mimic::Arguments;
@@ -53,6 +54,8 @@ async fn on_sqlite() {
             format!("sqlite://{}", dir.path().join("timers.db").display()),
         ),
         ("TIMER_BROKER__KIND", "memory".to_string()),
+        // The status counts the backlog for each request (it is read while the herd drains).
+        ("TIMER_HTTP__COUNTS_MAX_AGE", "0s".to_string()),
     ];
     let service = Service::start(Path::new(BIN), dir.path(), &env).await;
     a_herd_does_not_make_other_tenants_late(&[service]).await;
@@ -68,6 +71,8 @@ async fn on_postgres() {
         ("TIMER_STORE__URL", url),
         ("TIMER_STORE__SCHEMA", fresh_name("fair_")),
         ("TIMER_BROKER__KIND", "memory".to_string()),
+        // The status counts the backlog for each request (it is read while the herd drains).
+        ("TIMER_HTTP__COUNTS_MAX_AGE", "0s".to_string()),
     ];
     let mut services = Vec::new();
     for _ in 0..3 {
@@ -124,10 +129,22 @@ async fn a_herd_does_not_make_other_tenants_late(services: &[Service]) {
         took < lead_ms - 1_000,
         "scheduling {HERD} timers took {took} ms, more than the lead of {lead_ms} ms"
     );
-    // The herd has drained when its tenant has nothing Scheduled left.
+    // The herd has drained when its tenant has nothing Scheduled left. Meanwhile the status
+    // shows who waits: the herd, longest.
+    let herd_waiting: Mutex<Option<Value>> = Mutex::new(None);
     let drained_at = wait_for(
         Duration::from_secs(lead_ms as u64 / 1_000 + 300),
         || async {
+            let (_, status) = services[0].get("/v1/status").await;
+            let backlog = &status["backlog"];
+            if backlog["byTenant"][0]["tenantId"] == HERD_TENANT
+                && backlog["due"].as_u64() > Some(0)
+            {
+                herd_waiting
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .get_or_insert_with(|| backlog.clone());
+            }
             let (status, summary) = services[0]
                 .get(&format!("/v1/tenants/{HERD_TENANT}/summary"))
                 .await;
@@ -137,6 +154,20 @@ async fn a_herd_does_not_make_other_tenants_late(services: &[Service]) {
     .await
     .unwrap_or_else(|| panic!("the herd did not drain: {}", services[0].log_text()));
     let drain = drained_at - due;
+    let herd_waiting = herd_waiting.into_inner().unwrap_or_else(|p| p.into_inner());
+    let Some(backlog) = herd_waiting else {
+        panic!("no status showed the herd waiting while it drained for {drain} ms");
+    };
+    println!("the status while the herd drained: backlog {backlog}");
+    assert_eq!(
+        backlog["byTenant"][0]["dueSince"].as_str(),
+        Some(
+            timer_core::Timestamp::from_millis(due)
+                .to_rfc3339()
+                .as_str()
+        ),
+        "the herd waits since its due time: {backlog}"
+    );
     let fired = wait_for(Duration::from_secs(60), || async {
         let all: Vec<_> = logs.iter().flat_map(|l| l.snapshot()).collect();
         (all.len() >= others.len()).then_some(all)
@@ -184,8 +215,21 @@ async fn a_herd_does_not_make_other_tenants_late(services: &[Service]) {
         p99 < drain / 5,
         "the other tenants waited behind the herd: p99 {p99} ms of a {drain} ms drain"
     );
+    // The instances' last minute names the herd, by tenant.
+    let mut herd_fired = 0;
     for service in services {
         let (status, _) = service.get("/readyz").await;
         assert_eq!(status, 200);
+        let (_, status) = service.get("/v1/status").await;
+        let by_tenant = status["lastMinute"]["byTenant"].as_array().cloned();
+        for tenant in by_tenant.unwrap_or_default() {
+            if tenant["tenantId"] == HERD_TENANT {
+                herd_fired += tenant["fired"].as_u64().unwrap_or(0);
+            }
+        }
     }
+    assert!(
+        herd_fired > 0,
+        "no instance's status shows the herd's fires of the last minute"
+    );
 }

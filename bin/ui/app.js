@@ -377,6 +377,7 @@ async function overview() {
   const chart = h('div', { id: 'lateness-chart', class: 'chart-box' });
   const tenantsBody = h('tbody', { id: 'tenants' });
   const nextBody = h('tbody', { id: 'next-due' });
+  const waitingBody = h('tbody', { id: 'waiting' });
   const more = h('p', { class: 'muted', id: 'more-tenants', hidden: true });
   const countedAt = h('span', { class: 'muted small', id: 'counted-at' });
   const failure = h('p', { class: 'error', id: 'overview-error', role: 'alert', hidden: true });
@@ -398,6 +399,16 @@ async function overview() {
         h('span', {}, h('span', { class: 'swatch p50' }), 'p50 ms'),
         h('span', {}, h('span', { class: 'swatch p99' }), 'p99 ms'),
         h('span', {}, h('span', { class: 'swatch bars' }), 'fires per minute'))),
+    h('section', { class: 'panel' },
+      h('h2', {}, 'Who waits'),
+      h('p', { class: 'muted small' },
+        'Timers due and not yet claimed, from the store (every instance); fires and lateness in the last minute, on this instance.'),
+      h('div', { class: 'table-wrap' }, h('table', {},
+        h('thead', {}, h('tr', {},
+          h('th', {}, 'Tenant'), h('th', { class: 'num' }, 'Due now'), h('th', {}, 'Waiting'),
+          h('th', { class: 'num' }, 'Fired 1 min'), h('th', { class: 'num' }, 'Lateness p50 / p99'),
+          h('th', { class: 'num hide-narrow' }, 'Most late'))),
+        waitingBody))),
     h('div', { class: 'grid2' },
       h('section', { class: 'panel' },
         h('div', { class: 'panel-head' }, h('h2', {}, 'Tenants'), countedAt),
@@ -434,6 +445,18 @@ async function overview() {
     cards.lateness.textContent = l.p50 === null ? '—' : `${l.p50} / ${l.p99} ms`;
     cards.timers.textContent = [status.timers.pending, status.timers.paused, status.timers.failed].map(fmt).join(' · ');
     chart.replaceChildren(latenessChart(lastHour, chart.clientWidth));
+    const rows = waitingRows(status.backlog, status.lastMinute);
+    waitingBody.replaceChildren(...rows.map((r) => h('tr', { 'data-tenant': r.tenantId },
+      h('td', { class: 'id' }, h('a', { href: `#/timers?tenant=${enc(r.tenantId)}` }, r.tenantId)),
+      h('td', { class: 'num' }, r.due),
+      h('td', {}, r.waiting),
+      h('td', { class: 'num' }, r.fired),
+      h('td', { class: 'num' }, r.lateness),
+      h('td', { class: 'num hide-narrow' }, r.latest))));
+    if (rows.length === 0) {
+      waitingBody.replaceChildren(h('tr', {}, h('td', { colspan: 6, class: 'muted' },
+        status.backlog ? 'Nothing waits, and nothing fired in the last minute.' : 'The backlog could not be counted.')));
+    }
   };
   await refreshEvery(async () => {
     let status, summary;
@@ -458,6 +481,7 @@ async function overview() {
       const sum = (state) => summary.tenants.reduce((n, t) => n + (t.counts[state] || 0), 0);
       cards.timers.textContent = ['scheduled', 'paused', 'failed'].map((state) => fmt(sum(state))).join(' · ');
       chart.replaceChildren(h('p', { class: 'muted' }, 'Needs the admin scope.'));
+      waitingBody.replaceChildren(h('tr', {}, h('td', { colspan: 6, class: 'muted' }, 'Needs the admin scope.')));
     } else {
       showStatus(status);
     }
@@ -479,6 +503,34 @@ async function overview() {
       h('td', { class: 'id' }, t.tenantId),
       h('td', { class: 'id' }, h('a', { href: `#/timer?tenant=${enc(t.tenantId)}&id=${enc(t.serviceCallId)}` }, t.serviceCallId)))));
   });
+}
+
+/**
+ * One row per tenant that waits (the store's backlog, longest waiting first) or fired in the
+ * last minute on this instance (latest first), as text. How long a tenant waits is told at the
+ * count (up to `http.counts_max_age` old), as `nextDueText` does.
+ */
+function waitingRows(backlog, lastMinute) {
+  const rows = new Map();
+  const row = (tenantId) => {
+    if (!rows.has(tenantId)) rows.set(tenantId, { tenantId, due: '0', waiting: '—', fired: '0', lateness: '—', latest: '—' });
+    return rows.get(tenantId);
+  };
+  if (backlog) {
+    const counted = Date.parse(backlog.countedAt);
+    for (const t of backlog.byTenant) {
+      const r = row(t.tenantId);
+      r.due = fmt(t.due);
+      r.waiting = `${duration(Math.max(0, counted - Date.parse(t.dueSince)))} when counted`;
+    }
+  }
+  for (const t of lastMinute.byTenant) {
+    const r = row(t.tenantId);
+    r.fired = fmt(t.fired);
+    r.lateness = `${t.latenessMs.p50} / ${t.latenessMs.p99} ms`;
+    r.latest = `${t.maxLatenessMs} ms`;
+  }
+  return [...rows.values()];
 }
 
 /** The 10 earliest Scheduled timers: they are among the first 10 of the 10 tenants due first. */

@@ -28,8 +28,9 @@ pub use model::{
 };
 pub use plugin::{BrokerPlugin, StorePlugin};
 pub use store::{
-    LeaseOwners, Membership, PageAfter, Settlement, SharedAllowances, Store, Take, Taken,
-    TakenOver, TenantCounts, TenantSummary, TimerControl, TimerFilter, TimerHistory, TimerQueries,
+    Backlog, LeaseOwners, Membership, PageAfter, Settlement, SharedAllowances, Store, Take, Taken,
+    TakenOver, TenantBacklog, TenantCounts, TenantSummary, TimerControl, TimerFilter, TimerHistory,
+    TimerQueries,
 };
 pub use wire::{
     decode_command, decode_schedule, Command, DueTimeReachedEnvelope, Reason, Rejection,

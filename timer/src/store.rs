@@ -397,6 +397,27 @@ impl TenantSummary {
     }
 }
 
+/// The timers due now that no instance has claimed yet ([`TimerQueries::backlog`]): who waits.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Backlog {
+    /// Claimable rows of all tenants.
+    pub due: u64,
+    /// Tenants with a claimable row.
+    pub tenants: u64,
+    /// The tenants waiting longest, earliest `available_at` first (then by id).
+    pub by_tenant: Vec<TenantBacklog>,
+}
+
+/// One tenant's claimable rows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TenantBacklog {
+    pub tenant_id: String,
+    /// How many rows are claimable.
+    pub due: u64,
+    /// The earliest `available_at` among them: the tenant waits since then.
+    pub since: Timestamp,
+}
+
 /// An optional store ability: reading a tenant's timers as pages, and counting them.
 #[async_trait]
 pub trait TimerQueries: Send + Sync {
@@ -426,6 +447,12 @@ pub trait TimerQueries: Send + Sync {
     /// How many timers of all tenants are in `state` (cheap for Scheduled and Paused, which
     /// are indexed; a scan for the others).
     async fn count(&self, state: TimerState) -> Result<u64>;
+
+    /// The claimable rows at `now` (Scheduled, `available_at` at or before it: due, or a retry
+    /// or an expired lease whose time came) of all tenants, with the `limit` tenants (at least
+    /// one) that wait longest. Reads the claimable rows only, from an index: nothing when
+    /// nothing waits, the whole backlog when a herd is due.
+    async fn backlog(&self, now: Timestamp, limit: usize) -> Result<Backlog>;
 }
 
 /// An optional store ability: live (Scheduled and Paused) timers counted per tenant.

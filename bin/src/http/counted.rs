@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use timer_core::{TenantSummary, Timestamp};
+use timer_core::{Backlog, TenantSummary, Timestamp};
 
 /// The store's timers by state (`GET /v1/status`).
 pub struct Totals {
@@ -25,6 +25,8 @@ pub struct Totals {
     pub pending: u64,
     pub paused: u64,
     pub failed: u64,
+    /// The timers due now that no instance has claimed yet, and the tenants waiting longest.
+    pub backlog: Backlog,
 }
 
 /// The summaries of the first tenants, as many as the largest page of `GET /v1/summary`.

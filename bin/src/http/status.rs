@@ -27,6 +27,10 @@ pub struct Status {
     /// (empty while every task runs; `/readyz` answers 503 meanwhile).
     pub tasks_down: Vec<TaskDown>,
     pub timers: Counts,
+    /// The timers due now that no instance has claimed yet (of every instance, from the
+    /// store, counted with `timers`): who waits. Null when the count failed.
+    #[schema(required = true)]
+    pub backlog: Option<BacklogView>,
     #[schema(format = DateTime)]
     #[schema(required = true)]
     pub next_due_at: Option<String>,
@@ -72,12 +76,59 @@ pub struct Counts {
     pub counted_at: Option<String>,
 }
 
+/// The due backlog: Scheduled timers whose time came (due, or a retry's or an expired lease's)
+/// and that no instance has claimed yet.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BacklogView {
+    /// Timers waiting, of all tenants.
+    pub due: u64,
+    /// Tenants with a timer waiting.
+    pub tenants: u64,
+    /// The tenants waiting longest (at most [`STATUS_TENANTS`]), longest first.
+    pub by_tenant: Vec<TenantBacklogView>,
+    /// When this was counted (as `timers.countedAt`).
+    #[schema(format = DateTime)]
+    pub counted_at: String,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TenantBacklogView {
+    pub tenant_id: String,
+    /// Its timers waiting.
+    pub due: u64,
+    /// The time the longest waiting one came due: the tenant waits since then.
+    #[schema(format = DateTime)]
+    pub due_since: String,
+}
+
+/// Most tenants `GET /v1/status` lists in `backlog.byTenant` and in `lastMinute.byTenant`.
+pub const STATUS_TENANTS: usize = 20;
+
 #[derive(Debug, Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct LastMinute {
     /// Timers this instance fired in the last 60 seconds.
     pub fired: u64,
     pub lateness_ms: Percentiles,
+    /// Tenants whose timers this instance fired in the last 60 seconds.
+    pub tenants: u64,
+    /// The latest of those tenants (at most [`STATUS_TENANTS`]), by lateness p99, then by
+    /// their latest fire.
+    pub by_tenant: Vec<TenantMinuteView>,
+}
+
+/// One tenant's fires of the last minute on this instance.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TenantMinuteView {
+    pub tenant_id: String,
+    pub fired: u64,
+    /// From a sample of each second's first fires (100 per tenant).
+    pub lateness_ms: Percentiles,
+    /// Its latest fire's lateness.
+    pub max_lateness_ms: u64,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -260,6 +311,7 @@ async fn count_totals(engine: Engine) -> timer_core::Result<Totals> {
         pending: pending?,
         paused: paused?,
         failed: failed?,
+        backlog: queries.backlog(counted_at, STATUS_TENANTS).await?,
     })
 }
 
@@ -288,6 +340,7 @@ pub async fn status(State(app): State<AppState>) -> Json<Status> {
         store.next_due_at(),
     );
     let minute = engine.last_minute();
+    let (tenants_minute, tenants_fired) = engine.last_minute_by_tenant(STATUS_TENANTS);
     Json(Status {
         version: env!("CARGO_PKG_VERSION"),
         instance_id: engine.instance_id().to_owned(),
@@ -298,6 +351,21 @@ pub async fn status(State(app): State<AppState>) -> Json<Status> {
             .into_iter()
             .map(|(task, error)| TaskDown { task, error })
             .collect(),
+        backlog: totals.as_ref().ok().map(|totals| BacklogView {
+            due: totals.backlog.due,
+            tenants: totals.backlog.tenants,
+            by_tenant: totals
+                .backlog
+                .by_tenant
+                .iter()
+                .map(|t| TenantBacklogView {
+                    tenant_id: t.tenant_id.clone(),
+                    due: t.due,
+                    due_since: t.since.to_rfc3339(),
+                })
+                .collect(),
+            counted_at: totals.counted_at.to_rfc3339(),
+        }),
         timers: match totals {
             Ok(totals) => Counts {
                 pending: Some(totals.pending),
@@ -319,6 +387,19 @@ pub async fn status(State(app): State<AppState>) -> Json<Status> {
                 p50: minute.p50_ms,
                 p99: minute.p99_ms,
             },
+            tenants: tenants_fired as u64,
+            by_tenant: tenants_minute
+                .into_iter()
+                .map(|t| TenantMinuteView {
+                    tenant_id: t.tenant_id,
+                    fired: t.fired,
+                    lateness_ms: Percentiles {
+                        p50: t.p50_ms,
+                        p99: t.p99_ms,
+                    },
+                    max_lateness_ms: t.max_ms,
+                })
+                .collect(),
         },
         last_hour: engine.last_hour().iter().map(MinuteView::of).collect(),
         // No store keeps a register of live instances yet.

@@ -15,8 +15,8 @@ use serde::{Deserialize, Serialize};
 use timer_core::control::{transition, DEFAULT_HISTORY};
 use timer_core::fair::{FairShare, FairSteps, Visited};
 use timer_core::{
-    Action, CancelOutcome, Change, ClaimedTimer, ControlOutcome, Error, HistoryEntry, Lease,
-    NewTimer, PageAfter, Result, ScheduleOutcome, Settlement, Store, TenantCounts, TenantSummary,
+    Action, Backlog, CancelOutcome, Change, ClaimedTimer, ControlOutcome, Error, HistoryEntry, Lease,
+    NewTimer, PageAfter, Result, ScheduleOutcome, Settlement, Store, TenantBacklog, TenantCounts, TenantSummary,
     Timer, TimerControl, TimerFilter, TimerHistory, TimerKey, TimerQueries, TimerState, Timestamp,
 };
 
@@ -663,6 +663,32 @@ impl TimerQueries for MemoryStore {
     async fn count(&self, state: TimerState) -> Result<u64> {
         let rows = &self.lock()?.rows;
         Ok(rows.values().filter(|row| row.timer.state == state).count() as u64)
+    }
+
+    async fn backlog(&self, now: Timestamp, limit: usize) -> Result<Backlog> {
+        let state = self.lock()?;
+        let mut by_tenant: Vec<TenantBacklog> = state
+            .ready
+            .by_tenant
+            .iter()
+            .filter_map(|(tenant, rows)| {
+                let (since, _) = rows.first().filter(|(at, _)| *at <= now)?;
+                Some(TenantBacklog {
+                    tenant_id: tenant.clone(),
+                    due: rows.iter().take_while(|(at, _)| *at <= now).count() as u64,
+                    since: *since,
+                })
+            })
+            .collect();
+        by_tenant.sort_by(|a, b| (a.since, &a.tenant_id).cmp(&(b.since, &b.tenant_id)));
+        let due = by_tenant.iter().map(|t| t.due).sum();
+        let tenants = by_tenant.len() as u64;
+        by_tenant.truncate(limit.max(1));
+        Ok(Backlog {
+            due,
+            tenants,
+            by_tenant,
+        })
     }
 }
 

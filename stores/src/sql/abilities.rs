@@ -113,6 +113,16 @@ macro_rules! sql_abilities {
                     .count(state)
                     .await
             }
+
+            async fn backlog(
+                &self,
+                now: timer_core::Timestamp,
+                limit: usize,
+            ) -> timer_core::Result<timer_core::Backlog> {
+                <$store as $crate::sql::SqlAbilities>::reads(self)
+                    .backlog(now, limit)
+                    .await
+            }
         }
     };
 }

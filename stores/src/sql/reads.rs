@@ -3,7 +3,8 @@
 
 use sqlx::Row;
 use timer_core::{
-    PageAfter, Result, TenantSummary, Timer, TimerFilter, TimerKey, TimerState, Timestamp,
+    Backlog, PageAfter, Result, TenantBacklog, TenantSummary, Timer, TimerFilter, TimerKey,
+    TimerState, Timestamp,
 };
 
 use super::{db_err, TimerRow, TIMER_COLUMNS};
@@ -226,6 +227,38 @@ statements! {
             }
         }
         Ok(summaries)
+    }
+
+    pub(crate) async fn backlog(&self, now: Timestamp, limit: usize) -> Result<Backlog> {
+        // The claimable rows only (`timers_claimable` or `timers_tenant_claimable`), grouped by
+        // tenant; the window functions count every group before the LIMIT keeps the first.
+        let err = |e| db_err::<D>("counting the due backlog", e);
+        let rows = sqlx::query(
+            "SELECT tenant_id, COUNT(*), MIN(available_at), \
+                    COUNT(*) OVER (), CAST(SUM(COUNT(*)) OVER () AS BIGINT) \
+             FROM timers WHERE state = 0 AND available_at <= $1 \
+             GROUP BY tenant_id ORDER BY MIN(available_at), tenant_id LIMIT $2",
+        )
+        .bind(now.as_millis())
+        .bind(i64::try_from(limit.max(1)).unwrap_or(i64::MAX))
+        .fetch_all(self.pool)
+        .await
+        .map_err(err)?;
+        let mut backlog = Backlog::default();
+        for row in rows {
+            let due: i64 = row.try_get(1).map_err(err)?;
+            let since: i64 = row.try_get(2).map_err(err)?;
+            let tenants: i64 = row.try_get(3).map_err(err)?;
+            let total: i64 = row.try_get(4).map_err(err)?;
+            backlog.tenants = u64::try_from(tenants).unwrap_or(0);
+            backlog.due = u64::try_from(total).unwrap_or(0);
+            backlog.by_tenant.push(TenantBacklog {
+                tenant_id: row.try_get(0).map_err(err)?,
+                due: u64::try_from(due).unwrap_or(0),
+                since: Timestamp::from_millis(since),
+            });
+        }
+        Ok(backlog)
     }
 
     pub(crate) async fn health(&self) -> Result<()> {

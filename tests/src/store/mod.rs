@@ -54,7 +54,8 @@ pub use leases::{
     renew_extends_only_the_owners_leases,
 };
 pub use queries::{
-    count_counts_each_state, list_compares_ids_byte_by_byte, list_filters_combine,
+    backlog_counts_claimable_rows_by_tenant_longest_waiting_first, count_counts_each_state,
+    list_compares_ids_byte_by_byte, list_filters_combine,
     list_orders_by_due_time_then_id_within_the_tenant,
     list_pages_are_stable_under_concurrent_writes,
     live_by_tenant_counts_scheduled_and_paused_timers,
@@ -151,6 +152,7 @@ pub fn checks() -> Vec<Check<Arc<dyn Store>>> {
         history_records_each_change_in_order,
         history_keeps_the_newest_entries_and_goes_with_the_timer,
         count_counts_each_state,
+        backlog_counts_claimable_rows_by_tenant_longest_waiting_first,
         renew_extends_only_the_owners_leases,
         a_claim_in_a_backlog_shares_the_batch_between_tenants,
         tenants_beyond_one_claims_visits_are_served_in_turn,

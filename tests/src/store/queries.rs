@@ -5,8 +5,8 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use timer_core::{
-    Action, ClaimedTimer, ControlOutcome, NewTimer, PageAfter, Store, TenantSummary, TimerFilter,
-    TimerKey, TimerQueries, TimerState,
+    Action, Backlog, ClaimedTimer, ControlOutcome, NewTimer, PageAfter, Store, TenantSummary,
+    TimerFilter, TimerKey, TimerQueries, TimerState,
 };
 
 use super::{
@@ -441,4 +441,63 @@ pub async fn count_counts_each_state(store: Arc<dyn Store>) {
     assert_eq!(count(TimerState::Paused).await, 1);
     assert_eq!(count(TimerState::Cancelled).await, 1);
     assert_eq!(count(TimerState::Reached).await, 0);
+}
+
+pub async fn backlog_counts_claimable_rows_by_tenant_longest_waiting_first(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    let mut batch: Vec<NewTimer> = (1..=10)
+        .map(|i| timer("big", &format!("b{i:02}"), T0_MS + i))
+        .collect();
+    batch.push(timer("small", "early", T0_MS + 5));
+    batch.push(timer("small", "later", T0_MS + 500));
+    batch.push(timer("quiet", "later", T0_MS + 2_000));
+    put(s, &batch, T0).await;
+    let queries = s.queries();
+    let backlog = |now: i64, limit: usize| async move {
+        queries
+            .backlog(at(now), limit)
+            .await
+            .unwrap_or_else(|e| panic!("backlog: {}", e.chain()))
+    };
+    let waiting = |b: &Backlog| -> Vec<(String, u64, i64)> {
+        b.by_tenant
+            .iter()
+            .map(|t| (t.tenant_id.clone(), t.due, t.since.as_millis() - T0_MS))
+            .collect()
+    };
+
+    let nothing = backlog(T0_MS, 10).await;
+    assert_eq!((nothing.due, nothing.tenants), (0, 0), "nothing due yet");
+    assert!(nothing.by_tenant.is_empty(), "{nothing:?}");
+
+    let now = T0_MS + 100;
+    let all = backlog(now, 10).await;
+    assert_eq!((all.due, all.tenants), (11, 2), "{all:?}");
+    assert_eq!(
+        waiting(&all),
+        [("big".into(), 10, 1), ("small".into(), 1, 5)],
+        "tenants with claimable rows, longest waiting first; `quiet` is not due"
+    );
+    let first = backlog(now, 1).await;
+    assert_eq!(
+        (first.due, first.tenants, waiting(&first)),
+        (11, 2, vec![("big".into(), 10, 1)]),
+        "the limit keeps the longest waiting; the totals count every tenant"
+    );
+
+    // Claimed rows wait no more (their lease is in the future); an expired lease waits again.
+    let claimed = claim(s, at(now), 3, "i1", now + 1_000).await;
+    assert_eq!(ids(&claimed), ["b01", "b02", "b03"]);
+    let after_claim = backlog(now, 10).await;
+    assert_eq!(
+        waiting(&after_claim),
+        [("big".into(), 7, 4), ("small".into(), 1, 5)],
+        "{after_claim:?}"
+    );
+    let lease_expired = backlog(now + 1_000, 10).await;
+    assert_eq!(
+        (lease_expired.due, lease_expired.tenants),
+        (12, 2),
+        "ten of big (three leases ran out) and both of small: {lease_expired:?}"
+    );
 }

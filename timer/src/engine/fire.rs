@@ -257,7 +257,7 @@ impl Engine {
             let late = at.duration_since(due);
             ::metrics::histogram!(metric::FIRE_LATENESS).record(late.as_secs_f64());
             let late_ms = u64::try_from(late.as_millis()).unwrap_or(u64::MAX);
-            self.inner.recent.record(at, late_ms);
+            self.inner.recent.record(at, &timer.key.tenant_id, late_ms);
             self.inner.fired.send(super::FiredEvent {
                 tenant_id: timer.key.tenant_id.clone(),
                 json: String::from_utf8(event.body).unwrap_or_default(),

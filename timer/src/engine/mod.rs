@@ -53,7 +53,7 @@ use crate::store::{Membership, Store};
 pub use admit::Scheduled;
 pub use control::{Bulk, Triggered};
 pub use owners::TAKE_OVER_EVERY;
-pub use recent::{LastMinute, MinuteFires};
+pub use recent::{LastMinute, MinuteFires, TenantMinute};
 pub use retry::backoff;
 pub use throttle::{Rate, Throttled};
 pub use watchers::{Shows, Subscription};
@@ -183,6 +183,14 @@ impl Engine {
     /// The timers this instance fired in the last minute, and their lateness.
     pub fn last_minute(&self) -> LastMinute {
         self.inner.recent.last_minute(self.inner.clock.now())
+    }
+
+    /// The tenants this instance fired timers of in the last minute, latest first (by lateness
+    /// p99): at most `limit` of them, and how many there were.
+    pub fn last_minute_by_tenant(&self, limit: usize) -> (Vec<TenantMinute>, usize) {
+        self.inner
+            .recent
+            .last_minute_by_tenant(self.inner.clock.now(), limit)
     }
 
     /// What this instance fired in each minute of the last hour that had fires, oldest first.
