@@ -22,6 +22,10 @@ impl StoreConfig for MemoryConfig {
     async fn open(&self) -> Result<Arc<dyn Store>> {
         Ok(Arc::new(MemoryStore::new()))
     }
+    /// Process memory: a restart starts empty.
+    fn durable(&self) -> bool {
+        false
+    }
     fn shared(&self) -> bool {
         false
     }

@@ -48,6 +48,10 @@ impl StoreConfig for PostgresConfig {
     async fn open(&self) -> Result<Arc<dyn Store>> {
         Ok(Arc::new(PostgresStore::open(self).await?))
     }
+    /// The server's tables (as durable as the server is configured to be).
+    fn durable(&self) -> bool {
+        true
+    }
     /// A new schema `<prefix>_<random>` on the same server.
     #[cfg(feature = "testing")]
     fn isolated(&self, prefix: &str) -> Result<Isolated<dyn StoreConfig>> {

@@ -26,6 +26,10 @@ impl StoreConfig for SqliteConfig {
     async fn attach(&self) -> Result<Arc<dyn Store>> {
         Ok(Arc::new(SqliteStore::attach(self).await?))
     }
+    /// A file; a transaction is committed once in its write-ahead log.
+    fn durable(&self) -> bool {
+        true
+    }
     /// One service at a time has the file open (its lock file keeps others off).
     fn shared(&self) -> bool {
         false

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use timer_core::{CancelOutcome, ErrorKind, Store, TakenOver, TimerKey};
+use timer_core::{CancelOutcome, ErrorKind, Store, TakenOver, TimerKey, TimerState};
 
 use super::{
     at, cancel, claim, ids, mark_reached, put, row, schedule_and_claim, timer, FreshStore, T0,
@@ -77,29 +77,25 @@ pub async fn a_restart_releases_every_lease_of_a_store_one_service_owns(fresh: F
     if store.lease_owners().is_some() {
         return; // dead_owners_are_taken_over_at_once
     }
+    if !config.durable() {
+        return; // nothing survives a restart: a_store_keeps_what_it_committed_across_a_restart
+    }
     let s = store.as_ref();
     put(s, &[timer("t", "late", T0_MS + 60_000)], T0).await;
     let claimed = schedule_and_claim(s, timer("t", "a", T0_MS), "old", T0_MS + 3_600_000).await;
     assert_eq!(ids(&claimed), ["a"]);
-    match config.open().await {
-        Ok(other) => {
-            let persists = other.get(&TimerKey::new("t", "a")).await.ok().flatten();
-            assert!(
-                persists.is_none(),
-                "a second service opened a store with this one's timers while it ran, and \
-                 cannot tell which leases are dead"
-            );
-            return; // a store in process memory: nothing survives a restart
-        }
-        Err(e) => {
-            assert_eq!(e.kind(), ErrorKind::Config, "{}", e.chain());
-            assert!(
-                e.chain().contains("in use"),
-                "names the conflict: {}",
-                e.chain()
-            );
-        }
-    }
+    let e = config.open().await.err().unwrap_or_else(|| {
+        panic!(
+            "a second service opened a store with this one's timers while it ran, and cannot \
+             tell which leases are dead"
+        )
+    });
+    assert_eq!(e.kind(), ErrorKind::Config, "{}", e.chain());
+    assert!(
+        e.chain().contains("in use"),
+        "names the conflict: {}",
+        e.chain()
+    );
     drop(store);
     let reopened = config
         .open()
@@ -208,4 +204,64 @@ pub async fn dead_owners_are_taken_over_at_once(fresh: FreshStore) {
         .expect("a left name is free at once");
     drop(i2);
     let _ = second;
+}
+
+/// What a store declares ([`StoreConfig::durable`](timer_core::plugin::StoreConfig::durable))
+/// is what it does: a durable one opened again (after the first is gone, as after a restart)
+/// holds every timer the first committed, in its state; one in process memory starts empty.
+pub async fn a_store_keeps_what_it_committed_across_a_restart(fresh: FreshStore) {
+    let (store, config, _keep) = fresh.into_parts();
+    let s = store.as_ref();
+    put(
+        s,
+        &[
+            timer("t", "waiting", T0_MS + 60_000),
+            timer("t", "cancelled", T0_MS + 60_000),
+        ],
+        T0,
+    )
+    .await;
+    let fired = schedule_and_claim(s, timer("t", "fired", T0_MS), "i1", T0_MS + 1_000).await;
+    assert_eq!(mark_reached(s, &fired, "i1", at(T0_MS + 10)).await, 1);
+    assert_eq!(
+        cancel(s, "t", "cancelled", at(T0_MS + 20)).await,
+        CancelOutcome::Cancelled
+    );
+    drop(store);
+    let reopened = crate::wait_for(Duration::from_secs(10), || async {
+        config.open().await.ok()
+    })
+    .await
+    .unwrap_or_else(|| panic!("opening the store again after the first was dropped"));
+    let mut states: Vec<Option<TimerState>> = Vec::new();
+    for id in ["waiting", "fired", "cancelled"] {
+        let key = TimerKey::new("t", id);
+        let found = reopened.get(&key).await;
+        states.push(
+            found
+                .unwrap_or_else(|e| panic!("reading {key}: {}", e.chain()))
+                .map(|t| t.state),
+        );
+    }
+    if config.durable() {
+        assert_eq!(
+            states,
+            [
+                Some(TimerState::Scheduled),
+                Some(TimerState::Reached),
+                Some(TimerState::Cancelled)
+            ],
+            "a durable store holds what it committed, in its state"
+        );
+        assert_eq!(
+            row(reopened.as_ref(), "t", "waiting").await.due_at,
+            at(T0_MS + 60_000)
+        );
+    } else {
+        assert_eq!(
+            states,
+            [None, None, None],
+            "a store that says it is not durable starts empty: it says what it is"
+        );
+    }
 }

@@ -50,7 +50,8 @@ pub use history::{
     history_keeps_the_newest_entries_and_goes_with_the_timer, history_records_each_change_in_order,
 };
 pub use leases::{
-    a_restart_releases_every_lease_of_a_store_one_service_owns, dead_owners_are_taken_over_at_once,
+    a_restart_releases_every_lease_of_a_store_one_service_owns,
+    a_store_keeps_what_it_committed_across_a_restart, dead_owners_are_taken_over_at_once,
     renew_extends_only_the_owners_leases,
 };
 pub use queries::{
@@ -167,6 +168,7 @@ pub type FreshStore = crate::fixtures::Fresh<Arc<dyn Store>, dyn StoreConfig>;
 /// restart, or a second instance).
 pub fn restart_checks() -> Vec<Check<FreshStore>> {
     crate::checks![
+        a_store_keeps_what_it_committed_across_a_restart,
         a_restart_releases_every_lease_of_a_store_one_service_owns,
         dead_owners_are_taken_over_at_once,
         two_instances_share_a_backlog_and_never_claim_a_row_twice,

@@ -86,6 +86,10 @@ pub trait StoreConfig: PluginConfig {
     async fn attach(&self) -> Result<Arc<dyn Store>> {
         self.open().await
     }
+    /// Whether the timers outlive the process: a store opened again from this config (after a
+    /// restart, a crash) holds what the last one committed. `false` for a store in process
+    /// memory. Every plugin says it (the conformance suite holds it to it).
+    fn durable(&self) -> bool;
     /// Whether stores opened from this config share their timers, so several engines (as
     /// separate instances would) can run on one store; `false` for a store in process memory,
     /// and for one that a single service may open at a time (SQLite).
