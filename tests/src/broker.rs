@@ -20,6 +20,8 @@ pub fn checks() -> Vec<Check<Arc<dyn TestClient>>> {
         odd_tenant_ids_delivered_or_refused_alone,
         unacked_command_redelivered,
         acked_command_not_redelivered,
+        unacked_command_delivered_again_after_the_ack_wait,
+        kept_delivery_not_delivered_again,
         commands_arrive_in_batches,
         dead_letter_carries_the_reason,
         health_ok_when_reachable,
@@ -191,10 +193,90 @@ pub async fn acked_command_not_redelivered(fx: Arc<dyn TestClient>) {
             bodies.push(d.body);
         }
     }
+    // A broker that delivers again by itself after its ack wait (NATS) would do so later than
+    // the marker: read on until that wait is over too.
+    if let Some(ack_wait) = second.ack_wait() {
+        let until = tokio::time::Instant::now() + ack_wait + Duration::from_secs(1);
+        while tokio::time::Instant::now() < until {
+            for d in second
+                .receive(10, Duration::from_millis(250))
+                .await
+                .expect("receive")
+            {
+                second.ack(&[d.tag]).await.expect("ack");
+                bodies.push(d.body);
+            }
+        }
+    }
     assert_eq!(
         bodies,
         vec![b"marker".to_vec()],
         "the acknowledged command did not come back"
+    );
+}
+
+/// Where the broker delivers an unacknowledged command again by itself after its ack wait
+/// ([`Broker::ack_wait`]), it does, to the same connected consumer; elsewhere only a consumer
+/// that goes away gives its deliveries back ([`unacked_command_redelivered`]).
+pub async fn unacked_command_delivered_again_after_the_ack_wait(fx: Arc<dyn TestClient>) {
+    let broker = fx.connect().await.expect("connect");
+    let Some(ack_wait) = broker.ack_wait() else {
+        return;
+    };
+    fx.send_command(b"slow").await.expect("send");
+    let got = receive_all(broker.as_ref(), 1).await;
+    assert_eq!(got.len(), 1, "command delivered");
+    let first = tokio::time::Instant::now();
+    let again = receive_all(broker.as_ref(), 1).await;
+    assert_eq!(
+        again.iter().map(|d| d.body.as_slice()).collect::<Vec<_>>(),
+        [b"slow".as_slice()],
+        "not acknowledged within {ack_wait:?}: delivered again"
+    );
+    assert!(
+        first.elapsed() + Duration::from_millis(100) >= ack_wait,
+        "delivered again after {:?}, before the ack wait of {ack_wait:?}",
+        first.elapsed()
+    );
+    broker.ack(&[again[0].tag]).await.expect("ack");
+}
+
+/// [`Broker::keep`] restarts the ack wait: a delivery kept for several ack waits is not
+/// delivered again meanwhile, and once acknowledged never is.
+pub async fn kept_delivery_not_delivered_again(fx: Arc<dyn TestClient>) {
+    let broker = fx.connect().await.expect("connect");
+    let Some(ack_wait) = broker.ack_wait() else {
+        return; // the engine never calls keep on a broker without its own ack wait
+    };
+    fx.send_command(b"held").await.expect("send");
+    let got = receive_all(broker.as_ref(), 1).await;
+    assert_eq!(got.len(), 1, "command delivered");
+    let tag = got[0].tag;
+    let until = tokio::time::Instant::now() + ack_wait * 5 / 2;
+    let mut again = Vec::new();
+    while tokio::time::Instant::now() < until {
+        broker.keep(&[tag]).await.expect("keep");
+        again.extend(
+            broker
+                .receive(10, ack_wait / 4)
+                .await
+                .expect("receive")
+                .into_iter()
+                .map(|d| d.body),
+        );
+    }
+    assert!(
+        again.is_empty(),
+        "kept for 2.5 ack waits of {ack_wait:?}, yet delivered again: {again:?}"
+    );
+    broker.ack(&[tag]).await.expect("ack");
+    let after = broker
+        .receive(10, ack_wait + Duration::from_secs(1))
+        .await
+        .expect("receive");
+    assert!(
+        after.is_empty(),
+        "acknowledged, yet delivered again: {after:?}"
     );
 }
 
@@ -206,8 +288,23 @@ pub async fn commands_arrive_in_batches(fx: Arc<dyn TestClient>) {
             .expect("send");
     }
     let broker = fx.connect().await.expect("connect");
-    let got = receive_all(broker.as_ref(), N).await;
+    // Every command is in the broker: a receive takes as many as are there, up to its max.
+    let mut got = Vec::new();
+    let mut largest = 0;
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while got.len() < N && tokio::time::Instant::now() < deadline {
+        let batch = broker
+            .receive(N - got.len(), Duration::from_millis(500))
+            .await
+            .expect("receive");
+        largest = largest.max(batch.len());
+        got.extend(batch);
+    }
     assert_eq!(got.len(), N);
+    assert!(
+        largest > 1,
+        "{N} commands waiting came one per receive: a receive takes a batch"
+    );
     let bodies: HashSet<Vec<u8>> = got.iter().map(|d| d.body.clone()).collect();
     assert_eq!(bodies.len(), N, "each command once");
     let tags: Vec<u64> = got.iter().map(|d| d.tag).collect();

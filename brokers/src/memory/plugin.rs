@@ -36,9 +36,12 @@ impl Section for MemoryConfig {
 
 #[cfg(feature = "testing")]
 fn isolated(_prefix: &str) -> Result<Isolated<dyn BrokerConfig>> {
-    Ok(Isolated::new(Box::new(HubConfig::new(
-        MemoryConfig::default(),
-    ))))
+    // Redelivery within a check's patience, as the NATS test config has it.
+    let config = MemoryConfig {
+        ack_wait: std::time::Duration::from_secs(2),
+        ..MemoryConfig::default()
+    };
+    Ok(Isolated::new(Box::new(HubConfig::new(config))))
 }
 
 /// The loaded `memory` config: the settings, and the hub made from them.
