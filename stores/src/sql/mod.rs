@@ -48,7 +48,7 @@ pub(crate) use writes::settle_step;
 
 /// How a sqlx store differs where the code is otherwise shared.
 pub(crate) trait Dialect {
-    type Db: Database;
+    type Db: Database + sqlx::database::HasStatementCache;
     /// The Rust type the `state` column decodes as.
     type State: Into<i64> + for<'r> Decode<'r, Self::Db> + Type<Self::Db>;
     /// The Rust type the counters (`attempts`, `occurrences`) decode as.

@@ -101,6 +101,52 @@ pub fn lateness_at_reader(received: &[Received]) -> (i64, i64, i64) {
     )
 }
 
+/// The bound on the lateness p99 at a reader that every end-to-end test firing timers on time
+/// asserts ([`on_time`]). Generous for a debug build on a busy 2-core machine (the figures
+/// measured there are a few to some tens of ms), and far below what polling instead of waking
+/// gives (`engine.poll_interval`: 5 s by default, 1 s in the matrix).
+pub const ON_TIME_P99_MS: i64 = 500;
+
+/// The bound of [`on_time_under_load`]: for thousands of fires a second, where the test's own
+/// reader (a debug build parsing every event) adds hundreds of milliseconds; still below the
+/// default `engine.poll_interval` (5 s) that a lost wake-up would wait for.
+pub const UNDER_LOAD_P99_MS: i64 = 2_000;
+
+/// How late `received` reached their reader (receive time − `payload.dueAt`, publish and
+/// delivery included), printed for `what`; panics when p99 is above [`ON_TIME_P99_MS`] or one
+/// came early. Returns p50, p99 and max.
+pub fn on_time(what: &str, received: &[Received]) -> (i64, i64, i64) {
+    within(what, received, ON_TIME_P99_MS)
+}
+
+/// [`on_time`] for a run of thousands of fires a second: p99 at most [`UNDER_LOAD_P99_MS`].
+pub fn on_time_under_load(what: &str, received: &[Received]) -> (i64, i64, i64) {
+    within(what, received, UNDER_LOAD_P99_MS)
+}
+
+fn within(what: &str, received: &[Received], bound_ms: i64) -> (i64, i64, i64) {
+    let late: Vec<i64> = received
+        .iter()
+        .map(|r| r.at_ms - due_ms(&r.envelope))
+        .collect();
+    let early = late.iter().filter(|l| **l < 0).count();
+    let (p50, p99, max) = percentiles(late);
+    println!(
+        "{what}: {} events, lateness at the reader p50 {p50} ms, p99 {p99} ms, max {max} ms",
+        received.len()
+    );
+    assert_eq!(
+        early, 0,
+        "{what}: {early} event(s) reached the reader before their due time"
+    );
+    assert!(
+        p99 <= bound_ms,
+        "{what}: lateness at the reader p99 {p99} ms (p50 {p50}, max {max}) is above \
+         {bound_ms} ms: fires wait for a poll instead of their due time?"
+    );
+    (p50, p99, max)
+}
+
 /// p50/p99/max of a list of millisecond figures.
 pub fn percentiles(mut values: Vec<i64>) -> (i64, i64, i64) {
     if values.is_empty() {
