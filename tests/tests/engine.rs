@@ -795,10 +795,11 @@ async fn a_store_call_that_hangs_is_given_up_after_the_store_timeout() {
 #[tokio::test]
 async fn commands_are_not_acknowledged_until_the_store_committed_them() {
     let inner: Arc<dyn Store> = Arc::new(MemoryStore::new());
-    let mut setup = Setup::on(Arc::new(Faulty {
-        schedule_failures: AtomicU32::new(2),
+    let faulty = Arc::new(Faulty {
+        schedule_failures: AtomicU32::new(u32::MAX),
         ..Faulty::new(inner.clone())
-    }));
+    });
+    let mut setup = Setup::on(faulty.clone());
     setup.config.retry_base = ms(20);
     let r = setup.start();
     r.hub
@@ -807,8 +808,27 @@ async fn commands_are_not_acknowledged_until_the_store_committed_them() {
             T0.as_millis()
         ))
         .expect("send");
-    // While the store fails, the command stays unacknowledged; once it recovers, it is stored,
-    // acknowledged and fired.
+    // The store has refused the command twice: the broker still has it unacknowledged.
+    let refused_twice = wait_for(WAIT, || async {
+        (faulty.schedule_failures.load(Ordering::SeqCst) <= u32::MAX - 2).then_some(())
+    })
+    .await;
+    assert!(
+        refused_twice.is_some(),
+        "the engine tried to store the command"
+    );
+    assert_eq!(
+        r.hub.unacknowledged().expect("count"),
+        1,
+        "acknowledged before the store committed it"
+    );
+    assert!(inner
+        .get(&TimerKey::new("t", "kept"))
+        .await
+        .expect("get")
+        .is_none());
+    // The store recovers: the command is stored, then acknowledged, and fires.
+    faulty.schedule_failures.store(0, Ordering::SeqCst);
     events(&r.hub, 1)
         .await
         .expect("fired after the store recovered");

@@ -8,8 +8,10 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use super::setup::{commands, envelope, stored, timers, Setup};
-use super::{BrokerCase, Outage};
-use crate::e2e::{free_addr, now_ms, percentiles, refused_to_run, write_config, ScriptedServer};
+use super::{BrokerCase, Outage, WAIT};
+use crate::e2e::{
+    free_addr, metric, now_ms, percentiles, refused_to_run, schedule, write_config, ScriptedServer,
+};
 use crate::wait_for;
 
 /// `run` against a server nobody listens on exits 1 with one line naming the address, never
@@ -78,6 +80,58 @@ pub async fn service_killed_during_ingest_loses_no_command(case: Arc<BrokerCase>
     })
     .await;
     assert!(fired.is_some(), "every timer fired");
+    service.terminate().await;
+    setup.clean_up().await;
+}
+
+/// A command is acknowledged only once the store committed it, seen on the broker: while the
+/// store refuses writes, the service has the command and the broker keeps it (Kafka: the group
+/// committed nothing); the service goes down (SIGKILL; SIGTERM where the test server keeps a
+/// killed consumer's commands), the store comes back, and the next service gets the command
+/// again and stores it. A service that acknowledged on receipt would have lost it.
+#[cfg(feature = "sqlite")]
+pub async fn a_command_stays_unacknowledged_while_the_store_refuses_writes(case: Arc<BrokerCase>) {
+    let setup = Setup::new(&case);
+    let store = setup.store().await;
+    let client = setup.client().await;
+    let service = setup.start().await;
+    let lock = setup.refuse_writes().await;
+    let due = now_ms() + 600_000;
+    client
+        .send_command(schedule("t", "held", due).as_bytes())
+        .await
+        .expect("send");
+    let received = wait_for(WAIT, || async {
+        let text = service.text("/metrics").await;
+        (metric(&text, "timer_commands_received") >= 1.0).then_some(())
+    })
+    .await;
+    if received.is_none() {
+        service.fail("the service received the command");
+    }
+    if let Some(acknowledged) = case.traits.acknowledged {
+        assert_eq!(
+            acknowledged(setup.broker.config.as_ref()).await,
+            0,
+            "the consumer committed a command the store has not"
+        );
+    }
+    match case.traits.no_takeover {
+        None => service.kill9().await,
+        Some(_) => {
+            service.terminate().await;
+        }
+    }
+    drop(lock);
+    assert_eq!(
+        store.scheduled_count().await.expect("pending"),
+        0,
+        "the store committed nothing while it refused writes"
+    );
+    let service = setup.start().await;
+    if stored(store.as_ref(), 1).await.is_none() {
+        service.fail("the command came back to the next service and was stored");
+    }
     service.terminate().await;
     setup.clean_up().await;
 }

@@ -132,6 +132,28 @@ impl Setup {
         self.store.config.attach().await.expect("open the store")
     }
 
+    /// Holds the write lock of the service's SQLite file (an open `BEGIN EXCLUSIVE`) until the
+    /// connection is dropped: the service's writes wait `store.busy_timeout` and fail, as a store
+    /// refusing writes does.
+    #[cfg(feature = "sqlite")]
+    pub async fn refuse_writes(&self) -> sqlx::SqliteConnection {
+        use sqlx::Connection;
+        let section = self.store.config.to_value().expect("the store section");
+        assert_eq!(
+            section["kind"], "sqlite",
+            "writes are refused on a SQLite store"
+        );
+        let url = section["url"].as_str().expect("the file's URL");
+        let mut lock = sqlx::SqliteConnection::connect(url)
+            .await
+            .unwrap_or_else(|e| panic!("opening {url} beside the service: {e}"));
+        sqlx::query("BEGIN EXCLUSIVE")
+            .execute(&mut lock)
+            .await
+            .unwrap_or_else(|e| panic!("locking {url}: {e}"));
+        lock
+    }
+
     /// Removes what the broker created, where it can.
     pub async fn clean_up(self) {
         let _ = self.broker.config.clean_up().await;
