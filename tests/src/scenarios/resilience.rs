@@ -8,10 +8,8 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use super::setup::{commands, envelope, stored, timers, Setup};
-use super::{BrokerCase, Outage, WAIT};
-use crate::e2e::{
-    free_addr, metric, now_ms, percentiles, refused_to_run, schedule, write_config, ScriptedServer,
-};
+use super::{BrokerCase, Outage};
+use crate::e2e::{free_addr, now_ms, percentiles, refused_to_run, write_config, ScriptedServer};
 use crate::wait_for;
 
 /// `run` against a server nobody listens on exits 1 with one line naming the address, never
@@ -91,6 +89,9 @@ pub async fn service_killed_during_ingest_loses_no_command(case: Arc<BrokerCase>
 /// again and stores it. A service that acknowledged on receipt would have lost it.
 #[cfg(feature = "sqlite")]
 pub async fn a_command_stays_unacknowledged_while_the_store_refuses_writes(case: Arc<BrokerCase>) {
+    use super::WAIT;
+    use crate::e2e::{metric, schedule};
+
     let setup = Setup::new(&case);
     let store = setup.store().await;
     let client = setup.client().await;
