@@ -23,7 +23,9 @@ pub fn traits() -> BrokerTraits {
         outage: Outage::Kill,
         // The service publishes a batch again when tansu did not confirm all of it, and Kafka
         // keeps both copies (a consumer drops repeats by the `timer-event-id` header).
-        max_repeated: None,
+        // At most the batches in flight when the server went (`engine.batch_size`, 500) and a
+        // retry of them; measured: 20 (RabbitMQ), 0 (Kafka) of 10,000.
+        max_repeated: Some(1_000),
         unreachable: Some((
             json!({"kind": "kafka", "brokers": "127.0.0.1:{port}", "connect_timeout": "2s"}),
             "error: kafka broker: cannot reach 127.0.0.1:{port}",

@@ -147,7 +147,13 @@ impl ScriptedServer {
     /// SIGKILL to the server, by the pid its script recorded (`DIR/<name>.pid`); returns once
     /// it is gone (its port free for the next start).
     pub async fn kill9(&self) {
-        let pid_file = Path::new(&self.dir).join(format!("{}.pid", self.name));
+        self.kill9_recorded(&format!("{}.pid", self.name)).await;
+    }
+
+    /// SIGKILL to the process whose pid the script recorded in `DIR/<pid_file>` (a server
+    /// whose launcher is not the server: RabbitMQ's Erlang VM); returns once it is gone.
+    pub async fn kill9_recorded(&self, pid_file: &str) {
+        let pid_file = Path::new(&self.dir).join(pid_file);
         let pid: u32 = std::fs::read_to_string(&pid_file)
             .unwrap_or_else(|e| panic!("{}: {e}", pid_file.display()))
             .trim()

@@ -106,6 +106,10 @@ impl Default for BrokerTraits {
 pub enum Outage {
     /// SIGKILL, by the pid its script recorded: the crash.
     Kill,
+    /// SIGKILL to the process whose pid the script recorded in this file of its data
+    /// directory (RabbitMQ: `rabbitmq-beam.pid`, the Erlang VM under the launcher), then the
+    /// script's `stop` for what is left (the launcher, epmd): the crash of the broker node.
+    KillRecorded(&'static str),
     /// Its script's `stop`: a clean shutdown.
     Stop,
 }

@@ -9,7 +9,9 @@ use serde_json::{json, Value};
 
 use super::setup::{commands, envelope, stored, timers, Setup};
 use super::{BrokerCase, Outage};
-use crate::e2e::{free_addr, now_ms, percentiles, refused_to_run, write_config, ScriptedServer};
+use crate::e2e::{
+    free_addr, metric, now_ms, percentiles, refused_to_run, write_config, ScriptedServer,
+};
 use crate::wait_for;
 
 /// `run` against a server nobody listens on exits 1 with one line naming the address, never
@@ -90,7 +92,7 @@ pub async fn service_killed_during_ingest_loses_no_command(case: Arc<BrokerCase>
 #[cfg(feature = "sqlite")]
 pub async fn a_command_stays_unacknowledged_while_the_store_refuses_writes(case: Arc<BrokerCase>) {
     use super::WAIT;
-    use crate::e2e::{metric, schedule};
+    use crate::e2e::schedule;
 
     let setup = Setup::new(&case);
     let store = setup.store().await;
@@ -201,10 +203,41 @@ pub async fn ten_thousand_timers_survive_a_service_restart_and_a_server_outage(
         .expect("a broker with a test server")
         .expect("its server");
     let guard = server.restart_guard();
+    let failures_before = metric(&service.text("/metrics").await, "timer_publish_failures");
+    let down_at = std::time::Instant::now();
     match case.traits.outage {
         Outage::Kill => server.kill9().await,
+        Outage::KillRecorded(pid_file) => {
+            server.kill9_recorded(pid_file).await;
+            server.run("stop").await;
+        }
         Outage::Stop => server.run("stop").await,
     }
+    // While the server is gone the service says so: a plugin whose health answered Ok
+    // regardless fails here (one whose publish did would lose events, which the count of
+    // events on the broker below finds). Not longer: the outage is to stay short.
+    let noticed = wait_for(Duration::from_secs(30), || async {
+        let (ready, body) = service.get("/readyz").await;
+        (ready == 503 && body["broker"]["status"] == "unavailable").then_some(())
+    })
+    .await;
+    let (_, status) = service.get("/v1/status").await;
+    if noticed.is_none() {
+        service.fail(format!(
+            "with the {} server down, /readyz still answered the broker ok; status: {status}",
+            case.plugin.kind
+        ));
+    }
+    assert_eq!(status["broker"]["healthy"], false, "{status}");
+    let failed =
+        metric(&service.text("/metrics").await, "timer_publish_failures") - failures_before;
+    println!(
+        "{} down: /readyz 503 (broker unavailable) within {} ms, {failed} publishes failed by \
+         then; the status says: {}",
+        case.plugin.kind,
+        down_at.elapsed().as_millis(),
+        status["broker"]["error"]
+    );
     server.run("start").await;
     drop(guard);
     println!(
