@@ -416,16 +416,31 @@ async fn timer_due_in_50ms_fires_without_waiting_for_the_poll_interval() {
 #[tokio::test]
 async fn a_sooner_timer_wakes_the_sleeping_firing_task() {
     let r = rig();
-    r.schedule(&[timer("late", T0.saturating_add(secs(600)))])
-        .await;
-    // Let the firing task go to sleep until the late timer; then a sooner one must wake it.
-    let planned = wait_for(WAIT, || async {
-        r.store.next_due_at().await.ok().flatten()
+    let late = T0.saturating_add(secs(600));
+    r.schedule(&[timer("late", late)]).await;
+    // The firing task is asleep until the late timer (the poll interval is an hour) ...
+    let asleep = wait_for(WAIT, || async {
+        r.clock.sleepers().contains(&late).then_some(())
     })
     .await;
-    assert!(planned.is_some());
-    r.schedule(&[timer("early", T0.saturating_add(ms(20)))])
-        .await;
+    assert!(
+        asleep.is_some(),
+        "asleep until {late}: {:?}",
+        r.clock.sleepers()
+    );
+    // ... and a sooner one wakes it: it sleeps until the sooner one's due time instead,
+    // before the clock moves at all.
+    let early = T0.saturating_add(ms(20));
+    r.schedule(&[timer("early", early)]).await;
+    let woken = wait_for(WAIT, || async {
+        r.clock.sleepers().contains(&early).then_some(())
+    })
+    .await;
+    assert!(
+        woken.is_some(),
+        "the sooner timer did not wake the firing task: {:?}",
+        r.clock.sleepers()
+    );
     r.clock.advance(ms(20));
     let fired = events(&r.hub, 1).await.expect("the sooner timer fired");
     assert_eq!(fired[0].key.service_call_id, "early");

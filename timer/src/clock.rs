@@ -43,17 +43,34 @@ impl Clock for SystemClock {
     }
 }
 
-/// A clock that moves only when told to. Sleepers wake as soon as it passes their time.
+/// A clock that moves only when told to. Sleepers wake as soon as it passes their time; a test
+/// sees who sleeps until when ([`sleepers`](Self::sleepers)), so it can wait for a task to be
+/// asleep instead of guessing.
 #[derive(Debug)]
 pub struct ManualClock {
     now: watch::Sender<Timestamp>,
+    /// The times the sleepers now in `sleep_until` wait for (one entry each).
+    sleeping: std::sync::Mutex<Vec<Timestamp>>,
 }
 
 impl ManualClock {
     pub fn new(start: Timestamp) -> Self {
         ManualClock {
             now: watch::Sender::new(start),
+            sleeping: std::sync::Mutex::default(),
         }
+    }
+
+    /// The times the tasks asleep on this clock wait for, earliest first.
+    pub fn sleepers(&self) -> Vec<Timestamp> {
+        let mut at = self.sleeping().clone();
+        at.sort();
+        at
+    }
+
+    fn sleeping(&self) -> std::sync::MutexGuard<'_, Vec<Timestamp>> {
+        // A push or a removal is whole: a poisoned lock still holds a usable list.
+        self.sleeping.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     pub fn set(&self, at: Timestamp) {
@@ -73,8 +90,23 @@ impl Clock for ManualClock {
 
     async fn sleep_until(&self, at: Timestamp) {
         let mut rx = self.now.subscribe();
+        self.sleeping().push(at);
+        // Off the list when the sleep ends, also when the sleeper stops waiting (a select).
+        let _awake = Awake(self, at);
         // The sender lives as long as `self`, which outlives this borrow.
         let _ = rx.wait_for(|now| *now >= at).await;
+    }
+}
+
+/// Takes one sleeper's entry off [`ManualClock`]'s list when dropped.
+struct Awake<'a>(&'a ManualClock, Timestamp);
+
+impl Drop for Awake<'_> {
+    fn drop(&mut self) {
+        let mut sleeping = self.0.sleeping();
+        if let Some(i) = sleeping.iter().position(|at| *at == self.1) {
+            sleeping.swap_remove(i);
+        }
     }
 }
 
@@ -90,6 +122,10 @@ mod tests {
             let clock = clock.clone();
             tokio::spawn(async move { clock.sleep_until(Timestamp::from_millis(1_050)).await })
         };
+        while clock.sleepers().is_empty() {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(clock.sleepers(), [Timestamp::from_millis(1_050)]);
         clock.advance(Duration::from_millis(49));
         tokio::task::yield_now().await;
         assert!(!sleeper.is_finished());
@@ -99,6 +135,7 @@ mod tests {
             .expect("sleeper woke")
             .expect("no panic");
         assert_eq!(clock.now().as_millis(), 1_050);
+        assert_eq!(clock.sleepers(), [], "awake");
     }
 
     #[tokio::test]
