@@ -168,16 +168,18 @@ async fn read_only() {
     assert_eq!(service.post("/v1/timers", body).await.0, 201);
     assert_eq!(service.terminate().await, Some(0));
 
-    // The same file alone on a file system mounted read-only. SQLite cannot open a WAL database
-    // there (it must create the -shm and -wal files next to it), so `run` refuses to start, in
-    // one line naming the file; nothing was acknowledged, and the file itself is untouched.
+    // The same file, its directory bind-mounted read-only where the service looks for it
+    // (in a mount namespace of its own). SQLite cannot open a WAL database there (it must
+    // create the -shm and -wal files next to it), so `run` refuses to start, in one line naming
+    // the file; nothing was acknowledged, and the file itself is untouched.
+    let original = std::fs::read(prepared.join("timers.db")).expect("read the prepared file");
     let db_dir = dir.path().join("db");
     std::fs::create_dir_all(&db_dir).expect("db dir");
     let script = dir.path().join("run-read-only.sh");
     std::fs::write(
         &script,
         format!(
-            "#!/bin/sh\nexec unshare -m sh -c 'mount -t tmpfs -o size=16m tmpfs \"$0\" && cp {}/timers.db \"$0\"/ && mount -o remount,ro \"$0\" && exec \"$1\" run' {} {}\n",
+            "#!/bin/sh\nexec unshare -m sh -c 'mount --bind {} \"$0\" && mount -o remount,bind,ro \"$0\" && exec \"$1\" run' {} {}\n",
             prepared.display(),
             db_dir.display(),
             BIN
@@ -189,11 +191,17 @@ async fn read_only() {
     let (err, last) = (&exit.stderr, exit.last_line());
     println!("read-only: {last}");
     assert!(
-        last.starts_with("error: sqlite store: cannot open database file")
+        // The lock file beside it (kept from the run that made the file) or the file itself.
+        last.starts_with("error: sqlite store: cannot open")
             && last.contains(&db_dir.join("timers.db").display().to_string()),
         "one line naming the file: {err}"
     );
-    // Nothing lost: the original file still holds the timer.
+    // Nothing lost: the very file the service was refused is as it was, and holds the timer.
+    let after = std::fs::read(prepared.join("timers.db")).expect("read the file again");
+    assert!(
+        after == original,
+        "the file the service could not open is unchanged"
+    );
     let store = timer_stores::sqlite::SqliteStore::open(
         &timer_stores::sqlite::SqliteConfig::for_path(prepared.join("timers.db")),
     )
