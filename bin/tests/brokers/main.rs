@@ -1,7 +1,8 @@
 //! Every broker plugin of `timer_brokers::PLUGINS` end to end on the built binary: the shared
 //! scenarios of `timer_conformance::scenarios` (a malformed command dead-lettered, an
-//! unreachable server, the service killed during ingest, 10,000 timers through a service
-//! restart and a server outage), then what each broker has of its own (the modules below). A
+//! unreachable server, a command kept unacknowledged while the store refuses writes, the
+//! service killed during ingest, 10,000 timers through a service restart and a server outage
+//! by SIGKILL), then what each broker has of its own (the modules below). A
 //! broker inside the service (memory) runs the scenarios that make sense through its HTTP API.
 //!
 //! A broker whose server is not there is ignored with the reason (a failure under
