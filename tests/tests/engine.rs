@@ -151,17 +151,31 @@ async fn events(hub: &MemoryHub, n: usize) -> Option<Vec<PublishedEvent>> {
     .await
 }
 
-/// The events beyond the first `n`, if more go out while the test watches.
-async fn more_events(hub: &MemoryHub, n: usize) -> Option<Vec<PublishedEvent>> {
-    wait_for(QUIET, || async {
-        hub.events().ok().filter(|e| e.len() > n)
-    })
-    .await
-}
+impl Rig {
+    /// The events beyond the first `n` once the firing task is asleep until after now (so
+    /// nothing more fires until the clock moves or a timer wakes it); `None` when there are
+    /// none. Fails when the task never goes to sleep.
+    async fn more_events(&self, n: usize) -> Option<Vec<PublishedEvent>> {
+        let asleep = wait_for(WAIT, || async {
+            let now = timer_core::Clock::now(self.clock.as_ref());
+            let until = self.engine.asleep_until()?;
+            (until > now && self.clock.sleepers().contains(&until)).then_some(())
+        })
+        .await;
+        assert!(
+            asleep.is_some(),
+            "the firing task never went to sleep: planned {:?}, sleepers {:?}",
+            self.engine.asleep_until(),
+            self.clock.sleepers()
+        );
+        self.hub.events().ok().filter(|e| e.len() > n)
+    }
 
-async fn no_events_for_a_while(hub: &MemoryHub) {
-    let fired = more_events(hub, 0).await;
-    assert!(fired.is_none(), "fired too early: {fired:?}");
+    /// Nothing fired, and the firing task is asleep: nothing fires until the clock moves.
+    async fn no_events(&self) {
+        let fired = self.more_events(0).await;
+        assert!(fired.is_none(), "fired too early: {fired:?}");
+    }
 }
 
 async fn dead_letters(hub: &MemoryHub, n: usize) -> Option<Vec<DeadLetter>> {
@@ -397,7 +411,7 @@ async fn timer_due_in_50ms_fires_without_waiting_for_the_poll_interval() {
         .await;
     assert_eq!(out, vec![Scheduled::Stored(ScheduleOutcome::Created)]);
     r.clock.advance(ms(49));
-    no_events_for_a_while(&r.hub).await;
+    r.no_events().await;
     r.clock.advance(ms(1));
     let fired = events(&r.hub, 1)
         .await
@@ -502,7 +516,7 @@ async fn crash_between_publish_and_mark_gives_a_duplicate_not_a_loss() {
     .start();
     // Nothing happens while the dead instance's lease lives...
     clock.advance(secs(9));
-    let early = more_events(&hub, 1).await;
+    let early = second.more_events(1).await;
     assert!(
         early.is_none(),
         "fired again while the lease lived: {early:?}"
@@ -550,7 +564,7 @@ async fn failed_publish_is_retried_with_exponential_backoff() {
         "second retry after 2 x retry_base"
     );
     r.clock.advance(ms(1999));
-    no_events_for_a_while(&r.hub).await;
+    r.no_events().await;
     r.clock.advance(ms(1));
     events(&r.hub, 1)
         .await
@@ -578,7 +592,7 @@ async fn a_firing_task_that_panics_is_restarted_and_reported_down_meanwhile() {
     })
     .await
     .expect("the firing task runs again after retry_base");
-    no_events_for_a_while(&r.hub).await;
+    r.no_events().await;
     r.clock.advance(secs(10)); // the lease of the panicked batch runs out
     events(&r.hub, 1)
         .await
@@ -885,7 +899,7 @@ async fn a_timer_fails_after_max_attempts_with_a_timer_failed_dead_letter() {
     );
     // Failed is final: no further attempts, no event.
     r.clock.advance(secs(600));
-    no_events_for_a_while(&r.hub).await;
+    r.no_events().await;
     let t = timer_where(&r.store, "doomed", |_| true).await;
     assert_eq!((t.state, t.attempts), (TimerState::Failed, 3));
 }
@@ -912,7 +926,7 @@ async fn a_recurring_timer_fires_each_occurrence_and_a_missed_run_once() {
     // T0 is a whole second.
     let first = T0.saturating_add(secs(1));
     r.schedule(&[every_second("tick", first)]).await;
-    no_events_for_a_while(&r.hub).await;
+    r.no_events().await;
     r.clock.advance(secs(1));
     let e = events(&r.hub, 1).await.expect("first occurrence");
     assert_eq!(payload_of(&e[0])["dueAt"], first.to_rfc3339());
@@ -936,7 +950,7 @@ async fn a_recurring_timer_fires_each_occurrence_and_a_missed_run_once() {
         T0.saturating_add(secs(13)),
         "the rhythm continues from now"
     );
-    let quiet = more_events(&r.hub, 3).await;
+    let quiet = r.more_events(3).await;
     assert!(quiet.is_none(), "no flood of missed occurrences: {quiet:?}");
     r.clock.advance(secs(1));
     events(&r.hub, 4).await.expect("back in rhythm");
@@ -1141,7 +1155,7 @@ async fn a_tenant_over_its_fire_rate_fires_at_its_turns_and_others_at_once() {
     first.sort();
     assert_eq!(first, ["herd", "herd", "t"]);
     assert!(
-        more_events(&r.hub, 3).await.is_none(),
+        r.more_events(3).await.is_none(),
         "the herd's rest waits for its turns"
     );
     let waiting = r
@@ -1315,7 +1329,7 @@ async fn overlap_skip_skips_while_the_work_runs_and_goes_on_after_its_completion
     // Its work runs: the next two are skipped.
     moved_past(&r, "s", [2, 3]).await;
     assert!(
-        more_events(&r.hub, 1).await.is_none(),
+        r.more_events(1).await.is_none(),
         "nothing fired while it ran"
     );
     assert_eq!(completed(&r, "s", Some(1)).await, ControlOutcome::Completed);
@@ -1400,7 +1414,7 @@ async fn buffer_one_fires_the_waiting_occurrence_when_the_previous_completes() {
     })
     .await;
     r.clock.advance(ms(1500));
-    assert!(more_events(&r.hub, 1).await.is_none(), "it waits");
+    assert!(r.more_events(1).await.is_none(), "it waits");
     assert_eq!(completed(&r, "b", Some(1)).await, ControlOutcome::Completed);
     let e = events(&r.hub, 2)
         .await
@@ -1437,10 +1451,7 @@ async fn catch_up_all_fires_the_last_missed_up_to_its_limit_then_goes_on() {
     r.clock.advance(secs(10));
     let e = events(&r.hub, 4).await.expect("three caught up");
     assert_eq!(due_ats(&e), [at(1), at(9), at(10), at(11)]);
-    assert!(
-        more_events(&r.hub, 4).await.is_none(),
-        "no more than the limit"
-    );
+    assert!(r.more_events(4).await.is_none(), "no more than the limit");
     r.clock.advance(secs(1));
     let e = events(&r.hub, 5).await.expect("back on time");
     assert_eq!(due_ats(&e)[4], at(12));
@@ -1476,10 +1487,7 @@ async fn catch_up_skip_drops_what_was_missed_and_once_fires_the_first() {
     timer_where(&r.store, "once", |t| t.occurrences == 1).await;
     r.clock.advance(secs(10));
     let e = events(&r.hub, 3).await.expect("the first missed of `once`");
-    assert!(
-        more_events(&r.hub, 3).await.is_none(),
-        "`skip` fires none late"
-    );
+    assert!(r.more_events(3).await.is_none(), "`skip` fires none late");
     assert_eq!(e[2].key.service_call_id, "once");
     assert_eq!(due_ats(&e)[2], at(2));
     let t = timer_where(&r.store, "skip", |t| {
@@ -1638,7 +1646,7 @@ async fn a_completion_that_meets_its_fire_waits_for_it_then_applies() {
     assert_eq!(types, ["created", "fired", "completed"]);
     // Not fired again when its timeout would have run out.
     r.clock.advance(secs(120));
-    assert!(more_events(&r.hub, 1).await.is_none(), "one fire only");
+    assert!(r.more_events(1).await.is_none(), "one fire only");
 }
 
 #[tokio::test]
@@ -1680,16 +1688,13 @@ async fn a_resume_catches_up_with_catch_up_all_and_once_and_skips_without() {
     );
     // Paused while 2..=6 come due (resumed half a second after 6).
     r.clock.advance(ms(5500));
-    assert!(
-        more_events(&r.hub, 3).await.is_none(),
-        "nothing fires paused"
-    );
+    assert!(r.more_events(3).await.is_none(), "nothing fires paused");
     r.engine
         .control(&keys, &Action::Resume)
         .await
         .expect("resume");
     let e = events(&r.hub, 6).await.expect("three fires caught up");
-    assert!(more_events(&r.hub, 6).await.is_none(), "and no more");
+    assert!(r.more_events(6).await.is_none(), "and no more");
     let of = |id: &str| -> Vec<String> {
         let fired: Vec<PublishedEvent> = e[3..]
             .iter()
@@ -1744,7 +1749,7 @@ async fn catch_up_window_skips_what_is_later_than_the_window() {
     r.clock.advance(secs(10));
     let e = events(&r.hub, 5).await.expect("the ones within the window");
     assert_eq!(due_ats(&e[1..]), [at(8), at(9), at(10), at(11)]);
-    assert!(more_events(&r.hub, 5).await.is_none(), "no more");
+    assert!(r.more_events(5).await.is_none(), "no more");
     let history = history_of(&r, "w").await;
     let skipped: Vec<_> = history.iter().filter(|c| c["type"] == "skipped").collect();
     assert_eq!(skipped.len(), 1, "{history:?}");
@@ -1858,7 +1863,7 @@ async fn jitter_keeps_the_daylight_saving_rules_of_the_pattern() {
             fire_time("daily", "2026-03-30T00:30:00Z"), // 02:30 CEST
         ]
     );
-    assert!(more_events(&r.hub, 2).await.is_none(), "once a day");
+    assert!(r.more_events(2).await.is_none(), "once a day");
 }
 
 #[tokio::test]
@@ -1903,7 +1908,7 @@ async fn a_one_shot_timer_awaiting_its_work_is_not_fired_again_by_a_resume() {
     })
     .await;
     r.clock.advance(secs(30));
-    assert!(more_events(&r.hub, 2).await.is_none(), "not fired again");
+    assert!(r.more_events(2).await.is_none(), "not fired again");
     // Completed while paused: its work is done, nothing is left to fire.
     assert_eq!(
         completed(&r, "paused", None).await,

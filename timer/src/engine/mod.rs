@@ -38,7 +38,7 @@ mod supervise;
 mod throttle;
 mod watchers;
 
-use std::sync::atomic::{AtomicBool, AtomicI64};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::{watch, Notify};
@@ -48,6 +48,7 @@ use tracing::{error, warn};
 use crate::broker::Broker;
 use crate::clock::Clock;
 use crate::config::{EngineConfig, Limits};
+use crate::model::Timestamp;
 use crate::store::{Membership, Store};
 
 pub use admit::Scheduled;
@@ -183,6 +184,15 @@ impl Engine {
     /// The timers this instance fired in the last minute, and their lateness.
     pub fn last_minute(&self) -> LastMinute {
         self.inner.recent.last_minute(self.inner.clock.now())
+    }
+
+    /// When the firing task plans to wake next, while it waits (for the next due time, a
+    /// poll, or a wake-up); `None` while it claims and fires. A test that sees the task asleep
+    /// until after now on a manual clock knows nothing fires until the clock moves or a timer
+    /// wakes it.
+    pub fn asleep_until(&self) -> Option<Timestamp> {
+        let planned = self.inner.planned.load(Ordering::SeqCst);
+        (planned != i64::MAX).then(|| Timestamp::from_millis(planned))
     }
 
     /// The tenants this instance fired timers of in the last minute, latest first (by lateness
