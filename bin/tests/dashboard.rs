@@ -640,6 +640,25 @@ async fn walk_through(name: &str, dir: &Path, mut env: Vec<(&str, String)>, stor
     browser.open("#/timer?tenant=acme&id=broken").await;
     browser.wait_text("#history", "retried by hand").await;
 
+    // A series with policies, fired and awaiting its completion: the page shows both, and
+    // says why it does not fire at its due time.
+    let (status, body) = send(
+        &service,
+        reqwest::Method::POST,
+        "/v1/timers",
+        json!({"tenantId": "acme", "serviceCallId": "guarded", "cron": "* * * * * *",
+               "timeZone": "UTC", "overlap": "skip", "completionTimeout": "1h"}),
+    )
+    .await;
+    assert_eq!(status, 201, "{body}");
+    browser.open("#/timer?tenant=acme&id=guarded").await;
+    browser.wait_text("#fields", "overlap skip").await;
+    browser.wait_text("#fields", "completion timeout 1 h").await;
+    browser
+        .wait_text("#fields", "awaiting the completion of occurrence 1")
+        .await;
+    browser.shot("policy").await;
+
     // Nothing came from anywhere but the service.
     let origins = browser
         .run(
