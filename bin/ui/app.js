@@ -452,7 +452,7 @@ async function overview() {
       h('td', {}, r.waiting),
       h('td', { class: 'num' }, r.fired),
       h('td', { class: 'num' }, r.lateness),
-      h('td', { class: 'num hide-narrow' }, r.latest))));
+      h('td', { class: 'num hide-narrow' }, r.mostLate))));
     if (rows.length === 0) {
       waitingBody.replaceChildren(h('tr', {}, h('td', { colspan: 6, class: 'muted' },
         status.backlog ? 'Nothing waits, and nothing fired in the last minute.' : 'The backlog could not be counted.')));
@@ -507,13 +507,13 @@ async function overview() {
 
 /**
  * One row per tenant that waits (the store's backlog, longest waiting first) or fired in the
- * last minute on this instance (latest first), as text. How long a tenant waits is told at the
+ * last minute on this instance (most late first), as text. How long a tenant waits is told at the
  * count (up to `http.counts_max_age` old), as `nextDueText` does.
  */
 function waitingRows(backlog, lastMinute) {
   const rows = new Map();
   const row = (tenantId) => {
-    if (!rows.has(tenantId)) rows.set(tenantId, { tenantId, due: '0', waiting: '—', fired: '0', lateness: '—', latest: '—' });
+    if (!rows.has(tenantId)) rows.set(tenantId, { tenantId, due: '0', waiting: '—', fired: '0', lateness: '—', mostLate: '—' });
     return rows.get(tenantId);
   };
   if (backlog) {
@@ -528,7 +528,7 @@ function waitingRows(backlog, lastMinute) {
     const r = row(t.tenantId);
     r.fired = fmt(t.fired);
     r.lateness = `${t.latenessMs.p50} / ${t.latenessMs.p99} ms`;
-    r.latest = `${t.maxLatenessMs} ms`;
+    r.mostLate = `${t.maxLatenessMs} ms`;
   }
   return [...rows.values()];
 }

@@ -114,8 +114,8 @@ pub struct LastMinute {
     pub lateness_ms: Percentiles,
     /// Tenants whose timers this instance fired in the last 60 seconds.
     pub tenants: u64,
-    /// The latest of those tenants (at most [`STATUS_TENANTS`]), by lateness p99, then by
-    /// their latest fire.
+    /// The most late of those tenants (at most [`STATUS_TENANTS`]), by lateness p99, then by
+    /// their most late fire.
     pub by_tenant: Vec<TenantMinuteView>,
 }
 
@@ -127,7 +127,7 @@ pub struct TenantMinuteView {
     pub fired: u64,
     /// From a sample of each second's first fires (100 per tenant).
     pub lateness_ms: Percentiles,
-    /// Its latest fire's lateness.
+    /// The lateness of its most late fire.
     pub max_lateness_ms: u64,
 }
 

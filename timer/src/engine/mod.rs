@@ -195,7 +195,7 @@ impl Engine {
         (planned != i64::MAX).then(|| Timestamp::from_millis(planned))
     }
 
-    /// The tenants this instance fired timers of in the last minute, latest first (by lateness
+    /// The tenants this instance fired timers of in the last minute, most late first (by lateness
     /// p99): at most `limit` of them, and how many there were.
     pub fn last_minute_by_tenant(&self, limit: usize) -> (Vec<TenantMinute>, usize) {
         self.inner

@@ -76,7 +76,7 @@ pub struct TenantMinute {
     /// Lateness percentiles in milliseconds, from the tenant's samples.
     pub p50_ms: Option<u64>,
     pub p99_ms: Option<u64>,
-    /// The latest fire, in milliseconds.
+    /// The lateness of its most late fire, in milliseconds.
     pub max_ms: u64,
 }
 
@@ -149,7 +149,7 @@ impl RecentFires {
         }
     }
 
-    /// The tenants that fired in the 60 seconds up to `now`, latest first (by p99, then by
+    /// The tenants that fired in the 60 seconds up to `now`, most late first (by p99, then by
     /// the most late fire, then by id): at most `limit` of them, and how many there were.
     pub(super) fn last_minute_by_tenant(
         &self,
@@ -307,7 +307,7 @@ mod tests {
     }
 
     #[test]
-    fn keeps_each_tenants_last_minute_latest_first() {
+    fn keeps_each_tenants_last_minute_most_late_first() {
         let recent = RecentFires::default();
         let t = |s: i64| Timestamp::from_millis(s * 1000 + 500);
         recent.record(t(100), "gone", 900); // more than a minute before 200
@@ -343,7 +343,7 @@ mod tests {
         assert_eq!(
             (first[0].tenant_id.as_str(), count),
             ("small", 2),
-            "latest first"
+            "most late first"
         );
         // A minute later everyone is quiet; the next fire drops them all.
         assert_eq!(recent.last_minute_by_tenant(t(300), 10), (Vec::new(), 0));
