@@ -85,7 +85,7 @@ pub struct BacklogView {
     pub due: u64,
     /// Tenants with a timer waiting.
     pub tenants: u64,
-    /// The tenants waiting longest (at most [`STATUS_TENANTS`]), longest first.
+    /// The tenants waiting longest (at most 20), longest first.
     pub by_tenant: Vec<TenantBacklogView>,
     /// When this was counted (as `timers.countedAt`).
     #[schema(format = DateTime)]
@@ -114,7 +114,7 @@ pub struct LastMinute {
     pub lateness_ms: Percentiles,
     /// Tenants whose timers this instance fired in the last 60 seconds.
     pub tenants: u64,
-    /// The most late of those tenants (at most [`STATUS_TENANTS`]), by lateness p99, then by
+    /// The most late of those tenants (at most 20), by lateness p99, then by
     /// their most late fire.
     pub by_tenant: Vec<TenantMinuteView>,
 }
