@@ -6,11 +6,17 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
+use timer_core::plugin::{BrokerConfig, BrokerPlugin, ConfigSection};
 pub use timer_core::plugin::{ReadDeadLetter, ReadEvent, TestClient};
 use timer_core::{Broker, OutboundEvent, TimerKey};
 use uuid::Uuid;
 
+use crate::fixtures::Fresh;
+use crate::proxy::Proxy;
 use crate::{wait_for, Check};
+
+/// A broker's fresh resources with their test client and config.
+pub type FreshBroker = Fresh<Arc<dyn TestClient>, dyn BrokerConfig>;
 
 /// Every Broker check, by name.
 pub fn checks() -> Vec<Check<Arc<dyn TestClient>>> {
@@ -344,4 +350,99 @@ pub async fn dead_letter_carries_the_reason(fx: Arc<dyn TestClient>) {
 pub async fn health_ok_when_reachable(fx: Arc<dyn TestClient>) {
     let broker = fx.connect().await.expect("connect");
     broker.health().await.expect("healthy");
+}
+
+/// The plugin under test connected through a [`Proxy`] in front of its test server, which a
+/// check takes away ([`through_a_proxy`]).
+pub struct Proxied {
+    pub broker: Arc<dyn Broker>,
+    pub proxy: Proxy,
+    pub kind: &'static str,
+    _keep: crate::fixtures::Keep,
+}
+
+/// `fresh`'s config with every mention of the test server's address pointed at a new proxy in
+/// front of it, loaded by `plugin` and connected.
+pub async fn through_a_proxy(
+    plugin: &'static BrokerPlugin,
+    fresh: FreshBroker,
+) -> timer_core::Result<Proxied> {
+    let server = plugin
+        .test_server
+        .ok_or_else(|| timer_core::Error::config("a broker without a test server"))?;
+    let proxy = Proxy::in_front_of(&server.address()?, 0).await;
+    let (_client, config, keep) = fresh.into_parts();
+    let mut value = config.to_value()?;
+    let upstream = proxy.upstream().to_string();
+    let mut rewritten = 0;
+    rewrite_strings(&mut value, &mut |s: &str| {
+        s.contains(&upstream).then(|| {
+            rewritten += 1;
+            s.replace(&upstream, &proxy.addr().to_string())
+        })
+    });
+    if rewritten == 0 {
+        return Err(timer_core::Error::config(format!(
+            "the {} config names the test server's address {upstream} nowhere",
+            plugin.kind
+        )));
+    }
+    let locate = |_: &str| String::new();
+    let section = ConfigSection {
+        name: "broker",
+        value,
+        locate: &locate,
+    };
+    let broker = (plugin.load)(&section)?.connect().await?;
+    Ok(Proxied {
+        broker,
+        proxy,
+        kind: plugin.kind,
+        _keep: keep,
+    })
+}
+
+fn rewrite_strings(value: &mut serde_json::Value, f: &mut impl FnMut(&str) -> Option<String>) {
+    match value {
+        serde_json::Value::String(s) => {
+            if let Some(new) = f(s) {
+                *s = new;
+            }
+        }
+        serde_json::Value::Array(items) => items.iter_mut().for_each(|v| rewrite_strings(v, f)),
+        serde_json::Value::Object(map) => map.values_mut().for_each(|v| rewrite_strings(v, f)),
+        _ => {}
+    }
+}
+
+/// The checks that take the server away, by name.
+pub fn server_gone_checks() -> Vec<Check<Proxied>> {
+    crate::checks![health_and_publish_fail_once_the_server_is_gone]
+}
+
+/// With the server gone (its address answers no more: the proxy stopped, every connection
+/// closed), `health` fails, and so does `publish`, within a bound: neither answers Ok for
+/// what it cannot know or do.
+pub async fn health_and_publish_fail_once_the_server_is_gone(p: Proxied) {
+    let kind = p.kind;
+    p.broker.health().await.expect("healthy through the proxy");
+    let undelivered = p.broker.publish(&[event(0)]).await.expect("publish");
+    assert!(undelivered.is_empty(), "{undelivered:?}");
+    drop(p.proxy);
+    let unhealthy = wait_for(WAIT, || async { p.broker.health().await.err() }).await;
+    let Some(e) = unhealthy else {
+        panic!("{kind}: health still Ok {WAIT:?} after the server went away");
+    };
+    println!("{kind} with the server gone: health says {}", e.chain());
+    let published =
+        tokio::time::timeout(Duration::from_secs(60), p.broker.publish(&[event(1)])).await;
+    match published {
+        Ok(Err(e)) => println!("{kind} with the server gone: publish says {}", e.chain()),
+        Ok(Ok(undelivered)) => {
+            panic!("{kind}: publish answered Ok with the server gone (undelivered {undelivered:?})")
+        }
+        Err(_) => {
+            panic!("{kind}: publish neither failed nor returned within 60 s of the server gone")
+        }
+    }
 }

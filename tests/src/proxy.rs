@@ -70,6 +70,11 @@ impl Proxy {
         self.addr
     }
 
+    /// The server it carries connections to.
+    pub fn upstream(&self) -> SocketAddr {
+        self.upstream
+    }
+
     /// `url` (or `host:port`) with the upstream's address replaced by the proxy's; panics when
     /// `url` does not name the upstream.
     pub fn rewrite(&self, url: &str) -> String {

@@ -37,9 +37,34 @@ fn main() {
         trials.extend(suite(
             "broker",
             plugin.kind,
-            missing,
+            missing.clone(),
             broker::checks(),
             fresh,
+        ));
+        let Some(server) = plugin.test_server else {
+            continue; // in process: no server to take away
+        };
+        if let Some(why) = server.bypasses_proxies {
+            // Shown as ignored trials with the reason, in every run.
+            for check in broker::server_gone_checks() {
+                let name = format!("conformance::broker::{}::{}", plugin.kind, check.name);
+                eprintln!("{name}: ignored: {why}");
+                trials.push(Trial::test(name, || Ok(())).with_ignored_flag(true));
+            }
+            continue;
+        }
+        let proxied = move || async move {
+            let fresh = fresh_broker(plugin).await?;
+            broker::through_a_proxy(plugin, fresh)
+                .await
+                .map(|p| (p, ()))
+        };
+        trials.extend(suite(
+            "broker",
+            plugin.kind,
+            missing,
+            broker::server_gone_checks(),
+            proxied,
         ));
     }
     libtest_mimic::run(&args, trials).exit();

@@ -21,7 +21,8 @@ pub const TEST_SERVER: TestServer = TestServer::new(
     "TIMER_TEST_KAFKA_DIR",
     "kafka",
     "KAFKA_PORT",
-);
+)
+.bypassing_proxies("a Kafka client goes on to the addresses the cluster advertises");
 
 impl Section for KafkaConfig {
     const KIND: &'static str = "kafka";

@@ -74,6 +74,10 @@ pub struct TestServer {
     pub script: &'static str,
     /// The variable that script reads its port from (`NATS_PORT`).
     pub port_env: &'static str,
+    /// Why a TCP proxy in front of the address cannot stand for the server, where it cannot
+    /// (a Kafka client goes on to the addresses the cluster advertises); the checks that take
+    /// the server away through a proxy are ignored with it.
+    pub bypasses_proxies: Option<&'static str>,
 }
 
 impl TestServer {
@@ -88,6 +92,15 @@ impl TestServer {
             dir_env,
             script,
             port_env,
+            bypasses_proxies: None,
+        }
+    }
+
+    /// This server, saying why a proxy cannot stand for it ([`TestServer::bypasses_proxies`]).
+    pub const fn bypassing_proxies(self, why: &'static str) -> Self {
+        TestServer {
+            bypasses_proxies: Some(why),
+            ..self
         }
     }
 

@@ -89,12 +89,7 @@ fn values_leave_unset_options_out() {
 
 #[test]
 fn ports_come_from_urls_and_addresses() {
-    let server = |var| TestServer {
-        address_env: var,
-        dir_env: "UNUSED",
-        script: "demo",
-        port_env: "DEMO_PORT",
-    };
+    let server = |var| TestServer::new(var, "UNUSED", "demo", "DEMO_PORT");
     // Variables of this test only; nothing else reads them.
     std::env::set_var(
         "TIMER_PLUGIN_TEST_URL",
