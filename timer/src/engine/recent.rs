@@ -231,10 +231,16 @@ impl State {
             });
             self.pruned_second = second;
         }
-        if !self.tenants.contains_key(tenant) && self.tenants.len() >= TENANTS {
-            return;
+        // The id is copied for a tenant new to the last minute only, not for every fire.
+        if !self.tenants.contains_key(tenant) {
+            if self.tenants.len() >= TENANTS {
+                return;
+            }
+            self.tenants.insert(tenant.to_owned(), VecDeque::new());
         }
-        let buckets = self.tenants.entry(tenant.to_owned()).or_default();
+        let Some(buckets) = self.tenants.get_mut(tenant) else {
+            return;
+        };
         // Fires arrive in time order but for a few confirmed late: those count in the latest
         // second.
         if buckets.back().is_none_or(|b| b.second < second) {
