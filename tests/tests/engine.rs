@@ -156,12 +156,8 @@ impl Rig {
     /// nothing more fires until the clock moves or a timer wakes it); `None` when there are
     /// none. Fails when the task never goes to sleep.
     async fn more_events(&self, n: usize) -> Option<Vec<PublishedEvent>> {
-        let asleep = wait_for(WAIT, || async {
-            let now = timer_core::Clock::now(self.clock.as_ref());
-            let until = self.engine.asleep_until()?;
-            (until > now && self.clock.sleepers().contains(&until)).then_some(())
-        })
-        .await;
+        let now = timer_core::Clock::now(self.clock.as_ref());
+        let asleep = self.asleep(|until| until > now).await;
         assert!(
             asleep.is_some(),
             "the firing task never went to sleep: planned {:?}, sleepers {:?}",
@@ -169,6 +165,16 @@ impl Rig {
             self.clock.sleepers()
         );
         self.hub.events().ok().filter(|e| e.len() > n)
+    }
+
+    /// Waits until the firing task sleeps on the clock until a time `wanted` accepts; that
+    /// time, or `None` at the deadline.
+    async fn asleep(&self, wanted: impl Fn(Timestamp) -> bool) -> Option<Timestamp> {
+        wait_for(WAIT, || async {
+            let until = self.engine.asleep_until()?;
+            (wanted(until) && self.clock.sleepers().contains(&until)).then_some(until)
+        })
+        .await
     }
 
     /// Nothing fired, and the firing task is asleep: nothing fires until the clock moves.
@@ -433,10 +439,7 @@ async fn a_sooner_timer_wakes_the_sleeping_firing_task() {
     let late = T0.saturating_add(secs(600));
     r.schedule(&[timer("late", late)]).await;
     // The firing task is asleep until the late timer (the poll interval is an hour) ...
-    let asleep = wait_for(WAIT, || async {
-        r.clock.sleepers().contains(&late).then_some(())
-    })
-    .await;
+    let asleep = r.asleep(|until| until == late).await;
     assert!(
         asleep.is_some(),
         "asleep until {late}: {:?}",
@@ -446,10 +449,7 @@ async fn a_sooner_timer_wakes_the_sleeping_firing_task() {
     // before the clock moves at all.
     let early = T0.saturating_add(ms(20));
     r.schedule(&[timer("early", early)]).await;
-    let woken = wait_for(WAIT, || async {
-        r.clock.sleepers().contains(&early).then_some(())
-    })
-    .await;
+    let woken = r.asleep(|until| until == early).await;
     assert!(
         woken.is_some(),
         "the sooner timer did not wake the firing task: {:?}",
