@@ -58,6 +58,16 @@ async fn receive_all(broker: &dyn Broker, n: usize) -> Vec<timer_core::Delivery>
     got
 }
 
+/// One receive of up to 10 commands, waiting up to `wait`; each acknowledged. Their bodies.
+async fn receive_and_ack(broker: &dyn Broker, wait: Duration) -> Vec<Vec<u8>> {
+    let mut bodies = Vec::new();
+    for d in broker.receive(10, wait).await.expect("receive") {
+        broker.ack(&[d.tag]).await.expect("ack");
+        bodies.push(d.body);
+    }
+    bodies
+}
+
 pub async fn published_event_readable_with_its_id(fx: Arc<dyn TestClient>) {
     let broker = fx.connect().await.expect("connect");
     let events: Vec<OutboundEvent> = (0..3).map(event).collect();
@@ -190,28 +200,14 @@ pub async fn acked_command_not_redelivered(fx: Arc<dyn TestClient>) {
     let deadline = tokio::time::Instant::now() + WAIT;
     while !bodies.iter().any(|b: &Vec<u8>| b == b"marker") && tokio::time::Instant::now() < deadline
     {
-        for d in second
-            .receive(10, Duration::from_millis(500))
-            .await
-            .expect("receive")
-        {
-            second.ack(&[d.tag]).await.expect("ack");
-            bodies.push(d.body);
-        }
+        bodies.extend(receive_and_ack(second.as_ref(), Duration::from_millis(500)).await);
     }
     // A broker that delivers again by itself after its ack wait (NATS) would do so later than
     // the marker: read on until that wait is over too.
     if let Some(ack_wait) = second.ack_wait() {
         let until = tokio::time::Instant::now() + ack_wait + Duration::from_secs(1);
         while tokio::time::Instant::now() < until {
-            for d in second
-                .receive(10, Duration::from_millis(250))
-                .await
-                .expect("receive")
-            {
-                second.ack(&[d.tag]).await.expect("ack");
-                bodies.push(d.body);
-            }
+            bodies.extend(receive_and_ack(second.as_ref(), Duration::from_millis(250)).await);
         }
     }
     assert_eq!(
