@@ -301,17 +301,18 @@ pub async fn metrics(State(app): State<AppState>) -> Result<String, ApiError> {
 async fn count_totals(engine: Engine) -> timer_core::Result<Totals> {
     let counted_at = engine.clock().now();
     let queries = engine.store().queries();
-    let (pending, paused, failed) = tokio::join!(
+    let (pending, paused, failed, backlog) = tokio::join!(
         queries.count(TimerState::Scheduled),
         queries.count(TimerState::Paused),
         queries.count(TimerState::Failed),
+        queries.backlog(counted_at, STATUS_TENANTS),
     );
     Ok(Totals {
         counted_at,
         pending: pending?,
         paused: paused?,
         failed: failed?,
-        backlog: queries.backlog(counted_at, STATUS_TENANTS).await?,
+        backlog: backlog?,
     })
 }
 
