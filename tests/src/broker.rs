@@ -11,6 +11,7 @@ pub use timer_core::plugin::{ReadDeadLetter, ReadEvent, TestClient};
 use timer_core::{Broker, OutboundEvent, TimerKey};
 use uuid::Uuid;
 
+use crate::e2e::PrivateServer;
 use crate::fixtures::Fresh;
 use crate::proxy::Proxy;
 use crate::{wait_for, Check};
@@ -348,13 +349,31 @@ pub async fn health_ok_when_reachable(fx: Arc<dyn TestClient>) {
     broker.health().await.expect("healthy");
 }
 
-/// The plugin under test connected through a [`Proxy`] in front of its test server, which a
-/// check takes away ([`through_a_proxy`]).
+/// The plugin under test connected to a stand-in for its test server that a check may take
+/// away ([`Proxied::take_the_server_away`]): a [`Proxy`] in front of the shared server
+/// ([`through_a_proxy`]), or, for a server whose clients go around proxies, a private server
+/// of its own ([`on_a_private_server`]).
 pub struct Proxied {
     pub broker: Arc<dyn Broker>,
-    pub proxy: Proxy,
     pub kind: &'static str,
+    stand_in: StandIn,
     _keep: crate::fixtures::Keep,
+}
+
+enum StandIn {
+    Proxy(Proxy),
+    Private(PrivateServer),
+}
+
+impl Proxied {
+    /// The server goes: the proxy stops and closes every connection, or the private server
+    /// gets SIGKILL.
+    pub async fn take_the_server_away(&self) {
+        match &self.stand_in {
+            StandIn::Proxy(proxy) => proxy.stop(),
+            StandIn::Private(server) => server.kill9().await,
+        }
+    }
 }
 
 /// `fresh`'s config with every mention of the test server's address pointed at a new proxy in
@@ -363,23 +382,52 @@ pub async fn through_a_proxy(
     plugin: &'static BrokerPlugin,
     fresh: FreshBroker,
 ) -> timer_core::Result<Proxied> {
-    let server = plugin
-        .test_server
-        .ok_or_else(|| timer_core::Error::config("a broker without a test server"))?;
+    let server = test_server(plugin)?;
     let proxy = Proxy::in_front_of(&server.address()?, 0).await;
+    let upstream = proxy.upstream().to_string();
+    let to = proxy.addr().to_string();
+    connect_instead(plugin, fresh, &upstream, &to, StandIn::Proxy(proxy)).await
+}
+
+/// `fresh`'s config with every mention of the test server's address pointed at a private
+/// server its script starts on a free port ([`PrivateServer`]), loaded by `plugin` and
+/// connected (the plugin creates what it needs there as on a new cluster).
+pub async fn on_a_private_server(
+    plugin: &'static BrokerPlugin,
+    fresh: FreshBroker,
+) -> timer_core::Result<Proxied> {
+    let server = test_server(plugin)?;
+    let shared = server.address()?;
+    let private = PrivateServer::start(server.script, server.port_env).await;
+    let to = private.address().to_owned();
+    connect_instead(plugin, fresh, &shared, &to, StandIn::Private(private)).await
+}
+
+fn test_server(plugin: &BrokerPlugin) -> timer_core::Result<timer_core::plugin::TestServer> {
+    plugin
+        .test_server
+        .ok_or_else(|| timer_core::Error::config("a broker without a test server"))
+}
+
+async fn connect_instead(
+    plugin: &'static BrokerPlugin,
+    fresh: FreshBroker,
+    from: &str,
+    to: &str,
+    stand_in: StandIn,
+) -> timer_core::Result<Proxied> {
     let (_client, config, keep) = fresh.into_parts();
     let mut value = config.to_value()?;
-    let upstream = proxy.upstream().to_string();
     let mut rewritten = 0;
     rewrite_strings(&mut value, &mut |s: &str| {
-        s.contains(&upstream).then(|| {
+        s.contains(from).then(|| {
             rewritten += 1;
-            s.replace(&upstream, &proxy.addr().to_string())
+            s.replace(from, to)
         })
     });
     if rewritten == 0 {
         return Err(timer_core::Error::config(format!(
-            "the {} config names the test server's address {upstream} nowhere",
+            "the {} config names the test server's address {from} nowhere",
             plugin.kind
         )));
     }
@@ -392,8 +440,8 @@ pub async fn through_a_proxy(
     let broker = (plugin.load)(&section)?.connect().await?;
     Ok(Proxied {
         broker,
-        proxy,
         kind: plugin.kind,
+        stand_in,
         _keep: keep,
     })
 }
@@ -416,15 +464,18 @@ pub fn server_gone_checks() -> Vec<Check<Proxied>> {
     crate::checks![health_and_publish_fail_once_the_server_is_gone]
 }
 
-/// With the server gone (its address answers no more: the proxy stopped, every connection
-/// closed), `health` fails, and so does `publish`, within a bound: neither answers Ok for
+/// With the server gone (its address answers no more: the proxy stopped and every connection
+/// closed, or the private server killed), `health` fails, and so does `publish`, within a bound: neither answers Ok for
 /// what it cannot know or do.
 pub async fn health_and_publish_fail_once_the_server_is_gone(p: Proxied) {
     let kind = p.kind;
-    p.broker.health().await.expect("healthy through the proxy");
+    p.broker
+        .health()
+        .await
+        .expect("healthy while the server is there");
     let undelivered = p.broker.publish(&[event(0)]).await.expect("publish");
     assert!(undelivered.is_empty(), "{undelivered:?}");
-    drop(p.proxy);
+    p.take_the_server_away().await;
     let unhealthy = wait_for(WAIT, || async { p.broker.health().await.err() }).await;
     let Some(e) = unhealthy else {
         panic!("{kind}: health still Ok {WAIT:?} after the server went away");

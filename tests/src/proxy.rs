@@ -101,6 +101,12 @@ impl Proxy {
     pub fn reset(&self) {
         self.state.send_modify(|s| s.generation += 1);
     }
+
+    /// The server is gone: the proxy stops listening and closes every connection, as when it
+    /// is dropped.
+    pub fn stop(&self) {
+        self.stop.cancel();
+    }
 }
 
 impl Drop for Proxy {

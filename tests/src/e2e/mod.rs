@@ -24,7 +24,8 @@ pub use events::{
     percentiles, timer_of, EventLog, Received, ON_TIME_P99_MS, UNDER_LOAD_P99_MS,
 };
 pub use processes::{
-    missing_var, refused_to_run, run_ok, run_to_end, Exit, RestartOnDrop, ScriptedServer,
+    missing_var, refused_to_run, run_ok, run_to_end, Exit, PrivateServer, RestartOnDrop,
+    ScriptedServer,
 };
 pub use timers::{
     assert_reached, catch_holding_leases, drained, freeze_holding_leases, new_timers,

@@ -178,6 +178,55 @@ impl ScriptedServer {
     }
 }
 
+/// A server of its own for one check, started by its script on a free port in a directory of
+/// its own ([`PrivateServer::start`]): a check may take it away without touching the server
+/// the other tests share. Stopped when dropped.
+pub struct PrivateServer {
+    server: ScriptedServer,
+    address: String,
+    _dir: tempfile::TempDir,
+}
+
+impl PrivateServer {
+    /// Starts `script` (`kafka`) as `kafka.sh start DIR` with `port_env` set to a free port.
+    pub async fn start(script: &str, port_env: &'static str) -> Self {
+        let dir = tempfile::tempdir().expect("a directory for the private server");
+        let port = super::free_addr().port();
+        let server = ScriptedServer::new(
+            script,
+            dir.path().to_string_lossy().into_owned(),
+            port_env,
+            port,
+        );
+        server.run("start").await;
+        PrivateServer {
+            server,
+            address: format!("127.0.0.1:{port}"),
+            _dir: dir,
+        }
+    }
+
+    /// `127.0.0.1:PORT`, where it listens.
+    pub fn address(&self) -> &str {
+        &self.address
+    }
+
+    /// SIGKILL, by the pid its script recorded; returns once it is gone.
+    pub async fn kill9(&self) {
+        self.server.kill9().await;
+    }
+}
+
+impl Drop for PrivateServer {
+    fn drop(&mut self) {
+        // After a kill9 this only removes the stale pid file.
+        let _ = std::process::Command::new("bash")
+            .arg(&self.server.script)
+            .args(["stop", &self.server.dir])
+            .output();
+    }
+}
+
 pub struct RestartOnDrop<'a>(&'a ScriptedServer);
 
 impl Drop for RestartOnDrop<'_> {

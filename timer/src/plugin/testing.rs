@@ -76,7 +76,8 @@ pub struct TestServer {
     pub port_env: &'static str,
     /// Why a TCP proxy in front of the address cannot stand for the server, where it cannot
     /// (a Kafka client goes on to the addresses the cluster advertises); the checks that take
-    /// the server away through a proxy are ignored with it.
+    /// the server away then run against a private server of their own, which `script` starts
+    /// on a free port in a directory of its own.
     pub bypasses_proxies: Option<&'static str>,
 }
 
