@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use libtest_mimic::Arguments;
 use timer_conformance::e2e::{
-    assert_reached, count_by_key, drained, new_timers, now_ms, store_timers, ScriptedServer,
-    Service,
+    assert_reached, count_by_key, drained, due_ms, new_timers, now_ms, on_time, store_timers,
+    Received, ScriptedServer, Service,
 };
 use timer_conformance::{server_trial, wait_for};
 use timer_core::plugin::fresh_name;
@@ -61,6 +61,7 @@ async fn restart_under_load_loses_nothing() {
         .expect("firing started");
 
     let server = ScriptedServer::of(&TEST_SERVER).expect("the PostgreSQL test server");
+    let stopped_at = now_ms();
     server.run("stop").await;
     // Whatever happens next, the server is running again for the test binaries after this one.
     let _restart = server.restart_guard();
@@ -83,6 +84,7 @@ async fn restart_under_load_loses_nothing() {
         "/readyz recovers; log:\n{}",
         service.log_text()
     );
+    let ready_at = now_ms();
 
     assert!(
         drained(&store, Duration::from_secs(120)).await,
@@ -98,5 +100,20 @@ async fn restart_under_load_loses_nothing() {
          seen on the stream, {repeated} fired twice"
     );
     assert_eq!(seen, N, "every timer's event reached the stream");
+    // Away from the outage the timers fire on time: those due well before the server stopped,
+    // and those due a while after the service was ready again (its pool reconnected).
+    let (before, after): (Vec<Received>, Vec<Received>) = events
+        .snapshot()
+        .into_iter()
+        .filter(|r| {
+            let due = due_ms(&r.envelope);
+            due < stopped_at - 200 || due > ready_at + 1_000
+        })
+        .partition(|r| due_ms(&r.envelope) < stopped_at);
+    assert!(!before.is_empty(), "timers fired before the outage");
+    on_time("before the PostgreSQL restart", &before);
+    if !after.is_empty() {
+        on_time("after the PostgreSQL restart", &after);
+    }
     assert_eq!(service.terminate().await, Some(0));
 }
