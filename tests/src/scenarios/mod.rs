@@ -117,6 +117,22 @@ pub enum Outage {
     NotTested(&'static str),
 }
 
+impl Outage {
+    /// Takes `server` down this way; returns once it is gone (its port free for the next
+    /// start). Panics for [`Outage::NotTested`]: an outage left out is not brought about.
+    pub async fn take_down(&self, server: &ScriptedServer) {
+        match self {
+            Outage::Kill => server.kill9().await,
+            Outage::KillRecorded(pid_file) => {
+                server.kill9_recorded(pid_file).await;
+                server.run("stop").await;
+            }
+            Outage::Stop => server.run("stop").await,
+            Outage::NotTested(why) => panic!("an outage left out is not brought about: {why}"),
+        }
+    }
+}
+
 /// Every scenario as a trial for `case.plugin`, named `brokers::<kind>::<scenario>`, and the
 /// broker's `own` checks after them: the scenarios through the service's HTTP API for a broker
 /// inside the service, all of them for a broker with a server (the ingest kill on every durable

@@ -279,15 +279,7 @@ async fn server_outage_while_timers_fire(
     let guard = server.restart_guard();
     let failures_before = metric(&service.text("/metrics").await, "timer_publish_failures");
     let down_at = std::time::Instant::now();
-    match outage {
-        Outage::Kill => server.kill9().await,
-        Outage::KillRecorded(pid_file) => {
-            server.kill9_recorded(pid_file).await;
-            server.run("stop").await;
-        }
-        Outage::Stop => server.run("stop").await,
-        Outage::NotTested(_) => unreachable!("an outage left out is not run"),
-    }
+    outage.take_down(&server).await;
     // While the server is gone the service says so: a plugin whose health answered Ok
     // regardless fails here (one whose publish did would lose events, which the count of
     // events on the broker below finds). Not longer: the outage is to stay short.
