@@ -47,6 +47,7 @@ struct Setup {
     hub: MemoryHub,
     clock: Arc<ManualClock>,
     publish: Publish,
+    dead_letters: DeadLetterGate,
     config: EngineConfig,
     limits: Limits,
 }
@@ -74,6 +75,7 @@ impl Default for Setup {
             hub: MemoryHub::new(MemoryConfig::default()),
             clock: Arc::new(ManualClock::new(T0)),
             publish: Publish::Works,
+            dead_letters: DeadLetterGate::default(),
             config: config(),
             limits: Limits::default(),
         }
@@ -92,7 +94,7 @@ struct Rig {
 
 impl Setup {
     fn start(self) -> Rig {
-        let broker = FaultyBroker::new(self.hub.connect(), self.publish);
+        let broker = FaultyBroker::new(self.hub.connect(), self.publish, self.dead_letters);
         let engine = Engine::new(
             self.store.clone(),
             Arc::new(broker),
@@ -210,13 +212,13 @@ async fn timer_where(store: &Arc<dyn Store>, id: &str, pred: impl Fn(&Timer) -> 
 }
 
 /// A memory store with injected faults: the first `schedule_failures` schedules fail, as an
-/// unreachable database would; with `hang_reached`, settling a fired one-shot timer never
+/// unreachable database would; with `hang_fired`, settling a fired timer (one-shot or series) never
 /// returns (the process "dies" between publishing and marking); the first `hung_claims` claims
 /// never answer (a connection that hangs without a reset).
 struct Faulty {
     inner: Arc<dyn Store>,
     schedule_failures: AtomicU32,
-    hang_reached: bool,
+    hang_fired: bool,
     hung_claims: AtomicU32,
 }
 
@@ -225,7 +227,7 @@ impl Faulty {
         Faulty {
             inner,
             schedule_failures: AtomicU32::new(0),
-            hang_reached: false,
+            hang_fired: false,
             hung_claims: AtomicU32::new(0),
         }
     }
@@ -266,7 +268,8 @@ impl Store for Faulty {
         owner: &str,
         at: Timestamp,
     ) -> Result<u64> {
-        if self.hang_reached && claims.iter().any(|(_, s)| *s == Settlement::Reached) {
+        let fired = |s: &Settlement| matches!(s, Settlement::Reached | Settlement::Next(_));
+        if self.hang_fired && claims.iter().any(|(_, s)| fired(s)) {
             std::future::pending::<()>().await;
         }
         self.inner.settle(claims, owner, at).await
@@ -328,7 +331,37 @@ enum Publish {
     Refuses(String),
 }
 
-/// The memory broker, its publishing as [`Publish`] says.
+/// Dead letters the test broker refuses while `refusing` is set (as a broker that is down
+/// would), each try counted; by default none is refused.
+#[derive(Clone, Default)]
+struct DeadLetterGate {
+    refusing: Arc<std::sync::atomic::AtomicBool>,
+    tries: Arc<AtomicU32>,
+}
+
+impl DeadLetterGate {
+    fn refusing() -> Self {
+        let gate = DeadLetterGate::default();
+        gate.refusing.store(true, Ordering::SeqCst);
+        gate
+    }
+
+    fn open(&self) {
+        self.refusing.store(false, Ordering::SeqCst);
+    }
+
+    /// Waits until `n` dead letters were tried; false at the deadline.
+    async fn tried(&self, n: u32) -> bool {
+        wait_for(WAIT, || async {
+            (self.tries.load(Ordering::SeqCst) >= n).then_some(())
+        })
+        .await
+        .is_some()
+    }
+}
+
+/// The memory broker, its publishing as [`Publish`] says, its dead letters as the
+/// [`DeadLetterGate`] lets them.
 struct FaultyBroker {
     inner: MemoryBroker,
     failures: AtomicU32,
@@ -336,10 +369,11 @@ struct FaultyBroker {
     hangs: bool,
     gate: Option<Arc<tokio::sync::Notify>>,
     refuses: Option<String>,
+    dead_letters: DeadLetterGate,
 }
 
 impl FaultyBroker {
-    fn new(inner: MemoryBroker, publish: Publish) -> Self {
+    fn new(inner: MemoryBroker, publish: Publish, dead_letters: DeadLetterGate) -> Self {
         let mut broker = FaultyBroker {
             inner,
             failures: AtomicU32::new(0),
@@ -347,6 +381,7 @@ impl FaultyBroker {
             hangs: false,
             gate: None,
             refuses: None,
+            dead_letters,
         };
         match publish {
             Publish::Works => {}
@@ -402,6 +437,10 @@ impl Broker for FaultyBroker {
             .collect())
     }
     async fn dead_letter(&self, body: &[u8], reason: &str) -> Result<()> {
+        self.dead_letters.tries.fetch_add(1, Ordering::SeqCst);
+        if self.dead_letters.refusing.load(Ordering::SeqCst) {
+            return Err(Error::unavailable("injected: dead letters refused"));
+        }
         self.inner.dead_letter(body, reason).await
     }
     async fn health(&self) -> Result<()> {
@@ -483,12 +522,25 @@ async fn past_due_timers_fire_at_once_in_due_order() {
 
 #[tokio::test]
 async fn crash_between_publish_and_mark_gives_a_duplicate_not_a_loss() {
+    crash_between_publish_and_mark(timer("dup", T0)).await;
+}
+
+/// The same for an occurrence of a series: it is published before the series moves on.
+#[tokio::test]
+async fn crash_between_publishing_an_occurrence_and_moving_on_gives_a_duplicate_not_a_loss() {
+    crash_between_publish_and_mark(every_second("dup", T0)).await;
+}
+
+/// The instance "dies" after publishing `dup` and before its settle: the store still has it
+/// Scheduled at its due time, and the next instance fires it again, with the same event id,
+/// once the lease expired.
+async fn crash_between_publish_and_mark(dup: NewTimer) {
     let durable: Arc<dyn Store> = Arc::new(MemoryStore::new());
     let hub = MemoryHub::new(MemoryConfig::default());
     let clock = Arc::new(ManualClock::new(T0));
     let first = Setup {
         store: Arc::new(Faulty {
-            hang_reached: true,
+            hang_fired: true,
             ..Faulty::new(durable.clone())
         }),
         hub: hub.clone(),
@@ -496,12 +548,13 @@ async fn crash_between_publish_and_mark_gives_a_duplicate_not_a_loss() {
         ..Setup::default()
     }
     .start();
-    first.schedule(&[timer("dup", T0)]).await;
+    first.schedule(&[dup]).await;
     events(&hub, 1).await.expect("published once");
     first.task.abort(); // the crash: published, never marked
     let _ = first.task.await;
     let t = timer_where(&durable, "dup", |_| true).await;
     assert_eq!(t.state, TimerState::Scheduled);
+    assert_eq!((t.due_at, t.occurrences), (T0, 0), "not moved on: {t:?}");
 
     let second = Setup {
         store: durable.clone(),
@@ -526,14 +579,18 @@ async fn crash_between_publish_and_mark_gives_a_duplicate_not_a_loss() {
     let fired = events(&hub, 2)
         .await
         .expect("fired again after the lease expired");
-    assert_eq!(fired.len(), 2);
     assert_eq!(fired[0].key, fired[1].key);
     assert_eq!(
         fired[0].id, fired[1].id,
         "a repeat carries the same envelope id, so brokers and consumers can drop it"
     );
-    let t = timer_where(&durable, "dup", |t| t.state == TimerState::Reached).await;
-    assert_eq!(t.lease_owner.as_deref(), Some("engine-b"));
+    let t = timer_where(&durable, "dup", |t| {
+        t.occurrences >= 1 || t.state == TimerState::Reached
+    })
+    .await;
+    if t.state == TimerState::Reached {
+        assert_eq!(t.lease_owner.as_deref(), Some("engine-b"));
+    }
     second.shutdown.cancel();
 }
 
@@ -804,6 +861,119 @@ async fn ingest_stores_valid_commands_and_dead_letters_bad_ones() {
     );
 }
 
+/// A refused command is acknowledged only once its dead letter went out: while the broker
+/// refuses dead letters, the command stays unacknowledged (the broker keeps it), and nothing
+/// behind it is lost.
+#[tokio::test]
+async fn a_refused_command_stays_unacknowledged_until_its_dead_letter_went_out() {
+    let gate = DeadLetterGate::refusing();
+    let mut setup = Setup {
+        dead_letters: gate.clone(),
+        ..Setup::default()
+    };
+    setup.config.retry_base = ms(20);
+    let r = setup.start();
+    r.hub.send_command("{not json").expect("send");
+    // Until the dead letter was tried twice, or the command acknowledged.
+    let acknowledged = wait_for(WAIT, || async {
+        let acknowledged = r.hub.unacknowledged().ok()? == 0;
+        (acknowledged || gate.tries.load(Ordering::SeqCst) >= 2).then_some(acknowledged)
+    })
+    .await;
+    assert_eq!(
+        acknowledged,
+        Some(false),
+        "acknowledged a refused command whose dead letter did not go out (None: never tried)"
+    );
+    assert!(r.hub.dead_letters().expect("dead letters").is_empty());
+    gate.open();
+    let letters = dead_letters(&r.hub, 1).await.expect("the dead letter");
+    assert!(letters[0].reason.starts_with("invalid_json"), "{letters:?}");
+    assert!(
+        all_acknowledged(&r.hub).await,
+        "acknowledged once it went out"
+    );
+}
+
+/// Commands held back by a tenant's rate are not acknowledged: a shutdown leaves them with the
+/// broker, and the next engine stores them.
+#[tokio::test]
+async fn commands_held_at_shutdown_stay_with_the_broker_for_the_next_engine() {
+    let mut setup = Setup::default();
+    setup.limits.rate.schedules_per_second = 1;
+    setup.limits.rate.burst = 1;
+    let store = setup.store.clone();
+    let hub = setup.hub.clone();
+    let r = setup.start();
+    let later = T0.saturating_add(secs(3600));
+    for id in ["0", "1", "2"] {
+        r.hub
+            .send_command(format!(
+                r#"{{"tenantId":"big","serviceCallId":"{id}","dueTimeMs":{}}}"#,
+                later.as_millis()
+            ))
+            .expect("send");
+    }
+    let key = |id: &str| TimerKey::new("big", id);
+    let held = wait_for(WAIT, || async {
+        let stored = r.store.get(&key("0")).await.ok()??;
+        (r.hub.unacknowledged().ok()? == 2).then_some(stored)
+    })
+    .await;
+    assert!(held.is_some(), "one stored (the burst), two held");
+    r.shutdown.cancel();
+    r.task.await.expect("the engine stopped");
+    drop(r.engine);
+    for id in ["1", "2"] {
+        assert!(store.get(&key(id)).await.expect("get").is_none());
+    }
+    let next = Setup {
+        store: store.clone(),
+        hub,
+        ..Setup::default()
+    }
+    .start();
+    for id in ["1", "2"] {
+        let stored = wait_for(WAIT, || async { next.store.get(&key(id)).await.ok()? }).await;
+        assert!(
+            stored.is_some(),
+            "big/{id}, held at the shutdown, stored by the next engine"
+        );
+    }
+    assert!(all_acknowledged(&next.hub).await);
+}
+
+/// Without a wake-up (a timer another instance stored), the firing task still asks the store
+/// at least every `engine.poll_interval`, and then sleeps until the timer it found.
+#[tokio::test]
+async fn the_firing_task_asks_the_store_at_least_every_poll_interval() {
+    let mut setup = Setup::default();
+    setup.config.poll_interval = secs(5);
+    let r = setup.start();
+    let first = r.asleep(|_| true).await.expect("asleep");
+    assert!(
+        first <= T0.saturating_add(secs(5)),
+        "asleep until {first:?}, beyond the poll interval"
+    );
+    // Written straight into the store: nothing wakes this engine.
+    r.store
+        .schedule(&[timer("elsewhere", T0.saturating_add(secs(7)))], T0)
+        .await
+        .expect("schedule");
+    r.clock.advance(secs(5));
+    let next = r
+        .asleep(|until| until > T0.saturating_add(secs(5)))
+        .await
+        .expect("asleep again");
+    assert_eq!(
+        next,
+        T0.saturating_add(secs(7)),
+        "after the poll it sleeps until the timer it found"
+    );
+    r.clock.advance(secs(2));
+    events(&r.hub, 1).await.expect("fired at its due time");
+}
+
 /// A store call that never answers (a connection hanging without a reset) holds the firing task
 /// only for `engine.store_timeout`: the claim is tried again and the timer fires.
 #[tokio::test]
@@ -864,6 +1034,37 @@ async fn commands_are_not_acknowledged_until_the_store_committed_them() {
     assert_eq!(r.hub.unacknowledged().expect("count"), 0);
     timer_where(&inner, "kept", |t| t.state == TimerState::Reached).await;
     r.shutdown.cancel();
+}
+
+/// At its last attempt a timer becomes Failed only once its `TimerFailed` went out: while the
+/// broker refuses dead letters, the timer stays Scheduled and is tried again.
+#[tokio::test]
+async fn a_timer_whose_timer_failed_cannot_be_sent_is_retried_not_failed() {
+    let gate = DeadLetterGate::refusing();
+    let mut setup = Setup {
+        dead_letters: gate.clone(),
+        ..Setup::publishing(Publish::FailsFirst(u32::MAX))
+    };
+    setup.config.max_attempts = 2;
+    let r = setup.start();
+    r.schedule(&[timer("doomed", T0)]).await;
+    timer_where(&r.store, "doomed", |t| t.attempts == 1).await;
+    r.clock.advance(secs(1));
+    assert!(gate.tried(1).await, "the TimerFailed was tried");
+    let t = timer_where(&r.store, "doomed", |t| t.attempts == 2).await;
+    assert_eq!(
+        t.state,
+        TimerState::Scheduled,
+        "Failed without its TimerFailed sent"
+    );
+    assert!(r.hub.dead_letters().expect("dead letters").is_empty());
+    gate.open();
+    r.clock
+        .advance(t.available_at.duration_since(T0.saturating_add(secs(1))));
+    let t = timer_where(&r.store, "doomed", |t| t.state == TimerState::Failed).await;
+    let letters = dead_letters(&r.hub, 1).await.expect("the TimerFailed");
+    assert!(letters[0].reason.starts_with("max_attempts"), "{letters:?}");
+    assert!(t.attempts >= 2, "{t:?}");
 }
 
 #[tokio::test]

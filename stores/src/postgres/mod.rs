@@ -287,3 +287,29 @@ impl PostgresStore {
             .map_err(|e| db_err("dropping the schema", e))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    /// Released migrations never change (`sql::migrations`); a new one adds its line.
+    #[test]
+    fn released_migrations_never_change() {
+        crate::sql::migrations::assert_released(
+            "postgres",
+            &sqlx::migrate!("./migrations/postgres"),
+            &[
+                (1, "3546f08e18fabb60"),
+                (2, "38a46a28733e9a7b"),
+                (3, "59899fd934de3d51"),
+                (4, "b68a6f8582e5cce5"),
+                (5, "768c37816d4c20dd"),
+                (6, "868a336adc57f5b3"),
+                (7, "36b6de9588a5e059"),
+                (8, "1fc1464b68324cc6"),
+                (9, "9123b73b94d65e79"),
+                (10, "1783b7d3e4b8df8d"),
+                (11, "4001dff2d0c38f51"),
+                (12, "560aa4e0ead33ef4"),
+            ],
+        );
+    }
+}

@@ -35,6 +35,8 @@ macro_rules! statements {
 
 mod abilities;
 mod control;
+#[cfg(test)]
+pub(crate) mod migrations;
 mod reads;
 mod row;
 mod writes;

@@ -80,3 +80,21 @@ async fn a_missing_directory_is_unavailable_naming_the_path() {
         e.chain()
     );
 }
+
+/// Released migrations never change (`sql::migrations`); a new one adds its line.
+#[test]
+fn released_migrations_never_change() {
+    crate::sql::migrations::assert_released(
+        "sqlite",
+        &sqlx::migrate!("./migrations/sqlite"),
+        &[
+            (1, "a443121a4856a829"),
+            (2, "278b5cd910caafb4"),
+            (3, "59899fd934de3d51"),
+            (4, "b68a6f8582e5cce5"),
+            (5, "36b6de9588a5e059"),
+            (6, "1fc1464b68324cc6"),
+            (7, "4001dff2d0c38f51"),
+        ],
+    );
+}

@@ -332,6 +332,16 @@ fn event_envelope_shape() {
     // Same timer revision: same id, whenever it fires; another revision or key: another id.
     let again = DueTimeReachedEnvelope::for_timer(&timer, Timestamp::from_millis(9_999));
     assert_eq!(again.id, ev.id);
+    // A publish retried after failures repeats the id (consumers drop the repeat by it).
+    let retried = ClaimedTimer {
+        attempts: 3,
+        ..timer.clone()
+    };
+    assert_eq!(
+        DueTimeReachedEnvelope::for_timer(&retried, Timestamp::from_millis(9_999)).id,
+        ev.id,
+        "a retry of a failed publish carries the same id"
+    );
     let moved = ClaimedTimer {
         revision: 1,
         ..timer.clone()
