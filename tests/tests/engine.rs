@@ -214,12 +214,14 @@ async fn timer_where(store: &Arc<dyn Store>, id: &str, pred: impl Fn(&Timer) -> 
 /// A memory store with injected faults: the first `schedule_failures` schedules fail, as an
 /// unreachable database would; with `hang_fired`, settling a fired timer (one-shot or series) never
 /// returns (the process "dies" between publishing and marking); the first `hung_claims` claims
-/// never answer (a connection that hangs without a reset).
+/// never answer (a connection that hangs without a reset); the first `renew_failures` renewals
+/// of leases fail.
 struct Faulty {
     inner: Arc<dyn Store>,
     schedule_failures: AtomicU32,
     hang_fired: bool,
     hung_claims: AtomicU32,
+    renew_failures: AtomicU32,
 }
 
 impl Faulty {
@@ -229,6 +231,7 @@ impl Faulty {
             schedule_failures: AtomicU32::new(0),
             hang_fired: false,
             hung_claims: AtomicU32::new(0),
+            renew_failures: AtomicU32::new(0),
         }
     }
 }
@@ -275,6 +278,9 @@ impl Store for Faulty {
         self.inner.settle(claims, owner, at).await
     }
     async fn renew(&self, keys: &[TimerKey], owner: &str, until: Timestamp) -> Result<u64> {
+        if injected(&self.renew_failures) {
+            return Err(Error::unavailable("injected renewal failure"));
+        }
         self.inner.renew(keys, owner, until).await
     }
     async fn next_due_at(&self) -> Result<Option<Timestamp>> {
@@ -811,6 +817,37 @@ async fn a_publish_longer_than_the_lease_keeps_its_timer_from_another_instance()
     other.shutdown.cancel();
 }
 
+/// When the leases of a publish in flight cannot be renewed, the firing task stops waiting for
+/// that publish before the leases run out (another instance may claim the timers then) and goes
+/// on; the abandoned timers are left leased, unsettled, for whoever claims them after the lease.
+#[tokio::test]
+async fn a_publish_whose_leases_cannot_be_renewed_is_abandoned_before_they_run_out() {
+    let mut setup = Setup {
+        store: Arc::new(Faulty {
+            renew_failures: AtomicU32::new(u32::MAX),
+            ..Faulty::new(Arc::new(MemoryStore::new()))
+        }),
+        ..Setup::publishing(Publish::Hangs)
+    };
+    setup.config.lease = ms(600);
+    // Far beyond the test's wait: only the abandonment ends the publish's wait.
+    setup.config.publish_timeout = secs(60);
+    let r = setup.start();
+    r.schedule(&[timer("stranded", T0)]).await;
+    timer_where(&r.store, "stranded", |t| t.lease_owner.is_some()).await;
+    let asleep = r.asleep(|_| true).await;
+    assert!(
+        asleep.is_some(),
+        "the firing task still waits for a publish whose leases it could not renew"
+    );
+    let t = timer_where(&r.store, "stranded", |_| true).await;
+    assert_eq!(
+        (t.state, t.attempts, t.lease_owner.as_deref()),
+        (TimerState::Scheduled, 0, Some("engine-a")),
+        "abandoned as it was: neither settled nor given back"
+    );
+}
+
 #[tokio::test]
 async fn ingest_stores_valid_commands_and_dead_letters_bad_ones() {
     let r = rig();
@@ -1242,6 +1279,37 @@ async fn cancel_is_refused_while_publishing_and_wins_after_a_failed_publish() {
     r.clock.advance(secs(3600));
     let t = timer_where(&r.store, "racing", |_| true).await;
     assert_eq!(t.state, TimerState::Cancelled, "never claimed again");
+}
+
+/// A reschedule while the timer's publish runs gives it a new revision; once the publish ends,
+/// the fire hands the lease back at once instead of keeping the timer "firing" until the lease
+/// ends, so a cancel succeeds without waiting.
+#[tokio::test]
+async fn a_reschedule_during_a_fire_gets_its_lease_back_when_the_publish_ends() {
+    let gate = Arc::new(tokio::sync::Notify::new());
+    let r = Setup::publishing(Publish::Gated(gate.clone())).start();
+    r.schedule(&[timer("moved", T0)]).await;
+    timer_where(&r.store, "moved", |t| t.lease_owner.is_some()).await;
+    r.schedule(&[timer("moved", T0.saturating_add(secs(3600)))])
+        .await;
+    gate.notify_one();
+    events(&r.hub, 1)
+        .await
+        .expect("the fire in flight went out");
+    let t = timer_where(&r.store, "moved", |t| t.lease_owner.is_none()).await;
+    assert_eq!(
+        (t.state, t.due_at),
+        (TimerState::Scheduled, T0.saturating_add(secs(3600))),
+        "{t:?}"
+    );
+    assert_eq!(
+        r.engine
+            .cancel(&TimerKey::new("t", "moved"))
+            .await
+            .expect("cancel"),
+        CancelOutcome::Cancelled,
+        "the clock has not moved: the lease was handed back, not left to expire"
+    );
 }
 
 #[tokio::test]
