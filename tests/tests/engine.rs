@@ -215,13 +215,14 @@ async fn timer_where(store: &Arc<dyn Store>, id: &str, pred: impl Fn(&Timer) -> 
 /// unreachable database would; with `hang_fired`, settling a fired timer (one-shot or series) never
 /// returns (the process "dies" between publishing and marking); the first `hung_claims` claims
 /// never answer (a connection that hangs without a reset); the first `renew_failures` renewals
-/// of leases fail.
+/// of leases fail, and the store refuses the first `settle_failures` settles.
 struct Faulty {
     inner: Arc<dyn Store>,
     schedule_failures: AtomicU32,
     hang_fired: bool,
     hung_claims: AtomicU32,
     renew_failures: AtomicU32,
+    settle_failures: AtomicU32,
 }
 
 impl Faulty {
@@ -232,6 +233,7 @@ impl Faulty {
             hang_fired: false,
             hung_claims: AtomicU32::new(0),
             renew_failures: AtomicU32::new(0),
+            settle_failures: AtomicU32::new(0),
         }
     }
 }
@@ -274,6 +276,10 @@ impl Store for Faulty {
         let fired = |s: &Settlement| matches!(s, Settlement::Reached | Settlement::Next(_));
         if self.hang_fired && claims.iter().any(|(_, s)| fired(s)) {
             std::future::pending::<()>().await;
+        }
+        if injected(&self.settle_failures) {
+            // Refused, not unreachable (an outage is waited for).
+            return Err(Error::internal("injected: the store refused the mark"));
         }
         self.inner.settle(claims, owner, at).await
     }
@@ -932,6 +938,50 @@ async fn a_refused_command_stays_unacknowledged_until_its_dead_letter_went_out()
     );
 }
 
+/// A schedule the store refuses (the tenant is at its pending limit) is acknowledged only once
+/// its dead letter went out: a shutdown while the broker refuses dead letters leaves it with the
+/// broker (the schedules of its batch that were stored are acknowledged), and the next engine
+/// dead-letters it.
+#[tokio::test]
+async fn a_refused_schedule_whose_dead_letter_did_not_go_out_stays_for_the_next_engine() {
+    let gate = DeadLetterGate::refusing();
+    let mut setup = Setup {
+        dead_letters: gate.clone(),
+        ..Setup::default()
+    };
+    setup.limits.max_pending_per_tenant = 1;
+    let (store, hub) = (setup.store.clone(), setup.hub.clone());
+    let r = setup.start();
+    let later = T0.saturating_add(secs(60));
+    for id in ["1", "2"] {
+        r.hub
+            .send_command(format!(
+                r#"{{"tenantId":"big","serviceCallId":"{id}","dueTimeMs":{}}}"#,
+                later.as_millis()
+            ))
+            .expect("send");
+    }
+    assert!(gate.tried(1).await, "big/2's dead letter was tried");
+    r.shutdown.cancel();
+    r.task.await.expect("the engine stopped");
+    drop(r.engine);
+    let mut next = Setup {
+        store,
+        hub,
+        ..Setup::default()
+    };
+    next.limits.max_pending_per_tenant = 1;
+    let next = next.start();
+    let letters = dead_letters(&next.hub, 1)
+        .await
+        .expect("big/2 dead-lettered by the next engine");
+    assert!(
+        letters[0].body.contains(r#""serviceCallId":"2""#),
+        "{letters:?}"
+    );
+    assert!(all_acknowledged(&next.hub).await);
+}
+
 /// Commands held back by a tenant's rate are not acknowledged: a shutdown leaves them with the
 /// broker, and the next engine stores them.
 #[tokio::test]
@@ -1009,6 +1059,40 @@ async fn the_firing_task_asks_the_store_at_least_every_poll_interval() {
     );
     r.clock.advance(secs(2));
     events(&r.hub, 1).await.expect("fired at its due time");
+}
+
+/// A mark the store keeps refusing (not an outage: that is waited for) is given up after a few
+/// tries: the firing task goes on with other timers, and the unmarked timer fires again once its
+/// lease expired (a repeat with the same id, never a loss, never a stuck firing task).
+#[tokio::test]
+async fn a_mark_the_store_keeps_refusing_is_given_up_and_the_timer_fires_again() {
+    let faulty = Arc::new(Faulty {
+        settle_failures: AtomicU32::new(u32::MAX),
+        ..Faulty::new(Arc::new(MemoryStore::new()))
+    });
+    let mut setup = Setup::on(faulty.clone());
+    setup.config.retry_base = ms(20);
+    let r = setup.start();
+    r.schedule(&[
+        timer("unmarked", T0),
+        timer("next", T0.saturating_add(secs(1))),
+    ])
+    .await;
+    events(&r.hub, 1).await.expect("published");
+    // Given up: the firing task sleeps again (until the next timer), it does not retry forever.
+    let asleep = r.asleep(|until| until > T0).await;
+    assert!(asleep.is_some(), "the firing task still retries the mark");
+    faulty.settle_failures.store(0, Ordering::SeqCst);
+    r.clock.advance(secs(1));
+    let fired = events(&r.hub, 2).await.expect("the next timer fired");
+    assert_eq!(fired[1].key, TimerKey::new("t", "next"));
+    // The lease of the unmarked one runs out (10 s): it fires again, with the same id.
+    r.clock.advance(secs(10));
+    let fired = events(&r.hub, 3)
+        .await
+        .expect("fired again after its lease");
+    assert_eq!((&fired[2].key, fired[2].id), (&fired[0].key, fired[0].id));
+    timer_where(&r.store, "unmarked", |t| t.state == TimerState::Reached).await;
 }
 
 /// A store call that never answers (a connection hanging without a reset) holds the firing task

@@ -139,6 +139,7 @@ pub async fn an_overlap_skip_series_fires_after_each_completion(case: Arc<Broker
         .get("/v1/tenants/t/timers/work/history?limit=1000")
         .await;
     let history: Vec<Value> = history["history"].as_array().cloned().unwrap_or_default();
+    let metrics = service.text("/metrics").await;
     drop(access);
     service.terminate().await;
 
@@ -192,6 +193,14 @@ pub async fn an_overlap_skip_series_fires_after_each_completion(case: Arc<Broker
     }
     let counts = &timer["work"]["counts"];
     assert_eq!(counts["skippedOverlap"], skipped_total, "{timer}");
+    // The metric counts what the history says was skipped (another series of this service
+    // would add to it: there is none).
+    let skipped_metric =
+        crate::e2e::metric(&metrics, r#"timer_occurrences_skipped{reason="overlap"}"#);
+    assert_eq!(
+        skipped_metric, skipped_total as f64,
+        "timer_occurrences_skipped{{reason=\"overlap\"}}"
+    );
     assert_eq!(counts["completed"], FIRES - 1, "{timer}");
     assert_eq!(timer["work"]["awaiting"]["occurrence"], FIRES, "{timer}");
     assert_eq!(timer["policy"]["overlap"], "skip", "{timer}");
