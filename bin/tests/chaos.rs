@@ -172,13 +172,7 @@ async fn soak(chaos: ChaosBroker) {
     let mut rng = fastrand::Rng::with_seed(seed);
 
     let pg_server = ScriptedServer::of(&timer_stores::postgres::TEST_SERVER).expect("postgres");
-    let broker_server = chaos
-        .plugin
-        .test_server
-        .as_ref()
-        .map(ScriptedServer::of)
-        .expect("a broker with a test server")
-        .expect("its server");
+    let broker_server = ScriptedServer::of_plugin(chaos.plugin);
     let _pg_restart = pg_server.restart_guard();
     let _broker_restart = broker_server.restart_guard();
 

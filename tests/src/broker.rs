@@ -350,10 +350,10 @@ pub async fn health_ok_when_reachable(fx: Arc<dyn TestClient>) {
 }
 
 /// The plugin under test connected to a stand-in for its test server that a check may take
-/// away ([`Proxied::take_the_server_away`]): a [`Proxy`] in front of the shared server
+/// away ([`Removable::take_the_server_away`]): a [`Proxy`] in front of the shared server
 /// ([`through_a_proxy`]), or, for a server whose clients go around proxies, a private server
 /// of its own ([`on_a_private_server`]).
-pub struct Proxied {
+pub struct Removable {
     pub broker: Arc<dyn Broker>,
     pub kind: &'static str,
     stand_in: StandIn,
@@ -365,7 +365,7 @@ enum StandIn {
     Private(PrivateServer),
 }
 
-impl Proxied {
+impl Removable {
     /// The server goes: the proxy stops and closes every connection, or the private server
     /// gets SIGKILL.
     pub async fn take_the_server_away(&self) {
@@ -381,7 +381,7 @@ impl Proxied {
 pub async fn through_a_proxy(
     plugin: &'static BrokerPlugin,
     fresh: FreshBroker,
-) -> timer_core::Result<Proxied> {
+) -> timer_core::Result<Removable> {
     let server = test_server(plugin)?;
     let proxy = Proxy::in_front_of(&server.address()?, 0).await;
     let upstream = proxy.upstream().to_string();
@@ -395,7 +395,7 @@ pub async fn through_a_proxy(
 pub async fn on_a_private_server(
     plugin: &'static BrokerPlugin,
     fresh: FreshBroker,
-) -> timer_core::Result<Proxied> {
+) -> timer_core::Result<Removable> {
     let server = test_server(plugin)?;
     let shared = server.address()?;
     let private = PrivateServer::start(server.script, server.port_env).await;
@@ -415,7 +415,7 @@ async fn connect_instead(
     from: &str,
     to: &str,
     stand_in: StandIn,
-) -> timer_core::Result<Proxied> {
+) -> timer_core::Result<Removable> {
     let (_client, config, keep) = fresh.into_parts();
     let mut value = config.to_value()?;
     let mut rewritten = 0;
@@ -438,7 +438,7 @@ async fn connect_instead(
         locate: &locate,
     };
     let broker = (plugin.load)(&section)?.connect().await?;
-    Ok(Proxied {
+    Ok(Removable {
         broker,
         kind: plugin.kind,
         stand_in,
@@ -460,14 +460,14 @@ fn rewrite_strings(value: &mut serde_json::Value, f: &mut impl FnMut(&str) -> Op
 }
 
 /// The checks that take the server away, by name.
-pub fn server_gone_checks() -> Vec<Check<Proxied>> {
+pub fn server_gone_checks() -> Vec<Check<Removable>> {
     crate::checks![health_and_publish_fail_once_the_server_is_gone]
 }
 
 /// With the server gone (its address answers no more: the proxy stopped and every connection
-/// closed, or the private server killed), `health` fails, and so does `publish`, within a bound: neither answers Ok for
-/// what it cannot know or do.
-pub async fn health_and_publish_fail_once_the_server_is_gone(p: Proxied) {
+/// closed, or the private server killed), `health` fails, and so does `publish`, within a
+/// bound: neither answers Ok for what it cannot know or do.
+pub async fn health_and_publish_fail_once_the_server_is_gone(p: Removable) {
     let kind = p.kind;
     p.broker
         .health()

@@ -66,6 +66,16 @@ impl Setup {
             ..Setup::default()
         }
     }
+
+    /// This setup with every dead letter refused until the returned gate opens.
+    fn refusing_dead_letters(self) -> (Self, DeadLetterGate) {
+        let gate = DeadLetterGate::refusing();
+        let setup = Setup {
+            dead_letters: gate.clone(),
+            ..self
+        };
+        (setup, gate)
+    }
 }
 
 impl Default for Setup {
@@ -909,11 +919,7 @@ async fn ingest_stores_valid_commands_and_dead_letters_bad_ones() {
 /// behind it is lost.
 #[tokio::test]
 async fn a_refused_command_stays_unacknowledged_until_its_dead_letter_went_out() {
-    let gate = DeadLetterGate::refusing();
-    let mut setup = Setup {
-        dead_letters: gate.clone(),
-        ..Setup::default()
-    };
+    let (mut setup, gate) = Setup::default().refusing_dead_letters();
     setup.config.retry_base = ms(20);
     let r = setup.start();
     r.hub.send_command("{not json").expect("send");
@@ -944,11 +950,7 @@ async fn a_refused_command_stays_unacknowledged_until_its_dead_letter_went_out()
 /// dead-letters it.
 #[tokio::test]
 async fn a_refused_schedule_whose_dead_letter_did_not_go_out_stays_for_the_next_engine() {
-    let gate = DeadLetterGate::refusing();
-    let mut setup = Setup {
-        dead_letters: gate.clone(),
-        ..Setup::default()
-    };
+    let (mut setup, gate) = Setup::default().refusing_dead_letters();
     setup.limits.max_pending_per_tenant = 1;
     let (store, hub) = (setup.store.clone(), setup.hub.clone());
     let r = setup.start();
@@ -1161,11 +1163,8 @@ async fn commands_are_not_acknowledged_until_the_store_committed_them() {
 /// broker refuses dead letters, the timer stays Scheduled and is tried again.
 #[tokio::test]
 async fn a_timer_whose_timer_failed_cannot_be_sent_is_retried_not_failed() {
-    let gate = DeadLetterGate::refusing();
-    let mut setup = Setup {
-        dead_letters: gate.clone(),
-        ..Setup::publishing(Publish::FailsFirst(u32::MAX))
-    };
+    let (mut setup, gate) =
+        Setup::publishing(Publish::FailsFirst(u32::MAX)).refusing_dead_letters();
     setup.config.max_attempts = 2;
     let r = setup.start();
     r.schedule(&[timer("doomed", T0)]).await;

@@ -134,6 +134,16 @@ impl ScriptedServer {
         Ok(Self::new(server.script, dir, server.port_env, port))
     }
 
+    /// The test server of `plugin`, for a test that takes it down; panics when the plugin has
+    /// none or its variables are missing.
+    pub fn of_plugin<C: ?Sized>(plugin: &timer_core::plugin::Plugin<C>) -> Self {
+        let server = plugin
+            .test_server
+            .as_ref()
+            .unwrap_or_else(|| panic!("the {} plugin has no test server", plugin.kind));
+        Self::of(server).unwrap_or_else(|e| panic!("the {} test server: {e}", plugin.kind))
+    }
+
     /// Runs `script start|stop DIR`; panics with the script's output when it fails.
     pub async fn run(&self, action: &str) {
         let mut command = Command::new("bash");

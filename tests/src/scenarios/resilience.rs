@@ -269,13 +269,7 @@ async fn server_outage_while_timers_fire(
     })
     .await
     .unwrap_or_else(|| service.fail("firing started"));
-    let server = case
-        .plugin
-        .test_server
-        .as_ref()
-        .map(ScriptedServer::of)
-        .expect("a broker with a test server")
-        .expect("its server");
+    let server = ScriptedServer::of_plugin(case.plugin);
     let guard = server.restart_guard();
     let failures_before = metric(&service.text("/metrics").await, "timer_publish_failures");
     let down_at = std::time::Instant::now();
