@@ -153,7 +153,7 @@ impl ConsumerContext for GroupContext {
 }
 
 pub struct KafkaBroker {
-    consumer: Arc<StreamConsumer<GroupContext>>,
+    consumer: Member,
     producer: FutureProducer,
     tracking: Arc<Mutex<Tracking>>,
     /// Delivered, not yet acknowledged: (partition, offset, epoch of the partition's track).
@@ -195,7 +195,7 @@ impl KafkaBroker {
                 )
             })?;
         Ok(KafkaBroker {
-            consumer: Arc::new(consumer),
+            consumer: Member(Some(Arc::new(consumer))),
             producer,
             tracking,
             tags: DeliveryTags::new("kafka"),
@@ -266,6 +266,55 @@ impl KafkaBroker {
             }
         }
         Ok(commits)
+    }
+}
+
+/// How long dropping a [`KafkaBroker`] waits for its consumer to leave the group.
+const LEAVE_WAIT: Duration = Duration::from_secs(5);
+
+/// The broker's place in the consumer group. Leaving it (rdkafka's `Drop` of the consumer)
+/// waits, without a bound, until librdkafka has closed the consumer, and with the server gone
+/// that can be never: the service would not stop, a test would not end. So the consumer is
+/// closed on a thread of its own, waited for at most [`LEAVE_WAIT`]; past that it is left to
+/// finish (or to end with the process) and the group's session timeout hands its partitions
+/// on, as after a crash. Nothing is lost either way: unacknowledged offsets are never
+/// committed, so their commands are delivered again.
+struct Member(Option<Arc<StreamConsumer<GroupContext>>>);
+
+impl std::ops::Deref for Member {
+    type Target = Arc<StreamConsumer<GroupContext>>;
+
+    fn deref(&self) -> &Self::Target {
+        // Only `drop` takes it.
+        self.0.as_ref().expect("the consumer lives until the broker is dropped")
+    }
+}
+
+impl Drop for Member {
+    fn drop(&mut self) {
+        let Some(consumer) = self.0.take() else {
+            return;
+        };
+        let (left, leaving) = std::sync::mpsc::channel();
+        let closing = std::thread::Builder::new()
+            .name("kafka-leave".to_owned())
+            .spawn(move || {
+                drop(consumer);
+                let _ = left.send(());
+            });
+        match closing {
+            Ok(_) => {
+                if leaving.recv_timeout(LEAVE_WAIT).is_err() {
+                    tracing::warn!(
+                        "kafka broker: the consumer did not leave its group within {LEAVE_WAIT:?} \
+                         (server unreachable?); going on without it: the group's session \
+                         timeout hands its partitions to the other members"
+                    );
+                }
+            }
+            // The closure, consumer included, was dropped here: it closed on this thread.
+            Err(e) => tracing::warn!(error = %e, "kafka broker: no thread to leave the group on"),
+        }
     }
 }
 
