@@ -29,7 +29,7 @@ use timer_conformance::e2e::{
 };
 use timer_conformance::proxy::Proxy;
 use timer_conformance::scenarios::{envelope, Outage};
-use timer_conformance::{server_trial, wait_for};
+use timer_conformance::{server_trial_within, wait_for, TRIAL_LIMIT};
 use timer_core::plugin::{fresh_name, BrokerConfig, BrokerPlugin, Isolated, TestClient};
 use timer_core::{Store, TimerKey, TimerState};
 use timer_stores::postgres::{PostgresConfig, PostgresStore};
@@ -85,12 +85,13 @@ fn main() {
                     let server = broker.plugin.test_server.expect("a broker with a server");
                     ScriptedServer::of(&server).err()
                 });
-            server_trial(
+            server_trial_within(
                 &format!(
                     "chaos::three_instances_postgres_{}_under_faults",
                     broker.plugin.kind
                 ),
                 missing,
+                TRIAL_LIMIT + Duration::from_secs(soak_secs()),
                 move || soak(broker),
             )
         })
@@ -156,12 +157,17 @@ struct Sent {
     acknowledged: bool,
 }
 
-async fn soak(chaos: ChaosBroker) {
-    let kind = chaos.plugin.kind;
-    let secs: u64 = std::env::var("TIMER_TEST_CHAOS_SECS")
+/// How long the load and the faults last: `TIMER_TEST_CHAOS_SECS`, 120 unless set.
+fn soak_secs() -> u64 {
+    std::env::var("TIMER_TEST_CHAOS_SECS")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(120);
+        .unwrap_or(120)
+}
+
+async fn soak(chaos: ChaosBroker) {
+    let kind = chaos.plugin.kind;
+    let secs = soak_secs();
     let seed: u64 = std::env::var("TIMER_TEST_CHAOS_SEED")
         .ok()
         .and_then(|s| s.parse().ok())

@@ -28,9 +28,30 @@ macro_rules! checks {
     };
 }
 
+/// How long a trial may run before it counts as hung ([`server_trial`]).
+pub const TRIAL_LIMIT: Duration = Duration::from_secs(15 * 60);
+
 /// A libtest-mimic trial that needs a server: ignored (with the reason printed) when `missing`
-/// is set, unless `TIMER_TEST_REQUIRE=1` makes it a failure. The test runs on its own runtime.
+/// is set, unless `TIMER_TEST_REQUIRE=1` makes it a failure. The test runs on its own runtime,
+/// on a thread of its own, and fails when it has not ended within [`TRIAL_LIMIT`].
 pub fn server_trial<F, Fut>(name: &str, missing: Option<String>, test: F) -> libtest_mimic::Trial
+where
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: Future<Output = ()>,
+{
+    server_trial_within(name, missing, TRIAL_LIMIT, test)
+}
+
+/// [`server_trial`] with a limit of its own (a soak that runs for as long as it is told). A
+/// test past its limit fails, naming the limit, instead of holding the whole run until CI's
+/// hard limit cuts it off without saying which test hung; its thread is left behind (the
+/// process ends it when the other trials are done).
+pub fn server_trial_within<F, Fut>(
+    name: &str,
+    missing: Option<String>,
+    limit: Duration,
+    test: F,
+) -> libtest_mimic::Trial
 where
     F: FnOnce() -> Fut + Send + 'static,
     Fut: Future<Output = ()>,
@@ -46,15 +67,45 @@ where
         if let Some(why) = missing {
             return Err(format!("server required (TIMER_TEST_REQUIRE=1) but {why}").into());
         }
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .map_err(|e| format!("tokio runtime: {e}"))?;
-        runtime.block_on(test());
-        Ok(())
+        run_within(limit, test)
     })
     .with_ignored_flag(ignored)
+}
+
+/// Runs `test` on a runtime on a thread of its own; fails when it has not ended within `limit`
+/// (leaving the thread behind) and panics again with its panic.
+fn run_within<F, Fut>(limit: Duration, test: F) -> Result<(), libtest_mimic::Failed>
+where
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: Future<Output = ()>,
+{
+    let (done, outcome) = std::sync::mpsc::channel();
+    std::thread::Builder::new()
+        .name("trial".to_owned())
+        .spawn(move || {
+            let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                let runtime = tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(2)
+                    .enable_all()
+                    .build()
+                    .map_err(|e| format!("tokio runtime: {e}"))?;
+                runtime.block_on(test());
+                Ok::<(), String>(())
+            }));
+            let _ = done.send(ran);
+        })
+        .map_err(|e| format!("a thread for the test: {e}"))?;
+    match outcome.recv_timeout(limit) {
+        Ok(Ok(ran)) => Ok(ran?),
+        // The panic's message was printed where it happened; libtest-mimic reports it.
+        Ok(Err(panic)) => std::panic::resume_unwind(panic),
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+            Err(format!("still running after {limit:?}: hung (left running)").into())
+        }
+        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+            Err("the test's thread ended without an outcome".into())
+        }
+    }
 }
 
 /// A trial that cannot run against the test servers we have, for a reason that is not a
@@ -82,5 +133,28 @@ where
         }
         tokio::time::sleep(pause).await;
         pause = (pause * 2).min(Duration::from_millis(100));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_trial_passes_fails_on_a_panic_and_fails_when_it_hangs() {
+        let limit = Duration::from_secs(60);
+        assert!(run_within(limit, || async {}).is_ok());
+        let panicked = std::panic::catch_unwind(|| {
+            run_within(limit, || async { panic!("a panic on purpose") })
+        });
+        assert!(panicked.is_err(), "{panicked:?}");
+        // A test that never ends: it fails once the limit is past.
+        let hung = run_within(Duration::from_millis(100), std::future::pending::<()>);
+        let Err(failed) = hung else {
+            panic!("a test that never ends passed");
+        };
+        assert!(failed
+            .message()
+            .is_some_and(|m| m.contains("still running after 100ms")));
     }
 }
