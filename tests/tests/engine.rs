@@ -10,6 +10,7 @@ use async_trait::async_trait;
 use timer_brokers::memory::{DeadLetter, MemoryBroker, MemoryConfig, MemoryHub, PublishedEvent};
 use timer_conformance::wait_for;
 use timer_core::config::TenantFireRate;
+use timer_core::engine::Triggered;
 use timer_core::policy::{CatchUp, Completion, Outcome, Overlap, Policy, Work};
 use timer_core::{
     Action, Broker, CancelOutcome, ClaimedTimer, ControlOutcome, Delivery, Engine, EngineConfig,
@@ -2267,4 +2268,62 @@ async fn a_one_shot_timer_awaiting_its_work_is_not_fired_again_by_a_resume() {
         ControlOutcome::Completed
     );
     timer_where(&r.store, "paused", |t| t.state == TimerState::Reached).await;
+}
+
+/// A manual trigger publishes an event of its own (`"trigger": "manual"`, an id that is not the
+/// scheduled fire's), records it in the history, and leaves the schedule as it was: the timer
+/// still fires at its due time, with its own id.
+#[tokio::test]
+async fn a_manual_trigger_sends_its_own_event_and_leaves_the_schedule() {
+    let r = rig();
+    let due = T0.saturating_add(secs(3600));
+    r.schedule(&[timer("manual", due)]).await;
+    let key = TimerKey::new("t", "manual");
+    let before = timer_where(&r.store, "manual", |_| true).await;
+    let Triggered::Fired { event_id, at } = r.engine.trigger(&key).await.expect("trigger") else {
+        panic!("a Scheduled timer is triggered");
+    };
+    assert_eq!(at, T0);
+    let sent = events(&r.hub, 1).await.expect("the manual event");
+    assert_eq!(sent.len(), 1, "{sent:?}");
+    assert_eq!(sent[0].id, event_id);
+    let payload = payload_of(&sent[0]);
+    assert_eq!(payload["trigger"], "manual", "{payload}");
+    let after = timer_where(&r.store, "manual", |_| true).await;
+    assert_eq!(after, before, "the schedule did not move");
+    let history = history_of(&r, "manual").await;
+    assert!(
+        history
+            .iter()
+            .any(|e| e["type"] == "triggered" && e["eventId"] == event_id.to_string()),
+        "{history:?}"
+    );
+    r.clock.advance(secs(3600));
+    let both = events(&r.hub, 2).await.expect("the scheduled fire");
+    assert_eq!(both.len(), 2, "{both:?}");
+    assert_ne!(both[1].id, event_id, "the scheduled fire has its own id");
+    assert_eq!(payload_of(&both[1])["dueAt"], due.to_rfc3339());
+}
+
+/// A manual trigger the broker does not confirm is an error and records nothing: no event, no
+/// history entry, the timer as it was; the next trigger goes out.
+#[tokio::test]
+async fn a_manual_trigger_the_broker_refuses_is_an_error_and_records_nothing() {
+    let r = Setup::publishing(Publish::FailsFirst(1)).start();
+    let due = T0.saturating_add(secs(3600));
+    r.schedule(&[timer("refused", due)]).await;
+    let key = TimerKey::new("t", "refused");
+    let before = timer_where(&r.store, "refused", |_| true).await;
+    let history_before = history_of(&r, "refused").await;
+    let refused = r.engine.trigger(&key).await;
+    assert!(refused.is_err(), "{refused:?}");
+    assert!(r.hub.events().expect("events").is_empty());
+    assert_eq!(history_of(&r, "refused").await, history_before);
+    let after = timer_where(&r.store, "refused", |_| true).await;
+    assert_eq!(after, before, "the schedule did not move");
+    let again = r.engine.trigger(&key).await.expect("trigger");
+    assert!(matches!(again, Triggered::Fired { .. }), "{again:?}");
+    events(&r.hub, 1)
+        .await
+        .expect("the second trigger went out");
 }
