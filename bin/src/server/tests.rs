@@ -1,4 +1,5 @@
-//! `/readyz` as the assembled router answers it, on an engine whose firing task panics once.
+//! The assembled router: `/readyz` on an engine whose firing task panics once; the 409 `firing`
+//! of a cancel or a pause while a fire holds the timer.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -10,8 +11,8 @@ use axum::http::Request;
 use serde_json::Value;
 use timer_brokers::memory::{MemoryBroker, MemoryConfig, MemoryHub};
 use timer_core::{
-    decode_schedule, Broker, Delivery, Engine, EngineConfig, Limits, OutboundEvent, Result,
-    SystemClock, Timestamp, Undelivered,
+    decode_schedule, Broker, Delivery, Engine, EngineConfig, Lease, Limits, ManualClock,
+    OutboundEvent, Result, Store, SystemClock, TimerKey, Timestamp, Undelivered,
 };
 use timer_stores::memory::MemoryStore;
 use tokio_util::sync::CancellationToken;
@@ -127,4 +128,94 @@ async fn readyz_is_503_while_an_engine_task_is_down() {
     assert!(up.is_some(), "200 again once the task was restarted");
     shutdown.cancel();
     let _ = tokio::time::timeout(Duration::from_secs(10), task).await;
+}
+
+async fn call(app: &axum::Router, method: &str, uri: &str) -> (u16, Value) {
+    let request = Request::builder()
+        .method(method)
+        .uri(uri)
+        .body(Body::empty())
+        .expect("a request");
+    let response = app.clone().oneshot(request).await.expect("an answer");
+    let status = response.status().as_u16();
+    let body = axum::body::to_bytes(response.into_body(), 1 << 20)
+        .await
+        .expect("the body");
+    (status, serde_json::from_slice(&body).expect("JSON"))
+}
+
+/// `DELETE` and `POST …/pause` of a timer whose event is being published (its fire holds the
+/// lease) answer 409 `firing` and change nothing; once that lease ended (its instance died),
+/// both go through.
+#[tokio::test]
+async fn cancel_and_pause_answer_409_firing_while_the_timer_fires() {
+    const T0: Timestamp = Timestamp::from_millis(1_800_000_000_000);
+    let config = crate::config::load(&figment::Figment::new()).expect("the defaults load");
+    let hub = MemoryHub::new(MemoryConfig::default());
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let clock = Arc::new(ManualClock::new(T0));
+    // Not started: the test holds the fire's lease itself, as another instance would.
+    let engine = Engine::new(
+        store.clone(),
+        Arc::new(hub.connect()),
+        clock.clone(),
+        EngineConfig::default(),
+        Limits::default(),
+    );
+    let app = app(
+        &config,
+        Serving {
+            engine: engine.clone(),
+            auth: None,
+            metrics: None,
+            memory_hub: Some(hub),
+            shutdown: CancellationToken::new(),
+            counts_max_age: config.http.counts_max_age,
+        },
+    );
+    let body = format!(
+        r#"{{"tenantId":"t","serviceCallId":"busy","dueTimeMs":{}}}"#,
+        T0.as_millis()
+    );
+    let timer = decode_schedule(body.as_bytes(), &Limits::default(), T0).expect("valid");
+    engine.schedule(&[timer]).await.expect("schedule");
+    let lease = Lease {
+        owner: "another-instance".to_owned(),
+        until: T0.saturating_add(Duration::from_secs(60)),
+    };
+    let claimed = store.claim_due(T0, 10, &lease).await.expect("claim");
+    assert_eq!(claimed.len(), 1);
+    let key = TimerKey::new("t", "busy");
+    let before = store.get(&key).await.expect("get");
+
+    for (method, uri) in [
+        ("DELETE", "/v1/tenants/t/timers/busy"),
+        ("POST", "/v1/tenants/t/timers/busy/pause"),
+    ] {
+        let (status, answer) = call(&app, method, uri).await;
+        assert_eq!(
+            (status, &answer["error"]["reason"]),
+            (409, &Value::from("firing")),
+            "{method} {uri}: {answer}"
+        );
+    }
+    assert_eq!(
+        store.get(&key).await.expect("get"),
+        before,
+        "nothing changed"
+    );
+
+    clock.advance(Duration::from_secs(61));
+    let (status, answer) = call(&app, "POST", "/v1/tenants/t/timers/busy/pause").await;
+    assert_eq!(
+        (status, &answer["outcome"]),
+        (200, &Value::from("paused")),
+        "{answer}"
+    );
+    let (status, answer) = call(&app, "DELETE", "/v1/tenants/t/timers/busy").await;
+    assert_eq!(
+        (status, &answer["outcome"]),
+        (200, &Value::from("cancelled")),
+        "{answer}"
+    );
 }
