@@ -12,6 +12,8 @@ mod server;
 mod tools;
 // The docs cover every plugin, so their generator and checks need every plugin compiled in.
 #[cfg(test)]
+mod crates;
+#[cfg(test)]
 mod layers;
 #[cfg(all(
     test,
