@@ -63,25 +63,27 @@ where
         }
     }
     let ignored = missing.is_some() && !require;
+    let thread = name.to_owned();
     libtest_mimic::Trial::test(name, move || {
         if let Some(why) = missing {
             return Err(format!("server required (TIMER_TEST_REQUIRE=1) but {why}").into());
         }
-        run_within(limit, test)
+        run_within(thread, limit, test)
     })
     .with_ignored_flag(ignored)
 }
 
-/// Runs `test` on a runtime on a thread of its own; fails when it has not ended within `limit`
-/// (leaving the thread behind) and panics again with its panic.
-fn run_within<F, Fut>(limit: Duration, test: F) -> Result<(), libtest_mimic::Failed>
+/// Runs `test` on a runtime on a thread of its own (named `thread`, as a panic's message
+/// shows); fails when it has not ended within `limit` (leaving the thread behind) and panics
+/// again with its panic.
+fn run_within<F, Fut>(thread: String, limit: Duration, test: F) -> Result<(), libtest_mimic::Failed>
 where
     F: FnOnce() -> Fut + Send + 'static,
     Fut: Future<Output = ()>,
 {
     let (done, outcome) = std::sync::mpsc::channel();
     std::thread::Builder::new()
-        .name("trial".to_owned())
+        .name(thread)
         .spawn(move || {
             let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -143,13 +145,19 @@ mod tests {
     #[test]
     fn a_trial_passes_fails_on_a_panic_and_fails_when_it_hangs() {
         let limit = Duration::from_secs(60);
-        assert!(run_within(limit, || async {}).is_ok());
+        assert!(run_within("ends".to_owned(), limit, || async {}).is_ok());
         let panicked = std::panic::catch_unwind(|| {
-            run_within(limit, || async { panic!("a panic on purpose") })
+            run_within("panics".to_owned(), limit, || async {
+                panic!("a panic on purpose")
+            })
         });
         assert!(panicked.is_err(), "{panicked:?}");
         // A test that never ends: it fails once the limit is past.
-        let hung = run_within(Duration::from_millis(100), std::future::pending::<()>);
+        let hung = run_within(
+            "hangs".to_owned(),
+            Duration::from_millis(100),
+            std::future::pending::<()>,
+        );
         let Err(failed) = hung else {
             panic!("a test that never ends passed");
         };

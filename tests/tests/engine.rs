@@ -225,13 +225,15 @@ async fn timer_where(store: &Arc<dyn Store>, id: &str, pred: impl Fn(&Timer) -> 
 /// A memory store with injected faults: the first `schedule_failures` schedules fail, as an
 /// unreachable database would; with `hang_fired`, settling a fired timer (one-shot or series) never
 /// returns (the process "dies" between publishing and marking); the first `hung_claims` claims
-/// never answer (a connection that hangs without a reset); the first `renew_failures` renewals
+/// and the first `hung_next_due` reads of the next due time never answer (a connection that
+/// hangs without a reset); the first `renew_failures` renewals
 /// of leases fail, and the store refuses the first `settle_failures` settles.
 struct Faulty {
     inner: Arc<dyn Store>,
     schedule_failures: AtomicU32,
     hang_fired: bool,
     hung_claims: AtomicU32,
+    hung_next_due: AtomicU32,
     renew_failures: AtomicU32,
     settle_failures: AtomicU32,
 }
@@ -243,6 +245,7 @@ impl Faulty {
             schedule_failures: AtomicU32::new(0),
             hang_fired: false,
             hung_claims: AtomicU32::new(0),
+            hung_next_due: AtomicU32::new(0),
             renew_failures: AtomicU32::new(0),
             settle_failures: AtomicU32::new(0),
         }
@@ -301,6 +304,9 @@ impl Store for Faulty {
         self.inner.renew(keys, owner, until).await
     }
     async fn next_due_at(&self) -> Result<Option<Timestamp>> {
+        if injected(&self.hung_next_due) {
+            std::future::pending::<()>().await;
+        }
         self.inner.next_due_at().await
     }
     async fn get(&self, key: &TimerKey) -> Result<Option<Timer>> {
@@ -1113,6 +1119,31 @@ async fn a_store_call_that_hangs_is_given_up_after_the_store_timeout() {
     events(&r.hub, 1)
         .await
         .expect("fired once the hung claim was given up");
+}
+
+/// A read of the next due time that hangs is given up as well (the firing task would otherwise
+/// stop there for good): a timer scheduled while it hung fires.
+#[tokio::test]
+async fn a_next_due_read_that_hangs_is_given_up_after_the_store_timeout() {
+    let faulty = Arc::new(Faulty {
+        hung_next_due: AtomicU32::new(1),
+        ..Faulty::new(Arc::new(MemoryStore::new()))
+    });
+    let mut setup = Setup::on(faulty.clone());
+    setup.config.store_timeout = ms(200);
+    let r = setup.start();
+    let hung = wait_for(WAIT, || async {
+        (faulty.hung_next_due.load(Ordering::SeqCst) == 0).then_some(())
+    })
+    .await;
+    assert!(
+        hung.is_some(),
+        "the firing task never read the next due time"
+    );
+    r.schedule(&[timer("after-a-hang", T0)]).await;
+    events(&r.hub, 1)
+        .await
+        .expect("fired once the hung read was given up");
 }
 
 #[tokio::test]
