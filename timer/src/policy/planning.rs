@@ -415,3 +415,63 @@ pub fn fired(claim: &ClaimedTimer, fire: &Fire, at: Timestamp, owner: &str) -> S
         }),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::recurrence::Recurrence;
+
+    const T0: Timestamp = Timestamp::from_millis(1_800_000_000_000);
+
+    fn claim(recurrence: Option<Recurrence>, policy: Option<Policy>) -> ClaimedTimer {
+        ClaimedTimer {
+            key: TimerKey::new("t", "plain"),
+            due_at: T0,
+            registered_at: T0,
+            correlation_id: None,
+            payload: None,
+            attempts: 0,
+            revision: 0,
+            recurrence,
+            occurrences: 0,
+            policy,
+            work: None,
+        }
+    }
+
+    /// The settlement of `claim` fired at its due time.
+    fn settled(claim: &ClaimedTimer) -> Settlement {
+        let Plan::Fire(fire) = plan(claim, T0, 5) else {
+            panic!("a due timer fires");
+        };
+        fired(claim, &fire, T0, "i1")
+    }
+
+    /// No policy, no cost: a timer without a policy and without work settles as `Reached` (a
+    /// one-shot) or `Next` (a series), writing no work; with a policy it takes the `Step` path.
+    #[test]
+    fn a_timer_without_a_policy_settles_on_the_fast_path() {
+        let every_second = Recurrence {
+            cron: "*/1 * * * * *".into(),
+            time_zone: "UTC".into(),
+            end_at: None,
+            max_occurrences: None,
+        };
+        assert_eq!(settled(&claim(None, None)), Settlement::Reached);
+        assert_eq!(
+            settled(&claim(Some(every_second.clone()), None)),
+            Settlement::Next(T0.saturating_add(std::time::Duration::from_secs(1)))
+        );
+        let skip = Policy {
+            overlap: Overlap::Skip,
+            ..Policy::default()
+        };
+        for recurrence in [None, Some(every_second)] {
+            let with_policy = settled(&claim(recurrence, Some(skip.clone())));
+            assert!(
+                matches!(with_policy, Settlement::Step(_)),
+                "{with_policy:?}"
+            );
+        }
+    }
+}
