@@ -1339,6 +1339,30 @@ async fn finished_timers_are_purged_after_the_retention() {
     timer_where(&r.store, "later", |t| t.state == TimerState::Scheduled).await;
 }
 
+/// `engine.retention = 0` keeps finished timers forever: years later, still there.
+#[tokio::test]
+async fn a_retention_of_zero_keeps_finished_timers_forever() {
+    let mut setup = Setup::default();
+    setup.config.retention = Duration::ZERO;
+    setup.config.purge_interval = secs(10);
+    let r = setup.start();
+    r.schedule(&[timer("kept", T0)]).await;
+    timer_where(&r.store, "kept", |t| t.state == TimerState::Reached).await;
+    r.clock.advance(secs(10 * 365 * 24 * 3600));
+    let purged = wait_for(QUIET, || async {
+        r.store
+            .get(&TimerKey::new("t", "kept"))
+            .await
+            .ok()
+            .filter(|t| t.is_none())
+    })
+    .await;
+    assert!(
+        purged.is_none(),
+        "a finished timer was purged with retention 0"
+    );
+}
+
 #[tokio::test]
 async fn cancel_commands_apply_in_order_with_schedules() {
     let r = rig();
