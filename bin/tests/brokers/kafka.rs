@@ -12,7 +12,7 @@ use timer_brokers::kafka::rdkafka::consumer::{BaseConsumer, Consumer};
 use timer_brokers::kafka::rdkafka::{Offset, TopicPartitionList};
 use timer_brokers::kafka::{client_config, KafkaBroker, KafkaConfig, KafkaTestClient};
 use timer_conformance::e2e::now_ms;
-use timer_conformance::scenarios::{envelope, timers, BrokerCase, BrokerTraits, Outage, Setup};
+use timer_conformance::scenarios::{envelope, timers, BrokerCase, BrokerTraits, Setup};
 use timer_conformance::{checks, wait_for, Check};
 use timer_core::plugin::BrokerConfig;
 use timer_core::TimerKey;
@@ -20,14 +20,6 @@ use timer_core::TimerKey;
 pub fn traits() -> BrokerTraits {
     BrokerTraits {
         settings: json!({}),
-        // Restarted while an idempotent producer (the service's) had batches in flight, tansu
-        // panics in its storage task (tansu-storage 0.6.0 lite.rs:503, "more or less than one
-        // row", in its idempotent-sequence check; after SIGTERM as after SIGKILL) and answers
-        // every request with an error from then on. Kafka itself keeps producer state across
-        // restarts; there is no other Kafka-protocol server here to test that against.
-        outage: Outage::NotTested(
-            "tansu 0.6.0 panics when restarted under an idempotent producer (lite.rs:503)",
-        ),
         // The service publishes a batch again when tansu did not confirm all of it in time, and
         // Kafka keeps both copies (a consumer drops repeats by the `timer-event-id` header): at
         // most a batch in flight (`engine.batch_size`, 500) and a retry of it; measured 0.

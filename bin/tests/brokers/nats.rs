@@ -14,9 +14,7 @@ use serde_json::{json, Value};
 use timer_brokers::nats::{NatsBroker, NatsConfig, NatsTestClient};
 use timer_conformance::e2e::{due_ms, lateness_ms, now_ms, percentiles, timer_of};
 use timer_conformance::proxy::Proxy;
-use timer_conformance::scenarios::{
-    commands, envelope, timers, BrokerCase, BrokerTraits, Outage, Setup,
-};
+use timer_conformance::scenarios::{commands, envelope, timers, BrokerCase, BrokerTraits, Setup};
 use timer_conformance::{checks, wait_for, Check};
 use timer_core::plugin::TestClient;
 
@@ -25,7 +23,6 @@ pub fn traits() -> BrokerTraits {
         // As a service would run it (the isolated config redelivers after 2 s, for the
         // conformance checks' patience).
         settings: json!({ "ack_wait": "5s" }),
-        outage: Outage::Kill,
         // A publish again with the same envelope id (Nats-Msg-Id) within the duplicate window
         // is dropped by the stream.
         max_repeated: Some(0),

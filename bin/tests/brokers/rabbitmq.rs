@@ -7,15 +7,12 @@ use std::time::Duration;
 use serde_json::{json, Value};
 use timer_brokers::rabbitmq::{sink_queue, RabbitmqConfig, RabbitmqTestClient};
 use timer_conformance::e2e::{now_ms, schedule};
-use timer_conformance::scenarios::{BrokerCase, BrokerTraits, Outage, Setup};
+use timer_conformance::scenarios::{BrokerCase, BrokerTraits, Setup};
 use timer_conformance::{checks, wait_for, Check};
 
 pub fn traits() -> BrokerTraits {
     BrokerTraits {
         settings: json!({}),
-        // The node's Erlang VM killed (SIGKILL); the durable queues and persistent messages
-        // come back with it.
-        outage: Outage::KillRecorded("rabbitmq-beam.pid"),
         // A publish whose confirm was lost with the connection is published again; the queue
         // keeps both (same message id).
         // At most the batches in flight when the server went (`engine.batch_size`, 500) and a

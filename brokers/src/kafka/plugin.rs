@@ -22,7 +22,13 @@ pub const TEST_SERVER: TestServer = TestServer::new(
     "kafka",
     "KAFKA_PORT",
 )
-.bypassing_proxies("a Kafka client goes on to the addresses the cluster advertises");
+.bypassing_proxies("a Kafka client goes on to the addresses the cluster advertises")
+// Restarted while an idempotent producer (the service's) had batches in flight, tansu panics in
+// its storage task (tansu-storage 0.6.0 lite.rs:503, "more or less than one row", in its
+// idempotent-sequence check; after SIGTERM as after SIGKILL) and answers every request with an
+// error from then on. Kafka itself keeps producer state across restarts; there is no other
+// Kafka-protocol server here to test that against.
+.not_restartable("tansu 0.6.0 panics when restarted under an idempotent producer (lite.rs:503)");
 
 impl Section for KafkaConfig {
     const KIND: &'static str = "kafka";

@@ -21,7 +21,9 @@ pub const TEST_SERVER: TestServer = TestServer::new(
     "TIMER_TEST_RABBITMQ_DIR",
     "rabbitmq",
     "RABBITMQ_PORT",
-);
+)
+// The script records the launcher's pid; the node is the Erlang VM under it.
+.with_server_pid_in("rabbitmq-beam.pid");
 
 impl Section for RabbitmqConfig {
     const KIND: &'static str = "rabbitmq";

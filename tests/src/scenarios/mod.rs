@@ -28,7 +28,7 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 use serde_json::{json, Value};
-use timer_core::plugin::BrokerConfig;
+use timer_core::plugin::{BrokerConfig, TestServer};
 use timer_core::{BrokerPlugin, StorePlugin};
 
 use crate::e2e::ScriptedServer;
@@ -67,8 +67,6 @@ pub struct BrokerCase {
 pub struct BrokerTraits {
     /// `[broker]` keys the service gets on top of the isolated config.
     pub settings: Value,
-    /// How the outage scenario takes the server down.
-    pub outage: Outage,
     /// Timers whose event may arrive more than once (always with the same id) after a server
     /// outage; `None`: no bound beyond the same id.
     pub max_repeated: Option<usize>,
@@ -91,7 +89,6 @@ impl Default for BrokerTraits {
     fn default() -> Self {
         BrokerTraits {
             settings: json!({}),
-            outage: Outage::Kill,
             max_repeated: Some(0),
             unreachable: None,
             acknowledged: None,
@@ -110,14 +107,22 @@ pub enum Outage {
     /// directory (RabbitMQ: `rabbitmq-beam.pid`, the Erlang VM under the launcher), then the
     /// script's `stop` for what is left (the launcher, epmd): the crash of the broker node.
     KillRecorded(&'static str),
-    /// Its script's `stop`: a clean shutdown.
-    Stop,
     /// Left out, for this reason (a limit of the test server, not of the plugin): the outage
     /// scenario tests the service's restart only, and a known-gap trial says what is missing.
     NotTested(&'static str),
 }
 
 impl Outage {
+    /// How a crash of `server` is brought about, as its plugin describes it
+    /// ([`TestServer::server_pid_file`], [`TestServer::not_restartable`]).
+    pub fn crash_of(server: &TestServer) -> Outage {
+        match (server.not_restartable, server.server_pid_file) {
+            (Some(why), _) => Outage::NotTested(why),
+            (None, Some(pid_file)) => Outage::KillRecorded(pid_file),
+            (None, None) => Outage::Kill,
+        }
+    }
+
     /// Takes `server` down this way; returns once it is gone (its port free for the next
     /// start). Panics for [`Outage::NotTested`]: an outage left out is not brought about.
     pub async fn take_down(&self, server: &ScriptedServer) {
@@ -127,7 +132,6 @@ impl Outage {
                 server.kill9_recorded(pid_file).await;
                 server.run("stop").await;
             }
-            Outage::Stop => server.run("stop").await,
             Outage::NotTested(why) => panic!("an outage left out is not brought about: {why}"),
         }
     }
@@ -176,7 +180,7 @@ pub fn trials(
         missing.clone(),
         checks,
     );
-    if let Outage::NotTested(why) = case.traits.outage {
+    if let Outage::NotTested(why) = Outage::crash_of(&server) {
         trials.push(crate::known_gap_trial(
             format!("brokers::{kind}::timers_fire_through_an_outage_of_the_server"),
             why,

@@ -189,7 +189,12 @@ pub async fn ten_thousand_timers_survive_a_service_restart_and_a_server_outage(
          after the restart all {N}"
     );
 
-    match case.traits.outage {
+    let server = case
+        .plugin
+        .test_server
+        .expect("the outage scenario runs for a broker with a test server");
+    let outage = Outage::crash_of(&server);
+    match outage {
         Outage::NotTested(why) => println!(
             "the {} server's outage is left out ({why}); the restart of the service is tested",
             case.plugin.kind
@@ -230,7 +235,7 @@ pub async fn ten_thousand_timers_survive_a_service_restart_and_a_server_outage(
         "{N} timers through {} with a service restart{}: {} events read, {repeated} timers \
          delivered more than once (same id); lateness ms p50 {p50} p99 {p99} max {max}",
         case.plugin.kind,
-        match case.traits.outage {
+        match outage {
             Outage::NotTested(_) => "",
             _ => " and a server outage",
         },

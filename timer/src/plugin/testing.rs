@@ -79,6 +79,14 @@ pub struct TestServer {
     /// the server away then run against a private server of their own, which `script` starts
     /// on a free port in a directory of its own.
     pub bypasses_proxies: Option<&'static str>,
+    /// The file in its data directory holding the pid of the server itself, where the pid the
+    /// script records is a launcher's (RabbitMQ: `rabbitmq-beam.pid`, the Erlang VM): a test
+    /// that crashes the server kills that one.
+    pub server_pid_file: Option<&'static str>,
+    /// Why the tests do not take the server down while the service uses it, where they cannot
+    /// (a limit of the test server, not of the plugin): the outage scenario and the chaos soak
+    /// leave it out, saying so.
+    pub not_restartable: Option<&'static str>,
 }
 
 impl TestServer {
@@ -94,6 +102,26 @@ impl TestServer {
             script,
             port_env,
             bypasses_proxies: None,
+            server_pid_file: None,
+            not_restartable: None,
+        }
+    }
+
+    /// This server, whose process is the one whose pid `file` holds
+    /// ([`TestServer::server_pid_file`]).
+    pub const fn with_server_pid_in(self, file: &'static str) -> Self {
+        TestServer {
+            server_pid_file: Some(file),
+            ..self
+        }
+    }
+
+    /// This server, saying why it is not taken down under load
+    /// ([`TestServer::not_restartable`]).
+    pub const fn not_restartable(self, why: &'static str) -> Self {
+        TestServer {
+            not_restartable: Some(why),
+            ..self
         }
     }
 
