@@ -53,6 +53,12 @@ fn envelope_form() {
 }
 
 #[test]
+fn envelope_and_payload_may_both_name_the_same_tenant() {
+    let t = decode(r#"{"type":"ScheduleTimer","tenantId":"a","payload":{"tenantId":"a","serviceCallId":"c","dueTimeMs":5}}"#).unwrap();
+    assert_eq!(t.key, TimerKey::new("a", "c"));
+}
+
+#[test]
 fn envelope_tenant_mismatch() {
     let e = decode(r#"{"type":"ScheduleTimer","tenantId":"a","payload":{"tenantId":"b","serviceCallId":"c","dueTimeMs":5}}"#).unwrap_err();
     assert_eq!(e.field.as_deref(), Some("payload.tenantId"));
@@ -370,4 +376,229 @@ fn event_envelope_shape() {
     assert_eq!(v["payload"]["reachedAt"], "1970-01-01T00:00:01.005Z");
     assert_eq!(v["payload"]["serviceCallId"], "c");
     assert_eq!(v["payload"]["payload"]["x"], 1);
+}
+
+/// A reason equals its own code and no other (the tests compare reasons with text).
+#[test]
+fn a_reason_equals_its_code_only() {
+    assert!(Reason::TooLarge == "too_large");
+    assert!(Reason::TooLarge != "too_far");
+    assert!(Reason::InvalidPolicy != "");
+}
+
+/// Each limit admits a command exactly at it and refuses one just past it (naming the reason).
+#[test]
+fn every_limit_admits_its_bound_and_refuses_one_past_it() {
+    let limits = Limits {
+        max_message_bytes: 200,
+        max_id_bytes: 9,
+        max_payload_bytes: 10,
+        max_horizon: Duration::from_secs(60),
+        ..Limits::default()
+    };
+    let d = |s: &str| decode_schedule(s.as_bytes(), &limits, NOW);
+    let reason = |s: &str| d(s).err().map(|e| e.reason.as_str());
+    let horizon = NOW.as_millis() + 60_000;
+
+    // The message: 200 bytes pass, 201 do not (padded with spaces after the JSON).
+    let command = format!(r#"{{"tenantId":"t","serviceCallId":"c","dueTimeMs":{horizon}}}"#);
+    let padded = |n: usize| format!("{command}{}", " ".repeat(n - command.len()));
+    assert_eq!(reason(&padded(200)), None);
+    assert_eq!(reason(&padded(201)), Some("too_large"));
+    // From the broker as over HTTP.
+    let command_reason = |s: String| {
+        super::decode_command(s.as_bytes(), &limits, NOW)
+            .err()
+            .map(|e| e.reason.as_str())
+    };
+    assert_eq!(command_reason(padded(200)), None);
+    assert_eq!(command_reason(padded(201)), Some("too_large"));
+    // Ids: 9 bytes pass, 10 do not.
+    assert_eq!(
+        reason(r#"{"tenantId":"123456789","serviceCallId":"c","dueTimeMs":5}"#),
+        None
+    );
+    assert_eq!(
+        reason(r#"{"tenantId":"1234567890","serviceCallId":"c","dueTimeMs":5}"#),
+        Some("invalid_id")
+    );
+    // A cron or time zone is held to the id limit too.
+    assert_eq!(
+        reason(r#"{"tenantId":"t","serviceCallId":"c","cron":"0 8 * * * *","timeZone":"UTC"}"#),
+        Some("invalid_recurrence")
+    );
+    assert_eq!(
+        reason(r#"{"tenantId":"t","serviceCallId":"c","cron":"0 8 * * *","timeZone":"Etc/GMT+0"}"#),
+        None
+    );
+    // The payload: 10 bytes pass, 11 do not.
+    assert_eq!(
+        reason(r#"{"tenantId":"t","serviceCallId":"c","dueTimeMs":5,"payload":"12345678"}"#),
+        None
+    );
+    assert_eq!(
+        reason(r#"{"tenantId":"t","serviceCallId":"c","dueTimeMs":5,"payload":"123456789"}"#),
+        Some("payload_too_large")
+    );
+    // The horizon: due exactly at it passes, a millisecond later does not.
+    assert_eq!(reason(&command), None);
+    let past = format!(
+        r#"{{"tenantId":"t","serviceCallId":"c","dueTimeMs":{}}}"#,
+        horizon + 1
+    );
+    assert_eq!(reason(&past), Some("too_far"));
+    // The epoch is a due time (long past: fires at once); before it is not.
+    assert_eq!(
+        reason(r#"{"tenantId":"t","serviceCallId":"c","dueTimeMs":0}"#),
+        None
+    );
+    assert!(reason(r#"{"tenantId":"t","serviceCallId":"c","dueTimeMs":-1}"#).is_some());
+}
+
+/// A payload nesting exactly `MAX_PAYLOAD_DEPTH` levels passes; one more does not.
+#[test]
+fn payload_depth_admits_its_bound() {
+    let nested = |n: usize| {
+        format!(
+            r#"{{"tenantId":"t","serviceCallId":"c","dueTimeMs":5,"payload":{}{}}}"#,
+            "[".repeat(n),
+            "]".repeat(n)
+        )
+    };
+    assert!(decode(&nested(validate::MAX_PAYLOAD_DEPTH)).is_ok());
+    assert_eq!(
+        decode(&nested(validate::MAX_PAYLOAD_DEPTH + 1))
+            .unwrap_err()
+            .reason,
+        "invalid_json"
+    );
+}
+
+#[test]
+fn json_depth_counts_closed_levels_out_and_escapes_in_strings() {
+    // Closing a level counts it out: siblings do not add up.
+    assert_eq!(json_depth("[[],[],[]]"), 2);
+    // An escaped quote does not end a string, so what follows it is text.
+    assert_eq!(json_depth(r#"{"a":"\"[[[["}"#), 1);
+    // An escaped backslash ends the escape: the quote after it closes the string.
+    assert_eq!(json_depth(r#"["\\",[[]]]"#), 3);
+}
+
+fn policy_of(extra: &str) -> Result<Option<crate::policy::Policy>, Rejection> {
+    decode(&format!(
+        r#"{{"tenantId":"t","serviceCallId":"c","cron":"0 * * * *","timeZone":"UTC"{extra}}}"#
+    ))
+    .map(|t| t.policy)
+}
+
+/// Each policy field is read as given; any one of them makes a policy, none makes none; the
+/// defaults fill in what a policy leaves out.
+#[test]
+fn policies_are_read_field_by_field() {
+    use crate::policy::{CatchUp, Overlap, DEFAULT_CATCH_UP_LIMIT};
+    assert_eq!(policy_of(""), Ok(None));
+    for overlap in Overlap::ALL {
+        let policy = policy_of(&format!(r#","overlap":"{}""#, overlap.as_str()));
+        assert_eq!(policy.map(|p| p.map(|p| p.overlap)), Ok(Some(overlap)));
+    }
+    for catch_up in CatchUp::ALL {
+        let policy = policy_of(&format!(r#","catchUp":"{}""#, catch_up.as_str()));
+        assert_eq!(
+            policy.map(|p| p.and_then(|p| p.catch_up)),
+            Ok(Some(catch_up))
+        );
+    }
+    // Any one field alone makes a policy.
+    for one in [
+        r#","completionTimeout":"1m""#,
+        r#","catchUpWindow":"1s""#,
+        r#","jitter":"1s""#,
+    ] {
+        assert!(matches!(policy_of(one), Ok(Some(_))), "{one}");
+    }
+    // `catchUp: all` without a limit gets the default one; a limit needs `catchUp: all`.
+    let all = policy_of(r#","catchUp":"all""#).unwrap().unwrap();
+    assert_eq!(all.catch_up_limit, Some(DEFAULT_CATCH_UP_LIMIT));
+    let once = policy_of(r#","catchUp":"once","catchUpLimit":2"#);
+    assert_eq!(
+        once.unwrap_err().field.as_deref(),
+        Some("catchUpLimit"),
+        "a limit without catchUp all"
+    );
+    // Durations up to the horizon pass, longer ones do not; a window of 1 s is the least.
+    let horizon = Limits::default().max_horizon.as_millis();
+    assert!(policy_of(&format!(r#","completionTimeout":{horizon}"#)).is_ok());
+    assert_eq!(
+        policy_of(&format!(r#","completionTimeout":{}"#, horizon + 1))
+            .unwrap_err()
+            .reason,
+        "invalid_policy"
+    );
+    assert!(policy_of(r#","catchUpWindow":1000"#).is_ok());
+    assert_eq!(
+        policy_of(r#","catchUpWindow":999"#).unwrap_err().reason,
+        "invalid_policy"
+    );
+}
+
+/// A completion's message is cut at `MAX_COMPLETION_MESSAGE_BYTES`, at a character boundary;
+/// a shorter one is kept whole.
+#[test]
+fn a_completion_message_is_cut_at_its_bound_on_a_character() {
+    let completion = |message: &str| {
+        let body = serde_json::json!({
+            "type": "TimerCompleted", "tenantId": "t", "serviceCallId": "c", "message": message,
+        });
+        match decode_any(&body.to_string()) {
+            Ok(Command::Complete(_, completion)) => completion.message.unwrap_or_default(),
+            other => panic!("a completion: {other:?}"),
+        }
+    };
+    assert_eq!(completion("done"), "done");
+    // 1023 bytes of ASCII, then a 2-byte character across the bound: cut before it.
+    let long = format!(
+        "{}é and more",
+        "a".repeat(validate::MAX_COMPLETION_MESSAGE_BYTES - 1)
+    );
+    assert_eq!(
+        completion(&long),
+        "a".repeat(validate::MAX_COMPLETION_MESSAGE_BYTES - 1)
+    );
+}
+
+/// A field a command of its type does not take is named, with what the type takes.
+#[test]
+fn a_stray_field_says_what_the_command_takes() {
+    let completed =
+        decode_any(r#"{"type":"TimerCompleted","tenantId":"t","serviceCallId":"c","dueTimeMs":5}"#)
+            .unwrap_err();
+    assert_eq!(completed.field.as_deref(), Some("dueTimeMs"));
+    assert!(
+        completed
+            .message
+            .contains("occurrence, outcome and message"),
+        "{completed:?}"
+    );
+    let cancel = decode_any(
+        r#"{"type":"CancelTimer","tenantId":"t","serviceCallId":"c","outcome":"failed"}"#,
+    )
+    .unwrap_err();
+    assert_eq!(cancel.field.as_deref(), Some("outcome"));
+    assert!(cancel.message.contains("only tenantId"), "{cancel:?}");
+}
+
+/// A jittered series keeps the cron time of its first occurrence in `work.nominal` (the next
+/// ones follow from it), and is first due that time plus its jitter offset.
+#[test]
+fn a_jittered_series_keeps_the_cron_time_of_its_first_occurrence() {
+    let t = decode(
+        r#"{"tenantId":"t","serviceCallId":"c","cron":"0 9 * * *","timeZone":"UTC","jitter":"10m"}"#,
+    )
+    .unwrap();
+    // NOW is 2027-01-15T08:00Z: the first occurrence is at 09:00 that day.
+    let nine = Timestamp::from_millis(NOW.as_millis() + 3_600_000);
+    assert_eq!(nine.to_rfc3339(), "2027-01-15T09:00:00.000Z");
+    assert_eq!(t.work.as_ref().and_then(|w| w.nominal), Some(nine));
+    let offset = crate::policy::jitter_offset(&t.key, nine, Duration::from_secs(600));
+    assert_eq!(t.due_at, nine.saturating_add(offset));
 }
