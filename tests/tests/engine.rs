@@ -226,7 +226,8 @@ async fn timer_where(store: &Arc<dyn Store>, id: &str, pred: impl Fn(&Timer) -> 
 /// unreachable database would; with `hang_fired`, settling a fired timer (one-shot or series) never
 /// returns (the process "dies" between publishing and marking); the first `hung_claims` claims
 /// and the first `hung_next_due` reads of the next due time never answer (a connection that
-/// hangs without a reset); the first `renew_failures` renewals
+/// hangs without a reset); `notices` are the store's wake-ups (as PostgreSQL's NOTIFY of a
+/// timer another instance scheduled); the first `renew_failures` renewals
 /// of leases fail, and the store refuses the first `settle_failures` settles.
 struct Faulty {
     inner: Arc<dyn Store>,
@@ -234,6 +235,7 @@ struct Faulty {
     hang_fired: bool,
     hung_claims: AtomicU32,
     hung_next_due: AtomicU32,
+    notices: Option<tokio::sync::broadcast::Sender<Timestamp>>,
     renew_failures: AtomicU32,
     settle_failures: AtomicU32,
 }
@@ -246,6 +248,7 @@ impl Faulty {
             hang_fired: false,
             hung_claims: AtomicU32::new(0),
             hung_next_due: AtomicU32::new(0),
+            notices: None,
             renew_failures: AtomicU32::new(0),
             settle_failures: AtomicU32::new(0),
         }
@@ -339,6 +342,9 @@ impl Store for Faulty {
 
     fn history(&self) -> &dyn timer_core::TimerHistory {
         self.inner.history()
+    }
+    fn wakeups(&self) -> Option<tokio::sync::broadcast::Receiver<Timestamp>> {
+        self.notices.as_ref().map(|n| n.subscribe())
     }
 }
 
@@ -1144,6 +1150,104 @@ async fn a_next_due_read_that_hangs_is_given_up_after_the_store_timeout() {
     events(&r.hub, 1)
         .await
         .expect("fired once the hung read was given up");
+}
+
+/// A timer another instance scheduled wakes the sleeping firing task through the store's
+/// notice when it is due sooner than the task planned to wake; one due later does not.
+#[tokio::test]
+async fn a_notice_of_a_sooner_timer_from_elsewhere_wakes_the_firing_task() {
+    let (notices, _) = tokio::sync::broadcast::channel(16);
+    let inner: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let store = Faulty {
+        notices: Some(notices.clone()),
+        ..Faulty::new(inner.clone())
+    };
+    let r = Setup::on(Arc::new(store)).start();
+    let planned = r.asleep(|until| until > T0).await.expect("asleep");
+    // Another instance writes straight to the store: this engine hears only the notice.
+    inner
+        .schedule(&[timer("elsewhere", T0)], T0)
+        .await
+        .expect("schedule");
+    notices
+        .send(planned.saturating_add(secs(1)))
+        .expect("a listener");
+    let woken = wait_for(QUIET, || async {
+        r.hub.events().ok().filter(|e| !e.is_empty())
+    })
+    .await;
+    assert!(
+        woken.is_none(),
+        "a notice of a later timer woke it: {woken:?}"
+    );
+    notices.send(T0).expect("a listener");
+    events(&r.hub, 1).await.expect("woken by the notice");
+}
+
+/// A publish that ends while its leases cannot be renewed, long before they run out, is
+/// settled as usual: the lease is counted from the claim, not given up at once.
+#[tokio::test]
+async fn a_publish_that_ends_well_within_its_lease_needs_no_renewal() {
+    let gate = Arc::new(tokio::sync::Notify::new());
+    let mut setup = Setup::on(Arc::new(Faulty {
+        renew_failures: AtomicU32::new(u32::MAX),
+        ..Faulty::new(Arc::new(MemoryStore::new()))
+    }));
+    setup.publish = Publish::Gated(gate.clone());
+    let r = setup.start();
+    r.schedule(&[timer("quick", T0)]).await;
+    timer_where(&r.store, "quick", |t| t.lease_owner.is_some()).await;
+    gate.notify_one();
+    let t = timer_where(&r.store, "quick", |t| t.state != TimerState::Scheduled).await;
+    assert_eq!((t.state, t.attempts), (TimerState::Reached, 0), "{t:?}");
+}
+
+/// A one-shot timer given up for its completion timeouts whose `TimerFailed` cannot be sent is
+/// given back for a retry after the backoff (not held until its lease ends), and fails once
+/// the dead letter goes out.
+#[tokio::test]
+async fn a_give_up_whose_timer_failed_cannot_be_sent_is_retried_after_the_backoff() {
+    let (mut setup, gate) = Setup::default().refusing_dead_letters();
+    setup.config.max_attempts = 1;
+    let r = setup.start();
+    let policy = Policy {
+        completion_timeout: Some(secs(5)),
+        ..Policy::default()
+    };
+    r.schedule(&[NewTimer {
+        policy: Some(policy),
+        ..timer("abandoned", T0)
+    }])
+    .await;
+    events(&r.hub, 1).await.expect("fired");
+    timer_where(&r.store, "abandoned", |t| {
+        t.work.as_ref().is_some_and(|w| w.awaiting.is_some()) && t.lease_owner.is_none()
+    })
+    .await;
+    r.clock.advance(secs(5));
+    assert!(gate.tried(1).await, "the TimerFailed was tried");
+    let t = timer_where(&r.store, "abandoned", |t| {
+        t.lease_owner.is_none() && t.available_at > T0.saturating_add(secs(5))
+    })
+    .await;
+    assert_eq!(
+        t.state,
+        TimerState::Scheduled,
+        "not Failed without its TimerFailed"
+    );
+    assert!(
+        t.available_at < T0.saturating_add(secs(5) + config().lease),
+        "given back for the backoff, not left to its lease: {t:?}"
+    );
+    gate.open();
+    r.clock
+        .advance(t.available_at.duration_since(T0.saturating_add(secs(5))));
+    timer_where(&r.store, "abandoned", |t| t.state == TimerState::Failed).await;
+    let letters = dead_letters(&r.hub, 1).await.expect("the TimerFailed");
+    assert!(
+        letters[0].reason.starts_with("completion_timeout"),
+        "{letters:?}"
+    );
 }
 
 #[tokio::test]
