@@ -26,6 +26,31 @@ const WAIT: Duration = Duration::from_secs(10);
 /// How long a check that something does *not* happen watches for it.
 const QUIET: Duration = Duration::from_millis(300);
 
+/// The metrics the engine records on this thread, as the Prometheus text the service serves.
+/// `#[tokio::test]` runs the engine's tasks on the test's thread, so a recorder of that thread
+/// sees this test's engine only.
+struct Metrics {
+    handle: metrics_exporter_prometheus::PrometheusHandle,
+    _recording: metrics::LocalRecorderGuard<'static>,
+}
+
+impl Metrics {
+    fn record() -> Self {
+        let recorder: &'static metrics_exporter_prometheus::PrometheusRecorder = Box::leak(
+            Box::new(metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder()),
+        );
+        Metrics {
+            handle: recorder.handle(),
+            _recording: metrics::set_default_local_recorder(recorder),
+        }
+    }
+
+    /// The value of `series` (`name{labels}` as rendered), 0 when it was never recorded.
+    fn value(&self, series: &str) -> f64 {
+        timer_conformance::e2e::metric(&self.handle.render(), series)
+    }
+}
+
 fn config() -> EngineConfig {
     EngineConfig {
         poll_interval: Duration::from_secs(3600),
@@ -1634,6 +1659,7 @@ async fn a_flooding_tenant_holds_only_its_share_and_the_others_go_on() {
 /// once.
 #[tokio::test]
 async fn a_tenant_over_its_fire_rate_fires_at_its_turns_and_others_at_once() {
+    let metrics = Metrics::record();
     let mut setup = Setup::default();
     setup.limits.fire_rate.tenants.insert(
         "herd".into(),
@@ -1687,6 +1713,13 @@ async fn a_tenant_over_its_fire_rate_fires_at_its_turns_and_others_at_once() {
     }
     r.clock.advance(ms(100));
     events(&r.hub, 6).await.expect("the last at its turn");
+    // Three fires waited for their turns: 100, 200 and 300 ms.
+    assert_eq!(metrics.value(r#"timer_fires_paced{tenant="herd"}"#), 3.0);
+    assert_eq!(metrics.value(r#"timer_fires_paced{tenant="t"}"#), 0.0);
+    let count = metrics.value(r#"timer_fire_pace_delay_count{tenant="herd"}"#);
+    let sum = metrics.value(r#"timer_fire_pace_delay_sum{tenant="herd"}"#);
+    assert_eq!(count, 3.0);
+    assert!((sum - 0.6).abs() < 1e-6, "pace delays add up to {sum} s");
 }
 
 #[tokio::test]
@@ -1885,6 +1918,7 @@ async fn overlap_skip_skips_while_the_work_runs_and_goes_on_after_its_completion
 
 #[tokio::test]
 async fn a_completion_timeout_frees_a_series_whose_consumer_never_answers() {
+    let metrics = Metrics::record();
     let r = rig();
     let policy = Policy {
         overlap: Overlap::Skip,
@@ -1904,6 +1938,7 @@ async fn a_completion_timeout_frees_a_series_whose_consumer_never_answers() {
             .any(|c| c["type"] == "timed_out" && c["occurrence"] == 1),
         "{history:?}"
     );
+    assert_eq!(metrics.value("timer_completions_timed_out"), 1.0);
     // A completion that comes now is late: recorded, nothing else changes.
     assert_eq!(
         completed(&r, "s", Some(1)).await,
@@ -1913,6 +1948,7 @@ async fn a_completion_timeout_frees_a_series_whose_consumer_never_answers() {
 
 #[tokio::test]
 async fn buffer_one_fires_the_waiting_occurrence_when_the_previous_completes() {
+    let metrics = Metrics::record();
     let r = rig();
     let policy = Policy {
         overlap: Overlap::BufferOne,
@@ -1939,6 +1975,7 @@ async fn buffer_one_fires_the_waiting_occurrence_when_the_previous_completes() {
         history.iter().any(|c| c["type"] == "buffered"),
         "{history:?}"
     );
+    assert_eq!(metrics.value("timer_occurrences_buffered"), 1.0);
     // 3 is recorded once, as an overlap skip (not again when the buffered one settled).
     let skipped: Vec<_> = history.iter().filter(|c| c["type"] == "skipped").collect();
     assert_eq!(skipped.len(), 1, "{history:?}");
@@ -1952,6 +1989,7 @@ async fn buffer_one_fires_the_waiting_occurrence_when_the_previous_completes() {
 
 #[tokio::test]
 async fn catch_up_all_fires_the_last_missed_up_to_its_limit_then_goes_on() {
+    let metrics = Metrics::record();
     let r = rig();
     let policy = Policy {
         catch_up: Some(CatchUp::All),
@@ -1973,6 +2011,12 @@ async fn catch_up_all_fires_the_last_missed_up_to_its_limit_then_goes_on() {
     assert_eq!(
         (skipped[0]["count"].as_u64(), &skipped[0]["reason"]),
         (Some(7), &serde_json::json!("catch_up"))
+    );
+    // 9 and 10 fired with later ones due behind them; 11 was the latest by then.
+    assert_eq!(metrics.value("timer_occurrences_caught_up"), 2.0);
+    assert_eq!(
+        metrics.value(r#"timer_occurrences_skipped{reason="catch_up"}"#),
+        7.0
     );
 }
 

@@ -53,15 +53,7 @@ impl Broker for PanicsOnce {
 }
 
 async fn readyz(app: &axum::Router) -> (u16, Value) {
-    let request = Request::get("/readyz")
-        .body(Body::empty())
-        .expect("a request");
-    let response = app.clone().oneshot(request).await.expect("an answer");
-    let status = response.status().as_u16();
-    let body = axum::body::to_bytes(response.into_body(), 1 << 20)
-        .await
-        .expect("the body");
-    (status, serde_json::from_slice(&body).expect("JSON"))
+    call(app, "GET", "/readyz").await
 }
 
 /// While the firing task that panicked waits out its restart backoff, `/readyz` answers 503 with

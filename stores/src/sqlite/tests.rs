@@ -1,5 +1,5 @@
 //! Unit tests of the sqlite store: unusable URLs, a second writer on the file, a missing
-//! directory.
+//! directory, a change and its history entry in one transaction.
 
 use super::*;
 use timer_core::ErrorKind;
@@ -97,4 +97,54 @@ fn released_migrations_never_change() {
             (7, "4001dff2d0c38f51"),
         ],
     );
+}
+
+/// A change and its history entry commit together or not at all: with a trigger refusing the
+/// entry, and then one refusing the change, a cancel fails and leaves both as they were.
+#[tokio::test]
+async fn a_change_and_its_history_entry_commit_together_or_not_at_all() {
+    use sqlx::{Connection, Executor};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = SqliteConfig::for_path(dir.path().join("t.db"));
+    let store = SqliteStore::open(&config).await.expect("open");
+    let now = Timestamp::from_millis(1_000);
+    let key = TimerKey::new("t", "x");
+    let timer = NewTimer {
+        key: key.clone(),
+        due_at: Timestamp::from_millis(60_000),
+        correlation_id: None,
+        payload: None,
+        recurrence: None,
+        policy: None,
+        work: None,
+    };
+    store.schedule(&[timer], now).await.expect("schedule");
+    let state = || async {
+        let timer = store.get(&key).await.expect("get");
+        let history = store.history().read(&key, 0, 100).await.expect("history");
+        (timer, history.len())
+    };
+    let before = state().await;
+    let url = format!("sqlite://{}", config.path());
+    let mut other = sqlx::SqliteConnection::connect(&url)
+        .await
+        .expect("connect");
+    for refused in ["INSERT ON timer_history", "UPDATE ON timers"] {
+        let trigger = format!(
+            "CREATE TRIGGER refuse BEFORE {refused} WHEN NEW.service_call_id = 'x' \
+             BEGIN SELECT RAISE(ABORT, 'injected: refused'); END"
+        );
+        other.execute(trigger.as_str()).await.expect("trigger");
+        let cancelled = store.cancel(&key, now).await;
+        assert!(cancelled.is_err(), "{refused}: {cancelled:?}");
+        assert_eq!(state().await, before, "{refused}: half a change was kept");
+        other.execute("DROP TRIGGER refuse").await.expect("drop");
+    }
+    assert_eq!(
+        store.cancel(&key, now).await.expect("cancel"),
+        timer_core::CancelOutcome::Cancelled
+    );
+    let (timer, entries) = state().await;
+    assert_eq!(timer.map(|t| t.state), Some(TimerState::Cancelled));
+    assert_eq!(entries, before.1 + 1, "the cancel's entry");
 }

@@ -11,7 +11,7 @@
 //! written with a store section to a TOML file (`TIMER_CONFIG`); the test sends commands and
 //! reads events and dead letters with the plugin's
 //! [`TestClient`](timer_core::plugin::TestClient), and takes the server down with the script its
-//! [`TestServer`](timer_core::plugin::TestServer) names. What differs between brokers is data in
+//! [`TestServer`] names. What differs between brokers is data in
 //! [`BrokerTraits`].
 //!
 //! Here: the broker cases, their traits and [`trials`]; `setup.rs` gives a scenario its service,
