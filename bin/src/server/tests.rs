@@ -52,6 +52,22 @@ impl Broker for PanicsOnce {
     }
 }
 
+/// The service's router with the default config, no auth and no metrics, on `engine`.
+fn router(engine: &Engine, hub: MemoryHub, shutdown: CancellationToken) -> axum::Router {
+    let config = crate::config::load(&figment::Figment::new()).expect("the defaults load");
+    app(
+        &config,
+        Serving {
+            engine: engine.clone(),
+            auth: None,
+            metrics: None,
+            memory_hub: Some(hub),
+            shutdown,
+            counts_max_age: config.http.counts_max_age,
+        },
+    )
+}
+
 async fn readyz(app: &axum::Router) -> (u16, Value) {
     call(app, "GET", "/readyz").await
 }
@@ -60,7 +76,6 @@ async fn readyz(app: &axum::Router) -> (u16, Value) {
 /// the engine `unavailable` (and no error text); once it runs again, 200.
 #[tokio::test]
 async fn readyz_is_503_while_an_engine_task_is_down() {
-    let config = crate::config::load(&figment::Figment::new()).expect("the defaults load");
     let hub = MemoryHub::new(MemoryConfig::default());
     let broker = PanicsOnce {
         inner: hub.connect(),
@@ -79,17 +94,7 @@ async fn readyz_is_503_while_an_engine_task_is_down() {
     );
     let shutdown = CancellationToken::new();
     let task = engine.start(shutdown.clone());
-    let app = app(
-        &config,
-        Serving {
-            engine: engine.clone(),
-            auth: None,
-            metrics: None,
-            memory_hub: Some(hub),
-            shutdown: shutdown.clone(),
-            counts_max_age: config.http.counts_max_age,
-        },
-    );
+    let app = router(&engine, hub, shutdown.clone());
     let (status, ready) = readyz(&app).await;
     assert_eq!(
         (status, &ready["engine"]["status"]),
@@ -142,7 +147,6 @@ async fn call(app: &axum::Router, method: &str, uri: &str) -> (u16, Value) {
 #[tokio::test]
 async fn cancel_and_pause_answer_409_firing_while_the_timer_fires() {
     const T0: Timestamp = Timestamp::from_millis(1_800_000_000_000);
-    let config = crate::config::load(&figment::Figment::new()).expect("the defaults load");
     let hub = MemoryHub::new(MemoryConfig::default());
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
     let clock = Arc::new(ManualClock::new(T0));
@@ -154,17 +158,7 @@ async fn cancel_and_pause_answer_409_firing_while_the_timer_fires() {
         EngineConfig::default(),
         Limits::default(),
     );
-    let app = app(
-        &config,
-        Serving {
-            engine: engine.clone(),
-            auth: None,
-            metrics: None,
-            memory_hub: Some(hub),
-            shutdown: CancellationToken::new(),
-            counts_max_age: config.http.counts_max_age,
-        },
-    );
+    let app = router(&engine, hub, CancellationToken::new());
     let body = format!(
         r#"{{"tenantId":"t","serviceCallId":"busy","dueTimeMs":{}}}"#,
         T0.as_millis()

@@ -26,14 +26,9 @@ async fn unusable_urls_are_config_errors_naming_the_url() {
 
 /// Another process holding the write lock: schedule and cancel wait for it, up to
 /// `store.busy_timeout`, instead of failing at once with "database is locked".
-#[tokio::test]
-async fn writes_wait_for_another_writer_on_the_same_file() {
-    use sqlx::Connection;
-    let dir = tempfile::tempdir().expect("tempdir");
-    let config = SqliteConfig::for_path(dir.path().join("t.db"));
-    let store = SqliteStore::open(&config).await.expect("open");
-    let now = Timestamp::from_millis(1_000);
-    let timer = |id: &str| NewTimer {
+/// A one-shot timer of tenant `t` due at 60 s.
+fn timer(id: &str) -> NewTimer {
+    NewTimer {
         key: TimerKey::new("t", id),
         due_at: Timestamp::from_millis(60_000),
         correlation_id: None,
@@ -41,7 +36,16 @@ async fn writes_wait_for_another_writer_on_the_same_file() {
         recurrence: None,
         policy: None,
         work: None,
-    };
+    }
+}
+
+#[tokio::test]
+async fn writes_wait_for_another_writer_on_the_same_file() {
+    use sqlx::Connection;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = SqliteConfig::for_path(dir.path().join("t.db"));
+    let store = SqliteStore::open(&config).await.expect("open");
+    let now = Timestamp::from_millis(1_000);
     store.schedule(&[timer("a")], now).await.expect("schedule");
     let url = format!("sqlite://{}", config.path());
     let mut other = sqlx::SqliteConnection::connect(&url)
@@ -109,16 +113,7 @@ async fn a_change_and_its_history_entry_commit_together_or_not_at_all() {
     let store = SqliteStore::open(&config).await.expect("open");
     let now = Timestamp::from_millis(1_000);
     let key = TimerKey::new("t", "x");
-    let timer = NewTimer {
-        key: key.clone(),
-        due_at: Timestamp::from_millis(60_000),
-        correlation_id: None,
-        payload: None,
-        recurrence: None,
-        policy: None,
-        work: None,
-    };
-    store.schedule(&[timer], now).await.expect("schedule");
+    store.schedule(&[timer("x")], now).await.expect("schedule");
     let state = || async {
         let timer = store.get(&key).await.expect("get");
         let history = store.history().read(&key, 0, 100).await.expect("history");
