@@ -265,3 +265,63 @@ pub async fn a_store_keeps_what_it_committed_across_a_restart(fresh: FreshStore)
         );
     }
 }
+
+/// Instances that look for dead owners at the same time take each over once: every dead
+/// owner's leases are released by exactly one of them, and the sum is every lease it held.
+pub async fn concurrent_take_overs_take_each_dead_owner_once(fresh: FreshStore) {
+    let (store, config, _keep) = fresh.into_parts();
+    let Some(owners) = store.lease_owners() else {
+        return; // a_restart_releases_every_lease_of_a_store_one_service_owns
+    };
+    let s = store.as_ref();
+    let dead = ["d1", "d2", "d3", "d4"];
+    let mut members = Vec::new();
+    for (i, owner) in dead.iter().enumerate() {
+        members.push(owners.join(owner, T0).await.expect("joins"));
+        let batch: Vec<_> = (0..=i)
+            .map(|n| timer("t", &format!("{owner}-{n}"), T0_MS))
+            .collect();
+        put(s, &batch, T0).await;
+        let claimed = claim(s, at(T0_MS + 10), 10, owner, T0_MS + 3_600_000).await;
+        assert_eq!(claimed.len(), i + 1, "{owner} holds {} leases", i + 1);
+    }
+    let mut takers = Vec::new();
+    for _ in 0..4 {
+        takers.push(
+            config
+                .open()
+                .await
+                .unwrap_or_else(|e| panic!("another instance on the store: {}", e.chain())),
+        );
+    }
+    drop(members); // the four die: their connections end
+    let release_at = at(T0_MS + 1_000);
+    // What every round took over, all rounds together (a round may come before the server
+    // has noticed every death).
+    let taken: std::sync::Mutex<Vec<TakenOver>> = Default::default();
+    let all = crate::wait_for(Duration::from_secs(10), || async {
+        let rounds = futures::future::join_all(takers.iter().map(|t| async move {
+            let owners = t.lease_owners().expect("the same plugin has the ability");
+            owners.take_over(release_at).await.expect("take over")
+        }))
+        .await;
+        let mut taken = taken.lock().expect("not poisoned");
+        taken.extend(rounds.into_iter().flatten());
+        (taken.len() >= dead.len()).then(|| taken.clone())
+    })
+    .await
+    .unwrap_or_else(|| panic!("every dead owner taken over within 10 s: {taken:?}"));
+    let mut by_owner: Vec<(String, u64)> =
+        all.iter().map(|t| (t.owner.clone(), t.leases)).collect();
+    by_owner.sort();
+    assert_eq!(
+        by_owner,
+        [
+            ("d1".to_owned(), 1),
+            ("d2".to_owned(), 2),
+            ("d3".to_owned(), 3),
+            ("d4".to_owned(), 4)
+        ],
+        "each dead owner taken over once, with all its leases"
+    );
+}

@@ -51,7 +51,8 @@ pub use history::{
 };
 pub use leases::{
     a_restart_releases_every_lease_of_a_store_one_service_owns,
-    a_store_keeps_what_it_committed_across_a_restart, dead_owners_are_taken_over_at_once,
+    a_store_keeps_what_it_committed_across_a_restart,
+    concurrent_take_overs_take_each_dead_owner_once, dead_owners_are_taken_over_at_once,
     renew_extends_only_the_owners_leases,
 };
 pub use queries::{
@@ -171,6 +172,7 @@ pub fn restart_checks() -> Vec<Check<FreshStore>> {
         a_store_keeps_what_it_committed_across_a_restart,
         a_restart_releases_every_lease_of_a_store_one_service_owns,
         dead_owners_are_taken_over_at_once,
+        concurrent_take_overs_take_each_dead_owner_once,
         two_instances_share_a_backlog_and_never_claim_a_row_twice,
         shared_allowances_are_one_budget_for_every_instance,
     ]
