@@ -14,8 +14,8 @@ use timer_core::engine::Triggered;
 use timer_core::policy::{CatchUp, Completion, Outcome, Overlap, Policy, Work};
 use timer_core::{
     Action, Broker, CancelOutcome, ClaimedTimer, ControlOutcome, Delivery, Engine, EngineConfig,
-    Error, Lease, Limits, ManualClock, NewTimer, OutboundEvent, Reason, Recurrence, Result,
-    ScheduleOutcome, Scheduled, Settlement, Store, Timer, TimerKey, TimerState, Timestamp,
+    Error, KeyLimit, Lease, Limits, ManualClock, NewTimer, OutboundEvent, Reason, Recurrence,
+    Result, ScheduleOutcome, Scheduled, Settlement, Store, Timer, TimerKey, TimerState, Timestamp,
     Undelivered,
 };
 use timer_stores::memory::MemoryStore;
@@ -465,6 +465,15 @@ impl Broker for FaultyBroker {
     }
     async fn ack(&self, tags: &[u64]) -> Result<()> {
         self.inner.ack(tags).await
+    }
+    fn ack_wait(&self) -> Option<Duration> {
+        self.inner.ack_wait()
+    }
+    async fn keep(&self, tags: &[u64]) -> Result<()> {
+        self.inner.keep(tags).await
+    }
+    fn check_key(&self, key: &TimerKey) -> std::result::Result<(), KeyLimit> {
+        self.inner.check_key(key)
     }
     async fn publish(&self, events: &[OutboundEvent]) -> Result<Vec<Undelivered>> {
         if self.hangs {
@@ -1652,6 +1661,123 @@ async fn a_flooding_tenant_holds_only_its_share_and_the_others_go_on() {
         assert!(big(id).await.is_some(), "big/{id} stored");
     }
     assert!(big("4").await.is_none(), "big/4 was refused");
+}
+
+/// With `limits.rate.max_held` commands held (and no share per tenant), the ingest task reads
+/// nothing more, every tenant waiting with the flood on the broker, unacknowledged; it does not
+/// stop: as the allowance refills it reads on, and everything is applied, nothing refused.
+#[tokio::test]
+async fn with_max_held_commands_held_the_rest_wait_on_the_broker() {
+    let metrics = Metrics::record();
+    let mut setup = Setup::default();
+    setup.limits.rate.schedules_per_second = 1;
+    setup.limits.rate.burst = 1;
+    setup.limits.rate.max_held = 2;
+    setup.limits.rate.max_held_per_tenant = 0;
+    let r = setup.start();
+    let later = T0.saturating_add(secs(3600));
+    let cmd = |tenant: &str, id: usize| {
+        format!(
+            r#"{{"tenantId":"{tenant}","serviceCallId":"{id}","dueTimeMs":{}}}"#,
+            later.as_millis()
+        )
+    };
+    for i in 0..5 {
+        r.hub.send_command(cmd("big", i)).expect("send");
+    }
+    r.hub.send_command(cmd("t", 0)).expect("send");
+    // big/0 applied (the burst), big/1 and big/2 held: full. The rest stay on the broker.
+    let held = wait_for(WAIT, || async {
+        (metrics.value("timer_commands_held") == 2.0).then_some(())
+    })
+    .await;
+    assert!(held.is_some(), "2 held");
+    let quiet = wait_for(QUIET, || async {
+        (r.hub.unacknowledged().ok()? != 5 || !r.hub.dead_letters().ok()?.is_empty()).then_some(())
+    })
+    .await;
+    assert!(
+        quiet.is_none(),
+        "with the held slots full, nothing more is read: {:?} unacknowledged, dead letters {:?}",
+        r.hub.unacknowledged(),
+        r.hub.dead_letters()
+    );
+    // A second at a time, the allowance frees a slot: the task reads on.
+    for _ in 0..10 {
+        let before = r.hub.unacknowledged().expect("count");
+        if before == 0 {
+            break;
+        }
+        r.clock.advance(secs(1));
+        let moved = wait_for(WAIT, || async {
+            (r.hub.unacknowledged().ok()? < before).then_some(())
+        })
+        .await;
+        assert!(
+            moved.is_some(),
+            "applied on after the refill ({before} left)"
+        );
+    }
+    assert_eq!(r.hub.unacknowledged().expect("count"), 0, "all applied");
+    assert!(r.hub.dead_letters().expect("dead letters").is_empty());
+    for id in 0..5 {
+        let key = TimerKey::new("big", id.to_string());
+        assert!(r.store.get(&key).await.expect("get").is_some(), "big/{id}");
+    }
+    timer_where(&r.store, "0", |t| t.state == TimerState::Scheduled).await;
+    assert_eq!(
+        metrics.value("timer_commands_throttled{path=\"broker\"}"),
+        4.0,
+        "big/1 to big/4 were held, each once"
+    );
+}
+
+/// Held commands are kept (`Broker::keep`) a third of the way into the broker's ack wait, so
+/// the broker does not deliver them again while they wait for their tenant's allowance; even
+/// when the ack wait is shorter than the ingest task's longest receive.
+#[tokio::test]
+async fn held_commands_are_kept_and_not_delivered_again() {
+    let metrics = Metrics::record();
+    let ack_wait = ms(300);
+    let mut setup = Setup {
+        hub: MemoryHub::new(MemoryConfig {
+            ack_wait,
+            ..MemoryConfig::default()
+        }),
+        ..Setup::default()
+    };
+    setup.limits.rate.schedules_per_second = 1;
+    setup.limits.rate.burst = 1;
+    let r = setup.start();
+    let later = T0.saturating_add(secs(3600));
+    for id in 0..3 {
+        let cmd = format!(
+            r#"{{"tenantId":"t","serviceCallId":"{id}","dueTimeMs":{}}}"#,
+            later.as_millis()
+        );
+        r.hub.send_command(cmd).expect("send");
+    }
+    timer_where(&r.store, "0", |t| t.state == TimerState::Scheduled).await;
+    let throttled = || metrics.value("timer_commands_throttled{path=\"broker\"}");
+    let held = wait_for(WAIT, || async { (throttled() == 2.0).then_some(()) }).await;
+    assert!(held.is_some(), "1 and 2 held");
+    // Six ack waits: a command delivered again would be held again, and counted.
+    let again = wait_for(ack_wait * 6, || async { (throttled() > 2.0).then_some(()) }).await;
+    assert!(
+        again.is_none(),
+        "held commands were delivered again within 6 ack waits of {ack_wait:?}: {} held",
+        throttled()
+    );
+    assert_eq!(r.hub.unacknowledged().expect("count"), 2);
+    for id in ["1", "2"] {
+        r.clock.advance(secs(1));
+        timer_where(&r.store, id, |t| t.state == TimerState::Scheduled).await;
+    }
+    let done = wait_for(WAIT, || async {
+        (r.hub.unacknowledged().ok()? == 0).then_some(())
+    })
+    .await;
+    assert!(done.is_some(), "all acknowledged");
 }
 
 /// `limits.fire_rate`: a tenant's herd goes out at its rate after its burst, each timer at its

@@ -107,7 +107,11 @@ impl Engine {
                 inner.throttle.forget_idle().await;
                 tidied = tokio::time::Instant::now();
             }
-            let wait = next.map_or(RECEIVE_WAIT, |next| next.min(RECEIVE_WAIT));
+            let mut wait = next.map_or(RECEIVE_WAIT, |next| next.min(RECEIVE_WAIT));
+            if !held.is_empty() {
+                // Back in time to keep them, however short the broker's ack wait.
+                wait = self.keep_every().map_or(wait, |every| wait.min(every));
+            }
             let room = max_held.saturating_sub(held.len());
             if room == 0 {
                 // As many held as allowed: read nothing more (every tenant waits now) until the
@@ -210,10 +214,10 @@ impl Engine {
     /// Tells the broker to keep the held commands (restart their ack wait) a third of the way
     /// into it, so it does not deliver them again while they wait.
     async fn keep_held(&self, held: &mut Held<Admitted>) {
-        let Some(ack_wait) = self.inner.broker.ack_wait() else {
+        let Some(every) = self.keep_every() else {
             return;
         };
-        let tags = held.due_to_keep(ack_wait / 3);
+        let tags = held.due_to_keep(every);
         if tags.is_empty() {
             return;
         }
@@ -221,6 +225,11 @@ impl Engine {
             // They may come again: a second copy of a command is applied like the first.
             warn!(error = %e.chain(), held = tags.len(), "asking the broker to keep held commands failed; it may deliver them again");
         }
+    }
+
+    /// How often held commands are kept: a third of the broker's ack wait (none without one).
+    fn keep_every(&self) -> Option<Duration> {
+        self.inner.broker.ack_wait().map(|ack_wait| ack_wait / 3)
     }
 
     /// Decodes a delivery (counted by `admit`), then refuses (and counts) a `PauseTimer`,

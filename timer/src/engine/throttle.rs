@@ -320,6 +320,10 @@ impl<T> Held<T> {
         self.len
     }
 
+    pub(crate) fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
     /// Whether `tenant` has commands held.
     pub(crate) fn holds(&self, tenant: &str) -> bool {
         self.tenants.contains_key(tenant)
