@@ -28,7 +28,7 @@ use timer_conformance::e2e::{
     now_ms, percentiles, schedule, timer_of, write_config, ScriptedServer, Service, ON_TIME_P99_MS,
 };
 use timer_conformance::proxy::Proxy;
-use timer_conformance::scenarios::{envelope, Outage};
+use timer_conformance::scenarios::envelope;
 use timer_conformance::{server_trial_within, wait_for, TRIAL_LIMIT};
 use timer_core::plugin::{fresh_name, BrokerConfig, BrokerPlugin, Isolated, TestClient};
 use timer_core::{Store, TimerKey, TimerState};
@@ -46,7 +46,7 @@ const DUE_IN_MS: (i64, i64) = (500, 5_000);
 const WINDOW_MARGIN_MS: i64 = 2_000;
 
 /// A broker the soak runs against: its plugin and the port its URLs default to. The nemesis
-/// crashes its server as the plugin's test server says ([`Outage::crash_of`]).
+/// crashes its server as the plugin's test server says ([`ScriptedServer::crash`]).
 #[derive(Clone, Copy)]
 struct ChaosBroker {
     plugin: &'static BrokerPlugin,
@@ -177,7 +177,6 @@ async fn soak(chaos: ChaosBroker) {
 
     let pg_server = ScriptedServer::of(&timer_stores::postgres::TEST_SERVER).expect("postgres");
     let broker_server = ScriptedServer::of_plugin(chaos.plugin);
-    let outage = Outage::crash_of(&chaos.plugin.test_server.expect("a broker with a server"));
     let _pg_restart = pg_server.restart_guard();
     let _broker_restart = broker_server.restart_guard();
 
@@ -266,7 +265,7 @@ async fn soak(chaos: ChaosBroker) {
                 instances[target].start().await;
             }
             Fault::RestartBroker => {
-                outage.take_down(&broker_server).await;
+                broker_server.crash().await;
                 broker_server.run("start").await;
             }
             Fault::RestartDatabase => {

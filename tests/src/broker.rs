@@ -371,7 +371,7 @@ impl Removable {
     pub async fn take_the_server_away(&self) {
         match &self.stand_in {
             StandIn::Proxy(proxy) => proxy.stop(),
-            StandIn::Private(server) => server.kill9().await,
+            StandIn::Private(server) => server.crash().await,
         }
     }
 }

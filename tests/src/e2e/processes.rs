@@ -102,6 +102,11 @@ pub struct ScriptedServer {
     dir: String,
     port_env: &'static str,
     port: u16,
+    /// The file of its data directory with the pid of the server process when the script's
+    /// own pid file names a launcher ([`TestServer::server_pid_file`]).
+    server_pid_file: Option<&'static str>,
+    /// Why a crash of it is not tested ([`TestServer::not_restartable`]).
+    not_restartable: Option<&'static str>,
 }
 
 impl ScriptedServer {
@@ -117,6 +122,8 @@ impl ScriptedServer {
             dir,
             port_env,
             port,
+            server_pid_file: None,
+            not_restartable: None,
         }
     }
 
@@ -131,7 +138,11 @@ impl ScriptedServer {
         let port = server
             .port()
             .ok_or_else(|| format!("no port in {}", server.address_env))?;
-        Ok(Self::new(server.script, dir, server.port_env, port))
+        Ok(ScriptedServer {
+            server_pid_file: server.server_pid_file,
+            not_restartable: server.not_restartable,
+            ..Self::new(server.script, dir, server.port_env, port)
+        })
     }
 
     /// The test server of `plugin`, for a test that takes it down; panics when the plugin has
@@ -154,15 +165,32 @@ impl ScriptedServer {
         run_ok(&mut command, format!("{} {action}", self.script.display())).await;
     }
 
-    /// SIGKILL to the server, by the pid its script recorded (`DIR/<name>.pid`); returns once
-    /// it is gone (its port free for the next start).
-    pub async fn kill9(&self) {
-        self.kill9_recorded(&format!("{}.pid", self.name)).await;
+    /// Why a crash of this server is not tested (a limit of the test server, not of its
+    /// plugin), as its plugin says; `None` when [`ScriptedServer::crash`] brings one about.
+    pub fn crash_left_out(&self) -> Option<&'static str> {
+        self.not_restartable
     }
 
-    /// SIGKILL to the process whose pid the script recorded in `DIR/<pid_file>` (a server
-    /// whose launcher is not the server: RabbitMQ's Erlang VM); returns once it is gone.
-    pub async fn kill9_recorded(&self, pid_file: &str) {
+    /// The crash: SIGKILL to the server process, by the pid its script recorded
+    /// (`DIR/<name>.pid`, or the plugin's [`TestServer::server_pid_file`], after which the
+    /// script's `stop` ends what is left: RabbitMQ's launcher and epmd). Returns once it is
+    /// gone, its port free for the next start. Panics for a server whose crash is left out.
+    pub async fn crash(&self) {
+        if let Some(why) = self.not_restartable {
+            panic!("a crash of {} is left out: {why}", self.name);
+        }
+        match self.server_pid_file {
+            Some(pid_file) => {
+                self.kill9_recorded(pid_file).await;
+                self.run("stop").await;
+            }
+            None => self.kill9_recorded(&format!("{}.pid", self.name)).await,
+        }
+    }
+
+    /// SIGKILL to the process whose pid the script recorded in `DIR/<pid_file>`; returns once
+    /// it is gone.
+    async fn kill9_recorded(&self, pid_file: &str) {
         let pid_file = Path::new(&self.dir).join(pid_file);
         let pid: u32 = std::fs::read_to_string(&pid_file)
             .unwrap_or_else(|e| panic!("{}: {e}", pid_file.display()))
@@ -221,9 +249,9 @@ impl PrivateServer {
         &self.address
     }
 
-    /// SIGKILL, by the pid its script recorded; returns once it is gone.
-    pub async fn kill9(&self) {
-        self.server.kill9().await;
+    /// The crash ([`ScriptedServer::crash`]); returns once it is gone.
+    pub async fn crash(&self) {
+        self.server.crash().await;
     }
 }
 

@@ -11,7 +11,7 @@
 //! written with a store section to a TOML file (`TIMER_CONFIG`); the test sends commands and
 //! reads events and dead letters with the plugin's
 //! [`TestClient`](timer_core::plugin::TestClient), and takes the server down with the script its
-//! [`TestServer`] names. What differs between brokers is data in
+//! [`TestServer`](timer_core::plugin::TestServer) names. What differs between brokers is data in
 //! [`BrokerTraits`].
 //!
 //! Here: the broker cases, their traits and [`trials`]; `setup.rs` gives a scenario its service,
@@ -28,7 +28,7 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 use serde_json::{json, Value};
-use timer_core::plugin::{BrokerConfig, TestServer};
+use timer_core::plugin::BrokerConfig;
 use timer_core::{BrokerPlugin, StorePlugin};
 
 use crate::e2e::ScriptedServer;
@@ -98,45 +98,6 @@ impl Default for BrokerTraits {
     }
 }
 
-/// How a scenario takes a test server down before starting it again.
-#[derive(Clone, Copy, Debug)]
-pub enum Outage {
-    /// SIGKILL, by the pid its script recorded: the crash.
-    Kill,
-    /// SIGKILL to the process whose pid the script recorded in this file of its data
-    /// directory (RabbitMQ: `rabbitmq-beam.pid`, the Erlang VM under the launcher), then the
-    /// script's `stop` for what is left (the launcher, epmd): the crash of the broker node.
-    KillRecorded(&'static str),
-    /// Left out, for this reason (a limit of the test server, not of the plugin): the outage
-    /// scenario tests the service's restart only, and a known-gap trial says what is missing.
-    NotTested(&'static str),
-}
-
-impl Outage {
-    /// How a crash of `server` is brought about, as its plugin describes it
-    /// ([`TestServer::server_pid_file`], [`TestServer::not_restartable`]).
-    pub fn crash_of(server: &TestServer) -> Outage {
-        match (server.not_restartable, server.server_pid_file) {
-            (Some(why), _) => Outage::NotTested(why),
-            (None, Some(pid_file)) => Outage::KillRecorded(pid_file),
-            (None, None) => Outage::Kill,
-        }
-    }
-
-    /// Takes `server` down this way; returns once it is gone (its port free for the next
-    /// start). Panics for [`Outage::NotTested`]: an outage left out is not brought about.
-    pub async fn take_down(&self, server: &ScriptedServer) {
-        match self {
-            Outage::Kill => server.kill9().await,
-            Outage::KillRecorded(pid_file) => {
-                server.kill9_recorded(pid_file).await;
-                server.run("stop").await;
-            }
-            Outage::NotTested(why) => panic!("an outage left out is not brought about: {why}"),
-        }
-    }
-}
-
 /// Every scenario as a trial for `case.plugin`, named `brokers::<kind>::<scenario>`, and the
 /// broker's `own` checks after them: the scenarios through the service's HTTP API for a broker
 /// inside the service, all of them for a broker with a server (the ingest kill on every durable
@@ -180,7 +141,7 @@ pub fn trials(
         missing.clone(),
         checks,
     );
-    if let Outage::NotTested(why) = Outage::crash_of(&server) {
+    if let Some(why) = server.not_restartable {
         trials.push(crate::known_gap_trial(
             format!("brokers::{kind}::timers_fire_through_an_outage_of_the_server"),
             why,

@@ -8,7 +8,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use super::setup::{commands, envelope, stored, timers, Setup};
-use super::{BrokerCase, Outage};
+use super::BrokerCase;
 use timer_core::Store;
 
 use crate::e2e::{
@@ -143,8 +143,8 @@ pub async fn a_command_stays_unacknowledged_while_the_store_refuses_writes(case:
 
 /// 10,000 timers: the service is stopped (SIGTERM) while it stores the first half and started
 /// again after the second half was sent, so it resumes from what it acknowledged; then the
-/// server goes down and comes back while they fire (unless its test server cannot take that:
-/// [`Outage::NotTested`]). Every timer fires; an event that arrives twice carries the same id.
+/// server crashes and comes back while they fire (unless its test server cannot take that:
+/// [`ScriptedServer::crash_left_out`]). Every timer fires; an event that arrives twice carries the same id.
 pub async fn ten_thousand_timers_survive_a_service_restart_and_a_server_outage(
     case: Arc<BrokerCase>,
 ) {
@@ -189,17 +189,13 @@ pub async fn ten_thousand_timers_survive_a_service_restart_and_a_server_outage(
          after the restart all {N}"
     );
 
-    let server = case
-        .plugin
-        .test_server
-        .expect("the outage scenario runs for a broker with a test server");
-    let outage = Outage::crash_of(&server);
-    match outage {
-        Outage::NotTested(why) => println!(
+    let server = ScriptedServer::of_plugin(case.plugin);
+    match server.crash_left_out() {
+        Some(why) => println!(
             "the {} server's outage is left out ({why}); the restart of the service is tested",
             case.plugin.kind
         ),
-        outage => server_outage_while_timers_fire(&case, outage, &service, store.as_ref(), N).await,
+        None => server_outage_while_timers_fire(&case, &server, &service, store.as_ref(), N).await,
     }
 
     // The events wait on the broker; read them with a client of its own after the outage
@@ -235,9 +231,9 @@ pub async fn ten_thousand_timers_survive_a_service_restart_and_a_server_outage(
         "{N} timers through {} with a service restart{}: {} events read, {repeated} timers \
          delivered more than once (same id); lateness ms p50 {p50} p99 {p99} max {max}",
         case.plugin.kind,
-        match outage {
-            Outage::NotTested(_) => "",
-            _ => " and a server outage",
+        match server.crash_left_out() {
+            Some(_) => "",
+            None => " and a server outage",
         },
         read.len()
     );
@@ -257,11 +253,11 @@ pub async fn ten_thousand_timers_survive_a_service_restart_and_a_server_outage(
 }
 
 /// The outage of `ten_thousand_timers_survive_a_service_restart_and_a_server_outage`: the
-/// server goes down (as `outage` says) once 3,000 of `n` timers fired, the service says so on
-/// `/readyz`, and the server comes back on the same files.
+/// server crashes once 3,000 of `n` timers fired, the service says so on `/readyz`, and the
+/// server comes back on the same files.
 async fn server_outage_while_timers_fire(
     case: &BrokerCase,
-    outage: Outage,
+    server: &ScriptedServer,
     service: &Service,
     store: &dyn Store,
     n: usize,
@@ -274,11 +270,10 @@ async fn server_outage_while_timers_fire(
     })
     .await
     .unwrap_or_else(|| service.fail("firing started"));
-    let server = ScriptedServer::of_plugin(case.plugin);
     let guard = server.restart_guard();
     let failures_before = metric(&service.text("/metrics").await, "timer_publish_failures");
     let down_at = std::time::Instant::now();
-    outage.take_down(&server).await;
+    server.crash().await;
     // While the server is gone the service says so: a plugin whose health answered Ok
     // regardless fails here (one whose publish did would lose events, which the count of
     // events on the broker below finds). Not longer: the outage is to stay short.
@@ -307,8 +302,7 @@ async fn server_outage_while_timers_fire(
     server.run("start").await;
     drop(guard);
     println!(
-        "{:?} of the {} server with {} of {n} timers fired; started again",
-        outage,
+        "crash of the {} server with {} of {n} timers fired; started again",
         case.plugin.kind,
         n as u64 - unfired
     );
