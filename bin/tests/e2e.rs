@@ -1326,6 +1326,62 @@ async fn next_occurrences_of_a_series_and_a_one_shot_timer() {
     service.terminate().await;
 }
 
+/// A timer's own target and message over HTTP: the timer resource shows the target, the
+/// message's size, content type and headers, the body only with `?body=true`; a target the
+/// broker cannot use is refused naming `target`; the fire goes out (the event stream shows its
+/// envelope, with the id the broker carries beside the message).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timer_with_its_own_target_and_message() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let service = Service::start(Path::new(BIN), dir.path(), &embedded(dir.path(), &[])).await;
+    let events = service.events().await;
+    let far = now_ms() + 3_600_000;
+    let held = json!({"tenantId": "acme", "serviceCallId": "later", "dueTimeMs": far,
+        "target": {"queue": "orders"},
+        "message": {"bodyBase64": "AAEC/w==", "contentType": "application/octet-stream",
+                    "headers": {"x-order": "42"}}});
+    let (status, v) = service.post("/v1/timers", held.to_string()).await;
+    assert_eq!(status, 201, "{v}");
+    let timer = &v["timer"];
+    assert_eq!(timer["target"], json!({"queue": "orders"}), "{v}");
+    assert_eq!(
+        timer["message"],
+        json!({"sizeBytes": 4, "contentType": "application/octet-stream",
+               "headers": {"x-order": "42"}}),
+        "the body only on request: {v}"
+    );
+    let (status, v) = service.get("/v1/tenants/acme/timers/later?body=true").await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["message"]["bodyBase64"], "AAEC/w==", "{v}");
+    let (status, v) = service.get("/v1/tenants/acme/timers/later?body=yes").await;
+    assert_eq!((status, &v["error"]["field"]), (400, &json!("body")), "{v}");
+
+    let elsewhere = json!({"tenantId": "acme", "serviceCallId": "bad", "dueTimeMs": far,
+        "target": {"subject": "orders.due"}});
+    let (status, v) = service.post("/v1/timers", elsewhere.to_string()).await;
+    assert_eq!(status, 400, "{v}");
+    assert_eq!(v["error"]["reason"], "invalid_target", "{v}");
+    assert_eq!(v["error"]["field"], "target", "{v}");
+
+    let now = json!({"tenantId": "acme", "serviceCallId": "now", "dueTimeMs": now_ms(),
+        "target": {"queue": "orders"}, "message": {"body": {"orderId": 42}}});
+    let (status, v) = service.post("/v1/timers", now.to_string()).await;
+    assert_eq!(status, 201, "{v}");
+    let fired = wait_for(Duration::from_secs(30), || async {
+        events_of(&events, "now").into_iter().next()
+    })
+    .await
+    .expect("the fire is announced");
+    assert_eq!(
+        fired["type"], "DueTimeReached",
+        "the stream shows the envelope: {fired}"
+    );
+    let (_, v) = service.get("/v1/tenants/acme/timers/now").await;
+    assert_eq!(v["state"], "Reached", "{v}");
+    assert_eq!(v["message"]["sizeBytes"], r#"{"orderId":42}"#.len(), "{v}");
+    service.terminate().await;
+}
+
 /// The `type` of each history entry of `tenant/id`, oldest first.
 async fn history_types(service: &Service, tenant: &str, id: &str) -> Vec<String> {
     let (status, v) = service

@@ -171,6 +171,8 @@ fn timer(id: &str, due: Timestamp) -> NewTimer {
         recurrence: None,
         policy: None,
         work: None,
+        target: None,
+        message: None,
     }
 }
 

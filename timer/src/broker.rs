@@ -8,6 +8,7 @@ use uuid::Uuid;
 
 use crate::error::{Error, Result};
 use crate::model::TimerKey;
+use crate::outbound::{MessageMeta, Target};
 
 /// One inbound command. `tag` is the plugin's handle for acknowledging it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -27,7 +28,26 @@ pub struct Delivery {
 pub struct OutboundEvent {
     pub id: Uuid,
     pub key: TimerKey,
+    /// The envelope (JSON), or the bytes of the timer's own message.
     pub body: Vec<u8>,
+    /// Where it goes in place of the events destination ([`Broker::check_target`] took it).
+    pub target: Option<Target>,
+    /// Set when `body` is the timer's own message: its content type and headers, published
+    /// with it as they are (the plugin's de-duplication header, carrying `id`, goes last).
+    pub message: Option<MessageMeta>,
+}
+
+impl OutboundEvent {
+    /// The `DueTimeReached` envelope `body`, with `id`, to the events destination.
+    pub fn envelope(id: Uuid, key: TimerKey, body: Vec<u8>) -> Self {
+        OutboundEvent {
+            id,
+            key,
+            body,
+            target: None,
+            message: None,
+        }
+    }
 }
 
 /// One event of a batch the broker refused for itself alone, while it confirmed the others: it
@@ -116,6 +136,16 @@ pub trait Broker: Send + Sync + 'static {
     /// never publish is refused (reason `invalid_id`, naming the field) instead of stored.
     fn check_key(&self, _key: &TimerKey) -> std::result::Result<(), KeyLimit> {
         Ok(())
+    }
+
+    /// Whether this broker can publish to `target` (a `ScheduleTimer`'s own destination, in the
+    /// broker's terms): `Err` says what is wrong with it for this broker, and the engine refuses
+    /// the timer (reason `invalid_target`). The default takes none.
+    fn check_target(&self, _target: &Target) -> std::result::Result<(), String> {
+        Err(format!(
+            "the {} broker publishes every event to its events destination; it takes no target",
+            self.name()
+        ))
     }
 
     /// Publishes a batch (pipelined, not one round trip each). `Ok` when the broker durably

@@ -13,7 +13,15 @@ use serde::{Deserialize, Serialize};
 #[serde(default, deny_unknown_fields)]
 pub struct Limits {
     /// Largest command, in bytes (reason `too_large`). An HTTP request body larger than this
-    /// plus 1 KiB is answered 413 before it is read. At least 1.
+    /// plus 1 KiB is answered 413 before it is read. 0 (the default): room for a `message` of
+    /// `limits.max_message_bytes` in base64 and 64 KiB for the rest of the command (415,064
+    /// bytes with the default `limits.max_message_bytes`).
+    pub max_command_bytes: usize,
+    /// Largest `message` a timer may carry (the producer's own message, delivered in place of
+    /// the event), in bytes of its body (reason `payload_too_large`, field `message`). This key
+    /// once limited the whole command, as `limits.max_command_bytes` does now; a config that
+    /// set it then limits messages with it, and commands with the limit derived from it. At
+    /// least 1.
     pub max_message_bytes: usize,
     /// Longest `tenantId`, `serviceCallId`, `correlationId`, `cron` and `timeZone`, in bytes.
     /// At least 1.
@@ -28,7 +36,7 @@ pub struct Limits {
     /// Most commands in one `POST /v1/timers/batch`. At least 1.
     pub max_batch: usize,
     /// Largest `POST /v1/timers/batch` body, in bytes; a larger one is answered 413 before it
-    /// is read. Each command in it is also held to `limits.max_message_bytes`.
+    /// is read. Each command in it is also held to `limits.max_command_bytes`.
     pub max_batch_bytes: usize,
     /// Most Scheduled or Paused timers one tenant may have (a paused timer keeps its row as
     /// long as a scheduled one); 0 sets no limit. A new timer over it is refused with reason
@@ -48,6 +56,7 @@ pub struct Limits {
 impl Default for Limits {
     fn default() -> Self {
         Limits {
+            max_command_bytes: 0,
             max_message_bytes: 256 * 1024,
             max_id_bytes: 128,
             max_payload_bytes: 64 * 1024,
@@ -58,6 +67,22 @@ impl Default for Limits {
             max_pending_per_tenant: 0,
             rate: RateLimits::default(),
             fire_rate: FireRateLimits::default(),
+        }
+    }
+}
+
+impl Limits {
+    /// The largest command taken, in bytes: `limits.max_command_bytes`, or when that is 0, room
+    /// for a `message` body of `limits.max_message_bytes` in base64 (4 bytes for every 3) plus
+    /// 64 KiB for the rest of the command (its ids, headers, payload and policy).
+    pub fn command_bytes(&self) -> usize {
+        match self.max_command_bytes {
+            0 => self
+                .max_message_bytes
+                .div_ceil(3)
+                .saturating_mul(4)
+                .saturating_add(64 * 1024),
+            n => n,
         }
     }
 }

@@ -501,6 +501,8 @@ mod tests {
             occurrences: 0,
             policy: None,
             work: None,
+            target: None,
+            message: None,
         }
     }
 

@@ -9,6 +9,7 @@ pub mod engine;
 pub mod error;
 pub mod fair;
 pub mod model;
+pub mod outbound;
 pub mod plugin;
 pub mod policy;
 pub mod recurrence;
@@ -26,6 +27,7 @@ pub use model::{
     CancelOutcome, ClaimedTimer, ControlOutcome, Lease, NewTimer, Recurrence, ScheduleOutcome,
     Timer, TimerKey, TimerState, Timestamp,
 };
+pub use outbound::{Message, MessageMeta, Target};
 pub use plugin::{BrokerPlugin, StorePlugin};
 pub use store::{
     Backlog, LeaseOwners, Membership, PageAfter, Settlement, SharedAllowances, Store, Take, Taken,

@@ -6,6 +6,7 @@ use std::time::Duration;
 use chrono::{DateTime, SecondsFormat, TimeZone, Utc};
 use serde::{Deserialize, Serialize};
 
+pub use crate::outbound::{Message, Target};
 pub use crate::policy::{Policy, Work};
 pub use crate::recurrence::Recurrence;
 
@@ -164,6 +165,10 @@ pub struct NewTimer {
     pub policy: Option<Policy>,
     /// What the engine records from the start: the first occurrence of a jittered series.
     pub work: Option<Work>,
+    /// Where its fires go in place of the events destination.
+    pub target: Option<Target>,
+    /// What its fires send in place of the `DueTimeReached` envelope.
+    pub message: Option<Message>,
 }
 
 /// A timer as a store holds it.
@@ -190,6 +195,10 @@ pub struct Timer {
     pub policy: Option<Policy>,
     /// What the engine recorded about its fires (an occurrence awaiting its completion, ...).
     pub work: Option<Work>,
+    /// Where its fires go in place of the events destination.
+    pub target: Option<Target>,
+    /// What its fires send in place of the `DueTimeReached` envelope.
+    pub message: Option<Message>,
 }
 
 impl Timer {
@@ -215,6 +224,8 @@ pub struct ClaimedTimer {
     pub occurrences: u32,
     pub policy: Option<Policy>,
     pub work: Option<Work>,
+    pub target: Option<Target>,
+    pub message: Option<Message>,
 }
 
 /// What `schedule` did with one timer.

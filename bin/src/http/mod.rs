@@ -52,7 +52,7 @@ pub fn routes(
     auth: Option<Arc<Auth>>,
 ) -> (Router<AppState>, utoipa::openapi::OpenApi) {
     // Room for the largest command plus headers of a JSON body; a batch has a limit of its own.
-    let body_limit = config.limits.max_message_bytes + 1024;
+    let body_limit = config.limits.command_bytes().saturating_add(1024);
     let batch_limit = config.limits.max_batch_bytes;
     let limited = |limit| RequestBodyLimitLayer::new(limit);
     let timeout =
@@ -128,7 +128,7 @@ async fn json_payload_too_large(response: Response) -> Response {
     ApiError::new(
         StatusCode::PAYLOAD_TOO_LARGE,
         "too_large",
-        "request body exceeds its limit (limits.max_message_bytes, or limits.max_batch_bytes \
+        "request body exceeds its limit (limits.max_command_bytes, or limits.max_batch_bytes \
          for POST /v1/timers/batch)",
     )
     .into_response()

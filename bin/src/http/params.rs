@@ -194,19 +194,32 @@ pub fn count(field: &'static str, value: &str, max: usize) -> Result<usize, BadP
 /// Most occurrences `?next=` shows.
 pub const MAX_NEXT: usize = 100;
 
-/// The `next` parameter of `GET /v1/tenants/{tenant}/timers/{id}` (the only one it takes).
-pub fn next_parameter(query: Option<&str>) -> Result<Option<usize>, BadParameter> {
-    let mut next = None;
+/// The parameters of `GET /v1/tenants/{tenant}/timers/{id}`.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct TimerParameters {
+    /// `next=N`: add the next N fire times.
+    pub next: Option<usize>,
+    /// `body=true`: add a message's body (in base64).
+    pub body: bool,
+}
+
+/// The `next` and `body` parameters of `GET /v1/tenants/{tenant}/timers/{id}` (the only ones
+/// it takes).
+pub fn timer_parameters(query: Option<&str>) -> Result<TimerParameters, BadParameter> {
+    let mut parameters = TimerParameters::default();
     for (name, value) in url::form_urlencoded::parse(query.unwrap_or("").as_bytes()) {
-        if name != "next" {
-            return Err(BadParameter::new(
-                "query",
-                format!("unknown parameter {name:?} (known: next)"),
-            ));
+        match name.as_ref() {
+            "next" => parameters.next = Some(count("next", &value, MAX_NEXT)?),
+            "body" => parameters.body = parse_bool("body", &value)?,
+            _ => {
+                return Err(BadParameter::new(
+                    "query",
+                    format!("unknown parameter {name:?} (known: next, body)"),
+                ))
+            }
         }
-        next = Some(count("next", &value, MAX_NEXT)?);
     }
-    Ok(next)
+    Ok(parameters)
 }
 
 /// What a list cursor holds: the page's tenant and filters, and where the next page starts.

@@ -11,7 +11,7 @@ use timer_core::{
 
 use crate::http::auth::Principal;
 use crate::http::error::{ApiError, ErrorBody, ErrorDetail};
-use crate::http::params::next_parameter;
+use crate::http::params::timer_parameters;
 use crate::http::state::{AppState, TimerPath};
 use crate::http::views::{Occurrence, Outcome, ScheduleTimer, TimerOutcome, TimerView};
 
@@ -86,7 +86,7 @@ pub async fn schedule(
     Ok((status, Json(body)).into_response())
 }
 
-/// A timer; with `next=N`, its next N fire times too.
+/// A timer; with `next=N`, its next N fire times too; with `body=true`, its message's body.
 #[utoipa::path(
     get,
     path = "/v1/tenants/{tenant}/timers/{id}",
@@ -94,6 +94,7 @@ pub async fn schedule(
     params(
         TimerPath,
         ("next" = Option<usize>, Query, description = "Add `nextOccurrences`: up to this many (at most 100) coming fire times"),
+        ("body" = Option<bool>, Query, description = "`true`: add `message.bodyBase64`, the body of the timer's own message"),
     ),
     responses(
         (status = 200, description = "The timer", body = TimerView),
@@ -106,12 +107,15 @@ pub async fn get_timer(
     Path(TimerPath { tenant, id }): Path<TimerPath>,
     RawQuery(query): RawQuery,
 ) -> Result<Json<TimerView>, ApiError> {
-    let next = next_parameter(query.as_deref())?;
+    let parameters = timer_parameters(query.as_deref())?;
     let Some(timer) = app.engine.store().get(&TimerKey::new(tenant, id)).await? else {
         return Err(ApiError::no_such_timer());
     };
     let mut view = TimerView::of(&timer);
-    if let Some(n) = next {
+    if parameters.body {
+        view.add_message_body(&timer);
+    }
+    if let Some(n) = parameters.next {
         let now = app.engine.clock().now();
         view.next_occurrences = Some(next_occurrences(&timer, now, n));
     }

@@ -6,8 +6,10 @@
 //!
 //! Times are RFC 3339 strings in UTC; `…Ms` fields are milliseconds.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
+use base64::Engine as _;
 use serde::Serialize;
 use serde_json::Value;
 use timer_core::policy::{CatchUp, Counts as WorkCounts, Policy, Work};
@@ -62,6 +64,28 @@ pub struct TimerView {
     /// null while nothing was recorded.
     #[schema(required = true)]
     pub work: Option<WorkView>,
+    /// Where its fires go, in the broker's own terms, as its `ScheduleTimer` gave it; null: the
+    /// events destination.
+    #[schema(required = true, value_type = Option<Object>)]
+    pub target: Option<Value>,
+    /// Its own message, sent in place of the event; null: the event.
+    #[schema(required = true)]
+    pub message: Option<MessageView>,
+}
+
+/// A timer's own message: its size, content type and headers; the body only on request
+/// (`?body=true`).
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MessageView {
+    /// Bytes of its body.
+    pub size_bytes: usize,
+    #[schema(required = true)]
+    pub content_type: Option<String>,
+    pub headers: BTreeMap<String, String>,
+    /// The body in standard base64, with `?body=true`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub body_base64: Option<String>,
 }
 
 impl TimerView {
@@ -93,6 +117,24 @@ impl TimerView {
             next_occurrences: None,
             policy: t.policy.as_ref().map(PolicyView::of),
             work: t.work.as_ref().map(|w| WorkView::of(w, t.due_at)),
+            target: t
+                .target
+                .as_ref()
+                .map(|target| Value::Object(target.fields().clone())),
+            message: t.message.as_ref().map(|m| MessageView {
+                size_bytes: m.body.len(),
+                content_type: m.meta.content_type.clone(),
+                headers: m.meta.headers.clone(),
+                body_base64: None,
+            }),
+        }
+    }
+
+    /// Adds the body of `t`'s message (`?body=true`).
+    pub fn add_message_body(&mut self, t: &Timer) {
+        if let (Some(view), Some(message)) = (self.message.as_mut(), t.message.as_ref()) {
+            view.body_base64 =
+                Some(base64::engine::general_purpose::STANDARD.encode(&message.body));
         }
     }
 }

@@ -340,6 +340,8 @@ fn every_timer_resource_in_the_docs_has_the_api_fields() {
         occurrences: 0,
         policy: None,
         work: None,
+        target: None,
+        message: None,
     };
     let view = serde_json::to_value(crate::http::views::TimerView::of(&timer)).expect("serializes");
     let keys = |map: &serde_json::Map<String, Value>| map.keys().cloned().collect::<BTreeSet<_>>();

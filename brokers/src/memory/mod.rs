@@ -16,7 +16,9 @@ use async_trait::async_trait;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use timer_core::config::duration;
-use timer_core::{Broker, Delivery, Error, OutboundEvent, Result, TimerKey, Undelivered};
+use timer_core::{
+    Broker, Delivery, Error, MessageMeta, OutboundEvent, Result, Target, TimerKey, Undelivered,
+};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use uuid::Uuid;
@@ -68,6 +70,10 @@ pub struct PublishedEvent {
     pub id: Uuid,
     pub key: TimerKey,
     pub body: Vec<u8>,
+    /// The queue of its target (`{"queue": "..."}`), `None` for the events destination.
+    pub queue: Option<String>,
+    /// The content type and headers of a timer's own message.
+    pub message: Option<MessageMeta>,
 }
 
 /// A command that was dead-lettered, with the reason.
@@ -75,6 +81,11 @@ pub struct PublishedEvent {
 pub struct DeadLetter {
     pub body: String,
     pub reason: String,
+}
+
+/// The queue a memory target names.
+fn queue_of(target: &Target) -> Option<&str> {
+    target.text("queue")
 }
 
 /// The shared broker state. Producers (`send_command`) and readers (`events`) use the hub;
@@ -323,6 +334,18 @@ impl Broker for MemoryBroker {
         Some(self.hub.inner.config.ack_wait)
     }
 
+    /// `{"queue": "name"}`: a queue of the hub, kept with the events (the tests read it back).
+    fn check_target(&self, target: &Target) -> std::result::Result<(), String> {
+        let fields = target.fields();
+        match queue_of(target) {
+            Some(queue) if fields.len() == 1 && !queue.is_empty() => Ok(()),
+            _ => Err(format!(
+                "the memory broker takes a target {{\"queue\": \"name\"}}, not {}",
+                target.to_json()
+            )),
+        }
+    }
+
     async fn keep(&self, tags: &[u64]) -> Result<()> {
         let deadline = Instant::now() + self.hub.inner.config.ack_wait;
         let mut state = self.hub.lock()?;
@@ -342,6 +365,8 @@ impl Broker for MemoryBroker {
                 id: e.id,
                 key: e.key.clone(),
                 body: e.body.clone(),
+                queue: e.target.as_ref().and_then(queue_of).map(str::to_owned),
+                message: e.message.clone(),
             };
             push_bounded(&mut state.events, event, retain);
         }

@@ -8,8 +8,10 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use timer_core::plugin::{BrokerConfig, BrokerPlugin, ConfigSection, PluginConfig, Section};
 #[cfg(feature = "testing")]
-use timer_core::plugin::{Isolated, ReadDeadLetter, ReadEvent, TestClient};
+use timer_core::plugin::{Isolated, ReadDeadLetter, ReadEvent, ReadMessage, TestClient};
 use timer_core::{Broker, Result};
+#[cfg(feature = "testing")]
+use timer_core::Target;
 
 use super::{MemoryConfig, MemoryHub};
 
@@ -116,7 +118,28 @@ impl TestClient for MemoryTestClient {
             id: e.id,
             body: e.body,
         };
-        Ok(self.hub.events()?.into_iter().map(read).collect())
+        let events = self.hub.events()?.into_iter();
+        Ok(events.filter(|e| e.queue.is_none()).map(read).collect())
+    }
+    async fn make_target(&self, name: &str) -> Result<Option<Target>> {
+        let mut fields = serde_json::Map::new();
+        fields.insert("queue".into(), name.into());
+        Ok(Some(Target::new(fields)))
+    }
+    async fn read_target(&self, target: &Target) -> Result<Vec<ReadMessage>> {
+        let queue = target.text("queue");
+        let read = |e: super::PublishedEvent| {
+            let meta = e.message.unwrap_or_default();
+            ReadMessage {
+                id: Some(e.id),
+                body: e.body,
+                content_type: meta.content_type,
+                headers: meta.headers,
+                key: None,
+            }
+        };
+        let events = self.hub.events()?.into_iter();
+        Ok(events.filter(|e| e.queue.as_deref() == queue).map(read).collect())
     }
     async fn dead_letters(&self) -> Result<Vec<ReadDeadLetter>> {
         let read = |d: super::DeadLetter| ReadDeadLetter {

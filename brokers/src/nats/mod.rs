@@ -11,15 +11,20 @@ mod plugin;
 #[cfg(feature = "testing")]
 mod testing;
 
+use std::future::IntoFuture;
 use std::time::Duration;
 
 use async_nats::header::{HeaderMap, NATS_MESSAGE_ID};
+use async_nats::jetstream::context::PublishErrorKind;
 use async_nats::jetstream::{self, consumer, stream, AckKind, ErrorCode};
 use async_trait::async_trait;
+use futures::future::join_all;
 use futures::{FutureExt, StreamExt};
 use timer_core::broker::{routing_token, tenant_of_token};
 use timer_core::redact::hide_userinfo;
-use timer_core::{Broker, Delivery, Error, KeyLimit, OutboundEvent, Result, TimerKey, Undelivered};
+use timer_core::{
+    Broker, Delivery, Error, KeyLimit, OutboundEvent, Result, Target, TimerKey, Undelivered,
+};
 
 use crate::shared::DeliveryTags;
 
@@ -43,6 +48,9 @@ pub struct NatsBroker {
     pending: DeliveryTags<jetstream::Message>,
     events_subject: String,
     dead_letter_subject: String,
+    /// The subjects the service reads or writes itself (commands, events, dead letters): never
+    /// a timer's target.
+    own_subjects: [String; 3],
     /// `broker.bind_tenant`: the subject's last token is the command's tenant.
     bind_tenant: bool,
     /// The consumer's ack wait as the server has it (an existing consumer keeps its own).
@@ -114,6 +122,11 @@ impl NatsBroker {
             pending: DeliveryTags::new("nats"),
             events_subject: config.events_subject.clone(),
             dead_letter_subject: config.dead_letter_subject.clone(),
+            own_subjects: [
+                config.commands_subject.clone(),
+                format!("{}.>", config.events_subject),
+                config.dead_letter_subject.clone(),
+            ],
             bind_tenant: config.bind_tenant,
         })
     }
@@ -145,6 +158,79 @@ impl NatsBroker {
     }
 }
 
+/// The subject of a target `{"subject": "..."}`, when it is one this broker may publish to: a
+/// subject without wildcards that fits the protocol line, and none the service uses itself.
+fn target_subject<'t>(
+    target: &'t Target,
+    own: &[String],
+) -> std::result::Result<&'t str, String> {
+    let subject = match (target.text("subject"), target.fields().len()) {
+        (Some(subject), 1) => subject,
+        _ => {
+            return Err(format!(
+                "the nats broker takes a target {{\"subject\": \"orders.due\"}}, not {}",
+                target.to_json()
+            ))
+        }
+    };
+    if subject.len() > MAX_SUBJECT_BYTES {
+        return Err(format!(
+            "subject is {} bytes; at most {MAX_SUBJECT_BYTES} fit the NATS protocol line",
+            subject.len()
+        ));
+    }
+    let tokens: Vec<&str> = subject.split('.').collect();
+    if tokens.iter().any(|t| {
+        t.is_empty() || *t == "*" || *t == ">" || t.chars().any(|c| c.is_whitespace() || c.is_control())
+    }) {
+        return Err(format!(
+            "{subject:?} is not a subject to publish to: tokens are non-empty, without spaces, \
+             and not the wildcards * and >"
+        ));
+    }
+    if let Some(pattern) = own.iter().find(|pattern| subject_matches(pattern, &tokens)) {
+        return Err(format!(
+            "{subject:?} is a subject of the service itself ({pattern}); a timer cannot send there"
+        ));
+    }
+    Ok(subject)
+}
+
+/// Whether a subject (its `tokens`) matches `pattern`, whose tokens may be the wildcards `*`
+/// (one token) and a last `>` (one or more).
+fn subject_matches(pattern: &str, tokens: &[&str]) -> bool {
+    let mut rest = tokens.iter();
+    for want in pattern.split('.') {
+        if want == ">" {
+            return rest.next().is_some();
+        }
+        match rest.next() {
+            Some(token) if want == "*" || want == *token => {}
+            _ => return false,
+        }
+    }
+    rest.next().is_none()
+}
+
+/// The headers of an event: a timer's own message's headers and content type (as
+/// `Content-Type`), then `Nats-Msg-Id` (the event id; replacing one the message gave).
+fn headers_of(event: &OutboundEvent) -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    if let Some(meta) = &event.message {
+        for (name, value) in &meta.headers {
+            headers.insert(name.as_str(), value.as_str());
+        }
+        if let Some(content_type) = &meta.content_type {
+            headers.insert(CONTENT_TYPE, content_type.as_str());
+        }
+    }
+    headers.insert(NATS_MESSAGE_ID, event.id.to_string().as_str());
+    headers
+}
+
+/// The header carrying a timer's own message's content type.
+pub const CONTENT_TYPE: &str = "Content-Type";
+
 /// Longest event subject this broker publishes to. The server closes a connection whose
 /// protocol line (`HPUB <subject> <reply> <sizes>`) is longer than its `max_control_line`
 /// (4096 bytes by default): one such event would cut every tenant's publishes off, again and
@@ -153,13 +239,13 @@ const MAX_SUBJECT_BYTES: usize = 3_968;
 
 /// Where and how to connect: the URL without credentials, and the user/password to use (from
 /// the config keys, else from the URL's userinfo, which async-nats would ignore).
-struct Target {
+struct Endpoint {
     url: String,
     user_password: Option<(String, String)>,
     token: Option<String>,
 }
 
-fn connect_target(config: &NatsConfig) -> Result<Target> {
+fn connect_target(config: &NatsConfig) -> Result<Endpoint> {
     let mut url = url::Url::parse(&config.url).map_err(|e| {
         Error::config(format!(
             "broker.url {:?} is not a URL",
@@ -185,7 +271,7 @@ fn connect_target(config: &NatsConfig) -> Result<Target> {
             "broker.tls_client_cert and broker.tls_client_key go together",
         ));
     }
-    Ok(Target {
+    Ok(Endpoint {
         url: url.to_string(),
         user_password,
         token: config.token.clone().or(token_from_url),
@@ -240,12 +326,21 @@ pub async fn connect_client(config: &NatsConfig) -> Result<async_nats::Client> {
 
 /// Deletes the streams of `config` (benchmarks and tests clean up with it); missing ones are
 /// fine.
+/// The stream (and the subjects it captures) the test client makes its targets in.
+fn testing_targets(config: &NatsConfig) -> (String, String) {
+    (
+        format!("{}_TARGETS", config.events_stream),
+        format!("{}_targets", config.events_subject),
+    )
+}
+
 pub async fn delete_streams(config: &NatsConfig) -> Result<()> {
     let js = jetstream::new(connect_client(config).await?);
     for name in [
         &config.commands_stream,
         &config.events_stream,
         &config.dead_letter_stream,
+        &testing_targets(config).0,
     ] {
         match js.delete_stream(name).await {
             Ok(_) => {}
@@ -392,33 +487,64 @@ impl Broker for NatsBroker {
         let mut acks = Vec::with_capacity(events.len());
         let mut undelivered = Vec::new();
         for (index, event) in events.iter().enumerate() {
-            let subject = match self.event_subject(&event.key.tenant_id) {
+            let subject = match &event.target {
+                Some(target) => target_subject(target, &self.own_subjects)
+                    .map(str::to_owned)
+                    .map_err(|why| Error::invalid(format!("nats broker: target: {why}"))),
+                None => self.event_subject(&event.key.tenant_id).map_err(|limit| {
+                    Error::invalid(format!("nats broker: {} {}", limit.field, limit.message))
+                }),
+            };
+            let subject = match subject {
                 Ok(subject) => subject,
-                Err(limit) => {
-                    // Stored before the broker's limit was checked at admission.
-                    let error =
-                        Error::invalid(format!("nats broker: {} {}", limit.field, limit.message));
+                Err(error) => {
+                    // Stored before the broker's limits were checked at admission.
                     undelivered.push(Undelivered { index, error });
                     continue;
                 }
             };
-            let mut headers = HeaderMap::new();
-            headers.insert(NATS_MESSAGE_ID, event.id.to_string().as_str());
+            let headers = headers_of(event);
             let ack = self
                 .js
-                .publish_with_headers(subject, headers, event.body.clone().into())
+                .publish_with_headers(subject.clone(), headers.clone(), event.body.clone().into())
                 .await
                 .map_err(|e| unavailable("publishing an event", e))?;
-            acks.push(ack);
+            acks.push((index, subject, headers, ack));
         }
-        // All sent; now every PubAck must arrive.
-        for result in
-            futures::future::join_all(acks.into_iter().map(std::future::IntoFuture::into_future))
+        // All sent; now every PubAck must arrive. A target no stream captures gets a plain
+        // publish: delivered to whoever subscribes at that moment.
+        let (sent, futures): (Vec<_>, Vec<_>) = acks
+            .into_iter()
+            .map(|(index, subject, headers, ack)| ((index, subject, headers), ack.into_future()))
+            .unzip();
+        let mut plain = 0;
+        for ((index, subject, headers), result) in sent.into_iter().zip(join_all(futures).await) {
+            match result {
+                Ok(_) => {}
+                Err(e)
+                    if e.kind() == PublishErrorKind::StreamNotFound
+                        && events[index].target.is_some() =>
+                {
+                    self.client
+                        .publish_with_headers(subject, headers, events[index].body.clone().into())
+                        .await
+                        .map_err(|e| unavailable("publishing to a target", e))?;
+                    plain += 1;
+                }
+                Err(e) => return Err(unavailable("awaiting a PubAck", e)),
+            }
+        }
+        if plain > 0 {
+            self.client
+                .flush()
                 .await
-        {
-            result.map_err(|e| unavailable("awaiting a PubAck", e))?;
+                .map_err(|e| unavailable("flushing plain publishes to targets", e))?;
         }
         Ok(undelivered)
+    }
+
+    fn check_target(&self, target: &Target) -> std::result::Result<(), String> {
+        target_subject(target, &self.own_subjects).map(|_| ())
     }
 
     async fn dead_letter(&self, body: &[u8], reason: &str) -> Result<()> {

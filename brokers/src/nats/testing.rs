@@ -2,15 +2,19 @@
 //! producing service would and reads the event and dead-letter streams from the start.
 
 use std::any::Any;
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use async_nats::jetstream::{self, consumer};
 use async_trait::async_trait;
 use futures::StreamExt;
-use timer_core::plugin::{ReadDeadLetter, ReadEvent, TestClient};
-use timer_core::{Broker, Error, Result};
+use timer_core::plugin::{ReadDeadLetter, ReadEvent, ReadMessage, TestClient};
+use timer_core::{Broker, Error, Result, Target};
 
-use super::{connect_client, NatsBroker, NatsConfig, REASON_HEADER};
+use super::{
+    connect_client, ensure_stream, testing_targets, NatsBroker, NatsConfig, CONTENT_TYPE,
+    REASON_HEADER,
+};
 
 pub struct NatsTestClient {
     pub config: NatsConfig,
@@ -126,6 +130,44 @@ impl TestClient for NatsTestClient {
                 body: m.payload.to_vec(),
             })
             .collect())
+    }
+    /// A subject under `<events_subject>_targets`, captured by a stream of the test client.
+    async fn make_target(&self, name: &str) -> Result<Option<Target>> {
+        let (stream, prefix) = testing_targets(&self.config);
+        ensure_stream(&self.js, &self.config, &stream, &format!("{prefix}.>"), "test targets")
+            .await?;
+        let mut fields = serde_json::Map::new();
+        fields.insert("subject".into(), format!("{prefix}.{name}").into());
+        Ok(Some(Target::new(fields)))
+    }
+    async fn read_target(&self, target: &Target) -> Result<Vec<ReadMessage>> {
+        let (stream, _) = testing_targets(&self.config);
+        let subject = target.text("subject").unwrap_or_default();
+        let mut out = Vec::new();
+        for m in self.read_all(&stream).await? {
+            if m.subject.as_str() != subject {
+                continue;
+            }
+            let headers: BTreeMap<String, String> = m
+                .headers
+                .iter()
+                .flat_map(|h| h.iter())
+                .filter_map(|(name, values)| {
+                    let value = values.first()?;
+                    Some((name.to_string(), value.as_str().to_owned()))
+                })
+                .collect();
+            out.push(ReadMessage {
+                id: headers
+                    .get("Nats-Msg-Id")
+                    .and_then(|v| uuid::Uuid::parse_str(v).ok()),
+                content_type: headers.get(CONTENT_TYPE).cloned(),
+                body: m.payload.to_vec(),
+                headers,
+                key: None,
+            });
+        }
+        Ok(out)
     }
     fn as_any(&self) -> &dyn Any {
         self

@@ -268,6 +268,8 @@ impl Row {
             occurrences: t.occurrences,
             policy: t.policy.clone(),
             work: t.work.clone(),
+            target: t.target.clone(),
+            message: t.message.clone(),
         }
     }
 }
@@ -301,6 +303,8 @@ impl Store for MemoryStore {
                     occurrences: 0,
                     policy: new.policy.clone(),
                     work: new.work.clone(),
+                    target: new.target.clone(),
+                    message: new.message.clone(),
                 };
                 ready.insert((new.due_at, new.key.clone()));
                 let mut row = Row {
@@ -325,6 +329,8 @@ impl Store for MemoryStore {
                     row.timer.correlation_id = new.correlation_id.clone();
                     row.timer.payload = new.payload.clone();
                     row.timer.policy = new.policy.clone();
+                    row.timer.target = new.target.clone();
+                    row.timer.message = new.message.clone();
                     // A repeat of the same recurring series keeps its place (and its work).
                     if new.recurrence.is_some() && row.timer.recurrence == new.recurrence {
                         outcomes.push(ScheduleOutcome::Updated);

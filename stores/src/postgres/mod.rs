@@ -71,7 +71,7 @@ impl Dialect for PostgresStore {
          WHERE t.tenant_id = c.tenant_id AND t.service_call_id = c.service_call_id \
          RETURNING t.tenant_id, t.service_call_id, t.due_at, t.registered_at, \
                    t.correlation_id, t.payload, t.attempts, t.revision, t.recurrence, \
-                   t.occurrences, t.policy, t.work";
+                   t.occurrences, t.policy, t.work, t.target, t.message, t.message_meta";
     // Row locks (FOR UPDATE) order writers; the transaction needs no lock up front.
     const LOCK_FOR_WRITE: Option<&'static str> = None;
     // A claim locks the row too: it and the action are ordered.
@@ -309,6 +309,7 @@ mod tests {
                 (10, "1783b7d3e4b8df8d"),
                 (11, "4001dff2d0c38f51"),
                 (12, "560aa4e0ead33ef4"),
+                (13, "3d519865c346309b"),
             ],
         );
     }

@@ -9,8 +9,8 @@ use sqlx::Row;
 use timer_core::policy::{Policy, Work};
 use timer_core::{
     CancelOutcome, Change, ClaimedTimer, Error, Lease, NewTimer, Recurrence, Result,
-    ScheduleOutcome, Settlement, Store, TenantCounts, Timer, TimerControl, TimerKey, TimerState,
-    Timestamp,
+    ScheduleOutcome, Settlement, Store, Target, TenantCounts, Timer, TimerControl, TimerKey,
+    TimerState, Timestamp,
 };
 use tokio::sync::broadcast;
 
@@ -75,6 +75,18 @@ impl Store for PostgresStore {
             .iter()
             .map(|t| t.work.as_ref().map(Work::to_json))
             .collect();
+        let targets: Vec<Option<String>> = rows
+            .iter()
+            .map(|t| t.target.as_ref().map(Target::to_json))
+            .collect();
+        let messages: Vec<Option<&[u8]>> = rows
+            .iter()
+            .map(|t| t.message.as_ref().map(|m| m.body.as_slice()))
+            .collect();
+        let metas: Vec<Option<String>> = rows
+            .iter()
+            .map(|t| t.message.as_ref().map(|m| m.meta.to_json()))
+            .collect();
         // What the history records for each row, whichever way it is written.
         let created: Vec<String> = rows
             .iter()
@@ -94,13 +106,14 @@ impl Store for PostgresStore {
         let upsert = format!(
             "INSERT INTO timers AS t (tenant_id, service_call_id, due_at, registered_at, \
                                       correlation_id, payload, available_at, recurrence, \
-                                      history_seq, policy, work) \
+                                      history_seq, policy, work, target, message, message_meta) \
              SELECT i.tenant_id, i.service_call_id, i.due_at, $6, i.correlation_id, i.payload, \
-                    i.due_at, i.recurrence, 1, i.policy, i.work \
+                    i.due_at, i.recurrence, 1, i.policy, i.work, i.target, i.message, \
+                    i.message_meta \
              FROM UNNEST($1::text[], $2::text[], $3::bigint[], $4::text[], $5::text[], $7::text[], \
-                         $11::text[], $12::text[]) \
+                         $11::text[], $12::text[], $13::text[], $14::bytea[], $15::text[]) \
                   AS i(tenant_id, service_call_id, due_at, correlation_id, payload, recurrence, \
-                       policy, work) \
+                       policy, work, target, message, message_meta) \
              ON CONFLICT (tenant_id, service_call_id) DO UPDATE SET \
                 work = CASE WHEN {same_series} THEN t.work \
                     WHEN t.due_at <> EXCLUDED.due_at \
@@ -119,6 +132,9 @@ impl Store for PostgresStore {
                 due_at = CASE WHEN {same_series} THEN t.due_at ELSE EXCLUDED.due_at END, \
                 correlation_id = EXCLUDED.correlation_id, \
                 payload = EXCLUDED.payload, \
+                target = EXCLUDED.target, \
+                message = EXCLUDED.message, \
+                message_meta = EXCLUDED.message_meta, \
                 occurrences = CASE WHEN t.recurrence IS NOT DISTINCT FROM EXCLUDED.recurrence \
                               THEN t.occurrences ELSE 0 END, \
                 recurrence = EXCLUDED.recurrence, \
@@ -147,6 +163,9 @@ impl Store for PostgresStore {
             .bind(self.history_limit())
             .bind(&policies)
             .bind(&works)
+            .bind(&targets)
+            .bind(&messages)
+            .bind(&metas)
             .fetch_all(&mut *tx)
             .await
             .map_err(|e| db_err(op, e))?;

@@ -24,6 +24,7 @@ macro_rules! statements {
             for<'q> String: sqlx::Encode<'q, D::Db>,
             for<'q> Option<String>: sqlx::Encode<'q, D::Db>,
             for<'r> String: sqlx::Decode<'r, D::Db> + sqlx::Type<D::Db>,
+            for<'r> Vec<u8>: sqlx::Decode<'r, D::Db> + sqlx::Type<D::Db>,
             for<'r> bool: sqlx::Decode<'r, D::Db> + sqlx::Type<D::Db>,
             &'static str: sqlx::ColumnIndex<<D::Db as sqlx::Database>::Row>,
             usize: sqlx::ColumnIndex<<D::Db as sqlx::Database>::Row>,
@@ -84,7 +85,7 @@ pub(crate) trait Dialect {
 /// claim reads with the same columns).
 pub(crate) const TIMER_COLUMNS: &str = "tenant_id, service_call_id, due_at, state, \
     registered_at, reached_at, correlation_id, payload, attempts, last_error, lease_owner, \
-    available_at, recurrence, occurrences, revision, policy, work";
+    available_at, recurrence, occurrences, revision, policy, work, target, message, message_meta";
 
 /// A failed database operation `op`, with the sqlx error as its source. Decoding errors are a
 /// bug or a foreign schema and will not pass when retried; the dialect judges the others.

@@ -4,7 +4,10 @@ use std::marker::PhantomData;
 
 use sqlx::{ColumnIndex, Database, Decode, Row, Type};
 use timer_core::policy::{Policy, Work};
-use timer_core::{ClaimedTimer, Error, Recurrence, Result, Timer, TimerKey, TimerState, Timestamp};
+use timer_core::{
+    ClaimedTimer, Error, Message, MessageMeta, Recurrence, Result, Target, Timer, TimerKey,
+    TimerState, Timestamp,
+};
 
 use super::{db_err, Dialect};
 
@@ -25,6 +28,7 @@ where
     &'static str: ColumnIndex<<D::Db as Database>::Row>,
     i64: Decode<'r, D::Db> + Type<D::Db>,
     String: Decode<'r, D::Db> + Type<D::Db>,
+    Vec<u8>: Decode<'r, D::Db> + Type<D::Db>,
 {
     pub(crate) fn of(row: &'r <D::Db as Database>::Row) -> Self {
         TimerRow {
@@ -75,6 +79,25 @@ where
             .transpose()
     }
 
+    fn target(&self) -> Result<Option<Target>> {
+        self.get::<Option<String>>("target")?
+            .as_deref()
+            .map(Target::from_json)
+            .transpose()
+    }
+
+    /// The `message` body and its `message_meta`.
+    fn message(&self) -> Result<Option<Message>> {
+        let Some(body) = self.get::<Option<Vec<u8>>>("message")? else {
+            return Ok(None);
+        };
+        let meta = match self.get::<Option<String>>("message_meta")? {
+            Some(text) => MessageMeta::from_json(&text)?,
+            None => MessageMeta::default(),
+        };
+        Ok(Some(Message { body, meta }))
+    }
+
     /// The `state` column.
     fn state(&self) -> Result<TimerState> {
         let code: i64 = self.get::<D::State>("state")?.into();
@@ -96,6 +119,8 @@ where
             occurrences: self.count("occurrences")?,
             policy: self.policy()?,
             work: self.work()?,
+            target: self.target()?,
+            message: self.message()?,
         })
     }
 
@@ -114,6 +139,8 @@ where
             occurrences,
             policy,
             work,
+            target,
+            message,
         } = self.claimed()?;
         Ok(Timer {
             key,
@@ -133,6 +160,8 @@ where
             occurrences,
             policy,
             work,
+            target,
+            message,
         })
     }
 }

@@ -15,7 +15,8 @@ const CLAIM_OF_TENANT: &str =
                      AND tenant_id = ?5 \
                      AND available_at <= ?3 ORDER BY available_at LIMIT ?4) \
      RETURNING tenant_id, service_call_id, due_at, registered_at, correlation_id, payload, \
-               attempts, revision, recurrence, occurrences, policy, work";
+               attempts, revision, recurrence, occurrences, policy, work, target, message, \
+               message_meta";
 
 crate::sql::sql_fair_steps!(SqliteStore);
 

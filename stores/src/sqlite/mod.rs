@@ -23,8 +23,8 @@ use timer_core::fair::FairShare;
 use timer_core::policy::{Policy, Work};
 use timer_core::{
     CancelOutcome, Change, ClaimedTimer, Error, Lease, NewTimer, Recurrence, Result,
-    ScheduleOutcome, Settlement, Store, TenantCounts, Timer, TimerControl, TimerKey, TimerState,
-    Timestamp,
+    ScheduleOutcome, Settlement, Store, Target, TenantCounts, Timer, TimerControl, TimerKey,
+    TimerState, Timestamp,
 };
 use tracing::info;
 
@@ -63,7 +63,8 @@ impl Dialect for SqliteStore {
          WHERE rowid IN (SELECT rowid FROM timers WHERE state = 0 AND available_at <= ?3 \
                          ORDER BY available_at LIMIT ?4) \
          RETURNING tenant_id, service_call_id, due_at, registered_at, correlation_id, payload, \
-                   attempts, revision, recurrence, occurrences, policy, work";
+                   attempts, revision, recurrence, occurrences, policy, work, target, message, \
+                   message_meta";
     const LOCK_FOR_WRITE: Option<&'static str> = Some("UPDATE timers SET state = state WHERE 0");
     // The write transaction holds SQLite's one write lock from its start.
     const LOCK_ROW: &'static str = "";
@@ -234,11 +235,12 @@ fn lock_exclusively(path: &str) -> Result<std::fs::File> {
 /// New timers, many rows per statement (see [`insert_new`]); a key that exists is left alone
 /// and not returned.
 const INSERT_TIMERS: &str = "INSERT INTO timers (tenant_id, service_call_id, due_at, \
-    registered_at, correlation_id, payload, available_at, recurrence, history_seq, policy, work) ";
+    registered_at, correlation_id, payload, available_at, recurrence, history_seq, policy, work, \
+    target, message, message_meta) ";
 const INSERT_TIMERS_END: &str = " ON CONFLICT DO NOTHING RETURNING tenant_id, service_call_id";
 
 /// ?1 tenant, ?2 service call id, ?3 due, ?4 now, ?5 correlation id, ?6 payload, ?7 recurrence,
-/// ?8 policy, ?9 work. Unqualified columns on the right-hand side are the old values. A repeat
+/// ?8 policy, ?9 work, ?10 target, ?11 message, ?12 message meta. Unqualified columns on the right-hand side are the old values. A repeat
 /// of the same recurring series (same recurrence) keeps its place: its next occurrence, count,
 /// revision and work stay, so a redelivered command neither skips a catch-up nor re-anchors
 /// the series. The work starts anew with a new revision.
@@ -253,7 +255,7 @@ const RESCHEDULE_TIMER: &str = "UPDATE timers SET \
     available_at = CASE WHEN ?7 IS NOT NULL AND recurrence IS ?7 THEN available_at \
                         WHEN lease_until > ?4 THEN MAX(lease_until, ?3) ELSE ?3 END, \
     due_at = CASE WHEN ?7 IS NOT NULL AND recurrence IS ?7 THEN due_at ELSE ?3 END, \
-    correlation_id = ?5, payload = ?6, \
+    correlation_id = ?5, payload = ?6, target = ?10, message = ?11, message_meta = ?12, \
     occurrences = CASE WHEN recurrence IS ?7 THEN occurrences ELSE 0 END, recurrence = ?7, \
     history_seq = history_seq + 1 \
     WHERE tenant_id = ?1 AND service_call_id = ?2 RETURNING history_seq";
@@ -323,7 +325,10 @@ async fn insert_new(
                 .push_bind(t.recurrence.as_ref().map(Recurrence::to_json))
                 .push_bind(1_i64)
                 .push_bind(t.policy.as_ref().map(Policy::to_json))
-                .push_bind(t.work.as_ref().map(Work::to_json));
+                .push_bind(t.work.as_ref().map(Work::to_json))
+                .push_bind(t.target.as_ref().map(Target::to_json))
+                .push_bind(t.message.as_ref().map(|m| m.body.as_slice()))
+                .push_bind(t.message.as_ref().map(|m| m.meta.to_json()));
         });
         insert.push(INSERT_TIMERS_END);
         let keys: Vec<(String, String)> = insert.build_query_as().fetch_all(&mut *conn).await?;
@@ -421,6 +426,9 @@ impl Store for SqliteStore {
                 .bind(t.recurrence.as_ref().map(Recurrence::to_json))
                 .bind(t.policy.as_ref().map(Policy::to_json))
                 .bind(t.work.as_ref().map(Work::to_json))
+                .bind(t.target.as_ref().map(Target::to_json))
+                .bind(t.message.as_ref().map(|m| m.body.as_slice()))
+                .bind(t.message.as_ref().map(|m| m.meta.to_json()))
                 .fetch_one(&mut *tx)
                 .await
                 .map_err(|e| db_err(op, e))?;

@@ -36,6 +36,8 @@ fn timer(id: &str) -> NewTimer {
         recurrence: None,
         policy: None,
         work: None,
+        target: None,
+        message: None,
     }
 }
 
@@ -99,6 +101,7 @@ fn released_migrations_never_change() {
             (5, "36b6de9588a5e059"),
             (6, "1fc1464b68324cc6"),
             (7, "4001dff2d0c38f51"),
+            (8, "10f014fd3a37dfa2"),
         ],
     );
 }

@@ -25,6 +25,8 @@ pub fn new_timers(
             recurrence: None,
             policy: None,
             work: None,
+            target: None,
+            message: None,
         })
         .collect()
 }

@@ -6,7 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use timer_core::{
-    decode_schedule, CancelOutcome, Limits, NewTimer, ScheduleOutcome, Store, TimerKey, TimerState,
+    decode_schedule, CancelOutcome, Limits, Message, MessageMeta, NewTimer, ScheduleOutcome, Store,
+    Target, TimerKey, TimerState,
 };
 
 use super::{
@@ -190,6 +191,8 @@ pub async fn payload_and_correlation_round_trip(store: Arc<dyn Store>) {
         recurrence: None,
         policy: None,
         work: None,
+        target: None,
+        message: None,
     };
     put(s, std::slice::from_ref(&t), T0).await;
     let got = row(s, "tenant-ü", "call/1 with spaces").await;
@@ -201,6 +204,61 @@ pub async fn payload_and_correlation_round_trip(store: Arc<dyn Store>) {
     assert_eq!(claimed[0].payload.as_deref(), Some(payload));
     assert_eq!(claimed[0].correlation_id.as_deref(), Some("corr-1"));
     assert_eq!(claimed[0].registered_at, T0);
+}
+
+/// A timer's target and message come back as stored: the message body byte for byte at
+/// `limits.max_message_bytes` (every byte value, NUL and invalid UTF-8 included), its content
+/// type and headers, from `get` and from a claim; a reschedule replaces them, and takes them
+/// away when it gives none.
+pub async fn target_and_message_round_trip(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    let size = Limits::default().max_message_bytes;
+    let body: Vec<u8> = (0..size).map(|i| (i * 7 % 256) as u8).collect();
+    let Ok(serde_json::Value::Object(fields)) =
+        serde_json::from_str(r#"{"topic":"orders.ü","key":"o-42","partition":3}"#)
+    else {
+        panic!("a target object")
+    };
+    let message = Message {
+        body,
+        meta: MessageMeta {
+            content_type: Some("application/octet-stream".into()),
+            headers: [
+                ("x-a".to_owned(), "1".to_owned()),
+                ("X-B".to_owned(), "ü ö".to_owned()),
+            ]
+            .into(),
+        },
+    };
+    let mut t = timer("t", "delayed", T0_MS);
+    t.target = Some(Target::new(fields));
+    t.message = Some(message.clone());
+    put(s, std::slice::from_ref(&t), T0).await;
+    let got = row(s, "t", "delayed").await;
+    assert_eq!(got.target, t.target, "the target, read back");
+    let got_message = got.message.expect("the message, read back");
+    assert_eq!(got_message.body.len(), size);
+    assert!(got_message.body == message.body, "the body, byte for byte");
+    assert_eq!(got_message.meta, message.meta);
+    let claimed = claim(s, T0, 1, "i1", T0_MS + 1_000).await;
+    assert_eq!(claimed.len(), 1);
+    assert_eq!(claimed[0].target, t.target, "a claim carries the target");
+    assert!(
+        claimed[0].message.as_ref() == Some(&message),
+        "a claim carries the message"
+    );
+
+    // An empty body is a message too; a reschedule replaces both, or takes them away.
+    put(s, &[timer("t", "plain", T0_MS + 5_000)], T0).await;
+    let mut empty = timer("t", "plain", T0_MS + 6_000);
+    empty.message = Some(Message::default());
+    put(s, &[empty], T0).await;
+    let got = row(s, "t", "plain").await;
+    assert_eq!(got.message, Some(Message::default()));
+    assert_eq!(got.target, None);
+    put(s, &[timer("t", "plain", T0_MS + 7_000)], T0).await;
+    let got = row(s, "t", "plain").await;
+    assert_eq!((got.message, got.target), (None, None), "taken away");
 }
 
 pub async fn batch_of_10k(store: Arc<dyn Store>) {

@@ -24,7 +24,7 @@ impl Engine {
     pub fn admit(&self, body: &[u8]) -> Result<Command, Rejection> {
         let decoded = decode_command(body, &self.inner.limits, self.inner.clock.now());
         self.counted(decoded.and_then(|command| match &command {
-            Command::Schedule(timer) => self.carried(&timer.key).map(|()| command),
+            Command::Schedule(timer) => self.carried(timer).map(|()| command),
             _ => Ok(command),
         }))
     }
@@ -33,25 +33,34 @@ impl Engine {
     /// [`Reason::NotAcceptedHere`]), counting it like [`admit`](Self::admit).
     pub fn admit_schedule(&self, body: &[u8]) -> Result<NewTimer, Rejection> {
         let decoded = decode_schedule(body, &self.inner.limits, self.inner.clock.now());
-        self.counted(decoded.and_then(|timer| self.carried(&timer.key).map(|()| timer)))
+        self.counted(decoded.and_then(|timer| self.carried(&timer).map(|()| timer)))
     }
 
-    /// Whether the broker can carry this timer's events ([`Broker::check_key`]): a timer it
-    /// could never publish is refused here rather than stored to fail at its due time.
+    /// Whether the broker can carry this timer's events ([`Broker::check_key`]) to its target
+    /// ([`Broker::check_target`]): a timer it could never publish is refused here rather than
+    /// stored to fail at its due time.
     ///
     /// [`Broker::check_key`]: crate::broker::Broker::check_key
-    fn carried(&self, key: &TimerKey) -> Result<(), Rejection> {
-        self.inner.broker.check_key(key).map_err(|limit| {
+    /// [`Broker::check_target`]: crate::broker::Broker::check_target
+    fn carried(&self, timer: &NewTimer) -> Result<(), Rejection> {
+        let broker = &self.inner.broker;
+        broker.check_key(&timer.key).map_err(|limit| {
             Rejection::new(
                 Reason::InvalidId,
                 Some(limit.field),
                 format!(
                     "{} (a limit of the {} broker)",
                     limit.message,
-                    self.inner.broker.name()
+                    broker.name()
                 ),
             )
-        })
+        })?;
+        match &timer.target {
+            Some(target) => broker
+                .check_target(target)
+                .map_err(|why| Rejection::new(Reason::InvalidTarget, Some("target"), why)),
+            None => Ok(()),
+        }
     }
 
     /// Takes the schedules of `timers` from their tenants' allowances (`limits.rate`), for the

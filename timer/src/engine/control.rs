@@ -4,7 +4,6 @@
 use std::collections::BTreeMap;
 
 use super::{metrics as metric, Engine};
-use crate::broker::OutboundEvent;
 use crate::control::{Action, Change, HistoryEntry};
 use crate::error::Result;
 use crate::model::{ControlOutcome, TimerKey, TimerState, Timestamp};
@@ -111,11 +110,13 @@ impl Engine {
         let at = inner.clock.now();
         let envelope = DueTimeReachedEnvelope::manual(&timer, at);
         let body = envelope.to_json();
-        let event = OutboundEvent {
-            id: envelope.id,
-            key: key.clone(),
-            body: body.clone(),
-        };
+        let event = super::fire::outbound_of(
+            key.clone(),
+            envelope.id,
+            body.clone(),
+            timer.target.clone(),
+            timer.message.clone(),
+        );
         let undelivered = self
             .within_publish_timeout(
                 "publishing a manually triggered event",

@@ -13,7 +13,8 @@ use tracing::{debug, info, warn};
 use super::{metrics as metric, Engine};
 use crate::broker::{OutboundEvent, Undelivered};
 use crate::error::{Error, Result};
-use crate::model::{ClaimedTimer, Lease, Timestamp};
+use crate::model::{ClaimedTimer, Lease, TimerKey, Timestamp};
+use crate::outbound::{Message, Target};
 use crate::policy::{self, Fire, Plan};
 use crate::store::Settlement;
 use crate::wire::DueTimeReachedEnvelope;
@@ -168,16 +169,24 @@ impl Engine {
             .zip(&fires)
             .map(|(t, fire)| fire.claim(t))
             .collect();
-        let events: Vec<OutboundEvent> = as_fired
+        // The envelopes go out, or the timers' own messages with the envelopes' ids; the
+        // event stream shows the envelopes either way.
+        let envelopes: Vec<DueTimeReachedEnvelope> = as_fired
             .iter()
             .zip(&fires)
-            .map(|(t, fire)| {
-                let envelope = DueTimeReachedEnvelope::for_fire(t, reached_at, fire.refire);
-                OutboundEvent {
-                    id: envelope.id,
-                    key: t.key.clone(),
-                    body: envelope.to_json(),
-                }
+            .map(|(t, fire)| DueTimeReachedEnvelope::for_fire(t, reached_at, fire.refire))
+            .collect();
+        let events: Vec<OutboundEvent> = as_fired
+            .iter()
+            .zip(&envelopes)
+            .map(|(t, envelope)| {
+                outbound_of(
+                    t.key.clone(),
+                    envelope.id,
+                    envelope.to_json(),
+                    t.target.clone(),
+                    t.message.clone(),
+                )
             })
             .collect();
         let grace = inner.config.shutdown_grace;
@@ -207,14 +216,14 @@ impl Engine {
                 }
                 let mut delivered = Delivered::default();
                 let mut failed = Vec::new();
-                let batch = claimed.into_iter().zip(fires).zip(as_fired).zip(events);
-                for ((((claim, fire), as_fired), event), refusal) in batch.zip(refused) {
+                let batch = claimed.into_iter().zip(fires).zip(as_fired).zip(envelopes);
+                for ((((claim, fire), as_fired), envelope), refusal) in batch.zip(refused) {
                     match refusal {
-                        None => delivered.push(claim, fire, as_fired, event),
+                        None => delivered.push(claim, fire, as_fired, envelope),
                         Some(error) => failed.push((claim, error)),
                     }
                 }
-                self.announce(&delivered.as_fired, delivered.events, reached_at);
+                self.announce(&delivered.as_fired, delivered.envelopes, reached_at);
                 let settlements = delivered
                     .fired
                     .into_iter()
@@ -248,10 +257,15 @@ impl Engine {
         }
     }
 
-    /// Counts and streams the events the broker confirmed.
-    fn announce(&self, claimed: &[ClaimedTimer], events: Vec<OutboundEvent>, at: Timestamp) {
+    /// Counts and streams the fires the broker confirmed.
+    fn announce(
+        &self,
+        claimed: &[ClaimedTimer],
+        envelopes: Vec<DueTimeReachedEnvelope>,
+        at: Timestamp,
+    ) {
         ::metrics::counter!(metric::TIMERS_FIRED).increment(claimed.len() as u64);
-        for (timer, event) in claimed.iter().zip(events) {
+        for (timer, envelope) in claimed.iter().zip(envelopes) {
             // A timer scheduled when already past due is late only from when it arrived.
             let due = timer.due_at.max(timer.registered_at);
             let late = at.duration_since(due);
@@ -260,7 +274,7 @@ impl Engine {
             self.inner.recent.record(at, &timer.key.tenant_id, late_ms);
             self.inner.fired.send(super::FiredEvent {
                 tenant_id: timer.key.tenant_id.clone(),
-                json: String::from_utf8(event.body).unwrap_or_default(),
+                json: String::from_utf8(envelope.to_json()).unwrap_or_default(),
             });
         }
     }
@@ -288,7 +302,7 @@ impl Engine {
 struct Delivered {
     fired: Vec<(ClaimedTimer, Fire)>,
     as_fired: Vec<ClaimedTimer>,
-    events: Vec<OutboundEvent>,
+    envelopes: Vec<DueTimeReachedEnvelope>,
 }
 
 impl Delivered {
@@ -297,11 +311,34 @@ impl Delivered {
         claim: ClaimedTimer,
         fire: Fire,
         as_fired: ClaimedTimer,
-        event: OutboundEvent,
+        envelope: DueTimeReachedEnvelope,
     ) {
         self.fired.push((claim, fire));
         self.as_fired.push(as_fired);
-        self.events.push(event);
+        self.envelopes.push(envelope);
+    }
+}
+
+/// What goes to the broker for a fire with the event `id`: the `envelope` to the events
+/// destination, unless the timer has a `target` (where it goes instead) or a `message` (what
+/// goes instead of the envelope, with the same id).
+pub(super) fn outbound_of(
+    key: TimerKey,
+    id: uuid::Uuid,
+    envelope: Vec<u8>,
+    target: Option<Target>,
+    message: Option<Message>,
+) -> OutboundEvent {
+    let (body, message) = match message {
+        Some(Message { body, meta }) => (body, Some(meta)),
+        None => (envelope, None),
+    };
+    OutboundEvent {
+        id,
+        key,
+        body,
+        target,
+        message,
     }
 }
 

@@ -58,6 +58,8 @@ fn claimed(tenant: &str, id: &str, at: i64) -> ClaimedTimer {
         occurrences: 0,
         policy: None,
         work: None,
+        target: None,
+        message: None,
     }
 }
 

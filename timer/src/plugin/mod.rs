@@ -21,7 +21,9 @@ mod testing;
 
 pub use config::{to_value, BrokerConfig, ConfigSection, PluginConfig, Section, StoreConfig};
 #[cfg(feature = "testing")]
-pub use testing::{fresh_name, Isolated, ReadDeadLetter, ReadEvent, TestClient, TestServer};
+pub use testing::{
+    fresh_name, Isolated, ReadDeadLetter, ReadEvent, ReadMessage, TestClient, TestServer,
+};
 
 use crate::error::Result;
 

@@ -3,12 +3,14 @@
 //! ([`TestClient`]).
 
 use std::any::Any;
+use std::collections::BTreeMap;
 
 use async_trait::async_trait;
 use uuid::Uuid;
 
 use crate::broker::Broker;
 use crate::error::{Error, Result};
+use crate::outbound::Target;
 
 /// A config on isolated resources, with whatever keeps them alive (a temp dir) until dropped.
 pub struct Isolated<C: ?Sized> {
@@ -41,6 +43,19 @@ pub struct ReadDeadLetter {
     pub reason: String,
 }
 
+/// A message as an independent consumer read it at a target ([`TestClient::read_target`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReadMessage {
+    /// The de-duplication id the broker carried (header, message id), when it reads as one.
+    pub id: Option<Uuid>,
+    pub body: Vec<u8>,
+    pub content_type: Option<String>,
+    /// Every header as it arrived, the plugin's own among them.
+    pub headers: BTreeMap<String, String>,
+    /// The record key (Kafka) or routing key (RabbitMQ), where the broker has one.
+    pub key: Option<Vec<u8>>,
+}
+
 /// An independent producer and reader on one broker config's resources.
 #[async_trait]
 pub trait TestClient: Send + Sync + 'static {
@@ -59,6 +74,19 @@ pub trait TestClient: Send + Sync + 'static {
     async fn events(&self) -> Result<Vec<ReadEvent>>;
     /// Every dead letter so far.
     async fn dead_letters(&self) -> Result<Vec<ReadDeadLetter>>;
+    /// A destination of the broker's own, made for one check (`name` keeps checks apart: a
+    /// subject a stream captures, a queue bound to an exchange, a topic), as a timer's
+    /// `target` names it. `None`: the plugin takes no targets.
+    async fn make_target(&self, _name: &str) -> Result<Option<Target>> {
+        Ok(None)
+    }
+    /// Every message that arrived so far at a target [`make_target`](Self::make_target) made.
+    async fn read_target(&self, target: &Target) -> Result<Vec<ReadMessage>> {
+        Err(Error::internal(format!(
+            "this test client makes no targets ({})",
+            target.to_json()
+        )))
+    }
     fn as_any(&self) -> &dyn Any;
 }
 

@@ -436,6 +436,8 @@ mod tests {
             occurrences: 0,
             policy,
             work: None,
+            target: None,
+            message: None,
         }
     }
 

@@ -84,8 +84,11 @@ pub(super) struct WireCommand<'a> {
     pub(super) occurrence: Option<i64>,
     #[serde(default)]
     pub(super) outcome: Option<String>,
-    #[serde(default)]
-    pub(super) message: Option<String>,
+    /// A `TimerCompleted`'s text, or a `ScheduleTimer`'s own message (an object).
+    #[serde(borrow, default)]
+    pub(super) message: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    pub(super) target: Option<&'a RawValue>,
 }
 
 /// A duration as a command gives it: text (`"30s"`, `"1h 30m"`, `"500ms"`) or milliseconds.
@@ -175,14 +178,14 @@ pub fn decode_schedule(
 /// `PauseTimer`, `ResumeTimer` or `TimerCompleted`. `now`
 /// bounds the due-time horizon and anchors the first occurrence of a recurring timer.
 pub fn decode_command(bytes: &[u8], limits: &Limits, now: Timestamp) -> Result<Command, Rejection> {
-    if bytes.len() > limits.max_message_bytes {
+    if bytes.len() > limits.command_bytes() {
         return Err(Rejection::new(
             Reason::TooLarge,
             None,
             format!(
-                "command is {} bytes, the limit is {} (limits.max_message_bytes)",
+                "command is {} bytes, the limit is {} (limits.max_command_bytes)",
                 bytes.len(),
-                limits.max_message_bytes
+                limits.command_bytes()
             ),
         ));
     }

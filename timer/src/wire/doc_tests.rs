@@ -5,7 +5,7 @@
 //!
 //! | marker | the block | checked by |
 //! |---|---|---|
-//! | `<!-- schedule -->` | a `ScheduleTimer` | `decode_command` accepts it as a schedule; with `cron` it is recurring |
+//! | `<!-- schedule -->` | a `ScheduleTimer` | `decode_command` accepts it as a schedule; with `cron` it is recurring; its `target` and `message.body` are the timer's |
 //! | `<!-- schedule: dueAt=T now=N -->` | the same | also: decoded at `N` (default [`NOW`]), its due time is `T` |
 //! | `<!-- cancel -->` | a `CancelTimer` | `decode_command` accepts it as a cancel, `decode_schedule` refuses it (`not_accepted_here`) |
 //! | `<!-- pause -->`, `<!-- resume -->`, `<!-- complete -->` | a `PauseTimer`, a `ResumeTimer`, a `TimerCompleted` | the same, as a pause, a resume or a completion |
@@ -185,6 +185,26 @@ fn check(kind: &str, words: &[&str], pairs: &[(&str, &str)], body: &str) -> Resu
                     return Err(format!("due at {due_at}, the marker says {due}"));
                 }
             }
+            let target = timer
+                .target
+                .as_ref()
+                .map(|t| Value::Object(t.fields().clone()));
+            if target.as_ref() != example.get("target") {
+                return Err(format!(
+                    "target {target:?}, the example says {}",
+                    example["target"]
+                ));
+            }
+            if let Some(given) = example.get("message").and_then(|m| m.get("body")) {
+                let body = timer
+                    .message
+                    .as_ref()
+                    .map(|m| m.body.as_slice())
+                    .unwrap_or_default();
+                if json(&String::from_utf8_lossy(body))? != *given {
+                    return Err(format!("message body {body:?}, the example says {given}"));
+                }
+            }
             Ok(())
         }
         "cancel" | "pause" | "resume" | "complete" => {
@@ -338,6 +358,8 @@ fn check_event(kind: &str, revision: i64, example: &Value) -> Result<(), String>
         occurrences: 0,
         policy: None,
         work: None,
+        target: None,
+        message: None,
     };
     let series = schedule_examples()
         .into_iter()
@@ -435,6 +457,8 @@ fn check_manual_event(example: &Value) -> Result<(), String> {
         occurrences: 0,
         policy: None,
         work: None,
+        target: None,
+        message: None,
     };
     let bytes = DueTimeReachedEnvelope::manual(&timer, at).to_json();
     let built: Value = serde_json::from_slice(&bytes).map_err(|e| e.to_string())?;

@@ -2,6 +2,7 @@
 
 mod decode;
 mod events;
+mod outbound;
 mod reasons;
 mod validate;
 
@@ -13,6 +14,7 @@ pub use events::{
     event_id, manual_event_id, refired_event_id, DueTimeReached, DueTimeReachedEnvelope, Envelope,
     TimerFailed, TimerFailedEnvelope, MANUAL_TRIGGER, TIMER_FAILED,
 };
+pub use outbound::{MAX_HEADERS, MAX_HEADER_NAME_BYTES, MAX_HEADER_VALUE_BYTES, MAX_TARGET_BYTES};
 pub use reasons::{Reason, Rejection};
 pub use validate::{check_id, completion_fields, MAX_COMPLETION_MESSAGE_BYTES, MAX_PAYLOAD_DEPTH};
 

@@ -6,7 +6,7 @@ use serde::Serialize;
 /// and the start of a dead letter's reason.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Reason {
-    /// The command is larger than `limits.max_message_bytes`.
+    /// The command is larger than `limits.max_command_bytes`.
     TooLarge,
     /// Not JSON, or a field of the wrong type.
     InvalidJson,
@@ -21,7 +21,8 @@ pub enum Reason {
     InvalidTime,
     /// A due time beyond `limits.max_horizon`.
     TooFar,
-    /// A payload larger than `limits.max_payload_bytes`.
+    /// A payload larger than `limits.max_payload_bytes`, or a message larger than
+    /// `limits.max_message_bytes`.
     PayloadTooLarge,
     /// A cron pattern, time zone, end or count that does not work.
     InvalidRecurrence,
@@ -32,6 +33,9 @@ pub enum Reason {
     NotAcceptedHere,
     /// The tenant has `limits.max_pending_per_tenant` Scheduled or Paused timers already.
     TenantLimit,
+    /// A `target` that is not an object, that the configured broker cannot publish to (another
+    /// broker's kind, a field it does not know), or that is not the service's to use.
+    InvalidTarget,
 }
 
 impl Reason {
@@ -49,6 +53,7 @@ impl Reason {
         Reason::InvalidPolicy,
         Reason::NotAcceptedHere,
         Reason::TenantLimit,
+        Reason::InvalidTarget,
     ];
 
     pub const fn as_str(self) -> &'static str {
@@ -65,6 +70,7 @@ impl Reason {
             Reason::InvalidPolicy => "invalid_policy",
             Reason::NotAcceptedHere => "not_accepted_here",
             Reason::TenantLimit => "tenant_limit",
+            Reason::InvalidTarget => "invalid_target",
         }
     }
 }

@@ -152,7 +152,7 @@ fn rejections_name_the_field() {
 #[test]
 fn limits_apply() {
     let limits = Limits {
-        max_message_bytes: 200,
+        max_command_bytes: 200,
         max_id_bytes: 4,
         max_payload_bytes: 8,
         max_horizon: Duration::from_secs(60),
@@ -299,6 +299,8 @@ fn recurring_events_say_which_occurrence() {
         occurrences: 4,
         policy: None,
         work: None,
+        target: None,
+        message: None,
     };
     let ev = DueTimeReachedEnvelope::for_timer(&timer, Timestamp::from_millis(1_002));
     assert_eq!(ev.payload.occurrence, Some(5));
@@ -329,6 +331,8 @@ fn event_envelope_shape() {
         occurrences: 0,
         policy: None,
         work: None,
+        target: None,
+        message: None,
     };
     let ev = DueTimeReachedEnvelope::for_timer(&timer, Timestamp::from_millis(1_005));
     let v: serde_json::Value = serde_json::from_slice(&ev.to_json()).unwrap();
@@ -390,7 +394,7 @@ fn a_reason_equals_its_code_only() {
 #[test]
 fn every_limit_admits_its_bound_and_refuses_one_past_it() {
     let limits = Limits {
-        max_message_bytes: 200,
+        max_command_bytes: 200,
         max_id_bytes: 9,
         max_payload_bytes: 10,
         max_horizon: Duration::from_secs(60),
@@ -601,4 +605,229 @@ fn a_jittered_series_keeps_the_cron_time_of_its_first_occurrence() {
     assert_eq!(t.work.as_ref().and_then(|w| w.nominal), Some(nine));
     let offset = crate::policy::jitter_offset(&t.key, nine, Duration::from_secs(600));
     assert_eq!(t.due_at, nine.saturating_add(offset));
+}
+
+/// A schedule of `extra` fields (JSON object members) beside a key and a due time.
+fn with(extra: &str) -> String {
+    format!(r#"{{"tenantId":"t","serviceCallId":"c","dueTimeMs":5,{extra}}}"#)
+}
+
+/// The reason and field a command is refused with.
+fn refusal(s: &str, limits: &Limits) -> (String, Option<String>) {
+    let r = decode_schedule(s.as_bytes(), limits, NOW).unwrap_err();
+    (r.reason.as_str().to_owned(), r.field)
+}
+
+#[test]
+fn a_message_body_is_its_json_text_or_its_base64_bytes() {
+    let t = decode(&with(
+        r#""message":{"body": {"a": [1, 2]},"contentType":"application/json","headers":{"x-a":"1"}}"#,
+    ))
+    .unwrap();
+    let m = t.message.unwrap();
+    assert_eq!(m.body, br#"{"a": [1, 2]}"#, "the JSON text as given");
+    assert_eq!(m.meta.content_type.as_deref(), Some("application/json"));
+    assert_eq!(m.meta.headers.get("x-a").map(String::as_str), Some("1"));
+    let t = decode(&with(r#""message":{"bodyBase64":"AAEC/w=="}"#)).unwrap();
+    let m = t.message.unwrap();
+    assert_eq!(m.body, [0, 1, 2, 255]);
+    assert_eq!(m.meta, crate::outbound::MessageMeta::default());
+    assert!(decode(&with(r#""payload":1"#)).unwrap().message.is_none());
+}
+
+#[test]
+fn a_message_body_is_bounded_by_max_message_bytes() {
+    let limits = Limits {
+        max_message_bytes: 4,
+        ..Limits::default()
+    };
+    let at = with(r#""message":{"bodyBase64":"AAECAw=="}"#);
+    let over = with(r#""message":{"bodyBase64":"AAECAwQ="}"#);
+    assert_eq!(
+        decode_schedule(at.as_bytes(), &limits, NOW)
+            .unwrap()
+            .message
+            .unwrap()
+            .body
+            .len(),
+        4
+    );
+    assert_eq!(
+        refusal(&over, &limits),
+        ("payload_too_large".to_owned(), Some("message".to_owned()))
+    );
+    let json = with(r#""message":{"body":"ab"}"#);
+    assert_eq!(
+        decode_schedule(json.as_bytes(), &limits, NOW)
+            .unwrap()
+            .message
+            .unwrap()
+            .body,
+        br#""ab""#
+    );
+    let json = with(r#""message":{"body":"abc"}"#);
+    assert_eq!(refusal(&json, &limits).0, "payload_too_large");
+}
+
+#[test]
+fn the_command_limit_makes_room_for_a_message_in_base64() {
+    let limits = Limits::default();
+    assert_eq!(limits.command_bytes(), 256 * 1024 / 3 * 4 + 4 + 64 * 1024);
+    let set = Limits {
+        max_command_bytes: 100,
+        ..Limits::default()
+    };
+    assert_eq!(set.command_bytes(), 100);
+    // A message at the limit fits in a command at the derived limit.
+    let body = base64::Engine::encode(
+        &base64::engine::general_purpose::STANDARD,
+        vec![7u8; limits.max_message_bytes],
+    );
+    let cmd = with(&format!(r#""message":{{"bodyBase64":"{body}"}}"#));
+    assert!(cmd.len() <= limits.command_bytes());
+    let t = decode_schedule(cmd.as_bytes(), &limits, NOW).unwrap();
+    assert_eq!(t.message.unwrap().body.len(), limits.max_message_bytes);
+}
+
+#[test]
+fn malformed_messages_are_refused_naming_the_field() {
+    let limits = Limits::default();
+    let cases = [
+        (r#""message":"text""#, "invalid_json", "message"),
+        (r#""message":{}"#, "missing_field", "message.body"),
+        (
+            r#""message":{"body":1,"bodyBase64":"AA=="}"#,
+            "invalid_json",
+            "message.body",
+        ),
+        (
+            r#""message":{"bodyBase64":"not base64!"}"#,
+            "invalid_json",
+            "message.bodyBase64",
+        ),
+        (
+            r#""message":{"body":1,"extra":1}"#,
+            "invalid_json",
+            "message.extra",
+        ),
+        (
+            r#""message":{"body":1,"headers":{"a":1}}"#,
+            "invalid_json",
+            "message.headers.a",
+        ),
+        (
+            r#""message":{"body":1,"headers":{"a b":"1"}}"#,
+            "invalid_json",
+            "message.headers.a b",
+        ),
+        (
+            r#""message":{"body":1,"headers":{"a:b":"1"}}"#,
+            "invalid_json",
+            "message.headers.a:b",
+        ),
+        (
+            r#""message":{"body":1,"headers":{"":"1"}}"#,
+            "invalid_json",
+            "message.headers.",
+        ),
+        (
+            r#""message":{"body":1,"headers":{"a":"x\ny"}}"#,
+            "invalid_json",
+            "message.headers.a",
+        ),
+        (
+            r#""message":{"body":1,"contentType":"a\u0000"}"#,
+            "invalid_json",
+            "message.contentType",
+        ),
+        (
+            r#""message":{"body":1},"payload":2"#,
+            "invalid_json",
+            "message",
+        ),
+    ];
+    for (extra, reason, field) in cases {
+        assert_eq!(
+            refusal(&with(extra), &limits),
+            (reason.to_owned(), Some(field.to_owned())),
+            "{extra}"
+        );
+    }
+    let many: Vec<String> = (0..=MAX_HEADERS)
+        .map(|i| format!(r#""h{i}":"v""#))
+        .collect();
+    let extra = format!(r#""message":{{"body":1,"headers":{{{}}}}}"#, many.join(","));
+    assert_eq!(
+        refusal(&with(&extra), &limits).1.as_deref(),
+        Some("message.headers")
+    );
+    let at: Vec<String> = (0..MAX_HEADERS).map(|i| format!(r#""h{i}":"v""#)).collect();
+    let extra = format!(r#""message":{{"body":1,"headers":{{{}}}}}"#, at.join(","));
+    assert!(decode(&with(&extra)).is_ok(), "{MAX_HEADERS} headers");
+    let long = "v".repeat(MAX_HEADER_VALUE_BYTES);
+    assert!(decode(&with(&format!(
+        r#""message":{{"body":1,"headers":{{"a":"{long}"}}}}"#
+    )))
+    .is_ok());
+    let extra = format!(r#""message":{{"body":1,"headers":{{"a":"{long}v"}}}}"#);
+    assert_eq!(refusal(&with(&extra), &limits).0, "invalid_json");
+    let name = "n".repeat(MAX_HEADER_NAME_BYTES);
+    assert!(decode(&with(&format!(
+        r#""message":{{"body":1,"headers":{{"{name}":"v"}}}}"#
+    )))
+    .is_ok());
+    let extra = format!(r#""message":{{"body":1,"headers":{{"{name}n":"v"}}}}"#);
+    assert_eq!(refusal(&with(&extra), &limits).0, "invalid_json");
+}
+
+#[test]
+fn a_target_is_a_small_object() {
+    let limits = Limits::default();
+    let t = decode(&with(r#""target":{"topic":"orders","partition":2}"#)).unwrap();
+    let target = t.target.unwrap();
+    assert_eq!(target.text("topic"), Some("orders"));
+    assert_eq!(target.fields()["partition"], 2);
+    // `null` is no target, like an absent one.
+    assert!(decode(&with(r#""target":null"#)).unwrap().target.is_none());
+    for extra in [r#""target":"orders""#, r#""target":{}"#, r#""target":[1]"#] {
+        assert_eq!(
+            refusal(&with(extra), &limits),
+            ("invalid_target".to_owned(), Some("target".to_owned())),
+            "{extra}"
+        );
+    }
+    // At the bound, and one past it.
+    let fill = |n: usize| {
+        let overhead = r#"{"subject":""}"#.len();
+        format!(r#""target":{{"subject":"{}"}}"#, "s".repeat(n - overhead))
+    };
+    assert!(decode(&with(&fill(MAX_TARGET_BYTES))).is_ok());
+    assert_eq!(
+        refusal(&with(&fill(MAX_TARGET_BYTES + 1)), &limits).0,
+        "invalid_target"
+    );
+}
+
+#[test]
+fn only_a_schedule_takes_a_target_and_a_completion_message_is_text() {
+    let limits = Limits::default();
+    let cancel =
+        r#"{"type":"CancelTimer","tenantId":"t","serviceCallId":"c","target":{"subject":"x"}}"#;
+    let r = decode_command(cancel.as_bytes(), &limits, NOW).unwrap_err();
+    assert_eq!(
+        (r.reason, r.field.as_deref()),
+        (Reason::InvalidJson, Some("target"))
+    );
+    let done = r#"{"type":"TimerCompleted","tenantId":"t","serviceCallId":"c","message":"ok"}"#;
+    match decode_command(done.as_bytes(), &limits, NOW).unwrap() {
+        Command::Complete(_, completion) => assert_eq!(completion.message.as_deref(), Some("ok")),
+        other => panic!("{other:?}"),
+    }
+    let done =
+        r#"{"type":"TimerCompleted","tenantId":"t","serviceCallId":"c","message":{"body":1}}"#;
+    let r = decode_command(done.as_bytes(), &limits, NOW).unwrap_err();
+    assert_eq!(
+        (r.reason, r.field.as_deref()),
+        (Reason::InvalidJson, Some("message"))
+    );
 }

@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use super::decode::{Command, WireCommand, WireDuration};
+use super::outbound::{completion_message, message_of, target_of};
 use super::reasons::{Reason, Rejection};
 use super::{truncate, TIMER_COMPLETED};
 use crate::config::Limits;
@@ -67,7 +68,7 @@ pub(super) fn validate_completion(
 ) -> Result<Command, Rejection> {
     let occurrence = cmd.occurrence.take();
     let outcome = cmd.outcome.take();
-    let message = cmd.message.take();
+    let message = completion_message(cmd.message.take(), &|name| format!("{prefix}{name}"))?;
     let key = validate_key(cmd, TIMER_COMPLETED, prefix, limits)?;
     let completion = completion_fields(occurrence, outcome.as_deref(), message, prefix)?;
     Ok(Command::Complete(key, completion))
@@ -104,6 +105,7 @@ pub(super) fn validate_key(
         ("occurrence", cmd.occurrence.is_some()),
         ("outcome", cmd.outcome.is_some()),
         ("message", cmd.message.is_some()),
+        ("target", cmd.target.is_some()),
     ];
     if let Some((name, _)) = extra.iter().find(|(_, given)| *given) {
         let takes = if kind == TIMER_COMPLETED {
@@ -222,7 +224,6 @@ pub(super) fn validate(
     if let Some(name) = [
         ("occurrence", cmd.occurrence.is_some()),
         ("outcome", cmd.outcome.is_some()),
-        ("message", cmd.message.is_some()),
     ]
     .iter()
     .find_map(|(name, given)| given.then_some(*name))
@@ -305,6 +306,15 @@ pub(super) fn validate(
         }
         None => None,
     };
+    let target = target_of(cmd.target, &field)?;
+    let message = message_of(cmd.message, &field, limits)?;
+    if message.is_some() && payload.is_some() {
+        return Err(Rejection::new(
+            Reason::InvalidJson,
+            Some(&field("message")),
+            "a message goes out in place of the event, whose payload this is: give one of them",
+        ));
+    }
     let key = TimerKey {
         tenant_id,
         service_call_id,
@@ -328,6 +338,8 @@ pub(super) fn validate(
         recurrence: recurring.map(|(r, _)| r),
         policy,
         work,
+        target,
+        message,
     })
 }
 

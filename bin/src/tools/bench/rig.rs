@@ -208,6 +208,8 @@ pub(super) fn timer(i: usize, due_ms: i64) -> NewTimer {
         recurrence: None,
         policy: None,
         work: None,
+        target: None,
+        message: None,
     }
 }
 

@@ -11,6 +11,10 @@ pub use timer_core::plugin::{ReadDeadLetter, ReadEvent, TestClient};
 use timer_core::{Broker, OutboundEvent, TimerKey};
 use uuid::Uuid;
 
+mod targets;
+
+pub use targets::a_message_goes_to_its_target_byte_exact;
+
 use crate::e2e::PrivateServer;
 use crate::fixtures::Fresh;
 use crate::proxy::Proxy;
@@ -32,6 +36,7 @@ pub fn checks() -> Vec<Check<Arc<dyn TestClient>>> {
         commands_arrive_in_batches,
         dead_letter_carries_the_reason,
         health_ok_when_reachable,
+        a_message_goes_to_its_target_byte_exact,
     ]
 }
 
@@ -42,6 +47,8 @@ fn event(i: usize) -> OutboundEvent {
         id: Uuid::now_v7(),
         key: TimerKey::new(format!("tenant{}", i % 3), format!("call{i}")),
         body: format!(r#"{{"n":{i}}}"#).into_bytes(),
+        target: None,
+        message: None,
     }
 }
 
@@ -57,6 +64,15 @@ async fn receive_all(broker: &dyn Broker, n: usize) -> Vec<timer_core::Delivery>
         );
     }
     got
+}
+
+/// Waits until at least `n` events are readable at the events destination; all of them.
+async fn read_events(fx: &dyn TestClient, n: usize) -> Vec<ReadEvent> {
+    wait_for(WAIT, || async {
+        fx.events().await.ok().filter(|e| e.len() >= n)
+    })
+    .await
+    .unwrap_or_else(|| panic!("{n} event(s) readable"))
 }
 
 /// One receive of up to 10 commands, waiting up to `wait`; each acknowledged. Their bodies.
@@ -138,6 +154,8 @@ pub async fn odd_tenant_ids_delivered_or_refused_alone(fx: Arc<dyn TestClient>) 
             id: Uuid::now_v7(),
             key: TimerKey::new(tenant, format!("odd{i}")),
             body: format!(r#"{{"odd":{i}}}"#).into_bytes(),
+            target: None,
+            message: None,
         });
     }
     let refused_by_check: Vec<usize> = (0..events.len())
