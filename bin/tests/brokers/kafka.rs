@@ -41,6 +41,7 @@ pub fn checks() -> Vec<Check<Arc<BrokerCase>>> {
     checks![
         two_instances_in_one_group_split_the_partitions,
         a_missing_topic_it_may_not_create_is_named,
+        a_message_for_a_missing_topic_is_retried_and_holds_back_no_other,
     ]
 }
 
@@ -207,4 +208,55 @@ async fn a_missing_topic_it_may_not_create_is_named(case: Arc<BrokerCase>) {
         err.contains(&c.commands_topic) && err.contains("broker.create_topics is off"),
         "{err}"
     );
+}
+
+/// A timer's message for a target topic that does not exist (its record would wait out the
+/// delivery timeout, and its batch with it) is refused alone and retried, the topic named in
+/// its `lastError`; a timer due at the same moment is delivered and Reached at once.
+async fn a_message_for_a_missing_topic_is_retried_and_holds_back_no_other(case: Arc<BrokerCase>) {
+    let setup = Setup::with_engine(
+        &case,
+        json!({ "retry_base": "200ms", "retry_max": "400ms" }),
+    );
+    let service = setup.start().await;
+    let topic = format!(
+        "{}-nowhere",
+        kafka_config(setup.broker.config.as_ref()).events_topic
+    );
+    // Due together a moment ahead, so they are claimed and published in one batch.
+    let due = now_ms() + 1_000;
+    let delayed = json!({"tenantId": "t", "serviceCallId": "a-to-nowhere", "dueTimeMs": due,
+        "target": {"topic": topic}, "message": {"body": {"n": 1}}});
+    let (status, v) = service.post("/v1/timers", delayed.to_string()).await;
+    assert_eq!(status, 201, "{v}");
+    let plain = json!({"tenantId": "t", "serviceCallId": "b-plain", "dueTimeMs": due});
+    let (status, v) = service.post("/v1/timers", plain.to_string()).await;
+    assert_eq!(status, 201, "{v}");
+    let failing = wait_for(Duration::from_secs(30), || async {
+        let (_, t) = service.get("/v1/tenants/t/timers/a-to-nowhere").await;
+        (t["attempts"].as_u64()? >= 1).then_some(t)
+    })
+    .await
+    .expect("a failed publish recorded");
+    assert_eq!(failing["state"], "Scheduled", "{failing}");
+    let error = failing["lastError"].as_str().unwrap_or("");
+    assert!(error.contains(&topic), "the topic is named: {failing}");
+    let plain = wait_for(Duration::from_secs(30), || async {
+        let (_, t) = service.get("/v1/tenants/t/timers/b-plain").await;
+        (t["state"] == "Reached").then_some(t)
+    })
+    .await
+    .expect("the other timer of the batch fired");
+    // Settled soon after its due time, not held back by the record for the missing topic
+    // (were it sent, its batch would wait for its delivery report: the producer's timeouts,
+    // seconds). Its `reachedAt` is stamped before the publish, so the time it was seen
+    // settled is what tells.
+    let settled_late = now_ms() - due;
+    assert_eq!(plain["attempts"], 0, "never refused: {plain}");
+    assert!(
+        settled_late < 3_000,
+        "the other timer was settled {settled_late} ms after its due time: {plain}"
+    );
+    service.terminate().await;
+    setup.clean_up().await;
 }

@@ -33,6 +33,7 @@ pub fn checks() -> Vec<Check<Arc<BrokerCase>>> {
         an_unroutable_event_is_retried_not_lost,
         a_tenant_too_long_for_a_routing_key_is_refused_and_nothing_stops_firing,
         a_tenant_without_a_bound_queue_does_not_hold_back_the_others,
+        a_message_for_a_missing_exchange_is_retried_and_holds_back_no_other,
     ]
 }
 
@@ -262,6 +263,114 @@ async fn an_unroutable_event_is_retried_not_lost(case: Arc<BrokerCase>) {
         &Some(2),
         "persistent"
     );
+    service.terminate().await;
+    setup.clean_up().await;
+}
+
+/// A timer's message whose target exchange does not exist (a publish there would close the
+/// channel, failing the whole batch) is refused alone and retried, with the exchange in its
+/// `lastError`; a timer due at the same moment is delivered and Reached at once. Once the
+/// exchange exists (with a queue bound), the retry delivers the message.
+async fn a_message_for_a_missing_exchange_is_retried_and_holds_back_no_other(
+    case: Arc<BrokerCase>,
+) {
+    let setup = Setup::with_engine(
+        &case,
+        json!({ "retry_base": "200ms", "retry_max": "400ms" }),
+    );
+    let service = setup.start().await;
+    let client = setup.client().await; // binds the events sink
+    let config = rabbitmq_config(&setup).clone();
+    let exchange = format!("{}.later", config.events_exchange);
+    // Due together a moment ahead, so they are claimed and published in one batch.
+    let due = now_ms() + 1_000;
+    let delayed = json!({"tenantId": "t", "serviceCallId": "a-to-nowhere", "dueTimeMs": due,
+        "target": {"exchange": exchange, "routingKey": "k"},
+        "message": {"body": {"n": 1}}});
+    let (status, v) = service.post("/v1/timers", delayed.to_string()).await;
+    assert_eq!(status, 201, "{v}");
+    let (status, v) = service
+        .post("/v1/timers", schedule("t", "b-plain", due))
+        .await;
+    assert_eq!(status, 201, "{v}");
+    let failing = retried(&service, "/v1/tenants/t/timers/a-to-nowhere").await;
+    assert_eq!(failing["state"], "Scheduled", "{failing}");
+    let error = failing["lastError"].as_str().unwrap_or("");
+    assert!(
+        error.contains(&exchange),
+        "the exchange is named: {failing}"
+    );
+    let plain = wait_for(Duration::from_secs(30), || async {
+        let (_, t) = service.get("/v1/tenants/t/timers/b-plain").await;
+        (t["state"] == "Reached").then_some(t)
+    })
+    .await
+    .expect("the other timer of the batch fired");
+    assert_eq!(plain["attempts"], 0, "and was never refused: {plain}");
+    drop(client);
+
+    // The exchange appears, with a queue: the retry delivers the message there.
+    use lapin::options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions};
+    use lapin::types::FieldTable;
+    let connection =
+        lapin::Connection::connect(&config.url, lapin::ConnectionProperties::default())
+            .await
+            .expect("connect");
+    let channel = connection.create_channel().await.expect("channel");
+    channel
+        .exchange_declare(
+            exchange.as_str().into(),
+            lapin::ExchangeKind::Direct,
+            ExchangeDeclareOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .expect("declare the exchange");
+    let queue = format!("{exchange}.q");
+    channel
+        .queue_declare(
+            queue.as_str().into(),
+            QueueDeclareOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .expect("declare a queue");
+    channel
+        .queue_bind(
+            queue.as_str().into(),
+            exchange.as_str().into(),
+            "k".into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .expect("bind it");
+    let reached = wait_for(Duration::from_secs(30), || async {
+        let (_, t) = service.get("/v1/tenants/t/timers/a-to-nowhere").await;
+        (t["state"] == "Reached").then_some(t)
+    })
+    .await;
+    assert!(reached.is_some(), "delivered once the exchange exists");
+    let got = channel
+        .basic_get(
+            queue.as_str().into(),
+            lapin::options::BasicGetOptions { no_ack: true },
+        )
+        .await
+        .expect("basic.get")
+        .expect("the message is in the queue");
+    assert_eq!(got.delivery.data, br#"{"n":1}"#);
+    for delete in [
+        channel
+            .queue_delete(queue.as_str().into(), Default::default())
+            .await
+            .map(|_| ()),
+        channel
+            .exchange_delete(exchange.as_str().into(), Default::default())
+            .await,
+    ] {
+        delete.expect("clean up");
+    }
     service.terminate().await;
     setup.clean_up().await;
 }

@@ -32,7 +32,7 @@ use rdkafka::message::{BorrowedMessage, Header, Message, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
-use timer_core::{Broker, Delivery, Error, OutboundEvent, Result, Undelivered};
+use timer_core::{Broker, Delivery, Error, OutboundEvent, Result, Target, Undelivered};
 
 use crate::shared::DeliveryTags;
 
@@ -368,13 +368,19 @@ async fn ensure_topics(config: &KafkaConfig, producer: &FutureProducer) -> Resul
             missing.push(topic.as_str());
         }
     }
-    if missing.is_empty() {
+    create_topics(config, &missing).await
+}
+
+/// Creates `names` with `broker.partitions` and `broker.replication_factor` (one another
+/// instance created meanwhile counts as created).
+pub(crate) async fn create_topics(config: &KafkaConfig, names: &[&str]) -> Result<()> {
+    if names.is_empty() {
         return Ok(());
     }
     let admin: AdminClient<DefaultClientContext> = client_config(config)
         .create()
         .map_err(|e| Error::config("kafka broker: admin client settings").with_source(e))?;
-    let new: Vec<NewTopic<'_>> = missing
+    let new: Vec<NewTopic<'_>> = names
         .iter()
         .map(|name| {
             NewTopic::new(
@@ -407,6 +413,92 @@ async fn ensure_topics(config: &KafkaConfig, producer: &FutureProducer) -> Resul
     }
     Ok(())
 }
+
+/// Where a target `{"topic": "orders", "key": "o-42", "partition": 3}` sends a record: a topic
+/// (a Kafka topic name, none of the service's own), an optional key (else no key: the
+/// partitioner spreads them) and an optional partition (else the partitioner's choice).
+struct Route<'t> {
+    topic: &'t str,
+    key: Option<&'t str>,
+    partition: Option<i32>,
+}
+
+fn target_route<'t>(target: &'t Target, config: &KafkaConfig) -> std::result::Result<Route<'t>, String> {
+    let shape = || {
+        format!(
+            "the kafka broker takes a target {{\"topic\": \"orders\", \"key\": \"o-42\", \
+             \"partition\": 0}} (key and partition optional), not {}",
+            target.to_json()
+        )
+    };
+    let fields = target.fields();
+    if fields.keys().any(|k| !matches!(k.as_str(), "topic" | "key" | "partition")) {
+        return Err(shape());
+    }
+    let topic = target.text("topic").ok_or_else(shape)?;
+    let key = match fields.get("key") {
+        None => None,
+        Some(key) => Some(key.as_str().ok_or_else(shape)?),
+    };
+    let partition = match fields.get("partition") {
+        None => None,
+        Some(p) => Some(
+            p.as_i64()
+                .and_then(|p| i32::try_from(p).ok())
+                .filter(|p| *p >= 0)
+                .ok_or_else(|| format!("partition {p} is not a partition number (0 or more)"))?,
+        ),
+    };
+    let legal = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-');
+    if topic.is_empty() || topic.len() > 249 || topic == "." || topic == ".." || !topic.chars().all(legal) {
+        return Err(format!(
+            "{topic:?} is not a Kafka topic name (1 to 249 of a-z, A-Z, 0-9, '.', '_', '-')"
+        ));
+    }
+    let own = [&config.commands_topic, &config.events_topic, &config.dead_letter_topic];
+    if own.iter().any(|t| t.as_str() == topic) {
+        return Err(format!(
+            "topic {topic} is one of the service's own (commands, events, dead letters); a timer \
+             cannot send there"
+        ));
+    }
+    Ok(Route {
+        topic,
+        key,
+        partition,
+    })
+}
+
+/// The headers of an event: a timer's own message's headers and content type (as
+/// `content-type`), then `timer-event-id` (the event id; a header of that name the message gave
+/// is left out).
+fn headers_of<'e>(event: &'e OutboundEvent, id: &'e str) -> OwnedHeaders {
+    let mut headers = OwnedHeaders::new();
+    if let Some(meta) = &event.message {
+        for (name, value) in &meta.headers {
+            if name != EVENT_ID_HEADER {
+                headers = headers.insert(Header {
+                    key: name.as_str(),
+                    value: Some(value.as_bytes()),
+                });
+            }
+        }
+        if let Some(content_type) = &meta.content_type {
+            headers = headers.insert(Header {
+                key: CONTENT_TYPE_HEADER,
+                value: Some(content_type.as_bytes()),
+            });
+        }
+    }
+    headers.insert(Header {
+        key: EVENT_ID_HEADER,
+        value: Some(id.as_bytes()),
+    })
+}
+
+/// The header carrying a timer's own message's content type (Kafka records have no such
+/// property).
+pub const CONTENT_TYPE_HEADER: &str = "content-type";
 
 /// A failed delivery report: the code's name (`MessageTimedOut`) joins the context, the error
 /// stays the source.
@@ -468,43 +560,86 @@ impl Broker for KafkaBroker {
     }
 
     async fn publish(&self, events: &[OutboundEvent]) -> Result<Vec<Undelivered>> {
-        let sends = events.iter().map(|event| {
-            let id = event.id.to_string();
-            let headers = OwnedHeaders::new().insert(Header {
-                key: EVENT_ID_HEADER,
-                value: Some(id.as_bytes()),
-            });
-            let record = FutureRecord::to(&self.config.events_topic)
-                .key(event.key.tenant_id.as_bytes())
+        let ids: Vec<String> = events.iter().map(|e| e.id.to_string()).collect();
+        // A record for a topic that does not exist waits out the whole delivery timeout, and
+        // the batch with it: the target topics are looked up first, and such a record is
+        // refused alone (retried later).
+        let mut missing = HashSet::new();
+        let targeted: HashSet<&str> = events
+            .iter()
+            .filter_map(|e| e.target.as_ref()?.text("topic"))
+            .collect();
+        for topic in targeted {
+            if !topic_exists(&self.config, &self.producer, topic).await? {
+                missing.insert(topic);
+            }
+        }
+        let mut refused = Vec::new();
+        let mut sends = Vec::with_capacity(events.len());
+        for (index, (event, id)) in events.iter().zip(&ids).enumerate() {
+            let route = match &event.target {
+                Some(target) => match target_route(target, &self.config) {
+                    Ok(route) if missing.contains(route.topic) => {
+                        let error = Error::unavailable(format!(
+                            "kafka broker: the target topic {} does not exist; it is retried",
+                            route.topic
+                        ));
+                        refused.push(Undelivered { index, error });
+                        continue;
+                    }
+                    Ok(route) => route,
+                    Err(why) => {
+                        // Stored before the broker's limits were checked at admission.
+                        let error = Error::invalid(format!("kafka broker: target: {why}"));
+                        refused.push(Undelivered { index, error });
+                        continue;
+                    }
+                },
+                None => Route {
+                    topic: &self.config.events_topic,
+                    key: Some(&event.key.tenant_id),
+                    partition: None,
+                },
+            };
+            let mut record = FutureRecord::<str, [u8]>::to(route.topic)
                 .payload(&event.body)
-                .headers(headers);
+                .headers(headers_of(event, id));
+            if let Some(key) = route.key {
+                record = record.key(key);
+            }
+            if let Some(partition) = route.partition {
+                record = record.partition(partition);
+            }
             // A full local queue fails the batch at once (retried later) instead of adding its
             // wait to the delivery timeout.
-            self.producer.send(record, Duration::ZERO)
-        });
+            let send = self.producer.send(record, Duration::ZERO);
+            sends.push(send.map(move |r| (index, route.topic, r)));
+        }
         let results = futures::future::join_all(sends).await;
-        let what = || format!("publishing events to {}", self.config.events_topic);
-        let failed: Vec<(usize, KafkaError)> = results
+        let what = |topic: &str| format!("publishing events to {topic}");
+        let failed: Vec<(usize, &str, KafkaError)> = results
             .into_iter()
-            .enumerate()
-            .filter_map(|(index, r)| r.err().map(|(e, _)| (index, e)))
+            .filter_map(|(index, topic, r)| r.err().map(|(e, _)| (index, topic, e)))
             .collect();
-        if failed.len() == events.len() {
+        if refused.is_empty() && failed.len() == events.len() {
             // Nothing went out: the broker (not one record) is the problem.
-            if let Some((_, first)) = failed.into_iter().next() {
-                return Err(delivery_failed(what(), first));
+            if let Some((_, topic, first)) = failed.into_iter().next() {
+                return Err(delivery_failed(what(topic), first));
             }
             return Ok(Vec::new());
         }
         // Some records were refused on their own (too large, their partition's leader
-        // unavailable): the others are delivered.
-        Ok(failed
-            .into_iter()
-            .map(|(index, e)| Undelivered {
-                index,
-                error: delivery_failed(what(), e),
-            })
-            .collect())
+        // unavailable, a target topic that does not exist): the others are delivered.
+        refused.extend(failed.into_iter().map(|(index, topic, e)| Undelivered {
+            index,
+            error: delivery_failed(what(topic), e),
+        }));
+        refused.sort_by_key(|u| u.index);
+        Ok(refused)
+    }
+
+    fn check_target(&self, target: &Target) -> std::result::Result<(), String> {
+        target_route(target, &self.config).map(|_| ())
     }
 
     async fn dead_letter(&self, body: &[u8], reason: &str) -> Result<()> {

@@ -2,6 +2,7 @@
 //! a service would) and reads whole topics from the beginning with a throwaway reader.
 
 use std::any::Any;
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -10,10 +11,13 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Headers, Message, OwnedMessage};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{Offset, TopicPartitionList};
-use timer_core::plugin::{ReadDeadLetter, ReadEvent, TestClient};
-use timer_core::{Broker, Error, Result};
+use timer_core::plugin::{ReadDeadLetter, ReadEvent, ReadMessage, TestClient};
+use timer_core::{Broker, Error, Result, Target};
 
-use super::{client_config, KafkaBroker, KafkaConfig, EVENT_ID_HEADER, REASON_HEADER};
+use super::{
+    client_config, create_topics, KafkaBroker, KafkaConfig, CONTENT_TYPE_HEADER, EVENT_ID_HEADER,
+    REASON_HEADER,
+};
 
 fn unavailable(what: &str, e: impl std::fmt::Display) -> Error {
     Error::unavailable(format!("kafka test client: {what}: {e}"))
@@ -142,6 +146,11 @@ fn read_topic(config: &KafkaConfig, topic: &str) -> Result<Vec<OwnedMessage>> {
     Ok(out)
 }
 
+/// The topic the test client makes its targets on.
+fn targets_topic(config: &KafkaConfig) -> String {
+    format!("{}-targets", config.events_topic)
+}
+
 fn header(m: &OwnedMessage, key: &str) -> Option<String> {
     let headers = m.headers()?;
     headers
@@ -186,6 +195,44 @@ impl TestClient for KafkaTestClient {
                 body: m.payload().unwrap_or_default().to_vec(),
             })
             .collect())
+    }
+    /// A key on a topic of the test client (`<events_topic>-targets`).
+    async fn make_target(&self, name: &str) -> Result<Option<Target>> {
+        let topic = targets_topic(&self.config);
+        create_topics(&self.config, &[&topic]).await?;
+        let mut fields = serde_json::Map::new();
+        fields.insert("topic".into(), topic.into());
+        fields.insert("key".into(), name.into());
+        Ok(Some(Target::new(fields)))
+    }
+    async fn read_target(&self, target: &Target) -> Result<Vec<ReadMessage>> {
+        let topic = target.text("topic").unwrap_or_default();
+        let key = target.text("key").map(str::as_bytes);
+        let mut out = Vec::new();
+        for m in self.read_all(topic).await? {
+            if m.key() != key {
+                continue;
+            }
+            let headers: BTreeMap<String, String> = m
+                .headers()
+                .map(|h| {
+                    h.iter()
+                        .map(|h| {
+                            let value = h.value.map(String::from_utf8_lossy).unwrap_or_default();
+                            (h.key.to_owned(), value.into_owned())
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            out.push(ReadMessage {
+                id: header(&m, EVENT_ID_HEADER).and_then(|v| uuid::Uuid::parse_str(&v).ok()),
+                body: m.payload().unwrap_or_default().to_vec(),
+                content_type: header(&m, CONTENT_TYPE_HEADER),
+                headers,
+                key: m.key().map(<[u8]>::to_vec),
+            });
+        }
+        Ok(out)
     }
     fn as_any(&self) -> &dyn Any {
         self

@@ -13,6 +13,7 @@ mod plugin;
 #[cfg(feature = "testing")]
 mod testing;
 
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -30,7 +31,9 @@ use lapin::{
 };
 use timer_core::broker::routing_token;
 use timer_core::redact::hide_userinfo;
-use timer_core::{Broker, Delivery, Error, KeyLimit, OutboundEvent, Result, TimerKey, Undelivered};
+use timer_core::{
+    Broker, Delivery, Error, KeyLimit, OutboundEvent, Result, Target, TimerKey, Undelivered,
+};
 
 use crate::shared::DeliveryTags;
 
@@ -220,6 +223,49 @@ impl RabbitmqBroker {
             .remember((generation, delivery.delivery_tag), delivery.data, tenant)
     }
 
+    /// The target exchanges of `events` that cannot be published to, with the server's reason.
+    /// A publish to an exchange that does not exist closes the channel, and would fail every
+    /// other event of the batch with it: each one named is checked first (a passive declare on
+    /// a channel of its own), and the events for one that is missing are refused alone.
+    async fn missing_exchanges(
+        &self,
+        session: &Session,
+        events: &[OutboundEvent],
+    ) -> Result<Vec<(String, String)>> {
+        let named: HashSet<&str> = events
+            .iter()
+            .filter_map(|e| e.target.as_ref()?.text("exchange"))
+            .filter(|exchange| !exchange.is_empty())
+            .collect();
+        let mut missing = Vec::new();
+        for exchange in named {
+            let channel = open_channel(&session.connection).await?;
+            let passive = ExchangeDeclareOptions {
+                passive: true,
+                ..Default::default()
+            };
+            let declared = channel
+                .exchange_declare(
+                    s("the exchange name", exchange)?,
+                    ExchangeKind::Direct,
+                    passive,
+                    FieldTable::default(),
+                )
+                .await;
+            match declared {
+                Ok(()) => {
+                    let _ = channel.close(200, "checked".into()).await;
+                }
+                // The channel is closed by the server; the connection goes on.
+                Err(e) if session.connection.status().connected() => {
+                    missing.push((exchange.to_owned(), e.to_string()));
+                }
+                Err(e) => return Err(unavailable(&format!("checking exchange {exchange}"), e)),
+            }
+        }
+        Ok(missing)
+    }
+
     /// Publishes on the confirm channel with `mandatory`, so an event no queue would take comes
     /// back instead of vanishing.
     async fn publish_one(
@@ -245,6 +291,14 @@ impl RabbitmqBroker {
             .await
             .map_err(|e| unavailable(&format!("publishing to exchange {exchange}"), e))
     }
+}
+
+/// The exchange the test client makes its targets on, and the queue bound to it for every
+/// routing key (`#`).
+fn testing_targets(config: &RabbitmqConfig) -> (String, String) {
+    let exchange = format!("{}.targets", config.events_exchange);
+    let queue = format!("{exchange}.all");
+    (exchange, queue)
 }
 
 /// The name of the queue [`declare_sink`] binds.
@@ -281,7 +335,12 @@ pub async fn delete_topology(config: &RabbitmqConfig) -> Result<()> {
             .await
             .map_err(|e| unavailable(&format!("deleting queue {queue}"), e))?;
     }
-    for exchange in [&config.events_exchange, &config.dead_letter_exchange] {
+    let (targets_exchange, targets_queue) = testing_targets(config);
+    channel
+        .queue_delete(s("a queue name", &targets_queue)?, QueueDeleteOptions::default())
+        .await
+        .map_err(|e| unavailable(&format!("deleting queue {targets_queue}"), e))?;
+    for exchange in [&config.events_exchange, &config.dead_letter_exchange, &targets_exchange] {
         channel
             .exchange_delete(s("an exchange name", exchange)?, ExchangeDeleteOptions::default())
             .await
@@ -357,6 +416,74 @@ async fn confirmed(confirm: lapin::PublisherConfirm) -> Result<Option<Error>> {
         Confirmation::Nack(_) => Err(Error::unavailable(
             "rabbitmq broker: the broker nacked a publish",
         )),
+    }
+}
+
+/// Where a target `{"exchange": "orders", "routingKey": "due.eu"}` sends a message: the
+/// exchange (`""`, the default exchange, routes to the queue the routing key names) and the
+/// routing key, each at most 255 bytes; never to the service's own exchanges and queues.
+fn target_route<'t>(
+    target: &'t Target,
+    config: &RabbitmqConfig,
+) -> std::result::Result<(&'t str, &'t str), String> {
+    let shape = || {
+        format!(
+            "the rabbitmq broker takes a target {{\"exchange\": \"orders\", \"routingKey\": \
+             \"due.eu\"}} (both text; the exchange \"\" is the default exchange), not {}",
+            target.to_json()
+        )
+    };
+    let fields = target.fields();
+    if fields.keys().any(|k| k != "exchange" && k != "routingKey") {
+        return Err(shape());
+    }
+    let field = |name: &str| match fields.get(name) {
+        None => Ok(""),
+        Some(value) => value.as_str().ok_or_else(shape),
+    };
+    let (exchange, key) = (field("exchange")?, field("routingKey")?);
+    if !fields.contains_key("exchange") {
+        return Err(shape());
+    }
+    for (name, value) in [("exchange", exchange), ("routingKey", key)] {
+        if value.len() > MAX_SHORT_STRING {
+            return Err(format!(
+                "{name} is {} bytes; AMQP allows at most {MAX_SHORT_STRING}",
+                value.len()
+            ));
+        }
+    }
+    let own_exchange = exchange == config.events_exchange || exchange == config.dead_letter_exchange;
+    let own_queue =
+        exchange.is_empty() && (key == config.commands_queue || key == config.dead_letter_queue);
+    if own_exchange || own_queue {
+        return Err(format!(
+            "exchange {exchange:?} with routing key {key:?} reaches the service's own commands, \
+             events or dead letters; a timer cannot send there"
+        ));
+    }
+    Ok((exchange, key))
+}
+
+/// The properties of an event: persistent, `message_id` = the event id; an envelope is JSON
+/// of type `DueTimeReached`, a timer's own message has its content type and headers.
+fn properties_of(event: &OutboundEvent) -> BasicProperties {
+    let properties = BasicProperties::default()
+        .with_delivery_mode(2)
+        .with_message_id(event.id.to_string().into());
+    let Some(meta) = &event.message else {
+        return properties
+            .with_content_type("application/json".into())
+            .with_type("DueTimeReached".into());
+    };
+    let mut headers = FieldTable::default();
+    for (name, value) in &meta.headers {
+        headers.insert(name.as_str().into(), AMQPValue::LongString(value.as_str().into()));
+    }
+    let properties = properties.with_headers(headers);
+    match &meta.content_type {
+        Some(content_type) => properties.with_content_type(content_type.as_str().into()),
+        None => properties,
     }
 }
 
@@ -476,35 +603,51 @@ impl Broker for RabbitmqBroker {
         routing_key(&key.tenant_id).map(|_| ())
     }
 
+    fn check_target(&self, target: &Target) -> std::result::Result<(), String> {
+        target_route(target, &self.config).map(|_| ())
+    }
+
     async fn publish(&self, events: &[OutboundEvent]) -> Result<Vec<Undelivered>> {
         let session = self.session().await?;
+        let missing = self.missing_exchanges(&session, events).await?;
         let mut confirms = Vec::with_capacity(events.len());
         let mut undelivered = Vec::new();
         for (index, event) in events.iter().enumerate() {
-            let routing_key = match routing_key(&event.key.tenant_id) {
-                Ok(key) => key,
-                Err(limit) => {
-                    // Stored before the broker's limit was checked at admission.
-                    let error = Error::invalid(format!(
-                        "rabbitmq broker: {} {}",
-                        limit.field, limit.message
-                    ));
+            let exchange = event.target.as_ref().and_then(|t| t.text("exchange"));
+            let unusable = missing.iter().find(|(e, _)| Some(e.as_str()) == exchange);
+            let route = match (&event.target, unusable) {
+                (Some(_), Some((exchange, why))) => Err(Error::unavailable(format!(
+                    "rabbitmq broker: the target exchange {exchange:?} cannot be used ({why}); \
+                     it is retried"
+                ))),
+                (Some(target), None) => target_route(target, &self.config)
+                    .map(|(exchange, key)| (exchange.to_owned(), key.to_owned()))
+                    .map_err(|why| Error::invalid(format!("rabbitmq broker: target: {why}"))),
+                (None, _) => routing_key(&event.key.tenant_id)
+                    .map(|key| (self.config.events_exchange.clone(), key))
+                    .map_err(|limit| {
+                        Error::invalid(format!(
+                            "rabbitmq broker: {} {}",
+                            limit.field, limit.message
+                        ))
+                    }),
+            };
+            let (exchange, routing_key) = match route {
+                Ok(route) => route,
+                Err(error) => {
+                    // Refused alone: a limit not yet checked when it was stored, or a target
+                    // exchange that is missing.
                     undelivered.push(Undelivered { index, error });
                     continue;
                 }
             };
-            let properties = BasicProperties::default()
-                .with_delivery_mode(2)
-                .with_content_type("application/json".into())
-                .with_message_id(event.id.to_string().into())
-                .with_type("DueTimeReached".into());
             match self
                 .publish_one(
                     &session,
-                    &self.config.events_exchange,
+                    &exchange,
                     &routing_key,
                     &event.body,
-                    properties,
+                    properties_of(event),
                 )
                 .await
             {

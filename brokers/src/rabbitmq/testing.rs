@@ -2,16 +2,22 @@
 //! confirms as a producing service would, and drains the events sink and the dead-letter queue.
 
 use std::any::Any;
+use std::collections::BTreeMap;
 use std::sync::Mutex;
 
 use async_trait::async_trait;
-use lapin::options::{BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions};
-use lapin::types::AMQPValue;
-use lapin::{BasicProperties, Channel, Connection};
-use timer_core::plugin::{ReadDeadLetter, ReadEvent, TestClient};
-use timer_core::{Broker, Error, Result};
+use lapin::options::{
+    BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions,
+};
+use lapin::types::{AMQPValue, FieldTable};
+use lapin::{BasicProperties, Channel, Connection, ExchangeKind};
+use timer_core::plugin::{ReadDeadLetter, ReadEvent, ReadMessage, TestClient};
+use timer_core::{Broker, Error, Result, Target};
 
-use super::{connection, declare_sink, RabbitmqBroker, RabbitmqConfig, REASON_HEADER};
+use super::{
+    bind_queue, connection, declare_queue, declare_sink, testing_targets, RabbitmqBroker,
+    RabbitmqConfig, REASON_HEADER,
+};
 
 /// A channel with confirms, and the sink queue ([`declare_sink`]) that collects every event.
 /// Drained messages are kept, so `events()` and `dead_letters()` return everything so far.
@@ -25,6 +31,8 @@ pub struct RabbitmqTestClient {
     events_queue: String,
     events: Mutex<Vec<ReadEvent>>,
     dead: Mutex<Vec<ReadDeadLetter>>,
+    /// What arrived at the targets so far ([`TestClient::make_target`]), with its routing key.
+    targeted: Mutex<Vec<(String, ReadMessage)>>,
 }
 
 fn unavailable(what: &str, e: impl std::fmt::Display) -> Error {
@@ -58,6 +66,7 @@ impl RabbitmqTestClient {
             events_queue,
             events: Mutex::new(Vec::new()),
             dead: Mutex::new(Vec::new()),
+            targeted: Mutex::new(Vec::new()),
         })
     }
 
@@ -156,6 +165,76 @@ impl TestClient for RabbitmqTestClient {
             });
         }
         Ok(dead.clone())
+    }
+    /// A routing key on a topic exchange of the test client, whose queue takes every key.
+    async fn make_target(&self, name: &str) -> Result<Option<Target>> {
+        let (exchange, queue) = testing_targets(&self.config);
+        let durable = ExchangeDeclareOptions {
+            durable: true,
+            ..Default::default()
+        };
+        self.channel
+            .exchange_declare(
+                exchange.as_str().into(),
+                ExchangeKind::Topic,
+                durable,
+                FieldTable::default(),
+            )
+            .await
+            .map_err(|e| unavailable("declaring the targets exchange", e))?;
+        declare_queue(&self.channel, &queue).await?;
+        bind_queue(&self.channel, &queue, &exchange, "#").await?;
+        let mut fields = serde_json::Map::new();
+        fields.insert("exchange".into(), exchange.into());
+        fields.insert("routingKey".into(), name.into());
+        Ok(Some(Target::new(fields)))
+    }
+    async fn read_target(&self, target: &Target) -> Result<Vec<ReadMessage>> {
+        let (_, queue) = testing_targets(&self.config);
+        let new = self.drain(&queue).await?;
+        let mut targeted = self
+            .targeted
+            .lock()
+            .map_err(|_| Error::internal("poisoned"))?;
+        for m in new {
+            let properties = &m.delivery.properties;
+            let headers: BTreeMap<String, String> = properties
+                .headers()
+                .as_ref()
+                .map(|h| {
+                    h.inner()
+                        .iter()
+                        .map(|(name, value)| {
+                            let value = match value {
+                                AMQPValue::LongString(s) => s.to_string(),
+                                other => format!("{other:?}"),
+                            };
+                            (name.to_string(), value)
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            let key = m.delivery.routing_key.to_string();
+            targeted.push((
+                key.clone(),
+                ReadMessage {
+                    id: properties
+                        .message_id()
+                        .as_ref()
+                        .and_then(|id| uuid::Uuid::parse_str(id.as_str()).ok()),
+                    body: m.delivery.data,
+                    content_type: properties.content_type().as_ref().map(|c| c.to_string()),
+                    headers,
+                    key: Some(key.into_bytes()),
+                },
+            ));
+        }
+        let wanted = target.text("routingKey").unwrap_or_default();
+        Ok(targeted
+            .iter()
+            .filter(|(key, _)| key == wanted)
+            .map(|(_, m)| m.clone())
+            .collect())
     }
     fn as_any(&self) -> &dyn Any {
         self

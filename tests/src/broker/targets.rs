@@ -110,6 +110,13 @@ pub async fn a_message_goes_to_its_target_byte_exact(fx: Arc<dyn TestClient>) {
         "the event id in the de-duplication slot"
     );
     assert_eq!(got.content_type, meta.content_type, "the content type");
+    if let Some(key) = &got.key {
+        assert_eq!(
+            key.as_slice(),
+            b"delayed",
+            "the target's key (routing key, record key)"
+        );
+    }
     for (name, value) in &meta.headers {
         assert_eq!(
             got.headers.get(name),

@@ -75,8 +75,9 @@ pub trait TestClient: Send + Sync + 'static {
     /// Every dead letter so far.
     async fn dead_letters(&self) -> Result<Vec<ReadDeadLetter>>;
     /// A destination of the broker's own, made for one check (`name` keeps checks apart: a
-    /// subject a stream captures, a queue bound to an exchange, a topic), as a timer's
-    /// `target` names it. `None`: the plugin takes no targets.
+    /// subject a stream captures, a routing key on an exchange, a key on a topic; where the
+    /// target has a key, `name` is it), as a timer's `target` names it. `None`: the plugin
+    /// takes no targets.
     async fn make_target(&self, _name: &str) -> Result<Option<Target>> {
         Ok(None)
     }
