@@ -10,7 +10,7 @@ use std::fmt::Write as _;
 
 use schemars::{JsonSchema, Schema};
 use serde_json::Value;
-use timer_core::config::{FireRateLimits, RateLimits};
+use timer_core::config::{FireRateLimits, RateLimits, TargetRules};
 use timer_core::engine::metric;
 use timer_core::plugin::Registry;
 use timer_core::{EngineConfig, Limits};
@@ -102,6 +102,7 @@ pub fn sections() -> Vec<Section> {
     sections.push(limits);
     sections.push(plain::<RateLimits>("limits.rate"));
     sections.push(plain::<FireRateLimits>("limits.fire_rate"));
+    sections.push(plain::<TargetRules>("targets"));
     sections.push(plain::<HttpConfig>("http"));
     sections.push(plain::<LogConfig>("log"));
     sections

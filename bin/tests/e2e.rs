@@ -1337,13 +1337,13 @@ async fn a_timer_with_its_own_target_and_message() {
     let events = service.events().await;
     let far = now_ms() + 3_600_000;
     let held = json!({"tenantId": "acme", "serviceCallId": "later", "dueTimeMs": far,
-        "target": {"queue": "orders"},
+        "target": {"queue": "acme.orders"},
         "message": {"bodyBase64": "AAEC/w==", "contentType": "application/octet-stream",
                     "headers": {"x-order": "42"}}});
     let (status, v) = service.post("/v1/timers", held.to_string()).await;
     assert_eq!(status, 201, "{v}");
     let timer = &v["timer"];
-    assert_eq!(timer["target"], json!({"queue": "orders"}), "{v}");
+    assert_eq!(timer["target"], json!({"queue": "acme.orders"}), "{v}");
     assert_eq!(
         timer["message"],
         json!({"sizeBytes": 4, "contentType": "application/octet-stream",
@@ -1362,9 +1362,20 @@ async fn a_timer_with_its_own_target_and_message() {
     assert_eq!(status, 400, "{v}");
     assert_eq!(v["error"]["reason"], "invalid_target", "{v}");
     assert_eq!(v["error"]["field"], "target", "{v}");
+    // Another tenant's names are not acme's to send to (targets.allow: `{tenant}.*`).
+    let theirs = json!({"tenantId": "acme", "serviceCallId": "theirs", "dueTimeMs": far,
+        "target": {"queue": "globex.orders"}});
+    let (status, v) = service.post("/v1/timers", theirs.to_string()).await;
+    assert_eq!(
+        (status, &v["error"]["reason"]),
+        (400, &json!("invalid_target")),
+        "{v}"
+    );
+    let message = v["error"]["message"].as_str().unwrap_or("");
+    assert!(message.contains("targets.allow"), "{v}");
 
     let now = json!({"tenantId": "acme", "serviceCallId": "now", "dueTimeMs": now_ms(),
-        "target": {"queue": "orders"}, "message": {"body": {"orderId": 42}}});
+        "target": {"queue": "acme.orders"}, "message": {"body": {"orderId": 42}}});
     let (status, v) = service.post("/v1/timers", now.to_string()).await;
     assert_eq!(status, 201, "{v}");
     let fired = wait_for(Duration::from_secs(30), || async {

@@ -15,8 +15,8 @@ use timer_core::policy::{CatchUp, Completion, Outcome, Overlap, Policy, Work};
 use timer_core::{
     Action, Broker, CancelOutcome, ClaimedTimer, ControlOutcome, Delivery, Engine, EngineConfig,
     Error, KeyLimit, Lease, Limits, ManualClock, NewTimer, OutboundEvent, Reason, Recurrence,
-    Result, ScheduleOutcome, Scheduled, Settlement, Store, Timer, TimerKey, TimerState, Timestamp,
-    Undelivered,
+    Result, ScheduleOutcome, Scheduled, Settlement, Store, Target, Timer, TimerKey, TimerState,
+    Timestamp, Undelivered,
 };
 use timer_stores::memory::MemoryStore;
 use tokio_util::sync::CancellationToken;
@@ -476,6 +476,9 @@ impl Broker for FaultyBroker {
     }
     fn check_key(&self, key: &TimerKey) -> std::result::Result<(), KeyLimit> {
         self.inner.check_key(key)
+    }
+    fn check_target(&self, target: &Target) -> std::result::Result<String, String> {
+        self.inner.check_target(target)
     }
     async fn publish(&self, events: &[OutboundEvent]) -> Result<Vec<Undelivered>> {
         if self.hangs {

@@ -139,9 +139,11 @@ pub trait Broker: Send + Sync + 'static {
     }
 
     /// Whether this broker can publish to `target` (a `ScheduleTimer`'s own destination, in the
-    /// broker's terms): `Err` says what is wrong with it for this broker, and the engine refuses
-    /// the timer (reason `invalid_target`). The default takes none.
-    fn check_target(&self, _target: &Target) -> std::result::Result<(), String> {
+    /// broker's terms), and the destination's name as `targets.allow` patterns match it (the
+    /// subject, `<exchange>/<routingKey>`, the topic): `Err` says what is wrong with it for this
+    /// broker, and the engine refuses the timer (reason `invalid_target`). The default takes
+    /// none.
+    fn check_target(&self, _target: &Target) -> std::result::Result<String, String> {
         Err(format!(
             "the {} broker publishes every event to its events destination; it takes no target",
             self.name()

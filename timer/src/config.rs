@@ -7,6 +7,8 @@ use std::time::Duration;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use crate::broker::routing_token;
+
 /// Limits applied to every command, on the broker path and the HTTP API alike. A command over
 /// a limit is refused with a reason code (see the wire contract's rejections).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -51,6 +53,10 @@ pub struct Limits {
     pub rate: RateLimits,
     /// How fast each tenant's timers may fire: `limits.fire_rate` (off unless set).
     pub fire_rate: FireRateLimits,
+    /// Who may send where: the top-level `[targets]` table, which the service copies here.
+    #[serde(skip)]
+    #[schemars(skip)]
+    pub targets: TargetRules,
 }
 
 impl Default for Limits {
@@ -67,6 +73,7 @@ impl Default for Limits {
             max_pending_per_tenant: 0,
             rate: RateLimits::default(),
             fire_rate: FireRateLimits::default(),
+            targets: TargetRules::default(),
         }
     }
 }
@@ -199,6 +206,102 @@ pub struct TenantFireRate {
     pub fires_per_second: u32,
     /// How many at once after a quiet spell; 0 means `fires_per_second`.
     pub burst: u32,
+}
+
+/// Who may send where (the `[targets]` table): the destinations a timer's own `target` may
+/// name. A target is allowed when its destination, as the broker names it (the NATS subject,
+/// the RabbitMQ `<exchange>/<routingKey>`, the Kafka topic, the memory queue), matches a
+/// pattern of `targets.allow` or of its tenant's `targets.tenants.<tenant>.allow`; anything
+/// else is refused (reason `invalid_target`). In a pattern, `*` stands for any run of
+/// characters and `{tenant}` for the timer's tenant id as one routing token (letters, digits,
+/// `-` and `_` as they are, every other byte as `%XX`), so no tenant's pattern reaches another
+/// tenant's names. The service's own command, event and dead-letter destinations are never
+/// targets, whatever the patterns say.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(default, deny_unknown_fields)]
+pub struct TargetRules {
+    /// Patterns every tenant may send to. The default, `["{tenant}.*"]`, lets each tenant send
+    /// to destinations named after itself (`acme.orders` for tenant `acme`) and nowhere else;
+    /// `[]` allows only what `targets.tenants` allows.
+    pub allow: Vec<String>,
+    /// Tenants with patterns of their own, besides `targets.allow`:
+    /// `acme = { allow = ["orders.*"] }`.
+    pub tenants: BTreeMap<String, TenantTargets>,
+}
+
+impl Default for TargetRules {
+    fn default() -> Self {
+        TargetRules {
+            allow: vec!["{tenant}.*".into()],
+            tenants: BTreeMap::new(),
+        }
+    }
+}
+
+/// One tenant's own patterns (`targets.tenants.<tenant>`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(default, deny_unknown_fields)]
+pub struct TenantTargets {
+    /// Patterns this tenant may send to, besides `targets.allow`.
+    pub allow: Vec<String>,
+}
+
+impl TargetRules {
+    /// Whether `tenant` may send to the destination `name`.
+    pub fn allows(&self, tenant: &str, name: &str) -> bool {
+        let own = self.tenants.get(tenant).map(|t| t.allow.as_slice());
+        self.allow
+            .iter()
+            .chain(own.unwrap_or_default())
+            .any(|pattern| {
+                matches_pattern(&pattern.replace("{tenant}", &routing_token(tenant)), name)
+            })
+    }
+
+    /// Refuses an empty pattern, naming its key.
+    pub fn check(&self) -> crate::Result<()> {
+        let own = self.tenants.iter().flat_map(|(tenant, t)| {
+            t.allow
+                .iter()
+                .map(move |p| (format!("targets.tenants.{tenant}.allow"), p))
+        });
+        let all = self
+            .allow
+            .iter()
+            .map(|p| ("targets.allow".to_owned(), p))
+            .chain(own);
+        for (key, pattern) in all {
+            if pattern.is_empty() {
+                return Err(crate::Error::config(format!(
+                    "{key}: an empty pattern allows nothing; leave it out"
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Whether `name` matches `pattern`, where `*` stands for any run of characters (none too).
+fn matches_pattern(pattern: &str, name: &str) -> bool {
+    let mut parts = pattern.split('*');
+    let Some(first) = parts.next() else {
+        return false;
+    };
+    let Some(mut rest) = name.strip_prefix(first) else {
+        return false;
+    };
+    let parts: Vec<&str> = parts.collect();
+    let Some((last, middle)) = parts.split_last() else {
+        // No `*`: the whole name.
+        return rest.is_empty();
+    };
+    for part in middle {
+        match rest.find(part) {
+            Some(at) => rest = &rest[at + part.len()..],
+            None => return false,
+        }
+    }
+    rest.len() >= last.len() && rest.ends_with(last)
 }
 
 /// A burst without a rate cannot mean what it says: for `table` (`limits.rate`) and each of its
@@ -430,6 +533,67 @@ pub mod duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn target_patterns_match_whole_names_with_stars_for_any_run() {
+        for (pattern, name, matches) in [
+            ("orders.due", "orders.due", true),
+            ("orders.due", "orders.due.eu", false),
+            ("orders.*", "orders.due.eu", true),
+            ("orders.*", "orders.", true),
+            ("orders.*", "orders", false),
+            ("*.later/*", "e2e1.events.later/k", true),
+            ("*.later/*", "e2e1.events.later", false),
+            ("a*b*c", "abc", true),
+            ("a*b*c", "aXbYbZc", true),
+            ("a*b*c", "acb", false),
+            ("*", "", true),
+            ("ab*ba", "aba", false),
+        ] {
+            assert_eq!(
+                matches_pattern(pattern, name),
+                matches,
+                "{pattern} ~ {name}"
+            );
+        }
+    }
+
+    #[test]
+    fn each_tenant_reaches_its_own_names_and_what_it_is_given() {
+        let mut rules = TargetRules::default();
+        assert!(rules.allows("acme", "acme.orders"));
+        assert!(!rules.allows("acme", "globex.orders"));
+        assert!(!rules.allows("acme", "acme"), "only below its name");
+        // A tenant whose id holds a dot is one token: it cannot reach `acme.`'s names, nor
+        // `acme` its.
+        assert!(!rules.allows("acme.eu", "acme.eu.orders"));
+        assert!(rules.allows("acme.eu", "acme%2Eeu.orders"));
+        assert!(!rules.allows("acme", "acme%2Eeu.orders"));
+        rules.allow.clear();
+        assert!(
+            !rules.allows("acme", "acme.orders"),
+            "[] allows nothing by itself"
+        );
+        rules.tenants.insert(
+            "acme".into(),
+            TenantTargets {
+                allow: vec!["orders/*".into()],
+            },
+        );
+        assert!(rules.allows("acme", "orders/due.eu"));
+        assert!(!rules.allows("globex", "orders/due.eu"), "acme's own only");
+        rules.tenants.insert(
+            "globex".into(),
+            TenantTargets {
+                allow: vec![String::new()],
+            },
+        );
+        let e = rules.check().unwrap_err();
+        assert!(
+            e.to_string().contains("targets.tenants.globex.allow"),
+            "{e}"
+        );
+    }
 
     #[test]
     fn fire_rate_check_names_the_key_and_a_tenant_overrides_the_default() {

@@ -14,6 +14,7 @@ use std::time::Duration;
 use figment::providers::{Env, Format, Toml};
 use figment::Figment;
 use serde::Deserialize;
+use timer_core::config::TargetRules;
 use timer_core::plugin::{BrokerConfig, ConfigSection, Registry, StoreConfig};
 use timer_core::{EngineConfig, Error, Limits};
 
@@ -43,6 +44,7 @@ struct TopLevel {
     engine: EngineConfig,
     http: HttpConfig,
     limits: Limits,
+    targets: TargetRules,
     log: LogConfig,
 }
 
@@ -116,7 +118,10 @@ pub fn load(figment: &Figment) -> Result<Config, Error> {
         broker,
         engine: top.engine,
         http: top.http,
-        limits: top.limits,
+        limits: Limits {
+            targets: top.targets,
+            ..top.limits
+        },
         log: top.log,
     };
     validate(&config)?;
@@ -182,6 +187,7 @@ fn validate(config: &Config) -> Result<(), Error> {
         ));
     }
     config.limits.rate.check()?;
+    config.limits.targets.check()?;
     config.limits.fire_rate.check()?;
     Ok(())
 }

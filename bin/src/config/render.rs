@@ -26,6 +26,7 @@ fn to_toml(config: &Config) -> Result<toml::Value, Error> {
     table.insert("engine".into(), toml(&config.engine)?);
     table.insert("http".into(), toml(&config.http)?);
     table.insert("limits".into(), toml(&config.limits)?);
+    table.insert("targets".into(), toml(&config.limits.targets)?);
     table.insert("log".into(), toml(&config.log)?);
     Ok(toml::Value::Table(table))
 }

@@ -185,7 +185,9 @@ fn every_config_key_named_in_the_docs_exists() {
         .collect();
     known.insert("store.kind".into());
     known.insert("broker.kind".into());
-    let tables = ["store", "broker", "engine", "limits", "http", "log"];
+    let tables = [
+        "store", "broker", "engine", "limits", "targets", "http", "log",
+    ];
     // Tables inside a table (`limits.rate`): their keys are named in full.
     let nested: BTreeSet<&str> = sections
         .iter()

@@ -214,10 +214,12 @@ async fn a_missing_topic_it_may_not_create_is_named(case: Arc<BrokerCase>) {
 /// delivery timeout, and its batch with it) is refused alone and retried, the topic named in
 /// its `lastError`; a timer due at the same moment is delivered and Reached at once.
 async fn a_message_for_a_missing_topic_is_retried_and_holds_back_no_other(case: Arc<BrokerCase>) {
-    let setup = Setup::with_engine(
-        &case,
-        json!({ "retry_base": "200ms", "retry_max": "400ms" }),
-    );
+    // Tenant `t` may send to a topic `<events topic>-nowhere` (its name is fresh).
+    let sections = json!({
+        "engine": { "retry_base": "200ms", "retry_max": "400ms" },
+        "targets": { "allow": [], "tenants": { "t": { "allow": ["*-nowhere"] } } },
+    });
+    let setup = Setup::with_sections(&case, sections);
     let service = setup.start().await;
     let topic = format!(
         "{}-nowhere",

@@ -274,10 +274,12 @@ async fn an_unroutable_event_is_retried_not_lost(case: Arc<BrokerCase>) {
 async fn a_message_for_a_missing_exchange_is_retried_and_holds_back_no_other(
     case: Arc<BrokerCase>,
 ) {
-    let setup = Setup::with_engine(
-        &case,
-        json!({ "retry_base": "200ms", "retry_max": "400ms" }),
-    );
+    // Tenant `t` may send to an exchange `<events exchange>.later` (its name is fresh).
+    let sections = json!({
+        "engine": { "retry_base": "200ms", "retry_max": "400ms" },
+        "targets": { "allow": [], "tenants": { "t": { "allow": ["*.later/*"] } } },
+    });
+    let setup = Setup::with_sections(&case, sections);
     let service = setup.start().await;
     let client = setup.client().await; // binds the events sink
     let config = rabbitmq_config(&setup).clone();

@@ -638,8 +638,8 @@ impl Broker for KafkaBroker {
         Ok(refused)
     }
 
-    fn check_target(&self, target: &Target) -> std::result::Result<(), String> {
-        target_route(target, &self.config).map(|_| ())
+    fn check_target(&self, target: &Target) -> std::result::Result<String, String> {
+        target_route(target, &self.config).map(|route| route.topic.to_owned())
     }
 
     async fn dead_letter(&self, body: &[u8], reason: &str) -> Result<()> {

@@ -335,10 +335,10 @@ impl Broker for MemoryBroker {
     }
 
     /// `{"queue": "name"}`: a queue of the hub, kept with the events (the tests read it back).
-    fn check_target(&self, target: &Target) -> std::result::Result<(), String> {
+    fn check_target(&self, target: &Target) -> std::result::Result<String, String> {
         let fields = target.fields();
         match queue_of(target) {
-            Some(queue) if fields.len() == 1 && !queue.is_empty() => Ok(()),
+            Some(queue) if fields.len() == 1 && !queue.is_empty() => Ok(queue.to_owned()),
             _ => Err(format!(
                 "the memory broker takes a target {{\"queue\": \"name\"}}, not {}",
                 target.to_json()

@@ -543,8 +543,8 @@ impl Broker for NatsBroker {
         Ok(undelivered)
     }
 
-    fn check_target(&self, target: &Target) -> std::result::Result<(), String> {
-        target_subject(target, &self.own_subjects).map(|_| ())
+    fn check_target(&self, target: &Target) -> std::result::Result<String, String> {
+        target_subject(target, &self.own_subjects).map(str::to_owned)
     }
 
     async fn dead_letter(&self, body: &[u8], reason: &str) -> Result<()> {

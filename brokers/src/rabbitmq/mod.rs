@@ -603,8 +603,8 @@ impl Broker for RabbitmqBroker {
         routing_key(&key.tenant_id).map(|_| ())
     }
 
-    fn check_target(&self, target: &Target) -> std::result::Result<(), String> {
-        target_route(target, &self.config).map(|_| ())
+    fn check_target(&self, target: &Target) -> std::result::Result<String, String> {
+        target_route(target, &self.config).map(|(exchange, key)| format!("{exchange}/{key}"))
     }
 
     async fn publish(&self, events: &[OutboundEvent]) -> Result<Vec<Undelivered>> {

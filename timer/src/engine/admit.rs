@@ -55,12 +55,20 @@ impl Engine {
                 ),
             )
         })?;
-        match &timer.target {
-            Some(target) => broker
-                .check_target(target)
-                .map_err(|why| Rejection::new(Reason::InvalidTarget, Some("target"), why)),
-            None => Ok(()),
+        let Some(target) = &timer.target else {
+            return Ok(());
+        };
+        let refused = |why: String| Rejection::new(Reason::InvalidTarget, Some("target"), why);
+        let name = broker.check_target(target).map_err(refused)?;
+        let tenant = &timer.key.tenant_id;
+        if !self.inner.limits.targets.allows(tenant, &name) {
+            return Err(refused(format!(
+                "tenant {tenant:?} may not send to {name:?}: no pattern of targets.allow or \
+                 targets.tenants.<tenant>.allow matches it (by default a tenant sends only to \
+                 names that start with its id and a dot)"
+            )));
         }
+        Ok(())
     }
 
     /// Takes the schedules of `timers` from their tenants' allowances (`limits.rate`), for the
