@@ -1,7 +1,7 @@
-//! The assembled router: `/readyz` on an engine whose firing task panics once; the 409 `firing`
-//! of a cancel or a pause while a fire holds the timer.
+//! The assembled router: `/readyz` on an engine whose firing task panics once, and how often
+//! it asks the broker; the 409 `firing` of a cancel or a pause while a fire holds the timer.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,15 +20,26 @@ use tower::ServiceExt as _;
 
 use super::{app, Serving};
 
-/// The memory broker, but its first publish panics (as an SDK that panics on input it should
-/// have refused).
-struct PanicsOnce {
+/// The memory broker, counting its health checks; with `panicked` false its first publish
+/// panics (as an SDK that panics on input it should have refused).
+struct Watched {
     inner: MemoryBroker,
     panicked: AtomicBool,
+    health_checks: Arc<AtomicU32>,
+}
+
+impl Watched {
+    fn new(inner: MemoryBroker, panics_once: bool) -> Self {
+        Watched {
+            inner,
+            panicked: AtomicBool::new(!panics_once),
+            health_checks: Arc::new(AtomicU32::new(0)),
+        }
+    }
 }
 
 #[async_trait]
-impl Broker for PanicsOnce {
+impl Broker for Watched {
     fn name(&self) -> &'static str {
         "memory"
     }
@@ -48,6 +59,7 @@ impl Broker for PanicsOnce {
         self.inner.dead_letter(body, reason).await
     }
     async fn health(&self) -> Result<()> {
+        self.health_checks.fetch_add(1, Ordering::SeqCst);
         self.inner.health().await
     }
 }
@@ -77,10 +89,7 @@ async fn readyz(app: &axum::Router) -> (u16, Value) {
 #[tokio::test]
 async fn readyz_is_503_while_an_engine_task_is_down() {
     let hub = MemoryHub::new(MemoryConfig::default());
-    let broker = PanicsOnce {
-        inner: hub.connect(),
-        panicked: AtomicBool::new(false),
-    };
+    let broker = Watched::new(hub.connect(), true);
     let engine = Engine::new(
         Arc::new(MemoryStore::new()),
         Arc::new(broker),
@@ -125,6 +134,41 @@ async fn readyz_is_503_while_an_engine_task_is_down() {
     assert!(up.is_some(), "200 again once the task was restarted");
     shutdown.cancel();
     let _ = tokio::time::timeout(Duration::from_secs(10), task).await;
+}
+
+/// However many ask at once or one after another, `/readyz` asks the store and the broker at
+/// most once per `READY_MAX_AGE` (polling cannot make the service reconnect over and over).
+#[tokio::test]
+async fn readyz_asks_the_broker_at_most_once_a_second() {
+    let hub = MemoryHub::new(MemoryConfig::default());
+    let broker = Watched::new(hub.connect(), false);
+    let health_checks = broker.health_checks.clone();
+    let engine = Engine::new(
+        Arc::new(MemoryStore::new()),
+        Arc::new(broker),
+        Arc::new(SystemClock),
+        EngineConfig::default(),
+        Limits::default(),
+    );
+    let shutdown = CancellationToken::new();
+    let app = router(&engine, hub, shutdown.clone());
+    let started = std::time::Instant::now();
+    for _ in 0..5 {
+        let answers = futures::future::join_all((0..20).map(|_| readyz(&app))).await;
+        assert!(
+            answers.iter().all(|(status, _)| *status == 200),
+            "{answers:?}"
+        );
+    }
+    let seconds =
+        started.elapsed().as_secs_f64() / crate::http::status::READY_MAX_AGE.as_secs_f64();
+    let checks = health_checks.load(Ordering::SeqCst);
+    // One check per started max age, and one more for a refresh in flight at the end.
+    assert!(
+        f64::from(checks) <= seconds.ceil() + 1.0,
+        "100 answers in {seconds:.2} max ages took {checks} broker health checks"
+    );
+    shutdown.cancel();
 }
 
 async fn call(app: &axum::Router, method: &str, uri: &str) -> (u16, Value) {

@@ -180,6 +180,56 @@ mod tests {
         );
     }
 
+    /// However long a server stays away, the next try comes within `engine.poll_interval`
+    /// (the backoff is capped by it), so a server that is back is used within one poll
+    /// interval.
+    #[tokio::test(start_paused = true)]
+    async fn retries_come_at_least_every_poll_interval() {
+        let config = EngineConfig {
+            retry_base: Duration::from_secs(1),
+            retry_max: Duration::from_secs(600),
+            poll_interval: Duration::from_secs(3),
+            ..EngineConfig::default()
+        };
+        let shutdown = CancellationToken::new();
+        let retry = Retry {
+            config: &config,
+            shutdown: &shutdown,
+            what: "testing",
+            plugin: ("store", "memory"),
+            level: Level::WARN,
+            max_failures: None,
+            timeout: None,
+        };
+        let mut tries = Vec::new();
+        let got = retry
+            .until_ok(|| {
+                tries.push(tokio::time::Instant::now());
+                let n = tries.len();
+                async move {
+                    if n <= 12 {
+                        Err(Error::unavailable("down"))
+                    } else {
+                        Ok(n)
+                    }
+                }
+            })
+            .await;
+        assert_eq!(got, Some(13));
+        let gaps: Vec<Duration> = tries.windows(2).map(|w| w[1] - w[0]).collect();
+        assert!(
+            gaps.iter().all(|gap| *gap <= config.poll_interval),
+            "every gap within the poll interval: {gaps:?}"
+        );
+        assert!(
+            gaps.iter()
+                .rev()
+                .take(5)
+                .all(|gap| *gap > config.poll_interval / 2),
+            "the backoff grew up to the cap: {gaps:?}"
+        );
+    }
+
     /// What `until_ok` gives for an operation whose server is unreachable for its first
     /// `failures` calls, then answers with the number of the call.
     async fn answering_after(retry: &Retry<'_>, failures: u32) -> Option<u32> {
