@@ -18,6 +18,7 @@
 //! `ingest.rs`, `control.rs` and `resilience.rs` hold the scenarios.
 
 mod control;
+mod delivery;
 mod ingest;
 mod resilience;
 mod setup;
@@ -38,6 +39,7 @@ pub use control::{
     an_overlap_skip_series_fires_after_each_completion,
     pause_and_resume_commands_hold_a_timer_back_and_let_it_go,
 };
+pub use delivery::a_timers_own_message_arrives_at_its_target_and_a_cancelled_one_does_not;
 pub use ingest::{
     a_bound_broker_takes_commands_of_its_tenant_only,
     a_flooding_tenant_is_slowed_and_the_others_are_not,
@@ -124,6 +126,7 @@ pub fn trials(
         pause_and_resume_commands_hold_a_timer_back_and_let_it_go,
         a_flooding_tenant_is_slowed_and_the_others_are_not,
         an_overlap_skip_series_fires_after_each_completion,
+        a_timers_own_message_arrives_at_its_target_and_a_cancelled_one_does_not,
         an_unreachable_server_is_a_one_line_error,
         ten_thousand_timers_survive_a_service_restart_and_a_server_outage,
         a_bound_broker_takes_commands_of_its_tenant_only,
