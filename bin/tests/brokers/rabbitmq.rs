@@ -34,6 +34,7 @@ pub fn checks() -> Vec<Check<Arc<BrokerCase>>> {
         a_tenant_too_long_for_a_routing_key_is_refused_and_nothing_stops_firing,
         a_tenant_without_a_bound_queue_does_not_hold_back_the_others,
         a_message_for_a_missing_exchange_is_retried_and_holds_back_no_other,
+        a_message_sent_to_the_delay_exchange_arrives_at_its_time,
     ]
 }
 
@@ -373,6 +374,153 @@ async fn a_message_for_a_missing_exchange_is_retried_and_holds_back_no_other(
     ] {
         delete.expect("clean up");
     }
+    service.terminate().await;
+    setup.clean_up().await;
+}
+
+/// The delay exchange, as a producer moving off the delayed-message plugin uses it: messages
+/// published there with `x-delay` or `x-deliver-at` arrive at their time (never before) in the
+/// queue their routing key names, byte for byte with their content type and headers, the
+/// event id as `message_id`; one cancelled by its `message_id` never arrives (a later one
+/// does); one that says no time is dead-lettered naming what is missing.
+async fn a_message_sent_to_the_delay_exchange_arrives_at_its_time(case: Arc<BrokerCase>) {
+    use lapin::options::{BasicGetOptions, BasicPublishOptions, QueueDeclareOptions};
+    use lapin::types::{AMQPValue, FieldTable};
+    use lapin::BasicProperties;
+    let setup = Setup::with_sections(&case, json!({ "targets": { "allow": ["*"] } }));
+    let service = setup.start().await; // declares the delay exchange
+    let client = setup.client().await;
+    let config = rabbitmq_config(&setup).clone();
+    let connection =
+        lapin::Connection::connect(&config.url, lapin::ConnectionProperties::default())
+            .await
+            .expect("connect");
+    let channel = connection.create_channel().await.expect("channel");
+    let queue = format!("{}.delayed", config.events_exchange);
+    channel
+        .queue_declare(
+            queue.as_str().into(),
+            QueueDeclareOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .expect("declare the target queue");
+    let body = b"hello \x00\xff delayed".to_vec();
+    let publish = |id: &'static str, time: Option<(&'static str, AMQPValue)>| {
+        let channel = channel.clone();
+        let (queue, body, exchange) = (queue.clone(), body.clone(), config.delay_exchange.clone());
+        async move {
+            let mut headers = FieldTable::default();
+            headers.insert("x-order".into(), AMQPValue::LongString("42".into()));
+            if let Some((name, value)) = time {
+                headers.insert(name.into(), value);
+            }
+            let properties = BasicProperties::default()
+                .with_message_id(id.into())
+                .with_content_type("text/plain".into())
+                .with_headers(headers);
+            channel
+                .basic_publish(
+                    exchange.as_str().into(),
+                    queue.as_str().into(),
+                    BasicPublishOptions::default(),
+                    &body,
+                    properties,
+                )
+                .await
+                .expect("publish")
+                .await
+                .expect("confirm");
+            now_ms()
+        }
+    };
+    let at = chrono::DateTime::from_timestamp_millis(now_ms() + 1_500)
+        .expect("a time")
+        .to_rfc3339();
+    let sent = publish("m-1", Some(("x-delay", AMQPValue::LongInt(1_500)))).await;
+    publish(
+        "m-2",
+        Some(("x-deliver-at", AMQPValue::LongString(at.into()))),
+    )
+    .await;
+    publish("m-3", Some(("x-delay", AMQPValue::LongLongInt(2_000)))).await;
+    publish("m-none", None).await;
+    // The producer cancels m-3 by its message id (in the tenant `broker.delay_tenant`).
+    let cancel = json!({"type": "CancelTimer", "tenantId": "default", "serviceCallId": "m-3"});
+    client
+        .send_command(cancel.to_string().as_bytes())
+        .await
+        .expect("send the cancel");
+    publish("m-4", Some(("x-delay", AMQPValue::LongInt(2_500)))).await;
+
+    let got = std::sync::Mutex::new(Vec::new());
+    let all = wait_for(Duration::from_secs(30), || async {
+        let mut new = Vec::new();
+        while let Ok(Some(m)) = channel
+            .basic_get(queue.as_str().into(), BasicGetOptions { no_ack: true })
+            .await
+        {
+            new.push((now_ms(), m));
+        }
+        let mut got = got.lock().ok()?;
+        got.extend(new);
+        (got.len() >= 3).then_some(())
+    })
+    .await;
+    let got = got.into_inner().unwrap_or_default();
+    assert!(all.is_some(), "m-1, m-2 and m-4 arrived: {}", got.len());
+    for (arrived, m) in &got {
+        assert_eq!(m.delivery.data, body, "byte for byte");
+        let properties = &m.delivery.properties;
+        assert_eq!(
+            properties.content_type().as_ref().map(|c| c.as_str()),
+            Some("text/plain")
+        );
+        let order = properties
+            .headers()
+            .as_ref()
+            .and_then(|h| h.inner().get("x-order").cloned());
+        assert_eq!(
+            order,
+            Some(AMQPValue::LongString("42".into())),
+            "its own header"
+        );
+        let id = properties
+            .message_id()
+            .as_ref()
+            .map(|i| i.to_string())
+            .unwrap_or_default();
+        assert!(
+            uuid::Uuid::parse_str(&id).is_ok(),
+            "the event id as message_id: {id}"
+        );
+        assert!(
+            *arrived >= sent + 1_500,
+            "not early: {} ms after",
+            arrived - sent
+        );
+    }
+    assert_eq!(
+        got.len(),
+        3,
+        "the cancelled m-3 never arrived (m-4, due after it, did)"
+    );
+    for (id, state) in [("m-1", "Reached"), ("m-3", "Cancelled"), ("m-4", "Reached")] {
+        let (_, timer) = service
+            .get(&format!("/v1/tenants/default/timers/{id}"))
+            .await;
+        assert_eq!(timer["state"], state, "{timer}");
+    }
+    let dead = wait_for(Duration::from_secs(30), || async {
+        let letters = client.dead_letters().await.ok()?;
+        letters.into_iter().find(|d| d.reason.contains("dueAt"))
+    })
+    .await
+    .expect("the message without a time is a dead letter");
+    assert!(dead.reason.contains("missing_field"), "{}", dead.reason);
+    let _ = channel
+        .queue_delete(queue.as_str().into(), Default::default())
+        .await;
     service.terminate().await;
     setup.clean_up().await;
 }

@@ -48,6 +48,17 @@ pub struct RabbitmqConfig {
     /// tenant's producers a RabbitMQ user named as the tenant. `false`: the tenant is the
     /// command's `tenantId`, whoever sent it.
     pub bind_tenant: bool,
+    /// The durable fanout exchange of delayed messages, bound to `broker.commands_queue`: a
+    /// message published there with the header `x-delay` (milliseconds) or `x-deliver-at`
+    /// (RFC 3339, or epoch milliseconds) is stored as a timer and published at that time to the
+    /// exchange in its header `x-target-exchange` (default: the default exchange) with its own
+    /// routing key, body, content type and headers. Its `message_id` is the timer's
+    /// `serviceCallId` (without one, an id derived from its target, routing key and body), its
+    /// header `timer-tenant` the tenant (else `broker.delay_tenant`). The place of RabbitMQ's
+    /// delayed-message exchange plugin.
+    pub delay_exchange: String,
+    /// The tenant of a delayed message without a `timer-tenant` header.
+    pub delay_tenant: String,
 }
 
 impl Default for RabbitmqConfig {
@@ -63,6 +74,8 @@ impl Default for RabbitmqConfig {
             prefetch: 20_000,
             connect_timeout: Duration::from_secs(5),
             bind_tenant: false,
+            delay_exchange: "timer.delay".into(),
+            delay_tenant: "default".into(),
         }
     }
 }

@@ -9,6 +9,7 @@
 #![doc = include_str!("README.md")]
 
 mod config;
+mod delay;
 mod plugin;
 #[cfg(feature = "testing")]
 mod testing;
@@ -219,8 +220,14 @@ impl RabbitmqBroker {
             let user = delivery.properties.user_id().as_ref();
             user.map_or_else(String::new, |u| u.as_str().to_owned())
         });
+        // A message of the delay exchange is the ScheduleTimer it stands for.
+        let body = if delivery.exchange.as_str() == self.config.delay_exchange {
+            delay::command_of(&delivery, &self.config.delay_tenant)
+        } else {
+            delivery.data
+        };
         self.pending
-            .remember((generation, delivery.delivery_tag), delivery.data, tenant)
+            .remember((generation, delivery.delivery_tag), body, tenant)
     }
 
     /// The target exchanges of `events` that cannot be published to, with the server's reason.
@@ -340,7 +347,12 @@ pub async fn delete_topology(config: &RabbitmqConfig) -> Result<()> {
         .queue_delete(s("a queue name", &targets_queue)?, QueueDeleteOptions::default())
         .await
         .map_err(|e| unavailable(&format!("deleting queue {targets_queue}"), e))?;
-    for exchange in [&config.events_exchange, &config.dead_letter_exchange, &targets_exchange] {
+    for exchange in [
+        &config.events_exchange,
+        &config.dead_letter_exchange,
+        &config.delay_exchange,
+        &targets_exchange,
+    ] {
         channel
             .exchange_delete(s("an exchange name", exchange)?, ExchangeDeleteOptions::default())
             .await
@@ -369,7 +381,18 @@ async fn declare(channel: &Channel, c: &RabbitmqConfig) -> Result<()> {
             .map_err(|e| unavailable(&format!("declaring exchange {exchange}"), e))?;
     }
     declare_queue(channel, &c.dead_letter_queue).await?;
-    bind_queue(channel, &c.dead_letter_queue, &c.dead_letter_exchange, "").await
+    bind_queue(channel, &c.dead_letter_queue, &c.dead_letter_exchange, "").await?;
+    // The delay exchange feeds the commands queue: every message, whatever its routing key.
+    channel
+        .exchange_declare(
+            s("broker.delay_exchange", &c.delay_exchange)?,
+            ExchangeKind::Fanout,
+            durable,
+            FieldTable::default(),
+        )
+        .await
+        .map_err(|e| unavailable(&format!("declaring exchange {}", c.delay_exchange), e))?;
+    bind_queue(channel, &c.commands_queue, &c.delay_exchange, "").await
 }
 
 /// A durable queue.
@@ -453,7 +476,9 @@ fn target_route<'t>(
             ));
         }
     }
-    let own_exchange = exchange == config.events_exchange || exchange == config.dead_letter_exchange;
+    let own_exchange = exchange == config.events_exchange
+        || exchange == config.dead_letter_exchange
+        || exchange == config.delay_exchange;
     let own_queue =
         exchange.is_empty() && (key == config.commands_queue || key == config.dead_letter_queue);
     if own_exchange || own_queue {

@@ -58,6 +58,7 @@ impl BrokerConfig for RabbitmqConfig {
             events_exchange: format!("{name}.events"),
             dead_letter_exchange: format!("{name}.dead"),
             dead_letter_queue: format!("{name}.dead"),
+            delay_exchange: format!("{name}.delay"),
             ..self.clone()
         })))
     }

@@ -57,6 +57,8 @@ pub(super) struct WireCommand<'a> {
     #[serde(default)]
     pub(super) due_time_ms: Option<i64>,
     #[serde(default)]
+    pub(super) due_in_ms: Option<i64>,
+    #[serde(default)]
     pub(super) correlation_id: Option<String>,
     #[serde(borrow, default)]
     pub(super) payload: Option<&'a RawValue>,

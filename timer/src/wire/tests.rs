@@ -831,3 +831,26 @@ fn only_a_schedule_takes_a_target_and_a_completion_message_is_text() {
         (Reason::InvalidJson, Some("message"))
     );
 }
+
+#[test]
+fn due_in_ms_counts_from_now() {
+    let t = decode(r#"{"tenantId":"t","serviceCallId":"c","dueInMs":1500}"#).unwrap();
+    assert_eq!(t.due_at, NOW.saturating_add(Duration::from_millis(1_500)));
+    let r = decode(r#"{"tenantId":"t","serviceCallId":"c","dueInMs":-1}"#).unwrap_err();
+    assert_eq!(
+        (r.reason, r.field.as_deref()),
+        (Reason::InvalidTime, Some("dueInMs"))
+    );
+    let r =
+        decode(r#"{"tenantId":"t","serviceCallId":"c","dueInMs":1,"dueTimeMs":5}"#).unwrap_err();
+    assert_eq!(r.reason, Reason::InvalidTime, "one of the three");
+    let r = decode(r#"{"tenantId":"t","serviceCallId":"c","dueInMs":1,"cron":"* * * * *"}"#)
+        .unwrap_err();
+    assert_eq!(
+        (r.reason, r.field.as_deref()),
+        (Reason::InvalidRecurrence, Some("cron"))
+    );
+    let cancel = r#"{"type":"CancelTimer","tenantId":"t","serviceCallId":"c","dueInMs":1}"#;
+    let r = decode_command(cancel.as_bytes(), &Limits::default(), NOW).unwrap_err();
+    assert_eq!(r.field.as_deref(), Some("dueInMs"));
+}

@@ -91,6 +91,7 @@ pub(super) fn validate_key(
     let extra = [
         ("dueAt", cmd.due_at.is_some()),
         ("dueTimeMs", cmd.due_time_ms.is_some()),
+        ("dueInMs", cmd.due_in_ms.is_some()),
         ("cron", cmd.cron.is_some()),
         ("timeZone", cmd.time_zone.is_some()),
         ("endAt", cmd.end_at.is_some()),
@@ -163,7 +164,7 @@ fn recurrence(
         }
         return Ok(None);
     };
-    if cmd.due_at.is_some() || cmd.due_time_ms.is_some() {
+    if cmd.due_at.is_some() || cmd.due_time_ms.is_some() || cmd.due_in_ms.is_some() {
         return Err(Rejection::new(
             Reason::InvalidRecurrence,
             Some(&field("cron")),
@@ -236,26 +237,41 @@ pub(super) fn validate(
     }
     let recurring = recurrence(&mut cmd, &field, limits, now)?;
     let policy = policy_of(&mut cmd, &field, limits, recurring.as_ref())?;
-    let due_at = match (cmd.due_at, cmd.due_time_ms) {
+    let due_at = match (cmd.due_at, cmd.due_time_ms, cmd.due_in_ms) {
         _ if recurring.is_some() => (
             recurring.as_ref().map_or(now, |(_, first)| *first),
             field("cron"),
         ),
-        (Some(_), Some(_)) => {
+        (None, None, None) => {
+            return Err(Rejection::new(
+                Reason::MissingField,
+                Some(&field("dueAt")),
+                "dueAt (RFC 3339 with offset), dueTimeMs (epoch milliseconds), dueInMs \
+                 (milliseconds from now) or cron (a recurring timer) is required",
+            ))
+        }
+        (Some(text), None, None) => (parse_time(&text, &field("dueAt"))?, field("dueAt")),
+        (None, Some(ms), None) => (Timestamp::from_millis(ms), field("dueTimeMs")),
+        (None, None, Some(ms)) => {
+            let after = u64::try_from(ms).map_err(|_| {
+                Rejection::new(
+                    Reason::InvalidTime,
+                    Some(&field("dueInMs")),
+                    format!("{ms} is negative; give the milliseconds from now, 0 or more"),
+                )
+            })?;
+            (
+                now.saturating_add(std::time::Duration::from_millis(after)),
+                field("dueInMs"),
+            )
+        }
+        _ => {
             return Err(Rejection::new(
                 Reason::InvalidTime,
                 Some(&field("dueAt")),
-                "give either dueAt or dueTimeMs, not both",
+                "give one of dueAt, dueTimeMs and dueInMs",
             ))
         }
-        (None, None) => return Err(Rejection::new(
-            Reason::MissingField,
-            Some(&field("dueAt")),
-            "dueAt (RFC 3339 with offset), dueTimeMs (epoch milliseconds) or cron (a recurring \
-                 timer) is required",
-        )),
-        (Some(text), None) => (parse_time(&text, &field("dueAt"))?, field("dueAt")),
-        (None, Some(ms)) => (Timestamp::from_millis(ms), field("dueTimeMs")),
     };
     let (due_at, due_field) = due_at;
     if due_at < Timestamp::EPOCH {

@@ -1,0 +1,121 @@
+//! The delay exchange (`broker.delay_exchange`): a drop-in for RabbitMQ's archived
+//! delayed-message exchange plugin. A producer publishes any message there with the header
+//! `x-delay` (milliseconds) or `x-deliver-at` (RFC 3339, or epoch milliseconds); the service
+//! stores it as a timer and, at that time, publishes it to the exchange in `x-target-exchange`
+//! (default: the default exchange `""`) with its own routing key, body, content type and
+//! headers. Each such message is read here into the `ScheduleTimer` it stands for, which the
+//! engine then takes like any command (limits, `targets`, acknowledged after the commit).
+
+use std::collections::BTreeMap;
+
+use base64::Engine as _;
+use lapin::message::Delivery;
+use lapin::types::AMQPValue;
+use serde_json::{json, Map, Value};
+use uuid::Uuid;
+
+/// Milliseconds from when the service reads the message.
+pub const DELAY_HEADER: &str = "x-delay";
+/// When to deliver: RFC 3339 with an offset, or epoch milliseconds.
+pub const DELIVER_AT_HEADER: &str = "x-deliver-at";
+/// Where to deliver: an exchange (default `""`, the default exchange).
+pub const TARGET_EXCHANGE_HEADER: &str = "x-target-exchange";
+/// Whose timer it is (default `broker.delay_tenant`).
+pub const TENANT_HEADER: &str = "timer-tenant";
+
+/// The namespace of the ids derived for messages without a `message_id`.
+const DERIVED_IDS: Uuid = Uuid::from_u128(0x6b1d_1e7a_3d2c_4f0e_9a51_7c0d_de1a_7000);
+
+/// The `ScheduleTimer` (JSON) a message of the delay exchange stands for. One that says no
+/// time becomes a command without one, which the engine refuses (`missing_field`, a dead
+/// letter naming the headers).
+pub fn command_of(delivery: &Delivery, default_tenant: &str) -> Vec<u8> {
+    let properties = &delivery.properties;
+    let headers: BTreeMap<String, AMQPValue> = properties
+        .headers()
+        .as_ref()
+        .map(|h| {
+            h.inner()
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.clone()))
+                .collect()
+        })
+        .unwrap_or_default();
+    let text = |name: &str| headers.get(name).and_then(text_of);
+    let exchange = text(TARGET_EXCHANGE_HEADER).unwrap_or_default();
+    let routing_key = delivery.routing_key.as_str();
+    let tenant = text(TENANT_HEADER).unwrap_or_else(|| default_tenant.to_owned());
+    let id = match properties.message_id() {
+        Some(id) => id.to_string(),
+        None => {
+            let mut name = Vec::with_capacity(delivery.data.len() + 64);
+            for part in [exchange.as_bytes(), routing_key.as_bytes(), &delivery.data] {
+                name.extend_from_slice(&(part.len() as u64).to_be_bytes());
+                name.extend_from_slice(part);
+            }
+            Uuid::new_v5(&DERIVED_IDS, &name).to_string()
+        }
+    };
+    let kept: Map<String, Value> = headers
+        .iter()
+        .filter(|(name, _)| {
+            ![DELAY_HEADER, DELIVER_AT_HEADER, TARGET_EXCHANGE_HEADER, TENANT_HEADER]
+                .contains(&name.as_str())
+        })
+        .filter_map(|(name, value)| Some((name.clone(), Value::from(text_of(value)?))))
+        .collect();
+    let mut message = json!({
+        "bodyBase64": base64::engine::general_purpose::STANDARD.encode(&delivery.data),
+        "headers": kept,
+    });
+    if let Some(content_type) = properties.content_type() {
+        message["contentType"] = Value::from(content_type.as_str());
+    }
+    let mut command = json!({
+        "tenantId": tenant,
+        "serviceCallId": id,
+        "target": {"exchange": exchange, "routingKey": routing_key},
+        "message": message,
+    });
+    if let Some(delay) = headers.get(DELAY_HEADER).and_then(integer_of) {
+        // As the plugin did: a negative delay is none.
+        command["dueInMs"] = Value::from(delay.max(0));
+    } else if let Some(at) = headers.get(DELIVER_AT_HEADER) {
+        match (integer_of(at), text_of(at)) {
+            (Some(ms), _) => command["dueTimeMs"] = Value::from(ms),
+            (None, Some(text)) => command["dueAt"] = Value::from(text),
+            (None, None) => {}
+        }
+    }
+    command.to_string().into_bytes()
+}
+
+/// A header value as text: strings as they are, numbers and booleans printed.
+fn text_of(value: &AMQPValue) -> Option<String> {
+    Some(match value {
+        AMQPValue::LongString(s) => String::from_utf8_lossy(s.as_bytes()).into_owned(),
+        AMQPValue::ShortString(s) => s.to_string(),
+        AMQPValue::Boolean(b) => b.to_string(),
+        AMQPValue::Float(f) => f.to_string(),
+        AMQPValue::Double(d) => d.to_string(),
+        other => integer_of(other)?.to_string(),
+    })
+}
+
+/// A header value as an integer: integer types, an AMQP timestamp (seconds, as milliseconds),
+/// or text of digits.
+fn integer_of(value: &AMQPValue) -> Option<i64> {
+    match value {
+        AMQPValue::ShortShortInt(n) => Some(i64::from(*n)),
+        AMQPValue::ShortShortUInt(n) => Some(i64::from(*n)),
+        AMQPValue::ShortInt(n) => Some(i64::from(*n)),
+        AMQPValue::ShortUInt(n) => Some(i64::from(*n)),
+        AMQPValue::LongInt(n) => Some(i64::from(*n)),
+        AMQPValue::LongUInt(n) => Some(i64::from(*n)),
+        AMQPValue::LongLongInt(n) => Some(*n),
+        AMQPValue::Timestamp(secs) => i64::try_from(*secs).ok()?.checked_mul(1000),
+        AMQPValue::LongString(s) => std::str::from_utf8(s.as_bytes()).ok()?.trim().parse().ok(),
+        AMQPValue::ShortString(s) => s.as_str().trim().parse().ok(),
+        _ => None,
+    }
+}
