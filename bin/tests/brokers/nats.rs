@@ -43,6 +43,8 @@ pub fn checks() -> Vec<Check<Arc<BrokerCase>>> {
         cron_every_second_in_berlin_fires_one_catch_up_after_a_stop,
         catch_up_all_fires_the_three_latest_missed_after_ten_seconds_down,
         a_ten_second_cut_from_the_server_loses_nothing_and_catches_up,
+        a_delayed_message_arrives_on_its_subject_at_its_time,
+        a_target_no_stream_captures_gets_one_plain_publish,
     ]
 }
 
@@ -405,5 +407,150 @@ async fn a_ten_second_cut_from_the_server_loses_nothing_and_catches_up(case: Arc
         "every timer is Reached in the store"
     );
     assert_eq!(service.terminate().await, Some(0));
+    setup.clean_up().await;
+}
+
+/// Delayed messages: published on `<delay_prefix>.<subject>` with `Timer-Delay` or
+/// `Timer-Deliver-At`, they arrive at their time (never before) on `<subject>`, byte for byte
+/// with their headers, the event id as `Nats-Msg-Id`; one cancelled by its `Nats-Msg-Id` never
+/// arrives (a later one does); one that says no time is dead-lettered naming what is missing.
+async fn a_delayed_message_arrives_on_its_subject_at_its_time(case: Arc<BrokerCase>) {
+    use async_nats::HeaderMap;
+    let setup = Setup::with_sections(&case, json!({ "targets": { "allow": ["*"] } }));
+    let service = setup.start().await;
+    let client = setup.client().await;
+    let target = client
+        .make_target("delayed")
+        .await
+        .expect("make a target")
+        .expect("nats takes targets");
+    let subject = target.text("subject").expect("a subject").to_owned();
+    let config = nats_config(&setup).clone();
+    let js = &client
+        .as_any()
+        .downcast_ref::<NatsTestClient>()
+        .expect("the nats test client")
+        .js;
+    let body = b"hello \x00\xff delayed".to_vec();
+    let publish = |id: &'static str, time: Option<(&'static str, String)>| {
+        let mut headers = HeaderMap::new();
+        headers.insert("Nats-Msg-Id", id);
+        headers.insert("x-order", "42");
+        headers.insert("Content-Type", "text/plain");
+        if let Some((name, value)) = time {
+            headers.insert(name, value.as_str());
+        }
+        let on = format!("{}.{subject}", config.delay_prefix);
+        let body = body.clone();
+        async move {
+            js.publish_with_headers(on, headers, body.into())
+                .await
+                .expect("publish")
+                .await
+                .expect("PubAck");
+            now_ms()
+        }
+    };
+    let at = chrono::DateTime::from_timestamp_millis(now_ms() + 1_500)
+        .expect("a time")
+        .to_rfc3339();
+    let sent = publish("n-1", Some(("Timer-Delay", "1500".into()))).await;
+    publish("n-2", Some(("Timer-Deliver-At", at))).await;
+    publish("n-3", Some(("Timer-Delay", "2000".into()))).await;
+    publish("n-none", None).await;
+    // Delayed messages and commands travel on different streams: the cancel is sent once the
+    // timer is stored (sent at once, it could be applied first, to no timer).
+    let stored = wait_for(Duration::from_secs(10), || async {
+        let (status, _) = service.get("/v1/tenants/default/timers/n-3").await;
+        (status == 200).then_some(())
+    })
+    .await;
+    assert!(stored.is_some(), "n-3 is stored");
+    let cancel = json!({"type": "CancelTimer", "tenantId": "default", "serviceCallId": "n-3"});
+    client
+        .send_command(cancel.to_string().as_bytes())
+        .await
+        .expect("send the cancel");
+    publish("n-4", Some(("Timer-Delay", "2500".into()))).await;
+
+    let got = wait_for(Duration::from_secs(30), || async {
+        let got = client.read_target(&target).await.ok()?;
+        (got.len() >= 3).then_some((now_ms(), got))
+    })
+    .await;
+    let (arrived, got) = got.unwrap_or_else(|| service.fail("n-1, n-2 and n-4 arrived"));
+    for m in &got {
+        assert_eq!(m.body, body, "byte for byte");
+        assert_eq!(m.content_type.as_deref(), Some("text/plain"));
+        assert_eq!(
+            m.headers.get("x-order").map(String::as_str),
+            Some("42"),
+            "{m:?}"
+        );
+        assert!(m.id.is_some(), "the event id as Nats-Msg-Id: {m:?}");
+        assert!(
+            !m.headers.contains_key("Timer-Delay"),
+            "the time headers stay behind"
+        );
+    }
+    assert!(
+        arrived >= sent + 1_500,
+        "not early: {} ms after",
+        arrived - sent
+    );
+    assert_eq!(
+        got.len(),
+        3,
+        "the cancelled n-3 never arrived (n-4, due after it, did)"
+    );
+    for (id, state) in [("n-1", "Reached"), ("n-3", "Cancelled"), ("n-4", "Reached")] {
+        let (_, timer) = service
+            .get(&format!("/v1/tenants/default/timers/{id}"))
+            .await;
+        assert_eq!(timer["state"], state, "{timer}");
+    }
+    let dead = wait_for(Duration::from_secs(30), || async {
+        let letters = client.dead_letters().await.ok()?;
+        letters.into_iter().find(|d| d.reason.contains("dueAt"))
+    })
+    .await
+    .expect("the message without a time is a dead letter");
+    assert!(dead.reason.contains("missing_field"), "{}", dead.reason);
+    service.terminate().await;
+    setup.clean_up().await;
+}
+
+/// A target subject no stream captures gets one plain publish, to whoever subscribes then, and
+/// the timer is Reached at once: not a JetStream publish, which would reach the subscriber and
+/// then wait for a PubAck that never comes (a failed attempt, and the message again on retry).
+async fn a_target_no_stream_captures_gets_one_plain_publish(case: Arc<BrokerCase>) {
+    let setup = Setup::with_sections(&case, json!({ "targets": { "allow": ["*"] } }));
+    let service = setup.start().await;
+    let config = nats_config(&setup).clone();
+    let subject = format!("{}_plain.due", config.events_subject);
+    let nats = async_nats::connect(&config.url).await.expect("connect");
+    let mut subscriber = nats.subscribe(subject.clone()).await.expect("subscribe");
+    nats.flush().await.expect("flush");
+    let due = now_ms();
+    let timer = json!({"tenantId": "t", "serviceCallId": "plain", "dueTimeMs": due,
+        "target": {"subject": subject}, "message": {"body": {"n": 1}}});
+    let (status, v) = service.post("/v1/timers", timer.to_string()).await;
+    assert_eq!(status, 201, "{v}");
+    let got = tokio::time::timeout(
+        Duration::from_secs(10),
+        futures::StreamExt::next(&mut subscriber),
+    )
+    .await
+    .expect("the message within 10 s")
+    .expect("a message");
+    assert_eq!(got.payload.as_ref(), br#"{"n":1}"#);
+    let reached = wait_for(Duration::from_secs(3), || async {
+        let (_, t) = service.get("/v1/tenants/t/timers/plain").await;
+        (t["state"] == "Reached").then_some(t)
+    })
+    .await
+    .unwrap_or_else(|| service.fail("Reached within 3 s of its due time"));
+    assert_eq!(reached["attempts"], 0, "no failed attempt: {reached}");
+    service.terminate().await;
     setup.clean_up().await;
 }

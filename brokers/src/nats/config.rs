@@ -80,6 +80,19 @@ pub struct NatsConfig {
     /// only on `timer.commands.acme`, it can act on tenant `acme` alone. `false`: the tenant
     /// is the command's `tenantId`, whatever the subject.
     pub bind_tenant: bool,
+    /// Delayed messages: a message published on `<delay_prefix>.<subject>` with the header
+    /// `Timer-Delay` (milliseconds) or `Timer-Deliver-At` (RFC 3339, or epoch milliseconds) is
+    /// stored as a timer and published at that time on `<subject>` with its own body and
+    /// headers. Its `Nats-Msg-Id` is the timer's `serviceCallId` (without one, an id derived
+    /// from its subject and body), its header `Timer-Tenant` the tenant (else
+    /// `broker.delay_tenant`).
+    pub delay_prefix: String,
+    /// The stream that holds delayed messages until the service stored them (it captures
+    /// `<delay_prefix>.>`), read by the durable consumer `<consumer>-delay`.
+    pub delay_stream: String,
+    /// The tenant of a delayed message without a `Timer-Tenant` header; with
+    /// `broker.bind_tenant`, the only tenant delayed messages may name.
+    pub delay_tenant: String,
 }
 
 impl NatsConfig {
@@ -117,6 +130,9 @@ impl Default for NatsConfig {
             duplicate_window: Duration::from_secs(120),
             create_streams: true,
             bind_tenant: false,
+            delay_prefix: "delay".into(),
+            delay_stream: "TIMER_DELAY".into(),
+            delay_tenant: "default".into(),
         }
     }
 }

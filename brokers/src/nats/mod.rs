@@ -7,15 +7,17 @@
 #![doc = include_str!("README.md")]
 
 mod config;
+mod delay;
 mod plugin;
 #[cfg(feature = "testing")]
 mod testing;
 
+use std::collections::HashSet;
 use std::future::IntoFuture;
 use std::time::Duration;
 
 use async_nats::header::{HeaderMap, NATS_MESSAGE_ID};
-use async_nats::jetstream::context::PublishErrorKind;
+use async_nats::jetstream::context::GetStreamByNameErrorKind;
 use async_nats::jetstream::{self, consumer, stream, AckKind, ErrorCode};
 use async_trait::async_trait;
 use futures::future::join_all;
@@ -38,19 +40,30 @@ pub use testing::NatsTestClient;
 /// Header carrying the reason of a dead letter.
 pub const REASON_HEADER: &str = "Timer-Dead-Letter-Reason";
 
+/// Commands and delayed messages as they arrive.
+type Incoming = futures::stream::BoxStream<
+    'static,
+    std::result::Result<jetstream::Message, Box<dyn std::error::Error + Send + Sync>>,
+>;
+
 pub struct NatsBroker {
     client: async_nats::Client,
     js: jetstream::Context,
     consumer: consumer::PullConsumer,
-    /// The open pull stream; dropped and opened again after an error.
-    messages: tokio::sync::Mutex<Option<consumer::pull::Stream>>,
+    /// The durable consumer of delayed messages (`broker.delay_stream`).
+    delay_consumer: consumer::PullConsumer,
+    /// The open pull streams of both, merged; dropped and opened again after an error.
+    messages: tokio::sync::Mutex<Option<Incoming>>,
     /// Delivered, not yet acknowledged.
     pending: DeliveryTags<jetstream::Message>,
     events_subject: String,
     dead_letter_subject: String,
-    /// The subjects the service reads or writes itself (commands, events, dead letters): never
-    /// a timer's target.
-    own_subjects: [String; 3],
+    /// The subjects the service reads or writes itself (commands, events, dead letters, delayed
+    /// messages): never a timer's target.
+    own_subjects: [String; 4],
+    /// `broker.delay_prefix` and a dot: the start of a delayed message's subject.
+    delay_prefix: String,
+    delay_tenant: String,
     /// `broker.bind_tenant`: the subject's last token is the command's tenant.
     bind_tenant: bool,
     /// The consumer's ack wait as the server has it (an existing consumer keeps its own).
@@ -112,11 +125,41 @@ impl NatsBroker {
                     e,
                 )
             })?;
+        let delays = ensure_stream(
+            &js,
+            config,
+            &config.delay_stream,
+            &format!("{}.>", config.delay_prefix),
+            "broker.delay_prefix",
+        )
+        .await?;
+        let delay_consumer_name = format!("{}-delay", config.consumer);
+        let delay_consumer = delays
+            .get_or_create_consumer(
+                &delay_consumer_name,
+                consumer::pull::Config {
+                    durable_name: Some(delay_consumer_name.clone()),
+                    ack_policy: consumer::AckPolicy::Explicit,
+                    ack_wait: config.ack_wait,
+                    max_ack_pending: config.max_ack_pending,
+                    ..Default::default()
+                },
+            )
+            .await
+            .map_err(|e| {
+                unavailable(
+                    &format!("consumer {delay_consumer_name} on stream {}", config.delay_stream),
+                    e,
+                )
+            })?;
         let ack_wait = consumer.cached_info().config.ack_wait;
         Ok(NatsBroker {
             client,
             js,
             consumer,
+            delay_consumer,
+            delay_prefix: format!("{}.", config.delay_prefix),
+            delay_tenant: config.delay_tenant.clone(),
             ack_wait,
             messages: tokio::sync::Mutex::new(None),
             pending: DeliveryTags::new("nats"),
@@ -126,12 +169,20 @@ impl NatsBroker {
                 config.commands_subject.clone(),
                 format!("{}.>", config.events_subject),
                 config.dead_letter_subject.clone(),
+                format!("{}.>", config.delay_prefix),
             ],
             bind_tenant: config.bind_tenant,
         })
     }
 
     fn remember(&self, message: jetstream::Message) -> Result<Delivery> {
+        // A delayed message is the ScheduleTimer it stands for; with `bind_tenant`, bound to
+        // `broker.delay_tenant`.
+        if let Some(target) = message.subject.as_str().strip_prefix(&self.delay_prefix) {
+            let body = delay::command_of(&message, target, &self.delay_tenant);
+            let tenant = self.bind_tenant.then(|| self.delay_tenant.clone());
+            return self.pending.remember(message, body, tenant);
+        }
         let body = message.payload.to_vec();
         let tenant = self.bind_tenant.then(|| {
             let token = message.subject.rsplit('.').next().unwrap_or_default();
@@ -340,6 +391,7 @@ pub async fn delete_streams(config: &NatsConfig) -> Result<()> {
         &config.commands_stream,
         &config.events_stream,
         &config.dead_letter_stream,
+        &config.delay_stream,
         &testing_targets(config).0,
     ] {
         match js.delete_stream(name).await {
@@ -408,14 +460,26 @@ impl Broker for NatsBroker {
     async fn receive(&self, max: usize, wait: Duration) -> Result<Vec<Delivery>> {
         let mut guard = self.messages.lock().await;
         if guard.is_none() {
-            let stream = self
+            let batch = max.clamp(1, 10_000);
+            let commands = self
                 .consumer
                 .stream()
-                .max_messages_per_batch(max.clamp(1, 10_000))
+                .max_messages_per_batch(batch)
                 .messages()
                 .await
                 .map_err(|e| unavailable("opening the command stream", e))?;
-            *guard = Some(stream);
+            let delays = self
+                .delay_consumer
+                .stream()
+                .max_messages_per_batch(batch)
+                .messages()
+                .await
+                .map_err(|e| unavailable("opening the stream of delayed messages", e))?;
+            let incoming = futures::stream::select(
+                commands.map(|m| m.map_err(|e| e.into())),
+                delays.map(|m| m.map_err(|e| e.into())),
+            );
+            *guard = Some(incoming.boxed());
         }
         let Some(stream) = guard.as_mut() else {
             return Ok(Vec::new());
@@ -484,8 +548,33 @@ impl Broker for NatsBroker {
     }
 
     async fn publish(&self, events: &[OutboundEvent]) -> Result<Vec<Undelivered>> {
+        // A target subject a stream captures gets a JetStream publish, confirmed by the stream;
+        // one no stream captures a plain publish (a JetStream publish there would reach its
+        // subscribers and then wait for a PubAck that never comes, and go out again on retry).
+        let mut plain_subjects = HashSet::new();
+        let targeted: HashSet<&str> = events
+            .iter()
+            .filter_map(|e| e.target.as_ref()?.text("subject"))
+            .collect();
+        for subject in targeted {
+            match self.js.stream_by_subject(subject).await {
+                Ok(_) => {}
+                Err(e) if e.kind() == GetStreamByNameErrorKind::NotFound => {
+                    plain_subjects.insert(subject);
+                }
+                // Refused below (check_target) when it is not a subject at all.
+                Err(e) if e.kind() == GetStreamByNameErrorKind::InvalidSubject => {}
+                Err(e) => {
+                    return Err(unavailable(
+                        &format!("looking up the stream of subject {subject}"),
+                        e,
+                    ))
+                }
+            }
+        }
         let mut acks = Vec::with_capacity(events.len());
         let mut undelivered = Vec::new();
+        let mut plain = 0;
         for (index, event) in events.iter().enumerate() {
             let subject = match &event.target {
                 Some(target) => target_subject(target, &self.own_subjects)
@@ -504,35 +593,24 @@ impl Broker for NatsBroker {
                 }
             };
             let headers = headers_of(event);
+            if plain_subjects.contains(subject.as_str()) {
+                self.client
+                    .publish_with_headers(subject, headers, event.body.clone().into())
+                    .await
+                    .map_err(|e| unavailable("publishing to a target", e))?;
+                plain += 1;
+                continue;
+            }
             let ack = self
                 .js
-                .publish_with_headers(subject.clone(), headers.clone(), event.body.clone().into())
+                .publish_with_headers(subject, headers, event.body.clone().into())
                 .await
                 .map_err(|e| unavailable("publishing an event", e))?;
-            acks.push((index, subject, headers, ack));
+            acks.push(ack);
         }
-        // All sent; now every PubAck must arrive. A target no stream captures gets a plain
-        // publish: delivered to whoever subscribes at that moment.
-        let (sent, futures): (Vec<_>, Vec<_>) = acks
-            .into_iter()
-            .map(|(index, subject, headers, ack)| ((index, subject, headers), ack.into_future()))
-            .unzip();
-        let mut plain = 0;
-        for ((index, subject, headers), result) in sent.into_iter().zip(join_all(futures).await) {
-            match result {
-                Ok(_) => {}
-                Err(e)
-                    if e.kind() == PublishErrorKind::StreamNotFound
-                        && events[index].target.is_some() =>
-                {
-                    self.client
-                        .publish_with_headers(subject, headers, events[index].body.clone().into())
-                        .await
-                        .map_err(|e| unavailable("publishing to a target", e))?;
-                    plain += 1;
-                }
-                Err(e) => return Err(unavailable("awaiting a PubAck", e)),
-            }
+        // All sent; now every PubAck must arrive, and every plain publish be flushed.
+        for result in join_all(acks.into_iter().map(IntoFuture::into_future)).await {
+            result.map_err(|e| unavailable("awaiting a PubAck", e))?;
         }
         if plain > 0 {
             self.client

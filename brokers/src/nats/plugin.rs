@@ -63,6 +63,8 @@ impl BrokerConfig for NatsConfig {
             events_subject: format!("{name}.events"),
             dead_letter_stream: format!("D_{name}"),
             dead_letter_subject: format!("{name}.dead"),
+            delay_prefix: format!("{name}.delay"),
+            delay_stream: format!("L_{name}"),
             ..self.clone()
         })))
     }

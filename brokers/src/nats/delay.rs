@@ -1,0 +1,79 @@
+//! Delayed messages: a message published on `<broker.delay_prefix>.<subject>` with the header
+//! `Timer-Delay` (milliseconds) or `Timer-Deliver-At` (RFC 3339, or epoch milliseconds) is read
+//! here into the `ScheduleTimer` it stands for: at that time its body and headers go to
+//! `<subject>`. The engine then takes it like any command (limits, `targets`, acknowledged
+//! after the commit).
+
+use async_nats::jetstream;
+use base64::Engine as _;
+use serde_json::{json, Map, Value};
+use uuid::Uuid;
+
+use super::CONTENT_TYPE;
+
+/// Milliseconds from when the service reads the message.
+pub const DELAY_HEADER: &str = "Timer-Delay";
+/// When to deliver: RFC 3339 with an offset, or epoch milliseconds.
+pub const DELIVER_AT_HEADER: &str = "Timer-Deliver-At";
+/// Whose timer it is (default `broker.delay_tenant`).
+pub const TENANT_HEADER: &str = "Timer-Tenant";
+/// The message's id: the timer's `serviceCallId`.
+const MESSAGE_ID: &str = "Nats-Msg-Id";
+
+/// The namespace of the ids derived for messages without a `Nats-Msg-Id`.
+const DERIVED_IDS: Uuid = Uuid::from_u128(0x6b1d_1e7a_3d2c_4f0e_9a51_7c0d_de1a_7001);
+
+/// The `ScheduleTimer` (JSON) a delayed message for `target` (its subject without the prefix)
+/// stands for. One that says no time becomes a command without one, which the engine refuses
+/// (`missing_field`, a dead letter naming `dueAt`).
+pub fn command_of(message: &jetstream::Message, target: &str, default_tenant: &str) -> Vec<u8> {
+    let header = |name: &str| {
+        let value = message.headers.as_ref()?.get(name)?;
+        Some(value.as_str().to_owned())
+    };
+    let tenant = header(TENANT_HEADER).unwrap_or_else(|| default_tenant.to_owned());
+    let id = header(MESSAGE_ID).unwrap_or_else(|| {
+        let mut name = Vec::with_capacity(message.payload.len() + target.len() + 16);
+        for part in [target.as_bytes(), &message.payload] {
+            name.extend_from_slice(&(part.len() as u64).to_be_bytes());
+            name.extend_from_slice(part);
+        }
+        Uuid::new_v5(&DERIVED_IDS, &name).to_string()
+    });
+    let reserved = [DELAY_HEADER, DELIVER_AT_HEADER, TENANT_HEADER, MESSAGE_ID, CONTENT_TYPE];
+    let kept: Map<String, Value> = message
+        .headers
+        .iter()
+        .flat_map(|h| h.iter())
+        .filter(|(name, _)| !reserved.contains(&name.to_string().as_str()))
+        .filter_map(|(name, values)| {
+            Some((name.to_string(), Value::from(values.first()?.as_str())))
+        })
+        .collect();
+    let mut body = json!({
+        "bodyBase64": base64::engine::general_purpose::STANDARD.encode(&message.payload),
+        "headers": kept,
+    });
+    if let Some(content_type) = header(CONTENT_TYPE) {
+        body["contentType"] = Value::from(content_type);
+    }
+    let mut command = json!({
+        "tenantId": tenant,
+        "serviceCallId": id,
+        "target": {"subject": target},
+        "message": body,
+    });
+    if let Some(delay) = header(DELAY_HEADER) {
+        match delay.trim().parse::<i64>() {
+            Ok(ms) => command["dueInMs"] = Value::from(ms.max(0)),
+            // Not a number: the engine names it.
+            Err(_) => command["dueInMs"] = Value::from(delay),
+        }
+    } else if let Some(at) = header(DELIVER_AT_HEADER) {
+        match at.trim().parse::<i64>() {
+            Ok(ms) => command["dueTimeMs"] = Value::from(ms),
+            Err(_) => command["dueAt"] = Value::from(at),
+        }
+    }
+    command.to_string().into_bytes()
+}
