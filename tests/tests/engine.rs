@@ -1609,17 +1609,15 @@ async fn a_cancel_command_that_meets_a_fire_waits_for_it_and_then_applies() {
     );
 }
 
-/// A tenant flooding far over its rate holds at most `limits.rate.max_held_per_tenant`
-/// commands; the rest are dead-lettered (`tenant_limit`) and acknowledged, so the flood cannot
-/// fill `limits.rate.max_held` and stop the other tenants' commands. What it holds is applied as
-/// its allowance refills.
-#[tokio::test]
-async fn a_flooding_tenant_holds_only_its_share_and_the_others_go_on() {
+/// An engine whose tenants may schedule one timer a second (a burst of 1), holding at most
+/// `max_held` commands and `per_tenant` of one tenant, after `big` schedules of tenant `big`
+/// (`big/0`, `big/1`, ...) and then one of tenant `t` (`t/0`) were sent, all due in an hour.
+fn flooded((max_held, per_tenant): (usize, usize), big: usize) -> Rig {
     let mut setup = Setup::default();
     setup.limits.rate.schedules_per_second = 1;
     setup.limits.rate.burst = 1;
-    setup.limits.rate.max_held = 5;
-    setup.limits.rate.max_held_per_tenant = 3;
+    setup.limits.rate.max_held = max_held;
+    setup.limits.rate.max_held_per_tenant = per_tenant;
     let r = setup.start();
     let later = T0.saturating_add(secs(3600));
     let cmd = |tenant: &str, id: usize| {
@@ -1628,10 +1626,20 @@ async fn a_flooding_tenant_holds_only_its_share_and_the_others_go_on() {
             later.as_millis()
         )
     };
-    for i in 0..10 {
+    for i in 0..big {
         r.hub.send_command(cmd("big", i)).expect("send");
     }
     r.hub.send_command(cmd("t", 0)).expect("send");
+    r
+}
+
+/// A tenant flooding far over its rate holds at most `limits.rate.max_held_per_tenant`
+/// commands; the rest are dead-lettered (`tenant_limit`) and acknowledged, so the flood cannot
+/// fill `limits.rate.max_held` and stop the other tenants' commands. What it holds is applied as
+/// its allowance refills.
+#[tokio::test]
+async fn a_flooding_tenant_holds_only_its_share_and_the_others_go_on() {
+    let r = flooded((5, 3), 10);
     // 1 applied (the burst), 3 held, 6 refused; `t` is not held behind them.
     let letters = dead_letters(&r.hub, 6).await.expect("6 dead letters");
     assert_eq!(letters.len(), 6);
@@ -1674,23 +1682,7 @@ async fn a_flooding_tenant_holds_only_its_share_and_the_others_go_on() {
 #[tokio::test]
 async fn with_max_held_commands_held_the_rest_wait_on_the_broker() {
     let metrics = Metrics::record();
-    let mut setup = Setup::default();
-    setup.limits.rate.schedules_per_second = 1;
-    setup.limits.rate.burst = 1;
-    setup.limits.rate.max_held = 2;
-    setup.limits.rate.max_held_per_tenant = 0;
-    let r = setup.start();
-    let later = T0.saturating_add(secs(3600));
-    let cmd = |tenant: &str, id: usize| {
-        format!(
-            r#"{{"tenantId":"{tenant}","serviceCallId":"{id}","dueTimeMs":{}}}"#,
-            later.as_millis()
-        )
-    };
-    for i in 0..5 {
-        r.hub.send_command(cmd("big", i)).expect("send");
-    }
-    r.hub.send_command(cmd("t", 0)).expect("send");
+    let r = flooded((2, 0), 5);
     // big/0 applied (the burst), big/1 and big/2 held: full. The rest stay on the broker.
     let held = wait_for(WAIT, || async {
         (metrics.value("timer_commands_held") == 2.0).then_some(())

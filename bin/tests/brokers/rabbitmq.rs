@@ -7,7 +7,9 @@ use std::time::Duration;
 use serde_json::{json, Value};
 use timer_brokers::rabbitmq::{sink_queue, RabbitmqConfig, RabbitmqTestClient};
 use timer_conformance::e2e::{now_ms, schedule};
-use timer_conformance::scenarios::{BrokerCase, BrokerTraits, Setup};
+use timer_conformance::scenarios::{
+    delivered_cancelled_and_dead_lettered, BrokerCase, BrokerTraits, Setup,
+};
 use timer_conformance::{checks, wait_for, Check};
 
 pub fn traits() -> BrokerTraits {
@@ -43,25 +45,13 @@ pub fn checks() -> Vec<Check<Arc<BrokerCase>>> {
 /// event, and only `a`'s timer is retried, with `a`'s routing key in its `lastError`; `b`'s is
 /// delivered and Reached at once, with no error and no attempt counted.
 async fn a_tenant_without_a_bound_queue_does_not_hold_back_the_others(case: Arc<BrokerCase>) {
-    use lapin::options::{QueueBindOptions, QueueDeclareOptions};
+    use lapin::options::QueueBindOptions;
     use lapin::types::FieldTable;
     let setup = Setup::with_engine(&case, json!({ "retry_base": "1s", "retry_max": "2s" }));
     let service = setup.start().await; // declares the events exchange
     let config = rabbitmq_config(&setup);
-    let connection =
-        lapin::Connection::connect(&config.url, lapin::ConnectionProperties::default())
-            .await
-            .expect("connect");
-    let channel = connection.create_channel().await.expect("channel");
     let queue = format!("{}.b-only", config.events_exchange);
-    channel
-        .queue_declare(
-            queue.as_str().into(),
-            QueueDeclareOptions::default(),
-            FieldTable::default(),
-        )
-        .await
-        .expect("declare");
+    let (_connection, channel) = channel_with_queue(config, &queue).await;
     channel
         .queue_bind(
             queue.as_str().into(),
@@ -197,6 +187,30 @@ async fn a_tenant_too_long_for_a_routing_key_is_refused_and_nothing_stops_firing
 }
 
 /// The `[broker]` config of a RabbitMQ scenario.
+/// A channel of a connection of its own to the test server of `config` (returned too: the
+/// channel closes with it), and a queue `queue` declared on it.
+async fn channel_with_queue(
+    config: &RabbitmqConfig,
+    queue: &str,
+) -> (lapin::Connection, lapin::Channel) {
+    use lapin::options::QueueDeclareOptions;
+    use lapin::types::FieldTable;
+    let connection =
+        lapin::Connection::connect(&config.url, lapin::ConnectionProperties::default())
+            .await
+            .expect("connect");
+    let channel = connection.create_channel().await.expect("channel");
+    channel
+        .queue_declare(
+            queue.into(),
+            QueueDeclareOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("declaring queue {queue}: {e}"));
+    (connection, channel)
+}
+
 fn rabbitmq_config(setup: &Setup) -> &RabbitmqConfig {
     setup
         .broker
@@ -313,13 +327,10 @@ async fn a_message_for_a_missing_exchange_is_retried_and_holds_back_no_other(
     drop(client);
 
     // The exchange appears, with a queue: the retry delivers the message there.
-    use lapin::options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions};
+    use lapin::options::{ExchangeDeclareOptions, QueueBindOptions};
     use lapin::types::FieldTable;
-    let connection =
-        lapin::Connection::connect(&config.url, lapin::ConnectionProperties::default())
-            .await
-            .expect("connect");
-    let channel = connection.create_channel().await.expect("channel");
+    let queue = format!("{exchange}.q");
+    let (_connection, channel) = channel_with_queue(&config, &queue).await;
     channel
         .exchange_declare(
             exchange.as_str().into(),
@@ -329,15 +340,6 @@ async fn a_message_for_a_missing_exchange_is_retried_and_holds_back_no_other(
         )
         .await
         .expect("declare the exchange");
-    let queue = format!("{exchange}.q");
-    channel
-        .queue_declare(
-            queue.as_str().into(),
-            QueueDeclareOptions::default(),
-            FieldTable::default(),
-        )
-        .await
-        .expect("declare a queue");
     channel
         .queue_bind(
             queue.as_str().into(),
@@ -384,27 +386,15 @@ async fn a_message_for_a_missing_exchange_is_retried_and_holds_back_no_other(
 /// event id as `message_id`; one cancelled by its `message_id` never arrives (a later one
 /// does); one that says no time is dead-lettered naming what is missing.
 async fn a_message_sent_to_the_delay_exchange_arrives_at_its_time(case: Arc<BrokerCase>) {
-    use lapin::options::{BasicGetOptions, BasicPublishOptions, QueueDeclareOptions};
+    use lapin::options::{BasicGetOptions, BasicPublishOptions};
     use lapin::types::{AMQPValue, FieldTable};
     use lapin::BasicProperties;
     let setup = Setup::with_sections(&case, json!({ "targets": { "allow": ["*"] } }));
     let service = setup.start().await; // declares the delay exchange
     let client = setup.client().await;
     let config = rabbitmq_config(&setup).clone();
-    let connection =
-        lapin::Connection::connect(&config.url, lapin::ConnectionProperties::default())
-            .await
-            .expect("connect");
-    let channel = connection.create_channel().await.expect("channel");
     let queue = format!("{}.delayed", config.events_exchange);
-    channel
-        .queue_declare(
-            queue.as_str().into(),
-            QueueDeclareOptions::default(),
-            FieldTable::default(),
-        )
-        .await
-        .expect("declare the target queue");
+    let (_connection, channel) = channel_with_queue(&config, &queue).await;
     let body = b"hello \x00\xff delayed".to_vec();
     let publish = |id: &'static str, time: Option<(&'static str, AMQPValue)>| {
         let channel = channel.clone();
@@ -505,19 +495,7 @@ async fn a_message_sent_to_the_delay_exchange_arrives_at_its_time(case: Arc<Brok
         3,
         "the cancelled m-3 never arrived (m-4, due after it, did)"
     );
-    for (id, state) in [("m-1", "Reached"), ("m-3", "Cancelled"), ("m-4", "Reached")] {
-        let (_, timer) = service
-            .get(&format!("/v1/tenants/default/timers/{id}"))
-            .await;
-        assert_eq!(timer["state"], state, "{timer}");
-    }
-    let dead = wait_for(Duration::from_secs(30), || async {
-        let letters = client.dead_letters().await.ok()?;
-        letters.into_iter().find(|d| d.reason.contains("dueAt"))
-    })
-    .await
-    .expect("the message without a time is a dead letter");
-    assert!(dead.reason.contains("missing_field"), "{}", dead.reason);
+    delivered_cancelled_and_dead_lettered(&service, client.as_ref(), ("m-1", "m-3", "m-4")).await;
     let _ = channel
         .queue_delete(queue.as_str().into(), Default::default())
         .await;

@@ -7,8 +7,10 @@ use std::sync::Arc;
 use base64::Engine as _;
 use serde_json::json;
 
+use timer_core::plugin::TestClient;
+
 use super::{BrokerCase, Setup};
-use crate::e2e::now_ms;
+use crate::e2e::{now_ms, Service};
 use crate::wait_for;
 
 /// Two messages for one target of the broker's own (made by its test client), due together; the
@@ -96,4 +98,31 @@ pub async fn a_timers_own_message_arrives_at_its_target_and_a_cancelled_one_does
     assert_eq!(kept["state"], "Reached", "{kept}");
     service.terminate().await;
     setup.clean_up().await;
+}
+
+/// The end of a broker-native delay test: of three delayed messages of the tenant `default`,
+/// the first and the last were delivered (Reached), the middle one cancelled by its id; and a
+/// message that said no time was dead-lettered (`missing_field`, naming `dueAt`).
+pub async fn delivered_cancelled_and_dead_lettered(
+    service: &Service,
+    client: &dyn TestClient,
+    (first, cancelled, last): (&str, &str, &str),
+) {
+    for (id, state) in [
+        (first, "Reached"),
+        (cancelled, "Cancelled"),
+        (last, "Reached"),
+    ] {
+        let (_, timer) = service
+            .get(&format!("/v1/tenants/default/timers/{id}"))
+            .await;
+        assert_eq!(timer["state"], state, "{timer}");
+    }
+    let dead = wait_for(std::time::Duration::from_secs(30), || async {
+        let letters = client.dead_letters().await.ok()?;
+        letters.into_iter().find(|d| d.reason.contains("dueAt"))
+    })
+    .await
+    .expect("the message without a time is a dead letter");
+    assert!(dead.reason.contains("missing_field"), "{}", dead.reason);
 }

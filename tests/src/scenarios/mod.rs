@@ -39,7 +39,10 @@ pub use control::{
     an_overlap_skip_series_fires_after_each_completion,
     pause_and_resume_commands_hold_a_timer_back_and_let_it_go,
 };
-pub use delivery::a_timers_own_message_arrives_at_its_target_and_a_cancelled_one_does_not;
+pub use delivery::{
+    a_timers_own_message_arrives_at_its_target_and_a_cancelled_one_does_not,
+    delivered_cancelled_and_dead_lettered,
+};
 pub use ingest::{
     a_bound_broker_takes_commands_of_its_tenant_only,
     a_flooding_tenant_is_slowed_and_the_others_are_not,

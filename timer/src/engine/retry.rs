@@ -149,15 +149,7 @@ mod tests {
     async fn until_ok_retries_and_gives_up_or_stops() {
         let config = EngineConfig::default();
         let shutdown = CancellationToken::new();
-        let retry = Retry {
-            config: &config,
-            shutdown: &shutdown,
-            what: "testing",
-            plugin: ("store", "memory"),
-            level: Level::WARN,
-            max_failures: Some(3),
-            timeout: None,
-        };
+        let retry = retry(&config, &shutdown, Some(3));
         assert_eq!(answering_after(&retry, 2).await, Some(3));
         assert_eq!(
             always_failing(&retry, || Error::internal("broken")).await,
@@ -192,15 +184,7 @@ mod tests {
             ..EngineConfig::default()
         };
         let shutdown = CancellationToken::new();
-        let retry = Retry {
-            config: &config,
-            shutdown: &shutdown,
-            what: "testing",
-            plugin: ("store", "memory"),
-            level: Level::WARN,
-            max_failures: None,
-            timeout: None,
-        };
+        let retry = retry(&config, &shutdown, None);
         let mut tries = Vec::new();
         let got = retry
             .until_ok(|| {
@@ -228,6 +212,23 @@ mod tests {
                 .all(|gap| *gap > config.poll_interval / 2),
             "the backoff grew up to the cap: {gaps:?}"
         );
+    }
+
+    /// Retries of a test's store calls, without a time limit of their own.
+    fn retry<'a>(
+        config: &'a EngineConfig,
+        shutdown: &'a CancellationToken,
+        max_failures: Option<u32>,
+    ) -> Retry<'a> {
+        Retry {
+            config,
+            shutdown,
+            what: "testing",
+            plugin: ("store", "memory"),
+            level: Level::WARN,
+            max_failures,
+            timeout: None,
+        }
     }
 
     /// What `until_ok` gives for an operation whose server is unreachable for its first
