@@ -604,6 +604,34 @@ async fn walk_through(name: &str, dir: &Path, mut env: Vec<(&str, String)>, stor
     browser.wait_text("#payload", "\"report\": \"sales\"").await;
     browser.shot("series").await;
 
+    // A timer with its own target and message: both shown (the body is not); a reschedule
+    // from the page keeps them (it sends the message again, body included).
+    let delayed = json!({"tenantId": "acme", "serviceCallId": "delayed", "dueTimeMs": later,
+        "target": {"queue": "acme.orders"},
+        "message": {"bodyBase64": "AAEC/w==", "contentType": "application/octet-stream",
+                    "headers": {"x-order": "42"}}});
+    let (status, body) = send(&service, reqwest::Method::POST, "/v1/timers", delayed).await;
+    assert_eq!(status, 201, "{body}");
+    browser.open("#/timer?tenant=acme&id=delayed").await;
+    browser.wait_text("#fields", "acme.orders").await;
+    browser
+        .wait_text("#fields", "4 bytes, application/octet-stream, 1 header")
+        .await;
+    browser.click("#do-reschedule").await;
+    browser.confirm(None).await;
+    browser.wait_text("#answer", "200").await;
+    let (status, kept) = send(
+        &service,
+        reqwest::Method::GET,
+        "/v1/tenants/acme/timers/delayed?body=true",
+        Value::Null,
+    )
+    .await;
+    assert_eq!(status, 200, "{kept}");
+    assert_eq!(kept["target"], json!({"queue": "acme.orders"}), "{kept}");
+    assert_eq!(kept["message"]["bodyBase64"], "AAEC/w==", "{kept}");
+    assert_eq!(kept["message"]["headers"]["x-order"], "42", "{kept}");
+
     // Cancelling a timer another instance is firing: the API's `firing` answer, shown.
     browser.open("#/timer?tenant=acme&id=busy").await;
     browser.wait_text("#timer-state", "Scheduled").await;

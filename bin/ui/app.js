@@ -118,6 +118,13 @@ function workText(w) {
   return parts.length ? parts.join('; ') : '—';
 }
 
+/** A timer's own message, without its body: size, content type, headers. */
+function messageText(m) {
+  if (!m) return '— (the DueTimeReached event)';
+  const headers = Object.keys(m.headers).length;
+  return `${m.sizeBytes} bytes${m.contentType ? `, ${m.contentType}` : ''}, ${headers} header${headers === 1 ? '' : 's'}`;
+}
+
 /** A `datetime-local` value read as UTC → RFC 3339; empty stays empty. */
 function localInputToUtc(value) {
   if (!value) return '';
@@ -736,12 +743,24 @@ async function timerPage(params) {
         if (c.ok) await act('Retry', 'POST', `${path}/retry`);
       }, t.state === 'Failed'),
       button('Reschedule', '', async () => {
-        const c = await confirmAction('Reschedule this timer?', 'It will be due at this time (UTC); payload and correlation id stay.', 'Reschedule',
+        const c = await confirmAction('Reschedule this timer?', 'It will be due at this time (UTC); its payload, correlation id, target and message stay.', 'Reschedule',
           { label: 'New due time (UTC)', value: utcToLocalInput(t.dueAt), type: 'datetime-local' });
         if (!c.ok) return;
         const command = { tenantId: t.tenantId, serviceCallId: t.serviceCallId, dueAt: localInputToUtc(c.value) };
         if (t.payload !== null) command.payload = t.payload;
         if (t.correlationId !== null) command.correlationId = t.correlationId;
+        if (t.target !== null) command.target = t.target;
+        if (t.message !== null) {
+          // A reschedule replaces the message: send it again as it is, body included.
+          const full = await api.get(`${path}?body=true`);
+          if (full.status !== 200 || !full.body.message) {
+            showAnswer(answerBox, 'Reschedule', full);
+            return;
+          }
+          const m = full.body.message;
+          command.message = { bodyBase64: m.bodyBase64, headers: m.headers };
+          if (m.contentType !== null) command.message.contentType = m.contentType;
+        }
         await act('Reschedule', 'POST', '/v1/timers', command);
       }, live && !t.recurrence));
     const row = (k, v) => [h('dt', {}, k), h('dd', {}, v)];
@@ -758,7 +777,9 @@ async function timerPage(params) {
       ...row('Next attempt', t.nextAttemptAt ? `${utc(t.nextAttemptAt)} (${relative(t.nextAttemptAt)})` : '—'),
       ...row('Correlation id', t.correlationId || '—'),
       ...row('Policy', policyText(t.policy)),
-      ...row('Work', workText(t.work)));
+      ...row('Work', workText(t.work)),
+      ...row('Target', t.target ? JSON.stringify(t.target) : '— (the events destination)'),
+      ...row('Message', messageText(t.message)));
     payload.textContent = t.payload === null ? '(none)' : JSON.stringify(t.payload, null, 2);
     if (t.recurrence) {
       const r = t.recurrence;
