@@ -66,6 +66,60 @@ impl<T> DeliveryTags<T> {
     }
 }
 
+/// A message of a broker's own delay ingress (RabbitMQ's delay exchange, NATS's delay
+/// subjects), as the parts of the `ScheduleTimer` it stands for.
+#[cfg(any(feature = "nats", feature = "rabbitmq"))]
+pub(crate) struct Delayed<'a> {
+    pub(crate) tenant: String,
+    /// The message's own id; without one, an id derived from `id_from` under `namespace`.
+    pub(crate) id: Option<String>,
+    pub(crate) namespace: uuid::Uuid,
+    pub(crate) id_from: &'a [&'a [u8]],
+    pub(crate) target: serde_json::Value,
+    pub(crate) body: &'a [u8],
+    pub(crate) content_type: Option<String>,
+    pub(crate) headers: serde_json::Map<String, serde_json::Value>,
+    /// The due field (`dueInMs`, `dueTimeMs`, `dueAt`) and its value; `None`: the message
+    /// gives no time, and the engine refuses the command naming `dueAt`.
+    pub(crate) due: Option<(&'static str, serde_json::Value)>,
+}
+
+#[cfg(any(feature = "nats", feature = "rabbitmq"))]
+impl Delayed<'_> {
+    /// The `ScheduleTimer` (JSON) the message stands for: its body in base64, its content type
+    /// and headers as the timer's message. A derived id is a UUID (v5) of the length-prefixed
+    /// `id_from` parts and the body: the same message sent twice is one timer.
+    pub(crate) fn command(self) -> Vec<u8> {
+        use base64::Engine as _;
+        use serde_json::{json, Value};
+        let id = self.id.unwrap_or_else(|| {
+            let mut name = Vec::with_capacity(self.body.len() + 64);
+            for part in self.id_from.iter().copied().chain([self.body]) {
+                name.extend_from_slice(&(part.len() as u64).to_be_bytes());
+                name.extend_from_slice(part);
+            }
+            uuid::Uuid::new_v5(&self.namespace, &name).to_string()
+        });
+        let mut message = json!({
+            "bodyBase64": base64::engine::general_purpose::STANDARD.encode(self.body),
+            "headers": self.headers,
+        });
+        if let Some(content_type) = self.content_type {
+            message["contentType"] = Value::from(content_type);
+        }
+        let mut command = json!({
+            "tenantId": self.tenant,
+            "serviceCallId": id,
+            "target": self.target,
+            "message": message,
+        });
+        if let Some((field, value)) = self.due {
+            command[field] = value;
+        }
+        command.to_string().into_bytes()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

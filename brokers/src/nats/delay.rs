@@ -5,11 +5,11 @@
 //! after the commit).
 
 use async_nats::jetstream;
-use base64::Engine as _;
 use serde_json::{json, Map, Value};
 use uuid::Uuid;
 
 use super::CONTENT_TYPE;
+use crate::shared::Delayed;
 
 /// Milliseconds from when the service reads the message.
 pub const DELAY_HEADER: &str = "Timer-Delay";
@@ -32,14 +32,6 @@ pub fn command_of(message: &jetstream::Message, target: &str, default_tenant: &s
         Some(value.as_str().to_owned())
     };
     let tenant = header(TENANT_HEADER).unwrap_or_else(|| default_tenant.to_owned());
-    let id = header(MESSAGE_ID).unwrap_or_else(|| {
-        let mut name = Vec::with_capacity(message.payload.len() + target.len() + 16);
-        for part in [target.as_bytes(), &message.payload] {
-            name.extend_from_slice(&(part.len() as u64).to_be_bytes());
-            name.extend_from_slice(part);
-        }
-        Uuid::new_v5(&DERIVED_IDS, &name).to_string()
-    });
     let reserved = [DELAY_HEADER, DELIVER_AT_HEADER, TENANT_HEADER, MESSAGE_ID, CONTENT_TYPE];
     let kept: Map<String, Value> = message
         .headers
@@ -50,30 +42,28 @@ pub fn command_of(message: &jetstream::Message, target: &str, default_tenant: &s
             Some((name.to_string(), Value::from(values.first()?.as_str())))
         })
         .collect();
-    let mut body = json!({
-        "bodyBase64": base64::engine::general_purpose::STANDARD.encode(&message.payload),
-        "headers": kept,
-    });
-    if let Some(content_type) = header(CONTENT_TYPE) {
-        body["contentType"] = Value::from(content_type);
-    }
-    let mut command = json!({
-        "tenantId": tenant,
-        "serviceCallId": id,
-        "target": {"subject": target},
-        "message": body,
-    });
-    if let Some(delay) = header(DELAY_HEADER) {
+    let due = if let Some(delay) = header(DELAY_HEADER) {
         match delay.trim().parse::<i64>() {
-            Ok(ms) => command["dueInMs"] = Value::from(ms.max(0)),
+            Ok(ms) => Some(("dueInMs", Value::from(ms.max(0)))),
             // Not a number: the engine names it.
-            Err(_) => command["dueInMs"] = Value::from(delay),
+            Err(_) => Some(("dueInMs", Value::from(delay))),
         }
-    } else if let Some(at) = header(DELIVER_AT_HEADER) {
-        match at.trim().parse::<i64>() {
-            Ok(ms) => command["dueTimeMs"] = Value::from(ms),
-            Err(_) => command["dueAt"] = Value::from(at),
-        }
+    } else {
+        header(DELIVER_AT_HEADER).map(|at| match at.trim().parse::<i64>() {
+            Ok(ms) => ("dueTimeMs", Value::from(ms)),
+            Err(_) => ("dueAt", Value::from(at)),
+        })
+    };
+    Delayed {
+        tenant,
+        id: header(MESSAGE_ID),
+        namespace: DERIVED_IDS,
+        id_from: &[target.as_bytes()],
+        target: json!({"subject": target}),
+        body: &message.payload,
+        content_type: header(CONTENT_TYPE),
+        headers: kept,
+        due,
     }
-    command.to_string().into_bytes()
+    .command()
 }

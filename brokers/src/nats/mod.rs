@@ -103,28 +103,14 @@ impl NatsBroker {
             "broker.dead_letter_subject",
         )
         .await?;
-        let consumer = commands
-            .get_or_create_consumer(
-                &config.consumer,
-                consumer::pull::Config {
-                    durable_name: Some(config.consumer.clone()),
-                    ack_policy: consumer::AckPolicy::Explicit,
-                    ack_wait: config.ack_wait,
-                    max_ack_pending: config.max_ack_pending,
-                    filter_subject: config.commands_subject.clone(),
-                    ..Default::default()
-                },
-            )
-            .await
-            .map_err(|e| {
-                unavailable(
-                    &format!(
-                        "consumer {} on stream {}",
-                        config.consumer, config.commands_stream
-                    ),
-                    e,
-                )
-            })?;
+        let consumer = durable_consumer(
+            &commands,
+            config,
+            &config.consumer,
+            &config.commands_stream,
+            &config.commands_subject,
+        )
+        .await?;
         let delays = ensure_stream(
             &js,
             config,
@@ -133,25 +119,14 @@ impl NatsBroker {
             "broker.delay_prefix",
         )
         .await?;
-        let delay_consumer_name = format!("{}-delay", config.consumer);
-        let delay_consumer = delays
-            .get_or_create_consumer(
-                &delay_consumer_name,
-                consumer::pull::Config {
-                    durable_name: Some(delay_consumer_name.clone()),
-                    ack_policy: consumer::AckPolicy::Explicit,
-                    ack_wait: config.ack_wait,
-                    max_ack_pending: config.max_ack_pending,
-                    ..Default::default()
-                },
-            )
-            .await
-            .map_err(|e| {
-                unavailable(
-                    &format!("consumer {delay_consumer_name} on stream {}", config.delay_stream),
-                    e,
-                )
-            })?;
+        let delay_consumer = durable_consumer(
+            &delays,
+            config,
+            &format!("{}-delay", config.consumer),
+            &config.delay_stream,
+            &format!("{}.>", config.delay_prefix),
+        )
+        .await?;
         let ack_wait = consumer.cached_info().config.ack_wait;
         Ok(NatsBroker {
             client,
@@ -401,6 +376,32 @@ pub async fn delete_streams(config: &NatsConfig) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The durable pull consumer `name` on `stream` (named `stream_name`) of the messages on
+/// `subject`, shared by every instance, with explicit acks and the config's ack wait and most
+/// pending; an existing one is used as it is.
+async fn durable_consumer(
+    stream: &stream::Stream,
+    config: &NatsConfig,
+    name: &str,
+    stream_name: &str,
+    subject: &str,
+) -> Result<consumer::PullConsumer> {
+    stream
+        .get_or_create_consumer(
+            name,
+            consumer::pull::Config {
+                durable_name: Some(name.to_owned()),
+                ack_policy: consumer::AckPolicy::Explicit,
+                ack_wait: config.ack_wait,
+                max_ack_pending: config.max_ack_pending,
+                filter_subject: subject.to_owned(),
+                ..Default::default()
+            },
+        )
+        .await
+        .map_err(|e| unavailable(&format!("consumer {name} on stream {stream_name}"), e))
 }
 
 /// Checks that `name` exists and captures exactly `subject`, or creates it. An existing stream

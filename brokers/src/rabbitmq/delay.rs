@@ -8,11 +8,12 @@
 
 use std::collections::BTreeMap;
 
-use base64::Engine as _;
 use lapin::message::Delivery;
 use lapin::types::AMQPValue;
 use serde_json::{json, Map, Value};
 use uuid::Uuid;
+
+use crate::shared::Delayed;
 
 /// Milliseconds from when the service reads the message.
 pub const DELAY_HEADER: &str = "x-delay";
@@ -45,18 +46,7 @@ pub fn command_of(delivery: &Delivery, default_tenant: &str) -> Vec<u8> {
     let exchange = text(TARGET_EXCHANGE_HEADER).unwrap_or_default();
     let routing_key = delivery.routing_key.as_str();
     let tenant = text(TENANT_HEADER).unwrap_or_else(|| default_tenant.to_owned());
-    let id = match properties.message_id() {
-        Some(id) => id.to_string(),
-        None => {
-            let mut name = Vec::with_capacity(delivery.data.len() + 64);
-            for part in [exchange.as_bytes(), routing_key.as_bytes(), &delivery.data] {
-                name.extend_from_slice(&(part.len() as u64).to_be_bytes());
-                name.extend_from_slice(part);
-            }
-            Uuid::new_v5(&DERIVED_IDS, &name).to_string()
-        }
-    };
-    let kept: Map<String, Value> = headers
+    let headers_kept: Map<String, Value> = headers
         .iter()
         .filter(|(name, _)| {
             ![DELAY_HEADER, DELIVER_AT_HEADER, TARGET_EXCHANGE_HEADER, TENANT_HEADER]
@@ -64,30 +54,30 @@ pub fn command_of(delivery: &Delivery, default_tenant: &str) -> Vec<u8> {
         })
         .filter_map(|(name, value)| Some((name.clone(), Value::from(text_of(value)?))))
         .collect();
-    let mut message = json!({
-        "bodyBase64": base64::engine::general_purpose::STANDARD.encode(&delivery.data),
-        "headers": kept,
-    });
-    if let Some(content_type) = properties.content_type() {
-        message["contentType"] = Value::from(content_type.as_str());
-    }
-    let mut command = json!({
-        "tenantId": tenant,
-        "serviceCallId": id,
-        "target": {"exchange": exchange, "routingKey": routing_key},
-        "message": message,
-    });
-    if let Some(delay) = headers.get(DELAY_HEADER).and_then(integer_of) {
+    let due = if let Some(delay) = headers.get(DELAY_HEADER).and_then(integer_of) {
         // As the plugin did: a negative delay is none.
-        command["dueInMs"] = Value::from(delay.max(0));
-    } else if let Some(at) = headers.get(DELIVER_AT_HEADER) {
-        match (integer_of(at), text_of(at)) {
-            (Some(ms), _) => command["dueTimeMs"] = Value::from(ms),
-            (None, Some(text)) => command["dueAt"] = Value::from(text),
-            (None, None) => {}
-        }
+        Some(("dueInMs", Value::from(delay.max(0))))
+    } else {
+        headers
+            .get(DELIVER_AT_HEADER)
+            .and_then(|at| match (integer_of(at), text_of(at)) {
+                (Some(ms), _) => Some(("dueTimeMs", Value::from(ms))),
+                (None, Some(text)) => Some(("dueAt", Value::from(text))),
+                (None, None) => None,
+            })
+    };
+    Delayed {
+        tenant,
+        id: properties.message_id().as_ref().map(|id| id.to_string()),
+        namespace: DERIVED_IDS,
+        id_from: &[exchange.as_bytes(), routing_key.as_bytes()],
+        target: json!({"exchange": exchange, "routingKey": routing_key}),
+        body: &delivery.data,
+        content_type: properties.content_type().as_ref().map(|c| c.to_string()),
+        headers: headers_kept,
+        due,
     }
-    command.to_string().into_bytes()
+    .command()
 }
 
 /// A header value as text: strings as they are, numbers and booleans printed.
