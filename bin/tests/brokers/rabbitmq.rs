@@ -187,7 +187,8 @@ async fn a_tenant_too_long_for_a_routing_key_is_refused_and_nothing_stops_firing
 }
 
 /// The `[broker]` config of a RabbitMQ scenario.
-/// A channel of a connection of its own to the test server of `config` (returned too: the
+/// A channel with publisher confirms (a publish awaited is on the server, ahead of whatever is
+/// sent after it) of a connection of its own to the test server of `config` (returned too: the
 /// channel closes with it), and a queue `queue` declared on it.
 async fn channel_with_queue(
     config: &RabbitmqConfig,
@@ -200,6 +201,10 @@ async fn channel_with_queue(
             .await
             .expect("connect");
     let channel = connection.create_channel().await.expect("channel");
+    channel
+        .confirm_select(lapin::options::ConfirmSelectOptions::default())
+        .await
+        .expect("confirms");
     channel
         .queue_declare(
             queue.into(),
