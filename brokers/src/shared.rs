@@ -66,9 +66,55 @@ impl<T> DeliveryTags<T> {
     }
 }
 
+/// What a broker found out about a target destination (a topic exists, a stream captures a
+/// subject), remembered for [`LOOKUP_TTL`] so a batch of events for the same destinations
+/// does not ask the server again: a destination that goes away meanwhile costs a failed
+/// attempt, retried, not a lost message. At most [`LOOKUP_ENTRIES`] names are kept.
+#[cfg(any(feature = "nats", feature = "rabbitmq", feature = "kafka"))]
+pub(crate) struct Lookups<V> {
+    entries: Mutex<HashMap<String, (std::time::Instant, V)>>,
+}
+
+/// How long a lookup of a destination is trusted.
+#[cfg(any(feature = "nats", feature = "rabbitmq", feature = "kafka"))]
+pub(crate) const LOOKUP_TTL: std::time::Duration = std::time::Duration::from_secs(10);
+/// How many destinations' lookups are kept at most (past it, the stale ones go, then all).
+#[cfg(any(feature = "nats", feature = "rabbitmq", feature = "kafka"))]
+pub(crate) const LOOKUP_ENTRIES: usize = 10_000;
+
+#[cfg(any(feature = "nats", feature = "rabbitmq", feature = "kafka"))]
+impl<V: Clone> Lookups<V> {
+    pub(crate) fn new() -> Self {
+        Lookups {
+            entries: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// What was found about `name` within the last [`LOOKUP_TTL`].
+    pub(crate) fn get(&self, name: &str) -> Option<V> {
+        let entries = self.entries.lock().ok()?;
+        let (at, value) = entries.get(name)?;
+        (at.elapsed() < LOOKUP_TTL).then(|| value.clone())
+    }
+
+    /// Remembers what was found about `name` now.
+    pub(crate) fn put(&self, name: &str, value: V) {
+        let Ok(mut entries) = self.entries.lock() else {
+            return;
+        };
+        if entries.len() >= LOOKUP_ENTRIES {
+            entries.retain(|_, (at, _)| at.elapsed() < LOOKUP_TTL);
+            if entries.len() >= LOOKUP_ENTRIES {
+                entries.clear();
+            }
+        }
+        entries.insert(name.to_owned(), (std::time::Instant::now(), value));
+    }
+}
+
 /// A message of a broker's own delay ingress (RabbitMQ's delay exchange, NATS's delay
-/// subjects), as the parts of the `ScheduleTimer` it stands for.
-#[cfg(any(feature = "nats", feature = "rabbitmq"))]
+/// subjects, Kafka's delay topic), as the parts of the `ScheduleTimer` it stands for.
+#[cfg(any(feature = "nats", feature = "rabbitmq", feature = "kafka"))]
 pub(crate) struct Delayed<'a> {
     pub(crate) tenant: String,
     /// The message's own id; without one, an id derived from `id_from` under `namespace`.
@@ -84,7 +130,7 @@ pub(crate) struct Delayed<'a> {
     pub(crate) due: Option<(&'static str, serde_json::Value)>,
 }
 
-#[cfg(any(feature = "nats", feature = "rabbitmq"))]
+#[cfg(any(feature = "nats", feature = "rabbitmq", feature = "kafka"))]
 impl Delayed<'_> {
     /// The `ScheduleTimer` (JSON) the message stands for: its body in base64, its content type
     /// and headers as the timer's message. A derived id is a UUID (v5) of the length-prefixed
@@ -123,6 +169,20 @@ impl Delayed<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[cfg(any(feature = "nats", feature = "rabbitmq", feature = "kafka"))]
+    #[test]
+    fn lookups_are_kept_and_bounded() {
+        let lookups = Lookups::new();
+        assert_eq!(lookups.get("a"), None);
+        lookups.put("a", true);
+        assert_eq!(lookups.get("a"), Some(true));
+        for i in 0..LOOKUP_ENTRIES {
+            lookups.put(&i.to_string(), false);
+        }
+        assert!(lookups.entries.lock().unwrap().len() <= LOOKUP_ENTRIES);
+        assert_eq!(lookups.get(&(LOOKUP_ENTRIES - 1).to_string()), Some(false));
+    }
 
     #[test]
     fn tags_are_new_and_taken_once() {

@@ -25,7 +25,7 @@ pub struct KafkaConfig {
     /// `timer-event-id`.
     pub events_topic: String,
     /// The topic rejected commands and `TimerFailed` envelopes go to; the reason is in the
-    /// header `timer-dead-letter-reason`. The three topics must differ.
+    /// header `timer-dead-letter-reason`. The four topics (with `delay_topic`) must differ.
     pub dead_letter_topic: String,
     /// Create missing topics at start-up with the admin API. `false`: a missing topic is an
     /// error at start-up, naming the topic and its key. An existing topic is used as it is.
@@ -37,6 +37,17 @@ pub struct KafkaConfig {
     /// `false`: the
     /// tenant is the command's `tenantId`, whatever the key.
     pub bind_tenant: bool,
+    /// Delayed records: a record produced to this topic with the header `timer-delay`
+    /// (milliseconds) or `timer-deliver-at` (RFC 3339, or epoch milliseconds) and the header
+    /// `timer-target-topic` is stored as a timer and produced at that time to the target topic
+    /// with its own key, value and headers. Its header `timer-id` is the timer's
+    /// `serviceCallId` (without one, an id derived from its target topic, key and value), its
+    /// header `timer-tenant` the tenant (else `broker.delay_tenant`). Read by the consumer group
+    /// `broker.group_id` with the commands topic; created with the other topics.
+    pub delay_topic: String,
+    /// The tenant of a delayed record without a `timer-tenant` header; with
+    /// `broker.bind_tenant`, the only tenant delayed records may name.
+    pub delay_tenant: String,
     /// Partitions of the topics the service creates. At least 1.
     pub partitions: i32,
     /// Replication factor of the topics the service creates. At least 1.
@@ -79,6 +90,17 @@ pub const FIXED_PROPERTIES: &[&str] = &[
 ];
 
 impl KafkaConfig {
+    /// The topics the service reads or writes itself, never a target: commands, events, dead
+    /// letters, delayed records.
+    pub fn own_topics(&self) -> [&str; 4] {
+        [
+            &self.commands_topic,
+            &self.events_topic,
+            &self.dead_letter_topic,
+            &self.delay_topic,
+        ]
+    }
+
     /// Checks what can be checked without a server. `check-config` calls it; connecting does too.
     pub fn check(&self) -> Result<()> {
         if self.brokers.trim().is_empty() {
@@ -91,18 +113,18 @@ impl KafkaConfig {
             ("broker.commands_topic", &self.commands_topic),
             ("broker.events_topic", &self.events_topic),
             ("broker.dead_letter_topic", &self.dead_letter_topic),
+            ("broker.delay_topic", &self.delay_topic),
+            ("broker.delay_tenant", &self.delay_tenant),
         ] {
             if value.is_empty() {
                 return Err(Error::config(format!("{key} is empty")));
             }
         }
-        if self.commands_topic == self.events_topic
-            || self.commands_topic == self.dead_letter_topic
-            || self.events_topic == self.dead_letter_topic
-        {
+        let topics = self.own_topics();
+        if (1..topics.len()).any(|i| topics[..i].contains(&topics[i])) {
             return Err(Error::config(
-                "broker.commands_topic, broker.events_topic and broker.dead_letter_topic must \
-                 be three different topics",
+                "broker.commands_topic, broker.events_topic, broker.dead_letter_topic and \
+                 broker.delay_topic must be four different topics",
             ));
         }
         if self.partitions < 1 {
@@ -137,6 +159,8 @@ impl Default for KafkaConfig {
             commands_topic: "timer.commands".into(),
             events_topic: "timer.events".into(),
             dead_letter_topic: "timer.dead-letters".into(),
+            delay_topic: "timer.delay".into(),
+            delay_tenant: "default".into(),
             create_topics: true,
             bind_tenant: false,
             partitions: 3,
@@ -174,7 +198,7 @@ mod tests {
             events_topic: "timer.commands".into(),
             ..KafkaConfig::default()
         };
-        assert!(refused(same).contains("three different"));
+        assert!(refused(same).contains("four different"));
         let mut fixed = KafkaConfig::default();
         fixed
             .properties

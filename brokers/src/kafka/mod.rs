@@ -1,6 +1,6 @@
 //! `kafka`: Apache Kafka and Kafka-protocol brokers, through rdkafka (bundled librdkafka).
 //!
-//! Commands come from a consumer group with auto-commit off; a partition's offset is committed
+//! Commands (and delayed records, `delay.rs`) come from a consumer group with auto-commit off; a partition's offset is committed
 //! only up to the last command the store committed with no unacknowledged command before it
 //! (per partition, in order), and never for a partition this instance no longer owns after a
 //! rebalance. Events go out through an idempotent producer (`acks=all`), keyed by tenant, with
@@ -11,6 +11,7 @@
 #![doc = include_str!("README.md")]
 
 mod config;
+mod delay;
 mod plugin;
 #[cfg(feature = "testing")]
 mod testing;
@@ -34,9 +35,10 @@ use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use timer_core::{Broker, Delivery, Error, OutboundEvent, Result, Target, Undelivered};
 
-use crate::shared::DeliveryTags;
+use crate::shared::{DeliveryTags, Lookups};
 
 pub use config::{KafkaConfig, FIXED_PROPERTIES};
+pub use delay::{DELAY_HEADER, DELIVER_AT_HEADER, ID_HEADER, TARGET_TOPIC_HEADER, TENANT_HEADER};
 pub use plugin::PLUGIN;
 #[cfg(feature = "testing")]
 pub use plugin::TEST_SERVER;
@@ -98,12 +100,22 @@ fn producer(config: &KafkaConfig) -> Result<FutureProducer> {
         .map_err(|e| Error::config("kafka broker: producer settings").with_source(e))
 }
 
+/// A partition of the commands topic or of the delay topic.
+type Partition = (Read, i32);
+
+/// Which of the two topics the consumer reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Read {
+    Commands,
+    Delayed,
+}
+
 /// Which commands were delivered and which of them the store committed, per partition.
 #[derive(Default)]
 struct Tracking {
     /// Bumped at every revocation, so acks of deliveries from before it are recognised.
     epoch: u64,
-    partitions: HashMap<i32, PartitionTrack>,
+    partitions: HashMap<Partition, PartitionTrack>,
 }
 
 struct PartitionTrack {
@@ -116,7 +128,20 @@ struct PartitionTrack {
 /// committed for a partition another instance now owns.
 struct GroupContext {
     commands_topic: String,
+    delay_topic: String,
     tracking: Arc<Mutex<Tracking>>,
+}
+
+impl GroupContext {
+    fn read(&self, topic: &str) -> Option<Read> {
+        if topic == self.commands_topic {
+            Some(Read::Commands)
+        } else if topic == self.delay_topic {
+            Some(Read::Delayed)
+        } else {
+            None
+        }
+    }
 }
 
 impl ClientContext for GroupContext {}
@@ -129,8 +154,8 @@ impl ConsumerContext for GroupContext {
             };
             tracking.epoch += 1;
             for element in list.elements() {
-                if element.topic() == self.commands_topic {
-                    tracking.partitions.remove(&element.partition());
+                if let Some(read) = self.read(element.topic()) {
+                    tracking.partitions.remove(&(read, element.partition()));
                 }
             }
             tracing::info!(
@@ -143,8 +168,12 @@ impl ConsumerContext for GroupContext {
     fn post_rebalance(&self, _: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         match rebalance {
             Rebalance::Assign(list) => {
-                let partitions: Vec<i32> = list.elements().iter().map(|e| e.partition()).collect();
-                tracing::info!(?partitions, "kafka broker: command partitions assigned");
+                let partitions: Vec<String> = list
+                    .elements()
+                    .iter()
+                    .map(|e| format!("{}[{}]", e.topic(), e.partition()))
+                    .collect();
+                tracing::info!(?partitions, "kafka broker: partitions assigned");
             }
             Rebalance::Error(e) => tracing::warn!(error = %e, "kafka broker: rebalance failed"),
             Rebalance::Revoke(_) => {}
@@ -157,12 +186,15 @@ pub struct KafkaBroker {
     producer: FutureProducer,
     tracking: Arc<Mutex<Tracking>>,
     /// Delivered, not yet acknowledged: (partition, offset, epoch of the partition's track).
-    tags: DeliveryTags<(i32, i64, u64)>,
+    tags: DeliveryTags<(Partition, i64, u64)>,
+    /// Target topics found to exist.
+    topics: Lookups<()>,
     config: KafkaConfig,
 }
 
 impl KafkaBroker {
-    /// Connects, checks (or creates) the three topics and joins the consumer group.
+    /// Connects, checks (or creates) the four topics and joins the consumer group (commands
+    /// and delayed records).
     pub async fn connect(config: &KafkaConfig) -> Result<Self> {
         config.check()?;
         let producer = producer(config)?;
@@ -183,14 +215,18 @@ impl KafkaBroker {
         let consumer: StreamConsumer<GroupContext> = c
             .create_with_context(GroupContext {
                 commands_topic: config.commands_topic.clone(),
+                delay_topic: config.delay_topic.clone(),
                 tracking: tracking.clone(),
             })
             .map_err(|e| Error::config("kafka broker: consumer settings").with_source(e))?;
         consumer
-            .subscribe(&[config.commands_topic.as_str()])
+            .subscribe(&[config.commands_topic.as_str(), config.delay_topic.as_str()])
             .map_err(|e| {
                 unavailable(
-                    &format!("subscribing to topic {}", config.commands_topic),
+                    &format!(
+                        "subscribing to topics {} and {}",
+                        config.commands_topic, config.delay_topic
+                    ),
                     e,
                 )
             })?;
@@ -199,13 +235,19 @@ impl KafkaBroker {
             producer,
             tracking,
             tags: DeliveryTags::new("kafka"),
+            topics: Lookups::new(),
             config: config.clone(),
         })
     }
 
-    /// Records a received command as delivered and not yet acknowledged.
+    /// Records a received command (or delayed record) as delivered and not yet acknowledged.
     fn remember(&self, message: &BorrowedMessage<'_>) -> Result<Delivery> {
-        let (partition, offset) = (message.partition(), message.offset());
+        let read = if message.topic() == self.config.delay_topic {
+            Read::Delayed
+        } else {
+            Read::Commands
+        };
+        let (partition, offset) = ((read, message.partition()), message.offset());
         let track_epoch = {
             let mut tracking = self
                 .tracking
@@ -222,6 +264,16 @@ impl KafkaBroker {
             track.offsets.insert(offset, false);
             track.epoch
         };
+        if read == Read::Delayed {
+            // The ScheduleTimer it stands for; with `bind_tenant`, bound to
+            // `broker.delay_tenant`.
+            let body = delay::command_of(message, &self.config.delay_tenant);
+            let tenant = self
+                .config
+                .bind_tenant
+                .then(|| self.config.delay_tenant.clone());
+            return self.tags.remember((partition, offset, track_epoch), body, tenant);
+        }
         let body = message.payload().unwrap_or_default().to_vec();
         // The record key as the tenant; a key that is not UTF-8 names no tenant.
         let tenant = self.config.bind_tenant.then(|| {
@@ -234,7 +286,7 @@ impl KafkaBroker {
 
     /// Marks `tags` acknowledged and returns, per partition, the offset to commit: one past
     /// the last acknowledged command with no unacknowledged one before it.
-    fn settle(&self, tags: &[u64]) -> Result<Vec<(i32, i64)>> {
+    fn settle(&self, tags: &[u64]) -> Result<Vec<(Partition, i64)>> {
         let settled = self.tags.take(tags)?;
         let mut tracking = self
             .tracking
@@ -350,13 +402,14 @@ async fn topic_exists(
     }
 }
 
-/// Checks the three topics and creates the missing ones, or fails naming the topic.
+/// Checks the four topics and creates the missing ones, or fails naming the topic.
 async fn ensure_topics(config: &KafkaConfig, producer: &FutureProducer) -> Result<()> {
     let mut missing = Vec::new();
     for (key, topic) in [
         ("broker.commands_topic", &config.commands_topic),
         ("broker.events_topic", &config.events_topic),
         ("broker.dead_letter_topic", &config.dead_letter_topic),
+        ("broker.delay_topic", &config.delay_topic),
     ] {
         if !topic_exists(config, producer, topic).await? {
             if !config.create_topics {
@@ -438,7 +491,9 @@ fn target_route<'t>(target: &'t Target, config: &KafkaConfig) -> std::result::Re
     let topic = target.text("topic").ok_or_else(shape)?;
     let key = match fields.get("key") {
         None => None,
-        Some(key) => Some(key.as_str().ok_or_else(shape)?),
+        Some(key) => Some(key.as_str().ok_or_else(|| {
+            format!("the key must be text (a record key in UTF-8), not {key}")
+        })?),
     };
     let partition = match fields.get("partition") {
         None => None,
@@ -455,11 +510,10 @@ fn target_route<'t>(target: &'t Target, config: &KafkaConfig) -> std::result::Re
             "{topic:?} is not a Kafka topic name (1 to 249 of a-z, A-Z, 0-9, '.', '_', '-')"
         ));
     }
-    let own = [&config.commands_topic, &config.events_topic, &config.dead_letter_topic];
-    if own.iter().any(|t| t.as_str() == topic) {
+    if config.own_topics().contains(&topic) {
         return Err(format!(
-            "topic {topic} is one of the service's own (commands, events, dead letters); a timer \
-             cannot send there"
+            "topic {topic} is one of the service's own (commands, events, dead letters, delayed \
+             records); a timer cannot send there"
         ));
     }
     Ok(Route {
@@ -545,12 +599,12 @@ impl Broker for KafkaBroker {
             return Ok(());
         }
         let mut list = TopicPartitionList::new();
-        for (partition, offset) in commits {
-            list.add_partition_offset(
-                &self.config.commands_topic,
-                partition,
-                Offset::Offset(offset),
-            )
+        for ((read, partition), offset) in commits {
+            let topic = match read {
+                Read::Commands => &self.config.commands_topic,
+                Read::Delayed => &self.config.delay_topic,
+            };
+            list.add_partition_offset(topic, partition, Offset::Offset(offset))
             .map_err(|e| Error::internal("kafka broker: offset list").with_source(e))?;
         }
         let consumer = self.consumer.clone();
@@ -562,15 +616,20 @@ impl Broker for KafkaBroker {
     async fn publish(&self, events: &[OutboundEvent]) -> Result<Vec<Undelivered>> {
         let ids: Vec<String> = events.iter().map(|e| e.id.to_string()).collect();
         // A record for a topic that does not exist waits out the whole delivery timeout, and
-        // the batch with it: the target topics are looked up first, and such a record is
-        // refused alone (retried later).
+        // the batch with it: the target topics are looked up first (one found is trusted for a
+        // while), and such a record is refused alone (retried later).
         let mut missing = HashSet::new();
         let targeted: HashSet<&str> = events
             .iter()
             .filter_map(|e| e.target.as_ref()?.text("topic"))
             .collect();
         for topic in targeted {
-            if !topic_exists(&self.config, &self.producer, topic).await? {
+            if self.topics.get(topic).is_some() {
+                continue;
+            }
+            if topic_exists(&self.config, &self.producer, topic).await? {
+                self.topics.put(topic, ());
+            } else {
                 missing.insert(topic);
             }
         }

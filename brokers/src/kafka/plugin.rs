@@ -77,6 +77,7 @@ impl BrokerConfig for KafkaConfig {
             commands_topic: format!("{name}.commands"),
             events_topic: format!("{name}.events"),
             dead_letter_topic: format!("{name}.dead"),
+            delay_topic: format!("{name}.delay"),
             ..self.clone()
         })))
     }
@@ -85,9 +86,9 @@ impl BrokerConfig for KafkaConfig {
     #[cfg(feature = "testing")]
     async fn clean_up(&self) -> Result<()> {
         eprintln!(
-            "note: the kafka topics {}, {} and {} stay on {}; delete them with your cluster's \
-             tools",
-            self.commands_topic, self.events_topic, self.dead_letter_topic, self.brokers
+            "note: the kafka topics {} stay on {}; delete them with your cluster's tools",
+            self.own_topics().join(", "),
+            self.brokers
         );
         Ok(())
     }

@@ -28,9 +28,10 @@ use timer_core::{
     Broker, Delivery, Error, KeyLimit, OutboundEvent, Result, Target, TimerKey, Undelivered,
 };
 
-use crate::shared::DeliveryTags;
+use crate::shared::{DeliveryTags, Lookups};
 
 pub use config::NatsConfig;
+pub use delay::{DELAY_HEADER, DELIVER_AT_HEADER, TENANT_HEADER};
 pub use plugin::PLUGIN;
 #[cfg(feature = "testing")]
 pub use plugin::TEST_SERVER;
@@ -56,6 +57,8 @@ pub struct NatsBroker {
     messages: tokio::sync::Mutex<Option<Incoming>>,
     /// Delivered, not yet acknowledged.
     pending: DeliveryTags<jetstream::Message>,
+    /// Target subjects: whether a stream captures each (else it gets a plain publish).
+    captured: Lookups<bool>,
     events_subject: String,
     dead_letter_subject: String,
     /// The subjects the service reads or writes itself (commands, events, dead letters, delayed
@@ -138,6 +141,7 @@ impl NatsBroker {
             ack_wait,
             messages: tokio::sync::Mutex::new(None),
             pending: DeliveryTags::new("nats"),
+            captured: Lookups::new(),
             events_subject: config.events_subject.clone(),
             dead_letter_subject: config.dead_letter_subject.clone(),
             own_subjects: [
@@ -558,9 +562,18 @@ impl Broker for NatsBroker {
             .filter_map(|e| e.target.as_ref()?.text("subject"))
             .collect();
         for subject in targeted {
+            match self.captured.get(subject) {
+                Some(true) => continue,
+                Some(false) => {
+                    plain_subjects.insert(subject);
+                    continue;
+                }
+                None => {}
+            }
             match self.js.stream_by_subject(subject).await {
-                Ok(_) => {}
+                Ok(_) => self.captured.put(subject, true),
                 Err(e) if e.kind() == GetStreamByNameErrorKind::NotFound => {
+                    self.captured.put(subject, false);
                     plain_subjects.insert(subject);
                 }
                 // Refused below (check_target) when it is not a subject at all.

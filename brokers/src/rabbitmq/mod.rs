@@ -36,9 +36,10 @@ use timer_core::{
     Broker, Delivery, Error, KeyLimit, OutboundEvent, Result, Target, TimerKey, Undelivered,
 };
 
-use crate::shared::DeliveryTags;
+use crate::shared::{DeliveryTags, Lookups};
 
 pub use config::RabbitmqConfig;
+pub use delay::{DELAY_HEADER, DELIVER_AT_HEADER, TARGET_EXCHANGE_HEADER, TENANT_HEADER};
 pub use plugin::PLUGIN;
 #[cfg(feature = "testing")]
 pub use plugin::TEST_SERVER;
@@ -58,6 +59,8 @@ pub struct RabbitmqBroker {
     consumer: tokio::sync::Mutex<Option<(u64, lapin::Consumer)>>,
     /// Delivered, not yet acknowledged: (session generation, AMQP delivery tag).
     pending: DeliveryTags<(u64, u64)>,
+    /// Target exchanges found to exist.
+    exchanges: Lookups<()>,
     generation: AtomicU64,
 }
 
@@ -157,6 +160,7 @@ impl RabbitmqBroker {
             session: tokio::sync::Mutex::new(None),
             consumer: tokio::sync::Mutex::new(None),
             pending: DeliveryTags::new("rabbitmq"),
+            exchanges: Lookups::new(),
             generation: AtomicU64::new(0),
         };
         broker.session().await?;
@@ -233,7 +237,8 @@ impl RabbitmqBroker {
     /// The target exchanges of `events` that cannot be published to, with the server's reason.
     /// A publish to an exchange that does not exist closes the channel, and would fail every
     /// other event of the batch with it: each one named is checked first (a passive declare on
-    /// a channel of its own), and the events for one that is missing are refused alone.
+    /// a channel of its own; one found is trusted for a while), and the events for one that is
+    /// missing are refused alone.
     async fn missing_exchanges(
         &self,
         session: &Session,
@@ -242,7 +247,7 @@ impl RabbitmqBroker {
         let named: HashSet<&str> = events
             .iter()
             .filter_map(|e| e.target.as_ref()?.text("exchange"))
-            .filter(|exchange| !exchange.is_empty())
+            .filter(|exchange| !exchange.is_empty() && self.exchanges.get(exchange).is_none())
             .collect();
         let mut missing = Vec::new();
         for exchange in named {
@@ -261,6 +266,7 @@ impl RabbitmqBroker {
                 .await;
             match declared {
                 Ok(()) => {
+                    self.exchanges.put(exchange, ());
                     let _ = channel.close(200, "checked".into()).await;
                 }
                 // The channel is closed by the server; the connection goes on.
