@@ -2,21 +2,24 @@
 //! a service would) and reads whole topics from the beginning with a throwaway reader.
 
 use std::any::Any;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::message::{Headers, Message, OwnedMessage};
+use rdkafka::message::{Header, Headers, Message, OwnedHeaders, OwnedMessage};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{Offset, TopicPartitionList};
-use timer_core::plugin::{ReadDeadLetter, ReadEvent, ReadMessage, TestClient};
+use timer_core::plugin::{
+    DelayedMessage, DelayedUntil, ReadDeadLetter, ReadEvent, ReadMessage, TestClient,
+};
 use timer_core::{Broker, Error, Result, Target};
 
 use super::{
-    client_config, create_topics, KafkaBroker, KafkaConfig, CONTENT_TYPE_HEADER, EVENT_ID_HEADER,
-    REASON_HEADER,
+    client_config, create_topics, KafkaBroker, KafkaConfig, CONTENT_TYPE_HEADER, DELAY_HEADER,
+    DELIVER_AT_HEADER, EVENT_ID_HEADER, ID_HEADER, REASON_HEADER, TARGET_TOPIC_HEADER,
+    TENANT_HEADER,
 };
 
 fn unavailable(what: &str, e: impl std::fmt::Display) -> Error {
@@ -27,6 +30,8 @@ fn unavailable(what: &str, e: impl std::fmt::Display) -> Error {
 pub struct KafkaTestClient {
     pub config: KafkaConfig,
     producer: FutureProducer,
+    /// What was read of each topic so far, so a read takes only what is new.
+    read: tokio::sync::Mutex<HashMap<String, TopicRead>>,
 }
 
 impl KafkaTestClient {
@@ -38,7 +43,11 @@ impl KafkaTestClient {
             .set("linger.ms", "0")
             .create()
             .map_err(|e| unavailable("producer", e))?;
-        Ok(KafkaTestClient { config, producer })
+        Ok(KafkaTestClient {
+            config,
+            producer,
+            read: tokio::sync::Mutex::new(HashMap::new()),
+        })
     }
 
     /// Produces `body` to the commands topic (keyed, as a service would) and waits for the ack.
@@ -75,17 +84,39 @@ impl KafkaTestClient {
         Ok(())
     }
 
-    /// Every message of `topic` from the beginning up to its current end.
+    /// Every message of `topic` from the beginning up to its current end: what an earlier call
+    /// read, and what came after it.
     pub async fn read_all(&self, topic: &str) -> Result<Vec<OwnedMessage>> {
+        let mut read = self.read.lock().await;
+        let known = read.entry(topic.to_owned()).or_default();
         let config = self.config.clone();
-        let topic = topic.to_owned();
-        tokio::task::spawn_blocking(move || read_topic(&config, &topic))
+        let (name, from) = (topic.to_owned(), known.next.clone());
+        let new = tokio::task::spawn_blocking(move || read_topic(&config, &name, &from))
             .await
-            .map_err(|e| unavailable("reader task", e))?
+            .map_err(|e| unavailable("reader task", e))??;
+        for m in new {
+            known.next.insert(m.partition(), m.offset() + 1);
+            known.messages.push(m);
+        }
+        Ok(known.messages.clone())
     }
 }
 
-fn read_topic(config: &KafkaConfig, topic: &str) -> Result<Vec<OwnedMessage>> {
+/// What the test client read of a topic so far.
+#[derive(Default)]
+struct TopicRead {
+    /// The offset to read next, per partition.
+    next: HashMap<i32, i64>,
+    messages: Vec<OwnedMessage>,
+}
+
+/// The messages of `topic` from `from` (per partition; the beginning where it names none) up
+/// to the current end.
+fn read_topic(
+    config: &KafkaConfig,
+    topic: &str,
+    from: &HashMap<i32, i64>,
+) -> Result<Vec<OwnedMessage>> {
     let consumer: BaseConsumer = client_config(config)
         .set("group.id", format!("reader-{}", uuid::Uuid::new_v4()))
         .set("enable.auto.commit", "false")
@@ -104,15 +135,16 @@ fn read_topic(config: &KafkaConfig, topic: &str) -> Result<Vec<OwnedMessage>> {
         .collect();
     let mut list = TopicPartitionList::new();
     let mut remaining = 0usize;
-    let mut ends = std::collections::HashMap::new();
+    let mut ends = HashMap::new();
     for p in partitions {
         let (low, high) = consumer
             .fetch_watermarks(topic, p, timeout)
             .map_err(|e| unavailable("watermarks", e))?;
-        if high > low {
-            remaining += (high - low) as usize;
+        let start = from.get(&p).copied().unwrap_or(low).max(low);
+        if high > start {
+            remaining += (high - start) as usize;
             ends.insert(p, high);
-            list.add_partition_offset(topic, p, Offset::Beginning)
+            list.add_partition_offset(topic, p, Offset::Offset(start))
                 .map_err(|e| unavailable("assignment", e))?;
         }
     }
@@ -205,6 +237,54 @@ impl TestClient for KafkaTestClient {
         fields.insert("key".into(), name.into());
         Ok(Some(Target::new(fields)))
     }
+    /// Produces to `broker.delay_topic` (the target's key, its topic in `timer-target-topic`),
+    /// a thousand awaiting their ack at a time.
+    async fn send_delayed(&self, messages: &[DelayedMessage]) -> Result<bool> {
+        for chunk in messages.chunks(1_000) {
+            let mut sends = Vec::with_capacity(chunk.len());
+            for m in chunk {
+                let (name, ms) = match m.when {
+                    DelayedUntil::DelayMs(ms) => (DELAY_HEADER, ms.to_string()),
+                    DelayedUntil::AtMs(ms) => (DELIVER_AT_HEADER, ms.to_string()),
+                };
+                let topic = m.target.text("topic").unwrap_or_default();
+                let mut headers = OwnedHeaders::new()
+                    .insert(Header {
+                        key: name,
+                        value: Some(&ms),
+                    })
+                    .insert(Header {
+                        key: TARGET_TOPIC_HEADER,
+                        value: Some(topic),
+                    });
+                for (key, value) in [(ID_HEADER, &m.id), (TENANT_HEADER, &m.tenant)] {
+                    if let Some(value) = value {
+                        headers = headers.insert(Header {
+                            key,
+                            value: Some(value),
+                        });
+                    }
+                }
+                for (key, value) in &m.headers {
+                    headers = headers.insert(Header {
+                        key,
+                        value: Some(value),
+                    });
+                }
+                let mut record = FutureRecord::<str, [u8]>::to(&self.config.delay_topic)
+                    .payload(&m.body)
+                    .headers(headers);
+                if let Some(key) = m.target.text("key") {
+                    record = record.key(key);
+                }
+                sends.push(self.producer.send(record, Duration::from_secs(10)));
+            }
+            for result in futures::future::join_all(sends).await {
+                result.map_err(|(e, _)| unavailable("produce", e))?;
+            }
+        }
+        Ok(true)
+    }
     async fn read_target(&self, target: &Target) -> Result<Vec<ReadMessage>> {
         let topic = target.text("topic").unwrap_or_default();
         let key = target.text("key").map(str::as_bytes);
@@ -230,6 +310,7 @@ impl TestClient for KafkaTestClient {
                 content_type: header(&m, CONTENT_TYPE_HEADER),
                 headers,
                 key: m.key().map(<[u8]>::to_vec),
+                arrived_ms: m.timestamp().to_millis(),
             });
         }
         Ok(out)

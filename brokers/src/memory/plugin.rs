@@ -136,6 +136,7 @@ impl TestClient for MemoryTestClient {
                 content_type: meta.content_type,
                 headers: meta.headers,
                 key: None,
+                arrived_ms: None,
             }
         };
         let events = self.hub.events()?.into_iter();

@@ -8,12 +8,14 @@ use std::time::Duration;
 use async_nats::jetstream::{self, consumer};
 use async_trait::async_trait;
 use futures::StreamExt;
-use timer_core::plugin::{ReadDeadLetter, ReadEvent, ReadMessage, TestClient};
+use timer_core::plugin::{
+    DelayedMessage, DelayedUntil, ReadDeadLetter, ReadEvent, ReadMessage, TestClient,
+};
 use timer_core::{Broker, Error, Result, Target};
 
 use super::{
     connect_client, ensure_stream, testing_targets, NatsBroker, NatsConfig, CONTENT_TYPE,
-    REASON_HEADER,
+    DELAY_HEADER, DELIVER_AT_HEADER, REASON_HEADER, TENANT_HEADER,
 };
 
 pub struct NatsTestClient {
@@ -140,6 +142,40 @@ impl TestClient for NatsTestClient {
         fields.insert("subject".into(), format!("{prefix}.{name}").into());
         Ok(Some(Target::new(fields)))
     }
+    /// Publishes on `<delay_prefix>.<subject>`, a thousand awaiting their PubAck at a time.
+    async fn send_delayed(&self, messages: &[DelayedMessage]) -> Result<bool> {
+        for chunk in messages.chunks(1_000) {
+            let mut acks = Vec::with_capacity(chunk.len());
+            for m in chunk {
+                let mut headers = async_nats::HeaderMap::new();
+                for (name, value) in &m.headers {
+                    headers.insert(name.as_str(), value.as_str());
+                }
+                match m.when {
+                    DelayedUntil::DelayMs(ms) => headers.insert(DELAY_HEADER, ms.to_string()),
+                    DelayedUntil::AtMs(ms) => headers.insert(DELIVER_AT_HEADER, ms.to_string()),
+                }
+                if let Some(id) = &m.id {
+                    headers.insert(async_nats::header::NATS_MESSAGE_ID, id.as_str());
+                }
+                if let Some(tenant) = &m.tenant {
+                    headers.insert(TENANT_HEADER, tenant.as_str());
+                }
+                let subject = m.target.text("subject").unwrap_or_default();
+                let on = format!("{}.{subject}", self.config.delay_prefix);
+                acks.push(
+                    self.js
+                        .publish_with_headers(on, headers, m.body.clone().into())
+                        .await
+                        .map_err(|e| unavailable("publish", e))?,
+                );
+            }
+            for ack in acks {
+                ack.await.map_err(|e| unavailable("PubAck", e))?;
+            }
+        }
+        Ok(true)
+    }
     async fn read_target(&self, target: &Target) -> Result<Vec<ReadMessage>> {
         let (stream, _) = testing_targets(&self.config);
         let subject = target.text("subject").unwrap_or_default();
@@ -165,6 +201,10 @@ impl TestClient for NatsTestClient {
                 body: m.payload.to_vec(),
                 headers,
                 key: None,
+                arrived_ms: m
+                    .info()
+                    .ok()
+                    .map(|info| (info.published.unix_timestamp_nanos() / 1_000_000) as i64),
             });
         }
         Ok(out)

@@ -3,24 +3,30 @@
 
 use std::any::Any;
 use std::collections::BTreeMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
+use futures::StreamExt;
 use lapin::options::{
-    BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions,
+    BasicConsumeOptions, BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions,
+    ExchangeDeclareOptions,
 };
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Channel, Connection, ExchangeKind};
-use timer_core::plugin::{ReadDeadLetter, ReadEvent, ReadMessage, TestClient};
+use timer_core::plugin::{
+    DelayedMessage, DelayedUntil, ReadDeadLetter, ReadEvent, ReadMessage, TestClient,
+};
 use timer_core::{Broker, Error, Result, Target};
 
 use super::{
     bind_queue, connection, declare_queue, declare_sink, testing_targets, RabbitmqBroker,
-    RabbitmqConfig, REASON_HEADER,
+    RabbitmqConfig, DELAY_HEADER, DELIVER_AT_HEADER, REASON_HEADER, TARGET_EXCHANGE_HEADER,
+    TENANT_HEADER,
 };
 
 /// A channel with confirms, and the sink queue ([`declare_sink`]) that collects every event.
-/// Drained messages are kept, so `events()` and `dead_letters()` return everything so far.
+/// Drained messages are kept, so `events()` and `dead_letters()` return everything so far;
+/// what arrives at the targets a consumer of their queue collects as it arrives.
 pub struct RabbitmqTestClient {
     pub config: RabbitmqConfig,
     _connection: Connection,
@@ -32,7 +38,9 @@ pub struct RabbitmqTestClient {
     events: Mutex<Vec<ReadEvent>>,
     dead: Mutex<Vec<ReadDeadLetter>>,
     /// What arrived at the targets so far ([`TestClient::make_target`]), with its routing key.
-    targeted: Mutex<Vec<(String, ReadMessage)>>,
+    targeted: Arc<Mutex<Vec<(String, ReadMessage)>>>,
+    /// Whether the consumer of the targets' queue runs.
+    consuming: tokio::sync::Mutex<bool>,
 }
 
 fn unavailable(what: &str, e: impl std::fmt::Display) -> Error {
@@ -66,8 +74,55 @@ impl RabbitmqTestClient {
             events_queue,
             events: Mutex::new(Vec::new()),
             dead: Mutex::new(Vec::new()),
-            targeted: Mutex::new(Vec::new()),
+            targeted: Arc::new(Mutex::new(Vec::new())),
+            consuming: tokio::sync::Mutex::new(false),
         })
+    }
+
+    /// Starts (once) the consumer of the targets' queue, which stamps each message as it
+    /// arrives: RabbitMQ stamps nothing itself.
+    async fn consume_targets(&self) -> Result<()> {
+        let mut started = self.consuming.lock().await;
+        if *started {
+            return Ok(());
+        }
+        let (_, queue) = testing_targets(&self.config);
+        let channel = self
+            ._connection
+            .create_channel()
+            .await
+            .map_err(|e| unavailable("channel", e))?;
+        let mut consumer = channel
+            .basic_consume(
+                queue.as_str().into(),
+                "".into(),
+                BasicConsumeOptions {
+                    no_ack: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .map_err(|e| unavailable("consuming the targets' queue", e))?;
+        let targeted = self.targeted.clone();
+        tokio::spawn(async move {
+            // Ends with the connection (the client dropped).
+            let _channel = channel;
+            while let Some(Ok(delivery)) = consumer.next().await {
+                let arrived_ms = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_millis() as i64)
+                    .ok();
+                let key = delivery.routing_key.to_string();
+                let message = read_message(&delivery, arrived_ms);
+                match targeted.lock() {
+                    Ok(mut targeted) => targeted.push((key, message)),
+                    Err(_) => return,
+                }
+            }
+        });
+        *started = true;
+        Ok(())
     }
 
     /// Takes every message waiting in `queue`.
@@ -112,14 +167,7 @@ impl TestClient for RabbitmqTestClient {
                         .map_err(|e| unavailable("publish", e))?,
                 );
             }
-            for confirm in futures::future::join_all(confirms).await {
-                match confirm.map_err(|e| unavailable("confirm", e))? {
-                    lapin::Confirmation::Ack(None) => {}
-                    other => {
-                        return Err(unavailable("publish", format!("not confirmed: {other:?}")))
-                    }
-                }
-            }
+            confirmed(confirms).await?;
         }
         Ok(())
     }
@@ -185,58 +233,114 @@ impl TestClient for RabbitmqTestClient {
         declare_queue(&self.channel, &queue).await?;
         bind_queue(&self.channel, &queue, &exchange, "#").await?;
         let mut fields = serde_json::Map::new();
+        self.consume_targets().await?;
         fields.insert("exchange".into(), exchange.into());
         fields.insert("routingKey".into(), name.into());
         Ok(Some(Target::new(fields)))
     }
     async fn read_target(&self, target: &Target) -> Result<Vec<ReadMessage>> {
-        let (_, queue) = testing_targets(&self.config);
-        let new = self.drain(&queue).await?;
-        let mut targeted = self
+        let wanted = target.text("routingKey").unwrap_or_default();
+        let targeted = self
             .targeted
             .lock()
             .map_err(|_| Error::internal("poisoned"))?;
-        for m in new {
-            let properties = &m.delivery.properties;
-            let headers: BTreeMap<String, String> = properties
-                .headers()
-                .as_ref()
-                .map(|h| {
-                    h.inner()
-                        .iter()
-                        .map(|(name, value)| {
-                            let value = match value {
-                                AMQPValue::LongString(s) => s.to_string(),
-                                other => format!("{other:?}"),
-                            };
-                            (name.to_string(), value)
-                        })
-                        .collect()
-                })
-                .unwrap_or_default();
-            let key = m.delivery.routing_key.to_string();
-            targeted.push((
-                key.clone(),
-                ReadMessage {
-                    id: properties
-                        .message_id()
-                        .as_ref()
-                        .and_then(|id| uuid::Uuid::parse_str(id.as_str()).ok()),
-                    body: m.delivery.data,
-                    content_type: properties.content_type().as_ref().map(|c| c.to_string()),
-                    headers,
-                    key: Some(key.into_bytes()),
-                },
-            ));
-        }
-        let wanted = target.text("routingKey").unwrap_or_default();
         Ok(targeted
             .iter()
             .filter(|(key, _)| key == wanted)
             .map(|(_, m)| m.clone())
             .collect())
     }
+    /// Publishes to `broker.delay_exchange` with confirms (the target's routing key, its
+    /// exchange in `x-target-exchange`), a thousand awaiting their confirm at a time.
+    async fn send_delayed(&self, messages: &[DelayedMessage]) -> Result<bool> {
+        for chunk in messages.chunks(1_000) {
+            let mut confirms = Vec::with_capacity(chunk.len());
+            for m in chunk {
+                let mut headers = FieldTable::default();
+                for (name, value) in &m.headers {
+                    headers.insert(name.as_str().into(), AMQPValue::LongString(value.as_str().into()));
+                }
+                let (name, ms) = match m.when {
+                    DelayedUntil::DelayMs(ms) => (DELAY_HEADER, ms),
+                    DelayedUntil::AtMs(ms) => (DELIVER_AT_HEADER, ms),
+                };
+                headers.insert(name.into(), AMQPValue::LongLongInt(ms));
+                let exchange = m.target.text("exchange").unwrap_or_default();
+                headers.insert(
+                    TARGET_EXCHANGE_HEADER.into(),
+                    AMQPValue::LongString(exchange.into()),
+                );
+                if let Some(tenant) = &m.tenant {
+                    headers.insert(TENANT_HEADER.into(), AMQPValue::LongString(tenant.as_str().into()));
+                }
+                let mut properties = BasicProperties::default()
+                    .with_delivery_mode(2)
+                    .with_headers(headers);
+                if let Some(id) = &m.id {
+                    properties = properties.with_message_id(id.as_str().into());
+                }
+                let routing_key = m.target.text("routingKey").unwrap_or_default();
+                confirms.push(
+                    self.channel
+                        .basic_publish(
+                            self.config.delay_exchange.as_str().into(),
+                            routing_key.into(),
+                            BasicPublishOptions::default(),
+                            &m.body,
+                            properties,
+                        )
+                        .await
+                        .map_err(|e| unavailable("publish", e))?,
+                );
+            }
+            confirmed(confirms).await?;
+        }
+        Ok(true)
+    }
     fn as_any(&self) -> &dyn Any {
         self
+    }
+}
+
+/// Waits for every confirm; anything but a plain ack is an error.
+async fn confirmed(confirms: Vec<lapin::PublisherConfirm>) -> Result<()> {
+    for confirm in futures::future::join_all(confirms).await {
+        match confirm.map_err(|e| unavailable("confirm", e))? {
+            lapin::Confirmation::Ack(None) => {}
+            other => return Err(unavailable("publish", format!("not confirmed: {other:?}"))),
+        }
+    }
+    Ok(())
+}
+
+/// A message that arrived at a target, as the tests read it.
+fn read_message(delivery: &lapin::message::Delivery, arrived_ms: Option<i64>) -> ReadMessage {
+    let properties = &delivery.properties;
+    let headers: BTreeMap<String, String> = properties
+        .headers()
+        .as_ref()
+        .map(|h| {
+            h.inner()
+                .iter()
+                .map(|(name, value)| {
+                    let value = match value {
+                        AMQPValue::LongString(s) => s.to_string(),
+                        other => format!("{other:?}"),
+                    };
+                    (name.to_string(), value)
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    ReadMessage {
+        id: properties
+            .message_id()
+            .as_ref()
+            .and_then(|id| uuid::Uuid::parse_str(id.as_str()).ok()),
+        body: delivery.data.clone(),
+        content_type: properties.content_type().as_ref().map(|c| c.to_string()),
+        headers,
+        key: Some(delivery.routing_key.as_str().as_bytes().to_vec()),
+        arrived_ms,
     }
 }

@@ -1,13 +1,15 @@
 //! Delayed delivery through the service: a `ScheduleTimer` from the broker with its own
 //! `target` and `message` delivers the message there, byte-exact, at its due time; a cancelled
-//! one never arrives.
+//! one never arrives. Through the broker's own delay ingress, 10,000 of them survive a kill.
 
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
+use std::time::Duration;
 
 use base64::Engine as _;
 use serde_json::json;
 
-use timer_core::plugin::TestClient;
+use timer_core::plugin::{DelayedMessage, DelayedUntil, ReadMessage, TestClient};
 
 use super::{BrokerCase, Setup};
 use crate::e2e::{now_ms, Service};
@@ -125,4 +127,258 @@ pub async fn delivered_cancelled_and_dead_lettered(
     .await
     .expect("the message without a time is a dead letter");
     assert!(dead.reason.contains("missing_field"), "{}", dead.reason);
+}
+
+/// How many delayed messages the broker-native ingress scenario sends, over ten seconds.
+const DELAYED: usize = 10_000;
+
+/// The body of delayed message `i`: its number and bytes of every value, of a length that varies.
+fn delayed_body(i: usize) -> Vec<u8> {
+    let mut body = (i as u64).to_be_bytes().to_vec();
+    body.extend((0..(64 + i % 200)).map(|k| (k * 31 + i) as u8));
+    body
+}
+
+/// 10,000 delayed messages through the broker's own delay ingress (RabbitMQ's delay exchange,
+/// NATS's delay subjects, Kafka's delay topic), a thousand a second for ten seconds, to three
+/// destinations, due one to four seconds after they were sent; the service is killed (-9) and
+/// started again in the middle of it (on a test server that keeps a killed consumer's
+/// deliveries, `no_takeover`, once they are all stored, while they fire). Every message arrives
+/// byte for byte with its headers, none before its time, and its repeats carry one id; one
+/// cancelled by its id never arrives; one over `limits.max_message_bytes` and one for a target
+/// its tenant may not send to are dead-lettered naming `message` and `target`.
+pub async fn ten_thousand_delayed_messages_through_the_native_ingress_survive_a_kill(
+    case: Arc<BrokerCase>,
+) {
+    let setup = Setup::with_sections(
+        &case,
+        json!({
+            // Tenant `default` (the ingress's default tenant) may send anywhere, no one else.
+            "targets": { "allow": [], "tenants": { "default": { "allow": ["*"] } } },
+            "limits": { "max_message_bytes": 1024 },
+        }),
+    );
+    let client = setup.client().await;
+    let mut targets = Vec::new();
+    for name in ["d0", "d1", "d2"] {
+        let target = client.make_target(name).await.expect("make a target");
+        targets.push(target.unwrap_or_else(|| panic!("{} takes no targets", case.plugin.kind)));
+    }
+    let service = setup.start().await;
+    let message = |id: &str, target: usize, when: DelayedUntil, body: Vec<u8>| DelayedMessage {
+        target: targets[target].clone(),
+        id: Some(id.to_owned()),
+        tenant: None,
+        when,
+        body,
+        headers: BTreeMap::from([("x-seq".to_owned(), id.to_owned())]),
+    };
+
+    // The three that do not arrive: one cancelled, two refused.
+    let cancelled = message(
+        "cancel-me",
+        0,
+        DelayedUntil::AtMs(now_ms() + 15_000),
+        vec![1],
+    );
+    let too_big = message("too-big", 1, DelayedUntil::DelayMs(0), vec![7; 2_000]);
+    let intruder = DelayedMessage {
+        tenant: Some("intruder".into()),
+        ..message("intruder", 2, DelayedUntil::DelayMs(0), vec![8])
+    };
+    let has_ingress = client
+        .send_delayed(&[cancelled, too_big, intruder])
+        .await
+        .expect("send delayed messages");
+    assert!(has_ingress, "{} has a delay ingress", case.plugin.kind);
+    let stored = wait_for(Duration::from_secs(30), || async {
+        let (status, _) = service.get("/v1/tenants/default/timers/cancel-me").await;
+        (status == 200).then_some(())
+    })
+    .await;
+    if stored.is_none() {
+        service.fail("the message to cancel was stored");
+    }
+    let cancel =
+        json!({"type": "CancelTimer", "tenantId": "default", "serviceCallId": "cancel-me"});
+    client
+        .send_command(cancel.to_string().as_bytes())
+        .await
+        .expect("send the cancel");
+
+    // A hundred every 100 ms; the due time of each, or (for a delay) the least it can be.
+    let start = now_ms();
+    let sending = {
+        let client = client.clone();
+        let targets = targets.clone();
+        tokio::spawn(async move {
+            let mut due = vec![0i64; DELAYED];
+            for batch in 0..DELAYED / 100 {
+                let at = start + batch as i64 * 100;
+                let wait = u64::try_from(at - now_ms()).unwrap_or(0);
+                // Pacing the load, not waiting for anything.
+                tokio::time::sleep(Duration::from_millis(wait)).await;
+                let sent = now_ms();
+                let messages: Vec<DelayedMessage> = (batch * 100..batch * 100 + 100)
+                    .map(|i| {
+                        let after = 1_000 + (i as i64 * 7_919) % 3_000;
+                        due[i] = sent + after;
+                        DelayedMessage {
+                            target: targets[i % 3].clone(),
+                            id: Some(format!("m-{i}")),
+                            tenant: None,
+                            when: if i % 10 == 0 {
+                                DelayedUntil::DelayMs(after)
+                            } else {
+                                DelayedUntil::AtMs(sent + after)
+                            },
+                            body: delayed_body(i),
+                            headers: BTreeMap::from([("x-seq".to_owned(), i.to_string())]),
+                        }
+                    })
+                    .collect();
+                client.send_delayed(&messages).await?;
+            }
+            Ok::<_, timer_core::Error>(due)
+        })
+    };
+
+    // The kill: half-way through the sending; where the test server keeps a killed consumer's
+    // deliveries from its successor, once the last message of each destination is stored (and
+    // with it the rest of its partition), while they fire.
+    match case.traits.no_takeover {
+        None => {
+            let half = start + 5_000;
+            wait_for(Duration::from_secs(30), || async {
+                (now_ms() >= half).then_some(())
+            })
+            .await;
+        }
+        Some(why) => {
+            println!("killed once every message is stored: {why}");
+            let all = wait_for(Duration::from_secs(90), || async {
+                for i in DELAYED - 3..DELAYED {
+                    let path = format!("/v1/tenants/default/timers/m-{i}");
+                    if service.get(&path).await.0 != 200 {
+                        return None;
+                    }
+                }
+                Some(())
+            })
+            .await;
+            if all.is_none() {
+                service.fail("the last message of each destination was stored");
+            }
+        }
+    }
+    service.kill9().await;
+    let killed_at = now_ms() - start;
+    let service = setup.start().await;
+    let due = sending
+        .await
+        .expect("the sending task")
+        .expect("send delayed messages");
+
+    // Read the targets once nothing is Scheduled any more (reading whole topics again and
+    // again would load a test server that is slow already); then until every message is there
+    // (some may still wait on the broker for the restarted service).
+    let store = setup.store().await;
+    let settled = wait_for(Duration::from_secs(120), || async {
+        (store.scheduled_count().await.ok()? == 0).then_some(())
+    })
+    .await;
+    if settled.is_none() {
+        service.fail("every delayed message fired");
+    }
+    let read_all = || async {
+        let mut all = Vec::new();
+        for target in &targets {
+            all.extend(client.read_target(target).await?);
+        }
+        Ok::<Vec<ReadMessage>, timer_core::Error>(all)
+    };
+    let complete = wait_for(Duration::from_secs(60), || async {
+        let all = read_all().await.ok()?;
+        let seqs: HashSet<&str> = all
+            .iter()
+            .filter_map(|m| m.headers.get("x-seq").map(String::as_str))
+            .collect();
+        let done = (0..DELAYED).all(|i| seqs.contains(i.to_string().as_str()));
+        drop(seqs);
+        done.then_some(all)
+    })
+    .await;
+    let arrived = match complete {
+        Some(arrived) => arrived,
+        None => {
+            let all = read_all()
+                .await
+                .unwrap_or_else(|e| service.fail(format!("reading the targets: {e}")));
+            let seqs: HashSet<String> = all
+                .iter()
+                .filter_map(|m| m.headers.get("x-seq").cloned())
+                .collect();
+            let missing = (0..DELAYED)
+                .filter(|i| !seqs.contains(&i.to_string()))
+                .count();
+            service.fail(format!(
+                "every message arrived ({missing} of {DELAYED} missing)"
+            ));
+        }
+    };
+    let mut by_seq: HashMap<String, Vec<&ReadMessage>> = HashMap::new();
+    for m in &arrived {
+        let seq = m.headers.get("x-seq").cloned().unwrap_or_default();
+        by_seq.entry(seq).or_default().push(m);
+    }
+    assert!(
+        !by_seq.contains_key("cancel-me"),
+        "the message cancelled by its id never arrived"
+    );
+    let (_, timer) = service.get("/v1/tenants/default/timers/cancel-me").await;
+    assert_eq!(timer["state"], "Cancelled", "{timer}");
+    let mut late = Vec::new();
+    let mut repeated = 0;
+    for (i, due) in due.iter().enumerate() {
+        let copies = &by_seq[&i.to_string()];
+        repeated += copies.len() - 1;
+        let id = copies[0].id;
+        assert!(
+            id.is_some(),
+            "m-{i}: the event id in the de-duplication slot"
+        );
+        for m in copies {
+            assert_eq!(m.id, id, "m-{i}: repeats carry one id");
+            assert!(m.body == delayed_body(i), "m-{i}: byte for byte");
+            if let Some(arrived) = m.arrived_ms {
+                assert!(
+                    arrived >= *due,
+                    "m-{i} arrived {} ms before its time",
+                    due - arrived
+                );
+                late.push(arrived - due);
+            }
+        }
+    }
+    for (reason, names) in [
+        ("payload_too_large", "message"),
+        ("invalid_target", "target"),
+    ] {
+        let dead = wait_for(Duration::from_secs(30), || async {
+            let letters = client.dead_letters().await.ok()?;
+            letters.into_iter().find(|d| d.reason.contains(reason))
+        })
+        .await
+        .unwrap_or_else(|| service.fail(format!("a dead letter {reason}")));
+        assert!(dead.reason.contains(names), "{}", dead.reason);
+    }
+    let (p50, p99, max) = crate::e2e::percentiles(late);
+    println!(
+        "{DELAYED} delayed messages, the service killed at {:.1} s: all arrived, {repeated} \
+         repeated (one id each), lateness p50 {p50} ms, p99 {p99} ms, max {max} ms (through the \
+         kill)",
+        killed_at as f64 / 1_000.0
+    );
+    service.terminate().await;
+    setup.clean_up().await;
 }

@@ -42,6 +42,7 @@ pub use control::{
 pub use delivery::{
     a_timers_own_message_arrives_at_its_target_and_a_cancelled_one_does_not,
     delivered_cancelled_and_dead_lettered,
+    ten_thousand_delayed_messages_through_the_native_ingress_survive_a_kill,
 };
 pub use ingest::{
     a_bound_broker_takes_commands_of_its_tenant_only,
@@ -130,6 +131,7 @@ pub fn trials(
         a_flooding_tenant_is_slowed_and_the_others_are_not,
         an_overlap_skip_series_fires_after_each_completion,
         a_timers_own_message_arrives_at_its_target_and_a_cancelled_one_does_not,
+        ten_thousand_delayed_messages_through_the_native_ingress_survive_a_kill,
         an_unreachable_server_is_a_one_line_error,
         ten_thousand_timers_survive_a_service_restart_and_a_server_outage,
         a_bound_broker_takes_commands_of_its_tenant_only,

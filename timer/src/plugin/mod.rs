@@ -22,7 +22,8 @@ mod testing;
 pub use config::{to_value, BrokerConfig, ConfigSection, PluginConfig, Section, StoreConfig};
 #[cfg(feature = "testing")]
 pub use testing::{
-    fresh_name, Isolated, ReadDeadLetter, ReadEvent, ReadMessage, TestClient, TestServer,
+    fresh_name, DelayedMessage, DelayedUntil, Isolated, ReadDeadLetter, ReadEvent, ReadMessage,
+    TestClient, TestServer,
 };
 
 use crate::error::Result;

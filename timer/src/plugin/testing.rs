@@ -54,6 +54,34 @@ pub struct ReadMessage {
     pub headers: BTreeMap<String, String>,
     /// The record key (Kafka) or routing key (RabbitMQ), where the broker has one.
     pub key: Option<Vec<u8>>,
+    /// When it arrived, in epoch milliseconds, as the broker or the reader stamped it (NATS:
+    /// the stream's timestamp; Kafka: the record's; RabbitMQ: when the test client's consumer
+    /// received it); `None` where nothing stamps it.
+    pub arrived_ms: Option<i64>,
+}
+
+/// A message for a broker's own delay ingress ([`TestClient::send_delayed`]), as a producer
+/// that knows nothing of the service would send it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DelayedMessage {
+    /// Where it is to go: a target [`TestClient::make_target`] made.
+    pub target: Target,
+    /// Its own id (the timer's `serviceCallId`); `None`: the service derives one.
+    pub id: Option<String>,
+    /// Its tenant header; `None`: the broker's `delay_tenant`.
+    pub tenant: Option<String>,
+    pub when: DelayedUntil,
+    pub body: Vec<u8>,
+    pub headers: BTreeMap<String, String>,
+}
+
+/// When a delayed message is to go: its delay header or its deliver-at header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DelayedUntil {
+    /// Milliseconds from when the service reads it.
+    DelayMs(i64),
+    /// An epoch time in milliseconds.
+    AtMs(i64),
 }
 
 /// An independent producer and reader on one broker config's resources.
@@ -80,6 +108,12 @@ pub trait TestClient: Send + Sync + 'static {
     /// takes no targets.
     async fn make_target(&self, _name: &str) -> Result<Option<Target>> {
         Ok(None)
+    }
+    /// Sends `messages` through the broker's own delay ingress, all in flight together where the
+    /// broker allows, and waits until the broker has every one. `Ok(false)`: the broker has no
+    /// such ingress.
+    async fn send_delayed(&self, _messages: &[DelayedMessage]) -> Result<bool> {
+        Ok(false)
     }
     /// Every message that arrived so far at a target [`make_target`](Self::make_target) made.
     async fn read_target(&self, target: &Target) -> Result<Vec<ReadMessage>> {
