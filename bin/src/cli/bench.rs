@@ -18,6 +18,9 @@ pub enum Workload {
     Restart,
     /// `--pending` timers in one tenant, then list pages over HTTP: answer times.
     List,
+    /// `--pending` far-future 1 KiB messages (RSS reported), then `--timers` delayed messages
+    /// through the broker's delay ingress over `--over`: their lateness at the destinations.
+    Delay,
     All,
 }
 
@@ -40,7 +43,7 @@ pub struct Options {
     /// instances would; for lateness and herd.
     #[arg(long, default_value_t = 1)]
     pub instances: usize,
-    /// Pending (far-future) timers for the pending, restart and list workloads.
+    /// Pending (far-future) timers for the pending, restart, list and delay workloads.
     #[arg(long, default_value_t = 1_000_000)]
     pub pending: usize,
     /// Machine-readable output.

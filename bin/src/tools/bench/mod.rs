@@ -12,10 +12,18 @@
 //!   herd's last fire), and the herd's drain time and fires/s.
 //! - `ingest`: schedules/s through the broker path (commands → ingest task → store) and through
 //!   the HTTP API (one timer per request, 64 in flight).
+//! - `delay`: `--pending` far-future timers carrying a 1 KiB message each (RSS before and after
+//!   loading them), then `--timers` delayed messages of 1 KiB sent evenly over `--over` through
+//!   the broker's own delay ingress (RabbitMQ's delay exchange, NATS's delay subjects, Kafka's
+//!   delay topic), each due 2 s after it was sent, to three destinations; lateness = when the
+//!   message arrived at its destination − its due time, as the broker stamps the arrival (NATS:
+//!   the stream's timestamp; Kafka: the record's, set when the service produced it; RabbitMQ:
+//!   when the bench's consumer received it).
 //! - `list`: `--pending` timers in one tenant, then `GET /v1/tenants/{tenant}/timers` pages
 //!   (the first, one 90% deep by cursor, one with a prefix filter), each asked `--timers` times
 //!   one after the other; their answer times.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
@@ -100,6 +108,123 @@ async fn pending_run(
     run.push(("RSS loaded", "MiB", rss_loaded));
     run.push(("RSS after", "MiB", rss_mib()));
     Ok(run)
+}
+
+/// How long after it was sent a delayed message of the delay workload is due.
+const DELAY_LEAD_MS: i64 = 2_000;
+
+async fn delay_run(
+    config: &Config,
+    n: usize,
+    over: Duration,
+    pending: usize,
+) -> anyhow::Result<Run> {
+    use timer_core::plugin::{DelayedMessage, DelayedUntil};
+    let rss_before = rss_mib();
+    let rig = start_rig_with(
+        config,
+        1,
+        Preload {
+            far: pending,
+            message_bytes: 1024,
+            any_target: true,
+            ..Preload::default()
+        },
+    )
+    .await?;
+    let rss_loaded = rss_mib();
+    let mut targets = Vec::new();
+    for name in ["bench-d0", "bench-d1", "bench-d2"] {
+        match rig.client.make_target(name).await? {
+            Some(target) => targets.push(target),
+            None => bail!("the {} broker takes no targets", config.broker.kind()),
+        }
+    }
+    // Batches every 100 ms, evenly over `over`.
+    let batches = usize::try_from(over.as_millis() / 100).unwrap_or(1).max(1);
+    let start = now_ms();
+    let mut due = vec![0i64; n];
+    let bar = progress(n, "sending");
+    for b in 0..batches {
+        let at = start + b as i64 * 100;
+        if let Ok(wait) = u64::try_from(at - now_ms()) {
+            tokio::time::sleep(Duration::from_millis(wait)).await;
+        }
+        let sent = now_ms();
+        let messages: Vec<DelayedMessage> = (b * n / batches..(b + 1) * n / batches)
+            .map(|i| {
+                due[i] = sent + DELAY_LEAD_MS;
+                DelayedMessage {
+                    target: targets[i % targets.len()].clone(),
+                    id: Some(format!("d{i:08}")),
+                    tenant: None,
+                    when: DelayedUntil::AtMs(due[i]),
+                    body: vec![b'x'; 1024],
+                    headers: [("x-seq".to_owned(), i.to_string())].into(),
+                }
+            })
+            .collect();
+        if !rig.client.send_delayed(&messages).await? {
+            bail!(
+                "the {} broker has no delay ingress (nats, rabbitmq and kafka have one)",
+                config.broker.kind()
+            );
+        }
+        bar.inc(messages.len() as u64);
+    }
+    let rate = n as f64 / ((now_ms() - start).max(1) as f64 / 1_000.0);
+    bar.finish_and_clear();
+    // Read the destinations until every message is there (or two minutes after the last due).
+    let end = tokio::time::Instant::now() + Duration::from_millis((DELAY_LEAD_MS + 120_000) as u64);
+    let bar = progress(n, "arriving");
+    let mut first = HashMap::new();
+    let copies = loop {
+        let mut all = Vec::new();
+        for target in &targets {
+            all.extend(rig.client.read_target(target).await?);
+        }
+        let copies = all.len();
+        for m in all {
+            let seq = m.headers.get("x-seq").and_then(|s| s.parse::<usize>().ok());
+            if let (Some(seq), Some(arrived)) = (seq, m.arrived_ms) {
+                first.entry(seq).or_insert(arrived);
+            }
+        }
+        bar.set_position(first.len() as u64);
+        if first.len() >= n || tokio::time::Instant::now() > end {
+            break copies;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    bar.finish_and_clear();
+    rig.stop().await;
+    let mut lateness: Vec<i64> = first
+        .iter()
+        .filter_map(|(seq, arrived)| Some(arrived - due.get(*seq)?))
+        .collect();
+    lateness.sort_unstable();
+    Ok(vec![
+        ("p50", "ms", percentile(&lateness, 0.50)),
+        ("p90", "ms", percentile(&lateness, 0.90)),
+        ("p99", "ms", percentile(&lateness, 0.99)),
+        ("max", "ms", percentile(&lateness, 1.0)),
+        (
+            "early",
+            "messages",
+            lateness.iter().filter(|l| **l < 0).count() as f64,
+        ),
+        ("missing", "messages", (n - first.len()) as f64),
+        (
+            "duplicates",
+            "messages",
+            copies.saturating_sub(first.len()) as f64,
+        ),
+        ("sent", "messages/s", rate),
+        ("pending messages", "timers", pending as f64),
+        ("RSS before", "MiB", rss_before),
+        ("RSS loaded", "MiB", rss_loaded),
+        ("RSS after", "MiB", rss_mib()),
+    ])
 }
 
 async fn restart_run(config: &Config, pending: usize) -> anyhow::Result<Run> {
@@ -285,6 +410,7 @@ pub async fn run(config: Config, options: Options) -> anyhow::Result<()> {
         Workload::Pending => &[Workload::Pending],
         Workload::Restart => &[Workload::Restart],
         Workload::List => &[Workload::List],
+        Workload::Delay => &[Workload::Delay],
     };
     let mut figures = Vec::new();
     for workload in workloads {
@@ -295,6 +421,7 @@ pub async fn run(config: Config, options: Options) -> anyhow::Result<()> {
             Workload::Pending => "pending",
             Workload::Restart => "restart",
             Workload::List => "list",
+            Workload::Delay => "delay",
             _ => "ingest",
         };
         let mut runs: Vec<Run> = Vec::new();
@@ -318,6 +445,9 @@ pub async fn run(config: Config, options: Options) -> anyhow::Result<()> {
                     pending_run(&config, options.timers, options.over, options.pending).await?
                 }
                 Workload::Restart => restart_run(&config, options.pending).await?,
+                Workload::Delay => {
+                    delay_run(&config, options.timers, options.over, options.pending).await?
+                }
                 Workload::List => {
                     list_run(&config, options.pending, options.timers, &options.tls).await?
                 }
@@ -333,7 +463,11 @@ pub async fn run(config: Config, options: Options) -> anyhow::Result<()> {
                 // Ingest always goes through one instance.
                 instances: if matches!(
                     workload,
-                    Workload::Ingest | Workload::Pending | Workload::Restart | Workload::List
+                    Workload::Ingest
+                        | Workload::Pending
+                        | Workload::Restart
+                        | Workload::List
+                        | Workload::Delay
                 ) {
                     1
                 } else {

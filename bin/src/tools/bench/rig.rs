@@ -44,6 +44,10 @@ pub(super) struct Preload {
     pub(super) due_now: usize,
     /// All in the tenant [`LIST_TENANT`] (else spread over 16 tenants).
     pub(super) one_tenant: bool,
+    /// The far timers carry a message of this many bytes for a target (0: none).
+    pub(super) message_bytes: usize,
+    /// The engines may send to any target (`targets.allow = ["*"]`), whatever the config says.
+    pub(super) any_target: bool,
 }
 
 /// The tenant the list workload fills.
@@ -131,6 +135,15 @@ pub(super) async fn preload(store: &Arc<dyn Store>, preload: Preload) -> anyhow:
                     now + 86_400_000 + k as i64
                 };
                 let mut timer = timer(k, due);
+                if preload.message_bytes > 0 {
+                    let mut fields = serde_json::Map::new();
+                    fields.insert("queue".into(), "bench-far".into());
+                    timer.target = Some(timer_core::Target::new(fields));
+                    timer.message = Some(timer_core::Message {
+                        body: vec![b'x'; preload.message_bytes],
+                        meta: timer_core::MessageMeta::default(),
+                    });
+                }
                 if preload.one_tenant {
                     timer.key.tenant_id = LIST_TENANT.to_owned();
                 }
@@ -156,6 +169,13 @@ pub(super) async fn start_rig_with(
     let preload_rate = preload(&stores[0], load).await?;
     let (broker, client) = fresh_broker(config.broker.as_ref()).await?;
     let shutdown = CancellationToken::new();
+    let mut limits = config.limits.clone();
+    if load.any_target {
+        limits.targets = timer_core::config::TargetRules {
+            allow: vec!["*".into()],
+            tenants: Default::default(),
+        };
+    }
     let mut engines = Vec::new();
     for store in stores {
         let connected = broker.config.connect().await?;
@@ -164,7 +184,7 @@ pub(super) async fn start_rig_with(
             connected,
             Arc::new(SystemClock),
             config.engine.clone(),
-            config.limits.clone(),
+            limits.clone(),
         );
         engines.push(engine);
     }
