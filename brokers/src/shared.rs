@@ -130,6 +130,29 @@ pub(crate) struct Delayed<'a> {
     pub(crate) due: Option<(&'static str, serde_json::Value)>,
 }
 
+#[cfg(any(feature = "nats", feature = "kafka"))]
+impl Delayed<'_> {
+    /// The due field of a message whose time headers are text: a delay in milliseconds
+    /// (`dueInMs`; a negative one is none), else a time as epoch milliseconds (`dueTimeMs`) or
+    /// RFC 3339 (`dueAt`). What does not parse goes along as it is, for the engine to name.
+    pub(crate) fn due_of_text(
+        delay: Option<String>,
+        deliver_at: Option<String>,
+    ) -> Option<(&'static str, serde_json::Value)> {
+        use serde_json::Value;
+        if let Some(delay) = delay {
+            return Some(match delay.trim().parse::<i64>() {
+                Ok(ms) => ("dueInMs", Value::from(ms.max(0))),
+                Err(_) => ("dueInMs", Value::from(delay)),
+            });
+        }
+        deliver_at.map(|at| match at.trim().parse::<i64>() {
+            Ok(ms) => ("dueTimeMs", Value::from(ms)),
+            Err(_) => ("dueAt", Value::from(at)),
+        })
+    }
+}
+
 #[cfg(any(feature = "nats", feature = "rabbitmq", feature = "kafka"))]
 impl Delayed<'_> {
     /// The `ScheduleTimer` (JSON) the message stands for: its body in base64, its content type

@@ -61,18 +61,7 @@ pub fn command_of(message: &BorrowedMessage<'_>, default_tenant: &str) -> Vec<u8
         .filter(|(name, _)| !reserved.contains(name))
         .map(|(name, value)| ((*name).to_owned(), Value::from(value.as_str())))
         .collect();
-    let due = if let Some(delay) = header(DELAY_HEADER) {
-        match delay.trim().parse::<i64>() {
-            Ok(ms) => Some(("dueInMs", Value::from(ms.max(0)))),
-            // Not a number: the engine names it.
-            Err(_) => Some(("dueInMs", Value::from(delay))),
-        }
-    } else {
-        header(DELIVER_AT_HEADER).map(|at| match at.trim().parse::<i64>() {
-            Ok(ms) => ("dueTimeMs", Value::from(ms)),
-            Err(_) => ("dueAt", Value::from(at)),
-        })
-    };
+    let due = Delayed::due_of_text(header(DELAY_HEADER), header(DELIVER_AT_HEADER));
     let topic = header(TARGET_TOPIC_HEADER);
     let key = message.key().map(std::str::from_utf8);
     let mut target = json!({});

@@ -42,18 +42,7 @@ pub fn command_of(message: &jetstream::Message, target: &str, default_tenant: &s
             Some((name.to_string(), Value::from(values.first()?.as_str())))
         })
         .collect();
-    let due = if let Some(delay) = header(DELAY_HEADER) {
-        match delay.trim().parse::<i64>() {
-            Ok(ms) => Some(("dueInMs", Value::from(ms.max(0)))),
-            // Not a number: the engine names it.
-            Err(_) => Some(("dueInMs", Value::from(delay))),
-        }
-    } else {
-        header(DELIVER_AT_HEADER).map(|at| match at.trim().parse::<i64>() {
-            Ok(ms) => ("dueTimeMs", Value::from(ms)),
-            Err(_) => ("dueAt", Value::from(at)),
-        })
-    };
+    let due = Delayed::due_of_text(header(DELAY_HEADER), header(DELIVER_AT_HEADER));
     Delayed {
         tenant,
         id: header(MESSAGE_ID),
