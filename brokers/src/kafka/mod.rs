@@ -1,9 +1,9 @@
 //! `kafka`: Apache Kafka and Kafka-protocol brokers, through rdkafka (bundled librdkafka).
 //!
-//! Commands (and delayed records, `delay.rs`) come from a consumer group with auto-commit off; a partition's offset is committed
-//! only up to the last command the store committed with no unacknowledged command before it
-//! (per partition, in order), and never for a partition this instance no longer owns after a
-//! rebalance. Events go out through an idempotent producer (`acks=all`), keyed by tenant, with
+//! Commands (and delayed records, `delay.rs`) come from a consumer group with auto-commit off;
+//! a partition's offset is committed only up to the last command the store committed with no
+//! unacknowledged command before it (per partition, in order), and never for a partition this
+//! instance no longer owns after a rebalance. Events go out through an idempotent producer (`acks=all`), keyed by tenant, with
 //! the envelope id in the `timer-event-id` header; a batch counts as published only once every
 //! delivery report is OK, with all of them in flight together.
 //!

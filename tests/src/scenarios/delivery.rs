@@ -337,6 +337,10 @@ pub async fn ten_thousand_delayed_messages_through_the_native_ingress_survive_a_
     );
     let (_, timer) = service.get("/v1/tenants/default/timers/cancel-me").await;
     assert_eq!(timer["state"], "Cancelled", "{timer}");
+    assert!(
+        arrived.iter().all(|m| m.arrived_ms.is_some()),
+        "the test client stamps every arrival (else nothing shows a message was not early)"
+    );
     let mut late = Vec::new();
     let mut repeated = 0;
     for (i, due) in due.iter().enumerate() {
