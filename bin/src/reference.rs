@@ -19,7 +19,8 @@ use crate::config::{HttpConfig, LogConfig, DEFAULT_BROKER_KIND};
 
 /// One config section as documented: `[engine]`, or `[store]` of one kind.
 pub struct Section {
-    /// The TOML table: `store`, `broker`, `engine`, `limits`, `limits.rate`, `http`, `log`.
+    /// The TOML table: `store`, `broker`, `engine`, `limits`, `limits.rate`, `targets`,
+    /// `webhooks`, `http`, `log`.
     pub table: &'static str,
     /// For `store` and `broker`: the plugin kind this section is read as.
     pub kind: Option<&'static str>,
@@ -71,7 +72,7 @@ impl Section {
 }
 
 /// Every section of every plugin this build has, in the order of the example file: store,
-/// broker, engine, limits, limits.rate, limits.fire_rate, http, log.
+/// broker, engine, limits, limits.rate, limits.fire_rate, targets, webhooks, http, log.
 pub fn sections() -> Vec<Section> {
     fn plugin_sections<P>(
         table: &'static str,
@@ -103,6 +104,8 @@ pub fn sections() -> Vec<Section> {
     sections.push(plain::<RateLimits>("limits.rate"));
     sections.push(plain::<FireRateLimits>("limits.fire_rate"));
     sections.push(plain::<TargetRules>("targets"));
+    #[cfg(feature = "webhook")]
+    sections.push(plain::<timer_brokers::webhook::WebhookConfig>("webhooks"));
     sections.push(plain::<HttpConfig>("http"));
     sections.push(plain::<LogConfig>("log"));
     sections
@@ -212,7 +215,13 @@ pub fn example_toml(sections: &[Section]) -> String {
 /// The metrics table of `docs/src/operations/metrics.md`, from the engine's metric list.
 pub fn metrics_markdown() -> String {
     let mut out = String::from("| Prometheus name | type | meaning |\n|---|---|---|\n");
-    for (name, kind, help) in metric::ALL {
+    #[cfg(feature = "webhook")]
+    let all = metric::ALL
+        .iter()
+        .chain(timer_brokers::webhook::metric::ALL);
+    #[cfg(not(feature = "webhook"))]
+    let all = metric::ALL.iter();
+    for (name, kind, help) in all {
         let kind = match kind {
             metric::Kind::Counter => "counter",
             metric::Kind::Gauge => "gauge",

@@ -83,6 +83,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         config.engine.clone(),
         config.limits.clone(),
     );
+    let engine = crate::plugins::with_caller(engine, &config)?;
     let listener = tokio::net::TcpListener::bind(config.http.addr)
         .await
         .with_context(|| format!("cannot listen on http.addr {}", config.http.addr))?;
@@ -147,6 +148,8 @@ fn init_metrics() -> anyhow::Result<PrometheusHandle> {
         .install_recorder()
         .context("installing the metrics recorder")?;
     metric::describe();
+    #[cfg(feature = "webhook")]
+    timer_brokers::webhook::metric::describe();
     Ok(handle)
 }
 

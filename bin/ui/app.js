@@ -824,7 +824,7 @@ function historyItem(e) {
     resumed: () => (e.dueAt ? `resumed, due ${utc(e.dueAt)}` : 'resumed; the series had ended'),
     skipped: () => `skipped ${e.atLeast ? 'at least ' : ''}${e.count} occurrence${e.count === 1 ? '' : 's'} (${utc(e.first)} … ${utc(e.last)})`,
     triggered: () => `triggered by hand (event ${e.eventId})`,
-    fired: () => `fired${e.occurrence ? ` occurrence ${e.occurrence}` : ''}, ${e.latenessMs} ms late (due ${utc(e.dueAt)}, by ${e.instance})`,
+    fired: () => `fired${e.occurrence ? ` occurrence ${e.occurrence}` : ''}, ${e.latenessMs} ms late (due ${utc(e.dueAt)}, by ${e.instance})${e.answer ? `: ${e.answer}` : ''}`,
     publish_failed: () => `publish attempt ${e.attempt} failed: ${e.error}`,
     given_up: () => `failed after ${e.attempts} attempts: ${e.error}`,
     cancelled: () => 'cancelled',

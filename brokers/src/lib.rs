@@ -6,6 +6,10 @@
 #[cfg(any(feature = "nats", feature = "rabbitmq", feature = "kafka"))]
 mod shared;
 
+/// HTTP targets: signed webhooks at the due time, with or without a broker.
+#[cfg(feature = "webhook")]
+pub mod webhook;
+
 timer_core::plugins! { BrokerPlugin:
     memory = "memory",
     nats = "nats",

@@ -210,9 +210,11 @@ pub struct TenantFireRate {
 
 /// Who may send where (the `[targets]` table): the destinations a timer's own `target` may
 /// name. A target is allowed when its destination, as the broker names it (the NATS subject,
-/// the RabbitMQ `<exchange>/<routingKey>`, the Kafka topic, the memory queue), matches a
-/// pattern of `targets.allow` or of its tenant's `targets.tenants.<tenant>.allow`; anything
-/// else is refused (reason `invalid_target`). In a pattern, `*` stands for any run of
+/// the RabbitMQ `<exchange>/<routingKey>`, the Kafka topic, the memory queue, an HTTP target's
+/// URL), matches a pattern of `targets.allow` or of its tenant's `targets.tenants.<tenant>.allow`;
+/// anything else is refused (reason `invalid_target`). A pattern that starts with `http://` or
+/// `https://` is a URL prefix and allows URLs only: `https://hooks.acme.com` allows every URL of
+/// that host, `https://hooks.acme.com/timers/` those under that path. In a pattern, `*` stands for any run of
 /// characters and `{tenant}` for the timer's tenant id as one routing token (letters, digits,
 /// `-` and `_` as they are, every other byte as `%XX`), so no tenant's pattern reaches another
 /// tenant's names. The service's own command, event and dead-letter destinations are never
@@ -254,7 +256,12 @@ impl TargetRules {
             .iter()
             .chain(own.unwrap_or_default())
             .any(|pattern| {
-                matches_pattern(&pattern.replace("{tenant}", &routing_token(tenant)), name)
+                let pattern = pattern.replace("{tenant}", &routing_token(tenant));
+                match url_prefix(&pattern) {
+                    // A URL (an HTTP target) matches URL patterns only, by prefix.
+                    Some(prefix) => is_url(name) && matches_pattern(&(prefix + "*"), name),
+                    None => !is_url(name) && matches_pattern(&pattern, name),
+                }
             })
     }
 
@@ -278,6 +285,25 @@ impl TargetRules {
             }
         }
         Ok(())
+    }
+}
+
+/// Whether `name` is a URL (an HTTP target's destination).
+fn is_url(name: &str) -> bool {
+    name.starts_with("http://") || name.starts_with("https://")
+}
+
+/// A URL pattern as the prefix it allows: `https://hooks.acme.com` allows that host's URLs
+/// (`https://hooks.acme.com/…`), not `https://hooks.acme.com.evil.net/`; with a path, URLs
+/// that start with it. `None` for a pattern that is not a URL.
+fn url_prefix(pattern: &str) -> Option<String> {
+    let rest = pattern
+        .strip_prefix("http://")
+        .or_else(|| pattern.strip_prefix("https://"))?;
+    if rest.contains('/') {
+        Some(pattern.to_owned())
+    } else {
+        Some(format!("{pattern}/"))
     }
 }
 
@@ -582,6 +608,34 @@ mod tests {
         );
         assert!(rules.allows("acme", "orders/due.eu"));
         assert!(!rules.allows("globex", "orders/due.eu"), "acme's own only");
+
+        // URL patterns are prefixes, of URLs only; a bare host stops at its end.
+        let urls = TargetRules {
+            allow: vec![
+                "*".into(),
+                "https://hooks.acme.com".into(),
+                "http://127.0.0.1:8080/{tenant}/".into(),
+            ],
+            tenants: BTreeMap::new(),
+        };
+        assert!(urls.allows("a", "https://hooks.acme.com/"));
+        assert!(urls.allows("a", "https://hooks.acme.com/x/y?z=1"));
+        assert!(!urls.allows("a", "https://hooks.acme.com.evil.net/"));
+        assert!(
+            !urls.allows("a", "http://hooks.acme.com/"),
+            "another scheme"
+        );
+        assert!(urls.allows("acme", "http://127.0.0.1:8080/acme/due"));
+        assert!(!urls.allows("acme", "http://127.0.0.1:8080/globex/due"));
+        assert!(
+            !urls.allows("acme", "http://127.0.0.1:8080/acme"),
+            "below the path"
+        );
+        assert!(
+            !urls.allows("a", "https://x.com/"),
+            "`*` allows names, not URLs"
+        );
+        assert!(urls.allows("a", "orders"));
         rules.tenants.insert(
             "globex".into(),
             TenantTargets {

@@ -160,6 +160,9 @@ pub enum Change {
         /// how-manyth time.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         refire: Option<u32>,
+        /// How an HTTP target answered the call: `hooks.acme.com:443 answered 200 OK in 12 ms`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        answer: Option<String>,
     },
     /// A publish failed; it is retried.
     #[serde(rename_all = "camelCase")]
@@ -213,6 +216,7 @@ impl Change {
                     .map(|_| claim.occurrences.saturating_add(1)),
                 caught_up: false,
                 refire: None,
+                answer: None,
             }),
             Settlement::Failed(error) => Some(Change::GivenUp {
                 attempts: attempt,
@@ -611,6 +615,7 @@ mod tests {
             occurrence: Some(2),
             caught_up: false,
             refire: None,
+            answer: None,
         };
         assert_eq!(
             fired.to_json(),

@@ -2,6 +2,7 @@
 //! of timer-service. It knows no plugin and no SDK; plugins depend on it, never the reverse.
 
 pub mod broker;
+pub mod call;
 pub mod clock;
 pub mod config;
 pub mod control;
@@ -18,6 +19,7 @@ pub mod store;
 pub mod wire;
 
 pub use broker::{Broker, Delivery, KeyLimit, OutboundEvent, Undelivered};
+pub use call::{Called, Caller};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::{EngineConfig, Limits};
 pub use control::{Action, Change, HistoryEntry};

@@ -21,6 +21,9 @@ pub enum Workload {
     /// `--pending` far-future 1 KiB messages (RSS reported), then `--timers` delayed messages
     /// through the broker's delay ingress over `--over`: their lateness at the destinations.
     Delay,
+    /// `--timers` timers with an HTTP target, due evenly over `--over`, called on a receiver of
+    /// the bench on 127.0.0.1: their lateness at the receiver.
+    Webhook,
     All,
 }
 

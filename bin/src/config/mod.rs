@@ -45,6 +45,8 @@ struct TopLevel {
     http: HttpConfig,
     limits: Limits,
     targets: TargetRules,
+    #[cfg(feature = "webhook")]
+    webhooks: timer_brokers::webhook::WebhookConfig,
     log: LogConfig,
 }
 
@@ -56,6 +58,9 @@ pub struct Config {
     pub engine: EngineConfig,
     pub http: HttpConfig,
     pub limits: Limits,
+    /// How HTTP targets are called and signed (`[webhooks]`).
+    #[cfg(feature = "webhook")]
+    pub webhooks: timer_brokers::webhook::WebhookConfig,
     pub log: LogConfig,
 }
 
@@ -122,6 +127,8 @@ pub fn load(figment: &Figment) -> Result<Config, Error> {
             targets: top.targets,
             ..top.limits
         },
+        #[cfg(feature = "webhook")]
+        webhooks: top.webhooks,
         log: top.log,
     };
     validate(&config)?;
@@ -189,6 +196,8 @@ fn validate(config: &Config) -> Result<(), Error> {
     config.limits.rate.check()?;
     config.limits.targets.check()?;
     config.limits.fire_rate.check()?;
+    #[cfg(feature = "webhook")]
+    config.webhooks.check()?;
     Ok(())
 }
 

@@ -27,6 +27,8 @@ fn to_toml(config: &Config) -> Result<toml::Value, Error> {
     table.insert("http".into(), toml(&config.http)?);
     table.insert("limits".into(), toml(&config.limits)?);
     table.insert("targets".into(), toml(&config.limits.targets)?);
+    #[cfg(feature = "webhook")]
+    table.insert("webhooks".into(), toml(&config.webhooks)?);
     table.insert("log".into(), toml(&config.log)?);
     Ok(toml::Value::Table(table))
 }

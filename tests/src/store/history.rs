@@ -50,6 +50,7 @@ pub async fn history_records_each_change_in_order(store: Arc<dyn Store>) {
             occurrence: None,
             caught_up: false,
             refire: None,
+            answer: None,
         }
     );
     assert_eq!(entries[3].at, at(T0_MS + 250));

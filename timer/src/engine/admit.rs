@@ -59,7 +59,12 @@ impl Engine {
             return Ok(());
         };
         let refused = |why: String| Rejection::new(Reason::InvalidTarget, Some("target"), why);
-        let name = broker.check_target(target).map_err(refused)?;
+        // An HTTP target goes to the caller, whatever the broker.
+        let name = match self.inner.caller.get().filter(|c| c.takes(target)) {
+            Some(caller) => caller.check_target(target),
+            None => broker.check_target(target),
+        }
+        .map_err(refused)?;
         let tenant = &timer.key.tenant_id;
         if !self.inner.limits.targets.allows(tenant, &name) {
             return Err(refused(format!(

@@ -10,6 +10,7 @@ use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
+use super::call::{Calls, OneCall};
 use super::{metrics as metric, Engine};
 use crate::broker::{OutboundEvent, Undelivered};
 use crate::error::{Error, Result};
@@ -24,7 +25,9 @@ impl Engine {
         let inner = &self.inner;
         let mut wakeups = inner.store.wakeups();
         let retry = self.store_retry(&shutdown, "claiming due timers");
+        let mut calls = Calls::default();
         while !shutdown.is_cancelled() {
+            calls.reap();
             inner.planned.store(i64::MAX, Ordering::SeqCst);
             // Claim only as a live member of the store's instances.
             let Some(fence) = self.member(&shutdown).await else {
@@ -54,7 +57,8 @@ impl Engine {
                 break;
             };
             if !claimed.is_empty() {
-                self.fire(claimed, held_until, &fence, &shutdown).await;
+                self.fire(claimed, held_until, &fence, &shutdown, &mut calls)
+                    .await;
                 continue;
             }
             drop(firing);
@@ -77,6 +81,8 @@ impl Engine {
                 _ = sooner_elsewhere(&mut wakeups, wake_at) => {}
             }
         }
+        // Each call gives its claim back `engine.shutdown_grace` after shutdown at the latest.
+        calls.finish().await;
         debug!("firing task stopped");
     }
 
@@ -125,6 +131,7 @@ impl Engine {
         held_until: Instant,
         fence: &CancellationToken,
         shutdown: &CancellationToken,
+        calls: &mut Calls,
     ) {
         let inner = &self.inner;
         let reached_at = inner.clock.now();
@@ -159,36 +166,37 @@ impl Engine {
         if !settled.is_empty() {
             self.settle_all(settled, reached_at, shutdown).await;
         }
-        if firing.is_empty() {
+        // Each claim as its event describes it (due at the occurrence that fires). The
+        // envelopes go out, or the timers' own messages with the envelopes' ids; the event
+        // stream shows the envelopes either way.
+        let mut claimed = Vec::with_capacity(firing.len());
+        let mut planned = Vec::with_capacity(firing.len());
+        let mut as_fired = Vec::with_capacity(firing.len());
+        let mut envelopes = Vec::with_capacity(firing.len());
+        let mut events = Vec::with_capacity(firing.len());
+        for (claim, fire) in firing.into_iter().zip(fires) {
+            let (fired, envelope, event) = outgoing(&claim, &fire, reached_at);
+            if let Some(caller) = self.called(&claim) {
+                let one = OneCall {
+                    claim,
+                    fire,
+                    as_fired: fired,
+                    envelope,
+                    event,
+                };
+                self.start_call(calls, caller, one, reached_at, held_until, fence, shutdown);
+                continue;
+            }
+            claimed.push(claim);
+            planned.push(fire);
+            as_fired.push(fired);
+            envelopes.push(envelope);
+            events.push(event);
+        }
+        if claimed.is_empty() {
             return;
         }
-        let claimed = firing;
-        // Each claim as its event describes it (due at the occurrence that fires).
-        let as_fired: Vec<ClaimedTimer> = claimed
-            .iter()
-            .zip(&fires)
-            .map(|(t, fire)| fire.claim(t))
-            .collect();
-        // The envelopes go out, or the timers' own messages with the envelopes' ids; the
-        // event stream shows the envelopes either way.
-        let envelopes: Vec<DueTimeReachedEnvelope> = as_fired
-            .iter()
-            .zip(&fires)
-            .map(|(t, fire)| DueTimeReachedEnvelope::for_fire(t, reached_at, fire.refire))
-            .collect();
-        let events: Vec<OutboundEvent> = as_fired
-            .iter()
-            .zip(&envelopes)
-            .map(|(t, envelope)| {
-                outbound_of(
-                    t.key.clone(),
-                    envelope.id,
-                    envelope.to_json(),
-                    t.target.clone(),
-                    t.message.clone(),
-                )
-            })
-            .collect();
+        let fires = planned;
         let grace = inner.config.shutdown_grace;
         let publish = self.within_publish_timeout("publishing", inner.broker.publish(&events));
         let published = tokio::select! {
@@ -228,7 +236,7 @@ impl Engine {
                     .fired
                     .into_iter()
                     .map(|(t, fire)| {
-                        let settlement = policy::fired(&t, &fire, reached_at, &inner.owner);
+                        let settlement = policy::fired(&t, &fire, reached_at, &inner.owner, None);
                         (t, settlement)
                     })
                     .collect();
@@ -258,7 +266,7 @@ impl Engine {
     }
 
     /// Counts and streams the fires the broker confirmed.
-    fn announce(
+    pub(super) fn announce(
         &self,
         claimed: &[ClaimedTimer],
         envelopes: Vec<DueTimeReachedEnvelope>,
@@ -317,6 +325,25 @@ impl Delivered {
         self.as_fired.push(as_fired);
         self.envelopes.push(envelope);
     }
+}
+
+/// A claim as its event describes it (due at the occurrence that fires), its envelope, and what
+/// goes out for it.
+fn outgoing(
+    claim: &ClaimedTimer,
+    fire: &Fire,
+    reached_at: Timestamp,
+) -> (ClaimedTimer, DueTimeReachedEnvelope, OutboundEvent) {
+    let as_fired = fire.claim(claim);
+    let envelope = DueTimeReachedEnvelope::for_fire(&as_fired, reached_at, fire.refire);
+    let event = outbound_of(
+        as_fired.key.clone(),
+        envelope.id,
+        envelope.to_json(),
+        as_fired.target.clone(),
+        as_fired.message.clone(),
+    );
+    (as_fired, envelope, event)
 }
 
 /// What goes to the broker for a fire with the event `id`: the `envelope` to the events

@@ -8,6 +8,7 @@
 //! - `group_commit`: single schedules (HTTP) written together in one transaction;
 //! - `ingest`: the broker path, in batches, acknowledged after the store committed;
 //! - `fire`: claim due timers, publish their events within `engine.publish_timeout`;
+//! - `call`: the fires a [`Caller`] delivers (HTTP targets), each on its own task;
 //! - `pace`: per-tenant fire rates, the turn of each timer over its tenant's rate;
 //! - `owners`: membership in the store's live instances, taking over dead ones' leases, and
 //!   renewing the leases of a publish in flight;
@@ -23,6 +24,7 @@
 //! - [`metrics`]: metric names and descriptions.
 
 mod admit;
+mod call;
 mod control;
 mod fire;
 mod group_commit;
@@ -46,6 +48,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{error, warn};
 
 use crate::broker::Broker;
+use crate::call::Caller;
 use crate::clock::Clock;
 use crate::config::{EngineConfig, Limits};
 use crate::model::Timestamp;
@@ -110,6 +113,12 @@ struct Inner {
     firing: tokio::sync::Mutex<()>,
     /// The tasks that panicked and wait to be started again ([`supervise`]).
     down: supervise::TasksDown,
+    /// Where fires with a target of its own go instead of the broker (HTTP targets), set once
+    /// before the engine starts ([`Engine::with_caller`]).
+    caller: std::sync::OnceLock<Arc<dyn Caller>>,
+    /// How many calls run on their own now ([`call`]): joining again and leaving wait for
+    /// none, as they wait for the firing task's batch.
+    calls: watch::Sender<usize>,
 }
 
 impl Engine {
@@ -156,8 +165,26 @@ impl Engine {
                 joined: Mutex::new(None),
                 firing: tokio::sync::Mutex::new(()),
                 down: supervise::TasksDown::default(),
+                caller: std::sync::OnceLock::new(),
+                calls: watch::Sender::new(0),
             }),
         }
+    }
+
+    /// Sends the fires whose target `caller` [`takes`](Caller::takes) through it rather than the
+    /// broker, and checks such targets with it at admission. Set once, before the engine starts;
+    /// a second caller is refused.
+    pub fn with_caller(self, caller: Arc<dyn Caller>) -> Result<Self, crate::Error> {
+        self.inner
+            .caller
+            .set(caller)
+            .map_err(|_| crate::Error::config("the engine has a caller already"))?;
+        Ok(self)
+    }
+
+    /// The caller of HTTP targets, if the engine has one.
+    pub fn caller(&self) -> Option<&Arc<dyn Caller>> {
+        self.inner.caller.get()
     }
 
     pub fn store(&self) -> &Arc<dyn Store> {

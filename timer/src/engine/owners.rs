@@ -92,7 +92,12 @@ impl Engine {
                     // store like the join does); what it abandoned is released by the join.
                     let _idle = tokio::select! {
                         _ = shutdown.cancelled() => return,
-                        idle = inner.firing.lock() => idle,
+                        idle = async {
+                            let idle = inner.firing.lock().await;
+                            // And the calls it started (each holds its lease meanwhile).
+                            self.no_calls().await;
+                            idle
+                        } => idle,
                     };
                     let join = retry.until_ok(|| self.join_now(owners)).await;
                     let Some(m) = join else { return };

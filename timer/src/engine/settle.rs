@@ -69,6 +69,16 @@ impl Engine {
     /// allowed attempt, given up. Each timer comes with its own error (one refused event of a
     /// batch has its own; a failed batch shares one).
     pub(super) async fn release_with_backoff(&self, failed: Vec<(ClaimedTimer, String)>) {
+        self.release_after(failed, None).await
+    }
+
+    /// As [`release_with_backoff`](Self::release_with_backoff), but not sooner than
+    /// `not_before` from now (a destination's `Retry-After`).
+    pub(super) async fn release_after(
+        &self,
+        failed: Vec<(ClaimedTimer, String)>,
+        not_before: Option<std::time::Duration>,
+    ) {
         let inner = &self.inner;
         let now = inner.clock.now();
         let max = inner.config.max_attempts;
@@ -92,7 +102,8 @@ impl Engine {
                 let delay = jittered(
                     backoff(&inner.config, t.attempts + 1),
                     inner.config.retry_jitter_percent,
-                );
+                )
+                .max(not_before.unwrap_or_default());
                 let settlement = Settlement::Retry {
                     at: now.saturating_add(delay),
                     error: Some(error),

@@ -308,8 +308,15 @@ fn plan_one_shot(mut planner: Planner<'_>, max_attempts: u32) -> Plan {
     fire(planner, claim.due_at, false, fires)
 }
 
-/// The settlement of a planned fire that the broker confirmed at `at`, fired by `owner`.
-pub fn fired(claim: &ClaimedTimer, fire: &Fire, at: Timestamp, owner: &str) -> Settlement {
+/// The settlement of a planned fire that the broker confirmed at `at`, fired by `owner`; with
+/// `answer`, how the destination answered a call (an HTTP target), kept in its history.
+pub fn fired(
+    claim: &ClaimedTimer,
+    fire: &Fire,
+    at: Timestamp,
+    owner: &str,
+    answer: Option<String>,
+) -> Settlement {
     let policy = claim.policy.as_ref();
     let mut work = fire.work.clone();
     let mut changes = fire.before.clone();
@@ -326,6 +333,7 @@ pub fn fired(claim: &ClaimedTimer, fire: &Fire, at: Timestamp, owner: &str) -> S
         occurrence: recurring.then_some(occurrence),
         caught_up: fire.caught_up,
         refire: (fire.refire > 0).then_some(fire.refire),
+        answer: answer.clone(),
     });
     let tracked = policy.is_some_and(Policy::tracks_completion);
     if tracked {
@@ -352,7 +360,9 @@ pub fn fired(claim: &ClaimedTimer, fire: &Fire, at: Timestamp, owner: &str) -> S
                 work: work.stored(),
                 changes,
             }),
-            None if policy.is_none() && claim.work.is_none() => Settlement::Reached,
+            None if policy.is_none() && claim.work.is_none() && answer.is_none() => {
+                Settlement::Reached
+            }
             None => Settlement::Step(Step {
                 state: TimerState::Reached,
                 due_at: claim.due_at,
@@ -389,7 +399,9 @@ pub fn fired(claim: &ClaimedTimer, fire: &Fire, at: Timestamp, owner: &str) -> S
         ));
         next
     };
-    let simple = policy.is_none() && claim.work.is_none() && changes.len() == 1;
+    // Without a policy, work or anything to record but the fire itself, the store writes it
+    // as a plain Reached or Next.
+    let simple = policy.is_none() && claim.work.is_none() && changes.len() == 1 && answer.is_none();
     match next {
         Some(next) if simple => Settlement::Next(next),
         None if simple => Settlement::Reached,
@@ -446,7 +458,7 @@ mod tests {
         let Plan::Fire(fire) = plan(claim, T0, 5) else {
             panic!("a due timer fires");
         };
-        fired(claim, &fire, T0, "i1")
+        fired(claim, &fire, T0, "i1", None)
     }
 
     /// No policy, no cost: a timer without a policy and without work settles as `Reached` (a
@@ -473,6 +485,39 @@ mod tests {
             assert!(
                 matches!(with_policy, Settlement::Step(_)),
                 "{with_policy:?}"
+            );
+        }
+    }
+
+    /// A call's answer goes into the history: the fire is written as a `Step` that records it,
+    /// with the same state and due time the fast path would write.
+    #[test]
+    fn an_answer_is_kept_in_the_fired_entry() {
+        let every_second = Recurrence {
+            cron: "*/1 * * * * *".into(),
+            time_zone: "UTC".into(),
+            end_at: None,
+            max_occurrences: None,
+        };
+        let next = T0.saturating_add(std::time::Duration::from_secs(1));
+        for (recurrence, state, due_at) in [
+            (None, TimerState::Reached, T0),
+            (Some(every_second), TimerState::Scheduled, next),
+        ] {
+            let claim = claim(recurrence, None);
+            let Plan::Fire(fire) = plan(&claim, T0, 5) else {
+                panic!("a due timer fires");
+            };
+            let answer = "h:80 answered 200 OK in 3 ms".to_owned();
+            let Settlement::Step(step) = fired(&claim, &fire, T0, "i1", Some(answer.clone()))
+            else {
+                panic!("a step");
+            };
+            assert_eq!((step.state, step.due_at, step.fired), (state, due_at, true));
+            assert!(
+                matches!(&step.changes[..], [Change::Fired { answer: Some(a), .. }] if *a == answer),
+                "{:?}",
+                step.changes
             );
         }
     }

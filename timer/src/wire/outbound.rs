@@ -13,8 +13,9 @@ use super::truncate;
 use crate::config::Limits;
 use crate::outbound::{Message, MessageMeta, Target};
 
-/// Largest `target`, in bytes of JSON text.
-pub const MAX_TARGET_BYTES: usize = 1024;
+/// Largest `target`, in bytes of JSON text (room for an HTTP target's URL and headers, such as
+/// a bearer token).
+pub const MAX_TARGET_BYTES: usize = 4096;
 /// Most `message.headers` one message may carry.
 pub const MAX_HEADERS: usize = 64;
 /// Longest header name, in bytes.
@@ -58,7 +59,7 @@ pub(super) fn target_of(
         Ok(_) => Err(invalid(
             "give an object of the broker's own terms, e.g. {\"subject\": \"orders.due\"} (NATS), \
              {\"exchange\": \"orders\", \"routingKey\": \"due\"} (RabbitMQ), {\"topic\": \"orders\"} \
-             (Kafka)"
+             (Kafka), or an HTTP target {\"url\": \"https://hooks.example.com/due\"}"
                 .to_owned(),
         )),
         Err(e) => Err(invalid(e.to_string())),

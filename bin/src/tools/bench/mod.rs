@@ -15,10 +15,13 @@
 //! - `delay`: `--pending` far-future timers carrying a 1 KiB message each (RSS before and after
 //!   loading them), then `--timers` delayed messages of 1 KiB sent evenly over `--over` through
 //!   the broker's own delay ingress (RabbitMQ's delay exchange, NATS's delay subjects, Kafka's
-//!   delay topic), each due 2 s after it was sent, to three destinations; lateness = when the
+//!   delay topic), due as evenly from 2 s after they were sent, to three destinations; lateness = when the
 //!   message arrived at its destination − its due time, as the broker stamps the arrival (NATS:
 //!   the stream's timestamp; Kafka: the record's, set when the service produced it; RabbitMQ:
 //!   when the bench's consumer received it).
+//! - `webhook`: N timers with an HTTP target due uniformly over the next S seconds, called on
+//!   a receiver of the bench on 127.0.0.1; lateness = when the receiver got the call − the due
+//!   time.
 //! - `list`: `--pending` timers in one tenant, then `GET /v1/tenants/{tenant}/timers` pages
 //!   (the first, one 90% deep by cursor, one with a prefix filter), each asked `--timers` times
 //!   one after the other; their answer times.
@@ -35,9 +38,11 @@ use crate::config::Config;
 
 mod http;
 mod rig;
+mod webhook;
 
 use http::*;
 use rig::*;
+use webhook::webhook_run;
 
 /// One measured figure: the median of its runs, and every run.
 #[derive(Debug, Serialize)]
@@ -140,8 +145,11 @@ async fn delay_run(
             None => bail!("the {} broker takes no targets", config.broker.kind()),
         }
     }
-    // Batches every 100 ms, evenly over `over`.
+    // Batches every 100 ms, evenly over `over`; the messages are due evenly too (one every
+    // `span / n` ms, `DELAY_LEAD_MS` after the batch that carries them is sent), so the rate
+    // is the same at the ingress and at the destinations, with no herd every 100 ms.
     let batches = usize::try_from(over.as_millis() / 100).unwrap_or(1).max(1);
+    let span = i64::try_from(over.as_millis()).unwrap_or(i64::MAX).max(1);
     let start = now_ms();
     let mut due = vec![0i64; n];
     let bar = progress(n, "sending");
@@ -150,10 +158,9 @@ async fn delay_run(
         if let Ok(wait) = u64::try_from(at - now_ms()) {
             tokio::time::sleep(Duration::from_millis(wait)).await;
         }
-        let sent = now_ms();
         let messages: Vec<DelayedMessage> = (b * n / batches..(b + 1) * n / batches)
             .map(|i| {
-                due[i] = sent + DELAY_LEAD_MS;
+                due[i] = start + DELAY_LEAD_MS + i as i64 * span / n as i64;
                 DelayedMessage {
                     target: targets[i % targets.len()].clone(),
                     id: Some(format!("d{i:08}")),
@@ -413,6 +420,7 @@ pub async fn run(config: Config, options: Options) -> anyhow::Result<()> {
         Workload::Restart => &[Workload::Restart],
         Workload::List => &[Workload::List],
         Workload::Delay => &[Workload::Delay],
+        Workload::Webhook => &[Workload::Webhook],
     };
     let mut figures = Vec::new();
     for workload in workloads {
@@ -424,6 +432,7 @@ pub async fn run(config: Config, options: Options) -> anyhow::Result<()> {
             Workload::Restart => "restart",
             Workload::List => "list",
             Workload::Delay => "delay",
+            Workload::Webhook => "webhook",
             _ => "ingest",
         };
         let mut runs: Vec<Run> = Vec::new();
@@ -450,6 +459,7 @@ pub async fn run(config: Config, options: Options) -> anyhow::Result<()> {
                 Workload::Delay => {
                     delay_run(&config, options.timers, options.over, options.pending).await?
                 }
+                Workload::Webhook => webhook_run(&config, options.timers, options.over).await?,
                 Workload::List => {
                     list_run(&config, options.pending, options.timers, &options.tls).await?
                 }
@@ -470,6 +480,7 @@ pub async fn run(config: Config, options: Options) -> anyhow::Result<()> {
                         | Workload::Restart
                         | Workload::List
                         | Workload::Delay
+                        | Workload::Webhook
                 ) {
                     1
                 } else {

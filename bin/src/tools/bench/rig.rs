@@ -48,6 +48,9 @@ pub(super) struct Preload {
     pub(super) message_bytes: usize,
     /// The engines may send to any target (`targets.allow = ["*"]`), whatever the config says.
     pub(super) any_target: bool,
+    /// The engines may call HTTP targets on 127.0.0.1 (`targets.allow` has
+    /// `http://127.0.0.1`, `webhooks.allow_private_networks = true`), whatever the config says.
+    pub(super) calls_to_loopback: bool,
 }
 
 /// The tenant the list workload fills.
@@ -176,6 +179,9 @@ pub(super) async fn start_rig_with(
             tenants: Default::default(),
         };
     }
+    if load.calls_to_loopback {
+        limits.targets.allow.push("http://127.0.0.1".into());
+    }
     let mut engines = Vec::new();
     for store in stores {
         let connected = broker.config.connect().await?;
@@ -186,6 +192,11 @@ pub(super) async fn start_rig_with(
             config.engine.clone(),
             limits.clone(),
         );
+        let engine = if load.calls_to_loopback {
+            crate::plugins::with_loopback_caller(engine, config)?
+        } else {
+            crate::plugins::with_caller(engine, config)?
+        };
         engines.push(engine);
     }
     let first_events = engines[0].subscribe(WATCH_BUDGET, Box::new(|_| true));

@@ -1,0 +1,599 @@
+//! HTTP targets: a timer whose `target` is `{"url": "https://…", "method": "POST", "headers":
+//! {…}}` is called at its due time, beside whatever broker is configured, signed per the
+//! Standard Webhooks spec. Any 2xx is delivered; 408, 429 (with its `Retry-After`), 5xx,
+//! connection errors and timeouts are retried with the engine's backoff; a redirect (not
+//! followed) or another 4xx fails the timer at once. The engine runs each call on its own task
+//! ([`Caller`]); this module bounds them per host and overall, so one slow host never delays
+//! another's calls. See `README.md` here.
+
+mod address;
+pub mod config;
+mod sign;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use async_trait::async_trait;
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
+use reqwest::{Method, StatusCode};
+use serde_json::Value;
+use timer_core::{Called, Caller, Error, OutboundEvent, Target};
+use tokio::sync::Semaphore;
+use url::Url;
+
+pub use address::not_public;
+pub use config::{TenantWebhooks, WebhookConfig};
+pub use sign::signature;
+
+/// Metric names (`timer.webhook.*`), labelled by `host`, with their descriptions.
+pub mod metric {
+    use timer_core::engine::metric::Kind;
+
+    /// Calls that ended, by `host` and `outcome` (`delivered`, `retry`, `refused`, `busy`).
+    pub const CALLS: &str = "timer.webhook.calls";
+    /// How long calls took, answer included, by `host`.
+    pub const CALL_DURATION: &str = "timer.webhook.call.duration";
+
+    /// Every webhook metric: name, kind, description.
+    pub const ALL: &[(&str, Kind, &str)] = &[
+        (
+            CALLS,
+            Kind::Counter,
+            "Calls of HTTP targets, by host (label host, host:port) and outcome (label outcome): delivered (2xx), retry (5xx, 408, 429, no connection, timeout), refused (another 4xx, a redirect), busy (too many calls waiting for that host: handed back)",
+        ),
+        (
+            CALL_DURATION,
+            Kind::Histogram,
+            "How long calls of HTTP targets took, answer included, by host (label host)",
+        ),
+    ];
+
+    /// Registers every description with the installed recorder.
+    pub fn describe() {
+        for (name, kind, text) in ALL {
+            match kind {
+                Kind::Histogram => {
+                    ::metrics::describe_histogram!(*name, ::metrics::Unit::Seconds, *text)
+                }
+                _ => ::metrics::describe_counter!(*name, *text),
+            }
+        }
+    }
+}
+
+/// Headers the service sets itself, which a target or message may not set.
+const RESERVED: &[&str] = &[
+    "host",
+    "content-length",
+    "transfer-encoding",
+    "connection",
+    "upgrade",
+    "te",
+    "webhook-id",
+    "webhook-timestamp",
+    "webhook-signature",
+];
+
+/// The methods an HTTP target may use.
+const METHODS: &[&str] = &["POST", "PUT", "PATCH"];
+
+/// How long a fire waits before it tries again when its host has no room.
+const BUSY_AGAIN: Duration = Duration::from_secs(1);
+
+/// The longest cut of an answer that goes into an error.
+const ERROR_CUT: usize = 300;
+
+/// An HTTP target, as read from a timer's `target`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HttpTarget {
+    pub url: Url,
+    pub method: Method,
+    pub headers: HeaderMap,
+}
+
+impl HttpTarget {
+    /// Reads and checks `target`; `Err` says what is wrong with which field.
+    pub fn parse(target: &Target, allow_private: bool) -> Result<Self, String> {
+        for field in target.fields().keys() {
+            if !matches!(field.as_str(), "url" | "method" | "headers") {
+                return Err(format!(
+                    "target.{field} is not a field of an HTTP target (url, method, headers)"
+                ));
+            }
+        }
+        let text = target
+            .text("url")
+            .ok_or("target.url must be a string (an http:// or https:// URL)")?;
+        let url = Url::parse(text).map_err(|e| format!("target.url is not a URL: {e}"))?;
+        if !matches!(url.scheme(), "http" | "https") {
+            return Err(format!(
+                "target.url: scheme {:?} is not http or https",
+                url.scheme()
+            ));
+        }
+        if !url.username().is_empty() || url.password().is_some() {
+            return Err(
+                "target.url carries credentials; send them in target.headers instead (they are \
+                 kept out of logs there)"
+                    .into(),
+            );
+        }
+        let Some(host) = url.host() else {
+            return Err("target.url has no host".into());
+        };
+        if !allow_private {
+            let ip = match host {
+                url::Host::Ipv4(ip) => Some(std::net::IpAddr::V4(ip)),
+                url::Host::Ipv6(ip) => Some(std::net::IpAddr::V6(ip)),
+                url::Host::Domain(name) => {
+                    let name = name.trim_end_matches('.').to_ascii_lowercase();
+                    if name == "localhost" || name.ends_with(".localhost") {
+                        return Err(format!(
+                            "target.url: {name} is a loopback name; webhooks go to public \
+                             addresses unless webhooks.allow_private_networks = true"
+                        ));
+                    }
+                    None
+                }
+            };
+            if let Some(why) = ip.and_then(not_public) {
+                return Err(format!(
+                    "target.url: {} is {why}; webhooks go to public addresses unless \
+                     webhooks.allow_private_networks = true",
+                    url.host_str().unwrap_or_default()
+                ));
+            }
+        }
+        let method = match target.fields().get("method") {
+            None => Method::POST,
+            Some(Value::String(m)) if METHODS.contains(&m.to_ascii_uppercase().as_str()) => {
+                Method::from_bytes(m.to_ascii_uppercase().as_bytes())
+                    .map_err(|_| format!("target.method {m:?} is not a method"))?
+            }
+            Some(other) => {
+                return Err(format!(
+                    "target.method must be one of {}, not {other}",
+                    METHODS.join(", ")
+                ))
+            }
+        };
+        let mut headers = HeaderMap::new();
+        match target.fields().get("headers") {
+            None => {}
+            Some(Value::Object(fields)) => {
+                for (name, value) in fields {
+                    let Value::String(value) = value else {
+                        return Err(format!("target.headers.{name} must be a string"));
+                    };
+                    let (name, value) = header(name, value)
+                        .map_err(|why| format!("target.headers.{name}: {why}"))?;
+                    headers.append(name, value);
+                }
+            }
+            Some(_) => return Err("target.headers must be an object of strings".into()),
+        }
+        Ok(HttpTarget {
+            url,
+            method,
+            headers,
+        })
+    }
+
+    /// `host:port`, as calls are bounded and metrics labelled.
+    fn host(&self) -> String {
+        format!(
+            "{}:{}",
+            self.url.host_str().unwrap_or_default(),
+            self.url.port_or_known_default().unwrap_or_default()
+        )
+    }
+}
+
+/// One header a target or message may set.
+fn header(name: &str, value: &str) -> Result<(HeaderName, HeaderValue), String> {
+    let name = HeaderName::from_bytes(name.as_bytes())
+        .map_err(|_| "not a valid HTTP header name".to_owned())?;
+    if RESERVED.contains(&name.as_str()) {
+        return Err("set by the service itself".into());
+    }
+    let value =
+        HeaderValue::from_str(value).map_err(|_| "not a valid HTTP header value".to_owned())?;
+    Ok((name, value))
+}
+
+/// Calls HTTP targets.
+pub struct Webhooks {
+    config: WebhookConfig,
+    client: reqwest::Client,
+    /// Calls at once, over all hosts.
+    all: Semaphore,
+    /// Per host: its calls at once, and how many calls hold or wait for a turn.
+    hosts: Mutex<HashMap<String, (Arc<Semaphore>, usize)>>,
+}
+
+impl Webhooks {
+    pub fn new(config: WebhookConfig) -> Result<Self, Error> {
+        config.check()?;
+        let mut client = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .timeout(config.timeout)
+            .connect_timeout(config.connect_timeout)
+            .pool_max_idle_per_host(config.per_host_concurrency)
+            .user_agent(concat!("timer-service/", env!("CARGO_PKG_VERSION")));
+        if !config.allow_private_networks {
+            client = client.dns_resolver(Arc::new(address::PublicOnly));
+        }
+        let client = client
+            .build()
+            .map_err(|e| Error::config("cannot build the webhook HTTP client").with_source(e))?;
+        Ok(Webhooks {
+            all: Semaphore::new(config.concurrency),
+            config,
+            client,
+            hosts: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// A turn for `host`, or `None` when too many calls hold or wait for one already.
+    fn enter(&self, host: &str) -> Option<HostTurn<'_>> {
+        let mut hosts = self.hosts.lock().ok()?;
+        let (limit, waiting) = hosts.entry(host.to_owned()).or_insert_with(|| {
+            (
+                Arc::new(Semaphore::new(self.config.per_host_concurrency)),
+                0,
+            )
+        });
+        if *waiting >= self.config.per_host_concurrency + self.config.per_host_waiting {
+            return None;
+        }
+        *waiting += 1;
+        Some(HostTurn {
+            webhooks: self,
+            host: host.to_owned(),
+            limit: limit.clone(),
+        })
+    }
+
+    async fn send(&self, target: &HttpTarget, event: &OutboundEvent) -> Called {
+        let mut headers = target.headers.clone();
+        match &event.message {
+            Some(meta) => {
+                if let Some(content_type) = &meta.content_type {
+                    match HeaderValue::from_str(content_type) {
+                        Ok(v) => {
+                            headers.insert(CONTENT_TYPE, v);
+                        }
+                        Err(_) => {
+                            return Called::Refused {
+                                error: "message.contentType is not a valid HTTP header value"
+                                    .into(),
+                            }
+                        }
+                    }
+                }
+                for (name, value) in &meta.headers {
+                    match header(name, value) {
+                        Ok((name, value)) => {
+                            headers.insert(name, value);
+                        }
+                        Err(why) => {
+                            return Called::Refused {
+                                error: format!("message.headers.{name}: {why}"),
+                            }
+                        }
+                    }
+                }
+            }
+            None => {
+                headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+            }
+        }
+        let id = event.id.to_string();
+        let timestamp = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map(|d| d.as_secs() as i64)
+            .unwrap_or_default();
+        let keys = self.config.keys_of(&event.key.tenant_id);
+        let signed = signature(&keys, &id, timestamp, &event.body);
+        for (name, value) in [
+            ("webhook-id", Some(id)),
+            ("webhook-timestamp", Some(timestamp.to_string())),
+            ("webhook-signature", signed),
+        ] {
+            if let Some(value) = value.and_then(|v| HeaderValue::from_str(&v).ok()) {
+                headers.insert(HeaderName::from_static(name), value);
+            }
+        }
+        let request = self
+            .client
+            .request(target.method.clone(), target.url.clone())
+            .headers(headers)
+            .body(event.body.clone());
+        let answer = match request.send().await {
+            Ok(answer) => answer,
+            Err(e) => {
+                return Called::Retry {
+                    error: format!("calling {}: {}", target.host(), chain(&e.without_url())),
+                    not_before: None,
+                }
+            }
+        };
+        let status = answer.status();
+        let retry_after = answer
+            .headers()
+            .get(RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(retry_after);
+        let location = answer
+            .headers()
+            .get(reqwest::header::LOCATION)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        let body = read_some(answer, self.config.max_answer_bytes).await;
+        let said = format!("{} answered {}", target.host(), status_text(status));
+        if status.is_success() {
+            Called::Delivered { answer: said }
+        } else if status.is_redirection() {
+            Called::Refused {
+                error: format!(
+                    "{said}, a redirect to {}: redirects are not followed; use the final URL",
+                    location.as_deref().unwrap_or("nowhere")
+                ),
+            }
+        } else if status.is_server_error()
+            || status == StatusCode::REQUEST_TIMEOUT
+            || status == StatusCode::TOO_MANY_REQUESTS
+        {
+            Called::Retry {
+                error: with_cut(&said, &body),
+                not_before: retry_after,
+            }
+        } else {
+            Called::Refused {
+                error: with_cut(&said, &body),
+            }
+        }
+    }
+}
+
+/// A call's place with its host, given back when dropped.
+struct HostTurn<'a> {
+    webhooks: &'a Webhooks,
+    host: String,
+    limit: Arc<Semaphore>,
+}
+
+impl Drop for HostTurn<'_> {
+    fn drop(&mut self) {
+        if let Ok(mut hosts) = self.webhooks.hosts.lock() {
+            if let Some((_, waiting)) = hosts.get_mut(&self.host) {
+                *waiting = waiting.saturating_sub(1);
+                if *waiting == 0 {
+                    hosts.remove(&self.host);
+                }
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl Caller for Webhooks {
+    fn name(&self) -> &'static str {
+        "webhook"
+    }
+
+    fn takes(&self, target: &Target) -> bool {
+        target.fields().contains_key("url")
+    }
+
+    fn check_target(&self, target: &Target) -> Result<String, String> {
+        HttpTarget::parse(target, self.config.allow_private_networks).map(|t| t.url.to_string())
+    }
+
+    async fn call(&self, event: &OutboundEvent) -> Called {
+        let target = match event
+            .target
+            .as_ref()
+            .map(|t| HttpTarget::parse(t, self.config.allow_private_networks))
+        {
+            Some(Ok(target)) => target,
+            Some(Err(why)) => return Called::Refused { error: why },
+            None => {
+                return Called::Refused {
+                    error: "no HTTP target".into(),
+                }
+            }
+        };
+        let host = target.host();
+        let Some(turn) = self.enter(&host) else {
+            ::metrics::counter!(metric::CALLS, "host" => host, "outcome" => "busy").increment(1);
+            return Called::Busy { after: BUSY_AGAIN };
+        };
+        // The host's turn first: calls waiting for a slow host hold none of the others'.
+        let limit = turn.limit.clone();
+        let Ok(host_turn) = limit.acquire().await else {
+            return Called::Busy { after: BUSY_AGAIN };
+        };
+        let Ok(_all) = self.all.acquire().await else {
+            return Called::Busy { after: BUSY_AGAIN };
+        };
+        let started = Instant::now();
+        let called = self.send(&target, event).await;
+        let outcome = match &called {
+            Called::Delivered { .. } => "delivered",
+            Called::Retry { .. } => "retry",
+            Called::Refused { .. } => "refused",
+            Called::Busy { .. } => "busy",
+        };
+        ::metrics::histogram!(metric::CALL_DURATION, "host" => host.clone())
+            .record(started.elapsed().as_secs_f64());
+        ::metrics::counter!(metric::CALLS, "host" => host, "outcome" => outcome).increment(1);
+        drop((host_turn, turn));
+        match called {
+            Called::Delivered { answer } => Called::Delivered {
+                answer: format!("{answer} in {} ms", started.elapsed().as_millis()),
+            },
+            other => other,
+        }
+    }
+}
+
+/// `503 Service Unavailable`.
+fn status_text(status: StatusCode) -> String {
+    match status.canonical_reason() {
+        Some(reason) => format!("{} {reason}", status.as_u16()),
+        None => status.as_u16().to_string(),
+    }
+}
+
+/// `said`, and the start of the answer's body if it has one.
+fn with_cut(said: &str, body: &[u8]) -> String {
+    let text = String::from_utf8_lossy(body);
+    let text = text.trim();
+    if text.is_empty() {
+        return said.to_owned();
+    }
+    let mut end = text.len().min(ERROR_CUT);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    let more = if end < text.len() { " …" } else { "" };
+    format!("{said}: {}{more}", &text[..end])
+}
+
+/// Up to `limit` bytes of the answer's body; the rest is dropped.
+async fn read_some(mut answer: reqwest::Response, limit: usize) -> Vec<u8> {
+    let mut body = Vec::new();
+    while body.len() < limit {
+        match answer.chunk().await {
+            Ok(Some(chunk)) => {
+                let room = limit - body.len();
+                body.extend_from_slice(&chunk[..chunk.len().min(room)]);
+            }
+            _ => break,
+        }
+    }
+    body
+}
+
+/// A `Retry-After` value: seconds, or an HTTP date.
+fn retry_after(value: &str) -> Option<Duration> {
+    let value = value.trim();
+    if let Ok(seconds) = value.parse::<u64>() {
+        return Some(Duration::from_secs(seconds));
+    }
+    let at = httpdate::parse_http_date(value).ok()?;
+    Some(at.duration_since(SystemTime::now()).unwrap_or_default())
+}
+
+/// An error and its sources, `: `-joined.
+fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let part = s.to_string();
+        if !text.contains(&part) {
+            text.push_str(": ");
+            text.push_str(&part);
+        }
+        source = s.source();
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn target(json: serde_json::Value) -> Target {
+        let Value::Object(fields) = json else {
+            unreachable!("an object")
+        };
+        Target::new(fields)
+    }
+
+    #[test]
+    fn targets_are_read_and_checked() {
+        let t = HttpTarget::parse(
+            &target(serde_json::json!({
+                "url": "https://hooks.example.com/due?x=1",
+                "method": "put",
+                "headers": {"Authorization": "Bearer x"}
+            })),
+            false,
+        )
+        .unwrap();
+        assert_eq!(t.method, Method::PUT);
+        assert_eq!(t.host(), "hooks.example.com:443");
+        assert_eq!(t.headers.get("authorization").unwrap(), "Bearer x");
+
+        for (json, says) in [
+            (serde_json::json!({"url": 3}), "target.url must be a string"),
+            (
+                serde_json::json!({"url": "ftp://x.com/"}),
+                "not http or https",
+            ),
+            (
+                serde_json::json!({"url": "https://u:p@x.com/"}),
+                "credentials",
+            ),
+            (
+                serde_json::json!({"url": "http://169.254.169.254/latest"}),
+                "link-local",
+            ),
+            (serde_json::json!({"url": "http://10.0.0.1/"}), "private"),
+            (serde_json::json!({"url": "http://[::1]:8080/"}), "loopback"),
+            (
+                serde_json::json!({"url": "http://localhost:8080/"}),
+                "loopback name",
+            ),
+            (
+                serde_json::json!({"url": "https://x.com/", "method": "GET"}),
+                "target.method",
+            ),
+            (
+                serde_json::json!({"url": "https://x.com/", "topic": "t"}),
+                "target.topic",
+            ),
+            (
+                serde_json::json!({"url": "https://x.com/", "headers": {"webhook-id": "1"}}),
+                "target.headers.webhook-id: set by the service",
+            ),
+            (
+                serde_json::json!({"url": "https://x.com/", "headers": {"a b": "1"}}),
+                "not a valid HTTP header name",
+            ),
+        ] {
+            let e = HttpTarget::parse(&target(json.clone()), false).unwrap_err();
+            assert!(e.contains(says), "{json}: {e}");
+        }
+        // Private addresses are allowed when the config says so.
+        HttpTarget::parse(
+            &target(serde_json::json!({"url": "http://127.0.0.1:9/"})),
+            true,
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn retry_after_reads_seconds_and_dates() {
+        assert_eq!(retry_after("7"), Some(Duration::from_secs(7)));
+        assert_eq!(
+            retry_after("Wed, 21 Oct 2015 07:28:00 GMT"),
+            Some(Duration::ZERO)
+        );
+        assert_eq!(retry_after("soon"), None);
+    }
+
+    #[test]
+    fn answers_are_cut_for_errors() {
+        assert_eq!(
+            with_cut("h answered 404 Not Found", b""),
+            "h answered 404 Not Found"
+        );
+        let long = "é".repeat(400);
+        let cut = with_cut("s", long.as_bytes());
+        assert!(cut.ends_with(" …") && cut.len() < 320, "{cut}");
+    }
+}

@@ -1,0 +1,184 @@
+//! The fires a [`Caller`] delivers (HTTP targets). The firing task hands each one to a task of
+//! its own ([`Calls`]) and goes on with its batch: a call may take seconds (a slow endpoint, a
+//! timeout), and the other fires of the batch, of other endpoints and tenants, must not wait for
+//! it. Each call holds its timer's lease while it runs (renewed, as a publish does), then
+//! settles its timer by itself:
+//!
+//! - delivered: as a confirmed publish (announced, then settled as fired);
+//! - to retry: released after the engine's backoff, or the destination's `Retry-After` if later,
+//!   and given up after `engine.max_attempts` as a failed publish is;
+//! - refused for good: given up at once (`TimerFailed` with reason `target_refused`);
+//! - busy (the caller holds too many calls for that destination): given back, no attempt
+//!   counted.
+//!
+//! The calls belong to the firing task: when it ends, it waits for them (each gives its claim
+//! back `engine.shutdown_grace` after shutdown); when it is aborted (a crash in tests), they are
+//! aborted with it. Joining the live instances again waits until none runs, as it waits for the
+//! firing task's batch.
+
+use std::sync::Arc;
+
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use super::{metrics as metric, Engine};
+use crate::broker::OutboundEvent;
+use crate::call::{Called, Caller};
+use crate::model::ClaimedTimer;
+use crate::model::Timestamp;
+use crate::policy::{self, Fire};
+use crate::wire::DueTimeReachedEnvelope;
+
+/// The calls of the firing task that run now.
+#[derive(Default)]
+pub(super) struct Calls(JoinSet<()>);
+
+impl Calls {
+    /// Forgets the calls that ended.
+    pub(super) fn reap(&mut self) {
+        while self.0.try_join_next().is_some() {}
+    }
+
+    /// Waits until every call ended.
+    pub(super) async fn finish(&mut self) {
+        while self.0.join_next().await.is_some() {}
+    }
+}
+
+/// One fire a caller delivers: the claim, its plan, the claim as its event describes it, the
+/// envelope (what the event stream shows) and what goes out.
+pub(super) struct OneCall {
+    pub claim: ClaimedTimer,
+    pub fire: Fire,
+    pub as_fired: ClaimedTimer,
+    pub envelope: DueTimeReachedEnvelope,
+    pub event: OutboundEvent,
+}
+
+/// Counts a call in [`Inner::calls`](super::Inner) while it lives.
+struct Running(Engine);
+
+impl Running {
+    fn new(engine: &Engine) -> Self {
+        engine.inner.calls.send_modify(|n| *n += 1);
+        Running(engine.clone())
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.0.inner.calls.send_modify(|n| *n = n.saturating_sub(1));
+    }
+}
+
+impl Engine {
+    /// Whether `claim` goes to the caller rather than the broker.
+    pub(super) fn called(&self, claim: &ClaimedTimer) -> Option<Arc<dyn Caller>> {
+        let caller = self.inner.caller.get()?;
+        let target = claim.target.as_ref()?;
+        caller.takes(target).then(|| caller.clone())
+    }
+
+    /// Starts delivering `one` through `caller` on a task of `calls`.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn start_call(
+        &self,
+        calls: &mut Calls,
+        caller: Arc<dyn Caller>,
+        one: OneCall,
+        reached_at: Timestamp,
+        held_until: Instant,
+        fence: &CancellationToken,
+        shutdown: &CancellationToken,
+    ) {
+        // Counted before the firing task lets its batch go, so a join never slips in between.
+        let running = Running::new(self);
+        let engine = self.clone();
+        let (fence, shutdown) = (fence.clone(), shutdown.clone());
+        calls.0.spawn(async move {
+            engine
+                .call(caller, one, reached_at, held_until, &fence, &shutdown)
+                .await;
+            drop(running);
+        });
+    }
+
+    async fn call(
+        &self,
+        caller: Arc<dyn Caller>,
+        one: OneCall,
+        reached_at: Timestamp,
+        held_until: Instant,
+        fence: &CancellationToken,
+        shutdown: &CancellationToken,
+    ) {
+        let inner = &self.inner;
+        let OneCall {
+            claim,
+            fire,
+            as_fired,
+            envelope,
+            event,
+        } = one;
+        let claims = std::slice::from_ref(&claim);
+        let grace = inner.config.shutdown_grace;
+        let called = tokio::select! {
+            biased;
+            why = self.hold_leases(claims, held_until, fence) => Err(Some(why)),
+            called = caller.call(&event) => Ok(called),
+            _ = async { shutdown.cancelled().await; tokio::time::sleep(grace).await } => Err(None),
+        };
+        match called {
+            Err(Some(why)) => {
+                ::metrics::counter!(metric::CLAIMS_ABANDONED).increment(1);
+                warn!(timer = %claim.key, reason = %why, "stopped a call whose lease could be lost; another instance fires it");
+            }
+            Err(None) => {
+                info!(timer = %claim.key, "shutdown while calling; releasing the claim");
+                self.give_back(claims, inner.clock.now(), "releasing a call at shutdown")
+                    .await;
+            }
+            Ok(Called::Delivered { answer }) => {
+                debug!(timer = %claim.key, caller = caller.name(), %answer, "delivered");
+                self.announce(std::slice::from_ref(&as_fired), vec![envelope], reached_at);
+                let settlement =
+                    policy::fired(&claim, &fire, reached_at, &inner.owner, Some(answer));
+                self.settle_all(vec![(claim, settlement)], reached_at, shutdown)
+                    .await;
+            }
+            Ok(Called::Retry { error, not_before }) => {
+                ::metrics::counter!(metric::PUBLISH_FAILURES).increment(1);
+                warn!(timer = %claim.key, caller = caller.name(), %error, "a call failed; retrying it after a backoff");
+                self.release_after(vec![(claim, error)], not_before).await;
+            }
+            Ok(Called::Refused { error }) => {
+                ::metrics::counter!(metric::PUBLISH_FAILURES).increment(1);
+                warn!(timer = %claim.key, caller = caller.name(), %error, "the destination refused a call; the timer fails");
+                let reason = format!("target_refused: {error}");
+                if !self.give_up(&claim, &error, &reason).await {
+                    // The dead letter did not go out: the next attempt meets the same answer
+                    // and tries again to fail.
+                    self.release_with_backoff(vec![(claim, error)]).await;
+                }
+            }
+            Ok(Called::Busy { after }) => {
+                let at = inner.clock.now().saturating_add(after);
+                self.give_back(
+                    claims,
+                    at,
+                    "handing back a call its destination has no room for",
+                )
+                .await;
+            }
+        }
+    }
+
+    /// Waits until no call runs.
+    pub(super) async fn no_calls(&self) {
+        let mut calls = self.inner.calls.subscribe();
+        // The sender lives in `inner`, as long as `self`.
+        let _ = calls.wait_for(|n| *n == 0).await;
+    }
+}
