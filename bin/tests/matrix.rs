@@ -5,11 +5,14 @@
 //! Each run: 200 timers over HTTP due within the next 3 s plus one cancelled before it is due;
 //! every timer's `DueTimeReached` seen once on the event stream, on time at that reader
 //! ([`on_time`]), and read back from the broker by its own consumer (the plugin's test client)
-//! with its id; the cancelled one never; then a clean stop. A pair whose server is not there is skipped with the
+//! with its id; the cancelled one never; then a clean stop. One timer in ten has an HTTP target
+//! instead: it is called on a receiver of the test (once, with its event id), beside whichever
+//! broker, and is not on the broker. A pair whose server is not there is skipped with the
 //! reason (a failure under `TIMER_TEST_REQUIRE=1`; `bash scripts/test.sh` starts them all).
 
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -43,12 +46,20 @@ fn ok<T>(result: timer_core::Result<T>) -> T {
     result.unwrap_or_else(|e| panic!("{}", e.chain()))
 }
 
-/// The service's whole configuration: the plugins' sections and a short poll interval.
-fn config_file(dir: &Path, store: serde_json::Value, broker: serde_json::Value) -> String {
+/// The service's whole configuration: the plugins' sections, a short poll interval, and HTTP
+/// targets allowed on `receiver` (a port of 127.0.0.1).
+fn config_file(
+    dir: &Path,
+    store: serde_json::Value,
+    broker: serde_json::Value,
+    receiver: u16,
+) -> String {
     let config = json!({
         "store": store,
         "broker": broker,
         "engine": {"poll_interval": "1s"},
+        "targets": {"allow": ["{tenant}.*", format!("http://127.0.0.1:{receiver}/")]},
+        "webhooks": {"allow_private_networks": true},
     });
     let text =
         toml::to_string(&toml::Value::try_from(config).expect("a TOML config")).expect("TOML text");
@@ -66,10 +77,37 @@ async fn run_pair(store_plugin: &StorePlugin, broker_plugin: &BrokerPlugin) {
     // events no queue is bound to, and the service retries them).
     let client = ok(broker_resources.config.test_client().await);
     let dir = tempfile::tempdir().expect("tempdir");
+    // The receiver of the HTTP targets: (path, webhook-id) of each call.
+    let calls: Arc<Mutex<Vec<(String, String)>>> = Arc::default();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind the receiver");
+    let port = listener.local_addr().expect("addr").port();
+    let app = axum::Router::new()
+        .fallback(
+            |axum::extract::State(calls): axum::extract::State<
+                Arc<Mutex<Vec<(String, String)>>>,
+            >,
+             uri: axum::http::Uri,
+             headers: axum::http::HeaderMap| async move {
+                let id = headers
+                    .get("webhook-id")
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or_default()
+                    .to_owned();
+                if let Ok(mut calls) = calls.lock() {
+                    calls.push((uri.path().to_owned(), id));
+                }
+                axum::http::StatusCode::NO_CONTENT
+            },
+        )
+        .with_state(calls.clone());
+    let receiver = tokio::spawn(async move { axum::serve(listener, app).await });
     let config = config_file(
         dir.path(),
         ok(store_resources.config.to_value()),
         ok(broker_resources.config.to_value()),
+        port,
     );
     let service = Service::start(Path::new(BIN), dir.path(), &[("TIMER_CONFIG", config)]).await;
     let (_, ready) = service.get("/readyz").await;
@@ -89,8 +127,11 @@ async fn run_pair(store_plugin: &StorePlugin, broker_plugin: &BrokerPlugin) {
     );
     let statuses: Vec<u16> = futures::stream::iter(0..N)
         .map(|i| {
-            let body = json!({"tenantId": format!("m{}", i % 5), "serviceCallId": format!("c{i}"),
+            let mut body = json!({"tenantId": format!("m{}", i % 5), "serviceCallId": format!("c{i}"),
                               "dueTimeMs": now + 1_000 + (i as i64 * 1_500) / N as i64});
+            if i % 10 == 0 {
+                body["target"] = json!({"url": format!("http://127.0.0.1:{port}/c{i}")});
+            }
             let service = &service;
             async move { service.post("/v1/timers", body.to_string()).await.0 }
         })
@@ -122,11 +163,38 @@ async fn run_pair(store_plugin: &StorePlugin, broker_plugin: &BrokerPlugin) {
         "the cancelled timer did not fire"
     );
     on_time(&format!("{store} + {broker}"), &fired);
+    // The calls: each HTTP target once, with the id of its event (the event stream shows it).
+    let called: HashMap<String, String> = calls
+        .lock()
+        .map(|c| c.iter().cloned().collect())
+        .unwrap_or_default();
+    let call_count = calls.lock().map(|c| c.len()).unwrap_or_default();
+    assert_eq!(
+        (called.len(), call_count),
+        (N / 10, N / 10),
+        "{store} + {broker}: each HTTP target called once: {called:?}"
+    );
+    let (by_call, by_broker): (Vec<Received>, Vec<Received>) = fired.into_iter().partition(|e| {
+        let id = e.envelope["aggregateId"].as_str().unwrap_or_default();
+        called.contains_key(&format!("/{id}"))
+    });
+    for e in &by_call {
+        let path = format!(
+            "/{}",
+            e.envelope["aggregateId"].as_str().unwrap_or_default()
+        );
+        assert_eq!(
+            called.get(&path).map(String::as_str),
+            e.envelope["id"].as_str(),
+            "{store} + {broker}: {path} called with its event id"
+        );
+    }
+    receiver.abort();
     // The event stream announces what `publish` said it sent; the broker's own consumer shows
-    // it was: every event, with its id, and nothing else. (The memory broker lives in the
-    // service's process: the event stream is its consumer.)
+    // it was: every event, with its id, and nothing else (no call). (The memory broker lives in
+    // the service's process: the event stream is its consumer.)
     if broker_plugin.test_server.is_some() {
-        events_on_the_broker(&format!("{store} + {broker}"), client.as_ref(), &fired).await;
+        events_on_the_broker(&format!("{store} + {broker}"), client.as_ref(), &by_broker).await;
     }
     assert_eq!(service.terminate().await, Some(0), "a clean stop");
     drop(client);

@@ -598,3 +598,74 @@ async fn private_and_metadata_urls_are_refused_at_schedule_time() {
     assert_eq!(status, 201, "a public URL the tenant may call: {v}");
     service.terminate().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_service_killed_mid_run_loses_no_call() {
+    // Its load would be in the others' measurements.
+    let _alone = ALONE.lock().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (receiver, port, _task) = receiver().await;
+    // A short lease: the killed instance's claims come back soon after the restart.
+    let engine = json!({"lease": "2s"});
+    let service = service(dir.path(), &[port], engine.clone()).await;
+    let start = now_ms() + 1_000;
+    let n = 2_000i64;
+    let commands: Vec<Value> = (0..n)
+        .map(|i| {
+            let id = format!("k-{i:04}");
+            hook_timer(
+                "acme",
+                &id,
+                start + i * 2,
+                format!("http://127.0.0.1:{port}/acme/ok/{id}"),
+            )
+        })
+        .collect();
+    for chunk in commands.chunks(500) {
+        service.schedule_batch(chunk).await;
+    }
+    let half = wait_for(Duration::from_secs(60), || async {
+        (receiver.by_id("/acme/ok/").len() >= n as usize / 2).then_some(())
+    })
+    .await;
+    if half.is_none() {
+        service.fail("half the calls never arrived");
+    }
+    service.kill9().await;
+    let at_kill = receiver.by_id("/acme/ok/").len();
+    let service = self::service(dir.path(), &[port], engine).await;
+    let all = wait_for(Duration::from_secs(60), || async {
+        let by_path: std::collections::HashSet<String> =
+            receiver.calls().into_iter().map(|c| c.path).collect();
+        (by_path.len() == n as usize).then_some(by_path)
+    })
+    .await;
+    let Some(all) = all else {
+        service.fail(format!(
+            "{} of {n} calls arrived after the kill",
+            receiver.by_id("/acme/ok/").len()
+        ));
+    };
+    let calls = receiver.calls();
+    println!(
+        "killed after {at_kill} of {n} calls; all {} arrived, {} calls in all (repeats of a \
+         fire the killed instance made but did not settle)",
+        all.len(),
+        calls.len()
+    );
+    assert!(at_kill < n as usize, "killed mid-run");
+    // A repeat is the same fire: the same webhook-id for one path.
+    let mut ids: HashMap<String, String> = HashMap::new();
+    for call in &calls {
+        let id = ids.entry(call.path.clone()).or_insert_with(|| call.id());
+        assert_eq!(*id, call.id(), "{}: one fire, one webhook-id", call.path);
+    }
+    let v = wait_for(Duration::from_secs(30), || async {
+        let text = service.text("/v1/status").await;
+        let v: Value = serde_json::from_str(&text).unwrap_or_default();
+        (v["timers"]["pending"] == 0 && v["timers"]["failed"] == 0).then_some(v)
+    })
+    .await;
+    assert!(v.is_some(), "every timer settled");
+    service.terminate().await;
+}

@@ -4,7 +4,8 @@
 //! it. Each call holds its timer's lease while it runs (renewed, as a publish does), then
 //! settles its timer by itself:
 //!
-//! - delivered: as a confirmed publish (announced, then settled as fired);
+//! - delivered: as a confirmed publish (announced, then settled as fired, in one store
+//!   transaction with the other calls that ended meanwhile);
 //! - to retry: released after the engine's backoff, or the destination's `Retry-After` if later,
 //!   and given up after `engine.max_attempts` as a failed publish is;
 //! - refused for good: given up at once (`TimerFailed` with reason `target_refused`);
@@ -16,8 +17,10 @@
 //! aborted with it. Joining the live instances again waits until none runs, as it waits for the
 //! firing task's batch.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use tokio::sync::oneshot;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -29,7 +32,11 @@ use crate::call::{Called, Caller};
 use crate::model::ClaimedTimer;
 use crate::model::Timestamp;
 use crate::policy::{self, Fire};
+use crate::store::Settlement;
 use crate::wire::DueTimeReachedEnvelope;
+
+/// A delivered call's claim and settlement, and who waits for it to be written.
+pub(super) type Settling = (ClaimedTimer, Settlement, oneshot::Sender<()>);
 
 /// The calls of the firing task that run now.
 #[derive(Default)]
@@ -145,8 +152,7 @@ impl Engine {
                 self.announce(std::slice::from_ref(&as_fired), vec![envelope], reached_at);
                 let settlement =
                     policy::fired(&claim, &fire, reached_at, &inner.owner, Some(answer));
-                self.settle_all(vec![(claim, settlement)], reached_at, shutdown)
-                    .await;
+                self.settle_called(claim, settlement, shutdown).await;
             }
             Ok(Called::Retry { error, not_before }) => {
                 ::metrics::counter!(metric::PUBLISH_FAILURES).increment(1);
@@ -171,6 +177,61 @@ impl Engine {
                     "handing back a call its destination has no room for",
                 )
                 .await;
+            }
+        }
+    }
+
+    /// Settles a delivered call together with the others that ended meanwhile (one store
+    /// transaction for many, as the firing task settles a batch), and waits until it is written.
+    async fn settle_called(
+        &self,
+        claim: ClaimedTimer,
+        settlement: Settlement,
+        shutdown: &CancellationToken,
+    ) {
+        let inner = &self.inner;
+        let (written, wait) = oneshot::channel();
+        match inner.settling.lock() {
+            Ok(mut queue) => queue.push((claim, settlement, written)),
+            Err(_) => return, // poisoned: the lease expires and the timer fires again
+        }
+        if !inner.settling_now.swap(true, Ordering::SeqCst) {
+            // A task of its own, so a call that is aborted cannot strand the queue.
+            tokio::spawn(self.clone().settle_queue(shutdown.clone()));
+        }
+        let _ = wait.await;
+    }
+
+    async fn settle_queue(self, shutdown: CancellationToken) {
+        let inner = &self.inner;
+        loop {
+            let batch: Vec<Settling> = match inner.settling.lock() {
+                Ok(mut queue) => {
+                    let n = queue.len().min(inner.config.batch_size.max(1));
+                    queue.drain(..n).collect()
+                }
+                Err(_) => Vec::new(),
+            };
+            if batch.is_empty() {
+                inner.settling_now.store(false, Ordering::SeqCst);
+                // Someone may have queued after the drain but before the flag dropped.
+                let more = inner
+                    .settling
+                    .lock()
+                    .map(|q| !q.is_empty())
+                    .unwrap_or(false);
+                if more && !inner.settling_now.swap(true, Ordering::SeqCst) {
+                    continue;
+                }
+                return;
+            }
+            let (settled, written): (Vec<_>, Vec<_>) = batch
+                .into_iter()
+                .map(|(claim, settlement, written)| ((claim, settlement), written))
+                .unzip();
+            self.settle_all(settled, inner.clock.now(), &shutdown).await;
+            for w in written {
+                let _ = w.send(());
             }
         }
     }

@@ -119,6 +119,10 @@ struct Inner {
     /// How many calls run on their own now ([`call`]): joining again and leaving wait for
     /// none, as they wait for the firing task's batch.
     calls: watch::Sender<usize>,
+    /// Calls that ended, waiting to be settled together ([`call`]).
+    settling: Mutex<Vec<call::Settling>>,
+    /// Whether a task is settling `settling`.
+    settling_now: AtomicBool,
 }
 
 impl Engine {
@@ -167,6 +171,8 @@ impl Engine {
                 down: supervise::TasksDown::default(),
                 caller: std::sync::OnceLock::new(),
                 calls: watch::Sender::new(0),
+                settling: Mutex::new(Vec::new()),
+                settling_now: AtomicBool::new(false),
             }),
         }
     }
