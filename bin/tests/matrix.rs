@@ -24,6 +24,9 @@ use timer_core::plugin::{BrokerPlugin, StorePlugin, TestClient};
 
 const BIN: &str = env!("CARGO_BIN_EXE_timer-service");
 
+/// The calls the test's receiver got: path and `webhook-id`, in order.
+type Calls = Arc<Mutex<Vec<(String, String)>>>;
+
 fn main() {
     let mut args = Arguments::from_args();
     // Each run starts a service and loads its servers; two at a time keep a 2-core box sane.
@@ -78,16 +81,14 @@ async fn run_pair(store_plugin: &StorePlugin, broker_plugin: &BrokerPlugin) {
     let client = ok(broker_resources.config.test_client().await);
     let dir = tempfile::tempdir().expect("tempdir");
     // The receiver of the HTTP targets: (path, webhook-id) of each call.
-    let calls: Arc<Mutex<Vec<(String, String)>>> = Arc::default();
+    let calls: Calls = Arc::default();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind the receiver");
     let port = listener.local_addr().expect("addr").port();
     let app = axum::Router::new()
         .fallback(
-            |axum::extract::State(calls): axum::extract::State<
-                Arc<Mutex<Vec<(String, String)>>>,
-            >,
+            |axum::extract::State(calls): axum::extract::State<Calls>,
              uri: axum::http::Uri,
              headers: axum::http::HeaderMap| async move {
                 let id = headers
