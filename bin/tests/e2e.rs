@@ -977,6 +977,12 @@ async fn bench_runs_every_workload_at_a_tiny_size() {
     assert_eq!(metric("duplicates"), Some(0.0), "{out}");
     assert!(metric("herd fires/s").is_some_and(|n| n > 0.0), "{out}");
     assert!(metric("others p99").is_some(), "{out}");
+    let args = ["--workload", "webhook", "--timers", "50", "--over", "300ms"];
+    let (figures, out) = bench_figures(dir.path(), &args, &[]).await;
+    let metric = |name: &str| median(&figures, Some("webhook"), name);
+    assert_eq!(metric("missing"), Some(0.0), "{out}");
+    assert_eq!(metric("early"), Some(0.0), "{out}");
+    assert!(metric("p99").is_some_and(|ms| ms >= 0.0), "{out}");
     assert!(
         std::fs::read_dir(dir.path()).expect("dir").next().is_none(),
         "the bench leaves no database behind in the working directory"

@@ -314,7 +314,11 @@ impl Webhooks {
             Ok(answer) => answer,
             Err(e) => {
                 return Called::Retry {
-                    error: format!("calling {}: {}", target.host(), chain(&e.without_url())),
+                    error: format!(
+                        "calling {}: {}",
+                        target.host(),
+                        timer_core::error::one_line(&e.without_url())
+                    ),
                     not_before: None,
                 }
             }
@@ -485,21 +489,6 @@ fn retry_after(value: &str) -> Option<Duration> {
     }
     let at = httpdate::parse_http_date(value).ok()?;
     Some(at.duration_since(SystemTime::now()).unwrap_or_default())
-}
-
-/// An error and its sources, `: `-joined.
-fn chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        let part = s.to_string();
-        if !text.contains(&part) {
-            text.push_str(": ");
-            text.push_str(&part);
-        }
-        source = s.source();
-    }
-    text
 }
 
 #[cfg(test)]

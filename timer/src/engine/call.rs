@@ -55,13 +55,18 @@ impl Calls {
 }
 
 /// One fire a caller delivers: the claim, its plan, the claim as its event describes it, the
-/// envelope (what the event stream shows) and what goes out.
+/// envelope (what the event stream shows) and what goes out; when its batch was claimed, until
+/// when the lease is surely held, and the firing task's fence and shutdown.
 pub(super) struct OneCall {
     pub claim: ClaimedTimer,
     pub fire: Fire,
     pub as_fired: ClaimedTimer,
     pub envelope: DueTimeReachedEnvelope,
     pub event: OutboundEvent,
+    pub reached_at: Timestamp,
+    pub held_until: Instant,
+    pub fence: CancellationToken,
+    pub shutdown: CancellationToken,
 }
 
 /// Counts a call in [`Inner::calls`](super::Inner) while it lives.
@@ -89,38 +94,17 @@ impl Engine {
     }
 
     /// Starts delivering `one` through `caller` on a task of `calls`.
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn start_call(
-        &self,
-        calls: &mut Calls,
-        caller: Arc<dyn Caller>,
-        one: OneCall,
-        reached_at: Timestamp,
-        held_until: Instant,
-        fence: &CancellationToken,
-        shutdown: &CancellationToken,
-    ) {
+    pub(super) fn start_call(&self, calls: &mut Calls, caller: Arc<dyn Caller>, one: OneCall) {
         // Counted before the firing task lets its batch go, so a join never slips in between.
         let running = Running::new(self);
         let engine = self.clone();
-        let (fence, shutdown) = (fence.clone(), shutdown.clone());
         calls.0.spawn(async move {
-            engine
-                .call(caller, one, reached_at, held_until, &fence, &shutdown)
-                .await;
+            engine.call(caller, one).await;
             drop(running);
         });
     }
 
-    async fn call(
-        &self,
-        caller: Arc<dyn Caller>,
-        one: OneCall,
-        reached_at: Timestamp,
-        held_until: Instant,
-        fence: &CancellationToken,
-        shutdown: &CancellationToken,
-    ) {
+    async fn call(&self, caller: Arc<dyn Caller>, one: OneCall) {
         let inner = &self.inner;
         let OneCall {
             claim,
@@ -128,7 +112,12 @@ impl Engine {
             as_fired,
             envelope,
             event,
+            reached_at,
+            held_until,
+            fence,
+            shutdown,
         } = one;
+        let (fence, shutdown) = (&fence, &shutdown);
         let claims = std::slice::from_ref(&claim);
         let grace = inner.config.shutdown_grace;
         let called = tokio::select! {

@@ -183,8 +183,12 @@ impl Engine {
                     as_fired: fired,
                     envelope,
                     event,
+                    reached_at,
+                    held_until,
+                    fence: fence.clone(),
+                    shutdown: shutdown.clone(),
                 };
-                self.start_call(calls, caller, one, reached_at, held_until, fence, shutdown);
+                self.start_call(calls, caller, one);
                 continue;
             }
             claimed.push(claim);

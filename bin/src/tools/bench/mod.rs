@@ -207,33 +207,19 @@ async fn delay_run(
     };
     bar.finish_and_clear();
     rig.stop().await;
-    let mut lateness: Vec<i64> = first
+    let lateness: Vec<i64> = first
         .iter()
         .filter_map(|(seq, arrived)| Some(arrived - due.get(*seq)?))
         .collect();
-    lateness.sort_unstable();
-    Ok(vec![
-        ("p50", "ms", percentile(&lateness, 0.50)),
-        ("p90", "ms", percentile(&lateness, 0.90)),
-        ("p99", "ms", percentile(&lateness, 0.99)),
-        ("max", "ms", percentile(&lateness, 1.0)),
-        (
-            "early",
-            "messages",
-            lateness.iter().filter(|l| **l < 0).count() as f64,
-        ),
-        ("missing", "messages", (n - first.len()) as f64),
-        (
-            "duplicates",
-            "messages",
-            copies.saturating_sub(first.len()) as f64,
-        ),
+    let mut figures = arrival_figures(lateness, "messages", n, copies);
+    figures.extend([
         ("sent", "messages/s", rate),
         ("pending messages", "timers", pending as f64),
         ("RSS before", "MiB", rss_before),
         ("RSS loaded", "MiB", rss_loaded),
         ("RSS after", "MiB", rss_mib()),
-    ])
+    ]);
+    Ok(figures)
 }
 
 async fn restart_run(config: &Config, pending: usize) -> anyhow::Result<Run> {

@@ -352,6 +352,32 @@ pub(super) async fn watch(
     out
 }
 
+/// The figures of a workload that times arrivals: lateness p50, p90, p99 and max of
+/// `lateness` (arrival − due, one per `what` that arrived), how many were early, how many of
+/// `n` never arrived, and how many arrivals were repeats (`arrivals` in all).
+pub(super) fn arrival_figures(
+    mut lateness: Vec<i64>,
+    what: &'static str,
+    n: usize,
+    arrivals: usize,
+) -> super::Run {
+    lateness.sort_unstable();
+    let arrived = lateness.len();
+    vec![
+        ("p50", "ms", percentile(&lateness, 0.50)),
+        ("p90", "ms", percentile(&lateness, 0.90)),
+        ("p99", "ms", percentile(&lateness, 0.99)),
+        ("max", "ms", percentile(&lateness, 1.0)),
+        (
+            "early",
+            what,
+            lateness.iter().filter(|l| **l < 0).count() as f64,
+        ),
+        ("missing", what, n.saturating_sub(arrived) as f64),
+        ("duplicates", what, arrivals.saturating_sub(arrived) as f64),
+    ]
+}
+
 pub(super) fn percentile(sorted: &[i64], p: f64) -> f64 {
     if sorted.is_empty() {
         return f64::NAN;

@@ -10,7 +10,7 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use serde_json::{Map, Value};
 
-use super::rig::{now_ms, percentile, progress, schedule_all, start_rig_with, timer, Preload};
+use super::rig::{arrival_figures, now_ms, progress, schedule_all, start_rig_with, timer, Preload};
 use super::Run;
 use crate::config::Config;
 
@@ -90,26 +90,9 @@ pub(super) async fn webhook_run(config: &Config, n: usize, over: Duration) -> an
     bar.finish_and_clear();
     rig.stop().await;
     receiver.abort();
-    let mut lateness: Vec<i64> = first
+    let lateness: Vec<i64> = first
         .iter()
         .filter_map(|(i, at)| Some(at - due.get(*i)?))
         .collect();
-    lateness.sort_unstable();
-    Ok(vec![
-        ("p50", "ms", percentile(&lateness, 0.50)),
-        ("p90", "ms", percentile(&lateness, 0.90)),
-        ("p99", "ms", percentile(&lateness, 0.99)),
-        ("max", "ms", percentile(&lateness, 1.0)),
-        (
-            "early",
-            "calls",
-            lateness.iter().filter(|l| **l < 0).count() as f64,
-        ),
-        ("missing", "calls", (n - first.len()) as f64),
-        (
-            "duplicates",
-            "calls",
-            read.saturating_sub(first.len()) as f64,
-        ),
-    ])
+    Ok(arrival_figures(lateness, "calls", n, read))
 }
