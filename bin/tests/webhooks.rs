@@ -350,6 +350,7 @@ async fn webhooks_arrive_on_time_signed_with_the_exact_body_and_headers() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failing_receivers_are_retried_refused_or_waited_for_and_nothing_is_lost() {
+    let _alone = ALONE.lock().await;
     let dir = tempfile::tempdir().expect("tempdir");
     let (receiver, port, _task) = receiver().await;
     // A receiver that is down, on a port of its own: nothing listens there yet.
@@ -454,14 +455,25 @@ async fn failing_receivers_are_retried_refused_or_waited_for_and_nothing_is_lost
         "a dead letter naming the status: {letters}"
     );
 
-    // The receiver that was down for 10 s gets every call once it is back.
+    // The receiver that was down for 10 s gets every call once it is back; meanwhile the calls
+    // are tried and fail (counted for its host).
     let started = now_ms();
+    let down_host = format!("host=\"127.0.0.1:{down_port}\"");
     let tried = wait_for(Duration::from_secs(30), || async {
         let text = service.text("/metrics").await;
-        text.contains("timer_webhook_calls").then_some(())
+        text.lines()
+            .any(|l| {
+                l.starts_with("timer_webhook_calls")
+                    && l.contains(&down_host)
+                    && l.contains("outcome=\"retry\"")
+            })
+            .then_some(())
     })
     .await;
-    assert!(tried.is_some(), "calls were tried meanwhile");
+    assert!(
+        tried.is_some(),
+        "calls to the receiver that is down were tried"
+    );
     // Down for 10 s from the due time: that is the outage, not a wait for a condition.
     let back_at = soon + 10_000;
     tokio::time::sleep(Duration::from_millis((back_at - started).max(0) as u64)).await;
@@ -481,9 +493,21 @@ async fn failing_receivers_are_retried_refused_or_waited_for_and_nothing_is_lost
             down_receiver.by_id("/globex/ok/").len()
         ))
     });
+    assert_eq!(all.len(), 20);
+    // Each was tried while the receiver was down: its history says how that failed.
+    let (_, history) = service
+        .get("/v1/tenants/globex/timers/down-00/history")
+        .await;
+    let failed = history["history"]
+        .as_array()
+        .map(|h| h.iter().filter(|e| e["type"] == "publish_failed").count())
+        .unwrap_or_default();
+    assert!(failed >= 2, "tried during the outage: {history}");
     assert!(
-        all.values().all(|c| c[0].at_ms >= back_at),
-        "after the outage"
+        history
+            .to_string()
+            .contains(&format!("calling 127.0.0.1:{down_port}")),
+        "{history}"
     );
     let v = wait_for(Duration::from_secs(10), || async {
         let (_, v) = service
@@ -579,6 +603,12 @@ async fn private_and_metadata_urls_are_refused_at_schedule_time() {
         ("http://localhost:9/hook", "loopback name"),
         ("https://hooks.example.com/globex/x", "targets.allow"),
         ("ftp://hooks.example.com/acme/x", "not http or https"),
+        // The same addresses written otherwise.
+        ("http://2130706433/hook", "loopback"),
+        ("http://0x7f.1/hook", "loopback"),
+        ("http://[::127.0.0.1]/hook", "loopback"),
+        ("http://[::ffff:169.254.169.254]/", "link-local"),
+        ("http://[64:ff9b::a00:1]/", "NAT64"),
     ] {
         let command = hook_timer("acme", "t", far, url.to_owned());
         let (status, v) = service.post("/v1/timers", command.to_string()).await;
@@ -596,6 +626,25 @@ async fn private_and_metadata_urls_are_refused_at_schedule_time() {
     );
     let (status, v) = service.post("/v1/timers", ok.to_string()).await;
     assert_eq!(status, 201, "a public URL the tenant may call: {v}");
+    // A message header HTTP cannot carry, or one the service sets itself.
+    let mut bad = hook_timer(
+        "acme",
+        "bad-header",
+        far,
+        "https://hooks.example.com/acme/due".into(),
+    );
+    bad["message"] = json!({"body": {}, "headers": {"webhook-signature": "v1,forged"}});
+    let (status, v) = service.post("/v1/timers", bad.to_string()).await;
+    assert_eq!(
+        (status, &v["error"]["field"]),
+        (400, &json!("message")),
+        "{v}"
+    );
+    let message = v["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("message.headers.webhook-signature: set by the service itself"),
+        "{message}"
+    );
     service.terminate().await;
 }
 

@@ -10,7 +10,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use crate::broker::OutboundEvent;
-use crate::outbound::Target;
+use crate::outbound::{MessageMeta, Target};
 
 /// How a call ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -49,6 +49,12 @@ pub trait Caller: Send + Sync + 'static {
     ///
     /// [`Broker::check_target`]: crate::broker::Broker::check_target
     fn check_target(&self, target: &Target) -> Result<String, String>;
+
+    /// Whether this caller can send a timer's own message (its content type and headers) to
+    /// one of its targets: `Err` says what is wrong, and the engine refuses the timer.
+    fn check_message(&self, _meta: &MessageMeta) -> Result<(), String> {
+        Ok(())
+    }
 
     /// Delivers one fire: `event.target` is one this caller [`takes`](Self::takes). Bounded in
     /// time by the caller itself; the engine holds the timer's lease meanwhile.

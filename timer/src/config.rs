@@ -214,7 +214,8 @@ pub struct TenantFireRate {
 /// URL), matches a pattern of `targets.allow` or of its tenant's `targets.tenants.<tenant>.allow`;
 /// anything else is refused (reason `invalid_target`). A pattern that starts with `http://` or
 /// `https://` is a URL prefix and allows URLs only: `https://hooks.acme.com` allows every URL of
-/// that host, `https://hooks.acme.com/timers/` those under that path. In a pattern, `*` stands for any run of
+/// that host (and port), `https://hooks.acme.com/timers/` those under that path (end it with `/`:
+/// `…/timers` would allow `…/timers-admin` too); `*` is not allowed in it. In a pattern, `*` stands for any run of
 /// characters and `{tenant}` for the timer's tenant id as one routing token (letters, digits,
 /// `-` and `_` as they are, every other byte as `%XX`), so no tenant's pattern reaches another
 /// tenant's names. The service's own command, event and dead-letter destinations are never
@@ -259,7 +260,7 @@ impl TargetRules {
                 let pattern = pattern.replace("{tenant}", &routing_token(tenant));
                 match url_prefix(&pattern) {
                     // A URL (an HTTP target) matches URL patterns only, by prefix.
-                    Some(prefix) => is_url(name) && matches_pattern(&(prefix + "*"), name),
+                    Some(prefix) => is_url(name) && name.starts_with(&prefix),
                     None => !is_url(name) && matches_pattern(&pattern, name),
                 }
             })
@@ -283,6 +284,19 @@ impl TargetRules {
                     "{key}: an empty pattern allows nothing; leave it out"
                 )));
             }
+            if is_url(pattern) {
+                if pattern.contains('*') {
+                    return Err(crate::Error::config(format!(
+                        "{key}: {pattern:?}: a URL pattern is a prefix (scheme, host, port, \
+                         path); `*` is not allowed in it"
+                    )));
+                }
+                if let Err(e) = url::Url::parse(&pattern.replace("{tenant}", "t")) {
+                    return Err(crate::Error::config(format!(
+                        "{key}: {pattern:?} is not a URL: {e}"
+                    )));
+                }
+            }
         }
         Ok(())
     }
@@ -293,18 +307,20 @@ fn is_url(name: &str) -> bool {
     name.starts_with("http://") || name.starts_with("https://")
 }
 
-/// A URL pattern as the prefix it allows: `https://hooks.acme.com` allows that host's URLs
-/// (`https://hooks.acme.com/…`), not `https://hooks.acme.com.evil.net/`; with a path, URLs
+/// A URL pattern as the prefix it allows, written as the URLs it is compared with are (host in
+/// lower case, no default port, a path of at least `/`): `https://Hooks.Acme.com:443` allows
+/// `https://hooks.acme.com/…`, not `https://hooks.acme.com.evil.net/`; with a path, the URLs
 /// that start with it. `None` for a pattern that is not a URL.
 fn url_prefix(pattern: &str) -> Option<String> {
-    let rest = pattern
-        .strip_prefix("http://")
-        .or_else(|| pattern.strip_prefix("https://"))?;
-    if rest.contains('/') {
-        Some(pattern.to_owned())
-    } else {
-        Some(format!("{pattern}/"))
+    if !is_url(pattern) {
+        return None;
     }
+    // One that does not parse was refused by `check`; as it is, it matches as text.
+    Some(
+        url::Url::parse(pattern)
+            .map(String::from)
+            .unwrap_or_else(|_| pattern.to_owned()),
+    )
 }
 
 /// Whether `name` matches `pattern`, where `*` stands for any run of characters (none too).
@@ -613,11 +629,12 @@ mod tests {
         let urls = TargetRules {
             allow: vec![
                 "*".into(),
-                "https://hooks.acme.com".into(),
+                "https://Hooks.Acme.com:443".into(),
                 "http://127.0.0.1:8080/{tenant}/".into(),
             ],
             tenants: BTreeMap::new(),
         };
+        urls.check().unwrap();
         assert!(urls.allows("a", "https://hooks.acme.com/"));
         assert!(urls.allows("a", "https://hooks.acme.com/x/y?z=1"));
         assert!(!urls.allows("a", "https://hooks.acme.com.evil.net/"));
@@ -636,6 +653,18 @@ mod tests {
             "`*` allows names, not URLs"
         );
         assert!(urls.allows("a", "orders"));
+        for (pattern, says) in [
+            ("https://*.acme.com", "`*` is not allowed"),
+            ("https://acme.com/*", "`*` is not allowed"),
+            ("http://", "not a URL"),
+        ] {
+            let rules = TargetRules {
+                allow: vec![pattern.into()],
+                tenants: BTreeMap::new(),
+            };
+            let e = rules.check().unwrap_err().to_string();
+            assert!(e.contains("targets.allow") && e.contains(says), "{e}");
+        }
         rules.tenants.insert(
             "globex".into(),
             TenantTargets {

@@ -8,19 +8,39 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use reqwest::dns::{Addrs, Name, Resolve, Resolving};
 
-/// Why `ip` is not public (loopback, private, link-local …), or `None` when it is.
+/// Why `ip` is not public (loopback, private, link-local …), or `None` when it is. An IPv6
+/// address that carries an IPv4 one (mapped, compatible, 6to4) is judged by that one; NAT64,
+/// Teredo and site-local prefixes, which reach IPv4 or local networks by translation, are not
+/// public.
 pub fn not_public(ip: IpAddr) -> Option<&'static str> {
     match ip {
         IpAddr::V4(v4) => not_public_v4(v4),
-        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+        IpAddr::V6(v6) => match embedded_v4(v6) {
             Some(v4) => not_public_v4(v4),
             None => not_public_v6(v6),
         },
     }
 }
 
+/// The IPv4 address an IPv6 one carries: IPv4-mapped (`::ffff:a.b.c.d`), IPv4-compatible
+/// (`::a.b.c.d`, but `::` and `::1`), 6to4 (`2002:AABB:CCDD::`).
+fn embedded_v4(ip: Ipv6Addr) -> Option<Ipv4Addr> {
+    if let Some(v4) = ip.to_ipv4_mapped() {
+        return Some(v4);
+    }
+    let s = ip.segments();
+    let v4 = |hi: u16, lo: u16| Ipv4Addr::from((u32::from(hi) << 16) | u32::from(lo));
+    if s[..6] == [0; 6] && !ip.is_loopback() && !ip.is_unspecified() {
+        return Some(v4(s[6], s[7]));
+    }
+    if s[0] == 0x2002 {
+        return Some(v4(s[1], s[2]));
+    }
+    None
+}
+
 fn not_public_v4(ip: Ipv4Addr) -> Option<&'static str> {
-    let [a, b, ..] = ip.octets();
+    let [a, b, c, _] = ip.octets();
     if ip.is_loopback() {
         Some("a loopback address")
     } else if ip.is_private() {
@@ -31,6 +51,10 @@ fn not_public_v4(ip: Ipv4Addr) -> Option<&'static str> {
         Some("an unspecified address")
     } else if a == 100 && (64..128).contains(&b) {
         Some("a shared (carrier-grade NAT) address")
+    } else if (a, b, c) == (192, 0, 0) || (a == 198 && (b == 18 || b == 19)) {
+        Some("a reserved address (IETF protocol assignments, benchmarking)")
+    } else if matches!((a, b, c), (192, 0, 2) | (198, 51, 100) | (203, 0, 113)) {
+        Some("a documentation address")
     } else if ip.is_broadcast() || ip.is_multicast() || a >= 240 {
         Some("a broadcast, multicast or reserved address")
     } else {
@@ -39,15 +63,19 @@ fn not_public_v4(ip: Ipv4Addr) -> Option<&'static str> {
 }
 
 fn not_public_v6(ip: Ipv6Addr) -> Option<&'static str> {
-    let first = ip.segments()[0];
+    let s = ip.segments();
     if ip.is_loopback() {
         Some("a loopback address")
     } else if ip.is_unspecified() {
         Some("an unspecified address")
-    } else if first & 0xfe00 == 0xfc00 {
+    } else if s[0] & 0xfe00 == 0xfc00 {
         Some("a unique local (private) address")
-    } else if first & 0xffc0 == 0xfe80 {
-        Some("a link-local address")
+    } else if s[0] & 0xffc0 == 0xfe80 || s[0] & 0xffc0 == 0xfec0 {
+        Some("a link-local or site-local address")
+    } else if s[0] == 0x64 && s[1] == 0xff9b {
+        Some("a NAT64 address (it reaches IPv4 addresses, private ones too)")
+    } else if s[0] == 0x2001 && s[1] == 0 {
+        Some("a Teredo address")
     } else if ip.is_multicast() {
         Some("a multicast address")
     } else {
@@ -103,12 +131,28 @@ mod tests {
             "::",
             "fd00:ec2::254",
             "fe80::1",
+            "fec0::1",
             "::ffff:10.0.0.1",
+            "::127.0.0.1",
+            "::10.0.0.1",
+            "64:ff9b::a00:1",
+            "64:ff9b:1::1",
+            "2002:7f00:1::",
+            "2001:0:4136:e378::1",
+            "192.0.0.8",
+            "198.18.0.1",
+            "192.0.2.1",
+            "203.0.113.9",
         ] {
             let ip: IpAddr = blocked.parse().unwrap();
             assert!(not_public(ip).is_some(), "{blocked} passed");
         }
-        for open in ["93.184.216.34", "1.1.1.1", "2606:4700:4700::1111"] {
+        for open in [
+            "93.184.216.34",
+            "1.1.1.1",
+            "2606:4700:4700::1111",
+            "2002:5db8:d822::",
+        ] {
             let ip: IpAddr = open.parse().unwrap();
             assert_eq!(not_public(ip), None, "{open}");
         }

@@ -28,7 +28,8 @@ pub struct WebhookConfig {
     /// is resolved at each call and only its public addresses are connected to (so a name that
     /// changes its answer cannot reach inside).
     pub allow_private_networks: bool,
-    /// The longest one call may take, answer included; then it is retried.
+    /// The longest one call may take, answer included; then it is retried. Also the longest a
+    /// call waits for its turn (`per_host_concurrency`, `concurrency`); then it is handed back.
     #[serde(with = "duration")]
     #[schemars(with = "String")]
     pub timeout: Duration,
@@ -44,6 +45,9 @@ pub struct WebhookConfig {
     /// back for a second (no attempt counted), so a host that answers slowly holds a bounded
     /// number of claims.
     pub per_host_waiting: usize,
+    /// Calls that may wait for a turn beside those running, over all hosts; a fire beyond it is
+    /// handed back for a second, as for one host.
+    pub max_waiting: usize,
     /// How much of an answer is read (the rest is dropped); its start goes into the timer's
     /// `lastError` when the call failed.
     pub max_answer_bytes: usize,
@@ -60,6 +64,7 @@ impl Default for WebhookConfig {
             concurrency: 256,
             per_host_concurrency: 16,
             per_host_waiting: 256,
+            max_waiting: 4096,
             max_answer_bytes: 4096,
         }
     }

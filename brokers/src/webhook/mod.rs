@@ -18,7 +18,7 @@ use async_trait::async_trait;
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use reqwest::{Method, StatusCode};
 use serde_json::Value;
-use timer_core::{Called, Caller, Error, OutboundEvent, Target};
+use timer_core::{Called, Caller, Error, MessageMeta, OutboundEvent, Target};
 use tokio::sync::Semaphore;
 use url::Url;
 
@@ -68,6 +68,11 @@ const RESERVED: &[&str] = &[
     "content-length",
     "transfer-encoding",
     "connection",
+    "keep-alive",
+    "proxy-authorization",
+    "proxy-connection",
+    "trailer",
+    "expect",
     "upgrade",
     "te",
     "webhook-id",
@@ -80,6 +85,12 @@ const METHODS: &[&str] = &["POST", "PUT", "PATCH"];
 
 /// How long a fire waits before it tries again when its host has no room.
 const BUSY_AGAIN: Duration = Duration::from_secs(1);
+
+/// The longest `Retry-After` honoured; a longer one waits this long.
+pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(24 * 3600);
+
+/// Most hosts with metrics of their own; calls to further hosts count under `other`.
+const METRIC_HOSTS: usize = 1_000;
 
 /// The longest cut of an answer that goes into an error.
 const ERROR_CUT: usize = 300;
@@ -114,8 +125,8 @@ impl HttpTarget {
         }
         if !url.username().is_empty() || url.password().is_some() {
             return Err(
-                "target.url carries credentials; send them in target.headers instead (they are \
-                 kept out of logs there)"
+                "target.url carries credentials; send them in target.headers instead (a URL \
+                 goes into logs and errors, headers do not)"
                     .into(),
             );
         }
@@ -166,8 +177,10 @@ impl HttpTarget {
                     let Value::String(value) = value else {
                         return Err(format!("target.headers.{name} must be a string"));
                     };
-                    let (name, value) = header(name, value)
+                    let (name, mut value) = header(name, value)
                         .map_err(|why| format!("target.headers.{name}: {why}"))?;
+                    // Kept out of `Debug`: a target's headers may carry credentials.
+                    value.set_sensitive(true);
                     headers.append(name, value);
                 }
             }
@@ -209,13 +222,25 @@ pub struct Webhooks {
     /// Calls at once, over all hosts.
     all: Semaphore,
     /// Per host: its calls at once, and how many calls hold or wait for a turn.
-    hosts: Mutex<HashMap<String, (Arc<Semaphore>, usize)>>,
+    hosts: Mutex<Hosts>,
+    /// The hosts that have metrics of their own ([`METRIC_HOSTS`] at most).
+    metric_hosts: Mutex<std::collections::HashSet<String>>,
+}
+
+/// The hosts with calls that hold or wait for a turn, and how many calls that is in all.
+#[derive(Default)]
+struct Hosts {
+    by_host: HashMap<String, (Arc<Semaphore>, usize)>,
+    all: usize,
 }
 
 impl Webhooks {
     pub fn new(config: WebhookConfig) -> Result<Self, Error> {
         config.check()?;
         let mut client = reqwest::Client::builder()
+            // No proxy from the environment (HTTP_PROXY …): a proxy would resolve and connect
+            // where the public-address check cannot see.
+            .no_proxy()
             .redirect(reqwest::redirect::Policy::none())
             .timeout(config.timeout)
             .connect_timeout(config.connect_timeout)
@@ -231,28 +256,45 @@ impl Webhooks {
             all: Semaphore::new(config.concurrency),
             config,
             client,
-            hosts: Mutex::new(HashMap::new()),
+            hosts: Mutex::new(Hosts::default()),
+            metric_hosts: Mutex::new(std::collections::HashSet::new()),
         })
     }
 
-    /// A turn for `host`, or `None` when too many calls hold or wait for one already.
+    /// A place in `host`'s line, or `None` when too many calls hold or wait for a turn already,
+    /// for this host or for all.
     fn enter(&self, host: &str) -> Option<HostTurn<'_>> {
         let mut hosts = self.hosts.lock().ok()?;
-        let (limit, waiting) = hosts.entry(host.to_owned()).or_insert_with(|| {
-            (
-                Arc::new(Semaphore::new(self.config.per_host_concurrency)),
-                0,
-            )
-        });
-        if *waiting >= self.config.per_host_concurrency + self.config.per_host_waiting {
+        let config = &self.config;
+        if hosts.all >= config.concurrency + config.max_waiting {
+            return None;
+        }
+        let (limit, waiting) = hosts
+            .by_host
+            .entry(host.to_owned())
+            .or_insert_with(|| (Arc::new(Semaphore::new(config.per_host_concurrency)), 0));
+        if *waiting >= config.per_host_concurrency + config.per_host_waiting {
             return None;
         }
         *waiting += 1;
+        let limit = limit.clone();
+        hosts.all += 1;
         Some(HostTurn {
             webhooks: self,
             host: host.to_owned(),
-            limit: limit.clone(),
+            limit,
         })
+    }
+
+    /// `host` as metrics label it: itself, or `other` past [`METRIC_HOSTS`] hosts.
+    fn metric_host(&self, host: &str) -> String {
+        match self.metric_hosts.lock() {
+            Ok(mut known) if known.contains(host) || known.len() < METRIC_HOSTS => {
+                known.insert(host.to_owned());
+                host.to_owned()
+            }
+            _ => "other".to_owned(),
+        }
     }
 
     async fn send(&self, target: &HttpTarget, event: &OutboundEvent) -> Called {
@@ -371,10 +413,11 @@ struct HostTurn<'a> {
 impl Drop for HostTurn<'_> {
     fn drop(&mut self) {
         if let Ok(mut hosts) = self.webhooks.hosts.lock() {
-            if let Some((_, waiting)) = hosts.get_mut(&self.host) {
+            hosts.all = hosts.all.saturating_sub(1);
+            if let Some((_, waiting)) = hosts.by_host.get_mut(&self.host) {
                 *waiting = waiting.saturating_sub(1);
                 if *waiting == 0 {
-                    hosts.remove(&self.host);
+                    hosts.by_host.remove(&self.host);
                 }
             }
         }
@@ -395,6 +438,19 @@ impl Caller for Webhooks {
         HttpTarget::parse(target, self.config.allow_private_networks).map(|t| t.url.to_string())
     }
 
+    fn check_message(&self, meta: &MessageMeta) -> Result<(), String> {
+        if let Some(content_type) = &meta.content_type {
+            HeaderValue::from_str(content_type).map_err(|_| {
+                "message.contentType is not a valid HTTP header value (an HTTP target)".to_owned()
+            })?;
+        }
+        for (name, value) in &meta.headers {
+            header(name, value)
+                .map_err(|why| format!("message.headers.{name}: {why} (an HTTP target)"))?;
+        }
+        Ok(())
+    }
+
     async fn call(&self, event: &OutboundEvent) -> Called {
         let target = match event
             .target
@@ -410,17 +466,27 @@ impl Caller for Webhooks {
             }
         };
         let host = target.host();
+        let label = self.metric_host(&host);
+        let busy = || {
+            ::metrics::counter!(metric::CALLS, "host" => label.clone(), "outcome" => "busy")
+                .increment(1);
+            Called::Busy { after: BUSY_AGAIN }
+        };
         let Some(turn) = self.enter(&host) else {
-            ::metrics::counter!(metric::CALLS, "host" => host, "outcome" => "busy").increment(1);
-            return Called::Busy { after: BUSY_AGAIN };
+            return busy();
         };
-        // The host's turn first: calls waiting for a slow host hold none of the others'.
+        // The host's turn first: calls waiting for a slow host hold none of the others'. A call
+        // waits for its turns at most `webhooks.timeout` (its timer cannot be cancelled while
+        // it waits): then it is handed back.
         let limit = turn.limit.clone();
-        let Ok(host_turn) = limit.acquire().await else {
-            return Called::Busy { after: BUSY_AGAIN };
+        let turns = async {
+            let host_turn = limit.acquire().await.ok()?;
+            let all = self.all.acquire().await.ok()?;
+            Some((host_turn, all))
         };
-        let Ok(_all) = self.all.acquire().await else {
-            return Called::Busy { after: BUSY_AGAIN };
+        let Ok(Some((host_turn, _all))) = tokio::time::timeout(self.config.timeout, turns).await
+        else {
+            return busy();
         };
         let started = Instant::now();
         let called = self.send(&target, event).await;
@@ -430,9 +496,9 @@ impl Caller for Webhooks {
             Called::Refused { .. } => "refused",
             Called::Busy { .. } => "busy",
         };
-        ::metrics::histogram!(metric::CALL_DURATION, "host" => host.clone())
+        ::metrics::histogram!(metric::CALL_DURATION, "host" => label.clone())
             .record(started.elapsed().as_secs_f64());
-        ::metrics::counter!(metric::CALLS, "host" => host, "outcome" => outcome).increment(1);
+        ::metrics::counter!(metric::CALLS, "host" => label, "outcome" => outcome).increment(1);
         drop((host_turn, turn));
         match called {
             Called::Delivered { answer } => Called::Delivered {
@@ -484,11 +550,14 @@ async fn read_some(mut answer: reqwest::Response, limit: usize) -> Vec<u8> {
 /// A `Retry-After` value: seconds, or an HTTP date.
 fn retry_after(value: &str) -> Option<Duration> {
     let value = value.trim();
-    if let Ok(seconds) = value.parse::<u64>() {
-        return Some(Duration::from_secs(seconds));
-    }
-    let at = httpdate::parse_http_date(value).ok()?;
-    Some(at.duration_since(SystemTime::now()).unwrap_or_default())
+    let wait = match value.parse::<u64>() {
+        Ok(seconds) => Duration::from_secs(seconds),
+        Err(_) => {
+            let at = httpdate::parse_http_date(value).ok()?;
+            at.duration_since(SystemTime::now()).unwrap_or_default()
+        }
+    };
+    Some(wait.min(MAX_RETRY_AFTER))
 }
 
 #[cfg(test)]
@@ -573,6 +642,7 @@ mod tests {
             Some(Duration::ZERO)
         );
         assert_eq!(retry_after("soon"), None);
+        assert_eq!(retry_after("99999999999"), Some(MAX_RETRY_AFTER), "capped");
     }
 
     #[test]

@@ -61,7 +61,14 @@ impl Engine {
         let refused = |why: String| Rejection::new(Reason::InvalidTarget, Some("target"), why);
         // An HTTP target goes to the caller, whatever the broker.
         let name = match self.inner.caller.get().filter(|c| c.takes(target)) {
-            Some(caller) => caller.check_target(target),
+            Some(caller) => {
+                if let Some(message) = &timer.message {
+                    caller.check_message(&message.meta).map_err(|why| {
+                        Rejection::new(Reason::InvalidTarget, Some("message"), why)
+                    })?;
+                }
+                caller.check_target(target)
+            }
             None => broker.check_target(target),
         }
         .map_err(refused)?;

@@ -17,14 +17,14 @@
 //! aborted with it. Joining the live instances again waits until none runs, as it waits for the
 //! firing task's batch.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use tokio::sync::oneshot;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 
 use super::{metrics as metric, Engine};
 use crate::broker::OutboundEvent;
@@ -45,12 +45,35 @@ pub(super) struct Calls(JoinSet<()>);
 impl Calls {
     /// Forgets the calls that ended.
     pub(super) fn reap(&mut self) {
-        while self.0.try_join_next().is_some() {}
+        while let Some(ended) = self.0.try_join_next() {
+            said(ended);
+        }
     }
 
     /// Waits until every call ended.
     pub(super) async fn finish(&mut self) {
-        while self.0.join_next().await.is_some() {}
+        while let Some(ended) = self.0.join_next().await {
+            said(ended);
+        }
+    }
+}
+
+/// Logs a call that panicked: its timer fires again once its lease runs out.
+fn said(ended: Result<(), tokio::task::JoinError>) {
+    if let Err(e) = ended {
+        if e.is_panic() {
+            error!(error = %e, "a call panicked; its timer fires again when its lease runs out");
+        }
+    }
+}
+
+/// Lowers the settling flag if the settling task ends by a panic, so the next call that ends
+/// starts another (a call waiting for its settle gets no answer and goes on).
+struct Settler<'a>(&'a AtomicBool);
+
+impl Drop for Settler<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::SeqCst);
     }
 }
 
@@ -193,6 +216,7 @@ impl Engine {
 
     async fn settle_queue(self, shutdown: CancellationToken) {
         let inner = &self.inner;
+        let on_panic = Settler(&inner.settling_now);
         loop {
             let batch: Vec<Settling> = match inner.settling.lock() {
                 Ok(mut queue) => {
@@ -212,6 +236,8 @@ impl Engine {
                 if more && !inner.settling_now.swap(true, Ordering::SeqCst) {
                     continue;
                 }
+                // Not by a panic: the flag is another task's now, if raised.
+                std::mem::forget(on_panic);
                 return;
             }
             let (settled, written): (Vec<_>, Vec<_>) = batch
