@@ -76,6 +76,8 @@ struct Setup {
     dead_letters: DeadLetterGate,
     config: EngineConfig,
     limits: Limits,
+    /// Where fires with an HTTP target go ([`ScriptedCaller`]).
+    caller: Option<Arc<dyn timer_core::Caller>>,
 }
 
 impl Setup {
@@ -114,6 +116,7 @@ impl Default for Setup {
             dead_letters: DeadLetterGate::default(),
             config: config(),
             limits: Limits::default(),
+            caller: None,
         }
     }
 }
@@ -138,6 +141,10 @@ impl Setup {
             self.config,
             self.limits,
         );
+        let engine = match self.caller {
+            Some(caller) => engine.with_caller(caller).expect("one caller"),
+            None => engine,
+        };
         let shutdown = CancellationToken::new();
         let task = engine.start(shutdown.clone());
         Rig {
@@ -2652,4 +2659,171 @@ async fn a_manual_trigger_the_broker_refuses_is_an_error_and_records_nothing() {
     events(&r.hub, 1)
         .await
         .expect("the second trigger went out");
+}
+
+/// A caller of HTTP targets that answers as scripted, one answer per call, then delivers (or,
+/// with `hang`, never answers).
+#[derive(Default)]
+struct ScriptedCaller {
+    answers: std::sync::Mutex<std::collections::VecDeque<timer_core::Called>>,
+    calls: AtomicU32,
+    hang: bool,
+}
+
+#[async_trait]
+impl timer_core::Caller for ScriptedCaller {
+    fn name(&self) -> &'static str {
+        "scripted"
+    }
+
+    fn takes(&self, target: &timer_core::Target) -> bool {
+        target.fields().contains_key("url")
+    }
+
+    fn check_target(&self, target: &timer_core::Target) -> Result<String, String> {
+        target.text("url").map(str::to_owned).ok_or("no url".into())
+    }
+
+    async fn call(&self, _event: &timer_core::OutboundEvent) -> timer_core::Called {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        let next = self.answers.lock().ok().and_then(|mut a| a.pop_front());
+        match next {
+            Some(answer) => answer,
+            None if self.hang => std::future::pending().await,
+            None => timer_core::Called::Delivered {
+                answer: "h:80 answered 200 OK in 1 ms".into(),
+            },
+        }
+    }
+}
+
+/// An engine whose fires to `http://h/…` go to `caller`.
+fn calling(caller: &Arc<ScriptedCaller>) -> Rig {
+    let mut setup = Setup::default();
+    setup.limits.targets.allow = vec!["http://h".into()];
+    setup.caller = Some(caller.clone());
+    setup.start()
+}
+
+/// A timer due at `due` with an HTTP target.
+fn hook(id: &str, due: Timestamp) -> NewTimer {
+    let mut t = timer(id, due);
+    let serde_json::Value::Object(fields) = serde_json::json!({"url": format!("http://h/{id}")})
+    else {
+        unreachable!("an object")
+    };
+    t.target = Some(timer_core::Target::new(fields));
+    t
+}
+
+#[tokio::test]
+async fn a_delivered_call_settles_its_timer_with_the_answer_and_nothing_goes_to_the_broker() {
+    let caller = Arc::new(ScriptedCaller::default());
+    let r = calling(&caller);
+    r.schedule(&[hook("hooked", T0), timer("plain", T0)]).await;
+    timer_where(&r.store, "hooked", |t| t.state == TimerState::Reached).await;
+    let published = events(&r.hub, 1).await.expect("the plain timer's event");
+    assert_eq!(
+        published.len(),
+        1,
+        "only the plain timer went to the broker"
+    );
+    assert_eq!(caller.calls.load(Ordering::SeqCst), 1);
+    let history = r
+        .store
+        .history()
+        .read(&TimerKey::new("t", "hooked"), 0, 10)
+        .await
+        .expect("history");
+    assert!(
+        history.iter().any(|e| matches!(&e.change,
+            timer_core::Change::Fired { answer: Some(a), .. } if a.contains("200 OK"))),
+        "{history:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_refused_call_fails_its_timer_at_once_with_a_dead_letter() {
+    let caller = Arc::new(ScriptedCaller::default());
+    caller
+        .answers
+        .lock()
+        .expect("answers")
+        .push_back(timer_core::Called::Refused {
+            error: "h:80 answered 404 Not Found".into(),
+        });
+    let r = calling(&caller);
+    r.schedule(&[hook("gone", T0)]).await;
+    let t = timer_where(&r.store, "gone", |t| t.state == TimerState::Failed).await;
+    assert_eq!(t.last_error.as_deref(), Some("h:80 answered 404 Not Found"));
+    let letters = dead_letters(&r.hub, 1).await.expect("a TimerFailed");
+    assert!(
+        letters[0]
+            .reason
+            .starts_with("target_refused: h:80 answered 404"),
+        "{letters:?}"
+    );
+    assert_eq!(caller.calls.load(Ordering::SeqCst), 1, "called once");
+}
+
+#[tokio::test]
+async fn a_retried_call_waits_for_its_retry_after_and_a_busy_one_counts_no_attempt() {
+    let caller = Arc::new(ScriptedCaller::default());
+    {
+        let mut answers = caller.answers.lock().expect("answers");
+        answers.push_back(timer_core::Called::Retry {
+            error: "h:80 answered 429 Too Many Requests".into(),
+            not_before: Some(secs(30)),
+        });
+        answers.push_back(timer_core::Called::Busy { after: secs(1) });
+    }
+    let r = calling(&caller);
+    r.schedule(&[hook("later", T0)]).await;
+    // Retry-After 30 s, longer than the backoff (1 s): the next attempt is 30 s on.
+    let t = timer_where(&r.store, "later", |t| t.attempts == 1).await;
+    assert_eq!(t.available_at, T0.saturating_add(secs(30)), "{t:?}");
+    r.clock.advance(secs(29));
+    r.no_events().await;
+    assert_eq!(
+        caller.calls.load(Ordering::SeqCst),
+        1,
+        "not before Retry-After"
+    );
+    r.clock.advance(secs(1));
+    // Busy: handed back for a second, the attempt not counted.
+    let t = timer_where(&r.store, "later", |t| {
+        t.available_at == T0.saturating_add(secs(31))
+    })
+    .await;
+    assert_eq!((t.state, t.attempts), (TimerState::Scheduled, 1), "{t:?}");
+    r.clock.advance(secs(1));
+    timer_where(&r.store, "later", |t| t.state == TimerState::Reached).await;
+    assert_eq!(caller.calls.load(Ordering::SeqCst), 3);
+}
+
+#[tokio::test]
+async fn shutdown_during_a_call_gives_its_claim_back() {
+    let caller = Arc::new(ScriptedCaller {
+        hang: true,
+        ..ScriptedCaller::default()
+    });
+    let r = calling(&caller);
+    r.schedule(&[hook("held", T0)]).await;
+    wait_for(WAIT, || async {
+        (caller.calls.load(Ordering::SeqCst) == 1).then_some(())
+    })
+    .await
+    .expect("the call started");
+    r.shutdown.cancel();
+    tokio::time::timeout(WAIT, r.task)
+        .await
+        .expect("the engine stops within the grace period, the call with it")
+        .expect("no panic");
+    let t = timer_where(&r.store, "held", |_| true).await;
+    assert_eq!(t.lease_owner, None, "claim released");
+    assert_eq!(
+        (t.state, t.attempts),
+        (TimerState::Scheduled, 0),
+        "a shutdown is not a failed attempt"
+    );
 }

@@ -10,7 +10,10 @@
 //!   and given up after `engine.max_attempts` as a failed publish is;
 //! - refused for good: given up at once (`TimerFailed` with reason `target_refused`);
 //! - busy (the caller holds too many calls for that destination): given back, no attempt
-//!   counted.
+//!   counted;
+//!
+//! and wakes the firing task when that makes its timer claimable sooner than the task planned
+//! to look (it sleeps until the call's lease would run out, not knowing the call ended).
 //!
 //! The calls belong to the firing task: when it ends, it waits for them (each gives its claim
 //! back `engine.shutdown_grace` after shutdown); when it is aborted (a crash in tests), they are
@@ -29,8 +32,7 @@ use tracing::{debug, error, info, warn};
 use super::{metrics as metric, Engine};
 use crate::broker::OutboundEvent;
 use crate::call::{Called, Caller};
-use crate::model::ClaimedTimer;
-use crate::model::Timestamp;
+use crate::model::{ClaimedTimer, TimerState, Timestamp};
 use crate::policy::{self, Fire};
 use crate::store::Settlement;
 use crate::wire::DueTimeReachedEnvelope;
@@ -164,12 +166,24 @@ impl Engine {
                 self.announce(std::slice::from_ref(&as_fired), vec![envelope], reached_at);
                 let settlement =
                     policy::fired(&claim, &fire, reached_at, &inner.owner, Some(answer));
+                let next = match &settlement {
+                    Settlement::Next(at) => Some(*at),
+                    Settlement::Step(step) if step.state == TimerState::Scheduled => {
+                        Some(step.available_at)
+                    }
+                    _ => None,
+                };
                 self.settle_called(claim, settlement, shutdown).await;
+                if let Some(at) = next {
+                    self.wake_by(at);
+                }
             }
             Ok(Called::Retry { error, not_before }) => {
                 ::metrics::counter!(metric::PUBLISH_FAILURES).increment(1);
                 warn!(timer = %claim.key, caller = caller.name(), %error, "a call failed; retrying it after a backoff");
                 self.release_after(vec![(claim, error)], not_before).await;
+                // Its next attempt is after a backoff: the firing task plans again.
+                self.wake_by(inner.clock.now());
             }
             Ok(Called::Refused { error }) => {
                 ::metrics::counter!(metric::PUBLISH_FAILURES).increment(1);
@@ -189,6 +203,7 @@ impl Engine {
                     "handing back a call its destination has no room for",
                 )
                 .await;
+                self.wake_by(at);
             }
         }
     }
@@ -248,6 +263,14 @@ impl Engine {
             for w in written {
                 let _ = w.send(());
             }
+        }
+    }
+
+    /// Has the firing task plan again if it sleeps past `at`, when a call made its timer
+    /// claimable then (the firing task, asleep until the call's lease ran out, would not know).
+    fn wake_by(&self, at: Timestamp) {
+        if at.as_millis() < self.inner.planned.load(Ordering::SeqCst) {
+            self.inner.wake.notify_one();
         }
     }
 
