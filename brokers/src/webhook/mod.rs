@@ -3,8 +3,8 @@
 //! Standard Webhooks spec. Any 2xx is delivered; 408, 429 (with its `Retry-After`), 5xx,
 //! connection errors and timeouts are retried with the engine's backoff; a redirect (not
 //! followed) or another 4xx fails the timer at once. The engine runs each call on its own task
-//! ([`Caller`]); this module bounds them per host and overall, so one slow host never delays
-//! another's calls. See `README.md` here.
+//! ([`Caller`](timer_core::Caller)); this module bounds them per host and overall, so one slow
+//! host never delays another's calls. See `README.md` here.
 
 mod address;
 pub mod config;
