@@ -457,7 +457,7 @@ async fn walk_through(name: &str, dir: &Path, mut env: Vec<(&str, String)>, stor
         until: Timestamp::from_millis(busy_due + 3_600_000),
     };
     let claimed = store
-        .claim_due(Timestamp::from_millis(busy_due + 1), 1, &lease)
+        .claim_due(Timestamp::from_millis(busy_due + 1).into(), 1, &lease)
         .await
         .expect("claim as another instance");
     assert_eq!(claimed.len(), 1, "the busy timer is claimed");
@@ -489,7 +489,7 @@ async fn walk_through(name: &str, dir: &Path, mut env: Vec<(&str, String)>, stor
         until: Timestamp::from_millis(trouble_due + 60_000),
     };
     let claimed = store
-        .claim_due(Timestamp::from_millis(trouble_due + 1), 2, &lease)
+        .claim_due(Timestamp::from_millis(trouble_due + 1).into(), 2, &lease)
         .await
         .expect("claim as another instance");
     let ids: Vec<&str> = claimed

@@ -13,10 +13,10 @@ use timer_core::config::TenantFireRate;
 use timer_core::engine::Triggered;
 use timer_core::policy::{CatchUp, Completion, Outcome, Overlap, Policy, Work};
 use timer_core::{
-    Action, Broker, CancelOutcome, ClaimedTimer, ControlOutcome, Delivery, Engine, EngineConfig,
-    Error, KeyLimit, Lease, Limits, ManualClock, NewTimer, OutboundEvent, Reason, Recurrence,
-    Result, ScheduleOutcome, Scheduled, Settlement, Store, Target, Timer, TimerKey, TimerState,
-    Timestamp, Undelivered,
+    Action, Broker, CancelOutcome, ClaimedTimer, ControlOutcome, Delivery, Due, Engine,
+    EngineConfig, Error, KeyLimit, Lease, Limits, ManualClock, NewTimer, OutboundEvent, Reason,
+    Recurrence, Result, ScheduleOutcome, Scheduled, Settlement, Store, Target, Timer, TimerKey,
+    TimerState, Timestamp, Undelivered,
 };
 use timer_stores::memory::MemoryStore;
 use tokio_util::sync::CancellationToken;
@@ -55,6 +55,9 @@ fn config() -> EngineConfig {
     EngineConfig {
         poll_interval: Duration::from_secs(3600),
         lease: Duration::from_secs(10),
+        // Asleep until a timer's due time, as these tests read it; claiming ahead has tests of
+        // its own.
+        claim_ahead: Duration::ZERO,
         retry_base: Duration::from_secs(1),
         retry_max: Duration::from_secs(60),
         shutdown_grace: Duration::from_millis(50),
@@ -307,16 +310,11 @@ impl Store for Faulty {
         }
         self.inner.schedule(t, now).await
     }
-    async fn claim_due(
-        &self,
-        now: Timestamp,
-        limit: usize,
-        lease: &Lease,
-    ) -> Result<Vec<ClaimedTimer>> {
+    async fn claim_due(&self, due: Due, limit: usize, lease: &Lease) -> Result<Vec<ClaimedTimer>> {
         if injected(&self.hung_claims) {
             std::future::pending::<()>().await;
         }
-        self.inner.claim_due(now, limit, lease).await
+        self.inner.claim_due(due, limit, lease).await
     }
     async fn settle(
         &self,
@@ -551,6 +549,123 @@ async fn timer_due_in_50ms_fires_without_waiting_for_the_poll_interval() {
     );
     let t = timer_where(&r.store, "soon", |t| t.state == TimerState::Reached).await;
     assert_eq!(t.reached_at, Some(T0.saturating_add(ms(50))));
+}
+
+/// `engine.claim_ahead`: the timer is claimed that long before its due time and held until
+/// then; it fires at its due time exactly, never before.
+#[tokio::test]
+async fn a_timer_claimed_ahead_fires_at_its_due_time_and_not_before() {
+    let mut setup = Setup::default();
+    setup.config.claim_ahead = ms(50);
+    let r = setup.start();
+    let due = T0.saturating_add(secs(1));
+    r.schedule(&[timer("ahead", due)]).await;
+    let look = r.asleep(|until| until > T0).await;
+    assert_eq!(
+        look,
+        Some(T0.saturating_add(ms(950))),
+        "asleep until claim_ahead before the due time"
+    );
+    r.clock.advance(ms(950));
+    timer_where(&r.store, "ahead", |t| {
+        t.lease_owner.as_deref() == Some("engine-a")
+    })
+    .await;
+    // Claimed, held until its due time: asleep until then, nothing published.
+    let held = r.asleep(|until| until > T0.saturating_add(ms(950))).await;
+    assert!(
+        held.is_some_and(|until| until <= due),
+        "asleep until {held:?}, after the due time {due}"
+    );
+    r.no_events().await;
+    r.clock.set(due.saturating_sub(ms(1)));
+    r.no_events().await;
+    r.clock.set(due);
+    let fired = events(&r.hub, 1).await.expect("fired at its due time");
+    let envelope: serde_json::Value = serde_json::from_slice(&fired[0].body).expect("json");
+    assert_eq!(envelope["timestampMs"], due.as_millis(), "at its due time");
+    let t = timer_where(&r.store, "ahead", |t| t.state == TimerState::Reached).await;
+    assert_eq!(t.reached_at, Some(due));
+}
+
+/// A sooner timer scheduled while others are held wakes the firing task, which claims it too;
+/// a retry is not claimed ahead of its time (only first due times are).
+#[tokio::test]
+async fn claiming_ahead_takes_a_sooner_timer_and_leaves_a_retry_until_its_time() {
+    let mut setup = Setup::publishing(Publish::FailsFirst(1));
+    setup.config.claim_ahead = ms(50);
+    let r = setup.start();
+    r.schedule(&[timer("retried", T0)]).await;
+    let t = timer_where(&r.store, "retried", |t| t.attempts == 1).await;
+    let retry_at = T0.saturating_add(secs(1));
+    assert_eq!(t.available_at, retry_at);
+    r.schedule(&[timer("later", T0.saturating_add(ms(1_040)))])
+        .await;
+    r.clock.advance(ms(990));
+    timer_where(&r.store, "later", |t| t.lease_owner.is_some()).await;
+    let t = timer_where(&r.store, "retried", |_| true).await;
+    assert_eq!(
+        t.lease_owner, None,
+        "a retry is not claimed ahead of its time"
+    );
+    // A sooner one, scheduled while `later` is held.
+    r.schedule(&[timer("sooner", T0.saturating_add(ms(1_020)))])
+        .await;
+    timer_where(&r.store, "sooner", |t| t.lease_owner.is_some()).await;
+    r.no_events().await;
+    r.clock.set(retry_at);
+    let fired = events(&r.hub, 1).await.expect("the retry, at its time");
+    assert_eq!(fired[0].key.service_call_id, "retried");
+    r.clock.set(T0.saturating_add(ms(1_040)));
+    let fired = events(&r.hub, 3).await.expect("all three");
+    let order: Vec<&str> = fired
+        .iter()
+        .map(|e| e.key.service_call_id.as_str())
+        .collect();
+    assert_eq!(order, ["retried", "sooner", "later"]);
+}
+
+/// Timers held until their due time at shutdown are given back, claimable at their due time
+/// (not before), with no attempt counted.
+#[tokio::test]
+async fn timers_claimed_ahead_are_given_back_at_shutdown_claimable_at_their_due_time() {
+    let mut setup = Setup::default();
+    setup.config.claim_ahead = ms(50);
+    let r = setup.start();
+    let due = T0.saturating_add(ms(30));
+    r.schedule(&[timer("held", due)]).await;
+    timer_where(&r.store, "held", |t| {
+        t.lease_owner.as_deref() == Some("engine-a")
+    })
+    .await;
+    r.shutdown.cancel();
+    tokio::time::timeout(WAIT, r.task)
+        .await
+        .expect("engine stops")
+        .expect("no panic");
+    assert!(r.hub.events().expect("events").is_empty(), "nothing fired");
+    let t = timer_where(&r.store, "held", |_| true).await;
+    assert_eq!(t.lease_owner, None, "given back");
+    assert_eq!((t.attempts, t.available_at), (0, due));
+    let lease = Lease {
+        owner: "engine-b".into(),
+        until: T0.saturating_add(secs(10)),
+    };
+    let before = r
+        .store
+        .claim_due(T0.into(), 10, &lease)
+        .await
+        .expect("claim");
+    assert!(
+        before.is_empty(),
+        "claimable before its due time: {before:?}"
+    );
+    let at_due = r
+        .store
+        .claim_due(due.into(), 10, &lease)
+        .await
+        .expect("claim");
+    assert_eq!(at_due.len(), 1, "claimable at its due time");
 }
 
 #[tokio::test]
@@ -799,7 +914,11 @@ async fn shutdown_releases_claims() {
         owner: "engine-b".into(),
         until: T0.saturating_add(secs(10)),
     };
-    let claimed = r.store.claim_due(T0, 10, &lease).await.expect("claim");
+    let claimed = r
+        .store
+        .claim_due(T0.into(), 10, &lease)
+        .await
+        .expect("claim");
     assert_eq!(
         claimed.len(),
         1,

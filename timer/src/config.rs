@@ -404,6 +404,16 @@ pub struct EngineConfig {
     pub poll_interval: Duration,
     /// Most timers claimed, and most commands read, in one batch. At least 1.
     pub batch_size: usize,
+    /// How long before its due time a timer may be claimed: the firing task holds it until
+    /// then, so a claim's cost (a store round trip, a wait for the store's write lock behind
+    /// other writes) is paid before the due time instead of after it. Only a timer's first due
+    /// time is claimed ahead (not a retry's or a paced turn's). Meanwhile the timer counts as
+    /// firing: a cancel answers `firing`, and a reschedule in the last `claim_ahead` before
+    /// the due time may no longer stop that fire. 0 claims at the due time. At most 1s, and
+    /// under a fifth of `engine.lease`.
+    #[serde(with = "duration")]
+    #[schemars(with = "String")]
+    pub claim_ahead: Duration,
     /// How long a claim holds a timer without being renewed. At least 1s. While a publish
     /// runs its leases are renewed every third of it, so a publish may take longer; a cancel
     /// is refused (`firing`) while a lease is live. A dead instance's timers come back when its
@@ -477,6 +487,7 @@ impl Default for EngineConfig {
         EngineConfig {
             poll_interval: Duration::from_secs(5),
             batch_size: 500,
+            claim_ahead: Duration::from_millis(50),
             lease: Duration::from_secs(10),
             publish_timeout: Duration::from_secs(15),
             store_timeout: Duration::from_secs(30),
@@ -505,6 +516,13 @@ impl EngineConfig {
             return bad(
                 "lease",
                 "must be at least 100ms (it is renewed every third of it)",
+            );
+        }
+        if self.claim_ahead > Duration::from_secs(1) || self.claim_ahead * 5 >= self.lease {
+            return bad(
+                "claim_ahead",
+                "must be at most 1s and under a fifth of engine.lease (a timer held until its due \
+                 time keeps the lease of its claim)",
             );
         }
         if self.store_timeout.is_zero() {
@@ -742,7 +760,18 @@ mod tests {
     fn engine_check_names_the_key() {
         assert!(EngineConfig::default().check().is_ok());
         type Change = fn(&mut EngineConfig);
-        let cases: [(Change, &str); 4] = [
+        let cases: [(Change, &str); 6] = [
+            (
+                |c| c.claim_ahead = Duration::from_millis(1_001),
+                "engine.claim_ahead",
+            ),
+            (
+                |c| {
+                    c.lease = Duration::from_millis(500);
+                    c.claim_ahead = Duration::from_millis(100);
+                },
+                "engine.claim_ahead",
+            ),
             (
                 |c| c.purge_interval = Duration::ZERO,
                 "engine.purge_interval",

@@ -34,7 +34,7 @@ use async_trait::async_trait;
 use tracing::warn;
 
 use crate::error::Result;
-use crate::model::{ClaimedTimer, Lease, Timestamp};
+use crate::model::{ClaimedTimer, Due, Lease, Timestamp};
 
 /// One tenant visited by [`FairSteps::visit_tenants`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -47,11 +47,11 @@ pub struct Visited {
 /// The three steps of a fair claim, each in the store's terms.
 #[async_trait]
 pub trait FairSteps: Send + Sync {
-    /// Leases up to `limit` claimable rows, earliest `available_at` first, whoever they belong
-    /// to: the claim of a store without fairness.
+    /// Leases up to `limit` rows `due` takes, earliest `available_at` first, whoever they
+    /// belong to: the claim of a store without fairness.
     async fn claim_earliest(
         &self,
-        now: Timestamp,
+        due: Due,
         limit: usize,
         lease: &Lease,
     ) -> Result<Vec<ClaimedTimer>>;
@@ -59,6 +59,7 @@ pub trait FairSteps: Send + Sync {
     /// Up to `visits` tenants with Scheduled rows whose id sorts after `after` (byte order;
     /// `""`: from the first), in that order, each saying whether it has a claimable row. One
     /// index probe or two per tenant: the cost does not grow with the number of due rows.
+    /// (`now` is the end of the claim's window: a tenant with a row due by then is due.)
     async fn visit_tenants(
         &self,
         now: Timestamp,
@@ -66,11 +67,11 @@ pub trait FairSteps: Send + Sync {
         visits: usize,
     ) -> Result<Vec<Visited>>;
 
-    /// Leases up to its share of claimable rows of each tenant of `shares`, each tenant's
-    /// earliest `available_at` first.
+    /// Leases up to its share of the rows `due` takes of each tenant of `shares`, each
+    /// tenant's earliest `available_at` first.
     async fn claim_of_tenants(
         &self,
-        now: Timestamp,
+        due: Due,
         shares: &[(String, usize)],
         lease: &Lease,
     ) -> Result<Vec<ClaimedTimer>>;
@@ -101,7 +102,7 @@ impl FairShare {
     pub async fn claim(
         &self,
         steps: &(impl FairSteps + ?Sized),
-        now: Timestamp,
+        due: Due,
         limit: usize,
         lease: &Lease,
     ) -> Result<Vec<ClaimedTimer>> {
@@ -110,9 +111,9 @@ impl FairShare {
         }
         let cursor = self.current();
         let mut claimed = if cursor.backlog {
-            self.shared(steps, now, limit, lease, &cursor.after).await?
+            self.shared(steps, due, limit, lease, &cursor.after).await?
         } else {
-            steps.claim_earliest(now, limit, lease).await?
+            steps.claim_earliest(due, limit, lease).await?
         };
         self.update(|c| c.backlog = claimed.len() >= limit);
         claimed.sort_by(|a, b| a.due_at.cmp(&b.due_at).then_with(|| a.key.cmp(&b.key)));
@@ -123,12 +124,12 @@ impl FairShare {
     async fn shared(
         &self,
         steps: &(impl FairSteps + ?Sized),
-        now: Timestamp,
+        due: Due,
         limit: usize,
         lease: &Lease,
         after: &str,
     ) -> Result<Vec<ClaimedTimer>> {
-        let visited = steps.visit_tenants(now, after, limit).await?;
+        let visited = steps.visit_tenants(due.ahead, after, limit).await?;
         // Stopped at its bound: more tenants may have due timers, after the last one visited.
         let cut = visited.len() >= limit;
         let next = match visited.last() {
@@ -136,21 +137,21 @@ impl FairShare {
             _ => String::new(),
         };
         self.update(|c| c.after = next);
-        let due: Vec<String> = visited
+        let tenants: Vec<String> = visited
             .into_iter()
             .filter(|v| v.due)
             .map(|v| v.tenant)
             .collect();
         let mut claimed = Vec::new();
         // One due tenant among all of them: the fill takes its earliest anyway, cheaper.
-        if due.len() > 1 || (cut && !due.is_empty()) {
+        if tenants.len() > 1 || (cut && !tenants.is_empty()) {
             claimed = steps
-                .claim_of_tenants(now, &shares(due, limit), lease)
+                .claim_of_tenants(due, &shares(tenants, limit), lease)
                 .await?;
         }
         let rest = limit.saturating_sub(claimed.len());
         if rest > 0 {
-            match steps.claim_earliest(now, rest, lease).await {
+            match steps.claim_earliest(due, rest, lease).await {
                 Ok(more) => claimed.extend(more),
                 // What the shares leased fires now rather than when its lease runs out; the
                 // next claim fills again.

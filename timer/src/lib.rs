@@ -26,7 +26,7 @@ pub use control::{Action, Change, HistoryEntry};
 pub use engine::{Engine, FiredEvent, Scheduled};
 pub use error::{Error, ErrorKind, Result};
 pub use model::{
-    CancelOutcome, ClaimedTimer, ControlOutcome, Lease, NewTimer, Recurrence, ScheduleOutcome,
+    CancelOutcome, ClaimedTimer, ControlOutcome, Due, Lease, NewTimer, Recurrence, ScheduleOutcome,
     Timer, TimerKey, TimerState, Timestamp,
 };
 pub use outbound::{Message, MessageMeta, Target};

@@ -370,6 +370,42 @@ pub struct Lease {
     pub until: Timestamp,
 }
 
+/// The rows a claim may take: every row claimable at `now` (`available_at <= now`), and the
+/// rows first due by `ahead` (`available_at = due_at <= ahead`: claimable at their own due
+/// time, not a retry's, a lease's or a paced turn's later one), which the engine holds until
+/// their due time. A claim at `now` alone takes `Due::at(now)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Due {
+    pub now: Timestamp,
+    pub ahead: Timestamp,
+}
+
+impl Due {
+    /// What is claimable at `now`, nothing ahead.
+    pub fn at(now: Timestamp) -> Self {
+        Due { now, ahead: now }
+    }
+
+    /// What is claimable at `now`, and what is first due up to `ahead` later.
+    pub fn ahead(now: Timestamp, ahead: std::time::Duration) -> Self {
+        Due {
+            now,
+            ahead: now.saturating_add(ahead),
+        }
+    }
+
+    /// Whether a Scheduled row with these times is in the window.
+    pub fn takes(&self, available_at: Timestamp, due_at: Timestamp) -> bool {
+        available_at <= self.now || (available_at == due_at && available_at <= self.ahead)
+    }
+}
+
+impl From<Timestamp> for Due {
+    fn from(now: Timestamp) -> Self {
+        Due::at(now)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

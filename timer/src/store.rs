@@ -14,8 +14,8 @@ use tokio::sync::broadcast;
 use crate::control::{Action, Change, HistoryEntry};
 use crate::error::{Error, Result};
 use crate::model::{
-    CancelOutcome, ClaimedTimer, ControlOutcome, Lease, NewTimer, ScheduleOutcome, Timer, TimerKey,
-    TimerState, Timestamp, Work,
+    CancelOutcome, ClaimedTimer, ControlOutcome, Due, Lease, NewTimer, ScheduleOutcome, Timer,
+    TimerKey, TimerState, Timestamp, Work,
 };
 
 /// What becomes of a claimed timer when its fire ends: the one step that settles a lease.
@@ -65,7 +65,8 @@ pub struct Step {
 /// Durable timer storage.
 ///
 /// A row is claimable when it is `Scheduled` and its `available_at` (the due time, or the end
-/// of a lease or retry backoff) is at or before `now`. Claiming sets a lease; an expired lease
+/// of a lease or retry backoff) is at or before `now`; a claim may also take rows a little
+/// ahead of their due time ([`Due`]). Claiming sets a lease; an expired lease
 /// makes the row claimable again, which is how a crashed instance's timers are recovered.
 #[async_trait]
 pub trait Store: Send + Sync + 'static {
@@ -80,17 +81,12 @@ pub trait Store: Send + Sync + 'static {
     /// `rescheduled` in the same transaction (as `settle` and `cancel` record theirs).
     async fn schedule(&self, timers: &[NewTimer], now: Timestamp) -> Result<Vec<ScheduleOutcome>>;
 
-    /// Leases up to `limit` claimable rows to `lease.owner` until `lease.until`, earliest
-    /// `available_at` first; when the previous claim was full, shared between the tenants with
-    /// claimable rows as [`crate::fair`] says (a store claims through
+    /// Leases up to `limit` rows that `due` takes to `lease.owner` until `lease.until`,
+    /// earliest `available_at` first; when the previous claim was full, shared between the
+    /// tenants with claimable rows as [`crate::fair`] says (a store claims through
     /// [`FairShare::claim`](crate::fair::FairShare::claim)). Returned earliest due first. Two
     /// callers never hold the same row at once.
-    async fn claim_due(
-        &self,
-        now: Timestamp,
-        limit: usize,
-        lease: &Lease,
-    ) -> Result<Vec<ClaimedTimer>>;
+    async fn claim_due(&self, due: Due, limit: usize, lease: &Lease) -> Result<Vec<ClaimedTimer>>;
 
     /// Settles claims in one transaction, each as its [`Settlement`] says, at time `at`. Only
     /// rows still Scheduled and leased by `owner` change, and except for

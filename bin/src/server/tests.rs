@@ -213,7 +213,7 @@ async fn cancel_and_pause_answer_409_firing_while_the_timer_fires() {
         owner: "another-instance".to_owned(),
         until: T0.saturating_add(Duration::from_secs(60)),
     };
-    let claimed = store.claim_due(T0, 10, &lease).await.expect("claim");
+    let claimed = store.claim_due(T0.into(), 10, &lease).await.expect("claim");
     assert_eq!(claimed.len(), 1);
     let key = TimerKey::new("t", "busy");
     let before = store.get(&key).await.expect("get");

@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use timer_core::control::{transition, DEFAULT_HISTORY};
 use timer_core::fair::{FairShare, FairSteps, Visited};
 use timer_core::{
-    Action, Backlog, CancelOutcome, Change, ClaimedTimer, ControlOutcome, Error, HistoryEntry, Lease,
+    Action, Backlog, CancelOutcome, Change, ClaimedTimer, ControlOutcome, Due, Error, HistoryEntry, Lease,
     NewTimer, PageAfter, Result, ScheduleOutcome, Settlement, Store, TenantBacklog, TenantCounts, TenantSummary,
     Timer, TimerControl, TimerFilter, TimerHistory, TimerKey, TimerQueries, TimerState, Timestamp,
 };
@@ -95,13 +95,24 @@ impl Ready {
         self.all.len()
     }
 
-    /// The keys of up to `limit` rows due at `now`, earliest first: of `tenant`, or of all.
-    fn due(&self, now: Timestamp, tenant: Option<&str>, limit: usize) -> Vec<TimerKey> {
+    /// The keys of up to `limit` rows `due` takes, earliest first: of `tenant`, or of all.
+    /// `due_at` gives a row's due time (a row ahead of `due.now` is taken at its first due).
+    fn due(
+        &self,
+        due: Due,
+        tenant: Option<&str>,
+        limit: usize,
+        due_at: impl Fn(&TimerKey) -> Option<Timestamp>,
+    ) -> Vec<TimerKey> {
+        let takes = |at: Timestamp, key: &TimerKey| {
+            at <= due.now || due_at(key).is_some_and(|d| due.takes(at, d))
+        };
         match tenant {
             None => self
                 .all
                 .iter()
-                .take_while(|(at, _)| *at <= now)
+                .take_while(|(at, _)| *at <= due.ahead)
+                .filter(|(at, key)| takes(*at, key))
                 .take(limit)
                 .map(|(_, key)| key.clone())
                 .collect(),
@@ -110,9 +121,11 @@ impl Ready {
                 .get(tenant)
                 .into_iter()
                 .flatten()
-                .take_while(|(at, _)| *at <= now)
+                .take_while(|(at, _)| *at <= due.ahead)
+                .map(|(at, id)| (*at, TimerKey::new(tenant, id.as_str())))
+                .filter(|(at, key)| takes(*at, key))
                 .take(limit)
-                .map(|(_, id)| TimerKey::new(tenant, id.as_str()))
+                .map(|(_, key)| key)
                 .collect(),
         }
     }
@@ -151,7 +164,7 @@ impl MemoryStore {
     /// Leases up to its share of due rows of each tenant of `shares` (`None`: of anyone).
     fn claim_of(
         &self,
-        now: Timestamp,
+        due: Due,
         shares: &[(Option<&str>, usize)],
         lease: &Lease,
     ) -> Result<Vec<ClaimedTimer>> {
@@ -159,7 +172,10 @@ impl MemoryStore {
         let State { rows, ready } = &mut *state;
         let mut claimed = Vec::new();
         for (tenant, share) in shares {
-            for key in ready.due(now, *tenant, *share) {
+            let keys = ready.due(due, *tenant, *share, |key| {
+                rows.get(key).map(|row| row.timer.due_at)
+            });
+            for key in keys {
                 if let Some(row) = rows.get_mut(&key) {
                     claimed.push(row.claim(ready, lease));
                 }
@@ -173,11 +189,11 @@ impl MemoryStore {
 impl FairSteps for MemoryStore {
     async fn claim_earliest(
         &self,
-        now: Timestamp,
+        due: Due,
         limit: usize,
         lease: &Lease,
     ) -> Result<Vec<ClaimedTimer>> {
-        self.claim_of(now, &[(None, limit)], lease)
+        self.claim_of(due, &[(None, limit)], lease)
     }
 
     async fn visit_tenants(
@@ -202,13 +218,13 @@ impl FairSteps for MemoryStore {
 
     async fn claim_of_tenants(
         &self,
-        now: Timestamp,
+        due: Due,
         shares: &[(String, usize)],
         lease: &Lease,
     ) -> Result<Vec<ClaimedTimer>> {
         let shares: Vec<(Option<&str>, usize)> =
             shares.iter().map(|(t, n)| (Some(t.as_str()), *n)).collect();
-        self.claim_of(now, &shares, lease)
+        self.claim_of(due, &shares, lease)
     }
 }
 
@@ -364,11 +380,11 @@ impl Store for MemoryStore {
 
     async fn claim_due(
         &self,
-        now: Timestamp,
+        due: Due,
         limit: usize,
         lease: &Lease,
     ) -> Result<Vec<ClaimedTimer>> {
-        self.fair.claim(self, now, limit, lease).await
+        self.fair.claim(self, due, limit, lease).await
     }
 
     async fn settle(

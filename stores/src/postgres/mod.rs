@@ -66,7 +66,8 @@ impl Dialect for PostgresStore {
     const CLAIM: &'static str =
         "UPDATE timers t SET lease_owner = $1, available_at = $2, lease_until = $2 \
          FROM (SELECT tenant_id, service_call_id FROM timers \
-               WHERE state = 0 AND available_at <= $3 \
+               WHERE state = 0 AND available_at <= $5 \
+               AND (available_at <= $3 OR available_at = due_at) \
                ORDER BY available_at LIMIT $4 FOR UPDATE SKIP LOCKED) c \
          WHERE t.tenant_id = c.tenant_id AND t.service_call_id = c.service_call_id \
          RETURNING t.tenant_id, t.service_call_id, t.due_at, t.registered_at, \

@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use sqlx::Row;
 use timer_core::policy::{Policy, Work};
 use timer_core::{
-    CancelOutcome, Change, ClaimedTimer, Error, Lease, NewTimer, Recurrence, Result,
+    CancelOutcome, Change, ClaimedTimer, Due, Error, Lease, NewTimer, Recurrence, Result,
     ScheduleOutcome, Settlement, Store, Target, TenantCounts, Timer, TimerControl, TimerKey,
     TimerState, Timestamp,
 };
@@ -244,11 +244,11 @@ impl Store for PostgresStore {
 
     async fn claim_due(
         &self,
-        now: Timestamp,
+        due: Due,
         limit: usize,
         lease: &Lease,
     ) -> Result<Vec<ClaimedTimer>> {
-        self.fair.claim(self, now, limit, lease).await
+        self.fair.claim(self, due, limit, lease).await
     }
 
     async fn settle(

@@ -138,12 +138,12 @@ macro_rules! sql_fair_steps {
         impl timer_core::fair::FairSteps for $store {
             async fn claim_earliest(
                 &self,
-                now: timer_core::Timestamp,
+                due: timer_core::Due,
                 limit: usize,
                 lease: &timer_core::Lease,
             ) -> timer_core::Result<Vec<timer_core::ClaimedTimer>> {
                 <$store as $crate::sql::SqlAbilities>::writes(self)
-                    .claim(now, limit, lease)
+                    .claim(due, limit, lease)
                     .await
             }
 
@@ -160,11 +160,11 @@ macro_rules! sql_fair_steps {
 
             async fn claim_of_tenants(
                 &self,
-                now: timer_core::Timestamp,
+                due: timer_core::Due,
                 shares: &[(String, usize)],
                 lease: &timer_core::Lease,
             ) -> timer_core::Result<Vec<timer_core::ClaimedTimer>> {
-                self.claim_shares(now, shares, lease).await
+                self.claim_shares(due, shares, lease).await
             }
         }
     };

@@ -58,9 +58,10 @@ pub(crate) trait Dialect {
     type Count: Into<i64> + for<'r> Decode<'r, Self::Db> + Type<Self::Db>;
     /// `sqlite`, `postgres`: how messages name the store.
     const NAME: &'static str;
-    /// `claim_due` in one atomic statement: leases the claimable rows, earliest `available_at`
-    /// first, and returns them with the columns of [`TimerRow::claimed`]. Parameters: 1 the
-    /// lease owner, 2 the lease end (also their `available_at`), 3 now, 4 the limit.
+    /// `claim_due` in one atomic statement: leases the rows a [`Due`](timer_core::Due) takes,
+    /// earliest `available_at` first, and returns them with the columns of
+    /// [`TimerRow::claimed`]. Parameters: 1 the lease owner, 2 the lease end (also their
+    /// `available_at`), 3 now, 4 the limit, 5 the end of the window ahead.
     const CLAIM: &'static str;
     /// What ends the `SELECT` of a row a control action is about to change: a row lock where
     /// the database needs one to order the action and a concurrent claim (PostgreSQL: ` FOR

@@ -6,7 +6,7 @@ use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Row, 
 use timer_core::fair::Visited;
 use timer_core::policy::Work;
 use timer_core::store::Step;
-use timer_core::{ClaimedTimer, Lease, Result, Timestamp};
+use timer_core::{ClaimedTimer, Due, Lease, Result, Timestamp};
 
 use super::{db_err, Dialect, TimerRow};
 
@@ -89,7 +89,7 @@ statements! {
     /// the order the database returns them (`FairShare::claim` orders the whole claim).
     pub(crate) async fn claim(
         &self,
-        now: Timestamp,
+        due: Due,
         limit: usize,
         lease: &Lease,
     ) -> Result<Vec<ClaimedTimer>> {
@@ -99,8 +99,9 @@ statements! {
         let rows = sqlx::query(D::CLAIM)
             .bind(lease.owner.as_str())
             .bind(lease.until.as_millis())
-            .bind(now.as_millis())
+            .bind(due.now.as_millis())
             .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .bind(due.ahead.as_millis())
             .fetch_all(self.pool)
             .await
             .map_err(|e| db_err::<D>("claiming due timers", e))?;

@@ -2,18 +2,20 @@
 //! visit are the shared statements; a share of each tenant is one statement per tenant, all in
 //! one write transaction.
 
-use timer_core::{ClaimedTimer, Lease, Result, Timestamp};
+use timer_core::{ClaimedTimer, Due, Lease, Result};
 
 use super::{db_err, SqliteStore};
 use crate::sql::{self, TimerRow};
 
-/// Leases up to `?4` claimable rows of tenant `?5`, its earliest first (through
-/// `timers_tenant_claimable`). Parameters 1 to 3 as [`Dialect::CLAIM`](crate::sql::Dialect).
+/// Leases up to `?4` rows of tenant `?5` that the window takes, its earliest first (through
+/// `timers_tenant_claimable`). Parameters 1 to 3 as [`Dialect::CLAIM`](crate::sql::Dialect), 6
+/// the end of the window ahead.
 const CLAIM_OF_TENANT: &str =
     "UPDATE timers SET lease_owner = ?1, available_at = ?2, lease_until = ?2 \
      WHERE rowid IN (SELECT rowid FROM timers WHERE state = 0 AND available_at IS NOT NULL \
-                     AND tenant_id = ?5 \
-                     AND available_at <= ?3 ORDER BY available_at LIMIT ?4) \
+                     AND tenant_id = ?5 AND available_at <= ?6 \
+                     AND (available_at <= ?3 OR available_at = due_at) \
+                     ORDER BY available_at LIMIT ?4) \
      RETURNING tenant_id, service_call_id, due_at, registered_at, correlation_id, payload, \
                attempts, revision, recurrence, occurrences, policy, work, target, message, \
                message_meta";
@@ -24,7 +26,7 @@ impl SqliteStore {
     /// [`FairSteps::claim_of_tenants`](timer_core::fair::FairSteps::claim_of_tenants).
     pub(crate) async fn claim_shares(
         &self,
-        now: Timestamp,
+        due: Due,
         shares: &[(String, usize)],
         lease: &Lease,
     ) -> Result<Vec<ClaimedTimer>> {
@@ -37,9 +39,10 @@ impl SqliteStore {
             let rows = sqlx::query(CLAIM_OF_TENANT)
                 .bind(lease.owner.as_str())
                 .bind(lease.until.as_millis())
-                .bind(now.as_millis())
+                .bind(due.now.as_millis())
                 .bind(i64::try_from(*share).unwrap_or(i64::MAX))
                 .bind(tenant.as_str())
+                .bind(due.ahead.as_millis())
                 .fetch_all(&mut *tx)
                 .await
                 .map_err(|e| db_err(op, e))?;

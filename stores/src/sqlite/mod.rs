@@ -22,7 +22,7 @@ use timer_core::control::DEFAULT_HISTORY;
 use timer_core::fair::FairShare;
 use timer_core::policy::{Policy, Work};
 use timer_core::{
-    CancelOutcome, Change, ClaimedTimer, Error, Lease, NewTimer, Recurrence, Result,
+    CancelOutcome, Change, ClaimedTimer, Due, Error, Lease, NewTimer, Recurrence, Result,
     ScheduleOutcome, Settlement, Store, Target, TenantCounts, Timer, TimerControl, TimerKey,
     TimerState, Timestamp,
 };
@@ -60,7 +60,8 @@ impl Dialect for SqliteStore {
     // One statement, so one implicit transaction: the select and the lease are atomic.
     const CLAIM: &'static str =
         "UPDATE timers SET lease_owner = ?1, available_at = ?2, lease_until = ?2 \
-         WHERE rowid IN (SELECT rowid FROM timers WHERE state = 0 AND available_at <= ?3 \
+         WHERE rowid IN (SELECT rowid FROM timers WHERE state = 0 AND available_at <= ?5 \
+                         AND (available_at <= ?3 OR available_at = due_at) \
                          ORDER BY available_at LIMIT ?4) \
          RETURNING tenant_id, service_call_id, due_at, registered_at, correlation_id, payload, \
                    attempts, revision, recurrence, occurrences, policy, work, target, message, \
@@ -448,11 +449,11 @@ impl Store for SqliteStore {
 
     async fn claim_due(
         &self,
-        now: Timestamp,
+        due: Due,
         limit: usize,
         lease: &Lease,
     ) -> Result<Vec<ClaimedTimer>> {
-        self.fair.claim(self, now, limit, lease).await
+        self.fair.claim(self, due, limit, lease).await
     }
 
     async fn settle(

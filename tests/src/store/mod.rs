@@ -222,7 +222,7 @@ async fn claim(
         owner: owner.into(),
         until: at(until_ms),
     };
-    s.claim_due(now, limit, &lease)
+    s.claim_due(now.into(), limit, &lease)
         .await
         .unwrap_or_else(|e| panic!("claiming at {now:?} for {owner} failed: {e}"))
 }

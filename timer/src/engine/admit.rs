@@ -2,7 +2,6 @@
 //! count, refuse what breaks a rule, schedule in one transaction, wake the firing task.
 
 use std::borrow::Cow;
-use std::sync::atomic::Ordering;
 
 use super::{metrics as metric, Engine};
 use crate::error::{Error, Result};
@@ -152,9 +151,7 @@ impl Engine {
         }
         ::metrics::counter!(metric::SCHEDULES_PROCESSED).increment(changed);
         self.history_written(changed);
-        if soonest < inner.planned.load(Ordering::SeqCst) {
-            inner.wake.notify_one();
-        }
+        self.wake_for(soonest);
         Ok(results)
     }
 

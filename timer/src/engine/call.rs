@@ -37,26 +37,44 @@ use crate::policy::{self, Fire};
 use crate::store::Settlement;
 use crate::wire::DueTimeReachedEnvelope;
 
-/// A delivered call's claim and settlement, and who waits for it to be written.
-pub(super) type Settling = (ClaimedTimer, Settlement, oneshot::Sender<()>);
+/// A claim and its settlement waiting to be written, and who waits for that (the last of a
+/// group: the queue is written in order).
+pub(super) type Settling = (ClaimedTimer, Settlement, Option<oneshot::Sender<()>>);
 
-/// The calls of the firing task that run now.
+/// Batches the firing task published whose settle may still be unwritten, at most this many:
+/// past it the firing task waits for the oldest.
+const UNSETTLED_BATCHES: usize = 2;
+
+/// The calls of the firing task that run now, and the settles of its batches not yet known
+/// to be written.
 #[derive(Default)]
-pub(super) struct Calls(JoinSet<()>);
+pub(super) struct Calls {
+    tasks: JoinSet<()>,
+    unsettled: std::collections::VecDeque<oneshot::Receiver<()>>,
+}
 
 impl Calls {
     /// Forgets the calls that ended.
     pub(super) fn reap(&mut self) {
-        while let Some(ended) = self.0.try_join_next() {
+        while let Some(ended) = self.tasks.try_join_next() {
             said(ended);
         }
     }
 
-    /// Waits until every call ended.
+    /// Waits until every call ended and every batch was settled.
     pub(super) async fn finish(&mut self) {
-        while let Some(ended) = self.0.join_next().await {
+        while let Some(ended) = self.tasks.join_next().await {
             said(ended);
         }
+    }
+}
+
+/// When a settled claim is claimable again, if it stays Scheduled (a series' next occurrence).
+fn claimable_again(settlement: &Settlement) -> Option<Timestamp> {
+    match settlement {
+        Settlement::Next(at) => Some(*at),
+        Settlement::Step(step) if step.state == TimerState::Scheduled => Some(step.available_at),
+        _ => None,
     }
 }
 
@@ -123,9 +141,44 @@ impl Engine {
         // Counted before the firing task lets its batch go, so a join never slips in between.
         let running = Running::new(self);
         let engine = self.clone();
-        calls.0.spawn(async move {
+        calls.tasks.spawn(async move {
             engine.call(caller, one).await;
             drop(running);
+        });
+    }
+
+    /// Settles a published batch without holding up the firing task: written with whatever
+    /// else waits in the settle queue (calls, other batches) in one transaction, while the
+    /// firing task goes on with its next fires. It waits only when [`UNSETTLED_BATCHES`]
+    /// batches are still unwritten. Until it is written the batch counts as running, as a call
+    /// does: joining the live instances again waits for it.
+    pub(super) async fn settle_behind(
+        &self,
+        calls: &mut Calls,
+        settled: Vec<(ClaimedTimer, Settlement)>,
+        shutdown: &CancellationToken,
+    ) {
+        while calls.unsettled.len() >= UNSETTLED_BATCHES {
+            if let Some(oldest) = calls.unsettled.pop_front() {
+                let _ = oldest.await;
+            }
+        }
+        let running = Running::new(self);
+        let next = settled.iter().filter_map(|(_, s)| claimable_again(s)).min();
+        let Some(written) = self.queue_settles(settled, shutdown) else {
+            return; // poisoned: the leases expire and the timers fire again
+        };
+        let (done, settling) = oneshot::channel();
+        calls.unsettled.push_back(settling);
+        let engine = self.clone();
+        calls.tasks.spawn(async move {
+            let _ = written.await;
+            // A series' next occurrence: the firing task planned while the row was leased.
+            if let Some(at) = next {
+                engine.wake_by(at);
+            }
+            drop(running);
+            let _ = done.send(());
         });
     }
 
@@ -166,13 +219,7 @@ impl Engine {
                 self.announce(std::slice::from_ref(&as_fired), vec![envelope], reached_at);
                 let settlement =
                     policy::fired(&claim, &fire, reached_at, &inner.owner, Some(answer));
-                let next = match &settlement {
-                    Settlement::Next(at) => Some(*at),
-                    Settlement::Step(step) if step.state == TimerState::Scheduled => {
-                        Some(step.available_at)
-                    }
-                    _ => None,
-                };
+                let next = claimable_again(&settlement);
                 self.settle_called(claim, settlement, shutdown).await;
                 if let Some(at) = next {
                     self.wake_by(at);
@@ -216,17 +263,33 @@ impl Engine {
         settlement: Settlement,
         shutdown: &CancellationToken,
     ) {
+        if let Some(written) = self.queue_settles(vec![(claim, settlement)], shutdown) {
+            let _ = written.await;
+        } // else poisoned: the lease expires and the timer fires again
+    }
+
+    /// Puts settlements in the settle queue (starting its task if none runs); the receiver
+    /// hears when they were written. `None` when the queue is poisoned.
+    fn queue_settles(
+        &self,
+        settled: Vec<(ClaimedTimer, Settlement)>,
+        shutdown: &CancellationToken,
+    ) -> Option<oneshot::Receiver<()>> {
         let inner = &self.inner;
         let (written, wait) = oneshot::channel();
-        match inner.settling.lock() {
-            Ok(mut queue) => queue.push((claim, settlement, written)),
-            Err(_) => return, // poisoned: the lease expires and the timer fires again
+        let mut queue = inner.settling.lock().ok()?;
+        let last = settled.len().saturating_sub(1);
+        let mut written = Some(written);
+        for (i, (claim, settlement)) in settled.into_iter().enumerate() {
+            let tell = if i == last { written.take() } else { None };
+            queue.push((claim, settlement, tell));
         }
+        drop(queue);
         if !inner.settling_now.swap(true, Ordering::SeqCst) {
             // A task of its own, so a call that is aborted cannot strand the queue.
             tokio::spawn(self.clone().settle_queue(shutdown.clone()));
         }
-        let _ = wait.await;
+        Some(wait)
     }
 
     async fn settle_queue(self, shutdown: CancellationToken) {
@@ -260,18 +323,17 @@ impl Engine {
                 .map(|(claim, settlement, written)| ((claim, settlement), written))
                 .unzip();
             self.settle_all(settled, inner.clock.now(), &shutdown).await;
-            for w in written {
+            for w in written.into_iter().flatten() {
                 let _ = w.send(());
             }
         }
     }
 
-    /// Has the firing task plan again if it sleeps past `at`, when a call made its timer
-    /// claimable then (the firing task, asleep until the call's lease ran out, would not know).
+    /// Has the firing task plan again if it sleeps past `at`, when a call or a settle behind
+    /// it made its timer claimable then (the firing task, which planned while the timer was
+    /// leased, would not know).
     fn wake_by(&self, at: Timestamp) {
-        if at.as_millis() < self.inner.planned.load(Ordering::SeqCst) {
-            self.inner.wake.notify_one();
-        }
+        self.wake_for(at.as_millis());
     }
 
     /// Waits until no call runs.

@@ -1,6 +1,7 @@
-//! The firing task: sleep until the next due time (or a wake-up), claim what is due, publish
-//! its events within `engine.publish_timeout` while renewing their leases, then settle the
-//! claims.
+//! The firing task: sleep until `engine.claim_ahead` before the next due time (or a wake-up),
+//! claim what is due by then and hold it until its due time ([`super::ready`]), publish the
+//! events of what is due within `engine.publish_timeout` while renewing their leases, then
+//! settle the claims.
 
 use std::future::Future;
 use std::sync::atomic::Ordering;
@@ -11,10 +12,11 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::call::{Calls, OneCall};
+use super::ready::Ready;
 use super::{metrics as metric, Engine};
 use crate::broker::{OutboundEvent, Undelivered};
 use crate::error::{Error, Result};
-use crate::model::{ClaimedTimer, Lease, TimerKey, Timestamp};
+use crate::model::{ClaimedTimer, Due, Lease, TimerKey, Timestamp};
 use crate::outbound::{Message, Target};
 use crate::policy::{self, Fire, Plan};
 use crate::store::Settlement;
@@ -23,46 +25,60 @@ use crate::wire::DueTimeReachedEnvelope;
 impl Engine {
     pub(super) async fn fire_loop(self, shutdown: CancellationToken) {
         let inner = &self.inner;
+        let ahead = inner.config.claim_ahead;
+        let batch = inner.config.batch_size;
         let mut wakeups = inner.store.wakeups();
         let retry = self.store_retry(&shutdown, "claiming due timers");
         let mut calls = Calls::default();
+        let mut ready = Ready::default();
         while !shutdown.is_cancelled() {
             calls.reap();
             inner.planned.store(i64::MAX, Ordering::SeqCst);
+            inner.wake_before.store(i64::MAX, Ordering::SeqCst);
             // Claim only as a live member of the store's instances.
             let Some(fence) = self.member(&shutdown).await else {
                 break;
             };
+            if ready.fence().is_some_and(|f| f.is_cancelled()) {
+                self.abandon(
+                    ready.take_all(),
+                    "the membership they were claimed under ended",
+                );
+            }
             // From the claim until its batch is done: joining again waits (`owners`).
             let firing = inner.firing.lock().await;
-            let claimed = retry
-                .until_ok(|| async {
-                    let started = Instant::now();
-                    let now = inner.clock.now();
-                    let lease = Lease {
-                        owner: inner.owner.clone(),
-                        until: now.saturating_add(inner.config.lease),
-                    };
-                    let claimed = inner
-                        .store
-                        .claim_due(now, inner.config.batch_size, &lease)
-                        .await;
-                    ::metrics::histogram!(metric::POLLING_DURATION)
-                        .record(started.elapsed().as_secs_f64());
-                    // The lease runs out `engine.lease` after `now` was read, at the latest.
-                    claimed.map(|c| (c, started + inner.config.lease))
-                })
-                .await;
-            let Some((claimed, held_until)) = claimed else {
-                break;
-            };
-            if !claimed.is_empty() {
-                self.fire(claimed, held_until, &fence, &shutdown, &mut calls)
+            if ready.claims(inner.clock.now(), ahead, batch) {
+                let claimed = retry
+                    .until_ok(|| async {
+                        let started = Instant::now();
+                        let now = inner.clock.now();
+                        let due = Due::ahead(now, ahead);
+                        let lease = Lease {
+                            owner: inner.owner.clone(),
+                            until: now.saturating_add(inner.config.lease),
+                        };
+                        let claimed = inner.store.claim_due(due, batch, &lease).await;
+                        ::metrics::histogram!(metric::POLLING_DURATION)
+                            .record(started.elapsed().as_secs_f64());
+                        // The lease runs out `engine.lease` after `now` was read, at the latest.
+                        claimed.map(|c| (c, due, started + inner.config.lease))
+                    })
+                    .await;
+                let Some((claimed, due, held_until)) = claimed else {
+                    break;
+                };
+                ready.add(claimed, due, batch, held_until, &fence);
+            }
+            if let Some(now) = ready.take_due(inner.clock.now()) {
+                self.fire(now.timers, now.held_until, &fence, &shutdown, &mut calls)
                     .await;
                 continue;
             }
-            drop(firing);
             let now = inner.clock.now();
+            let held = ready.next_look(ahead, batch);
+            if held.is_none() {
+                drop(firing);
+            } // else held until their due time, the firing lock too: a join waits that long
             let next = match self.bounded(inner.store.next_due_at()).await {
                 Ok(next) => next.unwrap_or(Timestamp::MAX),
                 Err(e) => {
@@ -70,20 +86,94 @@ impl Engine {
                     Timestamp::MAX
                 }
             };
-            let wake_at = next.min(now.saturating_add(inner.config.poll_interval));
+            // Claimed `claim_ahead` before it is due; but what the last claim's window held and
+            // it did not take (a retry, a lease's end: not a first due time) once claimable.
+            // (Holding a whole batch, it claims no more until some fire.)
+            let covered = ready.wake_before();
+            let look = if ready.is_full(batch) {
+                Timestamp::MAX
+            } else if covered.is_some_and(|covered| next <= covered) {
+                next
+            } else {
+                next.saturating_sub(ahead)
+            };
+            let wake_at = held
+                .map_or(look, |held| held.min(look))
+                .min(now.saturating_add(inner.config.poll_interval));
+            // A timer due before the window of the next look, or inside the one claimed, is
+            // not taken in time without a wake-up.
+            let wake_before = wake_at
+                .saturating_add(ahead)
+                .as_millis()
+                .max(covered.map_or(i64::MIN, |c| c.as_millis()));
+            inner.wake_before.store(wake_before, Ordering::SeqCst);
             inner.planned.store(wake_at.as_millis(), Ordering::SeqCst);
-            tokio::select! {
+            let fence = ready.fence().cloned();
+            let fenced = async {
+                match &fence {
+                    Some(fence) => fence.cancelled().await,
+                    None => std::future::pending().await,
+                }
+            };
+            // Whether the next look claims: woken for a sooner timer, or for what the store
+            // has (nothing held, or the store's next time came first), or a poll.
+            let by_store = held.is_none() || look <= wake_at;
+            let claims = tokio::select! {
                 _ = shutdown.cancelled() => break,
-                _ = inner.clock.sleep_until(wake_at) => {}
+                _ = inner.clock.sleep_until(wake_at) => by_store,
                 // On the monotonic clock too: a wall clock set back must not stretch the sleep.
-                _ = tokio::time::sleep(inner.config.poll_interval) => {}
-                _ = inner.wake.notified() => {}
-                _ = sooner_elsewhere(&mut wakeups, wake_at) => {}
+                _ = tokio::time::sleep(inner.config.poll_interval) => true,
+                _ = inner.wake.notified() => true,
+                _ = sooner_elsewhere(&mut wakeups, Timestamp::from_millis(wake_before)) => true,
+                _ = fenced => false,
+            };
+            if claims {
+                ready.look_again();
             }
+        }
+        if !ready.is_empty() {
+            self.give_back_held(ready.take_all()).await;
         }
         // Each call gives its claim back `engine.shutdown_grace` after shutdown at the latest.
         calls.finish().await;
         debug!("firing task stopped");
+    }
+
+    /// Drops held timers without firing or giving them back: their leases may be another
+    /// instance's now, which fires them.
+    fn abandon(&self, held: Vec<ClaimedTimer>, why: &str) {
+        ::metrics::counter!(metric::CLAIMS_ABANDONED).increment(held.len() as u64);
+        warn!(
+            timers = held.len(),
+            reason = why,
+            "dropped timers claimed ahead of their due time; another instance fires them"
+        );
+    }
+
+    /// Gives back timers claimed ahead at shutdown, claimable again at their due time.
+    async fn give_back_held(&self, held: Vec<ClaimedTimer>) {
+        let inner = &self.inner;
+        let released: Vec<(ClaimedTimer, Settlement)> = held
+            .into_iter()
+            .map(|t| {
+                let at = t.due_at;
+                (t, Settlement::Retry { at, error: None })
+            })
+            .collect();
+        info!(
+            timers = released.len(),
+            "shutdown; releasing timers claimed ahead of their due time"
+        );
+        if let Err(e) = self
+            .bounded(
+                inner
+                    .store
+                    .settle(&released, &inner.owner, inner.clock.now()),
+            )
+            .await
+        {
+            warn!(error = %e.chain(), "releasing timers claimed ahead failed; their lease expires");
+        }
     }
 
     /// Takes the timers over their tenant's fire rate out of `firing` (and their plans out of
@@ -244,7 +334,7 @@ impl Engine {
                         (t, settlement)
                     })
                     .collect();
-                self.settle_all(settlements, reached_at, shutdown).await;
+                self.settle_behind(calls, settlements, shutdown).await;
                 if let Some((timer, error)) = failed.first() {
                     ::metrics::counter!(metric::PUBLISH_FAILURES).increment(failed.len() as u64);
                     warn!(broker = inner.broker.name(), timer = %timer.key, error = %error, timers = failed.len(), "the broker refused events of a batch (it confirmed the others); releasing them for a retry");

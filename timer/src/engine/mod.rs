@@ -33,6 +33,7 @@ pub mod metrics;
 mod owners;
 mod pace;
 mod purge;
+mod ready;
 mod recent;
 pub mod retry;
 mod settle;
@@ -87,9 +88,12 @@ struct Inner {
     owner: String,
     /// Wakes the firing task early when a sooner timer arrives.
     wake: Notify,
-    /// When the firing task plans to look next (ms); `i64::MAX` while it is busy or planning,
-    /// so every schedule wakes it then (a stored permit makes it plan again at once).
+    /// When the firing task plans to look next (ms); `i64::MAX` while it is busy or planning.
     planned: AtomicI64,
+    /// A timer claimable before this (ms) needs the firing task woken: no claim it plans takes
+    /// it in time ([`Engine::wake_for`]). `i64::MAX` while it is busy or planning, so every
+    /// schedule wakes it then (a stored permit makes it plan again at once).
+    wake_before: AtomicI64,
     fired: watchers::Watchers,
     /// Single schedules waiting to be written together ([`group_commit`]).
     queue: Mutex<Vec<group_commit::Waiting>>,
@@ -159,6 +163,7 @@ impl Engine {
                 owner,
                 wake: Notify::new(),
                 planned: AtomicI64::new(i64::MAX),
+                wake_before: AtomicI64::new(i64::MAX),
                 fired: watchers::Watchers::default(),
                 queue: Mutex::new(Vec::new()),
                 flushing: AtomicBool::new(false),
@@ -217,6 +222,14 @@ impl Engine {
     /// The timers this instance fired in the last minute, and their lateness.
     pub fn last_minute(&self) -> LastMinute {
         self.inner.recent.last_minute(self.inner.clock.now())
+    }
+
+    /// Wakes the firing task if a timer claimable at `at` (ms) would otherwise wait for it:
+    /// the task claims again and plans anew.
+    fn wake_for(&self, at: i64) {
+        if at < self.inner.wake_before.load(Ordering::SeqCst) {
+            self.inner.wake.notify_one();
+        }
     }
 
     /// When the firing task plans to wake next, while it waits (for the next due time, a

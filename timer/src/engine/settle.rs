@@ -46,6 +46,8 @@ impl Engine {
             let claimed: Vec<ClaimedTimer> = settled.into_iter().map(|(t, _)| t).collect();
             self.give_back(&claimed, reached_at, "releasing rescheduled timers")
                 .await;
+            // Claimable now; the firing task may have planned while they were leased.
+            self.wake_for(reached_at.as_millis());
         }
     }
 

@@ -67,11 +67,12 @@ fn claimed(tenant: &str, id: &str, at: i64) -> ClaimedTimer {
 impl FairSteps for Model {
     async fn claim_earliest(
         &self,
-        now: Timestamp,
+        due: Due,
         limit: usize,
         lease: &Lease,
     ) -> Result<Vec<ClaimedTimer>> {
-        Ok(self.take(now, lease, |_| true, limit))
+        // The model's rows are first due (available when due): the window's end is its bound.
+        Ok(self.take(due.ahead, lease, |_| true, limit))
     }
 
     async fn visit_tenants(
@@ -95,13 +96,13 @@ impl FairSteps for Model {
 
     async fn claim_of_tenants(
         &self,
-        now: Timestamp,
+        due: Due,
         shares: &[(String, usize)],
         lease: &Lease,
     ) -> Result<Vec<ClaimedTimer>> {
         let mut all = Vec::new();
         for (t, share) in shares {
-            all.extend(self.take(now, lease, |x| x == t, *share));
+            all.extend(self.take(due.ahead, lease, |x| x == t, *share));
         }
         Ok(all)
     }
@@ -139,12 +140,12 @@ async fn without_a_backlog_the_earliest_go_first_and_a_full_claim_starts_sharing
     let model = herd();
     let fair = FairShare::new();
     let now = Timestamp::from_millis(100);
-    let first = fair.claim(&model, now, 4, &lease()).await.unwrap();
+    let first = fair.claim(&model, now.into(), 4, &lease()).await.unwrap();
     assert_eq!(ids(&first), ["b01", "b02", "b03", "b04"]);
     // Full: the next claim shares, so `small` is served now, not after the herd.
-    let second = fair.claim(&model, now, 4, &lease()).await.unwrap();
+    let second = fair.claim(&model, now.into(), 4, &lease()).await.unwrap();
     assert_eq!(ids(&second), ["b05", "b06", "b07", "s1"]);
-    let third = fair.claim(&model, now, 4, &lease()).await.unwrap();
+    let third = fair.claim(&model, now.into(), 4, &lease()).await.unwrap();
     assert_eq!(ids(&third), ["b08", "b09", "b10"]);
     // Not full: back to the plain claim.
     assert!(!fair.cursor().backlog);
@@ -155,7 +156,7 @@ async fn a_claim_that_is_not_full_leaves_no_backlog() {
     let model = herd();
     let fair = FairShare::new();
     let now = Timestamp::from_millis(100);
-    let all = fair.claim(&model, now, 20, &lease()).await.unwrap();
+    let all = fair.claim(&model, now.into(), 20, &lease()).await.unwrap();
     assert_eq!(all.len(), 11);
     assert_eq!(
         all.last().map(|c| c.key.service_call_id.as_str()),
@@ -180,7 +181,7 @@ async fn beyond_the_visit_bound_every_tenant_is_served_in_turn() {
     let now = Timestamp::from_millis(100);
     let mut first_claim_of = std::collections::HashMap::new();
     for n in 0..6 {
-        for c in fair.claim(&model, now, 2, &lease()).await.unwrap() {
+        for c in fair.claim(&model, now.into(), 2, &lease()).await.unwrap() {
             first_claim_of.entry(c.key.tenant_id.clone()).or_insert(n);
         }
     }
@@ -199,7 +200,7 @@ async fn within_a_tenant_due_order_is_kept() {
     let now = Timestamp::from_millis(100);
     let mut big = Vec::new();
     loop {
-        let claimed = fair.claim(&model, now, 3, &lease()).await.unwrap();
+        let claimed = fair.claim(&model, now.into(), 3, &lease()).await.unwrap();
         if claimed.is_empty() {
             break;
         }
@@ -241,7 +242,7 @@ async fn a_claim_of_one_still_goes_round_the_tenants() {
     let now = Timestamp::from_millis(100);
     let mut tenants = Vec::new();
     for _ in 0..4 {
-        for c in fair.claim(&model, now, 1, &lease()).await.unwrap() {
+        for c in fair.claim(&model, now.into(), 1, &lease()).await.unwrap() {
             tenants.push(c.key.tenant_id);
         }
     }
@@ -254,7 +255,7 @@ struct FillFails(Model);
 
 #[async_trait]
 impl FairSteps for FillFails {
-    async fn claim_earliest(&self, _: Timestamp, _: usize, _: &Lease) -> Result<Vec<ClaimedTimer>> {
+    async fn claim_earliest(&self, _: Due, _: usize, _: &Lease) -> Result<Vec<ClaimedTimer>> {
         Err(crate::error::Error::unavailable(
             "injected: the fill failed",
         ))
@@ -271,11 +272,11 @@ impl FairSteps for FillFails {
 
     async fn claim_of_tenants(
         &self,
-        now: Timestamp,
+        due: Due,
         shares: &[(String, usize)],
         lease: &Lease,
     ) -> Result<Vec<ClaimedTimer>> {
-        self.0.claim_of_tenants(now, shares, lease).await
+        self.0.claim_of_tenants(due, shares, lease).await
     }
 }
 
@@ -287,12 +288,12 @@ async fn a_failed_fill_keeps_what_the_shares_leased() {
     let now = Timestamp::from_millis(100);
     // big and small share 4; small has only 1, so 1 is left to the fill, which fails.
     let claimed = fair
-        .claim(&store, now, 4, &lease())
+        .claim(&store, now.into(), 4, &lease())
         .await
         .expect("the shares");
     assert_eq!(ids(&claimed), ["b01", "b02", "s1"]);
     // Nothing leased at all: the error.
     let empty = FillFails(Model::default());
     let fair = FairShare::new();
-    assert!(fair.claim(&empty, now, 4, &lease()).await.is_err());
+    assert!(fair.claim(&empty, now.into(), 4, &lease()).await.is_err());
 }
