@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use timer_core::{NewTimer, ScheduleOutcome, Store, TimerState};
+use timer_core::{Due, Lease, NewTimer, ScheduleOutcome, Store, TimerState};
 
 use super::{
     at, cancel, claim, claim_all_concurrently, fail, ids, mark_reached, next_due, put, release,
@@ -44,6 +44,51 @@ pub async fn claim_takes_oldest_first_up_to_limit(store: Arc<dyn Store>) {
         claim(s, now, 0, "i1", 0).await.is_empty(),
         "limit 0 claims nothing"
     );
+}
+
+/// A claim ahead (`Due::ahead`) takes what is claimable now and what is first due within the
+/// window, never a retry (or any row claimable later than its due time) before its time; in a
+/// backlog too (the fair claim's shares and fill).
+pub async fn a_claim_ahead_takes_first_due_times_only(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    let batch = [
+        timer("t1", "retried", T0_MS),
+        timer("t1", "soon", T0_MS + 30),
+        timer("t2", "sooner", T0_MS + 25),
+        timer("t2", "far", T0_MS + 80),
+    ];
+    put(s, &batch, T0).await;
+    // A full claim (the next one is a backlog's, shared between tenants), then a retry.
+    let first = claim(s, T0, 1, "i1", T0_MS + 30_000).await;
+    assert_eq!(ids(&first), ["retried"]);
+    release(s, &first, "i1", at(T0_MS + 20), Some("broker said no")).await;
+    let ahead = |now: i64| Due::ahead(at(now), std::time::Duration::from_millis(50));
+    let lease = Lease {
+        owner: "i2".into(),
+        until: at(T0_MS + 30_000),
+    };
+    let claim_ahead = |now: i64| {
+        let lease = lease.clone();
+        async move {
+            s.claim_due(ahead(now), 10, &lease)
+                .await
+                .unwrap_or_else(|e| panic!("claiming ahead at {now} failed: {e}"))
+        }
+    };
+    let shared = claim_ahead(T0_MS).await;
+    assert_eq!(
+        ids(&shared),
+        ["sooner", "soon"],
+        "first due within 50 ms, not the retry due in 20 ms nor what is due in 80"
+    );
+    assert!(claim_ahead(T0_MS + 19).await.is_empty());
+    assert_eq!(
+        ids(&claim_ahead(T0_MS + 20).await),
+        ["retried"],
+        "at its time"
+    );
+    assert!(claim_ahead(T0_MS + 29).await.is_empty());
+    assert_eq!(ids(&claim_ahead(T0_MS + 30).await), ["far"]);
 }
 
 pub async fn claim_is_exclusive_under_concurrency(store: Arc<dyn Store>) {

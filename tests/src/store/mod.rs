@@ -34,11 +34,11 @@ pub use actions::{
 pub use allowances::shared_allowances_are_one_budget_for_every_instance;
 pub use cancels::{cancel_outcomes, cancel_while_leased_is_refused};
 pub use claims::{
-    claim_is_exclusive_under_concurrency, claim_takes_oldest_first_up_to_limit,
-    expired_lease_makes_row_claimable, fail_marks_failed_for_the_lease_holder_only,
-    next_due_at_tracks_claimable_rows, no_refire_after_reached,
-    release_keeps_attempts_and_last_error, release_without_error_keeps_attempts,
-    reschedule_while_firing_keeps_timer_scheduled,
+    a_claim_ahead_takes_first_due_times_only, claim_is_exclusive_under_concurrency,
+    claim_takes_oldest_first_up_to_limit, expired_lease_makes_row_claimable,
+    fail_marks_failed_for_the_lease_holder_only, next_due_at_tracks_claimable_rows,
+    no_refire_after_reached, release_keeps_attempts_and_last_error,
+    release_without_error_keeps_attempts, reschedule_while_firing_keeps_timer_scheduled,
 };
 pub use fairness::{
     a_claim_in_a_backlog_shares_the_batch_between_tenants,
@@ -125,6 +125,7 @@ pub fn checks() -> Vec<Check<Arc<dyn Store>>> {
         duplicate_key_in_one_batch,
         no_refire_after_reached,
         claim_takes_oldest_first_up_to_limit,
+        a_claim_ahead_takes_first_due_times_only,
         claim_is_exclusive_under_concurrency,
         expired_lease_makes_row_claimable,
         release_keeps_attempts_and_last_error,
