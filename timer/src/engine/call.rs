@@ -43,7 +43,7 @@ pub(super) type Settling = (ClaimedTimer, Settlement, Option<oneshot::Sender<()>
 
 /// Batches the firing task published whose settle may still be unwritten, at most this many:
 /// past it the firing task waits for the oldest.
-const UNSETTLED_BATCHES: usize = 2;
+const UNSETTLED_BATCHES: usize = 4;
 
 /// The calls of the firing task that run now, and the settles of its batches not yet known
 /// to be written.
@@ -59,6 +59,20 @@ impl Calls {
         while let Some(ended) = self.tasks.try_join_next() {
             said(ended);
         }
+    }
+
+    /// Runs `work` on a task of the firing task's, counted as running while it lives (joining
+    /// the live instances again waits for it).
+    pub(super) fn spawn(
+        &mut self,
+        engine: &Engine,
+        work: impl std::future::Future<Output = ()> + Send + 'static,
+    ) {
+        let running = Running::new(engine);
+        self.tasks.spawn(async move {
+            work.await;
+            drop(running);
+        });
     }
 
     /// Waits until every call ended and every batch was settled.
@@ -139,12 +153,8 @@ impl Engine {
     /// Starts delivering `one` through `caller` on a task of `calls`.
     pub(super) fn start_call(&self, calls: &mut Calls, caller: Arc<dyn Caller>, one: OneCall) {
         // Counted before the firing task lets its batch go, so a join never slips in between.
-        let running = Running::new(self);
         let engine = self.clone();
-        calls.tasks.spawn(async move {
-            engine.call(caller, one).await;
-            drop(running);
-        });
+        calls.spawn(self, async move { engine.call(caller, one).await });
     }
 
     /// Settles a published batch without holding up the firing task: written with whatever
@@ -163,7 +173,6 @@ impl Engine {
                 let _ = oldest.await;
             }
         }
-        let running = Running::new(self);
         let next = settled.iter().filter_map(|(_, s)| claimable_again(s)).min();
         let Some(written) = self.queue_settles(settled, shutdown) else {
             return; // poisoned: the leases expire and the timers fire again
@@ -171,13 +180,12 @@ impl Engine {
         let (done, settling) = oneshot::channel();
         calls.unsettled.push_back(settling);
         let engine = self.clone();
-        calls.tasks.spawn(async move {
+        calls.spawn(self, async move {
             let _ = written.await;
             // A series' next occurrence: the firing task planned while the row was leased.
             if let Some(at) = next {
                 engine.wake_by(at);
             }
-            drop(running);
             let _ = done.send(());
         });
     }

@@ -7,7 +7,7 @@ use std::future::Future;
 use std::sync::atomic::Ordering;
 use tokio::time::Instant;
 
-use tokio::sync::broadcast;
+use tokio::sync::{broadcast, oneshot};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
@@ -28,9 +28,10 @@ impl Engine {
         let ahead = inner.config.claim_ahead;
         let batch = inner.config.batch_size;
         let mut wakeups = inner.store.wakeups();
-        let retry = self.store_retry(&shutdown, "claiming due timers");
         let mut calls = Calls::default();
         let mut ready = Ready::default();
+        // A claim running on a task of its own, so what is held fires meanwhile.
+        let mut claiming: Option<oneshot::Receiver<Option<Claimed>>> = None;
         while !shutdown.is_cancelled() {
             calls.reap();
             inner.planned.store(i64::MAX, Ordering::SeqCst);
@@ -47,31 +48,34 @@ impl Engine {
             }
             // From the claim until its batch is done: joining again waits (`owners`).
             let firing = inner.firing.lock().await;
-            if ready.claims(inner.clock.now(), ahead, batch) {
-                let claimed = retry
-                    .until_ok(|| async {
-                        let started = Instant::now();
-                        let now = inner.clock.now();
-                        let due = Due::ahead(now, ahead);
-                        let lease = Lease {
-                            owner: inner.owner.clone(),
-                            until: now.saturating_add(inner.config.lease),
-                        };
-                        let claimed = inner.store.claim_due(due, batch, &lease).await;
-                        ::metrics::histogram!(metric::POLLING_DURATION)
-                            .record(started.elapsed().as_secs_f64());
-                        // The lease runs out `engine.lease` after `now` was read, at the latest.
-                        claimed.map(|c| (c, due, started + inner.config.lease))
-                    })
-                    .await;
-                let Some((claimed, due, held_until)) = claimed else {
-                    break;
-                };
-                ready.add(claimed, due, batch, held_until, &fence);
+            if claiming.is_none() && ready.claims(inner.clock.now(), ahead, batch) {
+                claiming = Some(self.start_claim(&mut calls, &fence, &shutdown));
             }
             if let Some(now) = ready.take_due(inner.clock.now()) {
                 self.fire(now.timers, now.held_until, &fence, &shutdown, &mut calls)
                     .await;
+                continue;
+            }
+            if let Some(claim) = claiming.as_mut() {
+                // Until the claim is back, or the first held timer is due.
+                let first = ready.first_due();
+                let claimed = tokio::select! {
+                    biased;
+                    _ = shutdown.cancelled() => break,
+                    claimed = claim => claimed,
+                    _ = async {
+                        match first {
+                            Some(first) => inner.clock.sleep_until(first).await,
+                            None => std::future::pending().await,
+                        }
+                    } => continue,
+                };
+                claiming = None;
+                match claimed {
+                    Ok(Some(claimed)) => self.hold(&mut ready, claimed, batch),
+                    Ok(None) => break, // shutdown while claiming
+                    Err(_) => {}       // its task ended without an answer (aborted)
+                }
                 continue;
             }
             let now = inner.clock.now();
@@ -131,12 +135,78 @@ impl Engine {
                 ready.look_again();
             }
         }
+        if let Some(claim) = claiming.take() {
+            if let Ok(Some(claimed)) = claim.await {
+                self.hold(&mut ready, claimed, batch);
+            }
+        }
         if !ready.is_empty() {
             self.give_back_held(ready.take_all()).await;
         }
         // Each call gives its claim back `engine.shutdown_grace` after shutdown at the latest.
         calls.finish().await;
         debug!("firing task stopped");
+    }
+
+    /// Starts a claim of what is due within `engine.claim_ahead` on a task of `calls` (so a
+    /// join of the live instances waits for it, as for a call); the receiver gets its timers,
+    /// or `None` at shutdown.
+    fn start_claim(
+        &self,
+        calls: &mut Calls,
+        fence: &CancellationToken,
+        shutdown: &CancellationToken,
+    ) -> oneshot::Receiver<Option<Claimed>> {
+        let (tx, rx) = oneshot::channel();
+        let engine = self.clone();
+        let (fence, shutdown) = (fence.clone(), shutdown.clone());
+        calls.spawn(self, async move {
+            let inner = &engine.inner;
+            let (ahead, batch) = (inner.config.claim_ahead, inner.config.batch_size);
+            let retry = engine.store_retry(&shutdown, "claiming due timers");
+            let claimed = retry
+                .until_ok(|| async {
+                    let started = Instant::now();
+                    let now = inner.clock.now();
+                    let due = Due::ahead(now, ahead);
+                    let lease = Lease {
+                        owner: inner.owner.clone(),
+                        until: now.saturating_add(inner.config.lease),
+                    };
+                    let claimed = inner.store.claim_due(due, batch, &lease).await;
+                    ::metrics::histogram!(metric::POLLING_DURATION)
+                        .record(started.elapsed().as_secs_f64());
+                    // The lease runs out `engine.lease` after `now` was read, at the latest.
+                    claimed.map(|timers| Claimed {
+                        timers,
+                        due,
+                        held_until: started + inner.config.lease,
+                        fence: fence.clone(),
+                    })
+                })
+                .await;
+            let _ = tx.send(claimed);
+        });
+        rx
+    }
+
+    /// Holds what a claim took until its due time, unless the membership it was claimed under
+    /// ended meanwhile.
+    fn hold(&self, ready: &mut Ready, claimed: Claimed, batch: usize) {
+        if claimed.fence.is_cancelled() {
+            self.abandon(
+                claimed.timers,
+                "the membership they were claimed under ended",
+            );
+            return;
+        }
+        ready.add(
+            claimed.timers,
+            claimed.due,
+            batch,
+            claimed.held_until,
+            &claimed.fence,
+        );
     }
 
     /// Drops held timers without firing or giving them back: their leases may be another
@@ -461,6 +531,15 @@ pub(super) fn outbound_of(
         target,
         message,
     }
+}
+
+/// What a claim took: its timers, the window it claimed, until when their leases surely run,
+/// and the fence of the membership it was made under.
+struct Claimed {
+    timers: Vec<ClaimedTimer>,
+    due: Due,
+    held_until: Instant,
+    fence: CancellationToken,
 }
 
 /// How a publish ended.

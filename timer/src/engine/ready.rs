@@ -111,6 +111,11 @@ impl Ready {
         Some(extend.map_or(first.due_at, |e| e.min(first.due_at)))
     }
 
+    /// The due time of the first held timer.
+    pub fn first_due(&self) -> Option<Timestamp> {
+        self.waiting.front().map(|(t, _)| t.due_at)
+    }
+
     /// A timer due before this needs a wake-up: it is not held, and no planned claim takes it
     /// in time (`None`: the next look claims anyway, or cannot for a full hold).
     pub fn wake_before(&self) -> Option<Timestamp> {
