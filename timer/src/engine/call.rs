@@ -42,7 +42,8 @@ use crate::wire::DueTimeReachedEnvelope;
 pub(super) type Settling = (ClaimedTimer, Settlement, Option<oneshot::Sender<()>>);
 
 /// Batches the firing task published whose settle may still be unwritten, at most this many:
-/// past it the firing task waits for the oldest.
+/// past it the firing task claims no more (what it holds still fires) until the oldest is
+/// written.
 const UNSETTLED_BATCHES: usize = 4;
 
 /// The calls of the firing task that run now, and the settles of its batches not yet known
@@ -73,6 +74,31 @@ impl Calls {
             work.await;
             drop(running);
         });
+    }
+
+    /// Whether [`UNSETTLED_BATCHES`] published batches are still unwritten: no claim until the
+    /// oldest is ([`oldest_settled`](Self::oldest_settled)).
+    pub(super) fn settles_behind(&mut self) -> bool {
+        while let Some(oldest) = self.unsettled.front_mut() {
+            match oldest.try_recv() {
+                Err(oneshot::error::TryRecvError::Empty) => break,
+                _ => {
+                    self.unsettled.pop_front();
+                }
+            }
+        }
+        self.unsettled.len() >= UNSETTLED_BATCHES
+    }
+
+    /// Returns when the oldest unwritten batch was written (never when none waits).
+    pub(super) async fn oldest_settled(&mut self) {
+        match self.unsettled.front_mut() {
+            Some(oldest) => {
+                let _ = oldest.await;
+                self.unsettled.pop_front();
+            }
+            None => std::future::pending().await,
+        }
     }
 
     /// Waits until every call ended and every batch was settled.
@@ -159,20 +185,15 @@ impl Engine {
 
     /// Settles a published batch without holding up the firing task: written with whatever
     /// else waits in the settle queue (calls, other batches) in one transaction, while the
-    /// firing task goes on with its next fires. It waits only when [`UNSETTLED_BATCHES`]
-    /// batches are still unwritten. Until it is written the batch counts as running, as a call
-    /// does: joining the live instances again waits for it.
-    pub(super) async fn settle_behind(
+    /// firing task goes on with its next fires (and claims no more once
+    /// [`UNSETTLED_BATCHES`] are unwritten). Until it is written the batch counts as running,
+    /// as a call does: joining the live instances again waits for it.
+    pub(super) fn settle_behind(
         &self,
         calls: &mut Calls,
         settled: Vec<(ClaimedTimer, Settlement)>,
         shutdown: &CancellationToken,
     ) {
-        while calls.unsettled.len() >= UNSETTLED_BATCHES {
-            if let Some(oldest) = calls.unsettled.pop_front() {
-                let _ = oldest.await;
-            }
-        }
         let next = settled.iter().filter_map(|(_, s)| claimable_again(s)).min();
         let Some(written) = self.queue_settles(settled, shutdown) else {
             return; // poisoned: the leases expire and the timers fire again

@@ -48,7 +48,10 @@ impl Engine {
             }
             // From the claim until its batch is done: joining again waits (`owners`).
             let firing = inner.firing.lock().await;
-            if claiming.is_none() && ready.claims(inner.clock.now(), ahead, batch) {
+            let claims = claiming.is_none() && ready.claims(inner.clock.now(), ahead, batch);
+            // Published batches wait to be written: claim no more until the oldest is.
+            let settles_behind = claims && calls.settles_behind();
+            if claims && !settles_behind {
                 claiming = Some(self.start_claim(&mut calls, &fence, &shutdown));
             }
             if let Some(now) = ready.take_due(inner.clock.now()) {
@@ -63,12 +66,7 @@ impl Engine {
                     biased;
                     _ = shutdown.cancelled() => break,
                     claimed = claim => claimed,
-                    _ = async {
-                        match first {
-                            Some(first) => inner.clock.sleep_until(first).await,
-                            None => std::future::pending().await,
-                        }
-                    } => continue,
+                    _ = sleep_until(inner.clock.as_ref(), first) => continue,
                 };
                 claiming = None;
                 match claimed {
@@ -76,6 +74,17 @@ impl Engine {
                     Ok(None) => break, // shutdown while claiming
                     Err(_) => {}       // its task ended without an answer (aborted)
                 }
+                continue;
+            }
+            if settles_behind {
+                // Until the oldest batch is written, or the first held timer is due.
+                let first = ready.first_due();
+                tokio::select! {
+                    biased;
+                    _ = shutdown.cancelled() => break,
+                    _ = calls.oldest_settled() => {}
+                    _ = sleep_until(inner.clock.as_ref(), first) => {}
+                };
                 continue;
             }
             let now = inner.clock.now();
@@ -404,7 +413,7 @@ impl Engine {
                         (t, settlement)
                     })
                     .collect();
-                self.settle_behind(calls, settlements, shutdown).await;
+                self.settle_behind(calls, settlements, shutdown);
                 if let Some((timer, error)) = failed.first() {
                     ::metrics::counter!(metric::PUBLISH_FAILURES).increment(failed.len() as u64);
                     warn!(broker = inner.broker.name(), timer = %timer.key, error = %error, timers = failed.len(), "the broker refused events of a batch (it confirmed the others); releasing them for a retry");
@@ -549,6 +558,14 @@ enum Published {
     Abandoned(String),
     /// Shutdown, and the broker did not confirm within the grace.
     Shutdown,
+}
+
+/// Sleeps until `at` on `clock`; never returns without a time.
+async fn sleep_until(clock: &dyn crate::clock::Clock, at: Option<Timestamp>) {
+    match at {
+        Some(at) => clock.sleep_until(at).await,
+        None => std::future::pending().await,
+    }
 }
 
 /// Returns when the store reports a timer (scheduled by any instance) due before `wake_at`, or

@@ -8,6 +8,7 @@
 //! - `group_commit`: single schedules (HTTP) written together in one transaction;
 //! - `ingest`: the broker path, in batches, acknowledged after the store committed;
 //! - `fire`: claim due timers, publish their events within `engine.publish_timeout`;
+//! - `ready`: the timers claimed ahead of their due time (`engine.claim_ahead`), held until it;
 //! - `call`: the fires a [`Caller`] delivers (HTTP targets), each on its own task;
 //! - `pace`: per-tenant fire rates, the turn of each timer over its tenant's rate;
 //! - `owners`: membership in the store's live instances, taking over dead ones' leases, and
