@@ -43,8 +43,11 @@ pub(super) type Settling = (ClaimedTimer, Settlement, Option<oneshot::Sender<()>
 
 /// Batches the firing task published whose settle may still be unwritten, at most this many:
 /// past it the firing task claims no more (what it holds still fires) until the oldest is
-/// written.
-const UNSETTLED_BATCHES: usize = 4;
+/// written. One: on a store with one writer (SQLite) a claim waits behind every settle queued
+/// before it, so a deeper pipeline made a herd's claims (and the other tenants' timers due
+/// meanwhile) wait longer: others' p50 during a 50,000 herd 9 ms with one, 150 ms with two,
+/// 135 ms with four (BENCHMARKS.md, "Claiming ahead").
+const UNSETTLED_BATCHES: usize = 1;
 
 /// The calls of the firing task that run now, and the settles of its batches not yet known
 /// to be written.
