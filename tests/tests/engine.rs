@@ -234,6 +234,18 @@ impl Rig {
     }
 }
 
+/// What another instance (`engine-b`) claims at `now`, straight from the store.
+async fn claimed_by_another(store: &Arc<dyn Store>, now: Timestamp) -> Vec<ClaimedTimer> {
+    let lease = Lease {
+        owner: "engine-b".into(),
+        until: now.saturating_add(secs(10)),
+    };
+    store
+        .claim_due(now.into(), 10, &lease)
+        .await
+        .expect("claim")
+}
+
 async fn dead_letters(hub: &MemoryHub, n: usize) -> Option<Vec<DeadLetter>> {
     wait_for(WAIT, || async {
         hub.dead_letters().ok().filter(|d| d.len() >= n)
@@ -647,24 +659,12 @@ async fn timers_claimed_ahead_are_given_back_at_shutdown_claimable_at_their_due_
     let t = timer_where(&r.store, "held", |_| true).await;
     assert_eq!(t.lease_owner, None, "given back");
     assert_eq!((t.attempts, t.available_at), (0, due));
-    let lease = Lease {
-        owner: "engine-b".into(),
-        until: T0.saturating_add(secs(10)),
-    };
-    let before = r
-        .store
-        .claim_due(T0.into(), 10, &lease)
-        .await
-        .expect("claim");
+    let before = claimed_by_another(&r.store, T0).await;
     assert!(
         before.is_empty(),
         "claimable before its due time: {before:?}"
     );
-    let at_due = r
-        .store
-        .claim_due(due.into(), 10, &lease)
-        .await
-        .expect("claim");
+    let at_due = claimed_by_another(&r.store, due).await;
     assert_eq!(at_due.len(), 1, "claimable at its due time");
 }
 
@@ -910,15 +910,7 @@ async fn shutdown_releases_claims() {
     let t = timer_where(&r.store, "held", |_| true).await;
     assert_eq!(t.lease_owner, None, "claim released");
     assert_eq!(t.attempts, 0, "a shutdown is not a failed attempt");
-    let lease = Lease {
-        owner: "engine-b".into(),
-        until: T0.saturating_add(secs(10)),
-    };
-    let claimed = r
-        .store
-        .claim_due(T0.into(), 10, &lease)
-        .await
-        .expect("claim");
+    let claimed = claimed_by_another(&r.store, T0).await;
     assert_eq!(
         claimed.len(),
         1,
