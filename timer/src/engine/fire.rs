@@ -150,7 +150,15 @@ impl Engine {
             }
         }
         if !ready.is_empty() {
-            self.give_back_held(ready.take_all()).await;
+            // Claimable again at their due time (a give-back never makes a timer claimable
+            // before it).
+            let held = ready.take_all();
+            info!(
+                timers = held.len(),
+                "shutdown; releasing timers claimed ahead of their due time"
+            );
+            self.give_back(&held, inner.clock.now(), "releasing timers claimed ahead")
+                .await;
         }
         // Each call gives its claim back `engine.shutdown_grace` after shutdown at the latest.
         calls.finish().await;
@@ -227,32 +235,6 @@ impl Engine {
             reason = why,
             "dropped timers claimed ahead of their due time; another instance fires them"
         );
-    }
-
-    /// Gives back timers claimed ahead at shutdown, claimable again at their due time.
-    async fn give_back_held(&self, held: Vec<ClaimedTimer>) {
-        let inner = &self.inner;
-        let released: Vec<(ClaimedTimer, Settlement)> = held
-            .into_iter()
-            .map(|t| {
-                let at = t.due_at;
-                (t, Settlement::Retry { at, error: None })
-            })
-            .collect();
-        info!(
-            timers = released.len(),
-            "shutdown; releasing timers claimed ahead of their due time"
-        );
-        if let Err(e) = self
-            .bounded(
-                inner
-                    .store
-                    .settle(&released, &inner.owner, inner.clock.now()),
-            )
-            .await
-        {
-            warn!(error = %e.chain(), "releasing timers claimed ahead failed; their lease expires");
-        }
     }
 
     /// Takes the timers over their tenant's fire rate out of `firing` (and their plans out of
