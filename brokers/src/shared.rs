@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
-use timer_core::{Delivery, Error, Result};
+use timer_core::{Delivery, Error, Result, TraceHeaders};
 
 /// The commands delivered and not yet acknowledged: the tag the engine sees → what the SDK
 /// needs to acknowledge it (a message, a delivery tag, a partition and offset).
@@ -25,16 +25,23 @@ impl<T> DeliveryTags<T> {
     }
 
     /// Keeps `handle` under a new tag; the delivery the engine gets carries that tag (and the
-    /// tenant the broker binds it to, if any: [`Delivery::tenant`]).
+    /// tenant the broker binds it to, if any: [`Delivery::tenant`], and the trace context
+    /// headers the message came with).
     pub(crate) fn remember(
         &self,
         handle: T,
         body: Vec<u8>,
         tenant: Option<String>,
+        trace: TraceHeaders,
     ) -> Result<Delivery> {
         let tag = self.next.fetch_add(1, Ordering::Relaxed);
         self.lock()?.insert(tag, handle);
-        Ok(Delivery { tag, body, tenant })
+        Ok(Delivery {
+            tag,
+            body,
+            tenant,
+            trace,
+        })
     }
 
     /// The handles of `tags`, forgotten; tags not (or no longer) known are skipped.
@@ -210,8 +217,17 @@ mod tests {
     #[test]
     fn tags_are_new_and_taken_once() {
         let tags = DeliveryTags::new("test");
-        let a = tags.remember("a", b"1".to_vec(), None).unwrap();
-        let b = tags.remember("b", b"2".to_vec(), Some("t".into())).unwrap();
+        let a = tags
+            .remember("a", b"1".to_vec(), None, TraceHeaders::default())
+            .unwrap();
+        let b = tags
+            .remember(
+                "b",
+                b"2".to_vec(),
+                Some("t".into()),
+                TraceHeaders::default(),
+            )
+            .unwrap();
         assert_eq!(b.tenant.as_deref(), Some("t"));
         assert_ne!(a.tag, b.tag);
         assert_eq!(b.body, b"2");

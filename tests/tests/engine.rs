@@ -183,6 +183,7 @@ fn timer(id: &str, due: Timestamp) -> NewTimer {
         work: None,
         target: None,
         message: None,
+        trace: None,
     }
 }
 

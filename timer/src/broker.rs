@@ -9,6 +9,7 @@ use uuid::Uuid;
 use crate::error::{Error, Result};
 use crate::model::TimerKey;
 use crate::outbound::{MessageMeta, Target};
+use crate::trace::{TraceContext, TraceHeaders, TRACEPARENT};
 
 /// One inbound command. `tag` is the plugin's handle for acknowledging it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -21,6 +22,8 @@ pub struct Delivery {
     /// send for one tenant cannot act on another's timers: the engine refuses a command whose
     /// `tenantId` is not this one. `None`: not bound (any `tenantId` is taken).
     pub tenant: Option<String>,
+    /// The trace context headers the command arrived with (`crate::trace`).
+    pub trace: TraceHeaders,
 }
 
 /// One outbound event. `id` is the envelope id: it goes into the broker's de-duplication slot.
@@ -35,6 +38,9 @@ pub struct OutboundEvent {
     /// Set when `body` is the timer's own message: its content type and headers, published
     /// with it as they are (the plugin's de-duplication header, carrying `id`, goes last).
     pub message: Option<MessageMeta>,
+    /// The trace the fire belongs to: the plugin sends it as `traceparent` and `tracestate`
+    /// headers ([`OutboundEvent::trace_headers`]).
+    pub trace: Option<TraceContext>,
 }
 
 impl OutboundEvent {
@@ -46,7 +52,24 @@ impl OutboundEvent {
             body,
             target: None,
             message: None,
+            trace: None,
         }
+    }
+
+    /// The trace context headers to publish with it: none when the timer's own message has a
+    /// header of that name already (the producer's headers go out unchanged).
+    pub fn trace_headers(&self) -> impl Iterator<Item = (&'static str, &str)> {
+        let own = |name: &str| {
+            self.message
+                .as_ref()
+                .is_some_and(|m| m.headers.keys().any(|h| h.eq_ignore_ascii_case(name)))
+        };
+        let skip = own(TRACEPARENT);
+        self.trace
+            .iter()
+            .filter(move |_| !skip)
+            .flat_map(TraceContext::headers)
+            .filter(move |(name, _)| !own(name))
     }
 }
 

@@ -507,6 +507,7 @@ mod tests {
             work: None,
             target: None,
             message: None,
+            trace: None,
         }
     }
 

@@ -16,6 +16,7 @@ pub mod policy;
 pub mod recurrence;
 pub mod redact;
 pub mod store;
+pub mod trace;
 pub mod wire;
 
 pub use broker::{Broker, Delivery, KeyLimit, OutboundEvent, Undelivered};
@@ -36,6 +37,7 @@ pub use store::{
     TakenOver, TenantBacklog, TenantCounts, TenantSummary, TimerControl, TimerFilter, TimerHistory,
     TimerQueries,
 };
+pub use trace::{TraceContext, TraceHeaders};
 pub use wire::{
     decode_command, decode_schedule, Command, DueTimeReachedEnvelope, Reason, Rejection,
 };

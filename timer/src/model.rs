@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 pub use crate::outbound::{Message, Target};
 pub use crate::policy::{Policy, Work};
 pub use crate::recurrence::Recurrence;
+pub use crate::trace::TraceContext;
 
 /// A point in time: UTC milliseconds since the Unix epoch. Every store keeps time in this form,
 /// so comparisons are exact to the millisecond whatever offset a command was written in.
@@ -169,6 +170,8 @@ pub struct NewTimer {
     pub target: Option<Target>,
     /// What its fires send in place of the `DueTimeReached` envelope.
     pub message: Option<Message>,
+    /// The trace it was scheduled in: every fire carries it (`crate::trace`).
+    pub trace: Option<TraceContext>,
 }
 
 /// A timer as a store holds it.
@@ -199,6 +202,8 @@ pub struct Timer {
     pub target: Option<Target>,
     /// What its fires send in place of the `DueTimeReached` envelope.
     pub message: Option<Message>,
+    /// The trace it was scheduled in: every fire carries it (`crate::trace`).
+    pub trace: Option<TraceContext>,
 }
 
 impl Timer {
@@ -226,6 +231,7 @@ pub struct ClaimedTimer {
     pub work: Option<Work>,
     pub target: Option<Target>,
     pub message: Option<Message>,
+    pub trace: Option<TraceContext>,
 }
 
 /// What `schedule` did with one timer.
@@ -403,6 +409,30 @@ impl Due {
 impl From<Timestamp> for Due {
     fn from(now: Timestamp) -> Self {
         Due::at(now)
+    }
+}
+
+#[cfg(test)]
+impl ClaimedTimer {
+    /// A one-shot claim of `key`, due at the epoch, with nothing else set: tests change what
+    /// they need.
+    pub(crate) fn for_tests(key: TimerKey) -> Self {
+        ClaimedTimer {
+            key,
+            due_at: Timestamp::EPOCH,
+            registered_at: Timestamp::EPOCH,
+            correlation_id: None,
+            payload: None,
+            attempts: 0,
+            revision: 0,
+            recurrence: None,
+            occurrences: 0,
+            policy: None,
+            work: None,
+            target: None,
+            message: None,
+            trace: None,
+        }
     }
 }
 

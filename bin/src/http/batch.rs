@@ -9,7 +9,7 @@
 
 use axum::body::Bytes;
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::Extension;
 use axum::Json;
 use serde::{Deserialize, Serialize};
@@ -19,7 +19,7 @@ use utoipa::ToSchema;
 
 use crate::http::auth::Principal;
 use crate::http::error::{ApiError, ErrorBody, ErrorDetail, RejectedItem};
-use crate::http::state::AppState;
+use crate::http::state::{trace_headers, AppState};
 use crate::http::timers::outcome_code;
 use crate::http::views::ScheduleTimer;
 
@@ -64,8 +64,10 @@ fn item_field(i: usize, field: Option<&str>) -> String {
 pub async fn schedule_batch(
     State(app): State<AppState>,
     Extension(caller): Extension<Principal>,
+    headers: HeaderMap,
     body: Bytes,
 ) -> Result<Json<BatchResults>, ApiError> {
+    let trace = trace_headers(&headers);
     let batch: Commands = serde_json::from_slice(&body).map_err(|e| {
         ApiError::bad_request(
             Reason::InvalidJson.as_str(),
@@ -88,7 +90,7 @@ pub async fn schedule_batch(
     let mut admitted: Vec<usize> = Vec::with_capacity(batch.commands.len());
     let mut refused: Vec<(usize, Rejection)> = Vec::new();
     for (i, item) in batch.commands.iter().enumerate() {
-        match app.engine.admit_schedule(item.get().as_bytes()) {
+        match app.engine.admit_schedule(item.get().as_bytes(), &trace) {
             Ok(timer) => {
                 timers.push(timer);
                 admitted.push(i);

@@ -3,7 +3,7 @@
 
 use axum::body::Bytes;
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use serde::Serialize;
@@ -12,7 +12,7 @@ use utoipa::ToSchema;
 
 use crate::http::auth::{Principal, Tenants};
 use crate::http::error::{ApiError, ErrorBody};
-use crate::http::state::AppState;
+use crate::http::state::{trace_headers, AppState};
 use crate::http::views::Outcome;
 
 /// `GET /v1/dead-letters` (in-process broker): commands it could not take, with the reason.
@@ -44,6 +44,7 @@ pub struct DeadLetterView {
 pub async fn send_command(
     State(app): State<AppState>,
     Extension(caller): Extension<Principal>,
+    headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
     if body.iter().all(u8::is_ascii_whitespace) {
@@ -75,7 +76,7 @@ pub async fn send_command(
              commands to it directly",
         )
     })?;
-    match hub.send_command(body.to_vec()) {
+    match hub.send_traced(body.to_vec(), trace_headers(&headers)) {
         Ok(()) => Ok((StatusCode::ACCEPTED, Json(Outcome { outcome: "queued" })).into_response()),
         // Full (broker.max_queued, broker.max_queued_per_tenant): the engine catches up.
         Err(e) if e.kind() == ErrorKind::Unavailable => Err(ApiError::from(e).retry_after(1)),

@@ -4,14 +4,25 @@
 
 use std::sync::Arc;
 
+use axum::http::HeaderMap;
 use metrics_exporter_prometheus::PrometheusHandle;
 use serde::Deserialize;
 use timer_brokers::memory::MemoryHub;
-use timer_core::Engine;
+use timer_core::{Engine, TraceHeaders};
 use tokio_util::sync::CancellationToken;
 
 use crate::http::auth::Auth;
 use crate::http::counted::{Cached, Counts};
+
+/// The W3C trace context headers of a request (`traceparent`, `tracestate`); a value that is
+/// not text counts as absent.
+pub fn trace_headers(headers: &HeaderMap) -> TraceHeaders {
+    TraceHeaders::from_pairs(
+        headers
+            .iter()
+            .filter_map(|(name, value)| Some((name.as_str(), value.to_str().ok()?))),
+    )
+}
 
 #[derive(Clone)]
 pub struct AppState {

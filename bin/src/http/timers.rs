@@ -2,7 +2,7 @@
 
 use axum::body::Bytes;
 use axum::extract::{Path, RawQuery, State};
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use timer_core::{
@@ -12,7 +12,7 @@ use timer_core::{
 use crate::http::auth::Principal;
 use crate::http::error::{ApiError, ErrorBody, ErrorDetail};
 use crate::http::params::timer_parameters;
-use crate::http::state::{AppState, TimerPath};
+use crate::http::state::{trace_headers, AppState, TimerPath};
 use crate::http::views::{Occurrence, Outcome, ScheduleTimer, TimerOutcome, TimerView};
 
 /// The outcome code of a stored schedule, as the API names it (`outcome`, and the reason of a
@@ -45,9 +45,10 @@ pub fn outcome_code(outcome: ScheduleOutcome) -> &'static str {
 pub async fn schedule(
     State(app): State<AppState>,
     Extension(caller): Extension<Principal>,
+    headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    let timer = app.engine.admit_schedule(&body)?;
+    let timer = app.engine.admit_schedule(&body, &trace_headers(&headers))?;
     caller.need_tenant(&timer.key.tenant_id, Some("tenantId"))?;
     app.engine.within_rate(std::slice::from_ref(&timer)).await?;
     let key = timer.key.clone();

@@ -344,6 +344,7 @@ fn every_timer_resource_in_the_docs_has_the_api_fields() {
         work: None,
         target: None,
         message: None,
+        trace: None,
     };
     let view = serde_json::to_value(crate::http::views::TimerView::of(&timer)).expect("serializes");
     let keys = |map: &serde_json::Map<String, Value>| map.keys().cloned().collect::<BTreeSet<_>>();

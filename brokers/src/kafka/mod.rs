@@ -29,11 +29,13 @@ use rdkafka::consumer::{
     BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance, StreamConsumer,
 };
 use rdkafka::error::KafkaError;
-use rdkafka::message::{BorrowedMessage, Header, Message, OwnedHeaders};
+use rdkafka::message::{BorrowedMessage, Header, Headers, Message, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
-use timer_core::{Broker, Delivery, Error, OutboundEvent, Result, Target, Undelivered};
+use timer_core::{
+    Broker, Delivery, Error, OutboundEvent, Result, Target, TraceHeaders, Undelivered,
+};
 
 use crate::shared::{DeliveryTags, Lookups};
 
@@ -248,6 +250,7 @@ impl KafkaBroker {
             Read::Commands
         };
         let (partition, offset) = ((read, message.partition()), message.offset());
+        let trace = trace_of(message);
         let track_epoch = {
             let mut tracking = self
                 .tracking
@@ -272,7 +275,9 @@ impl KafkaBroker {
                 .config
                 .bind_tenant
                 .then(|| self.config.delay_tenant.clone());
-            return self.tags.remember((partition, offset, track_epoch), body, tenant);
+            return self
+                .tags
+                .remember((partition, offset, track_epoch), body, tenant, trace);
         }
         let body = message.payload().unwrap_or_default().to_vec();
         // The record key as the tenant; a key that is not UTF-8 names no tenant.
@@ -281,7 +286,7 @@ impl KafkaBroker {
             String::from_utf8(key.to_vec()).unwrap_or_else(|_| "(a key not UTF-8)".to_owned())
         });
         self.tags
-            .remember((partition, offset, track_epoch), body, tenant)
+            .remember((partition, offset, track_epoch), body, tenant, trace)
     }
 
     /// Marks `tags` acknowledged and returns, per partition, the offset to commit: one past
@@ -523,9 +528,20 @@ fn target_route<'t>(target: &'t Target, config: &KafkaConfig) -> std::result::Re
     })
 }
 
+/// The trace context headers of a record (`traceparent`, `tracestate`); values not UTF-8 are
+/// skipped.
+fn trace_of(message: &BorrowedMessage<'_>) -> TraceHeaders {
+    let Some(headers) = message.headers() else {
+        return TraceHeaders::default();
+    };
+    TraceHeaders::from_pairs(headers.iter().filter_map(|header| {
+        Some((header.key, std::str::from_utf8(header.value?).ok()?))
+    }))
+}
+
 /// The headers of an event: a timer's own message's headers and content type (as
-/// `content-type`), then `timer-event-id` (the event id; a header of that name the message gave
-/// is left out).
+/// `content-type`), its trace context, then `timer-event-id` (the event id; a header of that
+/// name the message gave is left out).
 fn headers_of<'e>(event: &'e OutboundEvent, id: &'e str) -> OwnedHeaders {
     let mut headers = OwnedHeaders::new();
     if let Some(meta) = &event.message {
@@ -543,6 +559,12 @@ fn headers_of<'e>(event: &'e OutboundEvent, id: &'e str) -> OwnedHeaders {
                 value: Some(content_type.as_bytes()),
             });
         }
+    }
+    for (name, value) in event.trace_headers() {
+        headers = headers.insert(Header {
+            key: name,
+            value: Some(value.as_bytes()),
+        });
     }
     headers.insert(Header {
         key: EVENT_ID_HEADER,

@@ -66,6 +66,31 @@ impl KafkaTestClient {
         .await
     }
 
+    /// Produces one command with `headers`, and waits for its ack.
+    async fn produce_with_headers(
+        &self,
+        key: &str,
+        body: &[u8],
+        headers: &BTreeMap<String, String>,
+    ) -> Result<()> {
+        let mut owned = OwnedHeaders::new();
+        for (name, value) in headers {
+            owned = owned.insert(Header {
+                key: name.as_str(),
+                value: Some(value.as_bytes()),
+            });
+        }
+        let record = FutureRecord::to(&self.config.commands_topic)
+            .key(key)
+            .payload(body)
+            .headers(owned);
+        self.producer
+            .send(record, Duration::from_secs(10))
+            .await
+            .map_err(|(e, _)| unavailable("produce", e))?;
+        Ok(())
+    }
+
     /// Produces `(key, body)` commands, a thousand in flight at a time, waiting for every ack.
     async fn produce_all(&self, commands: Vec<(&str, &[u8])>) -> Result<()> {
         for chunk in commands.chunks(1_000) {
@@ -183,6 +208,20 @@ fn targets_topic(config: &KafkaConfig) -> String {
     format!("{}-targets", config.events_topic)
 }
 
+/// A record's headers, values read as UTF-8 (lossy).
+fn headers_of(m: &OwnedMessage) -> BTreeMap<String, String> {
+    m.headers()
+        .map(|h| {
+            h.iter()
+                .map(|h| {
+                    let value = h.value.map(String::from_utf8_lossy).unwrap_or_default();
+                    (h.key.to_owned(), value.into_owned())
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 fn header(m: &OwnedMessage, key: &str) -> Option<String> {
     let headers = m.headers()?;
     headers
@@ -200,6 +239,13 @@ impl TestClient for KafkaTestClient {
     async fn send_command(&self, body: &[u8]) -> Result<()> {
         self.produce("test", body).await
     }
+    async fn send_command_with_headers(
+        &self,
+        body: &[u8],
+        headers: &BTreeMap<String, String>,
+    ) -> Result<()> {
+        self.produce_with_headers("test", body, headers).await
+    }
     async fn send_commands(&self, bodies: &[Vec<u8>]) -> Result<()> {
         self.produce_all(bodies.iter().map(|b| ("test", b.as_slice())).collect())
             .await
@@ -213,6 +259,7 @@ impl TestClient for KafkaTestClient {
             out.push(ReadEvent {
                 id,
                 body: m.payload().unwrap_or_default().to_vec(),
+                headers: headers_of(&m),
             });
         }
         Ok(out)
@@ -293,17 +340,7 @@ impl TestClient for KafkaTestClient {
             if m.key() != key {
                 continue;
             }
-            let headers: BTreeMap<String, String> = m
-                .headers()
-                .map(|h| {
-                    h.iter()
-                        .map(|h| {
-                            let value = h.value.map(String::from_utf8_lossy).unwrap_or_default();
-                            (h.key.to_owned(), value.into_owned())
-                        })
-                        .collect()
-                })
-                .unwrap_or_default();
+            let headers = headers_of(&m);
             out.push(ReadMessage {
                 id: header(&m, EVENT_ID_HEADER).and_then(|v| uuid::Uuid::parse_str(&v).ok()),
                 body: m.payload().unwrap_or_default().to_vec(),

@@ -7,7 +7,7 @@
 
 mod plugin;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -17,7 +17,8 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use timer_core::config::duration;
 use timer_core::{
-    Broker, Delivery, Error, MessageMeta, OutboundEvent, Result, Target, TimerKey, Undelivered,
+    Broker, Delivery, Error, MessageMeta, OutboundEvent, Result, Target, TimerKey, TraceHeaders,
+    Undelivered,
 };
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -74,6 +75,9 @@ pub struct PublishedEvent {
     pub queue: Option<String>,
     /// The content type and headers of a timer's own message.
     pub message: Option<MessageMeta>,
+    /// The headers a broker would carry beside it: the trace context (`traceparent`,
+    /// `tracestate`) it went out in.
+    pub headers: BTreeMap<String, String>,
 }
 
 /// A command that was dead-lettered, with the reason.
@@ -113,10 +117,12 @@ struct HubState {
     dead_letters: VecDeque<DeadLetter>,
 }
 
-/// A command waiting to be delivered, with the tenant it names.
+/// A command waiting to be delivered, with the tenant it names and the trace context headers
+/// it was sent with.
 struct Queued {
     tenant: Option<Arc<str>>,
     body: Vec<u8>,
+    trace: TraceHeaders,
 }
 
 struct InFlight {
@@ -200,6 +206,12 @@ impl MemoryHub {
     /// later) when `broker.max_queued` commands are unacknowledged, or
     /// `broker.max_queued_per_tenant` of its tenant.
     pub fn send_command(&self, body: impl Into<Vec<u8>>) -> Result<()> {
+        self.send_traced(body, TraceHeaders::default())
+    }
+
+    /// [`send_command`](Self::send_command) with the trace context headers the command came
+    /// with (`POST /v1/commands` passes the request's).
+    pub fn send_traced(&self, body: impl Into<Vec<u8>>, trace: TraceHeaders) -> Result<()> {
         let body = body.into();
         let tenant = tenant_of(&body);
         let config = &self.inner.config;
@@ -220,7 +232,11 @@ impl MemoryHub {
             )));
         }
         *state.per_tenant.entry(tenant.clone()).or_insert(0) += 1;
-        state.queue.push_back(Queued { tenant, body });
+        state.queue.push_back(Queued {
+            tenant,
+            body,
+            trace,
+        });
         drop(state);
         self.inner.arrived.notify_waiters();
         self.inner.arrived.notify_one();
@@ -270,6 +286,7 @@ impl MemoryBroker {
                 body: command.body.clone(),
                 // POST /v1/commands checks the caller's tenants itself.
                 tenant: None,
+                trace: command.trace.clone(),
             });
             state.in_flight.insert(
                 tag,
@@ -367,6 +384,10 @@ impl Broker for MemoryBroker {
                 body: e.body.clone(),
                 queue: e.target.as_ref().and_then(queue_of).map(str::to_owned),
                 message: e.message.clone(),
+                headers: e
+                    .trace_headers()
+                    .map(|(name, value)| (name.to_owned(), value.to_owned()))
+                    .collect(),
             };
             push_bounded(&mut state.events, event, retain);
         }

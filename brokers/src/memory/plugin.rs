@@ -11,7 +11,9 @@ use timer_core::plugin::{BrokerConfig, BrokerPlugin, ConfigSection, PluginConfig
 use timer_core::plugin::{Isolated, ReadDeadLetter, ReadEvent, ReadMessage, TestClient};
 use timer_core::{Broker, Result};
 #[cfg(feature = "testing")]
-use timer_core::Target;
+use std::collections::BTreeMap;
+#[cfg(feature = "testing")]
+use timer_core::{Target, TraceHeaders};
 
 use super::{MemoryConfig, MemoryHub};
 
@@ -113,10 +115,20 @@ impl TestClient for MemoryTestClient {
     async fn send_command(&self, body: &[u8]) -> Result<()> {
         self.hub.send_command(body)
     }
+    async fn send_command_with_headers(
+        &self,
+        body: &[u8],
+        headers: &BTreeMap<String, String>,
+    ) -> Result<()> {
+        let trace =
+            TraceHeaders::from_pairs(headers.iter().map(|(n, v)| (n.as_str(), v.as_str())));
+        self.hub.send_traced(body, trace)
+    }
     async fn events(&self) -> Result<Vec<ReadEvent>> {
         let read = |e: super::PublishedEvent| ReadEvent {
             id: e.id,
             body: e.body,
+            headers: e.headers,
         };
         let events = self.hub.events()?.into_iter();
         Ok(events.filter(|e| e.queue.is_none()).map(read).collect())
@@ -130,11 +142,13 @@ impl TestClient for MemoryTestClient {
         let queue = target.text("queue");
         let read = |e: super::PublishedEvent| {
             let meta = e.message.unwrap_or_default();
+            let mut headers = meta.headers;
+            headers.extend(e.headers);
             ReadMessage {
                 id: Some(e.id),
                 body: e.body,
                 content_type: meta.content_type,
-                headers: meta.headers,
+                headers,
                 key: None,
                 arrived_ms: None,
             }

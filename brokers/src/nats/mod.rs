@@ -25,7 +25,8 @@ use futures::{FutureExt, StreamExt};
 use timer_core::broker::{routing_token, tenant_of_token};
 use timer_core::redact::hide_userinfo;
 use timer_core::{
-    Broker, Delivery, Error, KeyLimit, OutboundEvent, Result, Target, TimerKey, Undelivered,
+    Broker, Delivery, Error, KeyLimit, OutboundEvent, Result, Target, TimerKey, TraceHeaders,
+    Undelivered,
 };
 
 use crate::shared::{DeliveryTags, Lookups};
@@ -155,12 +156,21 @@ impl NatsBroker {
     }
 
     fn remember(&self, message: jetstream::Message) -> Result<Delivery> {
+        let trace = message
+            .headers
+            .as_ref()
+            .map(|headers| {
+                TraceHeaders::from_pairs(headers.iter().flat_map(|(name, values)| {
+                    values.iter().map(move |v| (name.as_ref(), v.as_str()))
+                }))
+            })
+            .unwrap_or_default();
         // A delayed message is the ScheduleTimer it stands for; with `bind_tenant`, bound to
         // `broker.delay_tenant`.
         if let Some(target) = message.subject.as_str().strip_prefix(&self.delay_prefix) {
             let body = delay::command_of(&message, target, &self.delay_tenant);
             let tenant = self.bind_tenant.then(|| self.delay_tenant.clone());
-            return self.pending.remember(message, body, tenant);
+            return self.pending.remember(message, body, tenant, trace);
         }
         let body = message.payload.to_vec();
         let tenant = self.bind_tenant.then(|| {
@@ -168,7 +178,7 @@ impl NatsBroker {
             // A token that is not one names no tenant: no tenantId matches it.
             tenant_of_token(token).unwrap_or_else(|| format!("(not a tenant token: {token})"))
         });
-        self.pending.remember(message, body, tenant)
+        self.pending.remember(message, body, tenant, trace)
     }
 
     /// The subject of a tenant's events, when it fits [`MAX_SUBJECT_BYTES`].
@@ -243,7 +253,8 @@ fn subject_matches(pattern: &str, tokens: &[&str]) -> bool {
 }
 
 /// The headers of an event: a timer's own message's headers and content type (as
-/// `Content-Type`), then `Nats-Msg-Id` (the event id; replacing one the message gave).
+/// `Content-Type`), its trace context, then `Nats-Msg-Id` (the event id; replacing one the
+/// message gave).
 fn headers_of(event: &OutboundEvent) -> HeaderMap {
     let mut headers = HeaderMap::new();
     if let Some(meta) = &event.message {
@@ -253,6 +264,9 @@ fn headers_of(event: &OutboundEvent) -> HeaderMap {
         if let Some(content_type) = &meta.content_type {
             headers.insert(CONTENT_TYPE, content_type.as_str());
         }
+    }
+    for (name, value) in event.trace_headers() {
+        headers.insert(name, value);
     }
     headers.insert(NATS_MESSAGE_ID, event.id.to_string().as_str());
     headers

@@ -79,6 +79,24 @@ impl TestClient for NatsTestClient {
     async fn send_command(&self, body: &[u8]) -> Result<()> {
         self.send_commands(&[body.to_vec()]).await
     }
+    async fn send_command_with_headers(
+        &self,
+        body: &[u8],
+        headers: &BTreeMap<String, String>,
+    ) -> Result<()> {
+        let subject = self.config.commands_subject.replace('>', "test");
+        let mut map = async_nats::HeaderMap::new();
+        for (name, value) in headers {
+            map.insert(name.as_str(), value.as_str());
+        }
+        self.js
+            .publish_with_headers(subject, map, body.to_vec().into())
+            .await
+            .map_err(|e| unavailable("publish", e))?
+            .await
+            .map_err(|e| unavailable("PubAck", e))?;
+        Ok(())
+    }
     async fn send_commands(&self, bodies: &[Vec<u8>]) -> Result<()> {
         let subject = self.config.commands_subject.replace('>', "test");
         for chunk in bodies.chunks(1_000) {
@@ -113,6 +131,7 @@ impl TestClient for NatsTestClient {
             out.push(ReadEvent {
                 id,
                 body: m.payload.to_vec(),
+                headers: headers_of(&m),
             });
         }
         Ok(out)
@@ -184,15 +203,7 @@ impl TestClient for NatsTestClient {
             if m.subject.as_str() != subject {
                 continue;
             }
-            let headers: BTreeMap<String, String> = m
-                .headers
-                .iter()
-                .flat_map(|h| h.iter())
-                .filter_map(|(name, values)| {
-                    let value = values.first()?;
-                    Some((name.to_string(), value.as_str().to_owned()))
-                })
-                .collect();
+            let headers = headers_of(&m);
             out.push(ReadMessage {
                 id: headers
                     .get("Nats-Msg-Id")
@@ -212,4 +223,16 @@ impl TestClient for NatsTestClient {
     fn as_any(&self) -> &dyn Any {
         self
     }
+}
+
+/// A message's headers, each name with its first value.
+fn headers_of(m: &jetstream::Message) -> BTreeMap<String, String> {
+    m.headers
+        .iter()
+        .flat_map(|h| h.iter())
+        .filter_map(|(name, values)| {
+            let value = values.first()?;
+            Some((name.to_string(), value.as_str().to_owned()))
+        })
+        .collect()
 }

@@ -81,7 +81,7 @@ pub fn command_of(delivery: &Delivery, default_tenant: &str) -> Vec<u8> {
 }
 
 /// A header value as text: strings as they are, numbers and booleans printed.
-fn text_of(value: &AMQPValue) -> Option<String> {
+pub(super) fn text_of(value: &AMQPValue) -> Option<String> {
     Some(match value {
         AMQPValue::LongString(s) => String::from_utf8_lossy(s.as_bytes()).into_owned(),
         AMQPValue::ShortString(s) => s.to_string(),

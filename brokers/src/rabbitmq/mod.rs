@@ -32,8 +32,10 @@ use lapin::{
 };
 use timer_core::broker::routing_token;
 use timer_core::redact::hide_userinfo;
+use timer_core::trace::{TRACEPARENT, TRACESTATE};
 use timer_core::{
-    Broker, Delivery, Error, KeyLimit, OutboundEvent, Result, Target, TimerKey, Undelivered,
+    Broker, Delivery, Error, KeyLimit, OutboundEvent, Result, Target, TimerKey, TraceHeaders,
+    Undelivered,
 };
 
 use crate::shared::{DeliveryTags, Lookups};
@@ -224,6 +226,7 @@ impl RabbitmqBroker {
             let user = delivery.properties.user_id().as_ref();
             user.map_or_else(String::new, |u| u.as_str().to_owned())
         });
+        let trace = trace_of(&delivery.properties);
         // A message of the delay exchange is the ScheduleTimer it stands for.
         let body = if delivery.exchange.as_str() == self.config.delay_exchange {
             delay::command_of(&delivery, &self.config.delay_tenant)
@@ -231,7 +234,7 @@ impl RabbitmqBroker {
             delivery.data
         };
         self.pending
-            .remember((generation, delivery.delivery_tag), body, tenant)
+            .remember((generation, delivery.delivery_tag), body, tenant, trace)
     }
 
     /// The target exchanges of `events` that cannot be published to, with the server's reason.
@@ -496,22 +499,44 @@ fn target_route<'t>(
     Ok((exchange, key))
 }
 
-/// The properties of an event: persistent, `message_id` = the event id; an envelope is JSON
-/// of type `DueTimeReached`, a timer's own message has its content type and headers.
+/// The trace context headers of a delivery (`traceparent`, `tracestate`), as text.
+fn trace_of(properties: &BasicProperties) -> TraceHeaders {
+    let Some(headers) = properties.headers() else {
+        return TraceHeaders::default();
+    };
+    let found: Vec<(&str, String)> = headers
+        .inner()
+        .iter()
+        .map(|(name, value)| (name.as_str(), value))
+        .filter(|(name, _)| {
+            name.eq_ignore_ascii_case(TRACEPARENT) || name.eq_ignore_ascii_case(TRACESTATE)
+        })
+        .filter_map(|(name, value)| Some((name, delay::text_of(value)?)))
+        .collect();
+    TraceHeaders::from_pairs(found.iter().map(|(name, value)| (*name, value.as_str())))
+}
+
+/// The properties of an event: persistent, `message_id` = the event id, the trace context in
+/// the headers; an envelope is JSON of type `DueTimeReached`, a timer's own message has its
+/// content type and headers.
 fn properties_of(event: &OutboundEvent) -> BasicProperties {
     let properties = BasicProperties::default()
         .with_delivery_mode(2)
         .with_message_id(event.id.to_string().into());
+    let mut headers = FieldTable::default();
+    let own = event.message.iter().flat_map(|meta| &meta.headers);
+    for (name, value) in own
+        .map(|(name, value)| (name.as_str(), value.as_str()))
+        .chain(event.trace_headers().map(|(name, value)| (name as &str, value)))
+    {
+        headers.insert(name.into(), AMQPValue::LongString(value.into()));
+    }
+    let properties = properties.with_headers(headers);
     let Some(meta) = &event.message else {
         return properties
             .with_content_type("application/json".into())
             .with_type("DueTimeReached".into());
     };
-    let mut headers = FieldTable::default();
-    for (name, value) in &meta.headers {
-        headers.insert(name.as_str().into(), AMQPValue::LongString(value.as_str().into()));
-    }
-    let properties = properties.with_headers(headers);
     match &meta.content_type {
         Some(content_type) => properties.with_content_type(content_type.as_str().into()),
         None => properties,

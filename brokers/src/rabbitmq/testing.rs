@@ -148,6 +148,34 @@ impl TestClient for RabbitmqTestClient {
     async fn send_command(&self, body: &[u8]) -> Result<()> {
         self.send_commands(&[body.to_vec()]).await
     }
+    async fn send_command_with_headers(
+        &self,
+        body: &[u8],
+        headers: &BTreeMap<String, String>,
+    ) -> Result<()> {
+        let mut table = FieldTable::default();
+        for (name, value) in headers {
+            table.insert(
+                name.as_str().into(),
+                AMQPValue::LongString(value.as_str().into()),
+            );
+        }
+        let confirm = self
+            .channel
+            .basic_publish(
+                "".into(),
+                self.config.commands_queue.as_str().into(),
+                BasicPublishOptions::default(),
+                body,
+                BasicProperties::default()
+                    .with_delivery_mode(2)
+                    .with_user_id(self.user.as_str().into())
+                    .with_headers(table),
+            )
+            .await
+            .map_err(|e| unavailable("publish", e))?;
+        confirmed(vec![confirm]).await
+    }
     async fn send_commands(&self, bodies: &[Vec<u8>]) -> Result<()> {
         for chunk in bodies.chunks(1_000) {
             let mut confirms = Vec::with_capacity(chunk.len());
@@ -187,6 +215,7 @@ impl TestClient for RabbitmqTestClient {
                 .ok_or_else(|| Error::internal("event without a message_id"))?;
             events.push(ReadEvent {
                 id,
+                headers: headers_of(&m.delivery.properties),
                 body: m.delivery.data,
             });
         }
@@ -316,7 +345,22 @@ async fn confirmed(confirms: Vec<lapin::PublisherConfirm>) -> Result<()> {
 /// A message that arrived at a target, as the tests read it.
 fn read_message(delivery: &lapin::message::Delivery, arrived_ms: Option<i64>) -> ReadMessage {
     let properties = &delivery.properties;
-    let headers: BTreeMap<String, String> = properties
+    ReadMessage {
+        id: properties
+            .message_id()
+            .as_ref()
+            .and_then(|id| uuid::Uuid::parse_str(id.as_str()).ok()),
+        body: delivery.data.clone(),
+        content_type: properties.content_type().as_ref().map(|c| c.to_string()),
+        headers: headers_of(properties),
+        key: Some(delivery.routing_key.as_str().as_bytes().to_vec()),
+        arrived_ms,
+    }
+}
+
+/// A message's headers: strings as they are, other values in their debug form.
+fn headers_of(properties: &BasicProperties) -> BTreeMap<String, String> {
+    properties
         .headers()
         .as_ref()
         .map(|h| {
@@ -331,16 +375,5 @@ fn read_message(delivery: &lapin::message::Delivery, arrived_ms: Option<i64>) ->
                 })
                 .collect()
         })
-        .unwrap_or_default();
-    ReadMessage {
-        id: properties
-            .message_id()
-            .as_ref()
-            .and_then(|id| uuid::Uuid::parse_str(id.as_str()).ok()),
-        body: delivery.data.clone(),
-        content_type: properties.content_type().as_ref().map(|c| c.to_string()),
-        headers,
-        key: Some(delivery.routing_key.as_str().as_bytes().to_vec()),
-        arrived_ms,
-    }
+        .unwrap_or_default()
 }

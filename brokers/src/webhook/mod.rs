@@ -331,6 +331,12 @@ impl Webhooks {
                 headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
             }
         }
+        // The fire's trace context, unless the target or the message gave these headers.
+        for (name, value) in event.trace_headers() {
+            if let (false, Ok(value)) = (headers.contains_key(name), HeaderValue::from_str(value)) {
+                headers.insert(HeaderName::from_static(name), value);
+            }
+        }
         let id = event.id.to_string();
         let timestamp = SystemTime::now()
             .duration_since(SystemTime::UNIX_EPOCH)

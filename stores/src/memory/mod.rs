@@ -286,6 +286,7 @@ impl Row {
             work: t.work.clone(),
             target: t.target.clone(),
             message: t.message.clone(),
+            trace: t.trace.clone(),
         }
     }
 }
@@ -321,6 +322,7 @@ impl Store for MemoryStore {
                     work: new.work.clone(),
                     target: new.target.clone(),
                     message: new.message.clone(),
+                    trace: new.trace.clone(),
                 };
                 ready.insert((new.due_at, new.key.clone()));
                 let mut row = Row {
@@ -347,6 +349,7 @@ impl Store for MemoryStore {
                     row.timer.policy = new.policy.clone();
                     row.timer.target = new.target.clone();
                     row.timer.message = new.message.clone();
+                    row.timer.trace = new.trace.clone();
                     // A repeat of the same recurring series keeps its place (and its work).
                     if new.recurrence.is_some() && row.timer.recurrence == new.recurrence {
                         outcomes.push(ScheduleOutcome::Updated);

@@ -26,7 +26,8 @@ const CLAIM_OF_TENANTS: &str =
      WHERE t.tenant_id = c.tenant_id AND t.service_call_id = c.service_call_id \
      RETURNING t.tenant_id, t.service_call_id, t.due_at, t.registered_at, \
                t.correlation_id, t.payload, t.attempts, t.revision, t.recurrence, \
-               t.occurrences, t.policy, t.work, t.target, t.message, t.message_meta";
+               t.occurrences, t.policy, t.work, t.target, t.message, t.message_meta, \
+               t.traceparent, t.tracestate";
 
 crate::sql::sql_fair_steps!(PostgresStore);
 

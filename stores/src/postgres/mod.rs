@@ -72,7 +72,8 @@ impl Dialect for PostgresStore {
          WHERE t.tenant_id = c.tenant_id AND t.service_call_id = c.service_call_id \
          RETURNING t.tenant_id, t.service_call_id, t.due_at, t.registered_at, \
                    t.correlation_id, t.payload, t.attempts, t.revision, t.recurrence, \
-                   t.occurrences, t.policy, t.work, t.target, t.message, t.message_meta";
+                   t.occurrences, t.policy, t.work, t.target, t.message, t.message_meta, \
+                   t.traceparent, t.tracestate";
     // Row locks (FOR UPDATE) order writers; the transaction needs no lock up front.
     const LOCK_FOR_WRITE: Option<&'static str> = None;
     // A claim locks the row too: it and the action are ordered.

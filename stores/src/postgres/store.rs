@@ -10,7 +10,7 @@ use timer_core::policy::{Policy, Work};
 use timer_core::{
     CancelOutcome, Change, ClaimedTimer, Due, Error, Lease, NewTimer, Recurrence, Result,
     ScheduleOutcome, Settlement, Store, Target, TenantCounts, Timer, TimerControl, TimerKey,
-    TimerState, Timestamp,
+    TimerState, Timestamp, TraceContext,
 };
 use tokio::sync::broadcast;
 
@@ -87,6 +87,14 @@ impl Store for PostgresStore {
             .iter()
             .map(|t| t.message.as_ref().map(|m| m.meta.to_json()))
             .collect();
+        let traceparents: Vec<Option<&str>> = rows
+            .iter()
+            .map(|t| t.trace.as_ref().map(TraceContext::traceparent))
+            .collect();
+        let tracestates: Vec<Option<&str>> = rows
+            .iter()
+            .map(|t| t.trace.as_ref().and_then(TraceContext::tracestate))
+            .collect();
         // What the history records for each row, whichever way it is written.
         let created: Vec<String> = rows
             .iter()
@@ -106,14 +114,16 @@ impl Store for PostgresStore {
         let upsert = format!(
             "INSERT INTO timers AS t (tenant_id, service_call_id, due_at, registered_at, \
                                       correlation_id, payload, available_at, recurrence, \
-                                      history_seq, policy, work, target, message, message_meta) \
+                                      history_seq, policy, work, target, message, message_meta, \
+                                      traceparent, tracestate) \
              SELECT i.tenant_id, i.service_call_id, i.due_at, $6, i.correlation_id, i.payload, \
                     i.due_at, i.recurrence, 1, i.policy, i.work, i.target, i.message, \
-                    i.message_meta \
+                    i.message_meta, i.traceparent, i.tracestate \
              FROM UNNEST($1::text[], $2::text[], $3::bigint[], $4::text[], $5::text[], $7::text[], \
-                         $11::text[], $12::text[], $13::text[], $14::bytea[], $15::text[]) \
+                         $11::text[], $12::text[], $13::text[], $14::bytea[], $15::text[], \
+                         $16::text[], $17::text[]) \
                   AS i(tenant_id, service_call_id, due_at, correlation_id, payload, recurrence, \
-                       policy, work, target, message, message_meta) \
+                       policy, work, target, message, message_meta, traceparent, tracestate) \
              ON CONFLICT (tenant_id, service_call_id) DO UPDATE SET \
                 work = CASE WHEN {same_series} THEN t.work \
                     WHEN t.due_at <> EXCLUDED.due_at \
@@ -135,6 +145,8 @@ impl Store for PostgresStore {
                 target = EXCLUDED.target, \
                 message = EXCLUDED.message, \
                 message_meta = EXCLUDED.message_meta, \
+                traceparent = EXCLUDED.traceparent, \
+                tracestate = EXCLUDED.tracestate, \
                 occurrences = CASE WHEN t.recurrence IS NOT DISTINCT FROM EXCLUDED.recurrence \
                               THEN t.occurrences ELSE 0 END, \
                 recurrence = EXCLUDED.recurrence, \
@@ -166,6 +178,8 @@ impl Store for PostgresStore {
             .bind(&targets)
             .bind(&messages)
             .bind(&metas)
+            .bind(&traceparents)
+            .bind(&tracestates)
             .fetch_all(&mut *tx)
             .await
             .map_err(|e| db_err(op, e))?;

@@ -86,7 +86,8 @@ pub(crate) trait Dialect {
 /// claim reads with the same columns).
 pub(crate) const TIMER_COLUMNS: &str = "tenant_id, service_call_id, due_at, state, \
     registered_at, reached_at, correlation_id, payload, attempts, last_error, lease_owner, \
-    available_at, recurrence, occurrences, revision, policy, work, target, message, message_meta";
+    available_at, recurrence, occurrences, revision, policy, work, target, message, message_meta, \
+    traceparent, tracestate";
 
 /// A failed database operation `op`, with the sqlx error as its source. Decoding errors are a
 /// bug or a foreign schema and will not pass when retried; the dialect judges the others.

@@ -6,7 +6,7 @@ use sqlx::{ColumnIndex, Database, Decode, Row, Type};
 use timer_core::policy::{Policy, Work};
 use timer_core::{
     ClaimedTimer, Error, Message, MessageMeta, Recurrence, Result, Target, Timer, TimerKey,
-    TimerState, Timestamp,
+    TimerState, Timestamp, TraceContext,
 };
 
 use super::{db_err, Dialect};
@@ -121,6 +121,10 @@ where
             work: self.work()?,
             target: self.target()?,
             message: self.message()?,
+            trace: TraceContext::from_stored(
+                self.get::<Option<String>>("traceparent")?.as_deref(),
+                self.get::<Option<String>>("tracestate")?.as_deref(),
+            ),
         })
     }
 
@@ -141,6 +145,7 @@ where
             work,
             target,
             message,
+            trace,
         } = self.claimed()?;
         Ok(Timer {
             key,
@@ -162,6 +167,7 @@ where
             work,
             target,
             message,
+            trace,
         })
     }
 }

@@ -18,7 +18,7 @@ const CLAIM_OF_TENANT: &str =
                      ORDER BY available_at LIMIT ?4) \
      RETURNING tenant_id, service_call_id, due_at, registered_at, correlation_id, payload, \
                attempts, revision, recurrence, occurrences, policy, work, target, message, \
-               message_meta";
+               message_meta, traceparent, tracestate";
 
 crate::sql::sql_fair_steps!(SqliteStore);
 

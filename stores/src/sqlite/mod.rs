@@ -24,7 +24,7 @@ use timer_core::policy::{Policy, Work};
 use timer_core::{
     CancelOutcome, Change, ClaimedTimer, Due, Error, Lease, NewTimer, Recurrence, Result,
     ScheduleOutcome, Settlement, Store, Target, TenantCounts, Timer, TimerControl, TimerKey,
-    TimerState, Timestamp,
+    TimerState, Timestamp, TraceContext,
 };
 use tracing::info;
 
@@ -65,7 +65,7 @@ impl Dialect for SqliteStore {
                          ORDER BY available_at LIMIT ?4) \
          RETURNING tenant_id, service_call_id, due_at, registered_at, correlation_id, payload, \
                    attempts, revision, recurrence, occurrences, policy, work, target, message, \
-                   message_meta";
+                   message_meta, traceparent, tracestate";
     const LOCK_FOR_WRITE: Option<&'static str> = Some("UPDATE timers SET state = state WHERE 0");
     // The write transaction holds SQLite's one write lock from its start.
     const LOCK_ROW: &'static str = "";
@@ -237,11 +237,12 @@ fn lock_exclusively(path: &str) -> Result<std::fs::File> {
 /// and not returned.
 const INSERT_TIMERS: &str = "INSERT INTO timers (tenant_id, service_call_id, due_at, \
     registered_at, correlation_id, payload, available_at, recurrence, history_seq, policy, work, \
-    target, message, message_meta) ";
+    target, message, message_meta, traceparent, tracestate) ";
 const INSERT_TIMERS_END: &str = " ON CONFLICT DO NOTHING RETURNING tenant_id, service_call_id";
 
 /// ?1 tenant, ?2 service call id, ?3 due, ?4 now, ?5 correlation id, ?6 payload, ?7 recurrence,
-/// ?8 policy, ?9 work, ?10 target, ?11 message, ?12 message meta. Unqualified columns on the right-hand side are the old values. A repeat
+/// ?8 policy, ?9 work, ?10 target, ?11 message, ?12 message meta, ?13 traceparent,
+/// ?14 tracestate. Unqualified columns on the right-hand side are the old values. A repeat
 /// of the same recurring series (same recurrence) keeps its place: its next occurrence, count,
 /// revision and work stay, so a redelivered command neither skips a catch-up nor re-anchors
 /// the series. The work starts anew with a new revision.
@@ -257,6 +258,7 @@ const RESCHEDULE_TIMER: &str = "UPDATE timers SET \
                         WHEN lease_until > ?4 THEN MAX(lease_until, ?3) ELSE ?3 END, \
     due_at = CASE WHEN ?7 IS NOT NULL AND recurrence IS ?7 THEN due_at ELSE ?3 END, \
     correlation_id = ?5, payload = ?6, target = ?10, message = ?11, message_meta = ?12, \
+    traceparent = ?13, tracestate = ?14, \
     occurrences = CASE WHEN recurrence IS ?7 THEN occurrences ELSE 0 END, recurrence = ?7, \
     history_seq = history_seq + 1 \
     WHERE tenant_id = ?1 AND service_call_id = ?2 RETURNING history_seq";
@@ -329,7 +331,9 @@ async fn insert_new(
                 .push_bind(t.work.as_ref().map(Work::to_json))
                 .push_bind(t.target.as_ref().map(Target::to_json))
                 .push_bind(t.message.as_ref().map(|m| m.body.as_slice()))
-                .push_bind(t.message.as_ref().map(|m| m.meta.to_json()));
+                .push_bind(t.message.as_ref().map(|m| m.meta.to_json()))
+                .push_bind(t.trace.as_ref().map(TraceContext::traceparent))
+                .push_bind(t.trace.as_ref().and_then(TraceContext::tracestate));
         });
         insert.push(INSERT_TIMERS_END);
         let keys: Vec<(String, String)> = insert.build_query_as().fetch_all(&mut *conn).await?;
@@ -430,6 +434,8 @@ impl Store for SqliteStore {
                 .bind(t.target.as_ref().map(Target::to_json))
                 .bind(t.message.as_ref().map(|m| m.body.as_slice()))
                 .bind(t.message.as_ref().map(|m| m.meta.to_json()))
+                .bind(t.trace.as_ref().map(TraceContext::traceparent))
+                .bind(t.trace.as_ref().and_then(TraceContext::tracestate))
                 .fetch_one(&mut *tx)
                 .await
                 .map_err(|e| db_err(op, e))?;

@@ -38,6 +38,7 @@ fn timer(id: &str) -> NewTimer {
         work: None,
         target: None,
         message: None,
+        trace: None,
     }
 }
 

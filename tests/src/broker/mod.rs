@@ -12,8 +12,10 @@ use timer_core::{Broker, OutboundEvent, TimerKey};
 use uuid::Uuid;
 
 mod targets;
+mod trace;
 
 pub use targets::a_message_goes_to_its_target_byte_exact;
+pub use trace::trace_context_goes_in_and_out_as_headers;
 
 use crate::e2e::PrivateServer;
 use crate::fixtures::Fresh;
@@ -37,6 +39,7 @@ pub fn checks() -> Vec<Check<Arc<dyn TestClient>>> {
         dead_letter_carries_the_reason,
         health_ok_when_reachable,
         a_message_goes_to_its_target_byte_exact,
+        trace_context_goes_in_and_out_as_headers,
     ]
 }
 
@@ -49,6 +52,7 @@ fn event(i: usize) -> OutboundEvent {
         body: format!(r#"{{"n":{i}}}"#).into_bytes(),
         target: None,
         message: None,
+        trace: None,
     }
 }
 
@@ -156,6 +160,7 @@ pub async fn odd_tenant_ids_delivered_or_refused_alone(fx: Arc<dyn TestClient>) 
             body: format!(r#"{{"odd":{i}}}"#).into_bytes(),
             target: None,
             message: None,
+            trace: None,
         });
     }
     let refused_by_check: Vec<usize> = (0..events.len())

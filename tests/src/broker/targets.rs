@@ -79,6 +79,7 @@ pub async fn a_message_goes_to_its_target_byte_exact(fx: Arc<dyn TestClient>) {
         body: body.clone(),
         target: Some(target.clone()),
         message: Some(meta.clone()),
+        trace: None,
     };
     let envelope = OutboundEvent::envelope(
         Uuid::now_v7(),
@@ -91,6 +92,7 @@ pub async fn a_message_goes_to_its_target_byte_exact(fx: Arc<dyn TestClient>) {
         body: binary(300),
         target: None,
         message: Some(meta.clone()),
+        trace: None,
     };
     let batch = [message.clone(), envelope.clone(), untargeted.clone()];
     let undelivered = broker.publish(&batch).await.expect("publish");

@@ -27,6 +27,7 @@ pub fn new_timers(
             work: None,
             target: None,
             message: None,
+            trace: None,
         })
         .collect()
 }

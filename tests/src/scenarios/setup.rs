@@ -209,6 +209,8 @@ impl<'a> Access<'a> {
                     Some(ReadEvent {
                         id: e.envelope["id"].as_str()?.parse().ok()?,
                         body: e.envelope.to_string().into_bytes(),
+                        // The event stream carries envelopes, not a broker's headers.
+                        headers: Default::default(),
                     })
                 })
                 .collect(),

@@ -68,8 +68,8 @@ pub use retention::{
 };
 pub use schedule::{
     batch_of_10k, duplicate_key_in_one_batch, millisecond_precision_across_offsets,
-    payload_and_correlation_round_trip, reschedule_moves_due_time, target_and_message_round_trip,
-    upsert_outcomes,
+    payload_correlation_and_trace_round_trip, reschedule_moves_due_time,
+    target_and_message_round_trip, upsert_outcomes,
 };
 pub use series::{
     advance_needs_the_lease_and_revision, recurrence_round_trips_and_advance_moves_to_next,
@@ -91,6 +91,7 @@ pub fn timer(tenant: &str, id: &str, due_ms: i64) -> NewTimer {
         work: None,
         target: None,
         message: None,
+        trace: None,
     }
 }
 
@@ -135,7 +136,7 @@ pub fn checks() -> Vec<Check<Arc<dyn Store>>> {
         cancel_outcomes,
         purge_removes_only_old_finished_rows,
         millisecond_precision_across_offsets,
-        payload_and_correlation_round_trip,
+        payload_correlation_and_trace_round_trip,
         target_and_message_round_trip,
         batch_of_10k,
         cancel_while_leased_is_refused,

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use timer_core::{
     decode_schedule, CancelOutcome, Limits, Message, MessageMeta, NewTimer, ScheduleOutcome, Store,
-    Target, TimerKey, TimerState,
+    Target, TimerKey, TimerState, TraceContext,
 };
 
 use super::{
@@ -180,10 +180,17 @@ pub async fn millisecond_precision_across_offsets(store: Arc<dyn Store>) {
     );
 }
 
-pub async fn payload_and_correlation_round_trip(store: Arc<dyn Store>) {
+/// A timer's payload, correlation id and trace context come back as stored, from `get` and from
+/// a claim; a reschedule replaces the trace context.
+pub async fn payload_correlation_and_trace_round_trip(store: Arc<dyn Store>) {
     let s = store.as_ref();
     let payload = r#"{"order":{"id":42,"items":["ä","\u0000"]},"n":1.5e3}"#;
-    let t = NewTimer {
+    let trace = TraceContext::parse(
+        "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        Some("congo=t61rcWkgMzE,rojo=00f067aa0ba902b7"),
+    )
+    .ok();
+    let mut t = NewTimer {
         key: TimerKey::new("tenant-ü", "call/1 with spaces"),
         due_at: T0,
         correlation_id: Some("corr-1".into()),
@@ -193,17 +200,28 @@ pub async fn payload_and_correlation_round_trip(store: Arc<dyn Store>) {
         work: None,
         target: None,
         message: None,
+        trace: trace.clone(),
     };
     put(s, std::slice::from_ref(&t), T0).await;
     let got = row(s, "tenant-ü", "call/1 with spaces").await;
     assert_eq!(got.payload.as_deref(), Some(payload));
     assert_eq!(got.correlation_id.as_deref(), Some("corr-1"));
+    assert_eq!(got.trace, trace, "the trace context, read back");
     let claimed = claim(s, T0, 1, "i1", T0_MS + 1_000).await;
     assert_eq!(claimed.len(), 1);
     assert_eq!(claimed[0].key, t.key);
     assert_eq!(claimed[0].payload.as_deref(), Some(payload));
     assert_eq!(claimed[0].correlation_id.as_deref(), Some("corr-1"));
     assert_eq!(claimed[0].registered_at, T0);
+    assert_eq!(claimed[0].trace, trace, "the trace context, claimed");
+
+    t.trace = Some(TraceContext::fresh());
+    put(s, std::slice::from_ref(&t), T0).await;
+    let got = row(s, "tenant-ü", "call/1 with spaces").await;
+    assert_eq!(
+        got.trace, t.trace,
+        "a reschedule's trace context replaces the first"
+    );
 }
 
 /// A timer's target and message come back as stored: the message body byte for byte at

@@ -6,7 +6,18 @@ use std::borrow::Cow;
 use super::{metrics as metric, Engine};
 use crate::error::{Error, Result};
 use crate::model::{CancelOutcome, NewTimer, ScheduleOutcome, TimerKey, TimerState};
+use crate::trace::{TraceContext, TraceHeaders};
 use crate::wire::{decode_command, decode_schedule, Command, Reason, Rejection};
+
+/// `timer` with its trace context: its own, else the one its transport's `headers` carried,
+/// else a fresh one.
+fn traced(mut timer: NewTimer, headers: &TraceHeaders, source: &'static str) -> NewTimer {
+    if timer.trace.is_none() {
+        timer.trace =
+            Some(TraceContext::carried(headers, source).unwrap_or_else(TraceContext::fresh));
+    }
+    timer
+}
 
 /// What the engine did with one timer given to [`Engine::schedule`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -19,20 +30,31 @@ pub enum Scheduled {
 
 impl Engine {
     /// Decodes one command as received from a broker (`ScheduleTimer` or `CancelTimer`),
-    /// counting it and, when refused, its reason.
-    pub fn admit(&self, body: &[u8]) -> Result<Command, Rejection> {
+    /// counting it and, when refused, its reason. A schedule is traced as `headers` say when
+    /// the command gives no trace context of its own (else in a fresh trace: `crate::trace`).
+    pub fn admit(&self, body: &[u8], headers: &TraceHeaders) -> Result<Command, Rejection> {
         let decoded = decode_command(body, &self.inner.limits, self.inner.clock.now());
-        self.counted(decoded.and_then(|command| match &command {
-            Command::Schedule(timer) => self.carried(timer).map(|()| command),
-            _ => Ok(command),
+        self.counted(decoded.and_then(|command| match command {
+            Command::Schedule(timer) => {
+                let timer = traced(timer, headers, "broker");
+                self.carried(&timer).map(|()| Command::Schedule(timer))
+            }
+            command => Ok(command),
         }))
     }
 
     /// Decodes one `ScheduleTimer` as received over HTTP (a `CancelTimer` is refused with
-    /// [`Reason::NotAcceptedHere`]), counting it like [`admit`](Self::admit).
-    pub fn admit_schedule(&self, body: &[u8]) -> Result<NewTimer, Rejection> {
+    /// [`Reason::NotAcceptedHere`]), counting and tracing it like [`admit`](Self::admit).
+    pub fn admit_schedule(
+        &self,
+        body: &[u8],
+        headers: &TraceHeaders,
+    ) -> Result<NewTimer, Rejection> {
         let decoded = decode_schedule(body, &self.inner.limits, self.inner.clock.now());
-        self.counted(decoded.and_then(|timer| self.carried(&timer).map(|()| timer)))
+        self.counted(decoded.and_then(|timer| {
+            let timer = traced(timer, headers, "http");
+            self.carried(&timer).map(|()| timer)
+        }))
     }
 
     /// Whether the broker can carry this timer's events ([`Broker::check_key`]) to its target

@@ -8,6 +8,7 @@ use crate::control::{Action, Change, HistoryEntry};
 use crate::error::Result;
 use crate::model::{ControlOutcome, TimerKey, TimerState, Timestamp};
 use crate::store::{PageAfter, TimerFilter};
+use crate::trace::TraceContext;
 use crate::wire::DueTimeReachedEnvelope;
 
 /// What a bulk action did.
@@ -108,6 +109,8 @@ impl Engine {
             return Ok(Triggered::Refused(finished));
         }
         let at = inner.clock.now();
+        let mut timer = timer;
+        timer.trace.get_or_insert_with(TraceContext::fresh);
         let envelope = DueTimeReachedEnvelope::manual(&timer, at);
         let body = envelope.to_json();
         let event = super::fire::outbound_of(
@@ -116,6 +119,7 @@ impl Engine {
             body.clone(),
             timer.target.clone(),
             timer.message.clone(),
+            timer.trace.clone(),
         );
         let undelivered = self
             .within_publish_timeout(

@@ -20,6 +20,7 @@ use crate::model::{ClaimedTimer, Due, Lease, TimerKey, Timestamp};
 use crate::outbound::{Message, Target};
 use crate::policy::{self, Fire, Plan};
 use crate::store::Settlement;
+use crate::trace::TraceContext;
 use crate::wire::DueTimeReachedEnvelope;
 
 impl Engine {
@@ -489,7 +490,9 @@ fn outgoing(
     fire: &Fire,
     reached_at: Timestamp,
 ) -> (ClaimedTimer, DueTimeReachedEnvelope, OutboundEvent) {
-    let as_fired = fire.claim(claim);
+    let mut as_fired = fire.claim(claim);
+    // A timer stored before trace contexts were kept: each fire a trace of its own.
+    as_fired.trace.get_or_insert_with(TraceContext::fresh);
     let envelope = DueTimeReachedEnvelope::for_fire(&as_fired, reached_at, fire.refire);
     let event = outbound_of(
         as_fired.key.clone(),
@@ -497,19 +500,21 @@ fn outgoing(
         envelope.to_json(),
         as_fired.target.clone(),
         as_fired.message.clone(),
+        as_fired.trace.clone(),
     );
     (as_fired, envelope, event)
 }
 
 /// What goes to the broker for a fire with the event `id`: the `envelope` to the events
 /// destination, unless the timer has a `target` (where it goes instead) or a `message` (what
-/// goes instead of the envelope, with the same id).
+/// goes instead of the envelope, with the same id); in the timer's `trace`.
 pub(super) fn outbound_of(
     key: TimerKey,
     id: uuid::Uuid,
     envelope: Vec<u8>,
     target: Option<Target>,
     message: Option<Message>,
+    trace: Option<TraceContext>,
 ) -> OutboundEvent {
     let (body, message) = match message {
         Some(Message { body, meta }) => (body, Some(meta)),
@@ -521,6 +526,7 @@ pub(super) fn outbound_of(
         body,
         target,
         message,
+        trace,
     }
 }
 

@@ -236,10 +236,12 @@ impl Engine {
     /// `ResumeTimer` or `TimerCompleted` the store cannot do, and a command for another tenant
     /// than the broker binds the delivery to.
     fn admitted(&self, delivery: Delivery) -> Admitted {
-        let command = self.admit(&delivery.body).and_then(|command| {
-            bound_to(&delivery, command)
-                .inspect_err(|refused| super::admit::rejected(refused.reason))
-        });
+        let command = self
+            .admit(&delivery.body, &delivery.trace)
+            .and_then(|command| {
+                bound_to(&delivery, command)
+                    .inspect_err(|refused| super::admit::rejected(refused.reason))
+            });
         Admitted { delivery, command }
     }
 

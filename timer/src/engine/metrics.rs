@@ -43,6 +43,9 @@ pub const FIRE_PACE_DELAY: &str = "timer.fire.pace_delay";
 /// Engine tasks started again after a panic, labelled by `task` (`ingest`, `firing`, `purge`,
 /// `membership`, `take-over`).
 pub const TASK_RESTARTS: &str = "timer.engine.task_restarts";
+/// Malformed `traceparent` values ignored (the timer got a fresh trace), labelled by `source`
+/// (`command`, `http`, `broker`).
+pub const TRACE_CONTEXT_IGNORED: &str = "timer.trace_context.ignored";
 
 /// How a metric is recorded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -182,6 +185,11 @@ pub const ALL: &[(&str, Kind, &str)] = &[
         TASK_RESTARTS,
         Kind::Counter,
         "Engine tasks started again after a panic, by task (label task); /readyz answers 503 until it runs again",
+    ),
+    (
+        TRACE_CONTEXT_IGNORED,
+        Kind::Counter,
+        "Malformed traceparent values ignored, the timer given a fresh trace, by where they came from (label source: command, http, broker)",
     ),
 ];
 

@@ -165,6 +165,7 @@ mod tests {
             work: None,
             target: None,
             message: None,
+            trace: None,
         }
     }
 

@@ -60,6 +60,7 @@ fn claimed(tenant: &str, id: &str, at: i64) -> ClaimedTimer {
         work: None,
         target: None,
         message: None,
+        trace: None,
     }
 }
 

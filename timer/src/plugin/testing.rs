@@ -34,6 +34,8 @@ pub struct ReadEvent {
     /// The de-duplication id the broker carried (header, message id).
     pub id: Uuid,
     pub body: Vec<u8>,
+    /// Every header as it arrived (its trace context among them).
+    pub headers: BTreeMap<String, String>,
 }
 
 /// A dead letter as an independent consumer read it back.
@@ -91,6 +93,14 @@ pub trait TestClient: Send + Sync + 'static {
     async fn connect(&self) -> Result<Box<dyn Broker>>;
     /// Sends a command as a producing service would, and waits until the broker has it.
     async fn send_command(&self, body: &[u8]) -> Result<()>;
+    /// Sends a command with these headers, in the broker's own terms (NATS headers, AMQP
+    /// headers, Kafka headers; for the memory broker, those of a `POST /v1/commands`), and
+    /// waits until the broker has it.
+    async fn send_command_with_headers(
+        &self,
+        body: &[u8],
+        headers: &BTreeMap<String, String>,
+    ) -> Result<()>;
     /// Sends many commands, all in flight together where the broker allows, and waits for all.
     async fn send_commands(&self, bodies: &[Vec<u8>]) -> Result<()> {
         for body in bodies {

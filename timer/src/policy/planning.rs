@@ -450,6 +450,7 @@ mod tests {
             work: None,
             target: None,
             message: None,
+            trace: None,
         }
     }
 

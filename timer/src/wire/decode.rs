@@ -91,6 +91,11 @@ pub(super) struct WireCommand<'a> {
     pub(super) message: Option<&'a RawValue>,
     #[serde(borrow, default)]
     pub(super) target: Option<&'a RawValue>,
+    /// W3C trace context (`crate::trace`): any JSON is taken, a malformed value ignored.
+    #[serde(borrow, default)]
+    pub(super) traceparent: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    pub(super) tracestate: Option<&'a RawValue>,
 }
 
 /// A duration as a command gives it: text (`"30s"`, `"1h 30m"`, `"500ms"`) or milliseconds.
@@ -238,6 +243,9 @@ pub fn decode_command(bytes: &[u8], limits: &Limits, now: Timestamp) -> Result<C
         }
         if inner.correlation_id.is_none() {
             inner.correlation_id = outer.correlation_id;
+        }
+        if inner.traceparent.is_none() {
+            (inner.traceparent, inner.tracestate) = (outer.traceparent, outer.tracestate);
         }
         (inner, "payload.")
     };

@@ -360,6 +360,7 @@ fn check_event(kind: &str, revision: i64, example: &Value) -> Result<(), String>
         work: None,
         target: None,
         message: None,
+        trace: None,
     };
     let series = schedule_examples()
         .into_iter()
@@ -459,6 +460,7 @@ fn check_manual_event(example: &Value) -> Result<(), String> {
         work: None,
         target: None,
         message: None,
+        trace: None,
     };
     let bytes = DueTimeReachedEnvelope::manual(&timer, at).to_json();
     let built: Value = serde_json::from_slice(&bytes).map_err(|e| e.to_string())?;

@@ -7,6 +7,7 @@ use uuid::Uuid;
 
 use super::DUE_TIME_REACHED;
 use crate::model::{ClaimedTimer, Timer, TimerKey, Timestamp};
+use crate::trace::TraceContext;
 
 /// Namespace of the name-based part of event ids (a fixed random UUID; never change it).
 const EVENT_ID_NAMESPACE: Uuid = Uuid::from_u128(0x6c1f_4a2e_93b7_4d0a_8e55_0b3c_d2f1_7a64);
@@ -55,6 +56,12 @@ pub struct Envelope<P> {
     pub causation_id: Option<String>,
     pub aggregate_id: String,
     pub timestamp_ms: i64,
+    /// The W3C trace context of the timer's scheduling (`crate::trace`), for consumers that
+    /// see no broker headers; the same values go in the `traceparent` and `tracestate` headers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tracestate: Option<String>,
     pub payload: P,
 }
 
@@ -75,6 +82,8 @@ impl<P: Serialize> Envelope<P> {
             causation_id: None,
             aggregate_id: timer.key.service_call_id.clone(),
             timestamp_ms: at.as_millis(),
+            traceparent: traceparent(timer.trace.as_ref()),
+            tracestate: tracestate(timer.trace.as_ref()),
             payload,
         }
     }
@@ -83,6 +92,14 @@ impl<P: Serialize> Envelope<P> {
         // Serializing owned strings, numbers and valid raw JSON cannot fail.
         serde_json::to_vec(self).unwrap_or_default()
     }
+}
+
+fn traceparent(trace: Option<&TraceContext>) -> Option<String> {
+    trace.map(|t| t.traceparent().to_owned())
+}
+
+fn tracestate(trace: Option<&TraceContext>) -> Option<String> {
+    trace.and_then(|t| t.tracestate().map(str::to_owned))
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -179,6 +196,8 @@ impl Envelope<DueTimeReached> {
             causation_id: None,
             aggregate_id: timer.key.service_call_id.clone(),
             timestamp_ms: at.as_millis(),
+            traceparent: traceparent(timer.trace.as_ref()),
+            tracestate: tracestate(timer.trace.as_ref()),
             payload: DueTimeReached {
                 tenant_id: timer.key.tenant_id.clone(),
                 service_call_id: timer.key.service_call_id.clone(),

@@ -301,6 +301,7 @@ fn recurring_events_say_which_occurrence() {
         work: None,
         target: None,
         message: None,
+        trace: None,
     };
     let ev = DueTimeReachedEnvelope::for_timer(&timer, Timestamp::from_millis(1_002));
     assert_eq!(ev.payload.occurrence, Some(5));
@@ -333,6 +334,7 @@ fn event_envelope_shape() {
         work: None,
         target: None,
         message: None,
+        trace: None,
     };
     let ev = DueTimeReachedEnvelope::for_timer(&timer, Timestamp::from_millis(1_005));
     let v: serde_json::Value = serde_json::from_slice(&ev.to_json()).unwrap();
@@ -853,4 +855,63 @@ fn due_in_ms_counts_from_now() {
     let cancel = r#"{"type":"CancelTimer","tenantId":"t","serviceCallId":"c","dueInMs":1}"#;
     let r = decode_command(cancel.as_bytes(), &Limits::default(), NOW).unwrap_err();
     assert_eq!(r.field.as_deref(), Some("dueInMs"));
+}
+
+const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+#[test]
+fn a_schedule_keeps_its_own_trace_context() {
+    let t = decode(&with(&format!(
+        r#""traceparent":"{TRACEPARENT}","tracestate":"vendor=x""#
+    )))
+    .unwrap();
+    let trace = t.trace.unwrap();
+    assert_eq!(trace.traceparent(), TRACEPARENT);
+    assert_eq!(trace.tracestate(), Some("vendor=x"));
+
+    // The envelope's context, unless its payload gives one.
+    let inner = "00-11111111111111111111111111111111-2222222222222222-00";
+    let envelope = |payload_trace: &str| {
+        format!(
+            r#"{{"type":"ScheduleTimer","tenantId":"t","traceparent":"{TRACEPARENT}","payload":{{"serviceCallId":"c","dueTimeMs":5{payload_trace}}}}}"#
+        )
+    };
+    let outer = decode(&envelope("")).unwrap().trace.unwrap();
+    assert_eq!(outer.traceparent(), TRACEPARENT);
+    let own = decode(&envelope(&format!(r#","traceparent":"{inner}""#)))
+        .unwrap()
+        .trace
+        .unwrap();
+    assert_eq!(own.traceparent(), inner);
+}
+
+#[test]
+fn a_malformed_trace_context_is_ignored_never_refused() {
+    for bad in [r#""nonsense""#, "42", "null", r#"{"a":1}"#, r#""00-0-0-0""#] {
+        let t = decode(&with(&format!(r#""traceparent":{bad}"#)))
+            .unwrap_or_else(|r| panic!("{bad}: refused {r:?}"));
+        assert_eq!(t.trace, None, "{bad}");
+    }
+    // Other commands take a context too (their spans will use it); never a stray field.
+    let cancel = format!(
+        r#"{{"type":"CancelTimer","tenantId":"t","serviceCallId":"c","traceparent":"{TRACEPARENT}"}}"#
+    );
+    assert!(decode_command(cancel.as_bytes(), &Limits::default(), NOW).is_ok());
+}
+
+#[test]
+fn events_carry_the_trace_context_of_their_timer() {
+    let mut timer = crate::model::ClaimedTimer::for_tests(TimerKey::new("t", "c"));
+    let event = DueTimeReachedEnvelope::for_timer(&timer, NOW);
+    let json: serde_json::Value = serde_json::from_slice(&event.to_json()).unwrap();
+    assert!(json.get("traceparent").is_none(), "{json}");
+
+    timer.trace = Some(crate::trace::TraceContext::parse(TRACEPARENT, Some("v=1")).unwrap());
+    let event = DueTimeReachedEnvelope::for_timer(&timer, NOW);
+    let json: serde_json::Value = serde_json::from_slice(&event.to_json()).unwrap();
+    assert_eq!(json["traceparent"], TRACEPARENT);
+    assert_eq!(json["tracestate"], "v=1");
+    let failed = TimerFailedEnvelope::for_timer(&timer, NOW, 1, "broken");
+    let json: serde_json::Value = serde_json::from_slice(&failed.to_json()).unwrap();
+    assert_eq!(json["traceparent"], TRACEPARENT);
 }

@@ -11,6 +11,8 @@ use crate::config::Limits;
 use crate::model::{NewTimer, TimerKey, Timestamp};
 use crate::policy::{self, CatchUp, Completion, Outcome, Overlap, Policy, Work};
 use crate::recurrence::{Recurrence, Schedule};
+use crate::trace::{TraceContext, TraceHeaders};
+use serde_json::value::RawValue;
 
 /// How long a completion's `message` may be: longer ones are cut (a completion is never
 /// refused for its message).
@@ -222,6 +224,7 @@ pub(super) fn validate(
         Some(id) => Some(check_id(id, &field("correlationId"), limits)?),
         None => None,
     };
+    let trace = trace_of(&cmd);
     if let Some(name) = [
         ("occurrence", cmd.occurrence.is_some()),
         ("outcome", cmd.outcome.is_some()),
@@ -356,7 +359,21 @@ pub(super) fn validate(
         work,
         target,
         message,
+        trace,
     })
+}
+
+/// The command's own trace context, when it gives a well-formed one (a malformed one is
+/// ignored, never a rejection: `crate::trace`).
+fn trace_of(cmd: &WireCommand<'_>) -> Option<TraceContext> {
+    let text = |raw: &RawValue| serde_json::from_str::<String>(raw.get()).ok();
+    let traceparent = cmd.traceparent?;
+    let headers = TraceHeaders {
+        // Not a string: its JSON text, which no check passes.
+        traceparent: Some(text(traceparent).unwrap_or_else(|| traceparent.get().to_owned())),
+        tracestate: cmd.tracestate.and_then(text),
+    };
+    TraceContext::carried(&headers, "command")
 }
 
 /// The policy fields of a `ScheduleTimer`, checked, with their defaults filled in; `None` when

@@ -9,7 +9,7 @@ use anyhow::bail;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use timer_brokers::memory::{HubConfig, MemoryConfig, MemoryHub};
 use timer_core::plugin::{BrokerConfig, Isolated, StoreConfig, TestClient};
-use timer_core::{Engine, NewTimer, Store, SystemClock, TimerKey, Timestamp};
+use timer_core::{Engine, NewTimer, Store, SystemClock, TimerKey, Timestamp, TraceContext};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
@@ -241,6 +241,8 @@ pub(super) fn timer(i: usize, due_ms: i64) -> NewTimer {
         work: None,
         target: None,
         message: None,
+        // As every admitted timer has one.
+        trace: Some(TraceContext::fresh()),
     }
 }
 
