@@ -9,6 +9,7 @@ mod config;
 mod http;
 mod plugins;
 mod server;
+mod telemetry;
 mod tools;
 // The docs cover every plugin, so their generator and checks need every plugin compiled in.
 #[cfg(test)]

@@ -20,6 +20,7 @@ use crate::http::counted::{Cached, Counts};
 use crate::http::listener::{self, Listening};
 use crate::http::state::{AppState, EventStreams};
 use crate::http::status::READY_MAX_AGE;
+use crate::telemetry::Telemetry;
 
 /// What a config needs besides its values to serve the API: its access rules (keys read, JWKS
 /// file read) and its TLS settings (certificates and key read). Building them is also how
@@ -64,6 +65,7 @@ pub fn app(config: &Config, serving: Serving) -> Router {
             config.http.event_stream_buffer,
         ),
         auth: serving.auth,
+        trace_url: config.telemetry.trace_url.as_deref().map(Arc::from),
     };
     crate::http::router(state, config)
 }
@@ -84,6 +86,11 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         config.limits.clone(),
     );
     let engine = crate::plugins::with_caller(engine, &config)?;
+    let telemetry = Telemetry::start(&config.telemetry, engine.instance_id())?;
+    let engine = match &telemetry {
+        Some(telemetry) => engine.with_tracer(telemetry.tracer())?,
+        None => engine,
+    };
     let listener = tokio::net::TcpListener::bind(config.http.addr)
         .await
         .with_context(|| format!("cannot listen on http.addr {}", config.http.addr))?;
@@ -119,6 +126,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         shutdown.cancel();
     }
     engine_task.await.context("engine task")?;
+    if let Some(telemetry) = telemetry {
+        telemetry.stop().await;
+    }
     info!("stopped");
     Ok(())
 }

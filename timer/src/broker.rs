@@ -180,6 +180,13 @@ pub trait Broker: Send + Sync + 'static {
     /// duplicate, never a loss).
     async fn publish(&self, events: &[OutboundEvent]) -> Result<Vec<Undelivered>>;
 
+    /// The name of the destination `key`'s events go to without a target (a subject, an
+    /// exchange, a topic), for the `messaging.destination.name` of a publish span. `None`:
+    /// the plugin does not say.
+    fn events_destination(&self, _key: &TimerKey) -> Option<String> {
+        None
+    }
+
     /// Sends a command that cannot be processed to the dead-letter destination with the reason.
     async fn dead_letter(&self, body: &[u8], reason: &str) -> Result<()>;
 

@@ -10,7 +10,10 @@
 //! (`timer.trace_context.ignored`, labelled by where it came from).
 
 use std::fmt;
+use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, Ordering};
+
+use opentelemetry::trace::{SpanContext, SpanId, TraceFlags, TraceId, TraceState};
 
 /// The header (and field) name of a trace's parent.
 pub const TRACEPARENT: &str = "traceparent";
@@ -135,6 +138,41 @@ impl TraceContext {
     /// Whether the parent marked the trace sampled.
     pub fn sampled(&self) -> bool {
         self.traceparent.ends_with('1') || self.traceparent.ends_with('3')
+    }
+
+    /// As an OpenTelemetry parent from elsewhere (remote): what a span of the engine continues.
+    pub fn span_context(&self) -> SpanContext {
+        let (trace, parent) = (self.trace_id(), self.parent_id());
+        // Checked when made: 32 and 16 hex digits, two of flags.
+        let flags = u8::from_str_radix(&self.traceparent[53..55], 16).unwrap_or(0);
+        SpanContext::new(
+            TraceId::from_hex(trace).unwrap_or(TraceId::INVALID),
+            SpanId::from_hex(parent).unwrap_or(SpanId::INVALID),
+            TraceFlags::new(flags),
+            true,
+            self.tracestate
+                .as_deref()
+                .and_then(|state| TraceState::from_str(state).ok())
+                .unwrap_or_default(),
+        )
+    }
+
+    /// The context of a span (its trace, its id as the parent, its flags and trace state);
+    /// `None` for the invalid context of a span that records nothing anywhere.
+    pub fn of_span(span: &SpanContext) -> Option<Self> {
+        if !span.is_valid() {
+            return None;
+        }
+        let state = span.trace_state().header();
+        Some(TraceContext {
+            traceparent: format!(
+                "00-{}-{}-{:02x}",
+                span.trace_id(),
+                span.span_id(),
+                span.trace_flags().to_u8()
+            ),
+            tracestate: (!state.is_empty()).then_some(state),
+        })
     }
 
     /// The headers that carry it: `traceparent`, then `tracestate` when there is one.
@@ -288,6 +326,15 @@ mod tests {
         let kept = context.tracestate().unwrap();
         assert!(kept.len() <= MAX_TRACESTATE && kept.split(',').count() <= 32);
         assert!(kept.starts_with("k0="));
+    }
+
+    #[test]
+    fn a_context_is_the_same_as_a_span_context() {
+        let context = TraceContext::parse(GOOD, Some("congo=t61rcWkgMzE")).unwrap();
+        let span = context.span_context();
+        assert!(span.is_valid() && span.is_remote() && span.is_sampled());
+        assert_eq!(TraceContext::of_span(&span), Some(context));
+        assert_eq!(TraceContext::of_span(&SpanContext::empty_context()), None);
     }
 
     #[test]

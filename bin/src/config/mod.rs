@@ -19,7 +19,7 @@ use timer_core::plugin::{BrokerConfig, ConfigSection, Registry, StoreConfig};
 use timer_core::{EngineConfig, Error, Limits};
 
 pub use render::render_redacted;
-pub use sections::{HttpConfig, LogConfig, LogFormat};
+pub use sections::{HttpConfig, LogConfig, LogFormat, OtlpProtocol, TelemetryConfig};
 
 /// Where the service looks for a config file when `--config` is not given.
 pub const DEFAULT_CONFIG_FILE: &str = "config/timer-service.toml";
@@ -48,6 +48,7 @@ struct TopLevel {
     #[cfg(feature = "webhook")]
     webhooks: timer_brokers::webhook::WebhookConfig,
     log: LogConfig,
+    telemetry: TelemetryConfig,
 }
 
 /// The effective configuration.
@@ -62,6 +63,8 @@ pub struct Config {
     #[cfg(feature = "webhook")]
     pub webhooks: timer_brokers::webhook::WebhookConfig,
     pub log: LogConfig,
+    /// Span export over OTLP (`[telemetry]`).
+    pub telemetry: TelemetryConfig,
 }
 
 /// The layered sources, highest last. `path` is `--config`; it must exist when given.
@@ -130,6 +133,7 @@ pub fn load(figment: &Figment) -> Result<Config, Error> {
         #[cfg(feature = "webhook")]
         webhooks: top.webhooks,
         log: top.log,
+        telemetry: top.telemetry,
     };
     validate(&config)?;
     Ok(config)
@@ -196,6 +200,7 @@ fn validate(config: &Config) -> Result<(), Error> {
     config.limits.rate.check()?;
     config.limits.targets.check()?;
     config.limits.fire_rate.check()?;
+    config.telemetry.check()?;
     #[cfg(feature = "webhook")]
     config.webhooks.check()?;
     Ok(())

@@ -30,6 +30,14 @@ fn to_toml(config: &Config) -> Result<toml::Value, Error> {
     #[cfg(feature = "webhook")]
     table.insert("webhooks".into(), toml(&config.webhooks)?);
     table.insert("log".into(), toml(&config.log)?);
+    let mut telemetry = toml(&config.telemetry)?;
+    // Export headers carry a backend's credentials, whatever their names.
+    if let Some(toml::Value::Table(headers)) = telemetry.get_mut("headers") {
+        for (_, value) in headers.iter_mut() {
+            *value = toml::Value::String("***".into());
+        }
+    }
+    table.insert("telemetry".into(), telemetry);
     Ok(toml::Value::Table(table))
 }
 

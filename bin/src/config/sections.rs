@@ -1,5 +1,7 @@
-//! The binary's own sections: `[http]` (the API, its limits, access and TLS) and `[log]`.
+//! The binary's own sections: `[http]` (the API, its limits, access and TLS), `[log]` and
+//! `[telemetry]` (span export over OTLP).
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -117,5 +119,108 @@ impl Default for LogConfig {
             format: LogFormat::Text,
             level: "info".into(),
         }
+    }
+}
+
+/// How spans are exported over OTLP.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum OtlpProtocol {
+    /// OTLP over gRPC (a collector's port 4317).
+    Grpc,
+    /// OTLP as protobuf over HTTP (port 4318; `/v1/traces` is added to an endpoint without a
+    /// path).
+    Http,
+}
+
+/// Tracing: the spans of scheduling, claims, publishes, settles and control actions, exported
+/// over OTLP. A timer's trace context (`traceparent`) is kept and sent with its fires whether
+/// or not spans are exported.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(default, deny_unknown_fields)]
+pub struct TelemetryConfig {
+    /// Where spans go, e.g. `http://127.0.0.1:4317` (gRPC) or `http://127.0.0.1:4318`
+    /// (HTTP). Unset: the service makes and exports no spans.
+    pub otlp_endpoint: Option<String>,
+    /// `grpc` or `http` (protobuf over HTTP).
+    pub protocol: OtlpProtocol,
+    /// Headers sent with every export (a backend's API key, ...); `check-config` shows their
+    /// values as `***`.
+    pub headers: BTreeMap<String, String>,
+    /// The share of new traces recorded, from 0 to 1. A command that comes with a trace
+    /// context follows its parent's choice (its sampled flag).
+    pub sampling_ratio: f64,
+    /// Resource attributes besides `service.name` (`timer-service`), `service.version` and
+    /// `service.instance.id` (`engine.instance_id`), e.g. `{"deployment.environment" = "prod"}`.
+    pub resource: BTreeMap<String, String>,
+    /// CA certificates (PEM) an `https://` endpoint's certificate may be signed by, besides the
+    /// system's.
+    pub tls_ca: Option<PathBuf>,
+    /// A link to a trace in a tracing UI, shown on the dashboard's timer page: `{traceId}` is
+    /// replaced by the timer's trace id, e.g. `https://tempo.example/trace/{traceId}`.
+    pub trace_url: Option<String>,
+    /// Longest one export may take; the spans of a slower or failed one are dropped and
+    /// counted (`timer.telemetry.spans_dropped`).
+    #[serde(with = "duration")]
+    #[schemars(with = "String")]
+    pub export_timeout: Duration,
+    /// Most finished spans waiting for export. More are dropped and counted: an exporter
+    /// that cannot keep up never slows firing.
+    pub max_queued_spans: usize,
+}
+
+impl Default for TelemetryConfig {
+    fn default() -> Self {
+        TelemetryConfig {
+            otlp_endpoint: None,
+            protocol: OtlpProtocol::Grpc,
+            headers: BTreeMap::new(),
+            sampling_ratio: 1.0,
+            resource: BTreeMap::new(),
+            tls_ca: None,
+            trace_url: None,
+            export_timeout: Duration::from_secs(10),
+            max_queued_spans: 8_192,
+        }
+    }
+}
+
+impl TelemetryConfig {
+    /// Checks the values, naming the key at fault.
+    pub fn check(&self) -> Result<(), timer_core::Error> {
+        use timer_core::Error;
+        if !(0.0..=1.0).contains(&self.sampling_ratio) {
+            return Err(Error::config(format!(
+                "telemetry.sampling_ratio is {}; give a share from 0 to 1",
+                self.sampling_ratio
+            )));
+        }
+        if let Some(endpoint) = &self.otlp_endpoint {
+            let parsed = url::Url::parse(endpoint).map_err(|e| {
+                Error::config(format!(
+                    "telemetry.otlp_endpoint {endpoint:?} is not a URL ({e}); give one like \
+                     http://127.0.0.1:4317"
+                ))
+            })?;
+            if !matches!(parsed.scheme(), "http" | "https") {
+                return Err(Error::config(format!(
+                    "telemetry.otlp_endpoint {endpoint:?} must start with http:// or https://"
+                )));
+            }
+        }
+        if let Some(url) = &self.trace_url {
+            if !url.contains("{traceId}") {
+                return Err(Error::config(format!(
+                    "telemetry.trace_url {url:?} has no {{traceId}} to replace with a trace id"
+                )));
+            }
+        }
+        if self.export_timeout.is_zero() || self.max_queued_spans == 0 {
+            return Err(Error::config(
+                "telemetry.export_timeout must be more than 0s and telemetry.max_queued_spans at \
+                 least 1",
+            ));
+        }
+        Ok(())
     }
 }

@@ -23,6 +23,7 @@ pub mod params;
 pub mod state;
 pub mod status;
 pub mod timers;
+pub mod traced;
 pub mod ui;
 pub mod views;
 
@@ -84,7 +85,9 @@ pub fn routes(
             Arc::new(config.limits.clone()),
             params::check_path_ids,
         ))
-        .layer(axum::middleware::from_fn_with_state(auth, auth::guard));
+        .layer(axum::middleware::from_fn_with_state(auth, auth::guard))
+        // Outside the guard: a refused request is traced too.
+        .layer(axum::middleware::from_fn(traced::traced));
     // Health and metrics stay open: probes and scrapers carry no token.
     let open = OpenApiRouter::new()
         .routes(routes!(status::healthz))

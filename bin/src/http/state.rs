@@ -38,6 +38,8 @@ pub struct AppState {
     pub ready: Arc<Cached<(bool, bool)>>,
     /// The open event streams and their limits.
     pub streams: Arc<EventStreams>,
+    /// `telemetry.trace_url`: a trace's link, `{traceId}` to replace.
+    pub trace_url: Option<Arc<str>>,
 }
 
 /// How many `GET /v1/events` streams may be open (`http.max_event_streams`), how many bytes

@@ -113,6 +113,9 @@ pub async fn get_timer(
         return Err(ApiError::no_such_timer());
     };
     let mut view = TimerView::of(&timer);
+    if let (Some(template), Some(id)) = (&app.trace_url, &view.trace_id) {
+        view.trace_url = Some(template.replace("{traceId}", id));
+    }
     if parameters.body {
         view.add_message_body(&timer);
     }

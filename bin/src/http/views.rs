@@ -71,6 +71,17 @@ pub struct TimerView {
     /// Its own message, sent in place of the event; null: the event.
     #[schema(required = true)]
     pub message: Option<MessageView>,
+    /// The W3C trace context it was scheduled in, which its fires carry; null for a timer
+    /// stored before trace contexts were kept.
+    #[schema(required = true)]
+    pub traceparent: Option<String>,
+    /// The trace id of `traceparent` (32 hex digits).
+    #[schema(required = true)]
+    pub trace_id: Option<String>,
+    /// A link to the trace in a tracing UI (`telemetry.trace_url`); only on
+    /// `GET /v1/tenants/{tenant}/timers/{id}` when configured.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub trace_url: Option<String>,
 }
 
 /// A timer's own message: its size, content type and headers; the body only on request
@@ -127,6 +138,9 @@ impl TimerView {
                 headers: m.meta.headers.clone(),
                 body_base64: None,
             }),
+            traceparent: t.trace.as_ref().map(|c| c.traceparent().to_owned()),
+            trace_id: t.trace.as_ref().map(|c| c.trace_id().to_owned()),
+            trace_url: None,
         }
     }
 

@@ -7,17 +7,11 @@ use super::{metrics as metric, Engine};
 use crate::error::{Error, Result};
 use crate::model::{CancelOutcome, NewTimer, ScheduleOutcome, TimerKey, TimerState};
 use crate::trace::{TraceContext, TraceHeaders};
-use crate::wire::{decode_command, decode_schedule, Command, Reason, Rejection};
+use opentelemetry::trace::Span as _;
+use opentelemetry::KeyValue;
 
-/// `timer` with its trace context: its own, else the one its transport's `headers` carried,
-/// else a fresh one.
-fn traced(mut timer: NewTimer, headers: &TraceHeaders, source: &'static str) -> NewTimer {
-    if timer.trace.is_none() {
-        timer.trace =
-            Some(TraceContext::carried(headers, source).unwrap_or_else(TraceContext::fresh));
-    }
-    timer
-}
+use super::spans;
+use crate::wire::{decode_command, decode_schedule, Command, Reason, Rejection};
 
 /// What the engine did with one timer given to [`Engine::schedule`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -36,7 +30,7 @@ impl Engine {
         let decoded = decode_command(body, &self.inner.limits, self.inner.clock.now());
         self.counted(decoded.and_then(|command| match command {
             Command::Schedule(timer) => {
-                let timer = traced(timer, headers, "broker");
+                let timer = self.traced(timer, headers, "broker");
                 self.carried(&timer).map(|()| Command::Schedule(timer))
             }
             command => Ok(command),
@@ -52,7 +46,7 @@ impl Engine {
     ) -> Result<NewTimer, Rejection> {
         let decoded = decode_schedule(body, &self.inner.limits, self.inner.clock.now());
         self.counted(decoded.and_then(|timer| {
-            let timer = traced(timer, headers, "http");
+            let timer = self.traced(timer, headers, "http");
             self.carried(&timer).map(|()| timer)
         }))
     }
@@ -124,6 +118,24 @@ impl Engine {
         throttled_http(self.inner.throttle.take(tenant, 1).await, 1)
     }
 
+    /// `timer` with the context its command came in: its own, else the one its transport's
+    /// `headers` carried, else (when the engine makes no spans, which would start one) a fresh
+    /// one.
+    fn traced(
+        &self,
+        mut timer: NewTimer,
+        headers: &TraceHeaders,
+        source: &'static str,
+    ) -> NewTimer {
+        if timer.trace.is_none() {
+            timer.trace = TraceContext::carried(headers, source);
+        }
+        if timer.trace.is_none() && self.spans().is_none() {
+            timer.trace = Some(TraceContext::fresh());
+        }
+        timer
+    }
+
     fn counted<T>(&self, decoded: Result<T, Rejection>) -> Result<T, Rejection> {
         ::metrics::counter!(metric::COMMANDS_RECEIVED).increment(1);
         if let Err(r) = &decoded {
@@ -141,18 +153,44 @@ impl Engine {
         let inner = &self.inner;
         let refused = self.over_tenant_limit(timers).await?;
         // Copies only when a limit refused some: the usual batch goes to the store as it is.
-        let allowed: Cow<[NewTimer]> = if refused.iter().all(Option::is_none) {
+        let mut allowed: Cow<[NewTimer]> = if refused.iter().all(Option::is_none) {
             Cow::Borrowed(timers)
         } else {
             let allowed = timers.iter().zip(&refused).filter(|(_, r)| r.is_none());
             Cow::Owned(allowed.map(|(t, _)| t.clone()).collect())
         };
-        let mut stored = if allowed.is_empty() {
-            Vec::new()
-        } else {
-            inner.store.schedule(&allowed, inner.clock.now()).await?
+        // Each timer keeps its `schedule` span's context, when the engine makes spans.
+        let mut spans = Vec::new();
+        if let Some(maker) = self.spans() {
+            for timer in allowed.to_mut() {
+                let span = maker.schedule(&timer.key, timer.trace.as_ref());
+                if let Some(context) = spans::context_of(&span) {
+                    timer.trace = Some(context);
+                }
+                timer.trace.get_or_insert_with(TraceContext::fresh);
+                spans.push(span);
+            }
         }
-        .into_iter();
+        let stored = if allowed.is_empty() {
+            Ok(Vec::new())
+        } else {
+            inner.store.schedule(&allowed, inner.clock.now()).await
+        };
+        let stored = match stored {
+            Ok(stored) => stored,
+            Err(e) => {
+                let error = e.chain();
+                spans
+                    .into_iter()
+                    .for_each(|span| spans::failed(span, &error));
+                return Err(e);
+            }
+        };
+        for (mut span, outcome) in spans.into_iter().zip(&stored) {
+            span.set_attribute(KeyValue::new("timer.outcome", format!("{outcome:?}")));
+            span.end();
+        }
+        let mut stored = stored.into_iter();
         let mut results = Vec::with_capacity(timers.len());
         let mut soonest = i64::MAX;
         let mut changed = 0u64;

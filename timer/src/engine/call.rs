@@ -29,7 +29,11 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
-use super::{metrics as metric, Engine};
+use opentelemetry::global::BoxedSpan;
+use opentelemetry::trace::Span as _;
+use opentelemetry::KeyValue;
+
+use super::{metrics as metric, spans, Engine};
 use crate::broker::OutboundEvent;
 use crate::call::{Called, Caller};
 use crate::model::{ClaimedTimer, TimerState, Timestamp};
@@ -153,6 +157,8 @@ pub(super) struct OneCall {
     pub held_until: Instant,
     pub fence: CancellationToken,
     pub shutdown: CancellationToken,
+    /// Its `publish` span, ended when the call ends.
+    pub span: Option<BoxedSpan>,
 }
 
 /// Counts a call in [`Inner::calls`](super::Inner) while it lives.
@@ -226,6 +232,7 @@ impl Engine {
             held_until,
             fence,
             shutdown,
+            span,
         } = one;
         let (fence, shutdown) = (&fence, &shutdown);
         let claims = std::slice::from_ref(&claim);
@@ -236,6 +243,20 @@ impl Engine {
             called = caller.call(&event) => Ok(called),
             _ = async { shutdown.cancelled().await; tokio::time::sleep(grace).await } => Err(None),
         };
+        if let Some(mut span) = span {
+            match &called {
+                Ok(Called::Delivered { answer }) => {
+                    span.set_attribute(KeyValue::new("timer.answer", answer.clone()));
+                    span.end();
+                }
+                Ok(Called::Retry { error, .. } | Called::Refused { error }) => {
+                    spans::failed(span, error.clone())
+                }
+                Ok(Called::Busy { .. }) => spans::failed(span, "the destination was busy"),
+                Err(Some(why)) => spans::failed(span, format!("abandoned: {why}")),
+                Err(None) => spans::failed(span, "shutdown before the destination answered"),
+            }
+        }
         match called {
             Err(Some(why)) => {
                 ::metrics::counter!(metric::CLAIMS_ABANDONED).increment(1);

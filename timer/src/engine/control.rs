@@ -3,7 +3,10 @@
 
 use std::collections::BTreeMap;
 
-use super::{metrics as metric, Engine};
+use opentelemetry::trace::Span as _;
+use opentelemetry::KeyValue;
+
+use super::{metrics as metric, spans, Engine};
 use crate::control::{Action, Change, HistoryEntry};
 use crate::error::Result;
 use crate::model::{ControlOutcome, TimerKey, TimerState, Timestamp};
@@ -37,11 +40,26 @@ impl Engine {
     /// Applies `action` to `keys` in one store transaction; one outcome per key, in order.
     pub async fn control(&self, keys: &[TimerKey], action: &Action) -> Result<Vec<ControlOutcome>> {
         let inner = &self.inner;
-        let outcomes = inner
+        let span = self.spans().map(|s| s.control(action.as_str(), keys));
+        let applied = inner
             .store
             .control()
             .apply(keys, action, inner.clock.now())
-            .await?;
+            .await;
+        let outcomes = match (applied, span) {
+            (Ok(outcomes), Some(mut span)) => {
+                if let [outcome] = outcomes.as_slice() {
+                    span.set_attribute(KeyValue::new("timer.outcome", outcome.as_str()));
+                }
+                span.end();
+                outcomes
+            }
+            (Err(e), Some(span)) => {
+                spans::failed(span, e.chain());
+                return Err(e);
+            }
+            (applied, None) => applied?,
+        };
         let mut changed = 0;
         for outcome in &outcomes {
             changed += u64::from(outcome.changed());
@@ -109,7 +127,14 @@ impl Engine {
             return Ok(Triggered::Refused(finished));
         }
         let at = inner.clock.now();
+        let span = self
+            .spans()
+            .map(|s| s.control("trigger", std::slice::from_ref(key)));
         let mut timer = timer;
+        // A manual fire belongs to the request that asked for it, when there are spans.
+        if let Some(context) = span.as_ref().and_then(spans::context_of) {
+            timer.trace = Some(context);
+        }
         timer.trace.get_or_insert_with(TraceContext::fresh);
         let envelope = DueTimeReachedEnvelope::manual(&timer, at);
         let body = envelope.to_json();
@@ -121,14 +146,25 @@ impl Engine {
             timer.message.clone(),
             timer.trace.clone(),
         );
-        let undelivered = self
+        let published = self
             .within_publish_timeout(
                 "publishing a manually triggered event",
                 inner.broker.publish(std::slice::from_ref(&event)),
             )
-            .await?;
-        if let Some(refused) = undelivered.into_iter().next() {
-            return Err(refused.error);
+            .await
+            .and_then(|undelivered| match undelivered.into_iter().next() {
+                Some(refused) => Err(refused.error),
+                None => Ok(()),
+            });
+        match (published, span) {
+            (Ok(()), Some(mut span)) => span.end(),
+            (Ok(()), None) => {}
+            (Err(e), span) => {
+                if let Some(span) = span {
+                    spans::failed(span, e.chain());
+                }
+                return Err(e);
+            }
         }
         ::metrics::counter!(metric::TRIGGERS).increment(1);
         inner.fired.send(super::FiredEvent {

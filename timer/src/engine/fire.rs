@@ -21,6 +21,10 @@ use crate::outbound::{Message, Target};
 use crate::policy::{self, Fire, Plan};
 use crate::store::Settlement;
 use crate::trace::TraceContext;
+use opentelemetry::global::BoxedSpan;
+use opentelemetry::trace::Span as _;
+
+use super::spans;
 use crate::wire::DueTimeReachedEnvelope;
 
 impl Engine {
@@ -182,6 +186,7 @@ impl Engine {
             let inner = &engine.inner;
             let (ahead, batch) = (inner.config.claim_ahead, inner.config.batch_size);
             let retry = engine.store_retry(&shutdown, "claiming due timers");
+            let began = inner.clock.now();
             let claimed = retry
                 .until_ok(|| async {
                     let started = Instant::now();
@@ -203,6 +208,9 @@ impl Engine {
                     })
                 })
                 .await;
+            if let (Some(spans), Some(claimed)) = (engine.spans(), &claimed) {
+                spans.claimed(began, &claimed.timers);
+            }
             let _ = tx.send(claimed);
         });
         rx
@@ -326,9 +334,12 @@ impl Engine {
         let mut as_fired = Vec::with_capacity(firing.len());
         let mut envelopes = Vec::with_capacity(firing.len());
         let mut events = Vec::with_capacity(firing.len());
+        let mut spans = Vec::new();
         for (claim, fire) in firing.into_iter().zip(fires) {
-            let (fired, envelope, event) = outgoing(&claim, &fire, reached_at);
-            if let Some(caller) = self.called(&claim) {
+            let caller = self.called(&claim);
+            let (fired, envelope, event, span) =
+                self.outgoing(&claim, &fire, reached_at, caller.as_deref());
+            if let Some(caller) = caller {
                 let one = OneCall {
                     claim,
                     fire,
@@ -339,6 +350,7 @@ impl Engine {
                     held_until,
                     fence: fence.clone(),
                     shutdown: shutdown.clone(),
+                    span,
                 };
                 self.start_call(calls, caller, one);
                 continue;
@@ -348,6 +360,7 @@ impl Engine {
             as_fired.push(fired);
             envelopes.push(envelope);
             events.push(event);
+            spans.extend(span);
         }
         if claimed.is_empty() {
             return;
@@ -364,6 +377,7 @@ impl Engine {
                 Published::Shutdown
             }
         };
+        published.end_spans(spans);
         match published {
             Published::Abandoned(why) => {
                 // Not settled, not given back: the leases may be another instance's by now
@@ -483,14 +497,52 @@ impl Delivered {
     }
 }
 
-/// A claim as its event describes it (due at the occurrence that fires), its envelope, and what
-/// goes out for it.
+impl Engine {
+    /// A claim as its event describes it (due at the occurrence that fires), its envelope,
+    /// what goes out for it (through the broker, or `caller`), and its `publish` span when the
+    /// engine makes spans: the event carries the span's context.
+    fn outgoing(
+        &self,
+        claim: &ClaimedTimer,
+        fire: &Fire,
+        reached_at: Timestamp,
+        caller: Option<&dyn crate::call::Caller>,
+    ) -> (
+        ClaimedTimer,
+        DueTimeReachedEnvelope,
+        OutboundEvent,
+        Option<BoxedSpan>,
+    ) {
+        let mut as_fired = fire.claim(claim);
+        let span = self.spans().map(|spans| {
+            let id = crate::wire::refired_event_id(&as_fired, fire.refire);
+            let broker = &self.inner.broker;
+            let (system, destination) = match (&as_fired.target, caller) {
+                (Some(target), Some(caller)) => ("http", caller.check_target(target).ok()),
+                (Some(target), None) => (broker.name(), broker.check_target(target).ok()),
+                (None, _) => (broker.name(), broker.events_destination(&as_fired.key)),
+            };
+            spans.publish(&as_fired, system, destination, &id)
+        });
+        if let Some(context) = span.as_ref().and_then(spans::context_of) {
+            as_fired.trace = Some(context);
+        }
+        outgoing(as_fired, fire, reached_at, span)
+    }
+}
+
+/// [`Engine::outgoing`] once the span is made.
 fn outgoing(
-    claim: &ClaimedTimer,
+    mut as_fired: ClaimedTimer,
     fire: &Fire,
     reached_at: Timestamp,
-) -> (ClaimedTimer, DueTimeReachedEnvelope, OutboundEvent) {
-    let mut as_fired = fire.claim(claim);
+    span: Option<BoxedSpan>,
+) -> (
+    ClaimedTimer,
+    DueTimeReachedEnvelope,
+    OutboundEvent,
+    Option<BoxedSpan>,
+) {
     // A timer stored before trace contexts were kept: each fire a trace of its own.
     as_fired.trace.get_or_insert_with(TraceContext::fresh);
     let envelope = DueTimeReachedEnvelope::for_fire(&as_fired, reached_at, fire.refire);
@@ -502,7 +554,7 @@ fn outgoing(
         as_fired.message.clone(),
         as_fired.trace.clone(),
     );
-    (as_fired, envelope, event)
+    (as_fired, envelope, event, span)
 }
 
 /// What goes to the broker for a fire with the event `id`: the `envelope` to the events
@@ -546,6 +598,35 @@ enum Published {
     Abandoned(String),
     /// Shutdown, and the broker did not confirm within the grace.
     Shutdown,
+}
+
+impl Published {
+    /// Ends the `publish` spans of the batch (in its order) as it ended.
+    fn end_spans(&self, spans: Vec<BoxedSpan>) {
+        if spans.is_empty() {
+            return;
+        }
+        let all_failed = match self {
+            Published::Done(Ok(_)) => None,
+            Published::Done(Err(e)) => Some(e.chain()),
+            Published::Abandoned(why) => Some(format!("abandoned: {why}")),
+            Published::Shutdown => Some("shutdown before the broker confirmed".to_owned()),
+        };
+        let mut refused: Vec<Option<String>> = vec![all_failed; spans.len()];
+        if let Published::Done(Ok(undelivered)) = self {
+            for Undelivered { index, error } in undelivered {
+                if let Some(slot) = refused.get_mut(*index) {
+                    *slot = Some(error.chain());
+                }
+            }
+        }
+        for (mut span, refusal) in spans.into_iter().zip(refused) {
+            match refusal {
+                None => span.end(),
+                Some(error) => spans::failed(span, error),
+            }
+        }
+    }
 }
 
 /// Sleeps until `at` on `clock`; never returns without a time.

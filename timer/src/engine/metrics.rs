@@ -46,6 +46,8 @@ pub const TASK_RESTARTS: &str = "timer.engine.task_restarts";
 /// Malformed `traceparent` values ignored (the timer got a fresh trace), labelled by `source`
 /// (`command`, `http`, `broker`).
 pub const TRACE_CONTEXT_IGNORED: &str = "timer.trace_context.ignored";
+/// Spans not exported, labelled by `reason` (`queue_full`, `export_failed`).
+pub const SPANS_DROPPED: &str = "timer.telemetry.spans_dropped";
 
 /// How a metric is recorded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -190,6 +192,11 @@ pub const ALL: &[(&str, Kind, &str)] = &[
         TRACE_CONTEXT_IGNORED,
         Kind::Counter,
         "Malformed traceparent values ignored, the timer given a fresh trace, by where they came from (label source: command, http, broker)",
+    ),
+    (
+        SPANS_DROPPED,
+        Kind::Counter,
+        "Spans not exported (label reason: queue_full, export_failed); firing never waits for an exporter",
     ),
 ];
 

@@ -22,7 +22,9 @@
 //!   filtered and bounded on its own;
 //! - `control`: pause, resume and cancel (one timer, or page by page over a filter), a manual
 //!   trigger, and a timer's history;
-//! - [`metrics`]: metric names and descriptions.
+//! - [`metrics`]: metric names and descriptions;
+//! - `spans`: the spans of scheduling, claims, publishes, settles and control actions, and
+//!   what is a child and what a link.
 
 mod admit;
 mod call;
@@ -38,6 +40,7 @@ mod ready;
 mod recent;
 pub mod retry;
 mod settle;
+mod spans;
 mod supervise;
 mod throttle;
 mod watchers;
@@ -128,6 +131,8 @@ struct Inner {
     settling: Mutex<Vec<call::Settling>>,
     /// Whether a task is settling `settling`.
     settling_now: AtomicBool,
+    /// Makes the engine's spans, when the binary exports them ([`Engine::with_tracer`]).
+    spans: std::sync::OnceLock<spans::Spans>,
 }
 
 impl Engine {
@@ -179,6 +184,7 @@ impl Engine {
                 calls: watch::Sender::new(0),
                 settling: Mutex::new(Vec::new()),
                 settling_now: AtomicBool::new(false),
+                spans: std::sync::OnceLock::new(),
             }),
         }
     }
@@ -192,6 +198,24 @@ impl Engine {
             .set(caller)
             .map_err(|_| crate::Error::config("the engine has a caller already"))?;
         Ok(self)
+    }
+
+    /// Makes spans with `tracer` (`spans.rs`: scheduling, claims, publishes, settles, control
+    /// actions) and keeps each timer's `schedule` span as its trace context. Set once, before
+    /// the engine starts; without it the engine makes no spans.
+    pub fn with_tracer(
+        self,
+        tracer: opentelemetry::global::BoxedTracer,
+    ) -> Result<Self, crate::Error> {
+        self.inner
+            .spans
+            .set(spans::Spans::new(tracer))
+            .map_err(|_| crate::Error::config("the engine has a tracer already"))?;
+        Ok(self)
+    }
+
+    fn spans(&self) -> Option<&spans::Spans> {
+        self.inner.spans.get()
     }
 
     /// The caller of HTTP targets, if the engine has one.

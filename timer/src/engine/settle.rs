@@ -6,7 +6,9 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn, Level};
 
 use super::retry::{backoff, jittered, Retry};
-use super::{metrics as metric, Engine};
+use opentelemetry::trace::Span as _;
+
+use super::{metrics as metric, spans, Engine};
 use crate::control::Change;
 use crate::model::{ClaimedTimer, Timestamp};
 use crate::store::Settlement;
@@ -32,10 +34,18 @@ impl Engine {
             max_failures: Some(SETTLE_ATTEMPTS),
             ..self.store_retry(shutdown, "settling fired timers")
         };
-        let Some(changed) = retry
+        let span = self
+            .spans()
+            .map(|s| s.settle(settled.iter().map(|(t, _)| t)));
+        let written = retry
             .until_ok(|| inner.store.settle(&settled, &inner.owner, reached_at))
-            .await
-        else {
+            .await;
+        match (written, span) {
+            (Some(_), Some(mut span)) => span.end(),
+            (None, Some(span)) => spans::failed(span, "not written: the leases run out"),
+            _ => {}
+        }
+        let Some(changed) = written else {
             return; // unsettled rows fire again when the lease expires
         };
         self.history_written(changed);

@@ -360,7 +360,10 @@ fn check_event(kind: &str, revision: i64, example: &Value) -> Result<(), String>
         work: None,
         target: None,
         message: None,
-        trace: None,
+        trace: crate::trace::TraceContext::from_stored(
+            example.get("traceparent").and_then(Value::as_str),
+            example.get("tracestate").and_then(Value::as_str),
+        ),
     };
     let series = schedule_examples()
         .into_iter()

@@ -1,0 +1,411 @@
+//! Tracing end to end (#41), with the real binary and a real OTLP receiver of the test's own
+//! (OTLP/HTTP: protobuf decoded with the protocol's own definitions, `opentelemetry-proto`).
+//!
+//! Per broker with a server (NATS, RabbitMQ, Kafka): a timer scheduled over HTTP with a
+//! `traceparent` is fired; the consumer (the plugin's test client) reads a `traceparent` header
+//! of the original trace whose parent is the exported `publish` span, a child of `schedule`, a
+//! child of the HTTP request's server span, a child of the caller's span; the `claim` and
+//! `settle` spans link to the timer's context. A timer scheduled without a context gets a fresh
+//! trace (a root server span); a malformed `traceparent` is ignored (counted), never refused.
+//! And an exporter whose endpoint is down never holds firing back: every timer fires on time
+//! while `timer.telemetry.spans_dropped` counts the spans it could not send.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::Bytes;
+use libtest_mimic::Arguments;
+use opentelemetry_proto::tonic::collector::trace::v1::{
+    ExportTraceServiceRequest, ExportTraceServiceResponse,
+};
+use opentelemetry_proto::tonic::common::v1::any_value::Value as AnyValue;
+use prost::Message as _;
+use serde_json::{json, Value};
+use timer_conformance::e2e::{metric, on_time, write_config, Service};
+use timer_conformance::{server_trial, wait_for};
+use timer_core::plugin::{BrokerPlugin, StorePlugin};
+use timer_core::TraceContext;
+
+const BIN: &str = env!("CARGO_BIN_EXE_timer-service");
+/// The caller's context: trace `4bf9…`, its span `00f0…`, sampled.
+const TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+const CALLER_SPAN: &str = "00f067aa0ba902b7";
+const WAIT: Duration = Duration::from_secs(30);
+
+fn main() {
+    let args = Arguments::from_args();
+    let mut trials = Vec::new();
+    for broker in timer_brokers::PLUGINS.iter() {
+        if broker.test_server.is_none() {
+            continue; // the memory broker has no consumer outside the service
+        }
+        trials.push(server_trial(
+            &format!(
+                "tracing::one_trace_from_the_request_to_the_{}_consumer",
+                broker.kind
+            ),
+            broker.unavailable(),
+            move || one_trace(broker),
+        ));
+    }
+    trials.push(server_trial(
+        "tracing::an_exporter_that_cannot_reach_its_endpoint_never_slows_firing",
+        None,
+        exporter_down,
+    ));
+    libtest_mimic::run(&args, trials).exit();
+}
+
+fn ok<T>(result: timer_core::Result<T>) -> T {
+    result.unwrap_or_else(|e| panic!("{}", e.chain()))
+}
+
+fn sqlite() -> &'static StorePlugin {
+    timer_stores::PLUGINS
+        .iter()
+        .find(|p| p.kind == "sqlite")
+        .expect("the sqlite store")
+}
+
+/// One span as the receiver decoded it: ids in hex.
+#[derive(Debug, Clone)]
+struct Got {
+    trace: String,
+    span: String,
+    parent: String,
+    name: String,
+    kind: i32,
+    attributes: HashMap<String, String>,
+    /// (trace id, span id) of each link.
+    links: Vec<(String, String)>,
+    service: String,
+}
+
+type Spans = Arc<Mutex<Vec<Got>>>;
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn text(value: Option<&opentelemetry_proto::tonic::common::v1::AnyValue>) -> String {
+    match value.and_then(|v| v.value.as_ref()) {
+        Some(AnyValue::StringValue(s)) => s.clone(),
+        Some(AnyValue::IntValue(n)) => n.to_string(),
+        Some(AnyValue::BoolValue(b)) => b.to_string(),
+        Some(other) => format!("{other:?}"),
+        None => String::new(),
+    }
+}
+
+/// An OTLP/HTTP receiver on a port of 127.0.0.1: every span it was sent.
+async fn receiver() -> (u16, Spans) {
+    let spans: Spans = Arc::default();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind the receiver");
+    let port = listener.local_addr().expect("addr").port();
+    let sink = spans.clone();
+    let app = axum::Router::new().route(
+        "/v1/traces",
+        axum::routing::post(move |body: Bytes| {
+            let sink = sink.clone();
+            async move {
+                let Ok(request) = ExportTraceServiceRequest::decode(body) else {
+                    return (axum::http::StatusCode::BAD_REQUEST, Vec::new());
+                };
+                let mut got = Vec::new();
+                for resource in request.resource_spans {
+                    let service = resource
+                        .resource
+                        .iter()
+                        .flat_map(|r| &r.attributes)
+                        .find(|kv| kv.key == "service.name")
+                        .map(|kv| text(kv.value.as_ref()))
+                        .unwrap_or_default();
+                    for span in resource.scope_spans.into_iter().flat_map(|s| s.spans) {
+                        got.push(Got {
+                            trace: hex(&span.trace_id),
+                            span: hex(&span.span_id),
+                            parent: hex(&span.parent_span_id),
+                            name: span.name,
+                            kind: span.kind,
+                            attributes: span
+                                .attributes
+                                .iter()
+                                .map(|kv| (kv.key.clone(), text(kv.value.as_ref())))
+                                .collect(),
+                            links: span
+                                .links
+                                .iter()
+                                .map(|l| (hex(&l.trace_id), hex(&l.span_id)))
+                                .collect(),
+                            service: service.clone(),
+                        });
+                    }
+                }
+                if let Ok(mut spans) = sink.lock() {
+                    spans.extend(got);
+                }
+                let answer = ExportTraceServiceResponse::default().encode_to_vec();
+                (axum::http::StatusCode::OK, answer)
+            }
+        }),
+    );
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (port, spans)
+}
+
+fn snapshot(spans: &Spans) -> Vec<Got> {
+    spans.lock().map(|s| s.clone()).unwrap_or_default()
+}
+
+/// Waits for the span `name` (as a prefix) of `trace`.
+async fn span_of(spans: &Spans, trace: &str, name: &str) -> Got {
+    wait_for(WAIT, || async {
+        snapshot(spans)
+            .into_iter()
+            .find(|s| s.trace == trace && s.name.starts_with(name))
+    })
+    .await
+    .unwrap_or_else(|| {
+        let names: Vec<(String, String)> = snapshot(spans)
+            .into_iter()
+            .map(|s| (s.trace, s.name))
+            .collect();
+        panic!("no span {name:?} of trace {trace}; got {names:?}")
+    })
+}
+
+async fn schedule(service: &Service, body: &Value, traceparent: Option<&str>) -> u16 {
+    let mut request = service
+        .http
+        .post(format!("{}/v1/timers", service.base))
+        .header("content-type", "application/json")
+        .body(body.to_string());
+    if let Some(traceparent) = traceparent {
+        request = request.header("traceparent", traceparent);
+    }
+    request
+        .send()
+        .await
+        .expect("POST /v1/timers")
+        .status()
+        .as_u16()
+}
+
+async fn one_trace(broker_plugin: &'static BrokerPlugin) {
+    let broker = broker_plugin.kind;
+    let resources = ok((broker_plugin.isolated)("tr"));
+    let client = ok(resources.config.test_client().await);
+    let store = ok((sqlite().isolated)("tr"));
+    let (port, spans) = receiver().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = write_config(
+        dir.path(),
+        &json!({
+            "store": ok(store.config.to_value()),
+            "broker": ok(resources.config.to_value()),
+            "engine": {"poll_interval": "1s"},
+            "telemetry": {
+                "otlp_endpoint": format!("http://127.0.0.1:{port}"),
+                "protocol": "http",
+                "trace_url": "https://tempo.example/trace/{traceId}",
+            },
+        }),
+    );
+    let service = Service::start(
+        Path::new(BIN),
+        dir.path(),
+        &[("TIMER_CONFIG", config.display().to_string())],
+    )
+    .await;
+    let caller = format!("00-{TRACE}-{CALLER_SPAN}-01");
+    let timer = |id: &str| json!({"tenantId": "tr", "serviceCallId": id, "dueInMs": 300});
+    assert_eq!(
+        schedule(&service, &timer("traced"), Some(&caller)).await,
+        201
+    );
+    assert_eq!(schedule(&service, &timer("fresh"), None).await, 201);
+    assert_eq!(
+        schedule(&service, &timer("malformed"), Some("00-not-a-trace")).await,
+        201,
+        "a malformed traceparent is ignored, never refused"
+    );
+
+    // The consumer's side: each event with a well-formed traceparent header.
+    let events = wait_for(WAIT, || async {
+        client.events().await.ok().filter(|e| e.len() >= 3)
+    })
+    .await
+    .unwrap_or_else(|| panic!("{broker}: 3 events; log:\n{}", service.log_text()));
+    let header_of = |id: &str| {
+        let event = events
+            .iter()
+            .find(|e| {
+                serde_json::from_slice::<Value>(&e.body).is_ok_and(|v| v["aggregateId"] == id)
+            })
+            .unwrap_or_else(|| panic!("{broker}: the event of {id}"));
+        let header = event.headers.get("traceparent").unwrap_or_else(|| {
+            panic!(
+                "{broker}: {id}'s event has no traceparent: {:?}",
+                event.headers
+            )
+        });
+        let context = TraceContext::parse(header, None)
+            .unwrap_or_else(|e| panic!("{broker}: {id}'s traceparent {header:?}: {e}"));
+        let body: Value = serde_json::from_slice(&event.body).expect("an envelope");
+        assert_eq!(
+            body["traceparent"],
+            header.as_str(),
+            "{broker}: the envelope's traceparent field is the header's"
+        );
+        context
+    };
+    let traced = header_of("traced");
+    assert_eq!(
+        traced.trace_id(),
+        TRACE,
+        "{broker}: the caller's trace, carried across the wait"
+    );
+    let fresh = header_of("fresh");
+    let malformed = header_of("malformed");
+    assert_ne!(fresh.trace_id(), TRACE);
+    assert_ne!(malformed.trace_id(), TRACE);
+
+    // The exported spans: request → schedule → publish, the consumer's parent the publish.
+    let server = span_of(&spans, TRACE, "POST /v1/timers").await;
+    assert_eq!(
+        (server.kind, server.parent.as_str()),
+        (2, CALLER_SPAN),
+        "{server:?}"
+    );
+    assert_eq!(server.service, "timer-service");
+    let scheduled = span_of(&spans, TRACE, "schedule").await;
+    assert_eq!(
+        scheduled.parent, server.span,
+        "schedule is the request's child"
+    );
+    assert_eq!(
+        scheduled
+            .attributes
+            .get("timer.service_call_id")
+            .map(String::as_str),
+        Some("traced")
+    );
+    let publish = span_of(&spans, TRACE, "publish").await;
+    assert_eq!(publish.kind, 4, "a producer span: {publish:?}");
+    assert_eq!(
+        publish.parent, scheduled.span,
+        "publish is the schedule's child"
+    );
+    assert_eq!(
+        publish
+            .attributes
+            .get("messaging.system")
+            .map(String::as_str),
+        Some(broker),
+        "{publish:?}"
+    );
+    assert!(
+        publish.attributes.contains_key("messaging.message.id"),
+        "{publish:?}"
+    );
+    assert_eq!(
+        traced.parent_id(),
+        publish.span,
+        "{broker}: the consumer's parent is the publish span"
+    );
+    // The claim and the settle: traces of their own, linked to the timer's.
+    for name in ["claim", "settle"] {
+        let linked = wait_for(WAIT, || async {
+            snapshot(&spans).into_iter().find(|s| {
+                s.name == name
+                    && s.links
+                        .iter()
+                        .any(|(trace, span)| trace == TRACE && *span == scheduled.span)
+            })
+        })
+        .await;
+        let linked =
+            linked.unwrap_or_else(|| panic!("{broker}: a {name} span linked to the timer"));
+        assert_ne!(linked.trace, TRACE, "a {name} is a trace of its own");
+    }
+    // Without a context: a fresh trace, the request's span its root.
+    let root = span_of(&spans, fresh.trace_id(), "POST /v1/timers").await;
+    assert_eq!(
+        root.parent, "",
+        "a fresh trace starts at the request: {root:?}"
+    );
+
+    let (_, view) = service.get("/v1/tenants/tr/timers/traced").await;
+    assert_eq!(view["traceId"], TRACE, "{view}");
+    assert_eq!(
+        view["traceUrl"],
+        format!("https://tempo.example/trace/{TRACE}"),
+        "{view}"
+    );
+    let metrics = service.text("/metrics").await;
+    assert!(
+        metric(&metrics, "timer_trace_context_ignored{source=\"http\"}") >= 1.0,
+        "the malformed traceparent counted:\n{metrics}"
+    );
+    assert_eq!(service.terminate().await, Some(0), "a clean stop");
+}
+
+async fn exporter_down() {
+    const N: usize = 100;
+    // A port nothing listens on: bound, then let go.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = ok((sqlite().isolated)("down"));
+    let config = write_config(
+        dir.path(),
+        &json!({
+            "store": ok(store.config.to_value()),
+            "telemetry": {"otlp_endpoint": format!("http://127.0.0.1:{port}"), "protocol": "grpc",
+                          "export_timeout": "2s"},
+        }),
+    );
+    let service = Service::start(
+        Path::new(BIN),
+        dir.path(),
+        &[("TIMER_CONFIG", config.display().to_string())],
+    )
+    .await;
+    let events = service.events().await;
+    let now = chrono::Utc::now().timestamp_millis();
+    let commands: Vec<Value> = (0..N)
+        .map(|i| {
+            json!({"tenantId": "down", "serviceCallId": format!("t{i}"),
+                        "dueTimeMs": now + 1_000 + (i as i64) * 10})
+        })
+        .collect();
+    service.schedule_batch(&commands).await;
+    if events.wait(N, WAIT).await.is_none() {
+        panic!(
+            "{} of {N} fired; log:\n{}",
+            events.len(),
+            service.log_text()
+        );
+    }
+    on_time("exporter down", &events.snapshot());
+    let dropped = wait_for(WAIT, || async {
+        let text = service.text("/metrics").await;
+        let n = metric(
+            &text,
+            "timer_telemetry_spans_dropped{reason=\"export_failed\"}",
+        );
+        (n > 0.0).then_some(n)
+    })
+    .await;
+    assert!(
+        dropped.is_some(),
+        "the spans that could not be sent are counted"
+    );
+    assert_eq!(service.terminate().await, Some(0), "a clean stop");
+}
