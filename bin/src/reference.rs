@@ -15,12 +15,12 @@ use timer_core::engine::metric;
 use timer_core::plugin::Registry;
 use timer_core::{EngineConfig, Limits};
 
-use crate::config::{HttpConfig, LogConfig, DEFAULT_BROKER_KIND};
+use crate::config::{HttpConfig, LogConfig, TelemetryConfig, DEFAULT_BROKER_KIND};
 
 /// One config section as documented: `[engine]`, or `[store]` of one kind.
 pub struct Section {
     /// The TOML table: `store`, `broker`, `engine`, `limits`, `limits.rate`, `targets`,
-    /// `webhooks`, `http`, `log`.
+    /// `webhooks`, `http`, `log`, `telemetry`.
     pub table: &'static str,
     /// For `store` and `broker`: the plugin kind this section is read as.
     pub kind: Option<&'static str>,
@@ -72,7 +72,8 @@ impl Section {
 }
 
 /// Every section of every plugin this build has, in the order of the example file: store,
-/// broker, engine, limits, limits.rate, limits.fire_rate, targets, webhooks, http, log.
+/// broker, engine, limits, limits.rate, limits.fire_rate, targets, webhooks, http, log,
+/// telemetry.
 pub fn sections() -> Vec<Section> {
     fn plugin_sections<P>(
         table: &'static str,
@@ -108,6 +109,7 @@ pub fn sections() -> Vec<Section> {
     sections.push(plain::<timer_brokers::webhook::WebhookConfig>("webhooks"));
     sections.push(plain::<HttpConfig>("http"));
     sections.push(plain::<LogConfig>("log"));
+    sections.push(plain::<TelemetryConfig>("telemetry"));
     sections
 }
 

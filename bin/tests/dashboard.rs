@@ -355,6 +355,10 @@ fn group(n: usize) -> String {
 async fn walk_through(name: &str, dir: &Path, mut env: Vec<(&str, String)>, store: &dyn Store) {
     env.push(("TIMER_BROKER__KIND", "memory".to_owned()));
     env.push(("TIMER_HTTP__TOKEN", TOKEN.to_owned()));
+    env.push((
+        "TIMER_TELEMETRY__TRACE_URL",
+        "https://tempo.example/trace/{traceId}".to_owned(),
+    ));
     // A key that may only read tenant `other` (which has no timers).
     let keys = dir.join("keys.toml");
     let hash: String = sha2::Digest::finalize(sha2::Digest::chain_update(
@@ -603,6 +607,28 @@ async fn walk_through(name: &str, dir: &Path, mut env: Vec<(&str, String)>, stor
     browser.wait_count("#next-occurrences tbody tr", 5).await;
     browser.wait_text("#payload", "\"report\": \"sales\"").await;
     browser.shot("series").await;
+    // Its trace: the id, linked to the tracing UI of telemetry.trace_url.
+    let (status, nightly) = send(
+        &service,
+        reqwest::Method::GET,
+        "/v1/tenants/acme/timers/nightly",
+        Value::Null,
+    )
+    .await;
+    assert_eq!(status, 200, "{nightly}");
+    let trace_id = nightly["traceId"].as_str().expect("a trace id").to_owned();
+    browser.wait_text("#fields", &trace_id).await;
+    let href = browser
+        .run(
+            "const a = document.querySelector('#fields a[href^=\"https://tempo\"]'); \
+             return a ? a.href : null;",
+            vec![],
+        )
+        .await;
+    assert_eq!(
+        href,
+        json!(format!("https://tempo.example/trace/{trace_id}"))
+    );
 
     // A timer with its own target and message: both shown (the body is not); a reschedule
     // from the page keeps them (it sends the message again, body included).

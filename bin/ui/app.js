@@ -779,7 +779,10 @@ async function timerPage(params) {
       ...row('Policy', policyText(t.policy)),
       ...row('Work', workText(t.work)),
       ...row('Target', t.target ? JSON.stringify(t.target) : '— (the events destination)'),
-      ...row('Message', messageText(t.message)));
+      ...row('Message', messageText(t.message)),
+      ...row('Trace', !t.traceId ? '—'
+        : t.traceUrl ? h('a', { href: t.traceUrl, target: '_blank', rel: 'noopener noreferrer', class: 'id' }, t.traceId)
+          : h('span', { class: 'id' }, t.traceId)));
     payload.textContent = t.payload === null ? '(none)' : JSON.stringify(t.payload, null, 2);
     if (t.recurrence) {
       const r = t.recurrence;

@@ -234,6 +234,13 @@ pub struct ClaimedTimer {
     pub trace: Option<TraceContext>,
 }
 
+impl ClaimedTimer {
+    /// The trace id of its context, for log lines; empty without one.
+    pub fn trace_id(&self) -> &str {
+        self.trace.as_ref().map_or("", TraceContext::trace_id)
+    }
+}
+
 /// What `schedule` did with one timer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 pub enum ScheduleOutcome {

@@ -151,7 +151,8 @@ pub struct TelemetryConfig {
     /// context follows its parent's choice (its sampled flag).
     pub sampling_ratio: f64,
     /// Resource attributes besides `service.name` (`timer-service`), `service.version` and
-    /// `service.instance.id` (`engine.instance_id`), e.g. `{"deployment.environment" = "prod"}`.
+    /// `service.instance.id` (this instance's id: `engine.instance_id`, or the one made at
+    /// start), e.g. `{"deployment.environment" = "prod"}`.
     pub resource: BTreeMap<String, String>,
     /// CA certificates (PEM) an `https://` endpoint's certificate may be signed by, besides the
     /// system's.

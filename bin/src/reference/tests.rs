@@ -186,7 +186,14 @@ fn every_config_key_named_in_the_docs_exists() {
     known.insert("store.kind".into());
     known.insert("broker.kind".into());
     let tables = [
-        "store", "broker", "engine", "limits", "targets", "http", "log",
+        "store",
+        "broker",
+        "engine",
+        "limits",
+        "targets",
+        "http",
+        "log",
+        "telemetry",
     ];
     // Tables inside a table (`limits.rate`): their keys are named in full.
     let nested: BTreeSet<&str> = sections

@@ -260,10 +260,10 @@ impl Engine {
         match called {
             Err(Some(why)) => {
                 ::metrics::counter!(metric::CLAIMS_ABANDONED).increment(1);
-                warn!(timer = %claim.key, reason = %why, "stopped a call whose lease could be lost; another instance fires it");
+                warn!(timer = %claim.key, trace_id = claim.trace_id(), reason = %why, "stopped a call whose lease could be lost; another instance fires it");
             }
             Err(None) => {
-                info!(timer = %claim.key, "shutdown while calling; releasing the claim");
+                info!(timer = %claim.key, trace_id = claim.trace_id(), "shutdown while calling; releasing the claim");
                 self.give_back(claims, inner.clock.now(), "releasing a call at shutdown")
                     .await;
             }
@@ -280,14 +280,14 @@ impl Engine {
             }
             Ok(Called::Retry { error, not_before }) => {
                 ::metrics::counter!(metric::PUBLISH_FAILURES).increment(1);
-                warn!(timer = %claim.key, caller = caller.name(), %error, "a call failed; retrying it after a backoff");
+                warn!(timer = %claim.key, trace_id = claim.trace_id(), caller = caller.name(), %error, "a call failed; retrying it after a backoff");
                 self.release_after(vec![(claim, error)], not_before).await;
                 // Its next attempt is after a backoff: the firing task plans again.
                 self.wake_by(inner.clock.now());
             }
             Ok(Called::Refused { error }) => {
                 ::metrics::counter!(metric::PUBLISH_FAILURES).increment(1);
-                warn!(timer = %claim.key, caller = caller.name(), %error, "the destination refused a call; the timer fails");
+                warn!(timer = %claim.key, trace_id = claim.trace_id(), caller = caller.name(), %error, "the destination refused a call; the timer fails");
                 let reason = format!("target_refused: {error}");
                 if !self.give_up(&claim, &error, &reason).await {
                     // The dead letter did not go out: the next attempt meets the same answer

@@ -413,7 +413,7 @@ impl Engine {
                 self.settle_behind(calls, settlements, shutdown);
                 if let Some((timer, error)) = failed.first() {
                     ::metrics::counter!(metric::PUBLISH_FAILURES).increment(failed.len() as u64);
-                    warn!(broker = inner.broker.name(), timer = %timer.key, error = %error, timers = failed.len(), "the broker refused events of a batch (it confirmed the others); releasing them for a retry");
+                    warn!(broker = inner.broker.name(), timer = %timer.key, trace_id = timer.trace_id(), error = %error, timers = failed.len(), "the broker refused events of a batch (it confirmed the others); releasing them for a retry");
                     self.release_with_backoff(failed).await;
                 }
             }

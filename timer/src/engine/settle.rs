@@ -152,7 +152,7 @@ impl Engine {
             )
             .await;
         if let Err(e) = sent {
-            warn!(timer = %timer.key, error = %e.chain(), "sending TimerFailed failed; retrying the timer");
+            warn!(timer = %timer.key, trace_id = timer.trace_id(), error = %e.chain(), "sending TimerFailed failed; retrying the timer");
             return false;
         }
         let failed = [(timer.clone(), Settlement::Failed(error.to_owned()))];
@@ -163,7 +163,7 @@ impl Engine {
             Ok(0) => {
                 // Rescheduled meanwhile (another revision): it lives on, the dead letter was
                 // early. Give its lease back so it is not "firing" until the lease ends.
-                info!(timer = %timer.key, "TimerFailed sent, but the timer changed meanwhile and stays");
+                info!(timer = %timer.key, trace_id = timer.trace_id(), "TimerFailed sent, but the timer changed meanwhile and stays");
                 self.give_back(
                     std::slice::from_ref(timer),
                     at,
@@ -174,13 +174,13 @@ impl Engine {
             Ok(changed) => {
                 self.history_written(changed);
                 ::metrics::counter!(metric::TIMERS_FAILED).increment(1);
-                warn!(timer = %timer.key, attempts, "timer failed: engine.max_attempts reached; TimerFailed sent");
+                warn!(timer = %timer.key, trace_id = timer.trace_id(), attempts, "timer failed: engine.max_attempts reached; TimerFailed sent");
             }
             Err(e) => {
                 // The dead letter is out but the row is unchanged: it is claimed again when the
                 // lease expires and its publish tried once more (it may still succeed, so a
                 // DueTimeReached can follow the TimerFailed; never a lost timer).
-                warn!(timer = %timer.key, error = %e.chain(), "marking a timer failed did not work; it will be tried again");
+                warn!(timer = %timer.key, trace_id = timer.trace_id(), error = %e.chain(), "marking a timer failed did not work; it will be tried again");
             }
         }
         true
