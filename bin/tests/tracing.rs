@@ -1,5 +1,6 @@
-//! Tracing end to end (#41), with the real binary and a real OTLP receiver of the test's own
-//! (OTLP/HTTP: protobuf decoded with the protocol's own definitions, `opentelemetry-proto`).
+//! Tracing end to end (#41), with the real binary and a real OTLP receiver of the test's own:
+//! OTLP/gRPC (a tonic server of the protocol's own service definition) for NATS, OTLP/HTTP
+//! (protobuf decoded with the protocol's own messages, `opentelemetry-proto`) for the others.
 //!
 //! Per broker with a server (NATS, RabbitMQ, Kafka): a timer scheduled over HTTP with a
 //! `traceparent` is fired; the consumer (the plugin's test client) reads a `traceparent` header
@@ -17,6 +18,9 @@ use std::time::Duration;
 
 use axum::body::Bytes;
 use libtest_mimic::Arguments;
+use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
+    TraceService, TraceServiceServer,
+};
 use opentelemetry_proto::tonic::collector::trace::v1::{
     ExportTraceServiceRequest, ExportTraceServiceResponse,
 };
@@ -41,13 +45,19 @@ fn main() {
         if broker.test_server.is_none() {
             continue; // the memory broker has no consumer outside the service
         }
+        // Both protocols of OTLP, over the brokers.
+        let protocol = match broker.kind {
+            "nats" => Protocol::Grpc,
+            _ => Protocol::Http,
+        };
         trials.push(server_trial(
             &format!(
-                "tracing::one_trace_from_the_request_to_the_{}_consumer",
-                broker.kind
+                "tracing::one_trace_from_the_request_to_the_{}_consumer_otlp_{}",
+                broker.kind,
+                protocol.name()
             ),
             broker.unavailable(),
-            move || one_trace(broker),
+            move || one_trace(broker, protocol),
         ));
     }
     trials.push(server_trial(
@@ -99,61 +109,109 @@ fn text(value: Option<&opentelemetry_proto::tonic::common::v1::AnyValue>) -> Str
     }
 }
 
-/// An OTLP/HTTP receiver on a port of 127.0.0.1: every span it was sent.
-async fn receiver() -> (u16, Spans) {
+/// Keeps the spans of an export request.
+fn record(sink: &Spans, request: ExportTraceServiceRequest) {
+    let mut got = Vec::new();
+    for resource in request.resource_spans {
+        let service = resource
+            .resource
+            .iter()
+            .flat_map(|r| &r.attributes)
+            .find(|kv| kv.key == "service.name")
+            .map(|kv| text(kv.value.as_ref()))
+            .unwrap_or_default();
+        for span in resource.scope_spans.into_iter().flat_map(|s| s.spans) {
+            got.push(Got {
+                trace: hex(&span.trace_id),
+                span: hex(&span.span_id),
+                parent: hex(&span.parent_span_id),
+                name: span.name,
+                kind: span.kind,
+                attributes: span
+                    .attributes
+                    .iter()
+                    .map(|kv| (kv.key.clone(), text(kv.value.as_ref())))
+                    .collect(),
+                links: span
+                    .links
+                    .iter()
+                    .map(|l| (hex(&l.trace_id), hex(&l.span_id)))
+                    .collect(),
+                service: service.clone(),
+            });
+        }
+    }
+    if let Ok(mut spans) = sink.lock() {
+        spans.extend(got);
+    }
+}
+
+/// How the receiver takes OTLP.
+#[derive(Debug, Clone, Copy)]
+enum Protocol {
+    Grpc,
+    Http,
+}
+
+impl Protocol {
+    fn name(self) -> &'static str {
+        match self {
+            Protocol::Grpc => "grpc",
+            Protocol::Http => "http",
+        }
+    }
+}
+
+/// The gRPC collector service: each export's spans recorded.
+struct Collector(Spans);
+
+#[tonic::async_trait]
+impl TraceService for Collector {
+    async fn export(
+        &self,
+        request: tonic::Request<ExportTraceServiceRequest>,
+    ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
+        record(&self.0, request.into_inner());
+        Ok(tonic::Response::new(ExportTraceServiceResponse::default()))
+    }
+}
+
+/// An OTLP receiver of `protocol` on a port of 127.0.0.1: every span it was sent.
+async fn receiver(protocol: Protocol) -> (u16, Spans) {
     let spans: Spans = Arc::default();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind the receiver");
     let port = listener.local_addr().expect("addr").port();
     let sink = spans.clone();
-    let app = axum::Router::new().route(
-        "/v1/traces",
-        axum::routing::post(move |body: Bytes| {
-            let sink = sink.clone();
-            async move {
-                let Ok(request) = ExportTraceServiceRequest::decode(body) else {
-                    return (axum::http::StatusCode::BAD_REQUEST, Vec::new());
-                };
-                let mut got = Vec::new();
-                for resource in request.resource_spans {
-                    let service = resource
-                        .resource
-                        .iter()
-                        .flat_map(|r| &r.attributes)
-                        .find(|kv| kv.key == "service.name")
-                        .map(|kv| text(kv.value.as_ref()))
-                        .unwrap_or_default();
-                    for span in resource.scope_spans.into_iter().flat_map(|s| s.spans) {
-                        got.push(Got {
-                            trace: hex(&span.trace_id),
-                            span: hex(&span.span_id),
-                            parent: hex(&span.parent_span_id),
-                            name: span.name,
-                            kind: span.kind,
-                            attributes: span
-                                .attributes
-                                .iter()
-                                .map(|kv| (kv.key.clone(), text(kv.value.as_ref())))
-                                .collect(),
-                            links: span
-                                .links
-                                .iter()
-                                .map(|l| (hex(&l.trace_id), hex(&l.span_id)))
-                                .collect(),
-                            service: service.clone(),
-                        });
+    match protocol {
+        Protocol::Grpc => {
+            let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+            let service = TraceServiceServer::new(Collector(sink));
+            tokio::spawn(
+                tonic::transport::Server::builder()
+                    .add_service(service)
+                    .serve_with_incoming(incoming),
+            );
+        }
+        Protocol::Http => {
+            let app = axum::Router::new().route(
+                "/v1/traces",
+                axum::routing::post(move |body: Bytes| {
+                    let sink = sink.clone();
+                    async move {
+                        let Ok(request) = ExportTraceServiceRequest::decode(body) else {
+                            return (axum::http::StatusCode::BAD_REQUEST, Vec::new());
+                        };
+                        record(&sink, request);
+                        let answer = ExportTraceServiceResponse::default().encode_to_vec();
+                        (axum::http::StatusCode::OK, answer)
                     }
-                }
-                if let Ok(mut spans) = sink.lock() {
-                    spans.extend(got);
-                }
-                let answer = ExportTraceServiceResponse::default().encode_to_vec();
-                (axum::http::StatusCode::OK, answer)
-            }
-        }),
-    );
-    tokio::spawn(async move { axum::serve(listener, app).await });
+                }),
+            );
+            tokio::spawn(async move { axum::serve(listener, app).await });
+        }
+    }
     (port, spans)
 }
 
@@ -195,12 +253,12 @@ async fn schedule(service: &Service, body: &Value, traceparent: Option<&str>) ->
         .as_u16()
 }
 
-async fn one_trace(broker_plugin: &'static BrokerPlugin) {
+async fn one_trace(broker_plugin: &'static BrokerPlugin, protocol: Protocol) {
     let broker = broker_plugin.kind;
     let resources = ok((broker_plugin.isolated)("tr"));
     let client = ok(resources.config.test_client().await);
     let store = ok((sqlite().isolated)("tr"));
-    let (port, spans) = receiver().await;
+    let (port, spans) = receiver(protocol).await;
     let dir = tempfile::tempdir().expect("tempdir");
     let config = write_config(
         dir.path(),
@@ -210,7 +268,7 @@ async fn one_trace(broker_plugin: &'static BrokerPlugin) {
             "engine": {"poll_interval": "1s"},
             "telemetry": {
                 "otlp_endpoint": format!("http://127.0.0.1:{port}"),
-                "protocol": "http",
+                "protocol": protocol.name(),
                 "trace_url": "https://tempo.example/trace/{traceId}",
             },
         }),
