@@ -32,6 +32,7 @@ pub struct Prepared {
 
 /// Reads and checks what the API needs of `config` beyond its values.
 pub fn prepare(config: &Config) -> Result<Prepared, Error> {
+    crate::telemetry::ca_of(&config.telemetry)?;
     Ok(Prepared {
         auth: Auth::from_config(&config.http)?.map(Arc::new),
         tls: listener::server_config(&config.http)?,
@@ -127,7 +128,11 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     }
     engine_task.await.context("engine task")?;
     if let Some(telemetry) = telemetry {
-        telemetry.stop().await;
+        let (exported, dropped) = telemetry.stop().await;
+        info!(
+            exported,
+            dropped, "spans exported and dropped since the start"
+        );
     }
     info!("stopped");
     Ok(())

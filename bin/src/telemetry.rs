@@ -5,7 +5,7 @@
 //! `telemetry.export_timeout`, is dropped and counted (`timer.telemetry.spans_dropped`).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -35,6 +35,21 @@ pub struct Telemetry {
     provider: SdkTracerProvider,
     stop: CancellationToken,
     exporting: tokio::task::JoinHandle<()>,
+    counts: Arc<Counts>,
+}
+
+/// Spans exported and dropped since the start.
+#[derive(Debug, Default)]
+struct Counts {
+    exported: AtomicU64,
+    dropped: AtomicU64,
+}
+
+impl Counts {
+    fn dropped(&self, why: &'static str, spans: usize) {
+        self.dropped.fetch_add(spans as u64, Ordering::Relaxed);
+        metrics::counter!(metric::SPANS_DROPPED, "reason" => why).increment(spans as u64);
+    }
 }
 
 impl Telemetry {
@@ -62,9 +77,19 @@ impl Telemetry {
         exporter.set_resource(&resource);
         let (tx, rx) = mpsc::channel(config.max_queued_spans);
         let stop = CancellationToken::new();
-        let exporting = tokio::spawn(export(rx, exporter, config.export_timeout, stop.clone()));
+        let counts = Arc::new(Counts::default());
+        let exporting = tokio::spawn(export(
+            rx,
+            exporter,
+            config.export_timeout,
+            stop.clone(),
+            counts.clone(),
+        ));
         let provider = SdkTracerProvider::builder()
-            .with_span_processor(Queue { tx })
+            .with_span_processor(Queue {
+                tx,
+                counts: counts.clone(),
+            })
             .with_sampler(Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(
                 config.sampling_ratio,
             ))))
@@ -75,6 +100,7 @@ impl Telemetry {
             provider,
             stop,
             exporting,
+            counts,
         }))
     }
 
@@ -83,12 +109,38 @@ impl Telemetry {
         opentelemetry::global::tracer("timer-service")
     }
 
-    /// Exports what waits (within the export timeout) and stops.
-    pub async fn stop(self) {
+    /// Exports what waits (within the export timeout) and stops; how many spans were
+    /// exported and dropped in all.
+    pub async fn stop(self) -> (u64, u64) {
         self.stop.cancel();
         let _ = self.exporting.await;
         // Nothing waits in the SDK itself: our processor holds no spans.
         let _ = self.provider.shutdown();
+        let counts = &self.counts;
+        (
+            counts.exported.load(Ordering::Relaxed),
+            counts.dropped.load(Ordering::Relaxed),
+        )
+    }
+}
+
+/// The PEM of `telemetry.tls_ca`, checked to hold certificates (`check-config` reads it too).
+pub fn ca_of(config: &TelemetryConfig) -> Result<Option<Vec<u8>>, timer_core::Error> {
+    let Some(path) = &config.tls_ca else {
+        return Ok(None);
+    };
+    let pem = std::fs::read(path).map_err(|e| {
+        timer_core::Error::config(format!(
+            "cannot read telemetry.tls_ca {}: {e}",
+            path.display()
+        ))
+    })?;
+    match reqwest::Certificate::from_pem_bundle(&pem) {
+        Ok(certs) if !certs.is_empty() => Ok(Some(pem)),
+        _ => Err(timer_core::Error::config(format!(
+            "telemetry.tls_ca {} holds no PEM certificate",
+            path.display()
+        ))),
     }
 }
 
@@ -97,13 +149,7 @@ fn exporter(
     config: &TelemetryConfig,
     endpoint: &str,
 ) -> anyhow::Result<opentelemetry_otlp::SpanExporter> {
-    let ca = match &config.tls_ca {
-        Some(path) => Some(
-            std::fs::read(path)
-                .with_context(|| format!("cannot read telemetry.tls_ca {}", path.display()))?,
-        ),
-        None => None,
-    };
+    let ca = ca_of(config)?;
     let built = match config.protocol {
         OtlpProtocol::Grpc => {
             let mut headers = axum::http::HeaderMap::new();
@@ -137,9 +183,7 @@ fn exporter(
         OtlpProtocol::Http => {
             let mut client = reqwest::Client::builder().timeout(config.export_timeout);
             if let Some(pem) = &ca {
-                for cert in reqwest::Certificate::from_pem_bundle(pem)
-                    .context("telemetry.tls_ca holds no PEM certificate")?
-                {
+                for cert in reqwest::Certificate::from_pem_bundle(pem)? {
                     client = client.add_root_certificate(cert);
                 }
             }
@@ -203,6 +247,7 @@ impl opentelemetry_http::HttpClient for Reqwest {
 #[derive(Debug)]
 struct Queue {
     tx: mpsc::Sender<SpanData>,
+    counts: Arc<Counts>,
 }
 
 impl SpanProcessor for Queue {
@@ -210,7 +255,7 @@ impl SpanProcessor for Queue {
 
     fn on_end(&self, span: SpanData) {
         if self.tx.try_send(span).is_err() {
-            dropped("queue_full", 1);
+            self.counts.dropped("queue_full", 1);
         }
     }
 
@@ -223,18 +268,16 @@ impl SpanProcessor for Queue {
     }
 }
 
-fn dropped(why: &'static str, spans: usize) {
-    metrics::counter!(metric::SPANS_DROPPED, "reason" => why).increment(spans as u64);
-}
-
 /// Exports the queue's spans in batches until `stop`, then what is left.
 async fn export(
     mut rx: mpsc::Receiver<SpanData>,
     exporter: opentelemetry_otlp::SpanExporter,
     timeout: Duration,
     stop: CancellationToken,
+    counts: Arc<Counts>,
 ) {
-    let warned = Arc::new(AtomicBool::new(false));
+    let warned = AtomicBool::new(false);
+    let export_one = |batch| send(&exporter, batch, timeout, &warned, &counts);
     loop {
         let mut batch = Vec::with_capacity(BATCH);
         tokio::select! {
@@ -244,10 +287,10 @@ async fn export(
                 while let Ok(span) = rx.try_recv() {
                     batch.push(span);
                     if batch.len() == BATCH {
-                        send(&exporter, std::mem::take(&mut batch), timeout, &warned).await;
+                        export_one(std::mem::take(&mut batch)).await;
                     }
                 }
-                send(&exporter, batch, timeout, &warned).await;
+                export_one(batch).await;
                 return;
             }
         }
@@ -261,7 +304,7 @@ async fn export(
                 _ = stop.cancelled() => break,
             }
         }
-        send(&exporter, batch, timeout, &warned).await;
+        export_one(batch).await;
     }
 }
 
@@ -272,6 +315,7 @@ async fn send(
     batch: Vec<SpanData>,
     timeout: Duration,
     warned: &AtomicBool,
+    counts: &Counts,
 ) {
     if batch.is_empty() {
         return;
@@ -279,13 +323,14 @@ async fn send(
     let n = batch.len();
     let error = match tokio::time::timeout(timeout, exporter.export(batch)).await {
         Ok(Ok(())) => {
+            counts.exported.fetch_add(n as u64, Ordering::Relaxed);
             warned.store(false, Ordering::Relaxed);
             return;
         }
         Ok(Err(e)) => e.to_string(),
         Err(_) => format!("no answer within {timeout:?} (telemetry.export_timeout)"),
     };
-    dropped("export_failed", n);
+    counts.dropped("export_failed", n);
     if !warned.swap(true, Ordering::Relaxed) {
         warn!(spans = n, %error, "exporting spans failed; they are dropped (timer.telemetry.spans_dropped counts them; logged again after an export succeeds)");
     }

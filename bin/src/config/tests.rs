@@ -259,3 +259,70 @@ fn redaction_hides_secrets() {
     }
     assert!(text.contains("PLAIN"), "{text}");
 }
+
+#[test]
+fn telemetry_values_are_checked_naming_the_key() {
+    let e = refused_with(&[("TIMER_TELEMETRY__SAMPLING_RATIO", "1.5")]);
+    assert!(e.contains("telemetry.sampling_ratio is 1.5"), "{e}");
+    let e = refused_with(&[("TIMER_TELEMETRY__OTLP_ENDPOINT", "collector:4317")]);
+    assert!(e.contains("telemetry.otlp_endpoint"), "{e}");
+    let e = refused_with(&[("TIMER_TELEMETRY__OTLP_ENDPOINT", "ftp://collector")]);
+    assert!(e.contains("http:// or https://"), "{e}");
+    let e = refused_with(&[("TIMER_TELEMETRY__TRACE_URL", "https://tempo.example/")]);
+    assert!(
+        e.contains("telemetry.trace_url") && e.contains("{traceId}"),
+        "{e}"
+    );
+    let e = refused_with(&[("TIMER_TELEMETRY__MAX_QUEUED_SPANS", "0")]);
+    assert!(e.contains("telemetry.max_queued_spans"), "{e}");
+    let e = refused_with(&[("TIMER_TELEMETRY__PROTOCOL", "thrift")]);
+    assert!(e.contains("thrift"), "{e}");
+}
+
+#[test]
+fn telemetry_headers_are_shown_redacted() {
+    Jail::expect_with(|jail| {
+        jail.set_env(
+            "TIMER_TELEMETRY__OTLP_ENDPOINT",
+            "https://otlp.example:4317",
+        );
+        jail.set_env("TIMER_TELEMETRY__HEADERS__X_HONEYCOMB_TEAM", "k3y");
+        let config = load_in_jail(None).expect("a config with telemetry");
+        assert_eq!(
+            config
+                .telemetry
+                .headers
+                .get("x_honeycomb_team")
+                .map(String::as_str),
+            Some("k3y")
+        );
+        let text = render_redacted(&config).expect("rendered");
+        assert!(!text.contains("k3y") && text.contains("***"), "{text}");
+        assert!(text.contains("https://otlp.example:4317"), "{text}");
+        Ok(())
+    });
+}
+
+#[test]
+fn an_unreadable_telemetry_ca_is_found_before_serving() {
+    Jail::expect_with(|jail| {
+        jail.set_env("TIMER_TELEMETRY__TLS_CA", "no-such-ca.pem");
+        let config = load_in_jail(None).expect("values alone are fine");
+        let e = crate::server::prepare(&config).err().map(|e| e.to_string());
+        assert!(
+            e.as_deref()
+                .is_some_and(|e| e.contains("telemetry.tls_ca no-such-ca.pem")),
+            "{e:?}"
+        );
+        jail.create_file("not-a-ca.pem", "hello")?;
+        jail.set_env("TIMER_TELEMETRY__TLS_CA", "not-a-ca.pem");
+        let config = load_in_jail(None).expect("values alone are fine");
+        let e = crate::server::prepare(&config).err().map(|e| e.to_string());
+        assert!(
+            e.as_deref()
+                .is_some_and(|e| e.contains("holds no PEM certificate")),
+            "{e:?}"
+        );
+        Ok(())
+    });
+}

@@ -396,6 +396,8 @@ pub async fn run(config: Config, options: Options) -> anyhow::Result<()> {
     }
     let store = config.store.kind();
     let broker = config.broker.kind();
+    // With `[telemetry]` set, every engine of the bench makes and exports spans, as `run` does.
+    let telemetry = crate::telemetry::Telemetry::start(&config.telemetry, "bench")?;
     let workloads: &[Workload] = match options.workload {
         Workload::All => &[Workload::Lateness, Workload::Herd, Workload::Ingest],
         Workload::Lateness => &[Workload::Lateness],
@@ -486,6 +488,10 @@ pub async fn run(config: Config, options: Options) -> anyhow::Result<()> {
         );
     } else {
         print_table(&figures, &options);
+    }
+    if let Some(telemetry) = telemetry {
+        let (exported, dropped) = telemetry.stop().await;
+        eprintln!("spans: {exported} exported, {dropped} dropped (telemetry.max_queued_spans full, or an export failed)");
     }
     Ok(())
 }

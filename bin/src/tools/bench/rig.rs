@@ -197,6 +197,11 @@ pub(super) async fn start_rig_with(
         } else {
             crate::plugins::with_caller(engine, config)?
         };
+        // The provider `bench::run` installed for `[telemetry]`.
+        let engine = match &config.telemetry.otlp_endpoint {
+            Some(_) => engine.with_tracer(opentelemetry::global::tracer("timer-service"))?,
+            None => engine,
+        };
         engines.push(engine);
     }
     let first_events = engines[0].subscribe(WATCH_BUDGET, Box::new(|_| true));
