@@ -397,6 +397,28 @@ async fn one_trace(broker_plugin: &'static BrokerPlugin, protocol: Protocol) {
         "a fresh trace starts at the request: {root:?}"
     );
 
+    // A command over the broker with its own context: the action's span continues it.
+    assert_eq!(
+        schedule(
+            &service,
+            &json!({"tenantId": "tr", "serviceCallId": "later", "dueInMs": 600_000}),
+            None
+        )
+        .await,
+        201
+    );
+    let (command_trace, command_span) = ("0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331");
+    let headers = std::collections::BTreeMap::from([(
+        "traceparent".to_owned(),
+        format!("00-{command_trace}-{command_span}-01"),
+    )]);
+    let cancel = json!({"type": "CancelTimer", "tenantId": "tr", "serviceCallId": "later"});
+    ok(client
+        .send_command_with_headers(cancel.to_string().as_bytes(), &headers)
+        .await);
+    let cancelled = span_of(&spans, command_trace, "control cancel").await;
+    assert_eq!(cancelled.parent, command_span, "{broker}: {cancelled:?}");
+
     let (_, view) = service.get("/v1/tenants/tr/timers/traced").await;
     assert_eq!(view["traceId"], TRACE, "{view}");
     assert_eq!(

@@ -3,14 +3,13 @@
 
 use std::borrow::Cow;
 
-use super::{metrics as metric, Engine};
-use crate::error::{Error, Result};
-use crate::model::{CancelOutcome, NewTimer, ScheduleOutcome, TimerKey, TimerState};
-use crate::trace::{TraceContext, TraceHeaders};
 use opentelemetry::trace::Span as _;
 use opentelemetry::KeyValue;
 
-use super::spans;
+use super::{metrics as metric, spans, Engine};
+use crate::error::{Error, Result};
+use crate::model::{CancelOutcome, NewTimer, ScheduleOutcome, TimerKey, TimerState};
+use crate::trace::{TraceContext, TraceHeaders};
 use crate::wire::{decode_command, decode_schedule, Command, Reason, Rejection};
 
 /// What the engine did with one timer given to [`Engine::schedule`].
@@ -258,7 +257,22 @@ impl Engine {
 
     /// Cancels a timer (the HTTP API's DELETE and the broker's `CancelTimer`).
     pub async fn cancel(&self, key: &TimerKey) -> Result<CancelOutcome> {
-        let outcome = self.inner.store.cancel(key, self.inner.clock.now()).await?;
+        let span = self
+            .spans()
+            .map(|s| s.control("cancel", std::slice::from_ref(key)));
+        let cancelled = self.inner.store.cancel(key, self.inner.clock.now()).await;
+        let outcome = match (cancelled, span) {
+            (Ok(outcome), Some(mut span)) => {
+                span.set_attribute(KeyValue::new("timer.outcome", format!("{outcome:?}")));
+                span.end();
+                outcome
+            }
+            (Err(e), Some(span)) => {
+                spans::failed(span, e.chain());
+                return Err(e);
+            }
+            (cancelled, None) => cancelled?,
+        };
         let label = match outcome {
             CancelOutcome::Cancelled => "cancelled",
             CancelOutcome::Firing => "firing",

@@ -23,15 +23,14 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+use opentelemetry::global::BoxedSpan;
+use opentelemetry::trace::Span as _;
+use opentelemetry::KeyValue;
 use tokio::sync::oneshot;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
-
-use opentelemetry::global::BoxedSpan;
-use opentelemetry::trace::Span as _;
-use opentelemetry::KeyValue;
 
 use super::{metrics as metric, spans, Engine};
 use crate::broker::OutboundEvent;

@@ -7,13 +7,15 @@ use std::future::Future;
 use std::sync::atomic::Ordering;
 use tokio::time::Instant;
 
+use opentelemetry::global::BoxedSpan;
+use opentelemetry::trace::Span as _;
 use tokio::sync::{broadcast, oneshot};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::call::{Calls, OneCall};
 use super::ready::Ready;
-use super::{metrics as metric, Engine};
+use super::{metrics as metric, spans, Engine};
 use crate::broker::{OutboundEvent, Undelivered};
 use crate::error::{Error, Result};
 use crate::model::{ClaimedTimer, Due, Lease, TimerKey, Timestamp};
@@ -21,10 +23,6 @@ use crate::outbound::{Message, Target};
 use crate::policy::{self, Fire, Plan};
 use crate::store::Settlement;
 use crate::trace::TraceContext;
-use opentelemetry::global::BoxedSpan;
-use opentelemetry::trace::Span as _;
-
-use super::spans;
 use crate::wire::DueTimeReachedEnvelope;
 
 impl Engine {

@@ -8,6 +8,8 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
+use opentelemetry::trace::{FutureExt as _, TraceContextExt as _};
+use opentelemetry::Context;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn, Level};
 
@@ -17,6 +19,7 @@ use super::{metrics as metric, Engine, Scheduled};
 use crate::broker::Delivery;
 use crate::control::Action;
 use crate::model::{ControlOutcome, NewTimer, TimerKey};
+use crate::trace::TraceContext;
 use crate::wire::{Command, Reason, Rejection};
 
 /// Counts a schedule held back for its tenant's rate limit.
@@ -36,8 +39,17 @@ const RECEIVE_WAIT: Duration = Duration::from_secs(1);
 enum Step<'a> {
     /// Timers to store together, with the deliveries they came from.
     Schedule(Vec<NewTimer>, Vec<&'a Delivery>),
-    /// A `CancelTimer`, `PauseTimer` or `ResumeTimer`.
-    Control(TimerKey, Action),
+    /// A `CancelTimer`, `PauseTimer`, `ResumeTimer` or `TimerCompleted`, with the trace
+    /// context its delivery came in (the action's span continues it).
+    Control(TimerKey, Action, Context),
+}
+
+/// The context of a delivery's trace context headers, for the span of the action it asks for.
+fn context_of(delivery: &Delivery) -> Context {
+    match TraceContext::carried(&delivery.trace, "broker") {
+        Some(trace) => Context::new().with_remote_span_context(trace.span_context()),
+        None => Context::new(),
+    }
 }
 
 /// A received command, decoded (or refused).
@@ -266,19 +278,27 @@ impl Engine {
                     acks.push(delivery.tag);
                 }
                 Ok(Command::Cancel(key)) => {
-                    steps.push(Step::Control(key, Action::Cancel));
+                    steps.push(Step::Control(key, Action::Cancel, context_of(delivery)));
                     acks.push(delivery.tag);
                 }
                 Ok(Command::Pause(key)) => {
-                    steps.push(Step::Control(key, Action::Pause { note: None }));
+                    steps.push(Step::Control(
+                        key,
+                        Action::Pause { note: None },
+                        context_of(delivery),
+                    ));
                     acks.push(delivery.tag);
                 }
                 Ok(Command::Resume(key)) => {
-                    steps.push(Step::Control(key, Action::Resume));
+                    steps.push(Step::Control(key, Action::Resume, context_of(delivery)));
                     acks.push(delivery.tag);
                 }
                 Ok(Command::Complete(key, completion)) => {
-                    steps.push(Step::Control(key, Action::Complete(completion)));
+                    steps.push(Step::Control(
+                        key,
+                        Action::Complete(completion),
+                        context_of(delivery),
+                    ));
                     acks.push(delivery.tag);
                 }
                 Err(rejection) => {
@@ -319,18 +339,23 @@ impl Engine {
                         }
                     }
                 }
-                Step::Control(key, action) => loop {
+                Step::Control(key, action, context) => loop {
                     let applied = retry
-                        .until_ok(|| async {
-                            match action {
-                                Action::Cancel => self.cancel(key).await.map(ControlOutcome::from),
-                                _ => Ok(self
-                                    .control(std::slice::from_ref(key), action)
-                                    .await?
-                                    .first()
-                                    .copied()
-                                    .unwrap_or(ControlOutcome::NotFound)),
+                        .until_ok(|| {
+                            async {
+                                match action {
+                                    Action::Cancel => {
+                                        self.cancel(key).await.map(ControlOutcome::from)
+                                    }
+                                    _ => Ok(self
+                                        .control(std::slice::from_ref(key), action)
+                                        .await?
+                                        .first()
+                                        .copied()
+                                        .unwrap_or(ControlOutcome::NotFound)),
+                                }
                             }
+                            .with_context(context.clone())
                         })
                         .await;
                     let Some(outcome) = applied else {

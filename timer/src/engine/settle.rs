@@ -2,12 +2,11 @@
 //! ones move to their next occurrence, failed publishes are retried with backoff or, after
 //! `engine.max_attempts`, given up with a `TimerFailed` dead letter.
 
+use opentelemetry::trace::Span as _;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn, Level};
 
 use super::retry::{backoff, jittered, Retry};
-use opentelemetry::trace::Span as _;
-
 use super::{metrics as metric, spans, Engine};
 use crate::control::Change;
 use crate::model::{ClaimedTimer, Timestamp};

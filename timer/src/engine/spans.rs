@@ -14,7 +14,7 @@
 //!   own (work for many timers at once), linked to the kept context of each timer, at most
 //!   [`MAX_LINKS`].
 //! - `control <action>` (pause, resume, cancel, retry, complete, trigger): a child of the
-//!   current context (the HTTP request's span).
+//!   current context (the HTTP request's span; for a broker command, its headers' context).
 
 use std::time::SystemTime;
 
@@ -143,7 +143,7 @@ impl Spans {
     }
 
     /// A `control <action>` on `keys` (the timer's tenant and id when there is one), a child
-    /// of the current context (the HTTP request).
+    /// of the current context (the HTTP request's span, a broker command's context).
     pub(crate) fn control(&self, action: &str, keys: &[TimerKey]) -> BoxedSpan {
         let mut attributes = vec![KeyValue::new("timer.count", keys.len() as i64)];
         if let [key] = keys {
