@@ -48,6 +48,31 @@ fn unavailable(what: &str, e: impl std::fmt::Display) -> Error {
 }
 
 impl RabbitmqTestClient {
+    /// Publishes one command to the commands queue as its producer (user id set), with
+    /// `headers` if given; its confirm, not awaited.
+    async fn publish_command(
+        &self,
+        body: &[u8],
+        headers: Option<FieldTable>,
+    ) -> Result<lapin::PublisherConfirm> {
+        let mut properties = BasicProperties::default()
+            .with_delivery_mode(2)
+            .with_user_id(self.user.as_str().into());
+        if let Some(headers) = headers {
+            properties = properties.with_headers(headers);
+        }
+        self.channel
+            .basic_publish(
+                "".into(),
+                self.config.commands_queue.as_str().into(),
+                BasicPublishOptions::default(),
+                body,
+                properties,
+            )
+            .await
+            .map_err(|e| unavailable("publish", e))
+    }
+
     /// Declares the topology and the events sink, so commands can be sent (and events are
     /// routable) before a connect.
     pub async fn new(config: RabbitmqConfig) -> Result<Self> {
@@ -160,40 +185,14 @@ impl TestClient for RabbitmqTestClient {
                 AMQPValue::LongString(value.as_str().into()),
             );
         }
-        let confirm = self
-            .channel
-            .basic_publish(
-                "".into(),
-                self.config.commands_queue.as_str().into(),
-                BasicPublishOptions::default(),
-                body,
-                BasicProperties::default()
-                    .with_delivery_mode(2)
-                    .with_user_id(self.user.as_str().into())
-                    .with_headers(table),
-            )
-            .await
-            .map_err(|e| unavailable("publish", e))?;
+        let confirm = self.publish_command(body, Some(table)).await?;
         confirmed(vec![confirm]).await
     }
     async fn send_commands(&self, bodies: &[Vec<u8>]) -> Result<()> {
         for chunk in bodies.chunks(1_000) {
             let mut confirms = Vec::with_capacity(chunk.len());
             for body in chunk {
-                confirms.push(
-                    self.channel
-                        .basic_publish(
-                            "".into(),
-                            self.config.commands_queue.as_str().into(),
-                            BasicPublishOptions::default(),
-                            body,
-                            BasicProperties::default()
-                                .with_delivery_mode(2)
-                                .with_user_id(self.user.as_str().into()),
-                        )
-                        .await
-                        .map_err(|e| unavailable("publish", e))?,
-                );
+                confirms.push(self.publish_command(body, None).await?);
             }
             confirmed(confirms).await?;
         }

@@ -152,20 +152,9 @@ mod tests {
 
     fn claimed(id: &str, due: i64) -> ClaimedTimer {
         ClaimedTimer {
-            key: TimerKey::new("t", id),
             due_at: Timestamp::from_millis(due),
-            registered_at: Timestamp::from_millis(0),
-            correlation_id: None,
-            payload: None,
-            attempts: 0,
             revision: 1,
-            recurrence: None,
-            occurrences: 0,
-            policy: None,
-            work: None,
-            target: None,
-            message: None,
-            trace: None,
+            ..ClaimedTimer::for_tests(TimerKey::new("t", id))
         }
     }
 

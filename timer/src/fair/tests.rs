@@ -47,20 +47,8 @@ impl Model {
 
 fn claimed(tenant: &str, id: &str, at: i64) -> ClaimedTimer {
     ClaimedTimer {
-        key: TimerKey::new(tenant, id),
         due_at: Timestamp::from_millis(at),
-        registered_at: Timestamp::from_millis(0),
-        correlation_id: None,
-        payload: None,
-        attempts: 0,
-        revision: 0,
-        recurrence: None,
-        occurrences: 0,
-        policy: None,
-        work: None,
-        target: None,
-        message: None,
-        trace: None,
+        ..ClaimedTimer::for_tests(TimerKey::new(tenant, id))
     }
 }
 

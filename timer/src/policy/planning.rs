@@ -437,20 +437,11 @@ mod tests {
 
     fn claim(recurrence: Option<Recurrence>, policy: Option<Policy>) -> ClaimedTimer {
         ClaimedTimer {
-            key: TimerKey::new("t", "plain"),
             due_at: T0,
             registered_at: T0,
-            correlation_id: None,
-            payload: None,
-            attempts: 0,
-            revision: 0,
             recurrence,
-            occurrences: 0,
             policy,
-            work: None,
-            target: None,
-            message: None,
-            trace: None,
+            ..ClaimedTimer::for_tests(TimerKey::new("t", "plain"))
         }
     }
 

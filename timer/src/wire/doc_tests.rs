@@ -344,26 +344,18 @@ fn check_event(kind: &str, revision: i64, example: &Value) -> Result<(), String>
         .map(Timestamp::from_millis)
         .ok_or("timestampMs is not an integer")?;
     let mut timer = ClaimedTimer {
-        key,
         due_at: time(&text(&payload["dueAt"], "payload.dueAt")?)?,
-        registered_at: Timestamp::EPOCH,
         correlation_id: example
             .get("correlationId")
             .and_then(Value::as_str)
             .map(str::to_owned),
         payload: payload.get("payload").map(Value::to_string),
-        attempts: 0,
         revision,
-        recurrence: None,
-        occurrences: 0,
-        policy: None,
-        work: None,
-        target: None,
-        message: None,
         trace: crate::trace::TraceContext::from_stored(
             example.get("traceparent").and_then(Value::as_str),
             example.get("tracestate").and_then(Value::as_str),
         ),
+        ..ClaimedTimer::for_tests(key)
     };
     let series = schedule_examples()
         .into_iter()

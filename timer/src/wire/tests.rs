@@ -283,12 +283,7 @@ fn cron_mistakes_are_rejected_naming_the_field() {
 #[test]
 fn recurring_events_say_which_occurrence() {
     let timer = ClaimedTimer {
-        key: TimerKey::new("t", "c"),
         due_at: Timestamp::from_millis(1_000),
-        registered_at: Timestamp::from_millis(0),
-        correlation_id: None,
-        payload: None,
-        attempts: 0,
         revision: 4,
         recurrence: Some(Recurrence {
             cron: "* * * * * *".into(),
@@ -297,11 +292,7 @@ fn recurring_events_say_which_occurrence() {
             max_occurrences: None,
         }),
         occurrences: 4,
-        policy: None,
-        work: None,
-        target: None,
-        message: None,
-        trace: None,
+        ..ClaimedTimer::for_tests(TimerKey::new("t", "c"))
     };
     let ev = DueTimeReachedEnvelope::for_timer(&timer, Timestamp::from_millis(1_002));
     assert_eq!(ev.payload.occurrence, Some(5));
@@ -321,20 +312,10 @@ fn recurring_events_say_which_occurrence() {
 #[test]
 fn event_envelope_shape() {
     let timer = ClaimedTimer {
-        key: TimerKey::new("t", "c"),
         due_at: Timestamp::from_millis(1_000),
-        registered_at: Timestamp::from_millis(0),
         correlation_id: Some("corr".into()),
         payload: Some(r#"{"x":1}"#.into()),
-        attempts: 0,
-        revision: 0,
-        recurrence: None,
-        occurrences: 0,
-        policy: None,
-        work: None,
-        target: None,
-        message: None,
-        trace: None,
+        ..ClaimedTimer::for_tests(TimerKey::new("t", "c"))
     };
     let ev = DueTimeReachedEnvelope::for_timer(&timer, Timestamp::from_millis(1_005));
     let v: serde_json::Value = serde_json::from_slice(&ev.to_json()).unwrap();
