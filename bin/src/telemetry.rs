@@ -2,7 +2,8 @@
 //! sampler from `telemetry.sampling_ratio`, this instance as its resource, and an exporting
 //! processor of our own that never blocks a span's end: finished spans wait in a bounded queue
 //! for a task that exports them in batches; what does not fit, or fails to export within
-//! `telemetry.export_timeout`, is dropped and counted (`timer.telemetry.spans_dropped`).
+//! `telemetry.export_timeout`, is dropped and counted (`timer.telemetry.spans_dropped`). At the
+//! stop, what waits is sent within about one more export timeout.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -283,14 +284,21 @@ async fn export(
         tokio::select! {
             n = rx.recv_many(&mut batch, BATCH) => if n == 0 { return },
             _ = stop.cancelled() => {
+                // What waits goes out within about one export timeout: a collector that hangs
+                // must not hold the stop for a timeout per batch.
                 rx.close();
                 while let Ok(span) = rx.try_recv() {
                     batch.push(span);
-                    if batch.len() == BATCH {
-                        export_one(std::mem::take(&mut batch)).await;
-                    }
                 }
-                export_one(batch).await;
+                let deadline = tokio::time::Instant::now() + timeout;
+                let mut left = batch.into_iter().peekable();
+                while left.peek().is_some() {
+                    if tokio::time::Instant::now() >= deadline {
+                        counts.dropped("shutdown", left.count());
+                        break;
+                    }
+                    export_one(left.by_ref().take(BATCH).collect()).await;
+                }
                 return;
             }
         }

@@ -9,7 +9,8 @@
 //! `settle` spans link to the timer's context. A timer scheduled without a context gets a fresh
 //! trace (a root server span); a malformed `traceparent` is ignored (counted), never refused.
 //! And an exporter whose endpoint is down never holds firing back: every timer fires on time
-//! while `timer.telemetry.spans_dropped` counts the spans it could not send.
+//! while `timer.telemetry.spans_dropped` counts the spans it could not send; one that never
+//! answers does not hold the service's stop for a timeout per waiting batch.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -64,6 +65,11 @@ fn main() {
         "tracing::an_exporter_that_cannot_reach_its_endpoint_never_slows_firing",
         None,
         exporter_down,
+    ));
+    trials.push(server_trial(
+        "tracing::a_collector_that_never_answers_does_not_hold_the_stop",
+        None,
+        collector_hangs,
     ));
     libtest_mimic::run(&args, trials).exit();
 }
@@ -488,4 +494,48 @@ async fn exporter_down() {
         "the spans that could not be sent are counted"
     );
     assert_eq!(service.terminate().await, Some(0), "a clean stop");
+}
+
+async fn collector_hangs() {
+    // Takes connections and never answers one.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((socket, _)) = listener.accept().await {
+            held.push(socket);
+        }
+    });
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = ok((sqlite().isolated)("hang"));
+    let config = write_config(
+        dir.path(),
+        &json!({
+            "store": ok(store.config.to_value()),
+            "telemetry": {"otlp_endpoint": format!("http://127.0.0.1:{port}"), "protocol": "http",
+                          "export_timeout": "1s"},
+        }),
+    );
+    let service = Service::start(
+        Path::new(BIN),
+        dir.path(),
+        &[("TIMER_CONFIG", config.display().to_string())],
+    )
+    .await;
+    // 10,000 schedule spans: far more batches than one export timeout lets out.
+    let due = chrono::Utc::now().timestamp_millis() + 3_600_000;
+    for chunk in 0..10 {
+        let commands: Vec<Value> = (0..1_000)
+            .map(|i| json!({"tenantId": "hang", "serviceCallId": format!("t{chunk}-{i}"), "dueTimeMs": due}))
+            .collect();
+        service.schedule_batch(&commands).await;
+    }
+    let started = std::time::Instant::now();
+    assert_eq!(service.terminate().await, Some(0), "a clean stop");
+    // About one export timeout (1 s) for what waits, not one per batch (about 16 s): a bound
+    // that fails only when the stop waits batch by batch.
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(8), "the stop took {took:?}");
 }

@@ -46,7 +46,7 @@ pub const TASK_RESTARTS: &str = "timer.engine.task_restarts";
 /// Malformed `traceparent` values ignored (the timer got a fresh trace), labelled by `source`
 /// (`command`, `http`, `broker`).
 pub const TRACE_CONTEXT_IGNORED: &str = "timer.trace_context.ignored";
-/// Spans not exported, labelled by `reason` (`queue_full`, `export_failed`).
+/// Spans not exported, labelled by `reason` (`queue_full`, `export_failed`, `shutdown`).
 pub const SPANS_DROPPED: &str = "timer.telemetry.spans_dropped";
 
 /// How a metric is recorded.
@@ -196,7 +196,7 @@ pub const ALL: &[(&str, Kind, &str)] = &[
     (
         SPANS_DROPPED,
         Kind::Counter,
-        "Spans not exported (label reason: queue_full, export_failed); firing never waits for an exporter",
+        "Spans not exported (label reason: queue_full, export_failed, shutdown); firing never waits for an exporter",
     ),
 ];
 
