@@ -281,36 +281,40 @@ async fn export(
     let export_one = |batch| send(&exporter, batch, timeout, &warned, &counts);
     loop {
         let mut batch = Vec::with_capacity(BATCH);
+        // The stop first: spans keep coming while it waits, and must not keep it waiting.
         tokio::select! {
+            biased;
+            _ = stop.cancelled() => {}
             n = rx.recv_many(&mut batch, BATCH) => if n == 0 { return },
-            _ = stop.cancelled() => {
-                // What waits goes out within about one export timeout: a collector that hangs
-                // must not hold the stop for a timeout per batch.
-                rx.close();
-                while let Ok(span) = rx.try_recv() {
-                    batch.push(span);
-                }
-                let deadline = tokio::time::Instant::now() + timeout;
-                let mut left = batch.into_iter().peekable();
-                while left.peek().is_some() {
-                    if tokio::time::Instant::now() >= deadline {
-                        counts.dropped("shutdown", left.count());
-                        break;
-                    }
-                    export_one(left.by_ref().take(BATCH).collect()).await;
-                }
-                return;
-            }
         }
         let linger = tokio::time::sleep(LINGER);
         tokio::pin!(linger);
-        while batch.len() < BATCH {
+        while batch.len() < BATCH && !stop.is_cancelled() {
             let room = BATCH - batch.len();
             tokio::select! {
-                n = rx.recv_many(&mut batch, room) => if n == 0 { break },
-                _ = &mut linger => break,
+                biased;
                 _ = stop.cancelled() => break,
+                _ = &mut linger => break,
+                n = rx.recv_many(&mut batch, room) => if n == 0 { break },
             }
+        }
+        if stop.is_cancelled() {
+            // What waits goes out within about one export timeout: a collector that hangs
+            // must not hold the stop for a timeout per batch.
+            rx.close();
+            while let Ok(span) = rx.try_recv() {
+                batch.push(span);
+            }
+            let deadline = tokio::time::Instant::now() + timeout;
+            let mut left = batch.into_iter().peekable();
+            while left.peek().is_some() {
+                if tokio::time::Instant::now() >= deadline {
+                    counts.dropped("shutdown", left.count());
+                    break;
+                }
+                export_one(left.by_ref().take(BATCH).collect()).await;
+            }
+            return;
         }
         export_one(batch).await;
     }

@@ -376,6 +376,11 @@ async fn one_trace(broker_plugin: &'static BrokerPlugin, protocol: Protocol) {
         publish.attributes.contains_key("messaging.message.id"),
         "{publish:?}"
     );
+    let destination = publish.attributes.get("messaging.destination.name");
+    assert!(
+        destination.is_some_and(|d| publish.name == format!("publish {d}")),
+        "{broker}: the events destination names the span: {publish:?}"
+    );
     assert_eq!(
         traced.parent_id(),
         publish.span,

@@ -9,7 +9,7 @@ use uuid::Uuid;
 use crate::error::{Error, Result};
 use crate::model::TimerKey;
 use crate::outbound::{MessageMeta, Target};
-use crate::trace::{TraceContext, TraceHeaders, TRACEPARENT};
+use crate::trace::{TraceContext, TraceHeaders, TRACEPARENT, TRACESTATE};
 
 /// One inbound command. `tag` is the plugin's handle for acknowledging it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -57,19 +57,18 @@ impl OutboundEvent {
     }
 
     /// The trace context headers to publish with it: none when the timer's own message has a
-    /// header of that name already (the producer's headers go out unchanged).
+    /// `traceparent` or `tracestate` header already (the producer's headers go out unchanged,
+    /// and the two belong together).
     pub fn trace_headers(&self) -> impl Iterator<Item = (&'static str, &str)> {
-        let own = |name: &str| {
-            self.message
-                .as_ref()
-                .is_some_and(|m| m.headers.keys().any(|h| h.eq_ignore_ascii_case(name)))
-        };
-        let skip = own(TRACEPARENT);
+        let own = self.message.as_ref().is_some_and(|m| {
+            m.headers
+                .keys()
+                .any(|h| h.eq_ignore_ascii_case(TRACEPARENT) || h.eq_ignore_ascii_case(TRACESTATE))
+        });
         self.trace
             .iter()
-            .filter(move |_| !skip)
+            .filter(move |_| !own)
             .flat_map(TraceContext::headers)
-            .filter(move |(name, _)| !own(name))
     }
 }
 

@@ -135,16 +135,20 @@ impl TraceContext {
         &self.traceparent[36..52]
     }
 
-    /// Whether the parent marked the trace sampled.
+    /// Whether the parent marked the trace sampled (the flags' lowest bit).
     pub fn sampled(&self) -> bool {
-        self.traceparent.ends_with('1') || self.traceparent.ends_with('3')
+        self.flags() & 0x01 == 0x01
+    }
+
+    fn flags(&self) -> u8 {
+        // Checked when made: two hex digits.
+        u8::from_str_radix(&self.traceparent[53..55], 16).unwrap_or(0)
     }
 
     /// As an OpenTelemetry parent from elsewhere (remote): what a span of the engine continues.
     pub fn span_context(&self) -> SpanContext {
         let (trace, parent) = (self.trace_id(), self.parent_id());
-        // Checked when made: 32 and 16 hex digits, two of flags.
-        let flags = u8::from_str_radix(&self.traceparent[53..55], 16).unwrap_or(0);
+        let flags = self.flags();
         SpanContext::new(
             TraceId::from_hex(trace).unwrap_or(TraceId::INVALID),
             SpanId::from_hex(parent).unwrap_or(SpanId::INVALID),
@@ -212,11 +216,15 @@ fn parse_traceparent(text: &str) -> Result<String, Malformed> {
             "the parent id is not 16 lowercase hex digits, not all zero",
         ));
     }
-    if !lower_hex(flags, 2) {
+    let Some(flags) = lower_hex(flags, 2)
+        .then(|| u8::from_str_radix(flags, 16).ok())
+        .flatten()
+    else {
         return Err(bad("the flags are not two lowercase hex digits"));
-    }
-    // Only the sampled flag is defined for version 00; a later version's flags go on as they are.
-    Ok(format!("00-{trace}-{parent}-{flags}"))
+    };
+    // Passed on as version 00, whose defined flags are sampled (0x01) and random (0x02): the
+    // others are set to zero, as the recommendation asks.
+    Ok(format!("00-{trace}-{parent}-{:02x}", flags & 0x03))
 }
 
 /// A `tracestate` to pass on: its members when each is `key=value` (empty members dropped),
@@ -316,6 +324,25 @@ mod tests {
     }
 
     #[test]
+    fn sampled_is_the_lowest_flag_bit_and_unknown_bits_are_cleared() {
+        let with = |flags: &str| {
+            TraceContext::parse(
+                &format!("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-{flags}"),
+                None,
+            )
+            .unwrap()
+        };
+        assert!(with("09").sampled());
+        assert!(!with("02").sampled());
+        assert!(with("ff").traceparent().ends_with("-03"));
+        let later = "cc-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-f9-x";
+        assert!(TraceContext::parse(later, None)
+            .unwrap()
+            .traceparent()
+            .ends_with("-01"));
+    }
+
+    #[test]
     fn a_bad_tracestate_is_dropped_and_a_long_one_cut() {
         let context = TraceContext::parse(GOOD, Some("no equals sign")).unwrap();
         assert_eq!(context.tracestate(), None);
@@ -324,8 +351,11 @@ mod tests {
             .collect();
         let context = TraceContext::parse(GOOD, Some(&long.join(","))).unwrap();
         let kept = context.tracestate().unwrap();
-        assert!(kept.len() <= MAX_TRACESTATE && kept.split(',').count() <= 32);
+        assert!(kept.len() <= MAX_TRACESTATE, "{kept}");
         assert!(kept.starts_with("k0="));
+        let many: Vec<String> = (0..40).map(|n| format!("k{n}=v")).collect();
+        let context = TraceContext::parse(GOOD, Some(&many.join(","))).unwrap();
+        assert_eq!(context.tracestate().unwrap().split(',').count(), 32);
     }
 
     #[test]

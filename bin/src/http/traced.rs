@@ -13,7 +13,7 @@ use opentelemetry::trace::{
     FutureExt as _, Span as _, SpanKind, Status, TraceContextExt as _, Tracer as _,
 };
 use opentelemetry::{Context, KeyValue};
-use timer_core::trace::TRACESTATE;
+use timer_core::trace::{TRACEPARENT, TRACESTATE};
 use timer_core::TraceContext;
 use tracing::Instrument as _;
 
@@ -21,7 +21,13 @@ use crate::http::state::trace_headers;
 
 /// The middleware: see the module.
 pub async fn traced(mut request: Request, next: Next) -> Response {
-    let parent = TraceContext::carried(&trace_headers(request.headers()), "http");
+    let carried = trace_headers(request.headers());
+    let parent = TraceContext::carried(&carried, "http");
+    if parent.is_none() && carried.traceparent.is_some() {
+        // Counted (and logged) once here: the handler sees no malformed context again.
+        request.headers_mut().remove(TRACEPARENT);
+        request.headers_mut().remove(TRACESTATE);
+    }
     let method = request.method().as_str().to_owned();
     let route = request
         .extensions()

@@ -34,7 +34,7 @@ use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use timer_core::{
-    Broker, Delivery, Error, OutboundEvent, Result, Target, TraceHeaders, Undelivered,
+    Broker, Delivery, Error, OutboundEvent, Result, Target, TimerKey, TraceHeaders, Undelivered,
 };
 
 use crate::shared::{DeliveryTags, Lookups};
@@ -721,6 +721,10 @@ impl Broker for KafkaBroker {
 
     fn check_target(&self, target: &Target) -> std::result::Result<String, String> {
         target_route(target, &self.config).map(|route| route.topic.to_owned())
+    }
+
+    fn events_destination(&self, _key: &TimerKey) -> Option<String> {
+        Some(self.config.events_topic.clone())
     }
 
     async fn dead_letter(&self, body: &[u8], reason: &str) -> Result<()> {

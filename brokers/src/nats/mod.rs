@@ -653,6 +653,10 @@ impl Broker for NatsBroker {
         target_subject(target, &self.own_subjects).map(str::to_owned)
     }
 
+    fn events_destination(&self, key: &TimerKey) -> Option<String> {
+        self.event_subject(&key.tenant_id).ok()
+    }
+
     async fn dead_letter(&self, body: &[u8], reason: &str) -> Result<()> {
         let mut headers = HeaderMap::new();
         // Header values are one line.

@@ -663,6 +663,10 @@ impl Broker for RabbitmqBroker {
         target_route(target, &self.config).map(|(exchange, key)| format!("{exchange}/{key}"))
     }
 
+    fn events_destination(&self, _key: &TimerKey) -> Option<String> {
+        Some(self.config.events_exchange.clone())
+    }
+
     async fn publish(&self, events: &[OutboundEvent]) -> Result<Vec<Undelivered>> {
         let session = self.session().await?;
         let missing = self.missing_exchanges(&session, events).await?;

@@ -331,9 +331,10 @@ impl Webhooks {
                 headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
             }
         }
-        // The fire's trace context, unless the target or the message gave these headers.
-        for (name, value) in event.trace_headers() {
-            if let (false, Ok(value)) = (headers.contains_key(name), HeaderValue::from_str(value)) {
+        // The fire's trace context, unless the target or the message gave such headers.
+        let own = headers.contains_key("traceparent") || headers.contains_key("tracestate");
+        for (name, value) in event.trace_headers().filter(|_| !own) {
+            if let Ok(value) = HeaderValue::from_str(value) {
                 headers.insert(HeaderName::from_static(name), value);
             }
         }

@@ -189,7 +189,8 @@ pub async fn payload_correlation_and_trace_round_trip(store: Arc<dyn Store>) {
         "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
         Some("congo=t61rcWkgMzE,rojo=00f067aa0ba902b7"),
     )
-    .ok();
+    .map(Some)
+    .expect("a well-formed context");
     let mut t = NewTimer {
         key: TimerKey::new("tenant-ü", "call/1 with spaces"),
         due_at: T0,

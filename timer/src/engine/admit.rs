@@ -151,7 +151,8 @@ impl Engine {
         }
         let inner = &self.inner;
         let refused = self.over_tenant_limit(timers).await?;
-        // Copies only when a limit refused some: the usual batch goes to the store as it is.
+        // Copies only when a limit refused some, or to keep each timer's `schedule` span (with
+        // spans on): the usual batch goes to the store as it is.
         let mut allowed: Cow<[NewTimer]> = if refused.iter().all(Option::is_none) {
             Cow::Borrowed(timers)
         } else {

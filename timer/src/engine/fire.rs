@@ -516,7 +516,15 @@ impl Engine {
             let id = crate::wire::refired_event_id(&as_fired, fire.refire);
             let broker = &self.inner.broker;
             let (system, destination) = match (&as_fired.target, caller) {
-                (Some(target), Some(caller)) => ("http", caller.check_target(target).ok()),
+                // The origin of an HTTP target: a URL's path and query may carry what a
+                // tracing backend should not keep, and would name a span per timer.
+                (Some(target), Some(caller)) => (
+                    "http",
+                    caller.check_target(target).ok().map(|name| {
+                        url::Url::parse(&name)
+                            .map_or(name, |url| url.origin().ascii_serialization())
+                    }),
+                ),
                 (Some(target), None) => (broker.name(), broker.check_target(target).ok()),
                 (None, _) => (broker.name(), broker.events_destination(&as_fired.key)),
             };

@@ -873,7 +873,7 @@ fn a_malformed_trace_context_is_ignored_never_refused() {
             .unwrap_or_else(|r| panic!("{bad}: refused {r:?}"));
         assert_eq!(t.trace, None, "{bad}");
     }
-    // Other commands take a context too (their spans will use it); never a stray field.
+    // Other commands are not refused for one (their spans follow their transport's headers).
     let cancel = format!(
         r#"{{"type":"CancelTimer","tenantId":"t","serviceCallId":"c","traceparent":"{TRACEPARENT}"}}"#
     );
