@@ -103,6 +103,7 @@ fn released_migrations_never_change() {
             (6, "1fc1464b68324cc6"),
             (7, "4001dff2d0c38f51"),
             (8, "10f014fd3a37dfa2"),
+            (9, "0981bfff2a57c967"),
         ],
     );
 }

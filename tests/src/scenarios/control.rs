@@ -132,7 +132,14 @@ pub async fn an_overlap_skip_series_fires_after_each_completion(case: Arc<Broker
         }
         fires.push(fire);
     }
-    let (_, timer) = service.get("/v1/tenants/t/timers/work").await;
+    // The last fire's event goes out before its settle is written (behind the firing task):
+    // wait for the store to record it as awaiting its completion.
+    let timer = crate::wait_for(Duration::from_secs(10), || async {
+        let (_, timer) = service.get("/v1/tenants/t/timers/work").await;
+        (timer["work"]["awaiting"]["occurrence"] == FIRES).then_some(timer)
+    })
+    .await
+    .unwrap_or_else(|| panic!("the last fire recorded as awaiting its completion"));
     let (status, cancelled) = service.delete("/v1/tenants/t/timers/work").await;
     assert_eq!(status, 200, "{cancelled}");
     let (_, history) = service
