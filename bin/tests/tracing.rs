@@ -74,6 +74,17 @@ fn main() {
     libtest_mimic::run(&args, trials).exit();
 }
 
+/// The service on the config `sections` (written to a file in `dir`).
+async fn start(dir: &Path, sections: Value) -> Service {
+    let config = write_config(dir, &sections);
+    Service::start(
+        Path::new(BIN),
+        dir,
+        &[("TIMER_CONFIG", config.display().to_string())],
+    )
+    .await
+}
+
 fn ok<T>(result: timer_core::Result<T>) -> T {
     result.unwrap_or_else(|e| panic!("{}", e.chain()))
 }
@@ -266,9 +277,9 @@ async fn one_trace(broker_plugin: &'static BrokerPlugin, protocol: Protocol) {
     let store = ok((sqlite().isolated)("tr"));
     let (port, spans) = receiver(protocol).await;
     let dir = tempfile::tempdir().expect("tempdir");
-    let config = write_config(
+    let service = start(
         dir.path(),
-        &json!({
+        json!({
             "store": ok(store.config.to_value()),
             "broker": ok(resources.config.to_value()),
             "engine": {"poll_interval": "1s"},
@@ -278,11 +289,6 @@ async fn one_trace(broker_plugin: &'static BrokerPlugin, protocol: Protocol) {
                 "trace_url": "https://tempo.example/trace/{traceId}",
             },
         }),
-    );
-    let service = Service::start(
-        Path::new(BIN),
-        dir.path(),
-        &[("TIMER_CONFIG", config.display().to_string())],
     )
     .await;
     let caller = format!("00-{TRACE}-{CALLER_SPAN}-01");
@@ -454,18 +460,13 @@ async fn exporter_down() {
         .port();
     let dir = tempfile::tempdir().expect("tempdir");
     let store = ok((sqlite().isolated)("down"));
-    let config = write_config(
+    let service = start(
         dir.path(),
-        &json!({
+        json!({
             "store": ok(store.config.to_value()),
             "telemetry": {"otlp_endpoint": format!("http://127.0.0.1:{port}"), "protocol": "grpc",
                           "export_timeout": "2s"},
         }),
-    );
-    let service = Service::start(
-        Path::new(BIN),
-        dir.path(),
-        &[("TIMER_CONFIG", config.display().to_string())],
     )
     .await;
     let events = service.events().await;
@@ -515,18 +516,13 @@ async fn collector_hangs() {
     });
     let dir = tempfile::tempdir().expect("tempdir");
     let store = ok((sqlite().isolated)("hang"));
-    let config = write_config(
+    let service = start(
         dir.path(),
-        &json!({
+        json!({
             "store": ok(store.config.to_value()),
             "telemetry": {"otlp_endpoint": format!("http://127.0.0.1:{port}"), "protocol": "http",
                           "export_timeout": "1s"},
         }),
-    );
-    let service = Service::start(
-        Path::new(BIN),
-        dir.path(),
-        &[("TIMER_CONFIG", config.display().to_string())],
     )
     .await;
     // 10,000 schedule spans: far more batches than one export timeout lets out.
