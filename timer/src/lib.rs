@@ -33,9 +33,9 @@ pub use model::{
 pub use outbound::{Message, MessageMeta, Target};
 pub use plugin::{BrokerPlugin, StorePlugin};
 pub use store::{
-    Backlog, LeaseOwners, Membership, PageAfter, Settlement, SharedAllowances, Store, Take, Taken,
-    TakenOver, TenantBacklog, TenantCounts, TenantSummary, TimerControl, TimerFilter, TimerHistory,
-    TimerQueries,
+    Backlog, LeaseOwners, LiveInstance, Membership, PageAfter, Release, Settlement,
+    SharedAllowances, Store, Take, Taken, TakenOver, TenantBacklog, TenantCounts, TenantSummary,
+    TimerControl, TimerFilter, TimerHistory, TimerQueries,
 };
 pub use trace::{TraceContext, TraceHeaders};
 pub use wire::{

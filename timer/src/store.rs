@@ -247,7 +247,15 @@ pub trait LeaseOwners: Send + Sync {
     /// `owner` join) are released, claimable at `release_at`. An owner that is alive already
     /// (another running instance with the same `engine.instance_id`) is a
     /// [`Config`](crate::ErrorKind::Config) error naming it.
-    async fn join(&self, owner: &str, release_at: Timestamp) -> Result<Box<dyn Membership>>;
+    /// `release` and `started_at` are what the instance list shows of it
+    /// ([`LeaseOwners::live`]).
+    async fn join(
+        &self,
+        owner: &str,
+        release: &Release,
+        started_at: Timestamp,
+        release_at: Timestamp,
+    ) -> Result<Box<dyn Membership>>;
 
     /// Releases the leases of every owner that joined and is not alive any more, claimable at
     /// `release_at` (never before their due time), and forgets those owners. Several instances
@@ -257,6 +265,41 @@ pub trait LeaseOwners: Send + Sync {
     /// How long after the store stopped counting an owner as alive its `lost` resolves, at
     /// most: how much later than now `take_over` and `join` make released leases claimable.
     fn lost_within(&self) -> std::time::Duration;
+
+    /// The instances alive now, ordered by id, each with the leases it holds.
+    async fn live(&self) -> Result<Vec<LiveInstance>>;
+}
+
+/// Which build an instance runs: its release (the workspace version) and the git revision it
+/// was built from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Release {
+    pub version: String,
+    pub revision: String,
+}
+
+impl Release {
+    /// This timer-core's version, revision `unknown` (the binary says which it was built from).
+    pub fn core() -> Self {
+        Release {
+            version: env!("CARGO_PKG_VERSION").to_owned(),
+            revision: "unknown".to_owned(),
+        }
+    }
+}
+
+/// One live instance, as [`LeaseOwners::live`] lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LiveInstance {
+    /// Its lease owner name (`engine.instance_id`, or the name it made itself).
+    pub id: String,
+    /// `None` for an instance of a release that did not say (before 0.2.0).
+    pub release: Option<Release>,
+    pub started_at: Timestamp,
+    /// When it last told the store it is alive (`None` before 0.2.0).
+    pub last_seen_at: Option<Timestamp>,
+    /// The timers it holds leases on now (claimed, not settled).
+    pub leases: u64,
 }
 
 /// What [`LeaseOwners::take_over`] did for one dead owner.
@@ -449,6 +492,9 @@ pub trait TimerQueries: Send + Sync {
     /// one) that wait longest. Reads the claimable rows only, from an index: nothing when
     /// nothing waits, the whole backlog when a herd is due.
     async fn backlog(&self, now: Timestamp, limit: usize) -> Result<Backlog>;
+
+    /// How many timers are leased now (claimed by an instance, not settled), from an index.
+    async fn leased(&self) -> Result<u64>;
 }
 
 /// An optional store ability: live (Scheduled and Paused) timers counted per tenant.

@@ -690,6 +690,14 @@ impl TimerQueries for MemoryStore {
         Ok(rows.values().filter(|row| row.timer.state == state).count() as u64)
     }
 
+    async fn leased(&self) -> Result<u64> {
+        let rows = &self.lock()?.rows;
+        let leased = |row: &&Row| {
+            row.timer.state == TimerState::Scheduled && row.lease_until.is_some()
+        };
+        Ok(rows.values().filter(leased).count() as u64)
+    }
+
     async fn backlog(&self, now: Timestamp, limit: usize) -> Result<Backlog> {
         let state = self.lock()?;
         let mut by_tenant: Vec<TenantBacklog> = state

@@ -8,6 +8,7 @@
 mod allowances;
 mod config;
 mod fair;
+mod migrate;
 mod notify;
 mod owners;
 mod plugin;
@@ -208,7 +209,8 @@ impl PostgresStore {
             .connect_with(options)
             .await
             .map_err(|e| cannot(root_cause(&e)))?;
-        Self::prepare_schema(&pool, &config.schema).await?;
+        let this = crate::sql::migrations::releases::this_release()?;
+        Self::prepare_schema(&pool, &config.schema, &this, &migrate::migrator()).await?;
         let channel = config
             .notify
             .then(|| format!("timer_wakeup_{}", config.schema));
@@ -233,7 +235,14 @@ impl PostgresStore {
         })
     }
 
-    async fn prepare_schema(pool: &PgPool, schema: &str) -> Result<()> {
+    /// Creates the schema if missing and migrates it as release `this`, with `releases` the
+    /// migrations from 0.2.0 on.
+    async fn prepare_schema(
+        pool: &PgPool,
+        schema: &str,
+        this: &semver::Version,
+        releases: &sqlx::migrate::Migrator,
+    ) -> Result<()> {
         let op = "preparing the schema";
         let mut tx = pool.begin().await.map_err(|e| db_err(op, e))?;
         // One instance at a time creates the schema (IF NOT EXISTS still races otherwise).
@@ -258,26 +267,29 @@ impl PostgresStore {
         }
         tx.commit().await.map_err(|e| db_err(op, e))?;
         // Index builds on a big table take as long as they take: store.statement_timeout
-        // bounds the service's own statements, not its migrations (RESET goes back to the
-        // connection's own setting before it returns to the pool).
-        let mut conn = pool.acquire().await.map_err(|e| db_err(op, e))?;
+        // bounds the service's own statements, not its migrations. A connection of its own,
+        // closed after: it held advisory locks and a changed setting.
+        let mut conn = pool
+            .acquire()
+            .await
+            .map_err(|e| db_err(op, e))?
+            .detach();
+        let migrated = Self::migrate(&mut conn, schema, this, releases).await;
+        let _ = conn.close().await;
+        migrated
+    }
+
+    async fn migrate(
+        conn: &mut PgConnection,
+        schema: &str,
+        this: &semver::Version,
+        releases: &sqlx::migrate::Migrator,
+    ) -> Result<()> {
         sqlx::query("SET statement_timeout = 0")
             .execute(&mut *conn)
             .await
-            .map_err(|e| db_err(op, e))?;
-        // sqlx's migrator holds a PostgreSQL advisory lock while it runs.
-        sqlx::migrate!("./migrations/postgres")
-            .run_direct(&mut *conn)
-            .await
-            .map_err(|e| {
-                Error::unavailable(format!("postgres store: migrating schema {schema} failed"))
-                    .with_source(e)
-            })?;
-        sqlx::query("RESET statement_timeout")
-            .execute(&mut *conn)
-            .await
-            .map(|_| ())
-            .map_err(|e| db_err(op, e))
+            .map_err(|e| db_err("preparing the schema", e))?;
+        migrate::run(conn, schema, this, releases).await
     }
 
     /// Drops this store's schema and everything in it (benchmarks and tests clean up with it).
@@ -292,9 +304,12 @@ impl PostgresStore {
 
 #[cfg(test)]
 mod tests {
-    /// Released migrations never change (`sql::migrations`); a new one adds its line.
+    /// Released migrations never change (`sql::migrations`). 0.1.0's are closed: a new one
+    /// goes to `migrations/postgres-releases/` (`migrate.rs`).
     #[test]
     fn released_migrations_never_change() {
+        let closed = sqlx::migrate!("./migrations/postgres").iter().count();
+        assert_eq!(closed, 14, "a new migration goes to migrations/postgres-releases/");
         crate::sql::migrations::assert_released(
             "postgres",
             &sqlx::migrate!("./migrations/postgres"),

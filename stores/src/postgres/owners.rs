@@ -22,7 +22,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use sqlx::postgres::{PgConnectOptions, PgConnection};
 use sqlx::Connection;
-use timer_core::{Error, LeaseOwners, Membership, Result, TakenOver, Timestamp};
+use timer_core::{
+    Error, LeaseOwners, LiveInstance, Membership, Release, Result, TakenOver, Timestamp,
+};
 use tracing::warn;
 
 use super::{db_err, root_cause, PostgresStore};
@@ -31,6 +33,8 @@ use super::{db_err, root_cause, PostgresStore};
 pub const PING_EVERY: Duration = Duration::from_millis(100);
 /// A ping not answered within this counts as a lost connection.
 pub const PING_TIMEOUT: Duration = Duration::from_millis(500);
+/// How often the keeper writes `last_seen_at` (in place of a ping).
+pub const SEEN_EVERY: u32 = 10;
 /// The bound `Membership::lost` keeps ([`LeaseOwners::lost_within`]): one ping interval, one
 /// timeout and a margin for scheduling.
 pub const LOST_WITHIN: Duration = Duration::from_millis(750);
@@ -61,6 +65,43 @@ const RELEASE: &str = "WITH released AS ( \
     SELECT d.owner, (SELECT COUNT(*) FROM released r WHERE r.owner = d.owner) AS leases \
       FROM UNNEST($1::text[]) AS d(owner)";
 
+/// The server's clock in milliseconds since the epoch: one clock for every instance's
+/// `last_seen_at`.
+const SERVER_MS: &str = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint";
+
+/// Whether the owner of row `i` holds its lock now (`$1`: [`lock_prefix`]). An advisory lock
+/// on a bigint key shows in `pg_locks` with the key's high half in `classid`, its low half in
+/// `objid`, and `objsubid` 1.
+const HOLDS_LOCK: &str = "EXISTS (SELECT 1 FROM pg_locks l \
+     WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 \
+       AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+       AND ((l.classid::int8 << 32) | l.objid::int8) = hashtextextended($1 || i.owner, 0))";
+
+/// The live instances, their leases counted from `timers_leased`.
+fn live_sql() -> String {
+    format!(
+        "SELECT i.owner, i.version, i.revision, i.joined_at, i.last_seen_at, \
+                (SELECT COUNT(*) FROM timers t WHERE t.lease_owner = i.owner \
+                    AND t.state = 0 AND t.lease_until IS NOT NULL) \
+           FROM timer_instances i WHERE {HOLDS_LOCK} ORDER BY i.owner"
+    )
+}
+
+/// The live instances and the release each says it runs (none: 0.1.0), for the migration
+/// runner; needs the columns of migration 0015.
+pub(super) async fn live_releases(
+    conn: &mut PgConnection,
+    schema: &str,
+) -> Result<Vec<(String, Option<String>)>> {
+    sqlx::query_as(&format!(
+        "SELECT i.owner, i.version FROM timer_instances i WHERE {HOLDS_LOCK} ORDER BY i.owner"
+    ))
+    .bind(lock_prefix(schema))
+    .fetch_all(conn)
+    .await
+    .map_err(|e| db_err("listing the live instances", e))
+}
+
 struct PgMembership {
     /// The session that holds the owner's lock; `None` once lost or left.
     conn: Option<PgConnection>,
@@ -74,9 +115,18 @@ impl Membership for PgMembership {
         let Some(conn) = self.conn.as_mut() else {
             return Error::unavailable("postgres store: this instance's lock connection is closed");
         };
+        let seen = format!("UPDATE timer_instances SET last_seen_at = {SERVER_MS} WHERE owner = $1");
+        let mut pings = 0u32;
         let error = loop {
             tokio::time::sleep(PING_EVERY).await;
-            match tokio::time::timeout(PING_TIMEOUT, conn.ping()).await {
+            pings = pings.wrapping_add(1);
+            let answer = if pings.is_multiple_of(SEEN_EVERY) {
+                let update = sqlx::query(&seen).bind(&self.owner).execute(&mut *conn);
+                tokio::time::timeout(PING_TIMEOUT, async { update.await.map(drop) }).await
+            } else {
+                tokio::time::timeout(PING_TIMEOUT, conn.ping()).await
+            };
+            match answer {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => {
                     break Error::unavailable(format!(
@@ -139,7 +189,13 @@ async fn keeper(options: &PgConnectOptions, timeout: Duration) -> Result<PgConne
 
 #[async_trait]
 impl LeaseOwners for PostgresStore {
-    async fn join(&self, owner: &str, release_at: Timestamp) -> Result<Box<dyn Membership>> {
+    async fn join(
+        &self,
+        owner: &str,
+        build: &Release,
+        started_at: Timestamp,
+        release_at: Timestamp,
+    ) -> Result<Box<dyn Membership>> {
         let op = "joining the live instances";
         let mut conn = keeper(&self.pool.connect_options(), self.connect_timeout).await?;
         let locked: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock(hashtextextended($1, 0))")
@@ -159,12 +215,17 @@ impl LeaseOwners for PostgresStore {
         }
         // Holding the lock, this owner's leases are an earlier run's: dead.
         let released = release(&mut conn, &[owner], release_at).await?;
-        sqlx::query(
-            "INSERT INTO timer_instances (owner, joined_at) VALUES ($1, $2) \
-             ON CONFLICT (owner) DO UPDATE SET joined_at = EXCLUDED.joined_at",
-        )
+        sqlx::query(&format!(
+            "INSERT INTO timer_instances (owner, joined_at, version, revision, last_seen_at) \
+             VALUES ($1, $2, $3, $4, {SERVER_MS}) \
+             ON CONFLICT (owner) DO UPDATE SET joined_at = EXCLUDED.joined_at, \
+               version = EXCLUDED.version, revision = EXCLUDED.revision, \
+               last_seen_at = EXCLUDED.last_seen_at"
+        ))
         .bind(owner)
-        .bind(release_at.as_millis())
+        .bind(started_at.as_millis())
+        .bind(&build.version)
+        .bind(&build.revision)
         .execute(&mut conn)
         .await
         .map_err(|e| db_err(op, e))?;
@@ -212,6 +273,30 @@ impl LeaseOwners for PostgresStore {
 
     fn lost_within(&self) -> Duration {
         LOST_WITHIN
+    }
+
+    async fn live(&self) -> Result<Vec<LiveInstance>> {
+        type Row = (String, Option<String>, Option<String>, i64, Option<i64>, i64);
+        let rows: Vec<Row> = sqlx::query_as(&live_sql())
+            .bind(lock_prefix(&self.schema))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| db_err("listing the live instances", e))?;
+        Ok(rows
+            .into_iter()
+            .map(
+                |(id, version, revision, joined, seen, leases)| LiveInstance {
+                    id,
+                    release: version.map(|version| Release {
+                        version,
+                        revision: revision.unwrap_or_else(|| "unknown".to_owned()),
+                    }),
+                    started_at: Timestamp::from_millis(joined),
+                    last_seen_at: seen.map(Timestamp::from_millis),
+                    leases: u64::try_from(leases).unwrap_or(0),
+                },
+            )
+            .collect())
     }
 }
 

@@ -123,6 +123,12 @@ macro_rules! sql_abilities {
                     .backlog(now, limit)
                     .await
             }
+
+            async fn leased(&self) -> timer_core::Result<u64> {
+                <$store as $crate::sql::SqlAbilities>::reads(self)
+                    .leased()
+                    .await
+            }
         }
     };
 }

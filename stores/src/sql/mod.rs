@@ -36,7 +36,6 @@ macro_rules! statements {
 
 mod abilities;
 mod control;
-#[cfg(test)]
 pub(crate) mod migrations;
 mod reads;
 mod row;

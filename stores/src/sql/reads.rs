@@ -70,6 +70,18 @@ statements! {
         Ok(u64::try_from(n).unwrap_or(0))
     }
 
+    /// [`TimerQueries::leased`](timer_core::TimerQueries::leased): from the index of live
+    /// leases (`timers_leased`: PostgreSQL 0010, SQLite 0010).
+    pub(crate) async fn leased(&self) -> Result<u64> {
+        let n: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM timers WHERE state = 0 AND lease_until IS NOT NULL",
+        )
+        .fetch_one(self.pool)
+        .await
+        .map_err(|e| db_err::<D>("counting the leased timers", e))?;
+        Ok(u64::try_from(n).unwrap_or(0))
+    }
+
     /// [`TimerQueries::list`](timer_core::TimerQueries::list): one statement on the index
     /// `(tenant_id, due_at, service_call_id)`, starting after the last row of the page before.
     pub(crate) async fn list(

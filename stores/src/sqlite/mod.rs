@@ -6,6 +6,7 @@
 
 mod config;
 mod fair;
+mod migrate;
 mod plugin;
 
 use std::collections::{HashMap, HashSet};
@@ -144,13 +145,8 @@ impl SqliteStore {
             Owner::Beside => None,
         };
         if lock.is_some() {
-            sqlx::migrate!("./migrations/sqlite")
-                .run(&write)
-                .await
-                .map_err(|e| {
-                    Error::unavailable(format!("sqlite store: migrating {path:?} failed"))
-                        .with_source(e)
-                })?;
+            let this = crate::sql::migrations::releases::this_release()?;
+            migrate::run(&write, path, &this, &migrate::migrator()).await?;
             // No other service has the file open: every lease in it is a dead one's.
             let released = sqlx::query(RELEASE_ALL)
                 .execute(&write)

@@ -88,9 +88,12 @@ async fn a_missing_directory_is_unavailable_naming_the_path() {
     );
 }
 
-/// Released migrations never change (`sql::migrations`); a new one adds its line.
+/// Released migrations never change (`sql::migrations`). 0.1.0's are closed: a new one goes
+/// to `migrations/sqlite-releases/` (`migrate.rs`).
 #[test]
 fn released_migrations_never_change() {
+    let closed = sqlx::migrate!("./migrations/sqlite").iter().count();
+    assert_eq!(closed, 9, "a new migration goes to migrations/sqlite-releases/");
     crate::sql::migrations::assert_released(
         "sqlite",
         &sqlx::migrate!("./migrations/sqlite"),
@@ -147,4 +150,135 @@ async fn a_change_and_its_history_entry_commit_together_or_not_at_all() {
     let (timer, entries) = state().await;
     assert_eq!(timer.map(|t| t.state), Some(TimerState::Cancelled));
     assert_eq!(entries, before.1 + 1, "the cancel's entry");
+}
+
+/// Released migrations from 0.2.0 on never change either.
+#[test]
+fn released_migrations_from_0_2_0_never_change() {
+    crate::sql::migrations::assert_released(
+        "sqlite (from 0.2.0)",
+        &migrate::migrator(),
+        &[(10, "fb916ff804cbe829")],
+    );
+}
+
+/// A file 0.1.0 wrote (its migrations only), holding a timer.
+async fn file_of_0_1_0(path: &std::path::Path) {
+    use sqlx::Connection;
+    let url = format!("sqlite://{}?mode=rwc", path.display());
+    let mut conn = sqlx::SqliteConnection::connect(&url)
+        .await
+        .expect("create");
+    sqlx::migrate!("./migrations/sqlite")
+        .run_direct(&mut conn)
+        .await
+        .expect("0.1.0's migrations");
+    sqlx::query(
+        "INSERT INTO timers (tenant_id, service_call_id, due_at, registered_at, available_at) \
+         VALUES ('t', 'kept', 60000, 0, 60000)",
+    )
+    .execute(&mut conn)
+    .await
+    .expect("a timer");
+    conn.close().await.expect("close");
+}
+
+async fn count(url: &str, sql: &str) -> i64 {
+    use sqlx::Connection;
+    let mut conn = sqlx::SqliteConnection::connect(url).await.expect("open");
+    let n = sqlx::query_scalar(sql).fetch_one(&mut conn).await.expect(sql);
+    conn.close().await.expect("close");
+    n
+}
+
+#[tokio::test]
+async fn a_file_of_0_1_0_is_copied_then_migrated() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("t.db");
+    file_of_0_1_0(&path).await;
+    let config = SqliteConfig::for_path(&path);
+    let store = SqliteStore::open(&config).await.expect("0.2.0 opens it");
+    let got = store.get(&TimerKey::new("t", "kept")).await.expect("get");
+    assert_eq!(got.map(|t| t.state), Some(TimerState::Scheduled));
+    drop(store);
+    let release = env!("CARGO_PKG_VERSION");
+    let copy = dir.path().join(format!("t.db.before-{release}"));
+    assert!(copy.exists(), "no copy at {copy:?}");
+    let copy_url = format!("sqlite://{}?mode=ro", copy.display());
+    // The copy is the file as 0.1.0 left it: its timer, none of the new migrations.
+    assert_eq!(count(&copy_url, "SELECT COUNT(*) FROM timers").await, 1);
+    let tables = "SELECT COUNT(*) FROM sqlite_master WHERE name = 'timer_migrations'";
+    assert_eq!(count(&copy_url, tables).await, 0);
+    let url = format!("sqlite://{}?mode=ro", path.display());
+    assert_eq!(count(&url, "SELECT COUNT(*) FROM timer_migrations").await, 1);
+    // 0.1.0 would still start on it: sqlx's table holds 0.1.0's migrations only.
+    assert_eq!(count(&url, "SELECT MAX(version) FROM _sqlx_migrations").await, 9);
+    // Opening it again migrates nothing, so copies nothing.
+    SqliteStore::open(&config).await.expect("opens again");
+    let copies = std::fs::read_dir(dir.path())
+        .expect("list")
+        .filter(|e| {
+            e.as_ref()
+                .is_ok_and(|e| e.file_name().to_string_lossy().contains(".before-"))
+        })
+        .count();
+    assert_eq!(copies, 1);
+}
+
+#[tokio::test]
+async fn a_new_file_is_not_copied() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = SqliteConfig::for_path(dir.path().join("t.db"));
+    SqliteStore::open(&config).await.expect("opens");
+    let names: Vec<String> = std::fs::read_dir(dir.path())
+        .expect("list")
+        .filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
+        .collect();
+    assert!(!names.iter().any(|n| n.contains(".before-")), "{names:?}");
+}
+
+#[tokio::test]
+async fn a_file_a_newer_release_needs_is_refused() {
+    use std::borrow::Cow;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("t.db");
+    let config = SqliteConfig::for_path(&path);
+    drop(SqliteStore::open(&config).await.expect("opens"));
+    // 0.3.0 applies a migration that removes what 0.2.0 uses.
+    let mut steps: Vec<sqlx::migrate::Migration> = migrate::migrator().iter().cloned().collect();
+    steps.push(sqlx::migrate::Migration::new(
+        90,
+        Cow::Borrowed("contracts"),
+        sqlx::migrate::MigrationType::Simple,
+        Cow::Borrowed("-- oldest release: 0.3.0\nCREATE TABLE contracted (x INTEGER)"),
+        false,
+    ));
+    let newer = sqlx::migrate::Migrator {
+        migrations: Cow::Owned(steps),
+        ..sqlx::migrate::Migrator::DEFAULT
+    };
+    let pool = sqlx::SqlitePool::connect(&format!("sqlite://{}", path.display()))
+        .await
+        .expect("open");
+    let v030 = semver::Version::new(0, 3, 0);
+    migrate::run(&pool, &config.path(), &v030, &newer)
+        .await
+        .expect("0.3.0 migrates");
+    pool.close().await;
+    let e = match SqliteStore::open(&config).await {
+        Ok(_) => panic!("0.2.0 should refuse a file 0.3.0 needs"),
+        Err(e) => e,
+    };
+    assert_eq!(e.kind(), ErrorKind::Config, "{e}");
+    let text = e.to_string();
+    assert!(
+        text.contains("was migrated by timer-service 0.3.0")
+            && text.contains("works with timer-service 0.3.0 or newer only (migration 90)")
+            && text.contains(&format!("this binary is timer-service {}", env!("CARGO_PKG_VERSION")))
+            && text.contains("t.db.before-"),
+        "{text}"
+    );
+    // And 0.1.0 too: sqlx's table has a migration it does not know.
+    let url = format!("sqlite://{}?mode=ro", path.display());
+    assert_eq!(count(&url, "SELECT MAX(version) FROM _sqlx_migrations").await, 90);
 }

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use timer_core::{CancelOutcome, ErrorKind, Store, TakenOver, TimerKey, TimerState};
+use timer_core::{CancelOutcome, ErrorKind, Release, Store, TakenOver, TimerKey, TimerState};
 
 use super::{
     at, cancel, claim, ids, mark_reached, put, row, schedule_and_claim, timer, FreshStore, T0,
@@ -126,9 +126,13 @@ pub async fn dead_owners_are_taken_over_at_once(fresh: FreshStore) {
         .lease_owners()
         .expect("the same plugin has the ability");
     let s = store.as_ref();
-    let i1 = owners.join("i1", T0).await.expect("i1 joins");
+    let build = Release {
+        version: "0.2.0".into(),
+        revision: "r1".into(),
+    };
+    let i1 = owners.join("i1", &build, T0, T0).await.expect("i1 joins");
     let refused = others
-        .join("i1", T0)
+        .join("i1", &build, T0, T0)
         .await
         .err()
         .expect("a live name is refused");
@@ -138,7 +142,7 @@ pub async fn dead_owners_are_taken_over_at_once(fresh: FreshStore) {
         "names it: {}",
         refused.chain()
     );
-    let i2 = others.join("i2", T0).await.expect("i2 joins");
+    let i2 = others.join("i2", &build, T0, T0).await.expect("i2 joins");
 
     put(
         s,
@@ -148,11 +152,32 @@ pub async fn dead_owners_are_taken_over_at_once(fresh: FreshStore) {
     .await;
     let claimed = claim(s, at(T0_MS + 10), 10, "i1", T0_MS + 3_600_000).await;
     assert_eq!(ids(&claimed), ["a", "b"]);
+    // The instance list: both, by id, with their builds and leases.
+    let live = owners.live().await.expect("the live instances");
+    let listed: Vec<(&str, Option<&Release>, u64)> = live
+        .iter()
+        .map(|i| (i.id.as_str(), i.release.as_ref(), i.leases))
+        .collect();
+    assert_eq!(
+        listed,
+        [("i1", Some(&build), 2), ("i2", Some(&build), 0)],
+        "{live:?}"
+    );
+    assert!(live
+        .iter()
+        .all(|i| i.started_at == T0 && i.last_seen_at.is_some()));
     let release_at = at(T0_MS + 1_000);
     let taken = others.take_over(release_at).await.expect("take over");
     assert_eq!(taken, [], "nothing of a live owner");
 
     drop(i1); // the instance dies: its connection ends
+    let live = crate::wait_for(Duration::from_secs(10), || async {
+        let live = others.live().await.expect("the live instances");
+        (live.len() == 1).then_some(live)
+    })
+    .await
+    .expect("a dead instance leaves the list within seconds, before anyone takes it over");
+    assert_eq!(live[0].id, "i2");
     let taken = crate::wait_for(Duration::from_secs(10), || async {
         let taken = others.take_over(release_at).await.expect("take over");
         (!taken.is_empty()).then_some(taken)
@@ -184,7 +209,7 @@ pub async fn dead_owners_are_taken_over_at_once(fresh: FreshStore) {
     // i2 dies holding them and runs again before anyone took it over: joining releases them.
     drop(i2);
     let rejoined = crate::wait_for(Duration::from_secs(10), || async {
-        others.join("i2", at(T0_MS + 2_000)).await.ok()
+        others.join("i2", &build, T0, at(T0_MS + 2_000)).await.ok()
     })
     .await
     .expect("the name is free once its connection ended");
@@ -199,7 +224,7 @@ pub async fn dead_owners_are_taken_over_at_once(fresh: FreshStore) {
         "a left owner is not dead"
     );
     let i2 = others
-        .join("i2", T0)
+        .join("i2", &Release::core(), T0, T0)
         .await
         .expect("a left name is free at once");
     drop(i2);
@@ -277,7 +302,12 @@ pub async fn concurrent_take_overs_take_each_dead_owner_once(fresh: FreshStore) 
     let dead = ["d1", "d2", "d3", "d4"];
     let mut members = Vec::new();
     for (i, owner) in dead.iter().enumerate() {
-        members.push(owners.join(owner, T0).await.expect("joins"));
+        members.push(
+            owners
+                .join(owner, &Release::core(), T0, T0)
+                .await
+                .expect("joins"),
+        );
         let batch: Vec<_> = (0..=i)
             .map(|n| timer("t", &format!("{owner}-{n}"), T0_MS))
             .collect();
@@ -324,4 +354,31 @@ pub async fn concurrent_take_overs_take_each_dead_owner_once(fresh: FreshStore) 
         ],
         "each dead owner taken over once, with all its leases"
     );
+}
+
+/// `leased` counts the rows claimed and not settled: the leases the instance list shows.
+pub async fn leased_counts_the_live_leases(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    let leased = || async {
+        s.queries()
+            .leased()
+            .await
+            .unwrap_or_else(|e| panic!("counting the leased timers failed: {e}"))
+    };
+    put(
+        s,
+        &[
+            timer("t", "a", T0_MS),
+            timer("t", "b", T0_MS),
+            timer("u", "c", T0_MS + 60_000),
+        ],
+        T0,
+    )
+    .await;
+    assert_eq!(leased().await, 0, "nothing claimed yet");
+    let claimed = claim(s, T0, 10, "i1", T0_MS + 1_000).await;
+    assert_eq!(ids(&claimed), ["a", "b"]);
+    assert_eq!(leased().await, 2, "two claimed, none settled");
+    assert_eq!(mark_reached(s, &claimed[..1], "i1", T0).await, 1);
+    assert_eq!(leased().await, 1, "a settled row holds no lease");
 }

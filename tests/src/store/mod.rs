@@ -53,7 +53,7 @@ pub use leases::{
     a_restart_releases_every_lease_of_a_store_one_service_owns,
     a_store_keeps_what_it_committed_across_a_restart,
     concurrent_take_overs_take_each_dead_owner_once, dead_owners_are_taken_over_at_once,
-    renew_extends_only_the_owners_leases,
+    leased_counts_the_live_leases, renew_extends_only_the_owners_leases,
 };
 pub use queries::{
     backlog_counts_claimable_rows_by_tenant_longest_waiting_first, count_counts_each_state,
@@ -162,6 +162,7 @@ pub fn checks() -> Vec<Check<Arc<dyn Store>>> {
         count_counts_each_state,
         backlog_counts_claimable_rows_by_tenant_longest_waiting_first,
         renew_extends_only_the_owners_leases,
+        leased_counts_the_live_leases,
         a_claim_in_a_backlog_shares_the_batch_between_tenants,
         tenants_beyond_one_claims_visits_are_served_in_turn,
         fair_claims_are_exclusive_under_concurrency,

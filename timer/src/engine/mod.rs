@@ -133,6 +133,10 @@ struct Inner {
     settling_now: AtomicBool,
     /// Makes the engine's spans, when the binary exports them ([`Engine::with_tracer`]).
     spans: std::sync::OnceLock<spans::Spans>,
+    /// The build this instance runs, as the instance list shows it ([`Engine::with_release`]).
+    release: std::sync::OnceLock<crate::Release>,
+    /// When this engine was made: its start in the instance list of a single-instance store.
+    started_at: crate::Timestamp,
 }
 
 impl Engine {
@@ -159,6 +163,7 @@ impl Engine {
         // Without lease owners in the store, one membership for the engine's life.
         let member =
             watch::Sender::new(store.lease_owners().is_none().then(CancellationToken::new));
+        let started_at = clock.now();
         Engine {
             inner: Arc::new(Inner {
                 store,
@@ -185,6 +190,8 @@ impl Engine {
                 settling: Mutex::new(Vec::new()),
                 settling_now: AtomicBool::new(false),
                 spans: std::sync::OnceLock::new(),
+                release: std::sync::OnceLock::new(),
+                started_at,
             }),
         }
     }
@@ -212,6 +219,38 @@ impl Engine {
             .set(spans::Spans::new(tracer))
             .map_err(|_| crate::Error::config("the engine has a tracer already"))?;
         Ok(self)
+    }
+
+    /// Names the build this instance runs (the binary's version and git revision) in the
+    /// store's instance list. Set once, before the engine starts; without it, timer-core's
+    /// version and revision `unknown`.
+    pub fn with_release(self, release: crate::Release) -> Result<Self, crate::Error> {
+        self.inner
+            .release
+            .set(release)
+            .map_err(|_| crate::Error::config("the engine has a release already"))?;
+        Ok(self)
+    }
+
+    /// The build this instance runs.
+    pub fn release(&self) -> &crate::Release {
+        self.inner.release.get_or_init(crate::Release::core)
+    }
+
+    /// The live instances: the store's list (ordered by id) where several instances share it,
+    /// else this one alone, with the leases held in the store.
+    pub async fn instances(&self) -> crate::Result<Vec<crate::LiveInstance>> {
+        if let Some(owners) = self.inner.store.lease_owners() {
+            return owners.live().await;
+        }
+        let leases = self.inner.store.queries().leased().await?;
+        Ok(vec![crate::LiveInstance {
+            id: self.inner.owner.clone(),
+            release: Some(self.release().clone()),
+            started_at: self.inner.started_at,
+            last_seen_at: Some(self.inner.clock.now()),
+            leases,
+        }])
     }
 
     fn spans(&self) -> Option<&spans::Spans> {

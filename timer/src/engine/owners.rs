@@ -54,7 +54,10 @@ impl Engine {
     /// instance that lost its membership has surely stopped firing them.
     async fn join_now(&self, owners: &dyn LeaseOwners) -> crate::Result<Box<dyn Membership>> {
         let release_at = self.inner.clock.now().saturating_add(owners.lost_within());
-        owners.join(&self.inner.owner, release_at).await
+        let (release, started_at) = (self.release(), self.inner.started_at);
+        owners
+            .join(&self.inner.owner, release, started_at, release_at)
+            .await
     }
 
     /// Whether this instance is a live member of the store's instances now (always, once
