@@ -85,7 +85,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         Arc::new(SystemClock),
         config.engine.clone(),
         config.limits.clone(),
-    );
+    )
+    .with_release(this_release())?;
     let engine = crate::plugins::with_caller(engine, &config)?;
     let telemetry = Telemetry::start(&config.telemetry, engine.instance_id())?;
     let engine = match &telemetry {
@@ -192,6 +193,14 @@ async fn signal(shutdown: CancellationToken) {
     }
     shutdown.cancel();
 }
+/// This build: the release and the git revision (`bin/build.rs`), as the instance list shows it.
+pub fn this_release() -> timer_core::Release {
+    timer_core::Release {
+        version: env!("CARGO_PKG_VERSION").to_owned(),
+        revision: env!("SERVICE_REVISION").to_owned(),
+    }
+}
+
 /// Keeps the `timer.pending` (Scheduled) and `timer.paused` gauges current (a count is too costly for every scrape on a big store).
 pub async fn pending_gauge(engine: Engine, shutdown: CancellationToken) {
     let mut tick = tokio::time::interval(Duration::from_secs(5));

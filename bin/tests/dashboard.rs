@@ -408,6 +408,25 @@ async fn walk_through(name: &str, dir: &Path, mut env: Vec<(&str, String)>, stor
     browser.click("#sign-in").await;
     browser.wait_text("#card-store", "healthy").await;
     browser.wait_text("#card-broker", "memory healthy").await;
+    // The instance list: this instance, the release and revision it runs, the leases it holds.
+    browser
+        .wait_text("#instances", env!("CARGO_PKG_VERSION"))
+        .await;
+    let instances = browser.text("#instances").await.unwrap_or_default();
+    assert!(
+        instances.contains("(this one)") && instances.lines().count() == 1,
+        "one live instance, this one: {instances}"
+    );
+    browser
+        .run(
+            "document.getElementById('instances').scrollIntoView(); return null;",
+            vec![],
+        )
+        .await;
+    browser.shot("instances").await;
+    browser
+        .run("window.scrollTo(0, 0); return null;", vec![])
+        .await;
     if big > 0 {
         time_big_tenant(&browser, big).await;
     }

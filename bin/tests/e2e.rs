@@ -889,6 +889,37 @@ async fn cli_pauses_resumes_triggers_and_pages_through_everything() {
     assert_eq!(code, 0, "{err}");
     let status: Value = serde_json::from_str(&out).expect("json status");
     assert_eq!(status["timers"]["pending"], 3, "{status}");
+    // The instance list: this one, the build `--version` names, the time it started.
+    let (code, version, err) = run_cli(dir.path(), &["--version"], &[]).await;
+    assert_eq!(code, 0, "{err}");
+    let expected = format!(
+        "timer-service {} ({})",
+        status["version"].as_str().unwrap_or("?"),
+        status["revision"].as_str().unwrap_or("?")
+    );
+    assert_eq!(version.trim(), expected, "{status}");
+    // Built in a git checkout (and not told otherwise): the revision of HEAD.
+    let head = std::process::Command::new("git")
+        .args(["rev-parse", "--short=12", "HEAD"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .ok()
+        .filter(|out| out.status.success() && std::env::var_os("BUILD_REVISION").is_none());
+    if let Some(head) = head {
+        let head = String::from_utf8_lossy(&head.stdout).trim().to_owned();
+        assert_eq!(status["revision"], head.as_str(), "{status}");
+    }
+    let instances = status["instances"].as_array().expect("instances listed");
+    assert_eq!(instances.len(), 1, "{status}");
+    let me = &instances[0];
+    assert_eq!(me["id"], status["instanceId"], "{status}");
+    assert_eq!(me["version"], env!("CARGO_PKG_VERSION"), "{status}");
+    assert_eq!(me["revision"], status["revision"], "{status}");
+    assert!(
+        me["startedAt"].is_string() && me["lastSeenAt"].is_string(),
+        "{status}"
+    );
+    assert_eq!(me["leases"], 0, "nothing is being fired: {status}");
     let (code, _, err) = cli(vec!["pause", "--tenant", "acme", "--id", "none"]).await;
     assert_eq!(code, 1);
     assert!(err.contains("404"), "{err}");

@@ -385,6 +385,7 @@ async function overview() {
   const tenantsBody = h('tbody', { id: 'tenants' });
   const nextBody = h('tbody', { id: 'next-due' });
   const waitingBody = h('tbody', { id: 'waiting' });
+  const instancesBody = h('tbody', { id: 'instances' });
   const more = h('p', { class: 'muted', id: 'more-tenants', hidden: true });
   const countedAt = h('span', { class: 'muted small', id: 'counted-at' });
   const failure = h('p', { class: 'error', id: 'overview-error', role: 'alert', hidden: true });
@@ -416,6 +417,15 @@ async function overview() {
           h('th', { class: 'num' }, 'Fired 1 min'), h('th', { class: 'num' }, 'Lateness p50 / p99'),
           h('th', { class: 'num hide-narrow' }, 'Most late'))),
         waitingBody))),
+    h('section', { class: 'panel' },
+      h('h2', {}, 'Instances'),
+      h('p', { class: 'muted small' },
+        'The live instances on this store, with the release each runs (during a rolling upgrade, two) and the timers each holds now.'),
+      h('div', { class: 'table-wrap' }, h('table', {},
+        h('thead', {}, h('tr', {},
+          h('th', {}, 'Instance'), h('th', {}, 'Version'), h('th', { class: 'hide-narrow' }, 'Revision'),
+          h('th', {}, 'Started (UTC)'), h('th', {}, 'Last seen (UTC)'), h('th', { class: 'num' }, 'Leases'))),
+        instancesBody))),
     h('div', { class: 'grid2' },
       h('section', { class: 'panel' },
         h('div', { class: 'panel-head' }, h('h2', {}, 'Tenants'), countedAt),
@@ -446,7 +456,7 @@ async function overview() {
     cards.store.replaceChildren(health(status.store));
     cards.broker.replaceChildren(health(status.broker));
     cards.instance.className = 'value small';
-    cards.instance.replaceChildren(`${status.instanceId} · v${status.version}`);
+    cards.instance.replaceChildren(`${status.instanceId} · v${status.version} (${status.revision})`);
     cards.fires.textContent = (status.lastMinute.fired / 60).toFixed(1);
     const l = status.lastMinute.latenessMs;
     cards.lateness.textContent = l.p50 === null ? '—' : `${l.p50} / ${l.p99} ms`;
@@ -460,6 +470,18 @@ async function overview() {
       h('td', { class: 'num' }, r.fired),
       h('td', { class: 'num' }, r.lateness),
       h('td', { class: 'num hide-narrow' }, r.mostLate))));
+    const instances = status.instances || [];
+    instancesBody.replaceChildren(...instances.map((i) => h('tr', { 'data-instance': i.id },
+      h('td', { class: 'id' }, i.id === status.instanceId ? `${i.id} (this one)` : i.id),
+      h('td', {}, i.version === null ? '0.1.0 or older' : i.version),
+      h('td', { class: 'id hide-narrow' }, i.revision || '—'),
+      h('td', { class: 'time' }, utc(i.startedAt)),
+      h('td', { class: 'time' }, i.lastSeenAt ? utc(i.lastSeenAt) : '—'),
+      h('td', { class: 'num' }, fmt(i.leases)))));
+    if (instances.length === 0) {
+      instancesBody.replaceChildren(h('tr', {}, h('td', { colspan: 6, class: 'muted' },
+        status.instances ? 'No live instance listed.' : 'The store could not list the instances.')));
+    }
     if (rows.length === 0) {
       waitingBody.replaceChildren(h('tr', {}, h('td', { colspan: 6, class: 'muted' },
         status.backlog ? 'Nothing waits, and nothing fired in the last minute.' : 'The backlog could not be counted.')));
@@ -489,6 +511,7 @@ async function overview() {
       cards.timers.textContent = ['scheduled', 'paused', 'failed'].map((state) => fmt(sum(state))).join(' · ');
       chart.replaceChildren(h('p', { class: 'muted' }, 'Needs the admin scope.'));
       waitingBody.replaceChildren(h('tr', {}, h('td', { colspan: 6, class: 'muted' }, 'Needs the admin scope.')));
+      instancesBody.replaceChildren(h('tr', {}, h('td', { colspan: 6, class: 'muted' }, 'Needs the admin scope.')));
     } else {
       showStatus(status);
     }

@@ -11,10 +11,18 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 
+/// The release and the git revision built from, as `--version` and the status say them.
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (",
+    env!("SERVICE_REVISION"),
+    ")"
+);
+
 #[derive(Parser)]
 #[command(
     name = "timer-service",
-    version,
+    version = VERSION,
     about = "A durable, multi-tenant, broker-agnostic timer service"
 )]
 pub struct Cli {

@@ -9,6 +9,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Serialize;
 use timer_core::{Engine, Error, TimerState};
+use tracing::warn;
 use utoipa::ToSchema;
 
 use crate::http::counted::Totals;
@@ -19,7 +20,10 @@ use crate::http::state::AppState;
 #[derive(Debug, Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Status {
+    /// This instance's release.
     pub version: &'static str,
+    /// The git revision this instance was built from (`unknown` when built outside git).
+    pub revision: &'static str,
     pub instance_id: String,
     pub store: Health,
     pub broker: Health,
@@ -38,9 +42,51 @@ pub struct Status {
     /// The minutes of the last hour in which this instance fired, oldest first (the current
     /// minute too, so far); minutes without fires are left out.
     pub last_hour: Vec<MinuteView>,
-    /// Other live instances, where the store keeps a register of them (none does yet: null).
+    /// The live instances, this one included, ordered by id: every instance on the store's
+    /// list (PostgreSQL), or this one alone. Null when the store could not list them.
     #[schema(required = true)]
-    pub instances: Option<Vec<String>>,
+    pub instances: Option<Vec<InstanceView>>,
+}
+
+/// One live instance.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct InstanceView {
+    /// Its `engine.instance_id` (or the name it made itself).
+    pub id: String,
+    /// Its release; null for an instance of 0.1.0, which does not say.
+    #[schema(required = true)]
+    pub version: Option<String>,
+    /// The git revision it was built from; null with `version`.
+    #[schema(required = true)]
+    pub revision: Option<String>,
+    /// When it joined the store's live instances (its start, or when it joined again after a
+    /// lost connection).
+    #[schema(format = DateTime)]
+    pub started_at: String,
+    /// When it last told the store it is alive (about every second; null for 0.1.0).
+    #[schema(format = DateTime)]
+    #[schema(required = true)]
+    pub last_seen_at: Option<String>,
+    /// The timers it holds leases on now: claimed, being fired, not settled yet.
+    pub leases: u64,
+}
+
+impl InstanceView {
+    pub fn of(i: timer_core::LiveInstance) -> Self {
+        let (version, revision) = match i.release {
+            Some(r) => (Some(r.version), Some(r.revision)),
+            None => (None, None),
+        };
+        InstanceView {
+            id: i.id,
+            version,
+            revision,
+            started_at: i.started_at.to_rfc3339(),
+            last_seen_at: i.last_seen_at.map(|t| t.to_rfc3339()),
+            leases: i.leases,
+        }
+    }
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -336,14 +382,27 @@ pub async fn status(State(app): State<AppState>) -> Json<Status> {
         healthy: result.is_ok(),
         error: result.err().map(|e| e.chain()),
     };
-    let (totals, next_due) = tokio::join!(
+    let (totals, next_due, instances) = tokio::join!(
         app.counts.totals.get(|| count_totals(app.engine.clone())),
         store.next_due_at(),
+        tokio::time::timeout(READY_WITHIN, engine.instances()),
     );
+    let instances = match instances {
+        Ok(Ok(list)) => Some(list.into_iter().map(InstanceView::of).collect()),
+        Ok(Err(e)) => {
+            warn!(error = %e.chain(), "status: listing the live instances failed");
+            None
+        }
+        Err(_) => {
+            warn!("status: listing the live instances did not answer in time");
+            None
+        }
+    };
     let minute = engine.last_minute();
     let (tenants_minute, tenants_fired) = engine.last_minute_by_tenant(STATUS_TENANTS);
     Json(Status {
         version: env!("CARGO_PKG_VERSION"),
+        revision: env!("SERVICE_REVISION"),
         instance_id: engine.instance_id().to_owned(),
         store: health(store.name(), store_health),
         broker: health(broker.name(), broker_health),
@@ -403,7 +462,6 @@ pub async fn status(State(app): State<AppState>) -> Json<Status> {
                 .collect(),
         },
         last_hour: engine.last_hour().iter().map(MinuteView::of).collect(),
-        // No store keeps a register of live instances yet.
-        instances: None,
+        instances,
     })
 }

@@ -191,7 +191,8 @@ pub(super) async fn start_rig_with(
             Arc::new(SystemClock),
             config.engine.clone(),
             limits.clone(),
-        );
+        )
+        .with_release(crate::server::this_release())?;
         let engine = if load.calls_to_loopback {
             crate::plugins::with_loopback_caller(engine, config)?
         } else {
