@@ -5,7 +5,8 @@
 # Usage: bash scripts/test.sh [extra cargo test args]
 #
 # Besides the tests: cargo-machete (no unused dependency) and mdbook (the book in docs/ builds),
-# built once into ~/.cache/timer-service (scripts/tools.sh).
+# built once into ~/.cache/timer-service (scripts/tools.sh); and the previous release, built
+# from git history for the rolling-upgrade test (scripts/previous.sh).
 # Servers: PostgreSQL (scripts/servers/postgres.sh), NATS with JetStream (scripts/servers/nats.sh),
 # RabbitMQ (scripts/servers/rabbitmq.sh), a Kafka-protocol broker (tansu, scripts/servers/kafka.sh;
 # built once into ~/.cache/timer-service, about 12 minutes on 2 cores), and ChromeDriver with
@@ -22,6 +23,10 @@ bash scripts/builds.sh
 
 # The tools besides the tests, built once into ~/.cache/timer-service (scripts/tools.sh).
 bash scripts/tools.sh install
+# The previous release, built once from git history into ~/.cache/timer-service for the
+# rolling-upgrade test (scripts/previous.sh).
+bash scripts/previous.sh build
+eval "$(bash scripts/previous.sh env)"
 # No dependency that no source file uses.
 "$(bash scripts/tools.sh bin cargo-machete)"
 # The book builds, without a warning (mdbook only warns of an {{#include}} it cannot find); its
