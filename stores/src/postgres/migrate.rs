@@ -172,7 +172,7 @@ async fn migrate(
             tx.execute(&*step.migration.sql)
                 .await
                 .map_err(|e| failed(schema, step, &e))?;
-            record(&mut *tx, step, this, started, contracts).await?;
+            record(&mut tx, step, this, started, contracts).await?;
             tx.commit().await.map_err(|e| failed(schema, step, &e))?;
         }
         info!(
@@ -299,6 +299,15 @@ async fn record(
     Ok(())
 }
 
+/// The release an instance runs, as the instance list says: one that did not say is older than
+/// the record ([`BEFORE_RECORDS`]), one that cannot be read older still.
+fn instance_release(version: Option<&str>) -> Version {
+    match version {
+        None => BEFORE_RECORDS,
+        Some(v) => Version::parse(v).unwrap_or(Version::new(0, 0, 0)),
+    }
+}
+
 /// Waits until no live instance runs a release older than `step` works with.
 async fn wait_for_older(conn: &mut PgConnection, schema: &str, step: &Step<'_>) -> Result<()> {
     let started = Instant::now();
@@ -308,7 +317,7 @@ async fn wait_for_older(conn: &mut PgConnection, schema: &str, step: &Step<'_>) 
             .await?
             .into_iter()
             .filter(|(_, version)| {
-                releases::instance_release(version.as_deref()) < step.oldest_release
+                instance_release(version.as_deref()) < step.oldest_release
             })
             .map(|(id, version)| {
                 let version = version.unwrap_or_else(|| BEFORE_RECORDS.to_string());
@@ -354,6 +363,13 @@ mod tests {
             &migrator(),
             &[(15, "35f4a1a50c66c518"), (16, "17c9ae8cd26b89de")],
         );
+    }
+
+    #[test]
+    fn an_instance_that_did_not_say_is_older_than_the_record() {
+        assert_eq!(instance_release(None), Version::new(0, 1, 0));
+        assert_eq!(instance_release(Some("0.2.0")), Version::new(0, 2, 0));
+        assert_eq!(instance_release(Some("junk")), Version::new(0, 0, 0));
     }
 
     #[test]

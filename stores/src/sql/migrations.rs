@@ -88,15 +88,6 @@ pub(crate) mod releases {
             .map_err(|e| Error::config(format!("{what} {text:?} is not a release (X.Y.Z): {e}")))
     }
 
-    /// The release an instance runs, as the instance list says: one that did not say is
-    /// older than the record ([`BEFORE_RECORDS`]), one that cannot be read older still.
-    pub(crate) fn instance_release(version: Option<&str>) -> Version {
-        match version {
-            None => BEFORE_RECORDS,
-            Some(v) => Version::parse(v).unwrap_or(Version::new(0, 0, 0)),
-        }
-    }
-
     /// The steps of `migrator`, each with its `-- oldest release:` line.
     pub(crate) fn steps(migrator: &Migrator) -> Result<Vec<Step<'_>>> {
         migrator
@@ -251,13 +242,6 @@ pub(crate) mod releases {
                 e.contains("migration 15 (m)") && e.contains("different file"),
                 "{e}"
             );
-        }
-
-        #[test]
-        fn an_instance_that_did_not_say_is_older_than_the_record() {
-            assert_eq!(instance_release(None), Version::new(0, 1, 0));
-            assert_eq!(instance_release(Some("0.2.0")), Version::new(0, 2, 0));
-            assert_eq!(instance_release(Some("junk")), Version::new(0, 0, 0));
         }
     }
 }

@@ -261,7 +261,7 @@ async fn a_file_a_newer_release_needs_is_refused() {
         .await
         .expect("open");
     let v030 = semver::Version::new(0, 3, 0);
-    migrate::run(&pool, &config.path(), &v030, &newer)
+    migrate::run(&pool, config.path(), &v030, &newer)
         .await
         .expect("0.3.0 migrates");
     pool.close().await;
