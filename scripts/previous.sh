@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the previous release (scripts/previous-release: its git revision and release) from git
-# history, once, into ~/.cache/timer-service/previous-<revision>/timer-service, for the
-# rolling-upgrade test. Only the binary is kept; its build directory is removed after.
+# history, once, into ~/.cache/timer-service/previous-<revision>-<features>/timer-service, for
+# the upgrade tests (bin/tests/rolling_upgrade.rs). Only the binary is kept; its build directory is removed after.
 # Usage: bash scripts/previous.sh build   build it when missing
 #        bash scripts/previous.sh env     print the variables the test reads
 #                                         (TIMER_TEST_PREVIOUS_BIN, TIMER_TEST_PREVIOUS_RELEASE)
@@ -10,10 +10,11 @@ cd "$(dirname "$0")/.."
 
 CACHE=${XDG_CACHE_HOME:-$HOME/.cache}/timer-service
 read -r REVISION RELEASE < <(grep -v '^#' scripts/previous-release | head -n 1)
-ROOT="$CACHE/previous-$REVISION"
+# What the tests need of it: PostgreSQL and NATS (the rolling upgrade), SQLite and the memory
+# broker (the upgrade in place).
+FEATURES=postgres,nats,sqlite,memory
+ROOT="$CACHE/previous-$REVISION-${FEATURES//,/-}"
 BIN="$ROOT/timer-service"
-# What the test needs of it: PostgreSQL and NATS.
-FEATURES=postgres,nats
 
 log() { echo "previous.sh: $*" >&2; }
 

@@ -25,13 +25,14 @@ use std::time::Duration;
 use libtest_mimic::Arguments;
 use serde_json::{json, Value};
 use timer_conformance::e2e::{
-    now_ms, percentiles, schedule, timer_of, write_config, ScriptedServer, Service, ON_TIME_P99_MS,
+    not_reached_within, now_ms, percentiles, schedule, timer_of, write_config, ScriptedServer,
+    Service, ON_TIME_P99_MS,
 };
 use timer_conformance::proxy::Proxy;
 use timer_conformance::scenarios::envelope;
 use timer_conformance::{server_trial_within, wait_for, TRIAL_LIMIT};
 use timer_core::plugin::{fresh_name, BrokerConfig, BrokerPlugin, Isolated, TestClient};
-use timer_core::{Store, TimerKey, TimerState};
+use timer_core::TimerKey;
 use timer_stores::postgres::{PostgresConfig, PostgresStore};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -352,26 +353,8 @@ async fn soak(chaos: ChaosBroker) {
     }
     let lost: Vec<&String> = due.keys().filter(|k| !fires.contains_key(*k)).collect();
     // A mark may still be on its way when the event is read.
-    let not_reached_now = || async {
-        let mut not_reached = Vec::new();
-        for (key, _) in &acknowledged {
-            match store.get(key).await {
-                Ok(Some(t)) if t.state == TimerState::Reached => {}
-                other => {
-                    not_reached.push(format!("{key}: {:?}", other.map(|t| t.map(|t| t.state))))
-                }
-            }
-        }
-        not_reached
-    };
-    let not_reached = match wait_for(Duration::from_secs(60), || async {
-        not_reached_now().await.is_empty().then_some(())
-    })
-    .await
-    {
-        Some(()) => Vec::new(),
-        None => not_reached_now().await,
-    };
+    let keys: Vec<TimerKey> = acknowledged.iter().map(|(k, _)| k.clone()).collect();
+    let not_reached = not_reached_within(&store, &keys, Duration::from_secs(60)).await;
     let early: Vec<String> = fires
         .iter()
         .filter_map(|(k, f)| {

@@ -6,8 +6,10 @@
 //! built CONCURRENTLY among them, while the old ones fire), take the old one out of the
 //! rotation, SIGTERM it. A checker then reads every event and the final store: none lost, none
 //! early, none fired twice; the longest wait of any schedule and the lateness are printed.
-//! Then the previous release starts again on the migrated schema (a rollback works), and this
-//! build refuses a schema a newer release needs.
+//! Then the previous release starts again on the migrated schema (a rollback works). Also: a
+//! SQLite file of the previous release upgraded in place (stop, start this build: a copy is
+//! written, every timer fires once, and the previous release starts on it again), and this
+//! build refusing a schema a newer release needs.
 //!
 //! Needs `TIMER_TEST_POSTGRES_URL`, `TIMER_TEST_NATS_URL` and `TIMER_TEST_PREVIOUS_BIN`
 //! (bash scripts/test.sh sets them all).
@@ -20,12 +22,12 @@ use std::time::Duration;
 use libtest_mimic::Arguments;
 use serde_json::{json, Value};
 use timer_conformance::e2e::{
-    now_ms, percentiles, run_to_end, schedule, timer_of, write_config, Service,
+    not_reached_within, now_ms, percentiles, run_to_end, schedule, timer_of, write_config, Service,
 };
 use timer_conformance::scenarios::envelope;
 use timer_conformance::{server_trial_within, wait_for, TRIAL_LIMIT};
 use timer_core::plugin::{fresh_name, BrokerConfig, Isolated, TestClient};
-use timer_core::{Store, TimerKey, TimerState};
+use timer_core::TimerKey;
 use timer_stores::postgres::{PostgresConfig, PostgresStore, TEST_SERVER};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -75,6 +77,15 @@ fn main() {
             || async {
                 let previous = previous().expect("the previous release");
                 roll(&previous).await;
+            },
+        ),
+        server_trial_within(
+            "rolling_upgrade::a_sqlite_file_of_the_previous_release_upgraded_in_place",
+            previous().err(),
+            TRIAL_LIMIT,
+            || async {
+                let previous = previous().expect("the previous release");
+                upgrade_in_place(&previous).await;
             },
         ),
         server_trial_within(
@@ -177,6 +188,7 @@ async fn roll(previous: &Path) {
     // One by one: start the new one, put it in the rotation, take the old one out, stop it.
     let mut new = Vec::new();
     let mut migration_ms = 0;
+    let mut steps: Vec<(String, i64)> = Vec::new();
     for (i, old_one) in old.into_iter().enumerate() {
         let started = Instant::now();
         let instance = start(Path::new(BIN), &pg, &section, &format!("new-{i}")).await;
@@ -210,6 +222,7 @@ async fn roll(previous: &Path) {
             );
         }
         println!("new-{i} ready {ready_ms} ms after its start");
+        steps.push((format!("new-{i} ready"), now_ms()));
         rotation
             .lock()
             .expect("rotation")
@@ -218,8 +231,10 @@ async fn roll(previous: &Path) {
             .lock()
             .expect("rotation")
             .retain(|base| *base != old_one.service.base);
+        steps.push((format!("{} stopping", old_one.id), now_ms()));
         let code = old_one.service.terminate().await;
         assert_eq!(code, Some(0), "{} stopped cleanly", old_one.id);
+        steps.push((format!("{} stopped", old_one.id), now_ms()));
         new.push(instance);
         tokio::time::sleep(STEADY).await;
     }
@@ -271,38 +286,30 @@ async fn roll(previous: &Path) {
         .filter(|(_, at)| at.len() > 1)
         .map(|(k, _)| k)
         .collect();
-    let lateness: Vec<i64> = due
+    let mut late: Vec<(i64, &String, i64)> = due
         .iter()
-        .filter_map(|(k, due)| Some(fires.get(k)?.iter().min()? - due))
+        .filter_map(|(k, due)| Some((fires.get(k)?.iter().min()? - due, k, *due)))
         .collect();
+    late.sort_unstable_by(|a, b| b.cmp(a));
+    for (lateness, key, due) in late.iter().take(3) {
+        // The last step of the upgrade before its due time: what it waited for.
+        let before = steps
+            .iter()
+            .rfind(|(_, at)| at <= due)
+            .map_or("before the first step".to_owned(), |(step, at)| {
+                format!("{} ms after {step}", due - at)
+            });
+        println!("most late: {key} {lateness} ms, due {before}");
+    }
+    let lateness: Vec<i64> = late.iter().map(|(l, _, _)| *l).collect();
     let (l50, l99, lmax) = percentiles(lateness);
     let waits: Vec<i64> = taken.iter().filter_map(|s| s.waited_ms).collect();
     let http_count = waits.len();
     let (w50, w99, wmax) = percentiles(waits);
 
     let store = PostgresStore::open(&pg).await.expect("open the schema");
-    let not_reached_now = || async {
-        let mut not_reached = Vec::new();
-        for s in &taken {
-            match store.get(&s.key).await {
-                Ok(Some(t)) if t.state == TimerState::Reached => {}
-                other => not_reached.push(format!(
-                    "{}: {:?}",
-                    s.key,
-                    other.map(|t| t.map(|t| t.state))
-                )),
-            }
-        }
-        not_reached
-    };
-    let not_reached = match wait_for(Duration::from_secs(60), || async {
-        not_reached_now().await.is_empty().then_some(())
-    })
-    .await
-    {
-        Some(()) => Vec::new(),
-        None => not_reached_now().await,
-    };
+    let keys: Vec<TimerKey> = taken.iter().map(|s| s.key.clone()).collect();
+    let not_reached = not_reached_within(&store, &keys, Duration::from_secs(60)).await;
     println!(
         "rolling upgrade: {} timers ({http_count} over HTTP, {} over NATS), {} events; lost {}, \
          early {}, fired twice {}, not Reached in the store {}",
@@ -453,6 +460,68 @@ async fn send_commands(
             waited_ms: None,
         });
     }
+}
+
+/// SQLite: the previous release schedules, stops; this build starts on the same file, writes the
+/// copy, fires every timer once and on time; the previous release starts on it again.
+async fn upgrade_in_place(previous: &Path) {
+    const N: usize = 200;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("timers.db");
+    let env = vec![
+        ("TIMER_STORE__KIND", "sqlite".to_owned()),
+        ("TIMER_STORE__URL", format!("sqlite://{}", file.display())),
+        ("TIMER_BROKER__KIND", "memory".to_owned()),
+    ];
+    let old = Service::start(previous, dir.path(), &env).await;
+    // Due after the restart; one due now fires on the previous release.
+    let due = now_ms() + 8_000;
+    let commands: Vec<Value> = (0..N)
+        .map(|i| json!({"tenantId": "t", "serviceCallId": format!("u{i:04}"), "dueTimeMs": due + i as i64 * 5}))
+        .chain([json!({"tenantId": "t", "serviceCallId": "now", "dueTimeMs": now_ms()})])
+        .collect();
+    old.schedule_batch(&commands).await;
+    let fired_before = old.events().await;
+    assert!(
+        fired_before
+            .wait(1, Duration::from_secs(30))
+            .await
+            .is_some(),
+        "the one due now fires"
+    );
+    assert_eq!(old.terminate().await, Some(0));
+
+    let new = Service::start(Path::new(BIN), dir.path(), &env).await;
+    let copy = dir
+        .path()
+        .join(format!("timers.db.before-{}", env!("CARGO_PKG_VERSION")));
+    assert!(copy.is_file(), "the copy before migrating, at {copy:?}");
+    let events = new.events().await;
+    let received = events
+        .wait(N, Duration::from_secs(60))
+        .await
+        .unwrap_or_else(|| panic!("{} of {N} fired after the upgrade", events.len()));
+    let by_key = timer_conformance::e2e::count_by_key(&received);
+    assert_eq!(by_key.len(), N, "each timer once: {by_key:?}");
+    assert!(by_key.values().all(|n| *n == 1), "none twice: {by_key:?}");
+    let early: Vec<i64> = received
+        .iter()
+        .map(|r| timer_conformance::e2e::lateness_ms(&r.envelope))
+        .filter(|l| *l < 0)
+        .collect();
+    assert!(early.is_empty(), "fired early by {early:?} ms");
+    let (p50, p99, max) = timer_conformance::e2e::on_time("after the upgrade in place", &received);
+    println!("upgrade in place: {N} timers fired after the restart, lateness p50 {p50} p99 {p99} max {max} ms");
+    assert_eq!(new.terminate().await, Some(0));
+    // Going back: the previous release starts on the migrated file.
+    let back = Service::start(previous, dir.path(), &env).await;
+    let (status, v) = back.get("/v1/status").await;
+    assert_eq!(
+        (status, v["store"]["healthy"].clone()),
+        (200, json!(true)),
+        "{v}"
+    );
+    assert_eq!(back.terminate().await, Some(0));
 }
 
 /// This build refuses, before it changes anything, a schema whose record says a newer release

@@ -16,9 +16,8 @@
 //!   try is made again, [`ATTEMPTS`] in all.
 //! - A migration whose oldest release is newer than a live instance's (one that contracts the
 //!   schema under it) is not applied while that instance is alive: the runner waits, saying
-//!   every [`SAY_EVERY`] which instances it waits for, and goes on once they are gone. It also
-//!   writes a row in sqlx's table, so that a 0.1.0 binary, which does not read the record,
-//!   refuses to start on the schema.
+//!   every [`SAY_EVERY`] which instances it waits for, and goes on once they are gone.
+//!   ([`releases::record`] also makes a 0.1.0 binary refuse the schema then.)
 
 use std::time::{Duration, Instant};
 
@@ -166,13 +165,13 @@ async fn migrate(
                  CONCURRENTLY: writes go on; on a big table it takes a while)"
             );
             apply_outside(conn, schema, step).await?;
-            record(&mut *conn, step, this, started, contracts).await?;
+            record(&mut *conn, step, this, started).await?;
         } else {
             let mut tx = conn.begin().await.map_err(|e| db_err("migrating", e))?;
             tx.execute(&*step.migration.sql)
                 .await
                 .map_err(|e| failed(schema, step, &e))?;
-            record(&mut tx, step, this, started, contracts).await?;
+            record(&mut tx, step, this, started).await?;
             tx.commit().await.map_err(|e| failed(schema, step, &e))?;
         }
         info!(
@@ -256,47 +255,12 @@ async fn drop_invalid_indexes(conn: &mut PgConnection, schema: &str) -> Result<(
     Ok(())
 }
 
-/// Writes the migration's row (and, for one that contracts, a row in sqlx's table that makes
-/// a 0.1.0 binary refuse the schema).
-async fn record(
-    conn: &mut PgConnection,
-    step: &Step<'_>,
-    this: &Version,
-    started: Instant,
-    contracts: bool,
-) -> Result<()> {
-    let op = "recording a migration";
-    sqlx::query(
-        "INSERT INTO timer_migrations \
-           (version, description, checksum, oldest_release, applied_by, took_ms) \
-         VALUES ($1, $2, $3, $4, $5, $6)",
-    )
-    .bind(step.migration.version)
-    .bind(&*step.migration.description)
-    .bind(&*step.migration.checksum)
-    .bind(step.oldest_release.to_string())
-    .bind(this.to_string())
-    .bind(i64::try_from(started.elapsed().as_millis()).unwrap_or(i64::MAX))
-    .execute(&mut *conn)
-    .await
-    .map_err(|e| db_err(op, e))?;
-    if contracts {
-        sqlx::query(
-            "INSERT INTO _sqlx_migrations \
-               (version, description, success, checksum, execution_time) \
-             VALUES ($1, $2, TRUE, $3, -1) ON CONFLICT (version) DO NOTHING",
-        )
-        .bind(step.migration.version)
-        .bind(format!(
-            "needs timer-service {} or newer (timer_migrations)",
-            step.oldest_release
-        ))
-        .bind(&*step.migration.checksum)
-        .execute(&mut *conn)
+/// [`releases::record`] on PostgreSQL.
+async fn record(conn: &mut PgConnection, step: &Step<'_>, this: &Version, started: Instant) -> Result<()> {
+    let took_ms = i64::try_from(started.elapsed().as_millis()).unwrap_or(i64::MAX);
+    releases::record::<sqlx::Postgres>(conn, step, this, took_ms)
         .await
-        .map_err(|e| db_err(op, e))?;
-    }
-    Ok(())
+        .map_err(|e| db_err("recording a migration", e))
 }
 
 /// The release an instance runs, as the instance list says: one that did not say is older than

@@ -47,6 +47,7 @@ pub(crate) fn assert_released(store: &str, migrator: &Migrator, released: &[(i64
 pub(crate) mod releases {
     use semver::Version;
     use sqlx::migrate::{Migration, Migrator};
+    use sqlx::{Database, Encode, Executor, IntoArguments, Type};
     use timer_core::{Error, Result};
 
     /// The release of this build (the workspace version).
@@ -80,6 +81,55 @@ pub(crate) mod releases {
         pub checksum: Vec<u8>,
         pub oldest_release: String,
         pub applied_by: String,
+    }
+
+    /// Writes `step`'s row in `timer_migrations`, applied by `this` in `took_ms`; for a step that
+    /// contracts, also a row in sqlx's `_sqlx_migrations`, which makes a 0.1.0 binary (which
+    /// does not read the record) refuse the database as one with a migration it does not know.
+    pub(crate) async fn record<DB>(
+        conn: &mut DB::Connection,
+        step: &Step<'_>,
+        this: &Version,
+        took_ms: i64,
+    ) -> std::result::Result<(), sqlx::Error>
+    where
+        DB: Database,
+        for<'e> &'e mut DB::Connection: Executor<'e, Database = DB>,
+        for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
+        for<'q> i64: Encode<'q, DB> + Type<DB>,
+        for<'q> String: Encode<'q, DB> + Type<DB>,
+        for<'q> Vec<u8>: Encode<'q, DB> + Type<DB>,
+    {
+        let migration = step.migration;
+        sqlx::query::<DB>(
+            "INSERT INTO timer_migrations \
+               (version, description, checksum, oldest_release, applied_by, took_ms) \
+             VALUES ($1, $2, $3, $4, $5, $6)",
+        )
+        .bind(migration.version)
+        .bind(migration.description.to_string())
+        .bind(migration.checksum.to_vec())
+        .bind(step.oldest_release.to_string())
+        .bind(this.to_string())
+        .bind(took_ms)
+        .execute(&mut *conn)
+        .await?;
+        if step.oldest_release > BEFORE_RECORDS {
+            sqlx::query::<DB>(
+                "INSERT INTO _sqlx_migrations \
+                   (version, description, success, checksum, execution_time) \
+                 VALUES ($1, $2, TRUE, $3, -1) ON CONFLICT (version) DO NOTHING",
+            )
+            .bind(migration.version)
+            .bind(format!(
+                "needs timer-service {} or newer (timer_migrations)",
+                step.oldest_release
+            ))
+            .bind(migration.checksum.to_vec())
+            .execute(&mut *conn)
+            .await?;
+        }
+        Ok(())
     }
 
     /// Parses a release (`0.2.0`); `what` names it in the error.

@@ -8,7 +8,8 @@
 //!   `<file>.before-<release>` (`VACUUM INTO`: consistent, and compact), and kept: going back
 //!   to the release before is stopping and putting the copy back.
 //! - One instance opens a file (its lock), so nothing waits for older instances; a migration
-//!   that contracts writes a row in sqlx's table too, so that a 0.1.0 binary refuses the file.
+//!   that contracts writes a row in sqlx's table too, so that a 0.1.0 binary refuses the file
+//!   ([`releases::record`]).
 
 use std::time::Instant;
 
@@ -19,7 +20,7 @@ use timer_core::{Error, Result};
 use tracing::info;
 
 use super::db_err;
-use crate::sql::migrations::releases::{self, Applied, Step, BEFORE_RECORDS};
+use crate::sql::migrations::releases::{self, Applied, Step};
 
 /// The migrations from 0.2.0 on.
 pub(super) fn migrator() -> Migrator {
@@ -120,36 +121,10 @@ pub(super) async fn run(
         };
         let mut tx = write.begin().await.map_err(failed)?;
         tx.execute(&*step.migration.sql).await.map_err(failed)?;
-        sqlx::query(
-            "INSERT INTO timer_migrations \
-               (version, description, checksum, oldest_release, applied_by, took_ms) \
-             VALUES ($1, $2, $3, $4, $5, $6)",
-        )
-        .bind(step.migration.version)
-        .bind(&*step.migration.description)
-        .bind(&*step.migration.checksum)
-        .bind(step.oldest_release.to_string())
-        .bind(this.to_string())
-        .bind(i64::try_from(started.elapsed().as_millis()).unwrap_or(i64::MAX))
-        .execute(&mut *tx)
-        .await
-        .map_err(failed)?;
-        if step.oldest_release > BEFORE_RECORDS {
-            sqlx::query(
-                "INSERT INTO _sqlx_migrations \
-                   (version, description, success, checksum, execution_time) \
-                 VALUES ($1, $2, TRUE, $3, -1) ON CONFLICT (version) DO NOTHING",
-            )
-            .bind(step.migration.version)
-            .bind(format!(
-                "needs timer-service {} or newer (timer_migrations)",
-                step.oldest_release
-            ))
-            .bind(&*step.migration.checksum)
-            .execute(&mut *tx)
+        let took_ms = i64::try_from(started.elapsed().as_millis()).unwrap_or(i64::MAX);
+        releases::record::<sqlx::Sqlite>(&mut tx, step, this, took_ms)
             .await
             .map_err(failed)?;
-        }
         tx.commit().await.map_err(failed)?;
         info!(
             migration = %step.label(),

@@ -29,7 +29,7 @@ pub use processes::{
 };
 pub use timers::{
     assert_reached, catch_holding_leases, drained, freeze_holding_leases, new_timers,
-    recovered_after, store_timers,
+    not_reached_within, recovered_after, store_timers,
 };
 
 /// A running service process.

@@ -130,6 +130,35 @@ pub async fn recovered_after(
     last - since_ms
 }
 
+/// The timers of `keys` not stored as Reached once `deadline` passed (waiting until all are: a
+/// settle may still be on its way when its event is read), each with what the store says.
+pub async fn not_reached_within(
+    store: &dyn Store,
+    keys: &[TimerKey],
+    deadline: Duration,
+) -> Vec<String> {
+    let not_reached_now = || async {
+        let mut not_reached = Vec::new();
+        for key in keys {
+            match store.get(key).await {
+                Ok(Some(t)) if t.state == TimerState::Reached => {}
+                other => {
+                    not_reached.push(format!("{key}: {:?}", other.map(|t| t.map(|t| t.state))))
+                }
+            }
+        }
+        not_reached
+    };
+    let all = wait_for(deadline, || async {
+        not_reached_now().await.is_empty().then_some(())
+    })
+    .await;
+    match all {
+        Some(()) => Vec::new(),
+        None => not_reached_now().await,
+    }
+}
+
 /// Asserts that every timer of `keys` is stored as Reached, and did not fire before it was due
 /// (Reached means the broker confirmed the publish first: publish, then mark).
 pub async fn assert_reached<'a>(store: &dyn Store, keys: impl IntoIterator<Item = &'a TimerKey>) {
