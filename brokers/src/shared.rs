@@ -50,6 +50,12 @@ impl<T> DeliveryTags<T> {
         Ok(tags.iter().filter_map(|t| pending.remove(t)).collect())
     }
 
+    /// Every handle, forgotten.
+    #[cfg(feature = "nats")]
+    pub(crate) fn take_all(&self) -> Result<Vec<T>> {
+        Ok(self.lock()?.drain().map(|(_, handle)| handle).collect())
+    }
+
     /// Copies of the handles of `tags`, still remembered; tags not known are skipped.
     #[cfg(feature = "nats")]
     pub(crate) fn get(&self, tags: &[u64]) -> Result<Vec<T>>

@@ -153,6 +153,15 @@ pub trait Broker: Send + Sync + 'static {
         Ok(())
     }
 
+    /// Hands back, as this instance stops receiving, the commands it received and did not
+    /// acknowledge (held back for a rate limit, or still in the client's buffers), so another
+    /// instance gets them at once instead of after the ack wait: a rolling upgrade then delays
+    /// no command. Nothing to do where the server delivers them again as soon as this consumer
+    /// goes (RabbitMQ, Kafka) or no other consumer can take them (memory).
+    async fn give_back(&self) -> Result<()> {
+        Ok(())
+    }
+
     /// Whether this broker can carry the events of a timer with `key` (its routing key, subject
     /// or headers have limits of their own). The engine asks at admission, so a timer it could
     /// never publish is refused (reason `invalid_id`, naming the field) instead of stored.

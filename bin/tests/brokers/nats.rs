@@ -48,6 +48,7 @@ pub fn checks() -> Vec<Check<Arc<BrokerCase>>> {
         a_ten_second_cut_from_the_server_loses_nothing_and_catches_up,
         a_delayed_message_arrives_on_its_subject_at_its_time,
         a_target_no_stream_captures_gets_one_plain_publish,
+        commands_a_stopping_instance_did_not_acknowledge_go_to_another_at_once,
     ]
 }
 
@@ -58,6 +59,61 @@ fn nats_config(setup: &Setup) -> &NatsConfig {
         .as_any()
         .downcast_ref()
         .expect("a nats config")
+}
+
+/// An instance that stops hands back the commands it received and did not acknowledge: another
+/// gets them at once, not after the ack wait (30 s here), so a rolling upgrade delays none.
+async fn commands_a_stopping_instance_did_not_acknowledge_go_to_another_at_once(
+    case: Arc<BrokerCase>,
+) {
+    use timer_core::Broker;
+    const N: usize = 5;
+    let setup = Setup::new(&case);
+    let config = NatsConfig {
+        ack_wait: Duration::from_secs(30),
+        ..nats_config(&setup).clone()
+    };
+    let stopping = NatsBroker::connect(&config).await.expect("connect");
+    let other = NatsBroker::connect(&config).await.expect("connect");
+    let client = setup.broker.config.test_client().await.expect("a client");
+    for i in 0..N {
+        let command = json!({"tenantId": "t", "serviceCallId": format!("g{i}"), "dueTimeMs": now_ms() + 60_000});
+        client
+            .send_command(command.to_string().as_bytes())
+            .await
+            .expect("send");
+    }
+    let mut received = 0;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while received < N && tokio::time::Instant::now() < deadline {
+        received += stopping
+            .receive(N, Duration::from_millis(500))
+            .await
+            .expect("receive")
+            .len();
+    }
+    assert_eq!(received, N, "the stopping instance received them all");
+    stopping.give_back().await.expect("give back");
+    let started = tokio::time::Instant::now();
+    let mut again = 0;
+    // Well within the ack wait: without the hand-back none comes for 30 s.
+    while again < N && started.elapsed() < Duration::from_secs(10) {
+        let batch = other
+            .receive(N, Duration::from_millis(500))
+            .await
+            .expect("receive");
+        let tags: Vec<u64> = batch.iter().map(|d| d.tag).collect();
+        other.ack(&tags).await.expect("ack");
+        again += batch.len();
+    }
+    assert_eq!(
+        again, N,
+        "another instance got every command back within 10 s"
+    );
+    println!(
+        "{N} commands handed back, received by another instance in {} ms",
+        started.elapsed().as_millis()
+    );
 }
 
 async fn a_stream_with_other_subjects_is_an_error_not_an_overwrite(case: Arc<BrokerCase>) {

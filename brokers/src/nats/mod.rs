@@ -549,6 +549,37 @@ impl Broker for NatsBroker {
     }
 
     /// An in-progress acknowledgement (`+WPI`) per command: JetStream restarts its ack wait.
+    /// Naks what the engine received and did not acknowledge, and what the pull stream holds
+    /// that it never saw: JetStream delivers a nak'ed message again at once, to whichever
+    /// consumer asks next, where an unacknowledged one waits for the ack wait (30 s by
+    /// default). What the server is sending at this moment still waits for it.
+    async fn give_back(&self) -> Result<()> {
+        let mut handed = self.pending.take_all()?;
+        if let Some(mut stream) = self.messages.lock().await.take() {
+            while let Some(Some(Ok(message))) = stream.next().now_or_never() {
+                handed.push(message);
+            }
+        }
+        if handed.is_empty() {
+            return Ok(());
+        }
+        for message in &handed {
+            message
+                .ack_with(AckKind::Nak(None))
+                .await
+                .map_err(|e| unavailable("handing back a command (nak)", e))?;
+        }
+        self.client
+            .flush()
+            .await
+            .map_err(|e| unavailable("flushing the naks", e))?;
+        tracing::info!(
+            commands = handed.len(),
+            "nats broker: handed back the commands not acknowledged, for another instance"
+        );
+        Ok(())
+    }
+
     async fn keep(&self, tags: &[u64]) -> Result<()> {
         for message in &self.pending.get(tags)? {
             message

@@ -112,21 +112,10 @@ async fn migrate(
             .map_err(|e| db_err(op, e))?;
     let applied: Vec<Applied> = match exists {
         None => Vec::new(),
-        Some(_) => sqlx::query_as::<_, (i64, Vec<u8>, String, String)>(
-            "SELECT version, checksum, oldest_release, applied_by FROM timer_migrations \
-             ORDER BY version",
-        )
-        .fetch_all(&mut *conn)
-        .await
-        .map_err(|e| db_err(op, e))?
-        .into_iter()
-        .map(|(version, checksum, oldest_release, applied_by)| Applied {
-            version,
-            checksum,
-            oldest_release,
-            applied_by,
-        })
-        .collect(),
+        Some(_) => sqlx::query_as(releases::APPLIED)
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(|e| db_err(op, e))?,
     };
     // Before anything changes: a schema a newer release needs is left as it is.
     releases::check_applied(

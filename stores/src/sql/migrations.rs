@@ -75,7 +75,12 @@ pub(crate) mod releases {
         }
     }
 
+    /// The migrations a database applied, as [`Applied`] rows.
+    pub(crate) const APPLIED: &str = "SELECT version, checksum, oldest_release, applied_by \
+        FROM timer_migrations ORDER BY version";
+
     /// A migration a database applied, as its `timer_migrations` row says.
+    #[derive(sqlx::FromRow)]
     pub(crate) struct Applied {
         pub version: i64,
         pub checksum: Vec<u8>,

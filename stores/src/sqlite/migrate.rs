@@ -65,21 +65,10 @@ pub(super) async fn run(
         Vec::new()
     };
     let applied: Vec<Applied> = if tables.iter().any(|t| t == "timer_migrations") {
-        sqlx::query_as::<_, (i64, Vec<u8>, String, String)>(
-            "SELECT version, checksum, oldest_release, applied_by FROM timer_migrations \
-             ORDER BY version",
-        )
-        .fetch_all(write)
-        .await
-        .map_err(|e| db_err(op, e))?
-        .into_iter()
-        .map(|(version, checksum, oldest_release, applied_by)| Applied {
-            version,
-            checksum,
-            oldest_release,
-            applied_by,
-        })
-        .collect()
+        sqlx::query_as(releases::APPLIED)
+            .fetch_all(write)
+            .await
+            .map_err(|e| db_err(op, e))?
     } else {
         Vec::new()
     };

@@ -34,6 +34,10 @@ const FIRING_RECHECK: Duration = Duration::from_millis(100);
 /// The longest one receive waits for commands (shorter while held commands wait for their
 /// tenant's allowance).
 const RECEIVE_WAIT: Duration = Duration::from_secs(1);
+/// How long handing back the unacknowledged commands at a stop may take
+/// ([`Broker::give_back`](crate::Broker::give_back)); what is left the broker delivers again
+/// after its ack wait.
+const GIVE_BACK_WITHIN: Duration = Duration::from_secs(5);
 
 /// One step of an ingested batch.
 enum Step<'a> {
@@ -202,8 +206,18 @@ impl Engine {
                 self.apply(ready, &shutdown).await;
             }
         }
-        // Held commands stay unacknowledged: the broker delivers them again.
+        // Held commands stay unacknowledged: the broker delivers them again, to another
+        // instance at once where it can be told to.
         ::metrics::gauge!(metric::COMMANDS_HELD).set(0.0);
+        match tokio::time::timeout(GIVE_BACK_WITHIN, inner.broker.give_back()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                warn!(error = %e.chain(), "handing back the commands not acknowledged failed; the broker delivers them again after its ack wait")
+            }
+            Err(_) => {
+                warn!("handing back the commands not acknowledged did not finish in time; the broker delivers the rest again after its ack wait")
+            }
+        }
         debug!(held = held.len(), "ingest task stopped");
     }
 
