@@ -2,8 +2,9 @@
 //! `docs/src/operations/upgrades.md`).
 //!
 //! - 0.1.0's migrations (`migrations/postgres/`, 1 to 14) stay with sqlx's migrator and its
-//!   table (run here, after the record is checked and under the same lock). From 0.2.0 on (`migrations/postgres-releases/`) this runner applies them and records
-//!   each in `timer_migrations` with the oldest release that works with it
+//!   table (run here, after the record is checked, under the same lock). From 0.2.0 on
+//!   (`migrations/postgres-releases/`) this runner applies them and records each in
+//!   `timer_migrations` with the oldest release that works with it
 //!   ([`releases`](crate::sql::migrations::releases)); a binary older than the highest of those
 //!   refuses to start, naming both releases.
 //! - One instance migrates at a time: it holds a session advisory lock of the schema while it
@@ -13,7 +14,9 @@
 //! - A `-- no-transaction` migration (an index build `CONCURRENTLY`) runs outside a
 //!   transaction, so writes go on while it builds. A build that fails leaves an invalid index:
 //!   invalid indexes of the schema are dropped (`CONCURRENTLY`) before each try, and a failed
-//!   try is made again, [`ATTEMPTS`] in all.
+//!   try is made again, [`ATTEMPTS`] in all. Such a migration is written to be applied twice
+//!   (`IF NOT EXISTS`): an instance that stops between the build and its record builds nothing
+//!   the next time.
 //! - A migration whose oldest release is newer than a live instance's (one that contracts the
 //!   schema under it) is not applied while that instance is alive: the runner waits, saying
 //!   every [`SAY_EVERY`] which instances it waits for, and goes on once they are gone.
@@ -314,7 +317,7 @@ mod tests {
         crate::sql::migrations::assert_released(
             "postgres (from 0.2.0)",
             &migrator(),
-            &[(15, "35f4a1a50c66c518"), (16, "17c9ae8cd26b89de")],
+            &[(15, "35f4a1a50c66c518"), (16, "18610c2162b2ef71")],
         );
     }
 
@@ -546,6 +549,16 @@ mod server_tests {
                 .await
                 .expect("the index");
         assert!(definition.contains("(tenant_id, due_at, service_call_id)"), "{definition}");
+        assert!(applied(&pool, 16).await);
+        // An instance that stopped between the build and its record: the next start builds
+        // nothing and records it.
+        sqlx::query("DELETE FROM timer_migrations WHERE version = 16")
+            .execute(&mut *conn)
+            .await
+            .expect("forget the record");
+        PostgresStore::prepare_schema(&pool, &schema, &version("0.2.0"), &migrator())
+            .await
+            .expect("applied again over the index it built");
         assert!(applied(&pool, 16).await);
         drop(conn);
         drop_schema(&pool, &schema).await;
