@@ -8,8 +8,8 @@
 //! early, none fired twice; the longest wait of any schedule and the lateness are printed.
 //! Then the previous release starts again on the migrated schema (a rollback works). Also: a
 //! SQLite file of the previous release upgraded in place (stop, start this build: a copy is
-//! written, every timer fires once, and the previous release starts on it again), and this
-//! build refusing a schema a newer release needs.
+//! written, every timer fires once, as its history says, and the previous release starts on it
+//! again), and this build refusing a schema a newer release needs.
 //!
 //! Needs `TIMER_TEST_POSTGRES_URL`, `TIMER_TEST_NATS_URL` and `TIMER_TEST_PREVIOUS_BIN`
 //! (bash scripts/test.sh sets them all).
@@ -462,22 +462,30 @@ async fn send_commands(
     }
 }
 
-/// SQLite: the previous release schedules, stops; this build starts on the same file, writes the
-/// copy, fires every timer once and on time; the previous release starts on it again.
+/// SQLite: the previous release schedules, stops; this build starts on the same file and writes
+/// the copy; every timer fires once (by either: what fell due before the stop fired on the
+/// previous release), none early, as each timer's history says; the previous release starts on
+/// the file again.
 async fn upgrade_in_place(previous: &Path) {
     const N: usize = 200;
     let dir = tempfile::tempdir().expect("tempdir");
     let file = dir.path().join("timers.db");
-    let env = vec![
-        ("TIMER_STORE__KIND", "sqlite".to_owned()),
-        ("TIMER_STORE__URL", format!("sqlite://{}", file.display())),
-        ("TIMER_BROKER__KIND", "memory".to_owned()),
-    ];
-    let old = Service::start(previous, dir.path(), &env).await;
-    // Due after the restart; one due now fires on the previous release.
-    let due = now_ms() + 8_000;
-    let commands: Vec<Value> = (0..N)
-        .map(|i| json!({"tenantId": "t", "serviceCallId": format!("u{i:04}"), "dueTimeMs": due + i as i64 * 5}))
+    let env = |instance: &str| {
+        vec![
+            ("TIMER_STORE__KIND", "sqlite".to_owned()),
+            ("TIMER_STORE__URL", format!("sqlite://{}", file.display())),
+            ("TIMER_BROKER__KIND", "memory".to_owned()),
+            ("TIMER_ENGINE__INSTANCE_ID", instance.to_owned()),
+        ]
+    };
+    let old = Service::start(previous, dir.path(), &env("old")).await;
+    // Due after the restart, as a rule; one due now fires on the previous release.
+    let due = now_ms() + 10_000;
+    let ids: Vec<String> = (0..N).map(|i| format!("u{i:04}")).collect();
+    let commands: Vec<Value> = ids
+        .iter()
+        .enumerate()
+        .map(|(i, id)| json!({"tenantId": "t", "serviceCallId": id, "dueTimeMs": due + i as i64 * 5}))
         .chain([json!({"tenantId": "t", "serviceCallId": "now", "dueTimeMs": now_ms()})])
         .collect();
     old.schedule_batch(&commands).await;
@@ -491,30 +499,53 @@ async fn upgrade_in_place(previous: &Path) {
     );
     assert_eq!(old.terminate().await, Some(0));
 
-    let new = Service::start(Path::new(BIN), dir.path(), &env).await;
+    let new = Service::start(Path::new(BIN), dir.path(), &env("new")).await;
     let copy = dir
         .path()
         .join(format!("timers.db.before-{}", env!("CARGO_PKG_VERSION")));
     assert!(copy.is_file(), "the copy before migrating, at {copy:?}");
-    let events = new.events().await;
-    let received = events
-        .wait(N, Duration::from_secs(60))
-        .await
-        .unwrap_or_else(|| panic!("{} of {N} fired after the upgrade", events.len()));
-    let by_key = timer_conformance::e2e::count_by_key(&received);
-    assert_eq!(by_key.len(), N, "each timer once: {by_key:?}");
-    assert!(by_key.values().all(|n| *n == 1), "none twice: {by_key:?}");
-    let early: Vec<i64> = received
-        .iter()
-        .map(|r| timer_conformance::e2e::lateness_ms(&r.envelope))
-        .filter(|l| *l < 0)
-        .collect();
-    assert!(early.is_empty(), "fired early by {early:?} ms");
-    let (p50, p99, max) = timer_conformance::e2e::on_time("after the upgrade in place", &received);
-    println!("upgrade in place: {N} timers fired after the restart, lateness p50 {p50} p99 {p99} max {max} ms");
+    // Every timer Reached, then each one's fires from its history (which instance, how late).
+    let reached = wait_for(Duration::from_secs(60), || async {
+        for id in &ids {
+            let (_, v) = new.get(&format!("/v1/tenants/t/timers/{id}")).await;
+            if v["state"] != "Reached" {
+                return None;
+            }
+        }
+        Some(())
+    })
+    .await;
+    assert!(reached.is_some(), "every timer Reached after the upgrade");
+    let mut by_instance: HashMap<String, usize> = HashMap::new();
+    let mut lateness = Vec::new();
+    for id in &ids {
+        let (status, v) = new.get(&format!("/v1/tenants/t/timers/{id}/history")).await;
+        assert_eq!(status, 200, "{v}");
+        let fires: Vec<&Value> = v["history"]
+            .as_array()
+            .expect("history")
+            .iter()
+            .filter(|e| e["type"] == "fired")
+            .collect();
+        assert_eq!(fires.len(), 1, "{id} fired once: {v}");
+        let late = fires[0]["latenessMs"].as_i64().expect("latenessMs");
+        assert!(late >= 0, "{id} fired early: {v}");
+        lateness.push(late);
+        let instance = fires[0]["instance"].as_str().unwrap_or("?").to_owned();
+        *by_instance.entry(instance).or_default() += 1;
+    }
+    let (p50, p99, max) = percentiles(lateness);
+    println!(
+        "upgrade in place: {N} timers fired once each, by instance {by_instance:?}; lateness \
+         p50 {p50} p99 {p99} max {max} ms"
+    );
+    assert!(
+        by_instance.get("new").is_some_and(|n| *n > 0),
+        "this build fired the timers due after the restart: {by_instance:?}"
+    );
     assert_eq!(new.terminate().await, Some(0));
     // Going back: the previous release starts on the migrated file.
-    let back = Service::start(previous, dir.path(), &env).await;
+    let back = Service::start(previous, dir.path(), &env("old")).await;
     let (status, v) = back.get("/v1/status").await;
     assert_eq!(
         (status, v["store"]["healthy"].clone()),
