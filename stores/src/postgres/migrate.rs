@@ -141,10 +141,7 @@ async fn migrate(
             .await
             .map_err(|e| db_err("creating timer_migrations", e))?;
     }
-    for step in steps {
-        if applied.iter().any(|a| a.version == step.migration.version) {
-            continue;
-        }
+    for step in releases::pending(steps, &applied) {
         let contracts = step.oldest_release > BEFORE_RECORDS;
         if contracts {
             wait_for_older(conn, schema, step).await?;
@@ -269,12 +266,11 @@ async fn wait_for_older(conn: &mut PgConnection, schema: &str, step: &Step<'_>) 
     let started = Instant::now();
     let mut said: Option<Instant> = None;
     loop {
-        let older: Vec<String> = owners::live_releases(conn, schema)
+        let older: Vec<String> = owners::live_instances(&mut *conn, schema)
             .await?
             .into_iter()
-            .filter(|(_, version)| {
-                instance_release(version.as_deref()) < step.oldest_release
-            })
+            .map(|i| (i.id, i.release.map(|r| r.version)))
+            .filter(|(_, version)| instance_release(version.as_deref()) < step.oldest_release)
             .map(|(id, version)| {
                 let version = version.unwrap_or_else(|| BEFORE_RECORDS.to_string());
                 format!("{id} ({version})")

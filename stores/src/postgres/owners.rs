@@ -77,29 +77,38 @@ const HOLDS_LOCK: &str = "EXISTS (SELECT 1 FROM pg_locks l \
        AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
        AND ((l.classid::int8 << 32) | l.objid::int8) = hashtextextended($1 || i.owner, 0))";
 
-/// The live instances, their leases counted from `timers_leased`.
-fn live_sql() -> String {
-    format!(
+/// The instances alive on `schema` now, ordered by id, their leases counted from
+/// `timers_leased`: [`LeaseOwners::live`], and the migration runner's look for older ones.
+pub(super) async fn live_instances<'c, E>(conn: E, schema: &str) -> Result<Vec<LiveInstance>>
+where
+    E: sqlx::Executor<'c, Database = sqlx::Postgres>,
+{
+    type Row = (String, Option<String>, Option<String>, i64, Option<i64>, i64);
+    let rows: Vec<Row> = sqlx::query_as(&format!(
         "SELECT i.owner, i.version, i.revision, i.joined_at, i.last_seen_at, \
                 (SELECT COUNT(*) FROM timers t WHERE t.lease_owner = i.owner \
                     AND t.state = 0 AND t.lease_until IS NOT NULL) \
            FROM timer_instances i WHERE {HOLDS_LOCK} ORDER BY i.owner"
-    )
-}
-
-/// The live instances and the release each says it runs (none: 0.1.0), for the migration
-/// runner; needs the columns of migration 0015.
-pub(super) async fn live_releases(
-    conn: &mut PgConnection,
-    schema: &str,
-) -> Result<Vec<(String, Option<String>)>> {
-    sqlx::query_as(&format!(
-        "SELECT i.owner, i.version FROM timer_instances i WHERE {HOLDS_LOCK} ORDER BY i.owner"
     ))
     .bind(lock_prefix(schema))
     .fetch_all(conn)
     .await
-    .map_err(|e| db_err("listing the live instances", e))
+    .map_err(|e| db_err("listing the live instances", e))?;
+    Ok(rows
+        .into_iter()
+        .map(
+            |(id, version, revision, joined, seen, leases)| LiveInstance {
+                id,
+                release: version.map(|version| Release {
+                    version,
+                    revision: revision.unwrap_or_else(|| "unknown".to_owned()),
+                }),
+                started_at: Timestamp::from_millis(joined),
+                last_seen_at: seen.map(Timestamp::from_millis),
+                leases: u64::try_from(leases).unwrap_or(0),
+            },
+        )
+        .collect())
 }
 
 struct PgMembership {
@@ -276,27 +285,7 @@ impl LeaseOwners for PostgresStore {
     }
 
     async fn live(&self) -> Result<Vec<LiveInstance>> {
-        type Row = (String, Option<String>, Option<String>, i64, Option<i64>, i64);
-        let rows: Vec<Row> = sqlx::query_as(&live_sql())
-            .bind(lock_prefix(&self.schema))
-            .fetch_all(&self.pool)
-            .await
-            .map_err(|e| db_err("listing the live instances", e))?;
-        Ok(rows
-            .into_iter()
-            .map(
-                |(id, version, revision, joined, seen, leases)| LiveInstance {
-                    id,
-                    release: version.map(|version| Release {
-                        version,
-                        revision: revision.unwrap_or_else(|| "unknown".to_owned()),
-                    }),
-                    started_at: Timestamp::from_millis(joined),
-                    last_seen_at: seen.map(Timestamp::from_millis),
-                    leases: u64::try_from(leases).unwrap_or(0),
-                },
-            )
-            .collect())
+        live_instances(&self.pool, &self.schema).await
     }
 }
 

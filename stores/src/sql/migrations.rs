@@ -137,6 +137,14 @@ pub(crate) mod releases {
         Ok(())
     }
 
+    /// The steps `applied` lacks, in order.
+    pub(crate) fn pending<'s, 'a>(steps: &'s [Step<'a>], applied: &[Applied]) -> Vec<&'s Step<'a>> {
+        steps
+            .iter()
+            .filter(|s| !applied.iter().any(|a| a.version == s.migration.version))
+            .collect()
+    }
+
     /// Parses a release (`0.2.0`); `what` names it in the error.
     pub(crate) fn release(text: &str, what: &str) -> Result<Version> {
         Version::parse(text.trim())

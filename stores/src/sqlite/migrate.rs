@@ -20,7 +20,7 @@ use timer_core::{Error, Result};
 use tracing::info;
 
 use super::db_err;
-use crate::sql::migrations::releases::{self, Applied, Step};
+use crate::sql::migrations::releases::{self, Applied};
 
 /// The migrations from 0.2.0 on.
 pub(super) fn migrator() -> Migrator {
@@ -85,10 +85,7 @@ pub(super) async fn run(
     let pending_legacy = legacy
         .iter()
         .any(|m| !legacy_applied.contains(&m.version));
-    let pending: Vec<&Step<'_>> = steps
-        .iter()
-        .filter(|s| !applied.iter().any(|a| a.version == s.migration.version))
-        .collect();
+    let pending = releases::pending(&steps, &applied);
     if !legacy_applied.is_empty() && (pending_legacy || !pending.is_empty()) {
         back_up(write, path, this).await?;
     }
