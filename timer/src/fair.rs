@@ -14,6 +14,14 @@
 //!   fewer due rows) with the earliest due rows of anyone, so a herd alone still fills every
 //!   batch. When the visit stopped at its bound, the next claim
 //!   starts after the last tenant visited; otherwise it starts from the first tenant again.
+//! - **The shares look further ahead in a backlog.** Claims then come one batch's firing apart
+//!   (the firing task claims again only when what it holds is fired), which is longer than
+//!   `engine.claim_ahead` under a herd: a timer first due just after one claim's window would
+//!   wait for the next claim, late by up to that interval. So the shares' window is
+//!   [`BACKLOG_WINDOWS`] times the claim's (200 ms for `engine.claim_ahead` 50 ms; nothing
+//!   for 0), at most a fifth of the lease: the other tenants' timers of the next claims are
+//!   leased now and held until their due time (`engine/ready.rs`), whatever the herd's batches
+//!   take. The fill keeps the claim's own window.
 //!
 //! # Invariants
 //! - A claim never takes more than `limit` rows, and takes `limit` whenever that many are due
@@ -24,6 +32,9 @@
 //!   tenants have Scheduled rows, and within ⌈tenants / limit⌉ claims otherwise, whatever other
 //!   tenants have due; so it waits about one claim batch, plus one when the backlog begins.
 //! - Nothing is starved: every claim's fill serves the earliest due rows of all.
+//! - Nothing is claimed further ahead than the claim's window, or in a backlog four times it
+//!   (and a fifth of the lease); what is claimed ahead is only ever a first due time
+//!   ([`Due::takes`]), so it is held, not fired early.
 //! - Each instance keeps its own cursor and backlog flag (memory, not shared): several
 //!   instances each share their own claims the same way, and the store's row locks keep their
 //!   claims apart as before.
@@ -111,7 +122,9 @@ impl FairShare {
         }
         let cursor = self.current();
         let mut claimed = if cursor.backlog {
-            self.shared(steps, due, limit, lease, &cursor.after).await?
+            let window = backlog_window(due, lease);
+            self.shared(steps, due, window, limit, lease, &cursor.after)
+                .await?
         } else {
             steps.claim_earliest(due, limit, lease).await?
         };
@@ -120,16 +133,18 @@ impl FairShare {
         Ok(claimed)
     }
 
-    /// The claim in a backlog: a share for each tenant with due rows, then the fill.
+    /// The claim in a backlog: a share for each tenant with rows due within `window`, then the
+    /// fill from `due`.
     async fn shared(
         &self,
         steps: &(impl FairSteps + ?Sized),
         due: Due,
+        window: Due,
         limit: usize,
         lease: &Lease,
         after: &str,
     ) -> Result<Vec<ClaimedTimer>> {
-        let visited = steps.visit_tenants(due.ahead, after, limit).await?;
+        let visited = steps.visit_tenants(window.ahead, after, limit).await?;
         // Stopped at its bound: more tenants may have due timers, after the last one visited.
         let cut = visited.len() >= limit;
         let next = match visited.last() {
@@ -146,7 +161,7 @@ impl FairShare {
         // One due tenant among all of them: the fill takes its earliest anyway, cheaper.
         if tenants.len() > 1 || (cut && !tenants.is_empty()) {
             claimed = steps
-                .claim_of_tenants(due, &shares(tenants, limit), lease)
+                .claim_of_tenants(window, &shares(tenants, limit), lease)
                 .await?;
         }
         let rest = limit.saturating_sub(claimed.len());
@@ -181,6 +196,22 @@ impl FairShare {
             Ok(mut c) => change(&mut c),
             Err(poisoned) => change(&mut poisoned.into_inner()),
         }
+    }
+}
+
+/// How many times the claim's own window a backlog's shares look ahead.
+pub const BACKLOG_WINDOWS: i64 = 4;
+
+/// The window of a backlog's shares: [`BACKLOG_WINDOWS`] times `due`'s, but no more than a
+/// fifth of the lease ahead of `due.now` (and never shorter than `due`'s own).
+fn backlog_window(due: Due, lease: &Lease) -> Due {
+    let (now, ahead) = (due.now.as_millis(), due.ahead.as_millis());
+    let own = ahead.saturating_sub(now).max(0);
+    let lease_cap = lease.until.as_millis().saturating_sub(now).max(0) / 5;
+    let end = now.saturating_add(own.saturating_mul(BACKLOG_WINDOWS).min(lease_cap));
+    Due {
+        now: due.now,
+        ahead: Timestamp::from_millis(end.max(ahead)),
     }
 }
 

@@ -57,7 +57,7 @@ impl Engine {
             if claims && !settles_behind {
                 claiming = Some(self.start_claim(&mut calls, &fence, &shutdown));
             }
-            if let Some(now) = ready.take_due(inner.clock.now()) {
+            if let Some(now) = ready.take_due(inner.clock.now(), batch) {
                 self.fire(now.timers, now.held_until, &fence, &shutdown, &mut calls)
                     .await;
                 continue;
@@ -91,7 +91,7 @@ impl Engine {
                 continue;
             }
             let now = inner.clock.now();
-            let held = ready.next_look(ahead, batch);
+            let held = ready.next_look(now, ahead, batch);
             if held.is_none() {
                 drop(firing);
             } // else held until their due time, the firing lock too: a join waits that long
@@ -104,9 +104,9 @@ impl Engine {
             };
             // Claimed `claim_ahead` before it is due; but what the last claim's window held and
             // it did not take (a retry, a lease's end: not a first due time) once claimable.
-            // (Holding a whole batch, it claims no more until some fire.)
+            // (A full hold, `Ready::is_full`, claims no more until some fire.)
             let covered = ready.wake_before();
-            let look = if ready.is_full(batch) {
+            let look = if ready.is_full(now, batch) {
                 Timestamp::MAX
             } else if covered.is_some_and(|covered| next <= covered) {
                 next

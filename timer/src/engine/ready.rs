@@ -10,14 +10,19 @@
 //!   held here or fired. A timer scheduled afterwards for a time before it is not: the firing
 //!   task is woken for it ([`Ready::wake_before`]) and claims again.
 //! - At most about two batches are held: a claim is made only while fewer than
-//!   `engine.batch_size` wait.
+//!   `engine.batch_size` wait, or fewer than two batches of which none is due yet (the task
+//!   has nothing to fire until then, so the next claim's cost is paid before that due time:
+//!   a herd's first two claims are made before it is due, and so is the first shared one).
+//!   A fire takes at most `engine.batch_size`.
 //! - The claims are leased for `engine.lease`, and held at most `engine.claim_ahead` (under a
-//!   fifth of it) before they fire, when their lease is renewed as any publish's is.
+//!   fifth of it) before they fire, when their lease is renewed as any publish's is; in a fair
+//!   claim's backlog the other tenants' shares look further (`crate::fair`), never more than a
+//!   fifth of the lease.
 //! - Held timers belong to the membership they were claimed under: when its fence is cut they
 //!   are dropped, not fired and not given back (their leases may be another instance's by
 //!   then); at shutdown they are given back, claimable at their due time.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -45,10 +50,10 @@ pub(super) struct Now {
 
 impl Ready {
     /// Whether the firing task claims at `now`: the window it covers ends within half of
-    /// `ahead` (so the next claim is made while what it claimed is still ahead), and fewer
-    /// than `batch` wait.
+    /// `ahead` (so the next claim is made while what it claimed is still ahead), and the hold
+    /// is not full ([`Ready::is_full`]).
     pub fn claims(&self, now: Timestamp, ahead: Duration, batch: usize) -> bool {
-        !self.is_full(batch)
+        !self.is_full(now, batch)
             && self
                 .covered
                 .is_none_or(|covered| covered < now.saturating_add(ahead / 2))
@@ -73,23 +78,37 @@ impl Ready {
             .sort_by(|(a, _), (b, _)| a.due_at.cmp(&b.due_at).then_with(|| a.key.cmp(&b.key)));
     }
 
-    /// Takes the timers due at `now`, if any.
-    pub fn take_due(&mut self, now: Timestamp) -> Option<Now> {
+    /// Takes the timers due at `now`, if any: all of them, or when more than `batch` are due,
+    /// `batch` of them shared between their tenants as a claim is (`crate::fair`): one of each
+    /// tenant's earliest in turn, so a tenant's timer that came due behind another's herd goes
+    /// with the next fire.
+    pub fn take_due(&mut self, now: Timestamp, batch: usize) -> Option<Now> {
         let n = self.waiting.partition_point(|(t, _)| t.due_at <= now);
-        if n == 0 {
+        if n == 0 || batch == 0 {
             return None;
         }
-        let mut held_until = None::<Instant>;
-        let timers = self
-            .waiting
-            .drain(..n)
-            .map(|(t, until)| {
-                held_until = Some(held_until.map_or(until, |h| h.min(until)));
-                t
-            })
-            .collect();
+        let taken: Vec<(ClaimedTimer, Instant)> = if n <= batch {
+            self.waiting.drain(..n).collect()
+        } else {
+            let picked = round_robin(
+                self.waiting.range(..n).map(|(t, _)| &t.key.tenant_id),
+                batch,
+            );
+            let mut taken = Vec::with_capacity(batch);
+            let mut rest = VecDeque::with_capacity(self.waiting.len() - batch);
+            for (i, held) in self.waiting.drain(..).enumerate() {
+                if picked.get(i).copied().unwrap_or(false) {
+                    taken.push(held);
+                } else {
+                    rest.push_back(held);
+                }
+            }
+            self.waiting = rest;
+            taken
+        };
+        let held_until = taken.iter().map(|(_, until)| *until).min();
         Some(Now {
-            timers,
+            timers: taken.into_iter().map(|(t, _)| t).collect(),
             held_until: held_until.unwrap_or_else(Instant::now),
         })
     }
@@ -100,13 +119,13 @@ impl Ready {
     }
 
     /// When the firing task should look next for what it holds: the first due time, or when
-    /// the window it covers needs extending (half of `ahead` before its end, while fewer than
-    /// `batch` are held). `None` when nothing is held.
-    pub fn next_look(&self, ahead: Duration, batch: usize) -> Option<Timestamp> {
+    /// the window it covers needs extending (half of `ahead` before its end, while the hold is
+    /// not full at `now`). `None` when nothing is held.
+    pub fn next_look(&self, now: Timestamp, ahead: Duration, batch: usize) -> Option<Timestamp> {
         let (first, _) = self.waiting.front()?;
         let extend = self
             .covered
-            .filter(|_| !self.is_full(batch))
+            .filter(|_| !self.is_full(now, batch))
             .map(|c| c.saturating_sub(ahead / 2));
         Some(extend.map_or(first.due_at, |e| e.min(first.due_at)))
     }
@@ -122,9 +141,12 @@ impl Ready {
         self.covered
     }
 
-    /// Whether a whole batch is held: no claim is made until some fire.
-    pub fn is_full(&self, batch: usize) -> bool {
-        self.waiting.len() >= batch
+    /// Whether no claim is made until some fire: a whole batch is held and the first is due
+    /// at `now`, or two batches are held.
+    pub fn is_full(&self, now: Timestamp, batch: usize) -> bool {
+        let held = self.waiting.len();
+        held >= batch.saturating_mul(2)
+            || (held >= batch && self.first_due().is_some_and(|first| first <= now))
     }
 
     /// Whether nothing is held.
@@ -143,6 +165,36 @@ impl Ready {
         self.fence = None;
         self.waiting.drain(..).map(|(t, _)| t).collect()
     }
+}
+
+/// Which of `tenants` (each entry's tenant, earliest first) `take` picks: one of each tenant's
+/// earliest in turn, in the order the tenants first appear, until `take` are picked.
+fn round_robin<'a>(tenants: impl Iterator<Item = &'a String>, take: usize) -> Vec<bool> {
+    let mut queues: Vec<VecDeque<usize>> = Vec::new();
+    let mut queue_of: HashMap<&String, usize> = HashMap::new();
+    let mut len = 0;
+    for (i, tenant) in tenants.enumerate() {
+        let q = *queue_of.entry(tenant).or_insert_with(|| {
+            queues.push(VecDeque::new());
+            queues.len() - 1
+        });
+        queues[q].push_back(i);
+        len = i + 1;
+    }
+    let mut picked = vec![false; len];
+    let mut left = take.min(len);
+    while left > 0 {
+        for queue in &mut queues {
+            if left == 0 {
+                break;
+            }
+            if let Some(i) = queue.pop_front() {
+                picked[i] = true;
+                left -= 1;
+            }
+        }
+    }
+    picked
 }
 
 #[cfg(test)]
@@ -186,17 +238,19 @@ mod tests {
             held,
             &fence,
         );
-        let first = ready.take_due(now).expect("the one past due");
+        let first = ready.take_due(now, 10).expect("the one past due");
         assert_eq!(ids(&first), ["late"]);
-        assert!(ready.take_due(Timestamp::from_millis(1_009)).is_none());
+        assert!(ready.take_due(Timestamp::from_millis(1_009), 10).is_none());
         assert_eq!(
-            ready.next_look(AHEAD, 10),
+            ready.next_look(now, AHEAD, 10),
             Some(Timestamp::from_millis(1_010))
         );
-        let second = ready.take_due(Timestamp::from_millis(1_030)).expect("both");
+        let second = ready
+            .take_due(Timestamp::from_millis(1_030), 10)
+            .expect("both");
         assert_eq!(ids(&second), ["a", "b"]);
         assert!(ready.is_empty());
-        assert_eq!(ready.next_look(AHEAD, 10), None);
+        assert_eq!(ready.next_look(now, AHEAD, 10), None);
     }
 
     #[test]
@@ -216,18 +270,19 @@ mod tests {
         assert!(!ready.claims(Timestamp::from_millis(1_024), AHEAD, 10));
         assert!(ready.claims(Timestamp::from_millis(1_026), AHEAD, 10));
         assert_eq!(
-            ready.next_look(AHEAD, 10),
+            ready.next_look(now, AHEAD, 10),
             Some(Timestamp::from_millis(1_025))
         );
         assert_eq!(
-            ready.next_look(AHEAD, 1),
+            ready.next_look(Timestamp::from_millis(1_040), AHEAD, 1),
             Some(Timestamp::from_millis(1_040)),
-            "a full hold waits for its first"
+            "a full hold whose first is due waits for it"
         );
         // A sooner timer arrived: look at once.
         ready.look_again();
         assert!(ready.claims(now, AHEAD, 10));
-        // A full claim covers nothing for sure, but a full hold claims no more.
+        // A full claim covers nothing for sure: while none of it is due, one more batch is
+        // claimed; then, or once the first is due, no more.
         let mut full = Ready::default();
         full.add(
             vec![claimed("x", 1_040), claimed("y", 1_040)],
@@ -237,8 +292,54 @@ mod tests {
             &fence,
         );
         assert_eq!(full.wake_before(), None);
-        assert!(!full.claims(now, AHEAD, 2));
-        assert!(full.claims(now, AHEAD, 3));
+        assert!(full.claims(now, AHEAD, 2), "one batch held, not yet due");
+        assert!(
+            !full.claims(Timestamp::from_millis(1_040), AHEAD, 2),
+            "its first is due"
+        );
+        full.add(
+            vec![claimed("z1", 1_045), claimed("z2", 1_045)],
+            Due::ahead(now, AHEAD),
+            2,
+            Instant::now(),
+            &fence,
+        );
+        assert!(!full.claims(now, AHEAD, 2), "two batches held");
+        // A fire takes one batch at the most, earliest first.
+        let fire = full
+            .take_due(Timestamp::from_millis(1_050), 2)
+            .expect("due");
+        assert_eq!(ids(&fire), ["x", "y"]);
+        assert!(!full.claims(Timestamp::from_millis(1_050), AHEAD, 2));
+        let fire = full
+            .take_due(Timestamp::from_millis(1_050), 2)
+            .expect("due");
+        assert_eq!(ids(&fire), ["z1", "z2"]);
+        assert!(full.claims(Timestamp::from_millis(1_050), AHEAD, 2));
+    }
+
+    #[test]
+    fn more_due_than_a_fire_takes_are_shared_between_tenants_in_due_order() {
+        let of = |tenant: &str, id: &str, due: i64| ClaimedTimer {
+            due_at: Timestamp::from_millis(due),
+            ..ClaimedTimer::for_tests(TimerKey::new(tenant, id))
+        };
+        let mut held: Vec<ClaimedTimer> = (1..=6).map(|i| of("big", &format!("b{i}"), i)).collect();
+        held.extend([of("small", "s1", 5), of("small", "s2", 6)]);
+        let mut ready = Ready::default();
+        let now = Timestamp::from_millis(10);
+        ready.add(
+            held,
+            Due::at(now),
+            8,
+            Instant::now(),
+            &CancellationToken::new(),
+        );
+        let first = ready.take_due(now, 4).expect("due");
+        assert_eq!(ids(&first), ["b1", "b2", "s1", "s2"]);
+        let second = ready.take_due(now, 4).expect("the rest");
+        assert_eq!(ids(&second), ["b3", "b4", "b5", "b6"]);
+        assert!(ready.is_empty());
     }
 
     #[test]
@@ -250,7 +351,7 @@ mod tests {
         ready.add(vec![claimed("a", 1_000)], Due::at(now), 10, later, &fence);
         ready.add(vec![claimed("b", 1_000)], Due::at(now), 10, early, &fence);
         assert!(ready.fence().is_some());
-        let due = ready.take_due(now).expect("due");
+        let due = ready.take_due(now, 10).expect("due");
         assert_eq!(due.held_until, early, "the first lease to run out");
         assert!(ready.fence().is_none(), "nothing held, no fence");
         ready.add(vec![claimed("c", 1_040)], Due::at(now), 10, later, &fence);

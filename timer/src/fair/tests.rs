@@ -4,6 +4,7 @@ use std::collections::BTreeSet;
 
 use super::*;
 use crate::model::TimerKey;
+use std::time::Duration;
 
 /// Rows `(available_at, tenant, id)`; a claimed row moves to the lease end.
 #[derive(Default)]
@@ -285,4 +286,63 @@ async fn a_failed_fill_keeps_what_the_shares_leased() {
     let empty = FillFails(Model::default());
     let fair = FairShare::new();
     assert!(fair.claim(&empty, now.into(), 4, &lease()).await.is_err());
+}
+
+/// `big` due at 1..=10, `small` one at 150; the backlog begins with the claim at 100, the
+/// claims look `ahead` further.
+async fn backlog_then_claim(ahead: u64, lease_until: i64) -> Vec<ClaimedTimer> {
+    let mut model = herd();
+    model.rows.get_mut().unwrap().retain(|r| r.1 == "big");
+    model
+        .rows
+        .get_mut()
+        .unwrap()
+        .push((150, "small".into(), "s1".into()));
+    let fair = FairShare::new();
+    let lease = Lease {
+        owner: "me".into(),
+        until: Timestamp::from_millis(lease_until),
+    };
+    let due = Due::ahead(Timestamp::from_millis(100), Duration::from_millis(ahead));
+    assert_eq!(fair.claim(&model, due, 4, &lease).await.unwrap().len(), 4);
+    fair.claim(&model, due, 4, &lease).await.unwrap()
+}
+
+#[tokio::test]
+async fn in_a_backlog_the_shares_look_further_ahead_than_the_claim() {
+    // A claim looking 20 ms ahead (to 120): the shares look 80 ms, to 180, and take `s1`
+    // (held until 150 by the engine); the fill keeps the claim's own window.
+    let claimed = backlog_then_claim(20, 1_000_000).await;
+    assert_eq!(ids(&claimed), ["b05", "b06", "b07", "s1"]);
+    // Looking 10 ms ahead, the shares look 40 (to 140): `s1` waits for a later claim.
+    let claimed = backlog_then_claim(10, 1_000_000).await;
+    assert_eq!(ids(&claimed), ["b05", "b06", "b07", "b08"]);
+    // Never more than a fifth of the lease ahead: a lease to 300 allows 40 ms.
+    let claimed = backlog_then_claim(20, 300).await;
+    assert_eq!(ids(&claimed), ["b05", "b06", "b07", "b08"]);
+}
+
+#[test]
+fn the_backlog_window_is_four_of_the_claims_up_to_a_fifth_of_the_lease() {
+    let t = Timestamp::from_millis;
+    let lease = |until| Lease {
+        owner: "me".into(),
+        until: t(until),
+    };
+    let window = |ahead, until| {
+        let due = Due::ahead(t(1_000), Duration::from_millis(ahead));
+        backlog_window(due, &lease(until)).ahead
+    };
+    assert_eq!(window(50, 100_000), t(1_200));
+    assert_eq!(window(50, 1_500), t(1_100), "a fifth of the lease's 500 ms");
+    assert_eq!(
+        window(50, 1_100),
+        t(1_050),
+        "never shorter than the claim's"
+    );
+    assert_eq!(
+        window(0, 100_000),
+        t(1_000),
+        "claim_ahead 0: nothing claimed ahead"
+    );
 }
