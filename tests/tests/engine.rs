@@ -173,18 +173,7 @@ fn rig() -> Rig {
 }
 
 fn timer(id: &str, due: Timestamp) -> NewTimer {
-    NewTimer {
-        key: TimerKey::new("t", id),
-        due_at: due,
-        correlation_id: None,
-        payload: None,
-        recurrence: None,
-        policy: None,
-        work: None,
-        target: None,
-        message: None,
-        trace: None,
-    }
+    NewTimer::new(TimerKey::new("t", id), due)
 }
 
 fn ms(n: u64) -> Duration {

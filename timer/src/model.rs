@@ -174,6 +174,25 @@ pub struct NewTimer {
     pub trace: Option<TraceContext>,
 }
 
+impl NewTimer {
+    /// A one-shot timer of `key` due at `due_at`, with nothing else set (no payload,
+    /// correlation id, recurrence, policy, target, message or trace).
+    pub fn new(key: TimerKey, due_at: Timestamp) -> Self {
+        NewTimer {
+            key,
+            due_at,
+            correlation_id: None,
+            payload: None,
+            recurrence: None,
+            policy: None,
+            work: None,
+            target: None,
+            message: None,
+            trace: None,
+        }
+    }
+}
+
 /// A timer as a store holds it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Timer {

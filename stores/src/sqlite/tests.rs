@@ -24,24 +24,13 @@ async fn unusable_urls_are_config_errors_naming_the_url() {
     }
 }
 
-/// Another process holding the write lock: schedule and cancel wait for it, up to
-/// `store.busy_timeout`, instead of failing at once with "database is locked".
 /// A one-shot timer of tenant `t` due at 60 s.
 fn timer(id: &str) -> NewTimer {
-    NewTimer {
-        key: TimerKey::new("t", id),
-        due_at: Timestamp::from_millis(60_000),
-        correlation_id: None,
-        payload: None,
-        recurrence: None,
-        policy: None,
-        work: None,
-        target: None,
-        message: None,
-        trace: None,
-    }
+    NewTimer::new(TimerKey::new("t", id), Timestamp::from_millis(60_000))
 }
 
+/// Another process holding the write lock: schedule and cancel wait for it, up to
+/// `store.busy_timeout`, instead of failing at once with "database is locked".
 #[tokio::test]
 async fn writes_wait_for_another_writer_on_the_same_file() {
     use sqlx::Connection;

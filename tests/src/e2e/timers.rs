@@ -17,17 +17,12 @@ pub fn new_timers(
     spread_ms: i64,
 ) -> Vec<NewTimer> {
     (0..n)
-        .map(|i| NewTimer {
-            key: TimerKey::new(format!("tenant-{}", i % tenants), format!("{prefix}{i:05}")),
-            due_at: Timestamp::from_millis(due_from + (i as i64 * spread_ms) / n as i64),
-            correlation_id: None,
-            payload: None,
-            recurrence: None,
-            policy: None,
-            work: None,
-            target: None,
-            message: None,
-            trace: None,
+        .map(|i| {
+            let key = TimerKey::new(format!("tenant-{}", i % tenants), format!("{prefix}{i:05}"));
+            NewTimer::new(
+                key,
+                Timestamp::from_millis(due_from + (i as i64 * spread_ms) / n as i64),
+            )
         })
         .collect()
 }

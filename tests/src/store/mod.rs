@@ -81,18 +81,7 @@ pub const T0: Timestamp = Timestamp::from_millis(1_800_000_000_000);
 const T0_MS: i64 = T0.as_millis();
 
 pub fn timer(tenant: &str, id: &str, due_ms: i64) -> NewTimer {
-    NewTimer {
-        key: TimerKey::new(tenant, id),
-        due_at: Timestamp::from_millis(due_ms),
-        correlation_id: None,
-        payload: None,
-        recurrence: None,
-        policy: None,
-        work: None,
-        target: None,
-        message: None,
-        trace: None,
-    }
+    NewTimer::new(TimerKey::new(tenant, id), Timestamp::from_millis(due_ms))
 }
 
 fn recurring(tenant: &str, id: &str, due_ms: i64, cron: &str) -> NewTimer {

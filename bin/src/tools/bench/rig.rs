@@ -237,18 +237,11 @@ pub(super) fn progress(len: usize, what: &str) -> ProgressBar {
 }
 
 pub(super) fn timer(i: usize, due_ms: i64) -> NewTimer {
+    let key = TimerKey::new(format!("bench-{}", i % 16), format!("t{i:08}"));
     NewTimer {
-        key: TimerKey::new(format!("bench-{}", i % 16), format!("t{i:08}")),
-        due_at: Timestamp::from_millis(due_ms),
-        correlation_id: None,
-        payload: None,
-        recurrence: None,
-        policy: None,
-        work: None,
-        target: None,
-        message: None,
         // As every admitted timer has one.
         trace: Some(TraceContext::fresh()),
+        ..NewTimer::new(key, Timestamp::from_millis(due_ms))
     }
 }
 
