@@ -17,9 +17,9 @@ use tracing::{error, info};
 use crate::config::{Config, LogFormat};
 use crate::http::auth::Auth;
 use crate::http::counted::{Cached, Counts};
+use crate::http::health::READY_MAX_AGE;
 use crate::http::listener::{self, Listening};
 use crate::http::state::{AppState, EventStreams};
-use crate::http::status::READY_MAX_AGE;
 use crate::telemetry::Telemetry;
 
 /// What a config needs besides its values to serve the API: its access rules (keys read, JWKS

@@ -15,6 +15,7 @@ pub mod counted;
 pub mod embedded;
 pub mod error;
 pub mod events;
+pub mod health;
 pub mod history;
 pub mod listener;
 pub mod listing;
@@ -90,8 +91,8 @@ pub fn routes(
         .layer(axum::middleware::from_fn(traced::traced));
     // Health and metrics stay open: probes and scrapers carry no token.
     let open = OpenApiRouter::new()
-        .routes(routes!(status::healthz))
-        .routes(routes!(status::readyz))
+        .routes(routes!(health::healthz))
+        .routes(routes!(health::readyz))
         .routes(routes!(status::metrics))
         .layer(timeout());
     let (router, document) = api.merge(open).split_for_parts();

@@ -161,7 +161,7 @@ async fn readyz_asks_the_broker_at_most_once_a_second() {
         );
     }
     let seconds =
-        started.elapsed().as_secs_f64() / crate::http::status::READY_MAX_AGE.as_secs_f64();
+        started.elapsed().as_secs_f64() / crate::http::health::READY_MAX_AGE.as_secs_f64();
     let checks = health_checks.load(Ordering::SeqCst);
     // One check per started max age, and one more for a refresh in flight at the end.
     assert!(

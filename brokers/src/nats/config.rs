@@ -99,7 +99,7 @@ impl NatsConfig {
     /// Checks what can be checked without a server: the URL and settings that go in pairs.
     /// `check-config` calls it; connecting does too.
     pub fn check(&self) -> timer_core::Result<()> {
-        super::connect_target(self).map(|_| ())
+        super::connect::check_endpoint(self)
     }
 }
 
