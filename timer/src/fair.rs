@@ -19,9 +19,9 @@
 //!   `engine.claim_ahead` under a herd: a timer first due just after one claim's window would
 //!   wait for the next claim, late by up to that interval. So the shares' window is
 //!   [`BACKLOG_WINDOWS`] times the claim's (200 ms for `engine.claim_ahead` 50 ms; nothing
-//!   for 0), at most a fifth of the lease: the other tenants' timers of the next claims are
-//!   leased now and held until their due time (`engine/ready.rs`), whatever the herd's batches
-//!   take. The fill keeps the claim's own window.
+//!   for 0), at most a fifth of the lease, for every tenant visited: the timers the next
+//!   claims would share out are leased now and held until their due time (`engine/ready.rs`),
+//!   whatever the herd's batches take. The fill keeps the claim's own window.
 //!
 //! # Invariants
 //! - A claim never takes more than `limit` rows, and takes `limit` whenever that many are due

@@ -56,6 +56,7 @@ pub async fn a_claim_ahead_takes_first_due_times_only(store: Arc<dyn Store>) {
         timer("t1", "soon", T0_MS + 30),
         timer("t2", "sooner", T0_MS + 25),
         timer("t2", "far", T0_MS + 80),
+        timer("t2", "beyond", T0_MS + 260),
     ];
     put(s, &batch, T0).await;
     // A full claim (the next one is a backlog's, shared between tenants), then a retry.
@@ -75,20 +76,22 @@ pub async fn a_claim_ahead_takes_first_due_times_only(store: Arc<dyn Store>) {
                 .unwrap_or_else(|e| panic!("claiming ahead at {now} failed: {e}"))
         }
     };
+    // A backlog's shares look four windows ahead (`timer_core::fair`): 200 ms.
     let shared = claim_ahead(T0_MS).await;
     assert_eq!(
         ids(&shared),
-        ["sooner", "soon"],
-        "first due within 50 ms, not the retry due in 20 ms nor what is due in 80"
+        ["sooner", "soon", "far"],
+        "first due within 200 ms, not the retry due in 20 ms nor what is due in 260"
     );
+    // Not full: the claims that follow look 50 ms ahead.
     assert!(claim_ahead(T0_MS + 19).await.is_empty());
     assert_eq!(
         ids(&claim_ahead(T0_MS + 20).await),
         ["retried"],
         "at its time"
     );
-    assert!(claim_ahead(T0_MS + 29).await.is_empty());
-    assert_eq!(ids(&claim_ahead(T0_MS + 30).await), ["far"]);
+    assert!(claim_ahead(T0_MS + 209).await.is_empty());
+    assert_eq!(ids(&claim_ahead(T0_MS + 210).await), ["beyond"]);
 }
 
 pub async fn claim_is_exclusive_under_concurrency(store: Arc<dyn Store>) {

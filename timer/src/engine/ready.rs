@@ -9,15 +9,15 @@
 //! - `covered`: every timer first due by then was in the store when a claim looked, so it is
 //!   held here or fired. A timer scheduled afterwards for a time before it is not: the firing
 //!   task is woken for it ([`Ready::wake_before`]) and claims again.
-//! - At most about two batches are held: a claim is made only while fewer than
-//!   `engine.batch_size` wait, or fewer than two batches of which none is due yet (the task
-//!   has nothing to fire until then, so the next claim's cost is paid before that due time:
-//!   a herd's first two claims are made before it is due, and so is the first shared one).
-//!   A fire takes at most `engine.batch_size`.
+//! - At most two batches are held: a claim is made only while fewer than `engine.batch_size`
+//!   wait, or exactly that many of which none is due yet (the task has nothing to fire until
+//!   then, so the next claim's cost is paid before that due time: a herd's first two claims
+//!   are made before it is due, and so is the first shared one). A fire takes at most
+//!   `engine.batch_size`.
 //! - The claims are leased for `engine.lease`, and held at most `engine.claim_ahead` (under a
 //!   fifth of it) before they fire, when their lease is renewed as any publish's is; in a fair
-//!   claim's backlog the other tenants' shares look further (`crate::fair`), never more than a
-//!   fifth of the lease.
+//!   claim's backlog every tenant's share looks four times as far (`crate::fair`), never more
+//!   than a fifth of the lease.
 //! - Held timers belong to the membership they were claimed under: when its fence is cut they
 //!   are dropped, not fired and not given back (their leases may be another instance's by
 //!   then); at shutdown they are given back, claimable at their due time.
@@ -141,12 +141,11 @@ impl Ready {
         self.covered
     }
 
-    /// Whether no claim is made until some fire: a whole batch is held and the first is due
-    /// at `now`, or two batches are held.
+    /// Whether no claim is made until some fire: more than a batch is held, or a batch of
+    /// which the first is due at `now`. (So at most two batches are held.)
     pub fn is_full(&self, now: Timestamp, batch: usize) -> bool {
         let held = self.waiting.len();
-        held >= batch.saturating_mul(2)
-            || (held >= batch && self.first_due().is_some_and(|first| first <= now))
+        held > batch || (held >= batch && self.first_due().is_some_and(|first| first <= now))
     }
 
     /// Whether nothing is held.
@@ -298,13 +297,20 @@ mod tests {
             "its first is due"
         );
         full.add(
-            vec![claimed("z1", 1_045), claimed("z2", 1_045)],
+            vec![claimed("z1", 1_045)],
             Due::ahead(now, AHEAD),
             2,
             Instant::now(),
             &fence,
         );
-        assert!(!full.claims(now, AHEAD, 2), "two batches held");
+        assert!(!full.claims(now, AHEAD, 2), "more than a batch held");
+        full.add(
+            vec![claimed("z2", 1_045)],
+            Due::ahead(now, AHEAD),
+            2,
+            Instant::now(),
+            &fence,
+        );
         // A fire takes one batch at the most, earliest first.
         let fire = full
             .take_due(Timestamp::from_millis(1_050), 2)
