@@ -7,8 +7,8 @@ use std::time::Duration;
 use anyhow::bail;
 use timer_core::plugin::{DelayedMessage, DelayedUntil};
 
-use super::rig::{arrival_figures, now_ms, progress, start_rig_with, Preload};
-use super::{rss_mib, Run};
+use super::rig::{arrival_figures, now_ms, progress, start_loaded, Preload};
+use super::Run;
 use crate::config::Config;
 
 /// How long after it was sent a delayed message of the delay workload is due.
@@ -20,19 +20,13 @@ pub(super) async fn delay_run(
     over: Duration,
     pending: usize,
 ) -> anyhow::Result<Run> {
-    let rss_before = rss_mib();
-    let rig = start_rig_with(
-        config,
-        1,
-        Preload {
-            far: pending,
-            message_bytes: 1024,
-            any_target: true,
-            ..Preload::default()
-        },
-    )
-    .await?;
-    let rss_loaded = rss_mib();
+    let preload = Preload {
+        far: pending,
+        message_bytes: 1024,
+        any_target: true,
+        ..Preload::default()
+    };
+    let (rig, rss) = start_loaded(config, preload).await?;
     let mut targets = Vec::new();
     for name in ["bench-d0", "bench-d1", "bench-d2"] {
         match rig.client.make_target(name).await? {
@@ -110,9 +104,7 @@ pub(super) async fn delay_run(
     figures.extend([
         ("sent", "messages/s", rate),
         ("pending messages", "timers", pending as f64),
-        ("RSS before", "MiB", rss_before),
-        ("RSS loaded", "MiB", rss_loaded),
-        ("RSS after", "MiB", rss_mib()),
     ]);
+    figures.extend(rss.figures());
     Ok(figures)
 }

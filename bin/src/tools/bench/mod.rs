@@ -71,48 +71,25 @@ async fn lateness_run(
     lateness_on(rig, n, over).await
 }
 
-/// The resident memory of this process (service and load generator together), in MiB.
-pub(super) fn rss_mib() -> f64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|status| {
-            status
-                .lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|kb| kb.parse::<f64>().ok())
-        })
-        .map(|kb| kb / 1024.0)
-        .unwrap_or(f64::NAN)
-}
-
 async fn pending_run(
     config: &Config,
     n: usize,
     over: Duration,
     pending: usize,
 ) -> anyhow::Result<Run> {
-    let rss_before = rss_mib();
-    let rig = start_rig_with(
-        config,
-        1,
-        Preload {
-            far: pending,
-            ..Preload::default()
-        },
-    )
-    .await?;
+    let preload = Preload {
+        far: pending,
+        ..Preload::default()
+    };
+    let (rig, rss) = start_loaded(config, preload).await?;
     let rate = rig.preload_rate;
-    let rss_loaded = rss_mib();
     let mut run = lateness_on(rig, n, over).await?;
     run.retain(|(metric, _, _)| {
         matches!(*metric, "p50" | "p99" | "max" | "missing" | "duplicates")
     });
     run.push(("pending timers", "timers", pending as f64));
     run.push(("preload", "schedules/s", rate));
-    run.push(("RSS before", "MiB", rss_before));
-    run.push(("RSS loaded", "MiB", rss_loaded));
-    run.push(("RSS after", "MiB", rss_mib()));
+    run.extend(rss.figures());
     Ok(run)
 }
 

@@ -404,3 +404,44 @@ pub(super) async fn wait_pending(
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
+
+/// The resident memory of this process (service and load generator together), in MiB.
+pub(super) fn rss_mib() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            status
+                .lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<f64>().ok())
+        })
+        .map(|kb| kb / 1024.0)
+        .unwrap_or(f64::NAN)
+}
+
+/// The process's RSS around loading a store: before its rig started, and once the store held
+/// what the rig preloaded.
+pub(super) struct Rss {
+    before: f64,
+    loaded: f64,
+}
+
+impl Rss {
+    /// The run's RSS figures: before, loaded, and now (after the workload).
+    pub(super) fn figures(&self) -> [(&'static str, &'static str, f64); 3] {
+        [
+            ("RSS before", "MiB", self.before),
+            ("RSS loaded", "MiB", self.loaded),
+            ("RSS after", "MiB", rss_mib()),
+        ]
+    }
+}
+
+/// A rig of one engine whose store holds `preload`, and the RSS around loading it.
+pub(super) async fn start_loaded(config: &Config, preload: Preload) -> anyhow::Result<(Rig, Rss)> {
+    let before = rss_mib();
+    let rig = start_rig_with(config, 1, preload).await?;
+    let loaded = rss_mib();
+    Ok((rig, Rss { before, loaded }))
+}
