@@ -297,8 +297,13 @@ async fn webhooks_arrive_on_time_signed_with_the_exact_body_and_headers() {
     println!("webhook lateness at the receiver: p50 {p50} ms, p99 {p99} ms, max {max} ms");
     // Generous: only a broken mechanism (polling, a lost wake-up) is this late.
     assert!(p99 < 1_000, "p99 {p99} ms");
-    let (_, v) = service.get("/v1/tenants/acme/timers/hook-000").await;
-    assert_eq!(v["state"], "Reached", "{v}");
+    // The receiver sees the fire before the store records it: wait for the record.
+    let v = wait_for(Duration::from_secs(30), || async {
+        let (_, v) = service.get("/v1/tenants/acme/timers/hook-000").await;
+        (v["state"] == "Reached").then_some(v)
+    })
+    .await
+    .expect("the fire is recorded");
     assert_eq!(
         v["target"]["url"],
         format!("http://127.0.0.1:{port}/acme/ok/hook-000"),
