@@ -393,6 +393,11 @@ enum Publish {
     Hangs,
     /// Each publish waits until the gate is opened (`notify_one`), then works.
     Gated(Arc<tokio::sync::Notify>),
+    /// As `Gated`, each publish counted in `started` as it begins.
+    Counted {
+        started: Arc<AtomicU32>,
+        gate: Arc<tokio::sync::Notify>,
+    },
     /// The first `n` publishes panic (as an SDK that panics on input it should refuse).
     PanicsFirst(u32),
     /// Events of this tenant come back undelivered, one by one (as RabbitMQ returns an event
@@ -437,6 +442,7 @@ struct FaultyBroker {
     panics: AtomicU32,
     hangs: bool,
     gate: Option<Arc<tokio::sync::Notify>>,
+    started: Option<Arc<AtomicU32>>,
     refuses: Option<String>,
     dead_letters: DeadLetterGate,
 }
@@ -449,6 +455,7 @@ impl FaultyBroker {
             panics: AtomicU32::new(0),
             hangs: false,
             gate: None,
+            started: None,
             refuses: None,
             dead_letters,
         };
@@ -457,6 +464,9 @@ impl FaultyBroker {
             Publish::FailsFirst(n) => broker.failures = AtomicU32::new(n),
             Publish::Hangs => broker.hangs = true,
             Publish::Gated(gate) => broker.gate = Some(gate),
+            Publish::Counted { started, gate } => {
+                (broker.started, broker.gate) = (Some(started), Some(gate));
+            }
             Publish::PanicsFirst(n) => broker.panics = AtomicU32::new(n),
             Publish::Refuses(tenant) => broker.refuses = Some(tenant),
         }
@@ -490,6 +500,9 @@ impl Broker for FaultyBroker {
     async fn publish(&self, events: &[OutboundEvent]) -> Result<Vec<Undelivered>> {
         if self.hangs {
             std::future::pending::<()>().await;
+        }
+        if let Some(started) = &self.started {
+            started.fetch_add(1, Ordering::SeqCst);
         }
         if let Some(gate) = &self.gate {
             gate.notified().await;
@@ -906,6 +919,51 @@ async fn shutdown_releases_claims() {
         1,
         "another instance can fire it at once, without waiting for the lease"
     );
+}
+
+/// A fire does not wait for an earlier batch's confirm: a held timer that comes due while the
+/// broker has not yet confirmed the batch before it is published at once, beside it
+/// (`timer/src/engine/publish.rs`); both are settled once confirmed.
+#[tokio::test]
+async fn a_timer_due_while_a_publish_awaits_its_confirm_is_published_beside_it() {
+    let started = Arc::new(AtomicU32::new(0));
+    let gate = Arc::new(tokio::sync::Notify::new());
+    let mut setup = Setup::publishing(Publish::Counted {
+        started: started.clone(),
+        gate: gate.clone(),
+    });
+    setup.config.claim_ahead = ms(50);
+    let r = setup.start();
+    // One claim takes both: the second is due within claim_ahead.
+    r.schedule(&[
+        timer("first", T0),
+        timer("second", T0.saturating_add(ms(10))),
+    ])
+    .await;
+    let publishes = |n: u32| {
+        let started = started.clone();
+        async move {
+            wait_for(WAIT, || async {
+                (started.load(Ordering::SeqCst) >= n).then_some(())
+            })
+            .await
+        }
+    };
+    publishes(1).await.expect("the first publish starts");
+    r.clock.advance(ms(10));
+    publishes(2)
+        .await
+        .expect("the second publish starts while the first awaits its confirm");
+    assert!(
+        r.hub.events().unwrap_or_default().is_empty(),
+        "neither is confirmed yet"
+    );
+    gate.notify_one();
+    gate.notify_one();
+    events(&r.hub, 2).await.expect("both go out");
+    for id in ["first", "second"] {
+        timer_where(&r.store, id, |t| t.state == TimerState::Reached).await;
+    }
 }
 
 #[tokio::test]

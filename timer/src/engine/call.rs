@@ -20,6 +20,7 @@
 //! aborted with it. Joining the live instances again waits until none runs, as it waits for the
 //! firing task's batch.
 
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -27,15 +28,16 @@ use opentelemetry::global::BoxedSpan;
 use opentelemetry::trace::Span as _;
 use opentelemetry::KeyValue;
 use tokio::sync::oneshot;
-use tokio::task::JoinSet;
+use tokio::task::{JoinError, JoinSet};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
+use super::publish::claimable_again;
 use super::{metrics as metric, spans, Engine};
 use crate::broker::OutboundEvent;
 use crate::call::{Called, Caller};
-use crate::model::{ClaimedTimer, TimerState, Timestamp};
+use crate::model::{ClaimedTimer, Timestamp};
 use crate::policy::{self, Fire};
 use crate::store::Settlement;
 use crate::wire::DueTimeReachedEnvelope;
@@ -44,28 +46,53 @@ use crate::wire::DueTimeReachedEnvelope;
 /// group: the queue is written in order).
 pub(super) type Settling = (ClaimedTimer, Settlement, Option<oneshot::Sender<()>>);
 
-/// Batches the firing task published whose settle may still be unwritten, at most this many:
-/// past it the firing task claims no more (what it holds still fires) until the oldest is
-/// written. One: on a store with one writer (SQLite) a claim waits behind every settle queued
-/// before it, so a deeper pipeline made a herd's claims (and the other tenants' timers due
-/// meanwhile) wait longer: others' p50 during a 50,000 herd 9 ms with one, 150 ms with two,
-/// 135 ms with four (BENCHMARKS.md, "Claiming ahead").
-const UNSETTLED_BATCHES: usize = 1;
+/// What a panic carried.
+pub(super) type Panic = Box<dyn std::any::Any + Send>;
 
-/// The calls of the firing task that run now, and the settles of its batches not yet known
-/// to be written.
+/// The tasks of the firing task that run now: calls, and publishes ([`super::publish`]).
 #[derive(Default)]
 pub(super) struct Calls {
     tasks: JoinSet<()>,
-    unsettled: std::collections::VecDeque<oneshot::Receiver<()>>,
+    /// The publishes among them: a publish that panics is the firing task's panic, as when it
+    /// published itself (supervised: reported down, started again); a call's only logs.
+    publishes: HashSet<tokio::task::Id>,
 }
 
 impl Calls {
-    /// Forgets the calls that ended.
-    pub(super) fn reap(&mut self) {
-        while let Some(ended) = self.tasks.try_join_next() {
-            said(ended);
+    /// Forgets the tasks that ended; the panic of a publish, if one ended so.
+    pub(super) fn reap(&mut self) -> Result<(), Panic> {
+        while let Some(ended) = self.tasks.try_join_next_with_id() {
+            self.ended(ended)?;
         }
+        Ok(())
+    }
+
+    /// Returns the panic of a publish as soon as one ends so (never otherwise), forgetting the
+    /// other tasks as they end. Cancel safe.
+    pub(super) async fn publish_panicked(&mut self) -> Panic {
+        loop {
+            match self.tasks.join_next_with_id().await {
+                Some(ended) => {
+                    if let Err(panic) = self.ended(ended) {
+                        return panic;
+                    }
+                }
+                None => std::future::pending().await,
+            }
+        }
+    }
+
+    fn ended(&mut self, ended: Result<(tokio::task::Id, ()), JoinError>) -> Result<(), Panic> {
+        match ended {
+            Ok((id, ())) => {
+                self.publishes.remove(&id);
+            }
+            Err(e) if self.publishes.remove(&e.id()) && e.is_panic() => {
+                return Err(e.into_panic());
+            }
+            Err(e) => said(Err(e)),
+        }
+        Ok(())
     }
 
     /// Runs `work` on a task of the firing task's, counted as running while it lives (joining
@@ -74,37 +101,24 @@ impl Calls {
         &mut self,
         engine: &Engine,
         work: impl std::future::Future<Output = ()> + Send + 'static,
-    ) {
+    ) -> tokio::task::Id {
         let running = Running::new(engine);
-        self.tasks.spawn(async move {
-            work.await;
-            drop(running);
-        });
+        self.tasks
+            .spawn(async move {
+                work.await;
+                drop(running);
+            })
+            .id()
     }
 
-    /// Whether [`UNSETTLED_BATCHES`] published batches are still unwritten: no claim until the
-    /// oldest is ([`oldest_settled`](Self::oldest_settled)).
-    pub(super) fn settles_behind(&mut self) -> bool {
-        while let Some(oldest) = self.unsettled.front_mut() {
-            match oldest.try_recv() {
-                Err(oneshot::error::TryRecvError::Empty) => break,
-                _ => {
-                    self.unsettled.pop_front();
-                }
-            }
-        }
-        self.unsettled.len() >= UNSETTLED_BATCHES
-    }
-
-    /// Returns when the oldest unwritten batch was written (never when none waits).
-    pub(super) async fn oldest_settled(&mut self) {
-        match self.unsettled.front_mut() {
-            Some(oldest) => {
-                let _ = oldest.await;
-                self.unsettled.pop_front();
-            }
-            None => std::future::pending().await,
-        }
+    /// As [`spawn`](Self::spawn), for a publish.
+    pub(super) fn spawn_publish(
+        &mut self,
+        engine: &Engine,
+        work: impl std::future::Future<Output = ()> + Send + 'static,
+    ) {
+        let id = self.spawn(engine, work);
+        self.publishes.insert(id);
     }
 
     /// Waits until every call ended and every batch was settled.
@@ -115,17 +129,8 @@ impl Calls {
     }
 }
 
-/// When a settled claim is claimable again, if it stays Scheduled (a series' next occurrence).
-fn claimable_again(settlement: &Settlement) -> Option<Timestamp> {
-    match settlement {
-        Settlement::Next(at) => Some(*at),
-        Settlement::Step(step) if step.state == TimerState::Scheduled => Some(step.available_at),
-        _ => None,
-    }
-}
-
 /// Logs a call that panicked: its timer fires again once its lease runs out.
-fn said(ended: Result<(), tokio::task::JoinError>) {
+fn said(ended: Result<(), JoinError>) {
     if let Err(e) = ended {
         if e.is_panic() {
             error!(error = %e, "a call panicked; its timer fires again when its lease runs out");
@@ -189,34 +194,6 @@ impl Engine {
         // Counted before the firing task lets its batch go, so a join never slips in between.
         let engine = self.clone();
         calls.spawn(self, async move { engine.call(caller, one).await });
-    }
-
-    /// Settles a published batch without holding up the firing task: written with whatever
-    /// else waits in the settle queue (calls, other batches) in one transaction, while the
-    /// firing task goes on with its next fires (and claims no more once
-    /// [`UNSETTLED_BATCHES`] are unwritten). Until it is written the batch counts as running,
-    /// as a call does: joining the live instances again waits for it.
-    pub(super) fn settle_behind(
-        &self,
-        calls: &mut Calls,
-        settled: Vec<(ClaimedTimer, Settlement)>,
-        shutdown: &CancellationToken,
-    ) {
-        let next = settled.iter().filter_map(|(_, s)| claimable_again(s)).min();
-        let Some(written) = self.queue_settles(settled, shutdown) else {
-            return; // poisoned: the leases expire and the timers fire again
-        };
-        let (done, settling) = oneshot::channel();
-        calls.unsettled.push_back(settling);
-        let engine = self.clone();
-        calls.spawn(self, async move {
-            let _ = written.await;
-            // A series' next occurrence: the firing task planned while the row was leased.
-            if let Some(at) = next {
-                engine.wake_by(at);
-            }
-            let _ = done.send(());
-        });
     }
 
     async fn call(&self, caller: Arc<dyn Caller>, one: OneCall) {
@@ -322,7 +299,7 @@ impl Engine {
 
     /// Puts settlements in the settle queue (starting its task if none runs); the receiver
     /// hears when they were written. `None` when the queue is poisoned.
-    fn queue_settles(
+    pub(super) fn queue_settles(
         &self,
         settled: Vec<(ClaimedTimer, Settlement)>,
         shutdown: &CancellationToken,
@@ -384,7 +361,7 @@ impl Engine {
     /// Has the firing task plan again if it sleeps past `at`, when a call or a settle behind
     /// it made its timer claimable then (the firing task, which planned while the timer was
     /// leased, would not know).
-    fn wake_by(&self, at: Timestamp) {
+    pub(super) fn wake_by(&self, at: Timestamp) {
         self.wake_for(at.as_millis());
     }
 

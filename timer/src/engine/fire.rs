@@ -8,15 +8,15 @@ use std::sync::atomic::Ordering;
 use tokio::time::Instant;
 
 use opentelemetry::global::BoxedSpan;
-use opentelemetry::trace::Span as _;
 use tokio::sync::{broadcast, oneshot};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::call::{Calls, OneCall};
+use super::publish::Batch;
 use super::ready::Ready;
 use super::{metrics as metric, spans, Engine};
-use crate::broker::{OutboundEvent, Undelivered};
+use crate::broker::OutboundEvent;
 use crate::error::{Error, Result};
 use crate::model::{ClaimedTimer, Due, Lease, TimerKey, Timestamp};
 use crate::outbound::{Message, Target};
@@ -35,8 +35,13 @@ impl Engine {
         let mut ready = Ready::default();
         // A claim running on a task of its own, so what is held fires meanwhile.
         let mut claiming: Option<oneshot::Receiver<Option<Claimed>>> = None;
+        // The last batch fired when the next claim became due: it waits until that one and
+        // those before it are settled ([`super::publish`]).
+        let mut claim_after: Option<u64> = None;
         while !shutdown.is_cancelled() {
-            calls.reap();
+            if let Err(panic) = calls.reap() {
+                std::panic::resume_unwind(panic);
+            }
             inner.planned.store(i64::MAX, Ordering::SeqCst);
             inner.wake_before.store(i64::MAX, Ordering::SeqCst);
             // Claim only as a live member of the store's instances.
@@ -52,14 +57,33 @@ impl Engine {
             // From the claim until its batch is done: joining again waits (`owners`).
             let firing = inner.firing.lock().await;
             let claims = claiming.is_none() && ready.claims(inner.clock.now(), ahead, batch);
-            // Published batches wait to be written: claim no more until the oldest is.
-            let settles_behind = claims && calls.settles_behind();
-            if claims && !settles_behind {
+            // Claim once the batches fired before are settled (published and written).
+            let settles_behind = if claims {
+                let before = *claim_after.get_or_insert_with(|| self.last_fired());
+                (!self.settled_through(before)).then_some(before)
+            } else {
+                claim_after = None;
+                None
+            };
+            if claims && settles_behind.is_none() {
+                claim_after = None;
                 claiming = Some(self.start_claim(&mut calls, &fence, &shutdown));
             }
-            if let Some(now) = ready.take_due(inner.clock.now(), batch) {
-                self.fire(now.timers, now.held_until, &fence, &shutdown, &mut calls)
-                    .await;
+            // Each fire publishes on a task of its own ([`super::publish`]), while fewer than a
+            // batch of timers are being published.
+            if self.room_to_publish(batch) {
+                if let Some(now) = ready.take_due(inner.clock.now(), batch) {
+                    self.fire(now.timers, now.held_until, &fence, &shutdown, &mut calls)
+                        .await;
+                    continue;
+                }
+            } else if ready.first_due().is_some_and(|at| at <= inner.clock.now()) {
+                tokio::select! {
+                    biased;
+                    _ = shutdown.cancelled() => break,
+                    panic = calls.publish_panicked() => std::panic::resume_unwind(panic),
+                    _ = self.room_made(batch) => {}
+                };
                 continue;
             }
             if let Some(claim) = claiming.as_mut() {
@@ -68,6 +92,7 @@ impl Engine {
                 let claimed = tokio::select! {
                     biased;
                     _ = shutdown.cancelled() => break,
+                    panic = calls.publish_panicked() => std::panic::resume_unwind(panic),
                     claimed = claim => claimed,
                     _ = sleep_until(inner.clock.as_ref(), first) => continue,
                 };
@@ -79,13 +104,14 @@ impl Engine {
                 }
                 continue;
             }
-            if settles_behind {
-                // Until the oldest batch is written, or the first held timer is due.
+            if let Some(before) = settles_behind {
+                // Until they are, or the first held timer is due.
                 let first = ready.first_due();
                 tokio::select! {
                     biased;
                     _ = shutdown.cancelled() => break,
-                    _ = calls.oldest_settled() => {}
+                    panic = calls.publish_panicked() => std::panic::resume_unwind(panic),
+                    _ = self.settled(before) => {}
                     _ = sleep_until(inner.clock.as_ref(), first) => {}
                 };
                 continue;
@@ -136,6 +162,7 @@ impl Engine {
             let by_store = held.is_none() || look <= wake_at;
             let claims = tokio::select! {
                 _ = shutdown.cancelled() => break,
+                panic = calls.publish_panicked() => std::panic::resume_unwind(panic),
                 _ = inner.clock.sleep_until(wake_at) => by_store,
                 // On the monotonic clock too: a wall clock set back must not stretch the sleep.
                 _ = tokio::time::sleep(inner.config.poll_interval) => true,
@@ -363,74 +390,19 @@ impl Engine {
         if claimed.is_empty() {
             return;
         }
-        let fires = planned;
-        let grace = inner.config.shutdown_grace;
-        let publish = self.within_publish_timeout("publishing", inner.broker.publish(&events));
-        let published = tokio::select! {
-            // The leases first: a batch claimed as the membership was lost is not published.
-            biased;
-            why = self.hold_leases(&claimed, held_until, fence) => Published::Abandoned(why),
-            r = publish => Published::Done(r),
-            _ = async { shutdown.cancelled().await; tokio::time::sleep(grace).await } => {
-                Published::Shutdown
-            }
+        let batch = Batch {
+            claimed,
+            fires: planned,
+            as_fired,
+            envelopes,
+            events,
+            spans,
+            reached_at,
+            held_until,
+            fence: fence.clone(),
+            shutdown: shutdown.clone(),
         };
-        published.end_spans(spans);
-        match published {
-            Published::Abandoned(why) => {
-                // Not settled, not given back: the leases may be another instance's by now
-                // (or a new claim of this one's, after it joined again).
-                ::metrics::counter!(metric::CLAIMS_ABANDONED).increment(claimed.len() as u64);
-                warn!(timers = claimed.len(), reason = %why, "stopped publishing a batch whose leases could be lost; another instance fires it");
-            }
-            Published::Done(Ok(undelivered)) => {
-                let mut refused: Vec<Option<String>> = vec![None; claimed.len()];
-                for Undelivered { index, error } in undelivered {
-                    if let Some(slot) = refused.get_mut(index) {
-                        *slot = Some(error.chain());
-                    }
-                }
-                let mut delivered = Delivered::default();
-                let mut failed = Vec::new();
-                let batch = claimed.into_iter().zip(fires).zip(as_fired).zip(envelopes);
-                for ((((claim, fire), as_fired), envelope), refusal) in batch.zip(refused) {
-                    match refusal {
-                        None => delivered.push(claim, fire, as_fired, envelope),
-                        Some(error) => failed.push((claim, error)),
-                    }
-                }
-                self.announce(&delivered.as_fired, delivered.envelopes, reached_at);
-                let settlements = delivered
-                    .fired
-                    .into_iter()
-                    .map(|(t, fire)| {
-                        let settlement = policy::fired(&t, &fire, reached_at, &inner.owner, None);
-                        (t, settlement)
-                    })
-                    .collect();
-                self.settle_behind(calls, settlements, shutdown);
-                if let Some((timer, error)) = failed.first() {
-                    ::metrics::counter!(metric::PUBLISH_FAILURES).increment(failed.len() as u64);
-                    warn!(broker = inner.broker.name(), timer = %timer.key, trace_id = timer.trace_id(), error = %error, timers = failed.len(), "the broker refused events of a batch (it confirmed the others); releasing them for a retry");
-                    self.release_with_backoff(failed).await;
-                }
-            }
-            Published::Done(Err(e)) => {
-                ::metrics::counter!(metric::PUBLISH_FAILURES).increment(claimed.len() as u64);
-                let message = e.chain();
-                warn!(broker = inner.broker.name(), error = %message, timers = claimed.len(), "publishing events failed; releasing the timers for a retry");
-                let failed = claimed.into_iter().map(|t| (t, message.clone())).collect();
-                self.release_with_backoff(failed).await;
-            }
-            Published::Shutdown => {
-                info!(
-                    timers = claimed.len(),
-                    "shutdown while publishing; releasing claims"
-                );
-                self.give_back(&claimed, inner.clock.now(), "releasing claims at shutdown")
-                    .await;
-            }
-        }
+        self.start_publish(calls, batch);
     }
 
     /// Counts and streams the fires the broker confirmed.
@@ -469,29 +441,6 @@ impl Engine {
                 humantime::format_duration(deadline)
             ))),
         }
-    }
-}
-
-/// The part of a published batch the broker confirmed: each claim with its fire, as its event
-/// describes it, and the event.
-#[derive(Default)]
-struct Delivered {
-    fired: Vec<(ClaimedTimer, Fire)>,
-    as_fired: Vec<ClaimedTimer>,
-    envelopes: Vec<DueTimeReachedEnvelope>,
-}
-
-impl Delivered {
-    fn push(
-        &mut self,
-        claim: ClaimedTimer,
-        fire: Fire,
-        as_fired: ClaimedTimer,
-        envelope: DueTimeReachedEnvelope,
-    ) {
-        self.fired.push((claim, fire));
-        self.as_fired.push(as_fired);
-        self.envelopes.push(envelope);
     }
 }
 
@@ -595,44 +544,6 @@ struct Claimed {
     due: Due,
     held_until: Instant,
     fence: CancellationToken,
-}
-
-/// How a publish ended.
-enum Published {
-    Done(Result<Vec<Undelivered>>),
-    /// Its leases could be lost (why): left alone.
-    Abandoned(String),
-    /// Shutdown, and the broker did not confirm within the grace.
-    Shutdown,
-}
-
-impl Published {
-    /// Ends the `publish` spans of the batch (in its order) as it ended.
-    fn end_spans(&self, spans: Vec<BoxedSpan>) {
-        if spans.is_empty() {
-            return;
-        }
-        let all_failed = match self {
-            Published::Done(Ok(_)) => None,
-            Published::Done(Err(e)) => Some(e.chain()),
-            Published::Abandoned(why) => Some(format!("abandoned: {why}")),
-            Published::Shutdown => Some("shutdown before the broker confirmed".to_owned()),
-        };
-        let mut refused: Vec<Option<String>> = vec![all_failed; spans.len()];
-        if let Published::Done(Ok(undelivered)) = self {
-            for Undelivered { index, error } in undelivered {
-                if let Some(slot) = refused.get_mut(*index) {
-                    *slot = Some(error.chain());
-                }
-            }
-        }
-        for (mut span, refusal) in spans.into_iter().zip(refused) {
-            match refusal {
-                None => span.end(),
-                Some(error) => spans::failed(span, error),
-            }
-        }
-    }
 }
 
 /// Sleeps until `at` on `clock`; never returns without a time.

@@ -9,6 +9,7 @@
 //! - `ingest`: the broker path, in batches, acknowledged after the store committed;
 //! - `fire`: claim due timers, publish their events within `engine.publish_timeout`;
 //! - `ready`: the timers claimed ahead of their due time (`engine.claim_ahead`), held until it;
+//! - `publish`: a fired batch's publish to the broker, on a task of its own, then its settle;
 //! - `call`: the fires a [`Caller`] delivers (HTTP targets), each on its own task;
 //! - `pace`: per-tenant fire rates, the turn of each timer over its tenant's rate;
 //! - `owners`: membership in the store's live instances, taking over dead ones' leases, and
@@ -35,6 +36,7 @@ mod ingest;
 pub mod metrics;
 mod owners;
 mod pace;
+mod publish;
 mod purge;
 mod ready;
 mod recent;
@@ -124,9 +126,11 @@ struct Inner {
     /// Where fires with a target of its own go instead of the broker (HTTP targets), set once
     /// before the engine starts ([`Engine::with_caller`]).
     caller: std::sync::OnceLock<Arc<dyn Caller>>,
-    /// How many calls run on their own now ([`call`]): joining again and leaving wait for
-    /// none, as they wait for the firing task's batch.
+    /// How many calls and publishes run on their own now ([`call`], [`publish`]): joining
+    /// again and leaving wait for none.
     calls: watch::Sender<usize>,
+    /// The timers the firing task's publishes hold ([`publish`]).
+    in_flight: watch::Sender<publish::InFlight>,
     /// Calls that ended, waiting to be settled together ([`call`]).
     settling: Mutex<Vec<call::Settling>>,
     /// Whether a task is settling `settling`.
@@ -187,6 +191,7 @@ impl Engine {
                 down: supervise::TasksDown::default(),
                 caller: std::sync::OnceLock::new(),
                 calls: watch::Sender::new(0),
+                in_flight: watch::Sender::new(publish::InFlight::default()),
                 settling: Mutex::new(Vec::new()),
                 settling_now: AtomicBool::new(false),
                 spans: std::sync::OnceLock::new(),
@@ -297,12 +302,12 @@ impl Engine {
     }
 
     /// When the firing task plans to wake next, while it waits (for the next due time, a
-    /// poll, or a wake-up); `None` while it claims and fires. A test that sees the task asleep
-    /// until after now on a manual clock knows nothing fires until the clock moves or a timer
-    /// wakes it.
+    /// poll, or a wake-up); `None` while it claims and fires, and while a batch it fired is
+    /// being published. A test that sees the task asleep until after now on a manual clock
+    /// knows nothing fires until the clock moves or a timer wakes it.
     pub fn asleep_until(&self) -> Option<Timestamp> {
         let planned = self.inner.planned.load(Ordering::SeqCst);
-        (planned != i64::MAX).then(|| Timestamp::from_millis(planned))
+        (planned != i64::MAX && !self.publishing()).then(|| Timestamp::from_millis(planned))
     }
 
     /// The tenants this instance fired timers of in the last minute, most late first (by lateness
