@@ -354,12 +354,19 @@ impl Engine {
         // Each claim as its event describes it (due at the occurrence that fires). The
         // envelopes go out, or the timers' own messages with the envelopes' ids; the event
         // stream shows the envelopes either way.
-        let mut claimed = Vec::with_capacity(firing.len());
-        let mut planned = Vec::with_capacity(firing.len());
-        let mut as_fired = Vec::with_capacity(firing.len());
-        let mut envelopes = Vec::with_capacity(firing.len());
-        let mut events = Vec::with_capacity(firing.len());
-        let mut spans = Vec::new();
+        let n = firing.len();
+        let mut batch = Batch {
+            claimed: Vec::with_capacity(n),
+            fires: Vec::with_capacity(n),
+            as_fired: Vec::with_capacity(n),
+            envelopes: Vec::with_capacity(n),
+            events: Vec::with_capacity(n),
+            spans: Vec::new(),
+            reached_at,
+            held_until,
+            fence: fence.clone(),
+            shutdown: shutdown.clone(),
+        };
         for (claim, fire) in firing.into_iter().zip(fires) {
             let caller = self.called(&claim);
             let (fired, envelope, event, span) =
@@ -380,29 +387,16 @@ impl Engine {
                 self.start_call(calls, caller, one);
                 continue;
             }
-            claimed.push(claim);
-            planned.push(fire);
-            as_fired.push(fired);
-            envelopes.push(envelope);
-            events.push(event);
-            spans.extend(span);
+            batch.claimed.push(claim);
+            batch.fires.push(fire);
+            batch.as_fired.push(fired);
+            batch.envelopes.push(envelope);
+            batch.events.push(event);
+            batch.spans.extend(span);
         }
-        if claimed.is_empty() {
-            return;
+        if !batch.claimed.is_empty() {
+            self.start_publish(calls, batch);
         }
-        let batch = Batch {
-            claimed,
-            fires: planned,
-            as_fired,
-            envelopes,
-            events,
-            spans,
-            reached_at,
-            held_until,
-            fence: fence.clone(),
-            shutdown: shutdown.clone(),
-        };
-        self.start_publish(calls, batch);
     }
 
     /// Counts and streams the fires the broker confirmed.
