@@ -1299,7 +1299,13 @@ async fn a_mark_the_store_keeps_refusing_is_given_up_and_the_timer_fires_again()
     ])
     .await;
     events(&r.hub, 1).await.expect("published");
-    // Given up: the firing task sleeps again (until the next timer), it does not retry forever.
+    // Refused five times (the engine's settle attempts), then given up: the settle runs behind
+    // the firing task, which meanwhile sleeps until the next timer; it does not retry forever.
+    let refused = wait_for(WAIT, || async {
+        (faulty.settle_failures.load(Ordering::SeqCst) <= u32::MAX - 5).then_some(())
+    })
+    .await;
+    assert!(refused.is_some(), "the store refused the mark five times");
     let asleep = r.asleep(|until| until > T0).await;
     assert!(asleep.is_some(), "the firing task still retries the mark");
     faulty.settle_failures.store(0, Ordering::SeqCst);

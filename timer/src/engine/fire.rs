@@ -35,9 +35,11 @@ impl Engine {
         let mut ready = Ready::default();
         // A claim running on a task of its own, so what is held fires meanwhile.
         let mut claiming: Option<oneshot::Receiver<Option<Claimed>>> = None;
-        // The last batch fired when the next claim became due: it waits until that one and
-        // those before it are settled ([`super::publish`]).
-        let mut claim_after: Option<u64> = None;
+        // The last batch fired when the next claim became due, and when: the claim waits until
+        // that one and those before it are settled ([`super::publish`]), for a broker's
+        // confirm at most `confirm_wait`.
+        let mut claim_after: Option<(u64, tokio::time::Instant)> = None;
+        let confirm_wait = ahead / 5;
         while !shutdown.is_cancelled() {
             if let Err(panic) = calls.reap() {
                 std::panic::resume_unwind(panic);
@@ -57,10 +59,13 @@ impl Engine {
             // From the claim until its batch is done: joining again waits (`owners`).
             let firing = inner.firing.lock().await;
             let claims = claiming.is_none() && ready.claims(inner.clock.now(), ahead, batch);
-            // Claim once the batches fired before are settled (published and written).
+            // Claim once the batches fired before are settled (waiting for their confirms only
+            // so long: [`super::publish`]).
             let settles_behind = if claims {
-                let before = *claim_after.get_or_insert_with(|| self.last_fired());
-                (!self.settled_through(before)).then_some(before)
+                let (before, since) = *claim_after
+                    .get_or_insert_with(|| (self.last_fired(), tokio::time::Instant::now()));
+                let confirms = since.elapsed() < confirm_wait;
+                (!self.settled_through(before, confirms)).then_some((before, since, confirms))
             } else {
                 claim_after = None;
                 None
@@ -104,14 +109,15 @@ impl Engine {
                 }
                 continue;
             }
-            if let Some(before) = settles_behind {
+            if let Some((before, since, confirms)) = settles_behind {
                 // Until they are, or the first held timer is due.
                 let first = ready.first_due();
                 tokio::select! {
                     biased;
                     _ = shutdown.cancelled() => break,
                     panic = calls.publish_panicked() => std::panic::resume_unwind(panic),
-                    _ = self.settled(before) => {}
+                    _ = self.settled(before, confirms) => {}
+                    _ = tokio::time::sleep_until(since + confirm_wait), if confirms => {}
                     _ = sleep_until(inner.clock.as_ref(), first) => {}
                 };
                 continue;

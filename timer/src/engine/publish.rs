@@ -12,14 +12,21 @@
 //! - Bounded: a fire starts publishing only while fewer than `engine.batch_size` timers are being
 //!   published ([`InFlight::sending`]); so a herd's full batches still go one after another,
 //!   and a steady stream of small fires overlaps its confirms.
-//! - A claim waits until every batch fired before it was due to start is settled (published, and
-//!   its settle written; [`InFlight::unsettled`]), as when the firing task published each batch
-//!   itself; batches fired while it waits do not hold it longer. On a store with one writer a
-//!   claim waits behind every settle queued before it, so a deeper pipeline made a herd's claims
-//!   (and the other tenants' timers due meanwhile) later: others' p50 during a 50,000 herd 9 ms
-//!   with one batch unwritten, 150 ms with two, 135 ms with four (BENCHMARKS.md, "Claiming
-//!   ahead"). Waiting for only a batch's worth of unsettled timers (a fair claim's due part is
-//!   less) made others' p99 in `bench --workload fairness` 45 ms (median of nine) against 8.
+//! - A claim waits until the batches fired before it was due to start are settled (published,
+//!   and what became of them written; [`InFlight::unsettled`]), as when the firing task
+//!   published each batch itself; batches fired while it waits do not hold it longer. On a store with one writer a claim
+//!   waits behind every settle queued before it, so a deeper pipeline made a herd's claims (and
+//!   the other tenants' timers due meanwhile) later: others' p50 during a 50,000 herd 9 ms with
+//!   one batch unwritten, 150 ms with two, 135 ms with four (BENCHMARKS.md, "Claiming ahead").
+//!   Waiting for only a batch's worth of unwritten timers (a fair claim's due part is less) made
+//!   others' p99 in `bench --workload fairness` 45 ms (median of nine) against 8.
+//! - But a claim waits for a broker's confirm at most a fifth of `engine.claim_ahead` (10 ms);
+//!   then only for the batches the broker answered ([`InFlight::answered`]). Waiting for every
+//!   confirm held claims past `engine.claim_ahead` on a slow broker (delayed messages through
+//!   tansu fired p99 190 ms late; 5 ms with a claim_ahead of 500 ms); never waiting for one let
+//!   a claim start before the settle of the batch just fired was queued (the memory broker
+//!   confirms at once), and the others' p99 in `fairness` went from 7 to 32 ms (medians of
+//!   five).
 //! - Counted as a call while it runs ([`Calls::spawn`]): joining the live instances again and
 //!   leaving wait for it, and the firing task waits for it when it stops; aborted with it. A
 //!   publish that panics panics the firing task (supervised: reported down, started again),
@@ -50,21 +57,29 @@ pub(super) struct InFlight {
     sending: usize,
     /// How many batches were fired through the broker so far (the number of the last one).
     fired: u64,
-    /// The numbers of the fired batches not yet settled: being published, or published and their
-    /// settle not yet written.
+    /// The numbers of the fired batches not yet settled: being published, or answered and what
+    /// became of them (settle or release) not yet written.
     unsettled: BTreeSet<u64>,
+    /// Those of them the broker answered.
+    answered: BTreeSet<u64>,
 }
 
 impl InFlight {
-    /// Whether every batch fired up to the one numbered `n` is settled.
-    fn settled_through(&self, n: u64) -> bool {
-        self.unsettled.first().is_none_or(|&first| first > n)
+    /// Whether no batch fired up to the one numbered `n` is unsettled; or, with `confirms`
+    /// false, none the broker answered.
+    fn settled_through(&self, n: u64, confirms: bool) -> bool {
+        let set = if confirms {
+            &self.unsettled
+        } else {
+            &self.answered
+        };
+        set.first().is_none_or(|&first| first > n)
     }
 }
 
 /// A batch's place in the engine's [`InFlight`]: counted as sending until
-/// [`sent`](Self::sent), unsettled until dropped (so a task that ends by a panic or an abort
-/// leaves nothing counted).
+/// [`sent`](Self::sent), then unwritten until dropped (so a task that ends by a panic or an
+/// abort leaves nothing counted).
 struct Fired {
     engine: Engine,
     number: u64,
@@ -88,22 +103,27 @@ impl Fired {
         }
     }
 
-    /// The broker answered (or the publish ended otherwise): room for the next fire.
+    /// The broker answered (or the publish ended otherwise): room for the next fire; what
+    /// becomes of the batch is written next.
     fn sent(&mut self) {
         let timers = std::mem::take(&mut self.sending);
         if timers > 0 {
-            let inner = &self.engine.inner;
-            inner.in_flight.send_modify(|f| f.sending -= timers);
+            let number = self.number;
+            self.engine.inner.in_flight.send_modify(|f| {
+                f.sending -= timers;
+                f.answered.insert(number);
+            });
         }
     }
 }
 
 impl Drop for Fired {
     fn drop(&mut self) {
-        self.sent();
-        let number = self.number;
+        let (number, timers) = (self.number, self.sending);
         self.engine.inner.in_flight.send_modify(|f| {
+            f.sending -= timers;
             f.unsettled.remove(&number);
+            f.answered.remove(&number);
         });
     }
 }
@@ -142,15 +162,16 @@ impl Engine {
         self.inner.in_flight.borrow().fired
     }
 
-    /// Whether every batch fired up to the one numbered `n` is settled.
-    pub(super) fn settled_through(&self, n: u64) -> bool {
-        self.inner.in_flight.borrow().settled_through(n)
+    /// Whether every batch fired up to the one numbered `n` is settled; or, with `confirms`
+    /// false, every one of them the broker answered.
+    pub(super) fn settled_through(&self, n: u64, confirms: bool) -> bool {
+        self.inner.in_flight.borrow().settled_through(n, confirms)
     }
 
-    /// Returns when every batch fired up to the one numbered `n` is settled.
-    pub(super) async fn settled(&self, n: u64) {
+    /// Returns when [`settled_through`](Self::settled_through).
+    pub(super) async fn settled(&self, n: u64, confirms: bool) {
         let mut in_flight = self.inner.in_flight.subscribe();
-        let _ = in_flight.wait_for(|f| f.settled_through(n)).await;
+        let _ = in_flight.wait_for(|f| f.settled_through(n, confirms)).await;
     }
 
     /// Whether a publish runs now.
@@ -193,7 +214,7 @@ impl Engine {
                 Published::Shutdown
             }
         };
-        // Room for the next fire; the batch counts as unsettled until it is written.
+        // Room for the next fire; the batch counts as unwritten until what became of it is.
         fired.sent();
         published.end_spans(spans);
         match published {
@@ -257,7 +278,7 @@ impl Engine {
     }
 
     /// Settles a published batch: written with whatever else waits in the settle queue (calls,
-    /// other batches) in one transaction. The batch counts as unsettled until this returns.
+    /// other batches) in one transaction. The batch counts as unwritten until this returns.
     async fn settle_behind(
         &self,
         settled: Vec<(ClaimedTimer, Settlement)>,
