@@ -38,7 +38,7 @@ impl Engine {
         // The last batch fired when the next claim became due, and when: the claim waits until
         // that one and those before it are settled ([`super::publish`]), for a broker's
         // confirm at most `confirm_wait`.
-        let mut claim_after: Option<(u64, tokio::time::Instant)> = None;
+        let mut claim_after: Option<(u64, Instant)> = None;
         let confirm_wait = ahead / 5;
         while !shutdown.is_cancelled() {
             if let Err(panic) = calls.reap() {
@@ -62,8 +62,8 @@ impl Engine {
             // Claim once the batches fired before are settled (waiting for their confirms only
             // so long: [`super::publish`]).
             let settles_behind = if claims {
-                let (before, since) = *claim_after
-                    .get_or_insert_with(|| (self.last_fired(), tokio::time::Instant::now()));
+                let (before, since) =
+                    *claim_after.get_or_insert_with(|| (self.last_fired(), Instant::now()));
                 let confirms = since.elapsed() < confirm_wait;
                 (!self.settled_through(before, confirms)).then_some((before, since, confirms))
             } else {

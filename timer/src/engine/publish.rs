@@ -14,12 +14,13 @@
 //!   and a steady stream of small fires overlaps its confirms.
 //! - A claim waits until the batches fired before it was due to start are settled (published,
 //!   and what became of them written; [`InFlight::unsettled`]), as when the firing task
-//!   published each batch itself; batches fired while it waits do not hold it longer. On a store with one writer a claim
-//!   waits behind every settle queued before it, so a deeper pipeline made a herd's claims (and
-//!   the other tenants' timers due meanwhile) later: others' p50 during a 50,000 herd 9 ms with
-//!   one batch unwritten, 150 ms with two, 135 ms with four (BENCHMARKS.md, "Claiming ahead").
-//!   Waiting for only a batch's worth of unwritten timers (a fair claim's due part is less) made
-//!   others' p99 in `bench --workload fairness` 45 ms (median of nine) against 8.
+//!   published each batch itself; batches fired while it waits do not hold it longer. On a
+//!   store with one writer a claim waits behind every settle queued before it, so a deeper
+//!   pipeline made a herd's claims (and the other tenants' timers due meanwhile) later: others'
+//!   p50 during a 50,000 herd 9 ms with one batch unwritten, 150 ms with two, 135 ms with four
+//!   (BENCHMARKS.md, "Claiming ahead"). Waiting for only a batch's worth of unwritten timers (a
+//!   fair claim's due part is less) made others' p99 in `bench --workload fairness` 45 ms
+//!   (median of nine) against 8.
 //! - But a claim waits for a broker's confirm at most a fifth of `engine.claim_ahead` (10 ms);
 //!   then only for the batches the broker answered ([`InFlight::answered`]). Waiting for every
 //!   confirm held claims past `engine.claim_ahead` on a slow broker (delayed messages through
@@ -34,9 +35,9 @@
 //! - The firing task is not reported asleep ([`Engine::asleep_until`]) while a publish runs:
 //!   what it fired is not yet out.
 
-use opentelemetry::global::BoxedSpan;
 use std::collections::BTreeSet;
 
+use opentelemetry::global::BoxedSpan;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
