@@ -79,8 +79,8 @@ impl InFlight {
 }
 
 /// A batch's place in the engine's [`InFlight`]: counted as sending until
-/// [`sent`](Self::sent), then unwritten until dropped (so a task that ends by a panic or an
-/// abort leaves nothing counted).
+/// [`sent`](Self::sent), then answered; unsettled until dropped (so a task that ends by a panic
+/// or an abort leaves nothing counted).
 struct Fired {
     engine: Engine,
     number: u64,
