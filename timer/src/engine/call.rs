@@ -33,6 +33,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
+use super::owners::Leased;
 use super::publish::claimable_again;
 use super::{metrics as metric, spans, Engine};
 use crate::broker::OutboundEvent;
@@ -212,38 +213,36 @@ impl Engine {
         } = one;
         let (fence, shutdown) = (&fence, &shutdown);
         let claims = std::slice::from_ref(&claim);
-        let grace = inner.config.shutdown_grace;
-        let called = tokio::select! {
-            biased;
-            why = self.hold_leases(claims, held_until, fence) => Err(Some(why)),
-            called = caller.call(&event) => Ok(called),
-            _ = async { shutdown.cancelled().await; tokio::time::sleep(grace).await } => Err(None),
-        };
+        let called = self
+            .while_leased(claims, held_until, fence, shutdown, caller.call(&event))
+            .await;
         if let Some(mut span) = span {
             match &called {
-                Ok(Called::Delivered { answer }) => {
+                Leased::Done(Called::Delivered { answer }) => {
                     span.set_attribute(KeyValue::new("timer.answer", answer.clone()));
                     span.end();
                 }
-                Ok(Called::Retry { error, .. } | Called::Refused { error }) => {
+                Leased::Done(Called::Retry { error, .. } | Called::Refused { error }) => {
                     spans::failed(span, error.clone())
                 }
-                Ok(Called::Busy { .. }) => spans::failed(span, "the destination was busy"),
-                Err(Some(why)) => spans::failed(span, format!("abandoned: {why}")),
-                Err(None) => spans::failed(span, "shutdown before the destination answered"),
+                Leased::Done(Called::Busy { .. }) => {
+                    spans::failed(span, "the destination was busy")
+                }
+                Leased::Abandoned(why) => spans::failed(span, format!("abandoned: {why}")),
+                Leased::Shutdown => spans::failed(span, "shutdown before the destination answered"),
             }
         }
         match called {
-            Err(Some(why)) => {
+            Leased::Abandoned(why) => {
                 ::metrics::counter!(metric::CLAIMS_ABANDONED).increment(1);
                 warn!(timer = %claim.key, trace_id = claim.trace_id(), reason = %why, "stopped a call whose lease could be lost; another instance fires it");
             }
-            Err(None) => {
+            Leased::Shutdown => {
                 info!(timer = %claim.key, trace_id = claim.trace_id(), "shutdown while calling; releasing the claim");
                 self.give_back(claims, inner.clock.now(), "releasing a call at shutdown")
                     .await;
             }
-            Ok(Called::Delivered { answer }) => {
+            Leased::Done(Called::Delivered { answer }) => {
                 debug!(timer = %claim.key, caller = caller.name(), %answer, "delivered");
                 self.announce(std::slice::from_ref(&as_fired), vec![envelope], reached_at);
                 let settlement =
@@ -254,14 +253,14 @@ impl Engine {
                     self.wake_by(at);
                 }
             }
-            Ok(Called::Retry { error, not_before }) => {
+            Leased::Done(Called::Retry { error, not_before }) => {
                 ::metrics::counter!(metric::PUBLISH_FAILURES).increment(1);
                 warn!(timer = %claim.key, trace_id = claim.trace_id(), caller = caller.name(), %error, "a call failed; retrying it after a backoff");
                 self.release_after(vec![(claim, error)], not_before).await;
                 // Its next attempt is after a backoff: the firing task plans again.
                 self.wake_by(inner.clock.now());
             }
-            Ok(Called::Refused { error }) => {
+            Leased::Done(Called::Refused { error }) => {
                 ::metrics::counter!(metric::PUBLISH_FAILURES).increment(1);
                 warn!(timer = %claim.key, trace_id = claim.trace_id(), caller = caller.name(), %error, "the destination refused a call; the timer fails");
                 let reason = format!("target_refused: {error}");
@@ -271,7 +270,7 @@ impl Engine {
                     self.release_with_backoff(vec![(claim, error)]).await;
                 }
             }
-            Ok(Called::Busy { after }) => {
+            Leased::Done(Called::Busy { after }) => {
                 let at = inner.clock.now().saturating_add(after);
                 self.give_back(
                     claims,

@@ -167,6 +167,29 @@ impl Engine {
         }
     }
 
+    /// Runs `work` (a publish, a call) on `claimed` while holding their leases
+    /// ([`hold_leases`](Self::hold_leases)): stopped when the leases may be lost, and at
+    /// shutdown once `engine.shutdown_grace` has passed. The leases come first: work claimed as
+    /// the membership was lost is not done.
+    pub(super) async fn while_leased<T>(
+        &self,
+        claimed: &[ClaimedTimer],
+        held_until: Instant,
+        fence: &CancellationToken,
+        shutdown: &CancellationToken,
+        work: impl std::future::Future<Output = T>,
+    ) -> Leased<T> {
+        let grace = self.inner.config.shutdown_grace;
+        tokio::select! {
+            biased;
+            why = self.hold_leases(claimed, held_until, fence) => Leased::Abandoned(why),
+            done = work => Leased::Done(done),
+            _ = async { shutdown.cancelled().await; tokio::time::sleep(grace).await } => {
+                Leased::Shutdown
+            }
+        }
+    }
+
     /// Holds the leases of a publish in flight: renews them every third of `engine.lease`.
     /// Returns only when they may be lost, saying why: the membership was lost (`fence`), or
     /// renewals failed until less than a fifth of the lease was left. `held_until` is when the
@@ -227,4 +250,13 @@ impl Engine {
             next = now + lease / 10;
         }
     }
+}
+
+/// How work done while holding leases ended ([`Engine::while_leased`]).
+pub(super) enum Leased<T> {
+    Done(T),
+    /// Its leases could be lost (why): stopped, left alone.
+    Abandoned(String),
+    /// Shutdown, and the work did not end within the grace.
+    Shutdown,
 }

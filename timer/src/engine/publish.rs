@@ -43,6 +43,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use super::call::Calls;
+use super::owners::Leased;
 use super::{metrics as metric, spans, Engine};
 use crate::broker::{OutboundEvent, Undelivered};
 use crate::error::Result;
@@ -204,28 +205,21 @@ impl Engine {
             fence,
             shutdown,
         } = batch;
-        let grace = inner.config.shutdown_grace;
         let publish = self.within_publish_timeout("publishing", inner.broker.publish(&events));
-        let published = tokio::select! {
-            // The leases first: a batch claimed as the membership was lost is not published.
-            biased;
-            why = self.hold_leases(&claimed, held_until, &fence) => Published::Abandoned(why),
-            r = publish => Published::Done(r),
-            _ = async { shutdown.cancelled().await; tokio::time::sleep(grace).await } => {
-                Published::Shutdown
-            }
-        };
+        let published = self
+            .while_leased(&claimed, held_until, &fence, &shutdown, publish)
+            .await;
         // Room for the next fire; the batch counts as unwritten until what became of it is.
         fired.sent();
-        published.end_spans(spans);
+        end_spans(&published, spans);
         match published {
-            Published::Abandoned(why) => {
+            Leased::Abandoned(why) => {
                 // Not settled, not given back: the leases may be another instance's by now
                 // (or a new claim of this one's, after it joined again).
                 ::metrics::counter!(metric::CLAIMS_ABANDONED).increment(claimed.len() as u64);
                 warn!(timers = claimed.len(), reason = %why, "stopped publishing a batch whose leases could be lost; another instance fires it");
             }
-            Published::Done(Ok(undelivered)) => {
+            Leased::Done(Ok(undelivered)) => {
                 let mut refused: Vec<Option<String>> = vec![None; claimed.len()];
                 for Undelivered { index, error } in undelivered {
                     if let Some(slot) = refused.get_mut(index) {
@@ -259,7 +253,7 @@ impl Engine {
                 }
                 self.settle_behind(settlements, &shutdown).await;
             }
-            Published::Done(Err(e)) => {
+            Leased::Done(Err(e)) => {
                 ::metrics::counter!(metric::PUBLISH_FAILURES).increment(claimed.len() as u64);
                 let message = e.chain();
                 warn!(broker = inner.broker.name(), error = %message, timers = claimed.len(), "publishing events failed; releasing the timers for a retry");
@@ -267,7 +261,7 @@ impl Engine {
                 self.release_with_backoff(failed).await;
                 self.wake_by(inner.clock.now());
             }
-            Published::Shutdown => {
+            Leased::Shutdown => {
                 info!(
                     timers = claimed.len(),
                     "shutdown while publishing; releasing claims"
@@ -332,41 +326,30 @@ impl Delivered {
     }
 }
 
-/// How a publish ended.
-enum Published {
-    Done(Result<Vec<Undelivered>>),
-    /// Its leases could be lost (why): left alone.
-    Abandoned(String),
-    /// Shutdown, and the broker did not confirm within the grace.
-    Shutdown,
-}
-
-impl Published {
-    /// Ends the `publish` spans of the batch (in its order) as it ended.
-    fn end_spans(&self, spans: Vec<BoxedSpan>) {
-        use opentelemetry::trace::Span as _;
-        if spans.is_empty() {
-            return;
-        }
-        let all_failed = match self {
-            Published::Done(Ok(_)) => None,
-            Published::Done(Err(e)) => Some(e.chain()),
-            Published::Abandoned(why) => Some(format!("abandoned: {why}")),
-            Published::Shutdown => Some("shutdown before the broker confirmed".to_owned()),
-        };
-        let mut refused: Vec<Option<String>> = vec![all_failed; spans.len()];
-        if let Published::Done(Ok(undelivered)) = self {
-            for Undelivered { index, error } in undelivered {
-                if let Some(slot) = refused.get_mut(*index) {
-                    *slot = Some(error.chain());
-                }
+/// Ends the `publish` spans of a batch (in its order) as its publish ended.
+fn end_spans(published: &Leased<Result<Vec<Undelivered>>>, spans: Vec<BoxedSpan>) {
+    use opentelemetry::trace::Span as _;
+    if spans.is_empty() {
+        return;
+    }
+    let all_failed = match published {
+        Leased::Done(Ok(_)) => None,
+        Leased::Done(Err(e)) => Some(e.chain()),
+        Leased::Abandoned(why) => Some(format!("abandoned: {why}")),
+        Leased::Shutdown => Some("shutdown before the broker confirmed".to_owned()),
+    };
+    let mut refused: Vec<Option<String>> = vec![all_failed; spans.len()];
+    if let Leased::Done(Ok(undelivered)) = published {
+        for Undelivered { index, error } in undelivered {
+            if let Some(slot) = refused.get_mut(*index) {
+                *slot = Some(error.chain());
             }
         }
-        for (mut span, refusal) in spans.into_iter().zip(refused) {
-            match refusal {
-                None => span.end(),
-                Some(error) => spans::failed(span, error),
-            }
+    }
+    for (mut span, refusal) in spans.into_iter().zip(refused) {
+        match refusal {
+            None => span.end(),
+            Some(error) => spans::failed(span, error),
         }
     }
 }
