@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 
 /// The workspace's root (the binary's crate is `bin/`).
-fn root() -> PathBuf {
+pub(crate) fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .expect("bin/ has a parent")
@@ -125,7 +125,8 @@ const WALL_CLOCK_READS: [&str; 4] = [
     "OffsetDateTime::now",
 ];
 
-fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+/// Every `.rs` file below `dir`, into `out`.
+pub(crate) fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     let entries = std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
     for entry in entries {
         let path = entry.expect("a directory entry").path();

@@ -11,11 +11,14 @@ mod plugins;
 mod server;
 mod telemetry;
 mod tools;
-// The docs cover every plugin, so their generator and checks need every plugin compiled in.
+
 #[cfg(test)]
 mod crates;
 #[cfg(test)]
 mod layers;
+#[cfg(test)]
+mod sizes;
+// The docs cover every plugin, so their generator and checks need every plugin compiled in.
 #[cfg(all(
     test,
     feature = "sqlite",
