@@ -481,33 +481,21 @@ pub mod rfc3339 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{Recurrence, TimerKey};
+    use crate::model::{NewTimer, Recurrence, TimerKey};
 
     fn timer(state: TimerState, due: i64, recurrence: Option<&str>) -> Timer {
-        Timer {
-            key: TimerKey::new("t", "a"),
-            due_at: Timestamp::from_millis(due),
-            state,
-            registered_at: Timestamp::EPOCH,
-            reached_at: None,
-            correlation_id: None,
-            payload: None,
-            attempts: 0,
-            last_error: None,
-            lease_owner: None,
-            available_at: Timestamp::from_millis(due),
+        let new = NewTimer {
             recurrence: recurrence.map(|cron| Recurrence {
                 cron: cron.into(),
                 time_zone: "UTC".into(),
                 end_at: None,
                 max_occurrences: None,
             }),
-            occurrences: 0,
-            policy: None,
-            work: None,
-            target: None,
-            message: None,
-            trace: None,
+            ..NewTimer::new(TimerKey::new("t", "a"), Timestamp::from_millis(due))
+        };
+        Timer {
+            state,
+            ..Timer::registered(new, Timestamp::EPOCH)
         }
     }
 

@@ -226,6 +226,31 @@ pub struct Timer {
 }
 
 impl Timer {
+    /// The row a first schedule of `new` writes at `now`: Scheduled, claimable at its due time,
+    /// no attempt, lease or occurrence yet.
+    pub fn registered(new: NewTimer, now: Timestamp) -> Self {
+        Timer {
+            key: new.key,
+            due_at: new.due_at,
+            state: TimerState::Scheduled,
+            registered_at: now,
+            reached_at: None,
+            correlation_id: new.correlation_id,
+            payload: new.payload,
+            attempts: 0,
+            last_error: None,
+            lease_owner: None,
+            available_at: new.due_at,
+            recurrence: new.recurrence,
+            occurrences: 0,
+            policy: new.policy,
+            work: new.work,
+            target: new.target,
+            message: new.message,
+            trace: new.trace,
+        }
+    }
+
     /// Scheduled after a failed publish, waiting for its next attempt.
     pub fn is_retrying(&self) -> bool {
         self.state == TimerState::Scheduled && self.attempts > 0

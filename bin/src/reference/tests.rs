@@ -325,34 +325,15 @@ fn objects<'a>(
 /// so has its `recurrence` when it is not null.
 #[test]
 fn every_timer_resource_in_the_docs_has_the_api_fields() {
-    use timer_core::{Recurrence, Timer, TimerKey, TimerState, Timestamp};
+    use timer_core::{NewTimer, Recurrence, Timer, TimerKey, Timestamp};
     let recurrence: Recurrence =
         serde_json::from_value(serde_json::json!({"cron": "* * * * *", "timeZone": "UTC"}))
             .expect("a recurrence");
-    let at = Timestamp::from_millis(0);
-    let timer = Timer {
-        key: TimerKey {
-            tenant_id: "t".into(),
-            service_call_id: "s".into(),
-        },
-        due_at: at,
-        state: TimerState::Scheduled,
-        registered_at: at,
-        reached_at: None,
-        correlation_id: None,
-        payload: None,
-        attempts: 0,
-        last_error: None,
-        lease_owner: None,
-        available_at: at,
+    let new = NewTimer {
         recurrence: Some(recurrence),
-        occurrences: 0,
-        policy: None,
-        work: None,
-        target: None,
-        message: None,
-        trace: None,
+        ..NewTimer::new(TimerKey::new("t", "s"), Timestamp::EPOCH)
     };
+    let timer = Timer::registered(new, Timestamp::EPOCH);
     let view = serde_json::to_value(crate::http::views::TimerView::of(&timer)).expect("serializes");
     let keys = |map: &serde_json::Map<String, Value>| map.keys().cloned().collect::<BTreeSet<_>>();
     let wanted = view.as_object().map(keys).expect("an object");

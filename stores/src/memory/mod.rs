@@ -301,26 +301,7 @@ impl Store for MemoryStore {
         let mut outcomes = Vec::with_capacity(timers.len());
         for new in timers {
             let Some(row) = rows.get_mut(&new.key) else {
-                let timer = Timer {
-                    key: new.key.clone(),
-                    due_at: new.due_at,
-                    state: TimerState::Scheduled,
-                    registered_at: now,
-                    reached_at: None,
-                    correlation_id: new.correlation_id.clone(),
-                    payload: new.payload.clone(),
-                    attempts: 0,
-                    last_error: None,
-                    lease_owner: None,
-                    available_at: new.due_at,
-                    recurrence: new.recurrence.clone(),
-                    occurrences: 0,
-                    policy: new.policy.clone(),
-                    work: new.work.clone(),
-                    target: new.target.clone(),
-                    message: new.message.clone(),
-                    trace: new.trace.clone(),
-                };
+                let timer = Timer::registered(new.clone(), now);
                 ready.insert((new.due_at, new.key.clone()));
                 let mut row = Row {
                     timer,

@@ -24,7 +24,7 @@ use super::{
     TimerFailedEnvelope,
 };
 use crate::config::Limits;
-use crate::model::{ClaimedTimer, NewTimer, Timer, TimerKey, TimerState, Timestamp};
+use crate::model::{ClaimedTimer, NewTimer, Timer, TimerKey, Timestamp};
 
 const README: &str = include_str!("README.md");
 
@@ -430,33 +430,20 @@ fn check_manual_event(example: &Value) -> Result<(), String> {
         .as_i64()
         .map(Timestamp::from_millis)
         .ok_or("timestampMs is not an integer")?;
-    let timer = Timer {
-        key: TimerKey::new(
-            text(&example["tenantId"], "tenantId")?,
-            text(&payload["serviceCallId"], "payload.serviceCallId")?,
-        ),
-        // Not in a manual event: its dueAt is the moment of the trigger.
-        due_at: Timestamp::EPOCH,
-        state: TimerState::Scheduled,
-        registered_at: Timestamp::EPOCH,
-        reached_at: None,
+    let key = TimerKey::new(
+        text(&example["tenantId"], "tenantId")?,
+        text(&payload["serviceCallId"], "payload.serviceCallId")?,
+    );
+    // Not in a manual event: its dueAt is the moment of the trigger.
+    let new = NewTimer {
         correlation_id: example
             .get("correlationId")
             .and_then(Value::as_str)
             .map(str::to_owned),
         payload: payload.get("payload").map(Value::to_string),
-        attempts: 0,
-        last_error: None,
-        lease_owner: None,
-        available_at: Timestamp::EPOCH,
-        recurrence: None,
-        occurrences: 0,
-        policy: None,
-        work: None,
-        target: None,
-        message: None,
-        trace: None,
+        ..NewTimer::new(key, Timestamp::EPOCH)
     };
+    let timer = Timer::registered(new, Timestamp::EPOCH);
     let bytes = DueTimeReachedEnvelope::manual(&timer, at).to_json();
     let built: Value = serde_json::from_slice(&bytes).map_err(|e| e.to_string())?;
     equal(&built, example)
