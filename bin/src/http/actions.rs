@@ -1,7 +1,7 @@
 //! The control actions on one timer: pause, resume, retry, trigger, complete.
 
 use axum::body::Bytes;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -12,7 +12,7 @@ use timer_core::{Action, ControlOutcome, TimerKey};
 use utoipa::ToSchema;
 
 use crate::http::error::{ApiError, ErrorBody, ErrorDetail};
-use crate::http::state::{AppState, TimerPath};
+use crate::http::state::{AppState, PathTimer, TimerPath};
 use crate::http::views::{TimerOutcome, TimerView, TriggerOutcome};
 
 /// The optional body of `POST …/pause`.
@@ -107,24 +107,18 @@ async fn act(app: &AppState, key: TimerKey, action: Action) -> Result<Response, 
         (status = 200, description = "`paused`, or `already_paused`", body = TimerOutcome),
         (status = 409, description = "Finished (`already_reached`, …; with the timer) or firing right now (`firing`: retry)", body = TimerOutcome),
         (status = 400, description = "A bad body or a note over 1 KiB", body = ErrorBody),
-        (status = 404, description = "No such timer", body = ErrorBody),
     )
 )]
 pub async fn pause(
     State(app): State<AppState>,
-    Path(TimerPath { tenant, id }): Path<TimerPath>,
+    PathTimer(key): PathTimer,
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let body: PauseBody = optional_body(&body).map_err(|e| {
         ApiError::invalid_json(format!("the body is not {{\"note\": \"…\"}} ({e})"))
     })?;
     check_note(body.note.as_deref())?;
-    act(
-        &app,
-        TimerKey::new(tenant, id),
-        Action::Pause { note: body.note },
-    )
-    .await
+    act(&app, key, Action::Pause { note: body.note }).await
 }
 
 /// Resumes a Paused timer. A one-shot timer keeps its due time (fires at once when it passed);
@@ -138,14 +132,13 @@ pub async fn pause(
     responses(
         (status = 200, description = "`resumed`, or `not_paused`", body = TimerOutcome),
         (status = 409, description = "Finished (`already_reached`, …)", body = TimerOutcome),
-        (status = 404, description = "No such timer", body = ErrorBody),
     )
 )]
 pub async fn resume(
     State(app): State<AppState>,
-    Path(TimerPath { tenant, id }): Path<TimerPath>,
+    PathTimer(key): PathTimer,
 ) -> Result<Response, ApiError> {
-    act(&app, TimerKey::new(tenant, id), Action::Resume).await
+    act(&app, key, Action::Resume).await
 }
 
 /// Schedules a Failed timer again: published at once, with its attempts back to 0 and its last
@@ -159,16 +152,15 @@ pub async fn resume(
     responses(
         (status = 200, description = "`retried`, or `not_failed` (Scheduled or Paused)", body = TimerOutcome),
         (status = 409, description = "Finished otherwise (`already_reached`, `already_cancelled`)", body = TimerOutcome),
-        (status = 404, description = "No such timer", body = ErrorBody),
         (status = 429, description = "The tenant is over its rate (`limits.rate`: a retry fires, so it counts as a schedule); `Retry-After` says when", body = ErrorBody),
     )
 )]
 pub async fn retry(
     State(app): State<AppState>,
-    Path(TimerPath { tenant, id }): Path<TimerPath>,
+    PathTimer(key): PathTimer,
 ) -> Result<Response, ApiError> {
-    app.engine.within_rate_of(&tenant).await?;
-    act(&app, TimerKey::new(tenant, id), Action::Retry).await
+    app.engine.within_rate_of(&key.tenant_id).await?;
+    act(&app, key, Action::Retry).await
 }
 
 /// The optional body of `POST …/complete`: the fields of a `TimerCompleted` after its key.
@@ -201,12 +193,11 @@ const COMPLETE_BODY: &str =
         (status = 200, description = "`completed`, `completed_late` (after its completionTimeout), `already_completed` or `unknown_occurrence` (nothing changed)", body = TimerOutcome),
         (status = 409, description = "An event of the timer is being published right now (`firing`: retry)", body = TimerOutcome),
         (status = 400, description = "A bad body: reason `invalid_json`, or `invalid_policy` naming the field (`occurrence`, `outcome`)", body = ErrorBody),
-        (status = 404, description = "No such timer", body = ErrorBody),
     )
 )]
 pub async fn complete(
     State(app): State<AppState>,
-    Path(TimerPath { tenant, id }): Path<TimerPath>,
+    PathTimer(key): PathTimer,
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let body: CompleteBody = optional_body(&body)
@@ -217,12 +208,7 @@ pub async fn complete(
         body.message,
         "",
     )?;
-    act(
-        &app,
-        TimerKey::new(tenant, id),
-        Action::Complete(completion),
-    )
-    .await
+    act(&app, key, Action::Complete(completion)).await
 }
 
 /// Fires one extra occurrence now: a `DueTimeReached` with `"trigger": "manual"` and an id of
@@ -235,17 +221,15 @@ pub async fn complete(
     responses(
         (status = 200, description = "The broker confirmed the event", body = TriggerOutcome),
         (status = 409, description = "Finished (`already_reached`, …) or firing right now (`firing`)", body = TimerOutcome),
-        (status = 404, description = "No such timer", body = ErrorBody),
         (status = 429, description = "The tenant is over its rate (`limits.rate`: a trigger fires, so it counts as a schedule); `Retry-After` says when", body = ErrorBody),
         (status = 503, description = "The broker did not confirm in time", body = ErrorBody),
     )
 )]
 pub async fn trigger(
     State(app): State<AppState>,
-    Path(TimerPath { tenant, id }): Path<TimerPath>,
+    PathTimer(key): PathTimer,
 ) -> Result<Response, ApiError> {
-    app.engine.within_rate_of(&tenant).await?;
-    let key = TimerKey::new(tenant, id);
+    app.engine.within_rate_of(&key.tenant_id).await?;
     match app.engine.trigger(&key).await? {
         Triggered::Fired { event_id, at } => Ok(Json(TriggerOutcome {
             outcome: "triggered",

@@ -1,14 +1,14 @@
 //! A timer's history of changes, page by page.
 
-use axum::extract::{Path, RawQuery, State};
+use axum::extract::{RawQuery, State};
 use axum::Json;
 use serde::Serialize;
-use timer_core::{Change, HistoryEntry, TimerKey};
+use timer_core::{Change, HistoryEntry};
 use utoipa::ToSchema;
 
 use crate::http::error::{ApiError, ErrorBody};
 use crate::http::params::{count, BadParameter};
-use crate::http::state::{AppState, TimerPath};
+use crate::http::state::{AppState, PathTimer, TimerPath};
 
 /// One change of a timer: `seq`, `at`, and the change's `type` with its fields.
 #[derive(Debug, Serialize, ToSchema)]
@@ -60,12 +60,11 @@ pub const MAX_HISTORY_PAGE: usize = 1_000;
     responses(
         (status = 200, description = "A page", body = HistoryPage),
         (status = 400, description = "A bad parameter; `field` names it", body = ErrorBody),
-        (status = 404, description = "No such timer", body = ErrorBody),
     )
 )]
 pub async fn history(
     State(app): State<AppState>,
-    Path(TimerPath { tenant, id }): Path<TimerPath>,
+    PathTimer(key): PathTimer,
     RawQuery(query): RawQuery,
 ) -> Result<Json<HistoryPage>, ApiError> {
     let mut limit = DEFAULT_HISTORY_PAGE;
@@ -87,7 +86,6 @@ pub async fn history(
             }
         }
     }
-    let key = TimerKey::new(tenant, id);
     // One more than asked for tells whether there is a next page.
     let Some(mut entries) = app.engine.history(&key, after, limit + 1).await? else {
         return Err(ApiError::no_such_timer());

@@ -110,7 +110,7 @@ pub fn router(state: AppState, config: &Config) -> Router {
     let (router, document) = routes(config, state.auth.clone());
     // Serializing a document of plain strings and maps cannot fail.
     let mut json = serde_json::to_value(&document).unwrap_or_default();
-    openapi::add_auth_answers(&mut json);
+    openapi::add_shared_answers(&mut json);
     bounds::constrain(&mut json, &config.limits);
     let json = serde_json::to_vec(&json).unwrap_or_default();
     let router = if config.http.ui {

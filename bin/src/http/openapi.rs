@@ -1,6 +1,6 @@
-//! The OpenAPI document: its frame ([`Document`]), the answers of the authentication middleware
-//! every protected operation gets, and the route that serves it (`GET /v1/openapi.json`). The
-//! routes add their paths and schemas (`http::routes`).
+//! The OpenAPI document: its frame ([`Document`]), the answers operations share (the
+//! authentication middleware's, a missing timer's), and the route that serves it
+//! (`GET /v1/openapi.json`). The routes add their paths and schemas (`http::routes`).
 
 use axum::body::Bytes;
 use axum::response::{IntoResponse, Response};
@@ -25,9 +25,11 @@ use crate::http::error::ErrorBody;
 )]
 pub struct Document;
 
-/// Adds the answers of the authentication middleware (401, 403) to every operation that needs
-/// a bearer token (those without `security: [{}]`), where the handler did not list them.
-pub fn add_auth_answers(document: &mut serde_json::Value) {
+/// Adds the answers every operation of a kind shares, where the handler did not list them: the
+/// authentication middleware's (401, 403) to each that needs a bearer token (those without
+/// `security: [{}]`), and 404 to each on one timer (a path with `{id}`: every such handler
+/// answers 404 for a timer that does not exist).
+pub fn add_shared_answers(document: &mut serde_json::Value) {
     let Some(paths) = document["paths"].as_object_mut() else {
         return;
     };
@@ -37,7 +39,8 @@ pub fn add_auth_answers(document: &mut serde_json::Value) {
             "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}},
         })
     };
-    for item in paths.values_mut() {
+    for (path, item) in paths.iter_mut() {
+        let one_timer = path.contains("/timers/{id}");
         let Some(item) = item.as_object_mut() else {
             continue;
         };
@@ -52,6 +55,11 @@ pub fn add_auth_answers(document: &mut serde_json::Value) {
             else {
                 continue;
             };
+            if one_timer {
+                responses
+                    .entry("404")
+                    .or_insert_with(|| error("No such timer"));
+            }
             if open {
                 continue;
             }

@@ -1,18 +1,21 @@
 //! What every handler shares: [`AppState`], the open event streams, and the path parameters.
 //!
-//! Below the handlers: it imports only the leaf modules (`counted`, `auth`, `config`).
+//! Below the handlers: it imports only the leaf modules (`counted`, `error`, `auth`, `config`).
 
 use std::sync::Arc;
 
+use axum::extract::{FromRequestParts, Path};
+use axum::http::request::Parts;
 use axum::http::HeaderMap;
 use metrics_exporter_prometheus::PrometheusHandle;
 use serde::Deserialize;
 use timer_brokers::memory::MemoryHub;
-use timer_core::{Engine, TraceHeaders};
+use timer_core::{Engine, TimerKey, TraceHeaders};
 use tokio_util::sync::CancellationToken;
 
 use crate::http::auth::Auth;
 use crate::http::counted::{Cached, Counts};
+use crate::http::error::ApiError;
 
 /// The W3C trace context headers of a request (`traceparent`, `tracestate`); a value that is
 /// not text counts as absent.
@@ -92,6 +95,21 @@ pub struct TimerPath {
     pub tenant: String,
     /// The timer's `serviceCallId`.
     pub id: String,
+}
+
+/// The timer a route's `{tenant}/{id}` names, as the handler's argument (the ids were checked
+/// against the limits before, by `params::check_path_ids`).
+pub struct PathTimer(pub TimerKey);
+
+impl<S: Send + Sync> FromRequestParts<S> for PathTimer {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        let Path(TimerPath { tenant, id }) = Path::<TimerPath>::from_request_parts(parts, state)
+            .await
+            .map_err(|e| ApiError::bad_request("invalid_id", e.body_text()))?;
+        Ok(PathTimer(TimerKey::new(tenant, id)))
+    }
 }
 
 /// Path parameter of the routes on one tenant.

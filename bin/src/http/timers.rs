@@ -1,18 +1,16 @@
 //! One timer: schedule it (`POST /v1/timers`), read it with its next fire times, cancel it.
 
 use axum::body::Bytes;
-use axum::extract::{Path, RawQuery, State};
+use axum::extract::{RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
-use timer_core::{
-    CancelOutcome, Reason, ScheduleOutcome, Scheduled, Timer, TimerKey, TimerState, Timestamp,
-};
+use timer_core::{CancelOutcome, Reason, ScheduleOutcome, Scheduled, Timer, TimerState, Timestamp};
 
 use crate::http::auth::Principal;
 use crate::http::error::{ApiError, ErrorBody, ErrorDetail};
 use crate::http::params::timer_parameters;
-use crate::http::state::{trace_headers, AppState, TimerPath};
+use crate::http::state::{trace_headers, AppState, PathTimer, TimerPath};
 use crate::http::views::{Occurrence, Outcome, ScheduleTimer, TimerOutcome, TimerView};
 
 /// The outcome code of a stored schedule, as the API names it (`outcome`, and the reason of a
@@ -100,16 +98,15 @@ pub async fn schedule(
     responses(
         (status = 200, description = "The timer", body = TimerView),
         (status = 400, description = "A bad query parameter", body = ErrorBody),
-        (status = 404, description = "No such timer", body = ErrorBody),
     )
 )]
 pub async fn get_timer(
     State(app): State<AppState>,
-    Path(TimerPath { tenant, id }): Path<TimerPath>,
+    PathTimer(key): PathTimer,
     RawQuery(query): RawQuery,
 ) -> Result<Json<TimerView>, ApiError> {
     let parameters = timer_parameters(query.as_deref())?;
-    let Some(timer) = app.engine.store().get(&TimerKey::new(tenant, id)).await? else {
+    let Some(timer) = app.engine.store().get(&key).await? else {
         return Err(ApiError::no_such_timer());
     };
     let mut view = TimerView::of(&timer);
@@ -135,14 +132,13 @@ pub async fn get_timer(
     responses(
         (status = 200, description = "`cancelled`, or `already_cancelled`", body = Outcome),
         (status = 409, description = "It already fired or failed (`already_reached`, `already_failed`), or is firing right now (`firing`)", body = ErrorBody),
-        (status = 404, description = "No such timer", body = ErrorBody),
     )
 )]
 pub async fn cancel_timer(
     State(app): State<AppState>,
-    Path(TimerPath { tenant, id }): Path<TimerPath>,
+    PathTimer(key): PathTimer,
 ) -> Result<Json<Outcome>, ApiError> {
-    let outcome = match app.engine.cancel(&TimerKey::new(tenant, id)).await? {
+    let outcome = match app.engine.cancel(&key).await? {
         CancelOutcome::Cancelled => "cancelled",
         CancelOutcome::AlreadyCancelled => "already_cancelled",
         CancelOutcome::AlreadyReached => {
