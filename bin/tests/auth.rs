@@ -74,19 +74,8 @@ async fn call(
     path: &str,
     body: Option<Value>,
 ) -> (u16, Value) {
-    let mut request = service
-        .http
-        .request(method.clone(), format!("{}{path}", service.base));
-    if !key.is_empty() {
-        request = request.bearer_auth(key);
-    }
-    if let Some(body) = body {
-        request = request.json(&body);
-    }
-    let response = request
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("{method} {path}: {e}"));
+    let key = Some(key).filter(|k| !k.is_empty());
+    let response = service.respond(method, path, key, body.as_ref()).await;
     let status = response.status().as_u16();
     (status, response.json().await.unwrap_or(Value::Null))
 }
@@ -916,16 +905,13 @@ async fn an_event_stream_ends_when_its_jwt_expires() {
     let dir = tempfile::tempdir().expect("tempdir");
     let service = start(dir.path(), jwt_settings()).await;
     let now = now_ms() / 1000;
-    let open = |token: String| {
-        let request = service
-            .http
-            .get(format!("{}/v1/events", service.base))
-            .bearer_auth(token);
-        async move {
-            let response = request.send().await.expect("open the event stream");
-            assert_eq!(response.status(), 200);
-            response
-        }
+    let api = &service;
+    let open = |token: String| async move {
+        let response = api
+            .respond(Method::GET, "/v1/events", Some(&token), None)
+            .await;
+        assert_eq!(response.status(), 200, "open the event stream");
+        response
     };
     let soon = open(jwt(&claims(json!({"exp": now + 2})), JWT_SECRET)).await;
     let never = open(jwt(&claims(json!({"exp": u64::MAX / 2})), JWT_SECRET)).await;

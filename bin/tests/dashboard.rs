@@ -247,13 +247,8 @@ impl Browser {
 
 async fn send(service: &Service, method: reqwest::Method, path: &str, body: Value) -> (u16, Value) {
     let response = service
-        .http
-        .request(method, format!("{}{path}", service.base))
-        .bearer_auth(TOKEN)
-        .json(&body)
-        .send()
-        .await
-        .expect("the API answers");
+        .respond(method, path, Some(TOKEN), Some(&body))
+        .await;
     let status = response.status().as_u16();
     (status, response.json().await.unwrap_or(Value::Null))
 }

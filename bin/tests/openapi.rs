@@ -46,9 +46,6 @@ impl Documented {
         operations
     }
 
-    /// Sends a request and checks the answer against the document: its status is one the
-    /// operation lists, and a JSON body is valid under that response's schema. Gives the status
-    /// and the body.
     /// The documented route (`/v1/tenants/{tenant}/timers/{id}`) that `method path` goes to:
     /// its `{…}` segments match any segment, and of several, the one with the most literal
     /// segments wins (`…/timers/bulk` over `…/timers/{id}`).
@@ -75,18 +72,16 @@ impl Documented {
             .unwrap_or_else(|| panic!("{method} {path} is not in the document"))
     }
 
+    /// Sends a request and checks the answer against the document: its status is one the
+    /// operation lists, and a JSON body is valid under that response's schema. Gives the status
+    /// and the body.
     async fn call(&self, method: Method, path: &str, body: Option<Value>) -> (u16, Value) {
         let route = self.route_of(&method, path);
         let route = route.as_str();
-        let url = format!("{}{path}", self.service.base);
-        let mut request = self.service.http.request(method.clone(), url);
-        if let Some(body) = body {
-            request = request.json(&body);
-        }
-        let response = request
-            .send()
-            .await
-            .unwrap_or_else(|e| panic!("{method} {path}: {e}"));
+        let response = self
+            .service
+            .respond(method.clone(), path, None, body.as_ref())
+            .await;
         let status = response.status().as_u16();
         let content_type = response
             .headers()

@@ -228,6 +228,31 @@ impl Service {
         Ok((status, r.json().await.unwrap_or(Value::Null)))
     }
 
+    /// Sends `method path`, with `Authorization: Bearer key` when there is a key and `body` as
+    /// JSON when there is one; the answer as it came (a request that cannot be sent fails the
+    /// test, naming it).
+    pub async fn respond(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        key: Option<&str>,
+        body: Option<&Value>,
+    ) -> reqwest::Response {
+        let mut request = self
+            .http
+            .request(method.clone(), format!("{}{path}", self.base));
+        if let Some(key) = key {
+            request = request.bearer_auth(key);
+        }
+        if let Some(body) = body {
+            request = request.json(body);
+        }
+        request
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("{method} {path}: {e}"))
+    }
+
     pub async fn post(&self, path: &str, body: impl Into<String>) -> (u16, Value) {
         let body = Some(body.into());
         self.send(reqwest::Method::POST, path, body)
