@@ -104,6 +104,10 @@ async fn open_channel(connection: &Connection) -> Result<Channel> {
 /// AMQP's short strings (names, routing keys, property values) hold at most 255 bytes.
 const MAX_SHORT_STRING: usize = 255;
 
+/// How long a receive goes on taking deliveries after its first: what a lone command's ingest
+/// waits more, and what lets a backlog be read in batches.
+const BATCH_GATHER: Duration = Duration::from_millis(1);
+
 /// `text` as an AMQP short string; `what` names it in the error when it is longer than
 /// [`MAX_SHORT_STRING`] bytes (lapin's `From` would panic).
 fn s(what: &str, text: &str) -> Result<ShortString> {
@@ -507,8 +511,16 @@ impl Broker for RabbitmqBroker {
             }
         };
         let mut out = vec![self.remember(generation, first)?];
+        // The server pushes a backlog at once, but lapin's reader thread hands it over one
+        // delivery at a time: take what arrives within BATCH_GATHER of the first, or a backlog
+        // read on a busy machine comes one delivery per receive (a transaction each).
+        let gathered = tokio::time::Instant::now() + BATCH_GATHER;
         while out.len() < max {
-            match stream.next().now_or_never() {
+            let next = match stream.next().now_or_never() {
+                Some(next) => Some(next),
+                None => tokio::time::timeout_at(gathered, stream.next()).await.ok(),
+            };
+            match next {
                 Some(Some(Ok(delivery))) => out.push(self.remember(generation, delivery)?),
                 Some(Some(Err(e))) => {
                     tracing::warn!(error = %e, "rabbitmq broker: consumer error; reconnecting");
