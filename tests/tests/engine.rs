@@ -393,7 +393,7 @@ enum Publish {
     Hangs,
     /// Each publish waits until the gate is opened (`notify_one`), then works.
     Gated(Arc<tokio::sync::Notify>),
-    /// As `Gated`, each publish counted in `started` as it begins.
+    /// As `Gated`, each publish's events counted in `started` as it begins.
     Counted {
         started: Arc<AtomicU32>,
         gate: Arc<tokio::sync::Notify>,
@@ -406,10 +406,12 @@ enum Publish {
 }
 
 /// Dead letters the test broker refuses while `refusing` is set (as a broker that is down
-/// would), each try counted; by default none is refused.
+/// would), or holds until `held` has permits (a slow one), each try counted; by default none is
+/// refused or held.
 #[derive(Clone, Default)]
 struct DeadLetterGate {
     refusing: Arc<std::sync::atomic::AtomicBool>,
+    held: Option<Arc<tokio::sync::Semaphore>>,
     tries: Arc<AtomicU32>,
 }
 
@@ -418,6 +420,20 @@ impl DeadLetterGate {
         let gate = DeadLetterGate::default();
         gate.refusing.store(true, Ordering::SeqCst);
         gate
+    }
+
+    fn holding() -> Self {
+        DeadLetterGate {
+            held: Some(Arc::new(tokio::sync::Semaphore::new(0))),
+            ..DeadLetterGate::default()
+        }
+    }
+
+    /// Lets the held dead letters go out.
+    fn release(&self) {
+        if let Some(held) = &self.held {
+            held.add_permits(1_000);
+        }
     }
 
     fn open(&self) {
@@ -502,7 +518,7 @@ impl Broker for FaultyBroker {
             std::future::pending::<()>().await;
         }
         if let Some(started) = &self.started {
-            started.fetch_add(1, Ordering::SeqCst);
+            started.fetch_add(events.len() as u32, Ordering::SeqCst);
         }
         if let Some(gate) = &self.gate {
             gate.notified().await;
@@ -532,6 +548,9 @@ impl Broker for FaultyBroker {
     }
     async fn dead_letter(&self, body: &[u8], reason: &str) -> Result<()> {
         self.dead_letters.tries.fetch_add(1, Ordering::SeqCst);
+        if let Some(held) = &self.dead_letters.held {
+            let _permit = held.acquire().await;
+        }
         if self.dead_letters.refusing.load(Ordering::SeqCst) {
             return Err(Error::unavailable("injected: dead letters refused"));
         }
@@ -897,6 +916,43 @@ async fn an_event_the_broker_refuses_does_not_hold_back_the_rest_of_its_batch() 
     );
 }
 
+/// A batch the broker confirmed in part settles what it delivered while the timers it refused
+/// are given up: a slow dead letter does not keep the delivered ones leased, their leases no
+/// longer renewed (another instance would fire them again). Until the refused ones are given
+/// up, the firing task is not reported asleep.
+#[tokio::test]
+async fn a_batch_settles_what_it_delivered_while_its_refused_timers_are_given_up() {
+    let mut setup = Setup::publishing(Publish::Refuses("unbound".into()));
+    setup.config.max_attempts = 1;
+    setup.dead_letters = DeadLetterGate::holding();
+    let gate = setup.dead_letters.clone();
+    let r = setup.start();
+    let unbound = NewTimer {
+        key: TimerKey::new("unbound", "a"),
+        ..timer("a", T0)
+    };
+    r.schedule(&[unbound, timer("b", T0)]).await;
+    assert!(gate.tried(1).await, "a's TimerFailed is on its way");
+    timer_where(&r.store, "b", |t| t.state == TimerState::Reached).await;
+    assert_eq!(
+        r.engine.asleep_until(),
+        None,
+        "not asleep while what the batch fired is not out (a is still leased)"
+    );
+    gate.release();
+    wait_for(WAIT, || async {
+        let a = r
+            .store
+            .get(&TimerKey::new("unbound", "a"))
+            .await
+            .ok()
+            .flatten();
+        a.filter(|a| a.state == TimerState::Failed)
+    })
+    .await
+    .expect("a fails once its dead letter went out");
+}
+
 #[tokio::test]
 async fn shutdown_releases_claims() {
     let r = Setup::publishing(Publish::Hangs).start();
@@ -964,6 +1020,49 @@ async fn a_timer_due_while_a_publish_awaits_its_confirm_is_published_beside_it()
     for id in ["first", "second"] {
         timer_where(&r.store, id, |t| t.state == TimerState::Reached).await;
     }
+}
+
+/// At most `engine.batch_size` timers are being published at once: a fire takes no more than
+/// the room the publishes awaiting their confirms leave.
+#[tokio::test]
+async fn at_most_a_batch_of_timers_is_being_published_at_once() {
+    let started = Arc::new(AtomicU32::new(0));
+    let gate = Arc::new(tokio::sync::Notify::new());
+    let mut setup = Setup::publishing(Publish::Counted {
+        started: started.clone(),
+        gate: gate.clone(),
+    });
+    setup.config.claim_ahead = ms(50);
+    setup.config.batch_size = 3;
+    let r = setup.start();
+    let later = T0.saturating_add(ms(10));
+    r.schedule(&[timer("first", T0)]).await;
+    let sent = |n: u32| {
+        let started = started.clone();
+        async move {
+            wait_for(WAIT, || async {
+                let sent = started.load(Ordering::SeqCst);
+                (sent >= n).then_some(sent)
+            })
+            .await
+        }
+    };
+    assert_eq!(sent(1).await, Some(1), "the first is being published");
+    // Three come due, one claim's worth, while the first awaits its confirm.
+    r.schedule(&[timer("a", later), timer("b", later), timer("c", later)])
+        .await;
+    r.clock.advance(ms(10));
+    assert_eq!(
+        sent(2).await,
+        Some(3),
+        "two of them start beside the first: three in all, one batch"
+    );
+    gate.notify_one();
+    assert_eq!(
+        sent(4).await,
+        Some(4),
+        "the third once the first is confirmed"
+    );
 }
 
 #[tokio::test]

@@ -74,10 +74,11 @@ impl Engine {
                 claim_after = None;
                 claiming = Some(self.start_claim(&mut calls, &fence, &shutdown));
             }
-            // Each fire publishes on a task of its own ([`super::publish`]), while fewer than a
-            // batch of timers are being published.
-            if self.room_to_publish(batch) {
-                if let Some(now) = ready.take_due(inner.clock.now(), batch) {
+            // Each fire publishes on a task of its own ([`super::publish`]), at most a batch of
+            // timers being published at once.
+            let room = self.room_to_publish(batch);
+            if room > 0 {
+                if let Some(now) = ready.take_due(inner.clock.now(), room) {
                     self.fire(now.timers, now.held_until, &fence, &shutdown, &mut calls)
                         .await;
                     continue;

@@ -9,9 +9,9 @@
 //! - Publish before settle, per batch: a batch is settled only after its own confirm, so a
 //!   crash anywhere repeats events, never loses one. Batches in flight together are
 //!   independent (different timers, each leased); nothing orders their events among each other.
-//! - Bounded: a fire starts publishing only while fewer than `engine.batch_size` timers are being
-//!   published ([`InFlight::sending`]); so a herd's full batches still go one after another,
-//!   and a steady stream of small fires overlaps its confirms.
+//! - Bounded: at most `engine.batch_size` timers are being published at once
+//!   ([`InFlight::sending`]: a fire takes no more than the room left); so a herd's full batches
+//!   still go one after another, and a steady stream of small fires overlaps its confirms.
 //! - A claim waits until the batches fired before it was due to start are settled (published,
 //!   and what became of them written; [`InFlight::unsettled`]), as when the firing task
 //!   published each batch itself; batches fired while it waits do not hold it longer. On a
@@ -32,8 +32,11 @@
 //!   leaving wait for it, and the firing task waits for it when it stops; aborted with it. A
 //!   publish that panics panics the firing task (supervised: reported down, started again),
 //!   as when the firing task published itself.
-//! - The firing task is not reported asleep ([`Engine::asleep_until`]) while a publish runs:
-//!   what it fired is not yet out.
+//! - The firing task is not reported asleep ([`Engine::asleep_until`]) while a publish runs or
+//!   its outcome is not yet out ([`InFlight::landing`]: fires announced, refusals released).
+//! - A batch's settle is queued before the timers the broker refused are released: a give-up
+//!   (a dead letter each) may take long, and the delivered timers' leases are no longer renewed
+//!   meanwhile.
 
 use std::collections::BTreeSet;
 
@@ -64,6 +67,9 @@ pub(super) struct InFlight {
     unsettled: BTreeSet<u64>,
     /// Those of them the broker answered.
     answered: BTreeSet<u64>,
+    /// Batches answered whose outcome is not yet out: announced (the event stream, the counts)
+    /// and, for what the broker refused, released or given up.
+    landing: usize,
 }
 
 impl InFlight {
@@ -80,13 +86,15 @@ impl InFlight {
 }
 
 /// A batch's place in the engine's [`InFlight`]: counted as sending until
-/// [`sent`](Self::sent), then answered; unsettled until dropped (so a task that ends by a panic
-/// or an abort leaves nothing counted).
+/// [`sent`](Self::sent), then answered and landing until [`landed`](Self::landed); unsettled
+/// until dropped (so a task that ends by a panic or an abort leaves nothing counted).
 struct Fired {
     engine: Engine,
     number: u64,
     /// Its timers while they count as being sent.
     sending: usize,
+    /// Counted in [`InFlight::landing`].
+    landing: bool,
 }
 
 impl Fired {
@@ -102,28 +110,39 @@ impl Fired {
             engine: engine.clone(),
             number,
             sending: timers,
+            landing: false,
         }
     }
 
-    /// The broker answered (or the publish ended otherwise): room for the next fire; what
-    /// becomes of the batch is written next.
+    /// The broker answered (or the publish ended otherwise): room for the next fire; the
+    /// batch's outcome goes out next ([`landed`](Self::landed)), then it is written.
     fn sent(&mut self) {
         let timers = std::mem::take(&mut self.sending);
         if timers > 0 {
             let number = self.number;
+            self.landing = true;
             self.engine.inner.in_flight.send_modify(|f| {
                 f.sending -= timers;
                 f.answered.insert(number);
+                f.landing += 1;
             });
+        }
+    }
+
+    /// The batch's outcome is out: its fires announced, what the broker refused released.
+    fn landed(&mut self) {
+        if std::mem::take(&mut self.landing) {
+            self.engine.inner.in_flight.send_modify(|f| f.landing -= 1);
         }
     }
 }
 
 impl Drop for Fired {
     fn drop(&mut self) {
-        let (number, timers) = (self.number, self.sending);
+        let (number, timers, landing) = (self.number, self.sending, self.landing);
         self.engine.inner.in_flight.send_modify(|f| {
             f.sending -= timers;
+            f.landing -= usize::from(landing);
             f.unsettled.remove(&number);
             f.answered.remove(&number);
         });
@@ -147,12 +166,12 @@ pub(super) struct Batch {
 }
 
 impl Engine {
-    /// Whether a fire may start publishing now: fewer than `batch` timers are being published.
-    pub(super) fn room_to_publish(&self, batch: usize) -> bool {
-        self.inner.in_flight.borrow().sending < batch
+    /// How many timers a fire may start publishing now: `batch` less those being published.
+    pub(super) fn room_to_publish(&self, batch: usize) -> usize {
+        batch.saturating_sub(self.inner.in_flight.borrow().sending)
     }
 
-    /// Returns when [`room_to_publish`](Self::room_to_publish).
+    /// Returns when there is room to publish ([`room_to_publish`](Self::room_to_publish) above 0).
     pub(super) async fn room_made(&self, batch: usize) {
         let mut in_flight = self.inner.in_flight.subscribe();
         // The sender lives in `inner`, as long as `self`.
@@ -176,9 +195,10 @@ impl Engine {
         let _ = in_flight.wait_for(|f| f.settled_through(n, confirms)).await;
     }
 
-    /// Whether a publish runs now.
+    /// Whether a publish runs now, or one whose outcome is not yet out.
     pub(super) fn publishing(&self) -> bool {
-        self.inner.in_flight.borrow().sending > 0
+        let f = self.inner.in_flight.borrow();
+        f.sending > 0 || f.landing > 0
     }
 
     /// Publishes `batch` on a task of `calls`, counted as being sent from now on.
@@ -244,6 +264,9 @@ impl Engine {
                         (t, settlement)
                     })
                     .collect();
+                // Queued before the refused ones are released: their leases are no longer
+                // renewed, and a give-up (a dead letter each) may take long.
+                let written = self.settle_behind(settlements, &shutdown);
                 if let Some((timer, error)) = failed.first() {
                     ::metrics::counter!(metric::PUBLISH_FAILURES).increment(failed.len() as u64);
                     warn!(broker = inner.broker.name(), timer = %timer.key, trace_id = timer.trace_id(), error = %error, timers = failed.len(), "the broker refused events of a batch (it confirmed the others); releasing them for a retry");
@@ -251,7 +274,8 @@ impl Engine {
                     // Claimable after a backoff: the firing task plans again.
                     self.wake_by(inner.clock.now());
                 }
-                self.settle_behind(settlements, &shutdown).await;
+                fired.landed();
+                written.await;
             }
             Leased::Done(Err(e)) => {
                 ::metrics::counter!(metric::PUBLISH_FAILURES).increment(claimed.len() as u64);
@@ -272,24 +296,31 @@ impl Engine {
         }
     }
 
-    /// Settles a published batch: written with whatever else waits in the settle queue (calls,
-    /// other batches) in one transaction. The batch counts as unwritten until this returns.
-    async fn settle_behind(
+    /// Queues the settle of a published batch, written with whatever else waits in the settle
+    /// queue (calls, other batches) in one transaction; what it returns ends once it is written.
+    /// The batch counts as unwritten until then.
+    fn settle_behind(
         &self,
         settled: Vec<(ClaimedTimer, Settlement)>,
         shutdown: &CancellationToken,
-    ) {
-        if settled.is_empty() {
-            return;
-        }
+    ) -> impl std::future::Future<Output = ()> + '_ {
         let next = settled.iter().filter_map(|(_, s)| claimable_again(s)).min();
-        let Some(written) = self.queue_settles(settled, shutdown) else {
-            return; // poisoned: the leases expire and the timers fire again
+        // None: nothing to write, or the queue is poisoned (the leases expire and the timers
+        // fire again).
+        let written = if settled.is_empty() {
+            None
+        } else {
+            self.queue_settles(settled, shutdown)
         };
-        let _ = written.await;
-        // A series' next occurrence: the firing task planned while the row was leased.
-        if let Some(at) = next {
-            self.wake_by(at);
+        async move {
+            let Some(written) = written else {
+                return;
+            };
+            let _ = written.await;
+            // A series' next occurrence: the firing task planned while the row was leased.
+            if let Some(at) = next {
+                self.wake_by(at);
+            }
         }
     }
 }
