@@ -1022,6 +1022,39 @@ async fn a_timer_due_while_a_publish_awaits_its_confirm_is_published_beside_it()
     }
 }
 
+/// A claim waits for the confirms of the batches fired before it at most a fifth of
+/// `engine.claim_ahead` (`timer/src/engine/publish.rs`): a timer scheduled while a publish
+/// awaits a confirm that does not come is still claimed, and published when due.
+#[tokio::test]
+async fn a_claim_waits_for_an_unconfirmed_publish_only_so_long() {
+    let started = Arc::new(AtomicU32::new(0));
+    let gate = Arc::new(tokio::sync::Notify::new());
+    let mut setup = Setup::publishing(Publish::Counted {
+        started: started.clone(),
+        gate: gate.clone(),
+    });
+    setup.config.claim_ahead = ms(50);
+    let r = setup.start();
+    r.schedule(&[timer("first", T0)]).await;
+    let sent = |n: u32| {
+        let started = started.clone();
+        async move {
+            wait_for(WAIT, || async {
+                (started.load(Ordering::SeqCst) >= n).then_some(())
+            })
+            .await
+        }
+    };
+    sent(1).await.expect("the first is being published");
+    r.schedule(&[timer("second", T0.saturating_add(ms(10)))])
+        .await;
+    timer_where(&r.store, "second", |t| t.lease_owner.is_some()).await;
+    r.clock.advance(ms(10));
+    sent(2)
+        .await
+        .expect("the second is published while the first still awaits its confirm");
+}
+
 /// At most `engine.batch_size` timers are being published at once: a fire takes no more than
 /// the room the publishes awaiting their confirms leave.
 #[tokio::test]
