@@ -253,12 +253,16 @@ async fn all_acknowledged(hub: &MemoryHub) -> bool {
 }
 
 async fn timer_where(store: &Arc<dyn Store>, id: &str, pred: impl Fn(&Timer) -> bool) -> Timer {
-    let key = TimerKey::new("t", id);
+    key_where(store, &TimerKey::new("t", id), pred).await
+}
+
+/// The timer of `key` once `pred` holds for it; panics at the deadline.
+async fn key_where(store: &Arc<dyn Store>, key: &TimerKey, pred: impl Fn(&Timer) -> bool) -> Timer {
     wait_for(WAIT, || async {
-        store.get(&key).await.ok().flatten().filter(|t| pred(t))
+        store.get(key).await.ok().flatten().filter(|t| pred(t))
     })
     .await
-    .unwrap_or_else(|| panic!("timer {id} never reached the expected state"))
+    .unwrap_or_else(|| panic!("timer {key} never reached the expected state"))
 }
 
 /// A memory store with injected faults: the first `schedule_failures` schedules fail, as an
@@ -891,17 +895,11 @@ async fn an_event_the_broker_refuses_does_not_hold_back_the_rest_of_its_batch() 
     assert_eq!(fired[0].key, TimerKey::new("t", "b"));
     let b = timer_where(&r.store, "b", |t| t.state == TimerState::Reached).await;
     assert_eq!((b.attempts, b.last_error), (0, None));
-    let a = wait_for(WAIT, || async {
-        let a = r
-            .store
-            .get(&TimerKey::new("unbound", "a"))
-            .await
-            .ok()
-            .flatten();
-        a.filter(|a| a.attempts == 1)
+    // Released for a retry.
+    let a = key_where(&r.store, &TimerKey::new("unbound", "a"), |a| {
+        a.attempts == 1
     })
-    .await
-    .expect("a is released for a retry");
+    .await;
     assert_eq!(a.state, TimerState::Scheduled);
     assert_eq!(
         a.available_at,
@@ -940,17 +938,11 @@ async fn a_batch_settles_what_it_delivered_while_its_refused_timers_are_given_up
         "not asleep while what the batch fired is not out (a is still leased)"
     );
     gate.release();
-    wait_for(WAIT, || async {
-        let a = r
-            .store
-            .get(&TimerKey::new("unbound", "a"))
-            .await
-            .ok()
-            .flatten();
-        a.filter(|a| a.state == TimerState::Failed)
+    // a fails once its dead letter went out.
+    key_where(&r.store, &TimerKey::new("unbound", "a"), |a| {
+        a.state == TimerState::Failed
     })
-    .await
-    .expect("a fails once its dead letter went out");
+    .await;
 }
 
 #[tokio::test]
@@ -977,18 +969,49 @@ async fn shutdown_releases_claims() {
     );
 }
 
+/// A broker whose publishes wait for a confirm the test gives ([`Publish::Counted`]), and the
+/// events handed to it so far.
+struct Confirms {
+    started: Arc<AtomicU32>,
+    gate: Arc<tokio::sync::Notify>,
+}
+
+impl Confirms {
+    /// A setup publishing through such a broker, claiming 50 ms ahead.
+    fn setup() -> (Setup, Confirms) {
+        let confirms = Confirms {
+            started: Arc::new(AtomicU32::new(0)),
+            gate: Arc::new(tokio::sync::Notify::new()),
+        };
+        let mut setup = Setup::publishing(Publish::Counted {
+            started: confirms.started.clone(),
+            gate: confirms.gate.clone(),
+        });
+        setup.config.claim_ahead = ms(50);
+        (setup, confirms)
+    }
+
+    /// How many events were handed to the broker, once at least `n` were; None at the deadline.
+    async fn sent(&self, n: u32) -> Option<u32> {
+        wait_for(WAIT, || async {
+            let sent = self.started.load(Ordering::SeqCst);
+            (sent >= n).then_some(sent)
+        })
+        .await
+    }
+
+    /// Confirms one waiting publish (or the next to come).
+    fn confirm_one(&self) {
+        self.gate.notify_one();
+    }
+}
+
 /// A fire does not wait for an earlier batch's confirm: a held timer that comes due while the
 /// broker has not yet confirmed the batch before it is published at once, beside it
 /// (`timer/src/engine/publish.rs`); both are settled once confirmed.
 #[tokio::test]
 async fn a_timer_due_while_a_publish_awaits_its_confirm_is_published_beside_it() {
-    let started = Arc::new(AtomicU32::new(0));
-    let gate = Arc::new(tokio::sync::Notify::new());
-    let mut setup = Setup::publishing(Publish::Counted {
-        started: started.clone(),
-        gate: gate.clone(),
-    });
-    setup.config.claim_ahead = ms(50);
+    let (setup, confirms) = Confirms::setup();
     let r = setup.start();
     // One claim takes both: the second is due within claim_ahead.
     r.schedule(&[
@@ -996,26 +1019,18 @@ async fn a_timer_due_while_a_publish_awaits_its_confirm_is_published_beside_it()
         timer("second", T0.saturating_add(ms(10))),
     ])
     .await;
-    let publishes = |n: u32| {
-        let started = started.clone();
-        async move {
-            wait_for(WAIT, || async {
-                (started.load(Ordering::SeqCst) >= n).then_some(())
-            })
-            .await
-        }
-    };
-    publishes(1).await.expect("the first publish starts");
+    confirms.sent(1).await.expect("the first publish starts");
     r.clock.advance(ms(10));
-    publishes(2)
+    confirms
+        .sent(2)
         .await
         .expect("the second publish starts while the first awaits its confirm");
     assert!(
         r.hub.events().unwrap_or_default().is_empty(),
         "neither is confirmed yet"
     );
-    gate.notify_one();
-    gate.notify_one();
+    confirms.confirm_one();
+    confirms.confirm_one();
     events(&r.hub, 2).await.expect("both go out");
     for id in ["first", "second"] {
         timer_where(&r.store, id, |t| t.state == TimerState::Reached).await;
@@ -1027,30 +1042,19 @@ async fn a_timer_due_while_a_publish_awaits_its_confirm_is_published_beside_it()
 /// awaits a confirm that does not come is still claimed, and published when due.
 #[tokio::test]
 async fn a_claim_waits_for_an_unconfirmed_publish_only_so_long() {
-    let started = Arc::new(AtomicU32::new(0));
-    let gate = Arc::new(tokio::sync::Notify::new());
-    let mut setup = Setup::publishing(Publish::Counted {
-        started: started.clone(),
-        gate: gate.clone(),
-    });
-    setup.config.claim_ahead = ms(50);
+    let (setup, confirms) = Confirms::setup();
     let r = setup.start();
     r.schedule(&[timer("first", T0)]).await;
-    let sent = |n: u32| {
-        let started = started.clone();
-        async move {
-            wait_for(WAIT, || async {
-                (started.load(Ordering::SeqCst) >= n).then_some(())
-            })
-            .await
-        }
-    };
-    sent(1).await.expect("the first is being published");
+    confirms
+        .sent(1)
+        .await
+        .expect("the first is being published");
     r.schedule(&[timer("second", T0.saturating_add(ms(10)))])
         .await;
     timer_where(&r.store, "second", |t| t.lease_owner.is_some()).await;
     r.clock.advance(ms(10));
-    sent(2)
+    confirms
+        .sent(2)
         .await
         .expect("the second is published while the first still awaits its confirm");
 }
@@ -1059,40 +1063,28 @@ async fn a_claim_waits_for_an_unconfirmed_publish_only_so_long() {
 /// the room the publishes awaiting their confirms leave.
 #[tokio::test]
 async fn at_most_a_batch_of_timers_is_being_published_at_once() {
-    let started = Arc::new(AtomicU32::new(0));
-    let gate = Arc::new(tokio::sync::Notify::new());
-    let mut setup = Setup::publishing(Publish::Counted {
-        started: started.clone(),
-        gate: gate.clone(),
-    });
-    setup.config.claim_ahead = ms(50);
+    let (mut setup, confirms) = Confirms::setup();
     setup.config.batch_size = 3;
     let r = setup.start();
     let later = T0.saturating_add(ms(10));
     r.schedule(&[timer("first", T0)]).await;
-    let sent = |n: u32| {
-        let started = started.clone();
-        async move {
-            wait_for(WAIT, || async {
-                let sent = started.load(Ordering::SeqCst);
-                (sent >= n).then_some(sent)
-            })
-            .await
-        }
-    };
-    assert_eq!(sent(1).await, Some(1), "the first is being published");
+    assert_eq!(
+        confirms.sent(1).await,
+        Some(1),
+        "the first is being published"
+    );
     // Three come due, one claim's worth, while the first awaits its confirm.
     r.schedule(&[timer("a", later), timer("b", later), timer("c", later)])
         .await;
     r.clock.advance(ms(10));
     assert_eq!(
-        sent(2).await,
+        confirms.sent(2).await,
         Some(3),
         "two of them start beside the first: three in all, one batch"
     );
-    gate.notify_one();
+    confirms.confirm_one();
     assert_eq!(
-        sent(4).await,
+        confirms.sent(4).await,
         Some(4),
         "the third once the first is confirmed"
     );
