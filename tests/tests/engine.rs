@@ -433,10 +433,10 @@ impl DeadLetterGate {
         }
     }
 
-    /// Lets the held dead letters go out.
+    /// Lets the held dead letters go out, and every one after them.
     fn release(&self) {
         if let Some(held) = &self.held {
-            held.add_permits(1_000);
+            held.close();
         }
     }
 
@@ -553,7 +553,8 @@ impl Broker for FaultyBroker {
     async fn dead_letter(&self, body: &[u8], reason: &str) -> Result<()> {
         self.dead_letters.tries.fetch_add(1, Ordering::SeqCst);
         if let Some(held) = &self.dead_letters.held {
-            let _permit = held.acquire().await;
+            // No permit is ever added: this returns once the gate is closed (released).
+            let _released = held.acquire().await;
         }
         if self.dead_letters.refusing.load(Ordering::SeqCst) {
             return Err(Error::unavailable("injected: dead letters refused"));
