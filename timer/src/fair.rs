@@ -4,10 +4,16 @@
 //! steps ([`FairSteps`]), each bounded by an index, so no claim scans the due set.
 //!
 //! # The claim
-//! - **No backlog** (the previous claim took fewer rows than it could): the claim takes the
-//!   earliest due rows, whoever they belong to, as a store without fairness would. Everything
-//!   due fit in the last claim, so no tenant waits behind another; this costs nothing extra.
-//! - **Backlog** (the previous claim was full): the claim first visits tenants that have
+//! - **No backlog** (the previous claim took fewer rows than it could, and no more rows are due
+//!   now than this one takes): the claim takes the earliest due rows, whoever they belong to,
+//!   as a store without fairness would. Everything due fits, so no tenant waits behind
+//!   another. Knowing that costs one read of at most `limit + 1` index entries
+//!   ([`FairSteps::more_due_than`]); the previous claim alone cannot tell, since a herd comes
+//!   due between two claims, and its first claim would take only the herd, leaving a timer due
+//!   just after it to wait for that whole batch's firing (the tail of several instances, each
+//!   taking a herd batch at once).
+//! - **Backlog** (the previous claim was full, or more rows are due than this claim takes): the
+//!   claim first visits tenants that have
 //!   Scheduled rows, in tenant id order from a cursor, at most `limit` of them, and keeps those
 //!   with a due row. It takes an equal share of `limit` (the shares add up to `limit`) of each
 //!   one's earliest due rows, then fills what is left of the batch (the shares of tenants with
@@ -18,9 +24,12 @@
 //!   (the firing task claims again only when what it holds is fired), which is longer than
 //!   `engine.claim_ahead` under a herd: a timer first due just after one claim's window would
 //!   wait for the next claim, late by up to that interval. So the shares' window is
-//!   [`BACKLOG_WINDOWS`] times the claim's (200 ms for `engine.claim_ahead` 50 ms; nothing
-//!   for 0), at most a fifth of the lease, for every tenant visited: the timers the next
-//!   claims would share out are leased now and held until their due time (`engine/ready.rs`),
+//!   [`BACKLOG_WINDOWS`] times the claim's (400 ms for `engine.claim_ahead` 50 ms; nothing
+//!   for 0: eight, as a herd's first claims showed that the next claim may come back two
+//!   batches' firing later, 250-400 ms with three instances on two cores), or [`CLAIM_GAPS`] times the time since the previous claim of the backlog when
+//!   that is longer (claims on a busy store come further apart, and the next one about as
+//!   far), at most a fifth of the lease, for every tenant visited: the timers the next claims
+//!   would share out are leased now and held until their due time (`engine/ready.rs`),
 //!   whatever the herd's batches take. The fill keeps the claim's own window.
 //!
 //! # Invariants
@@ -30,10 +39,10 @@
 //!   earliest; the fill takes anyone's earliest).
 //! - In a backlog, a tenant with a due row is served by the next claim when at most `limit`
 //!   tenants have Scheduled rows, and within ⌈tenants / limit⌉ claims otherwise, whatever other
-//!   tenants have due; so it waits about one claim batch, plus one when the backlog begins.
+//!   tenants have due; so it waits about one claim batch, the first of a backlog included.
 //! - Nothing is starved: every claim's fill serves the earliest due rows of all.
-//! - Nothing is claimed further ahead than the claim's window, or in a backlog four times it
-//!   (and a fifth of the lease); what is claimed ahead is only ever a first due time
+//! - Nothing is claimed further ahead than the claim's window, or in a backlog eight times it
+//!   or twice the time since the previous claim (and at most a fifth of the lease); what is claimed ahead is only ever a first due time
 //!   ([`Due::takes`]), so it is held, not fired early.
 //! - Each instance keeps its own cursor and backlog flag (memory, not shared): several
 //!   instances each share their own claims the same way, and the store's row locks keep their
@@ -78,6 +87,11 @@ pub trait FairSteps: Send + Sync {
         visits: usize,
     ) -> Result<Vec<Visited>>;
 
+    /// Whether more than `limit` rows are in `due` (claimable now, or first due by its end),
+    /// whoever they belong to: a read of at most `limit + 1` entries of the claim's index,
+    /// leasing nothing. A claim not in a backlog asks it first.
+    async fn more_due_than(&self, due: Due, limit: usize) -> Result<bool>;
+
     /// Leases up to its share of the rows `due` takes of each tenant of `shares`, each
     /// tenant's earliest `available_at` first.
     async fn claim_of_tenants(
@@ -101,6 +115,8 @@ struct Cursor {
     backlog: bool,
     /// The next visit starts after this tenant (`""`: from the first).
     after: String,
+    /// When the previous claim was made (its `due.now`), if it was in a backlog.
+    shared_at: Option<Timestamp>,
 }
 
 impl FairShare {
@@ -121,14 +137,18 @@ impl FairShare {
             return Ok(Vec::new());
         }
         let cursor = self.current();
-        let mut claimed = if cursor.backlog {
-            let window = backlog_window(due, lease);
+        let backlog = cursor.backlog || steps.more_due_than(due, limit).await?;
+        let mut claimed = if backlog {
+            let window = backlog_window(due, lease, cursor.shared_at);
             self.shared(steps, due, window, limit, lease, &cursor.after)
                 .await?
         } else {
             steps.claim_earliest(due, limit, lease).await?
         };
-        self.update(|c| c.backlog = claimed.len() >= limit);
+        self.update(|c| {
+            c.backlog = claimed.len() >= limit;
+            c.shared_at = backlog.then_some(due.now);
+        });
         claimed.sort_by(|a, b| a.due_at.cmp(&b.due_at).then_with(|| a.key.cmp(&b.key)));
         Ok(claimed)
     }
@@ -200,15 +220,28 @@ impl FairShare {
 }
 
 /// How many times the claim's own window a backlog's shares look ahead.
-pub const BACKLOG_WINDOWS: i64 = 4;
+pub const BACKLOG_WINDOWS: i64 = 8;
 
-/// The window of a backlog's shares: [`BACKLOG_WINDOWS`] times `due`'s, but no more than a
-/// fifth of the lease ahead of `due.now` (and never shorter than `due`'s own).
-fn backlog_window(due: Due, lease: &Lease) -> Due {
+/// How many times the time since the previous claim of a backlog its shares look ahead, when
+/// that is longer than [`BACKLOG_WINDOWS`] of the claim's own window.
+pub const CLAIM_GAPS: i64 = 2;
+
+/// The window of a backlog's shares: [`BACKLOG_WINDOWS`] times `due`'s, or [`CLAIM_GAPS`] times
+/// the time since the backlog's previous claim (`shared_at`) when longer, but no more than a
+/// fifth of the lease ahead of `due.now` (never shorter than `due`'s own; nothing ahead when
+/// `due` looks nowhere ahead).
+fn backlog_window(due: Due, lease: &Lease, shared_at: Option<Timestamp>) -> Due {
     let (now, ahead) = (due.now.as_millis(), due.ahead.as_millis());
     let own = ahead.saturating_sub(now).max(0);
+    let gap = shared_at.map_or(0, |at| now.saturating_sub(at.as_millis()).max(0));
+    let look = if own == 0 {
+        0
+    } else {
+        own.saturating_mul(BACKLOG_WINDOWS)
+            .max(gap.saturating_mul(CLAIM_GAPS))
+    };
     let lease_cap = lease.until.as_millis().saturating_sub(now).max(0) / 5;
-    let end = now.saturating_add(own.saturating_mul(BACKLOG_WINDOWS).min(lease_cap));
+    let end = now.saturating_add(look.min(lease_cap));
     Due {
         now: due.now,
         ahead: Timestamp::from_millis(end.max(ahead)),

@@ -213,6 +213,15 @@ impl FairSteps for MemoryStore {
             .collect())
     }
 
+    async fn more_due_than(&self, due: Due, limit: usize) -> Result<bool> {
+        let state = self.lock()?;
+        let State { rows, ready } = &*state;
+        let counted = ready.due(due, None, limit.saturating_add(1), |key| {
+            rows.get(key).map(|row| row.timer.due_at)
+        });
+        Ok(counted.len() > limit)
+    }
+
     async fn claim_of_tenants(
         &self,
         due: Due,

@@ -136,7 +136,7 @@ macro_rules! sql_abilities {
 pub(crate) use sql_abilities;
 
 /// [`FairSteps`](timer_core::fair::FairSteps) for `$store`, a [`SqlAbilities`]: the earliest
-/// rows and the tenant visit are the shared statements on its writes; the shares are its own
+/// rows, the count of the due and the tenant visit are the shared statements on its writes; the shares are its own
 /// `claim_shares` (one statement on PostgreSQL, one per tenant on SQLite).
 macro_rules! sql_fair_steps {
     ($store:ty) => {
@@ -161,6 +161,16 @@ macro_rules! sql_fair_steps {
             ) -> timer_core::Result<Vec<timer_core::fair::Visited>> {
                 <$store as $crate::sql::SqlAbilities>::writes(self)
                     .visit_tenants(now, after, visits)
+                    .await
+            }
+
+            async fn more_due_than(
+                &self,
+                due: timer_core::Due,
+                limit: usize,
+            ) -> timer_core::Result<bool> {
+                <$store as $crate::sql::SqlAbilities>::writes(self)
+                    .more_due_than(due, limit)
                     .await
             }
 

@@ -32,6 +32,15 @@ const VISIT_TENANTS: &str = "WITH RECURSIVE visit(tenant_id, earliest, n) AS ( \
       FROM visit v WHERE v.tenant_id IS NOT NULL AND v.n < $2) \
     SELECT tenant_id, earliest FROM visit WHERE tenant_id IS NOT NULL ORDER BY n";
 
+/// Whether more than `$3 - 1` rows are in a claim's window (claimable at `$1`, or first due by
+/// `$2`; the claim's condition): it counts no further than `$3`, and leases nothing. The order
+/// binds it to `timers_claimable`, a range read that stops at the window's end: without it a
+/// plan (a generic one above all, which guesses the share of due rows) may scan the table,
+/// which with few rows due means the whole table.
+const MORE_DUE: &str = "SELECT COUNT(*) FROM (SELECT 1 FROM timers WHERE state = 0 \
+      AND available_at <= $2 AND (available_at <= $1 OR available_at = due_at) \
+      ORDER BY available_at LIMIT $3) d";
+
 /// Settles one claim as `step` says ([`Settlement::Step`](timer_core::Settlement::Step)) at
 /// `at`, if `owner` still holds it at the claimed revision: `None` when not. Returns the row's
 /// `history_seq` after the step's changes; the caller records them.
@@ -108,6 +117,18 @@ statements! {
         rows.iter()
             .map(|row| TimerRow::<D>::of(row).claimed())
             .collect()
+    }
+
+    /// [`FairSteps::more_due_than`](timer_core::fair::FairSteps::more_due_than) ([`MORE_DUE`]).
+    pub(crate) async fn more_due_than(&self, due: Due, limit: usize) -> Result<bool> {
+        let count: i64 = sqlx::query_scalar(MORE_DUE)
+            .bind(due.now.as_millis())
+            .bind(due.ahead.as_millis())
+            .bind(i64::try_from(limit.saturating_add(1)).unwrap_or(i64::MAX))
+            .fetch_one(self.pool)
+            .await
+            .map_err(|e| db_err::<D>("counting the due timers", e))?;
+        Ok(usize::try_from(count).is_ok_and(|n| n > limit))
     }
 
     /// [`FairSteps::visit_tenants`](timer_core::fair::FairSteps::visit_tenants) ([`VISIT_TENANTS`]).

@@ -56,7 +56,7 @@ pub async fn a_claim_ahead_takes_first_due_times_only(store: Arc<dyn Store>) {
         timer("t1", "soon", T0_MS + 30),
         timer("t2", "sooner", T0_MS + 25),
         timer("t2", "far", T0_MS + 80),
-        timer("t2", "beyond", T0_MS + 260),
+        timer("t2", "beyond", T0_MS + 460),
     ];
     put(s, &batch, T0).await;
     // A full claim (the next one is a backlog's, shared between tenants), then a retry.
@@ -76,12 +76,12 @@ pub async fn a_claim_ahead_takes_first_due_times_only(store: Arc<dyn Store>) {
                 .unwrap_or_else(|e| panic!("claiming ahead at {now} failed: {e}"))
         }
     };
-    // A backlog's shares look four windows ahead (`timer_core::fair`): 200 ms.
+    // A backlog's shares look eight windows ahead (`timer_core::fair`): 400 ms.
     let shared = claim_ahead(T0_MS).await;
     assert_eq!(
         ids(&shared),
         ["sooner", "soon", "far"],
-        "first due within 200 ms, not the retry due in 20 ms nor what is due in 260"
+        "first due within 400 ms, not the retry due in 20 ms nor what is due in 460"
     );
     // Not full: the claims that follow look 50 ms ahead.
     assert!(claim_ahead(T0_MS + 19).await.is_empty());
@@ -90,8 +90,8 @@ pub async fn a_claim_ahead_takes_first_due_times_only(store: Arc<dyn Store>) {
         ["retried"],
         "at its time"
     );
-    assert!(claim_ahead(T0_MS + 209).await.is_empty());
-    assert_eq!(ids(&claim_ahead(T0_MS + 210).await), ["beyond"]);
+    assert!(claim_ahead(T0_MS + 409).await.is_empty());
+    assert_eq!(ids(&claim_ahead(T0_MS + 410).await), ["beyond"]);
 }
 
 pub async fn claim_is_exclusive_under_concurrency(store: Arc<dyn Store>) {

@@ -486,7 +486,8 @@ pub async fn backlog_counts_claimable_rows_by_tenant_longest_waiting_first(store
     );
 
     // Claimed rows wait no more (their lease is in the future); an expired lease waits again.
-    let claimed = claim(s, at(now), 3, "i1", now + 1_000).await;
+    // (At T0 + 3 ms only these three are due: a plain claim, earliest first.)
+    let claimed = claim(s, at(T0_MS + 3), 3, "i1", now + 1_000).await;
     assert_eq!(ids(&claimed), ["b01", "b02", "b03"]);
     let after_claim = backlog(now, 10).await;
     assert_eq!(

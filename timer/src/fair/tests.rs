@@ -1,15 +1,19 @@
 //! The fair claim against a model of a store: rows in a list, each step done by hand.
 
 use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::*;
 use crate::model::TimerKey;
 use std::time::Duration;
 
-/// Rows `(available_at, tenant, id)`; a claimed row moves to the lease end.
+/// Rows `(available_at, tenant, id)`; a claimed row moves to the lease end. It counts its
+/// plain claims and its visits.
 #[derive(Default)]
 struct Model {
     rows: Mutex<Vec<(i64, String, String)>>,
+    earliest: AtomicUsize,
+    visits: AtomicUsize,
 }
 
 impl Model {
@@ -20,7 +24,16 @@ impl Model {
             .collect();
         Model {
             rows: Mutex::new(rows),
+            ..Model::default()
         }
+    }
+
+    /// (plain claims, visits) so far.
+    fn counts(&self) -> (usize, usize) {
+        (
+            self.earliest.load(Ordering::Relaxed),
+            self.visits.load(Ordering::Relaxed),
+        )
     }
 
     fn take(
@@ -61,8 +74,14 @@ impl FairSteps for Model {
         limit: usize,
         lease: &Lease,
     ) -> Result<Vec<ClaimedTimer>> {
+        self.earliest.fetch_add(1, Ordering::Relaxed);
         // The model's rows are first due (available when due): the window's end is its bound.
         Ok(self.take(due.ahead, lease, |_| true, limit))
+    }
+
+    async fn more_due_than(&self, due: Due, limit: usize) -> Result<bool> {
+        let rows = self.rows.lock().unwrap();
+        Ok(rows.iter().filter(|r| r.0 <= due.ahead.as_millis()).count() > limit)
     }
 
     async fn visit_tenants(
@@ -71,6 +90,7 @@ impl FairSteps for Model {
         after: &str,
         visits: usize,
     ) -> Result<Vec<Visited>> {
+        self.visits.fetch_add(1, Ordering::Relaxed);
         let rows = self.rows.lock().unwrap();
         let tenants: BTreeSet<&String> = rows.iter().map(|r| &r.1).collect();
         Ok(tenants
@@ -126,18 +146,37 @@ fn ids(claimed: &[ClaimedTimer]) -> Vec<&str> {
 }
 
 #[tokio::test]
-async fn without_a_backlog_the_earliest_go_first_and_a_full_claim_starts_sharing() {
+async fn a_claim_with_more_due_than_it_takes_shares_from_the_first() {
     let model = herd();
     let fair = FairShare::new();
     let now = Timestamp::from_millis(100);
+    // 11 due, 4 taken: `small` is served by the first claim, not after the herd.
     let first = fair.claim(&model, now.into(), 4, &lease()).await.unwrap();
-    assert_eq!(ids(&first), ["b01", "b02", "b03", "b04"]);
-    // Full: the next claim shares, so `small` is served now, not after the herd.
+    assert_eq!(ids(&first), ["b01", "b02", "b03", "s1"]);
+    assert!(fair.cursor().backlog);
     let second = fair.claim(&model, now.into(), 4, &lease()).await.unwrap();
-    assert_eq!(ids(&second), ["b05", "b06", "b07", "s1"]);
+    assert_eq!(ids(&second), ["b04", "b05", "b06", "b07"]);
     let third = fair.claim(&model, now.into(), 4, &lease()).await.unwrap();
     assert_eq!(ids(&third), ["b08", "b09", "b10"]);
     // Not full: back to the plain claim.
+    assert!(!fair.cursor().backlog);
+}
+
+#[tokio::test]
+async fn with_no_more_due_than_it_takes_the_claim_is_plain() {
+    let model = herd();
+    let fair = FairShare::new();
+    let now = Timestamp::from_millis(100);
+    // 11 due, 11 taken: no tenant waits behind another, so no visit.
+    let all = fair.claim(&model, now.into(), 11, &lease()).await.unwrap();
+    assert_eq!(all.len(), 11);
+    assert_eq!(model.counts(), (1, 0), "(plain claims, visits)");
+    // It was full: the next claim visits (a backlog may have begun), finds nothing due and
+    // leaves the backlog.
+    assert!(fair.cursor().backlog);
+    let next = fair.claim(&model, now.into(), 11, &lease()).await.unwrap();
+    assert!(next.is_empty());
+    assert_eq!(model.counts(), (2, 1), "(plain claims, visits)");
     assert!(!fair.cursor().backlog);
 }
 
@@ -175,11 +214,11 @@ async fn beyond_the_visit_bound_every_tenant_is_served_in_turn() {
             first_claim_of.entry(c.key.tenant_id.clone()).or_insert(n);
         }
     }
-    // The first claim is a plain one (t1 and t2: the earliest); then each claim visits the
-    // next two tenants: t1 and t2, t3 and t4, t5 and t6.
+    // 18 due, 2 taken: from the first, each claim visits the next two tenants: t1 and t2,
+    // t3 and t4, t5 and t6.
     for t in tenants {
         let n = first_claim_of.get(t).copied();
-        assert!(n.is_some_and(|n| n <= 3), "{t} first served by claim {n:?}");
+        assert!(n.is_some_and(|n| n <= 2), "{t} first served by claim {n:?}");
     }
 }
 
@@ -236,8 +275,8 @@ async fn a_claim_of_one_still_goes_round_the_tenants() {
             tenants.push(c.key.tenant_id);
         }
     }
-    // The first is the earliest of all (t1); then one tenant a claim, in turn.
-    assert_eq!(tenants, ["t1", "t1", "t2", "t3"]);
+    // One tenant a claim, in turn from the first; then the visit starts again.
+    assert_eq!(tenants, ["t1", "t2", "t3", "t1"]);
 }
 
 /// A store whose fill fails: the shares it leased still come back.
@@ -258,6 +297,10 @@ impl FairSteps for FillFails {
         visits: usize,
     ) -> Result<Vec<Visited>> {
         self.0.visit_tenants(now, after, visits).await
+    }
+
+    async fn more_due_than(&self, due: Due, limit: usize) -> Result<bool> {
+        self.0.more_due_than(due, limit).await
     }
 
     async fn claim_of_tenants(
@@ -288,9 +331,9 @@ async fn a_failed_fill_keeps_what_the_shares_leased() {
     assert!(fair.claim(&empty, now.into(), 4, &lease()).await.is_err());
 }
 
-/// `big` due at 1..=10, `small` one at 150; the backlog begins with the claim at 100, the
-/// claims look `ahead` further.
-async fn backlog_then_claim(ahead: u64, lease_until: i64) -> Vec<ClaimedTimer> {
+/// `big` due at 1..=10, `small` one at 150; the claim at 100 of 4, looking `ahead` further,
+/// finds more due than it takes: a backlog from the first claim.
+async fn first_claim_of_a_backlog(ahead: u64, lease_until: i64) -> Vec<ClaimedTimer> {
     let mut model = herd();
     model.rows.get_mut().unwrap().retain(|r| r.1 == "big");
     model
@@ -304,26 +347,25 @@ async fn backlog_then_claim(ahead: u64, lease_until: i64) -> Vec<ClaimedTimer> {
         until: Timestamp::from_millis(lease_until),
     };
     let due = Due::ahead(Timestamp::from_millis(100), Duration::from_millis(ahead));
-    assert_eq!(fair.claim(&model, due, 4, &lease).await.unwrap().len(), 4);
     fair.claim(&model, due, 4, &lease).await.unwrap()
 }
 
 #[tokio::test]
 async fn in_a_backlog_the_shares_look_further_ahead_than_the_claim() {
-    // A claim looking 20 ms ahead (to 120): the shares look 80 ms, to 180, and take `s1`
+    // A claim looking 20 ms ahead (to 120): the shares look 160 ms, to 260, and take `s1`
     // (held until 150 by the engine); the fill keeps the claim's own window.
-    let claimed = backlog_then_claim(20, 1_000_000).await;
-    assert_eq!(ids(&claimed), ["b05", "b06", "b07", "s1"]);
-    // Looking 10 ms ahead, the shares look 40 (to 140): `s1` waits for a later claim.
-    let claimed = backlog_then_claim(10, 1_000_000).await;
-    assert_eq!(ids(&claimed), ["b05", "b06", "b07", "b08"]);
+    let claimed = first_claim_of_a_backlog(20, 1_000_000).await;
+    assert_eq!(ids(&claimed), ["b01", "b02", "b03", "s1"]);
+    // Looking 5 ms ahead, the shares look 40 (to 140): `s1` waits for a later claim.
+    let claimed = first_claim_of_a_backlog(5, 1_000_000).await;
+    assert_eq!(ids(&claimed), ["b01", "b02", "b03", "b04"]);
     // Never more than a fifth of the lease ahead: a lease to 300 allows 40 ms.
-    let claimed = backlog_then_claim(20, 300).await;
-    assert_eq!(ids(&claimed), ["b05", "b06", "b07", "b08"]);
+    let claimed = first_claim_of_a_backlog(20, 300).await;
+    assert_eq!(ids(&claimed), ["b01", "b02", "b03", "b04"]);
 }
 
 #[test]
-fn the_backlog_window_is_four_of_the_claims_up_to_a_fifth_of_the_lease() {
+fn the_backlog_window_is_eight_of_the_claims_up_to_a_fifth_of_the_lease() {
     let t = Timestamp::from_millis;
     let lease = |until| Lease {
         owner: "me".into(),
@@ -331,9 +373,9 @@ fn the_backlog_window_is_four_of_the_claims_up_to_a_fifth_of_the_lease() {
     };
     let window = |ahead, until| {
         let due = Due::ahead(t(1_000), Duration::from_millis(ahead));
-        backlog_window(due, &lease(until)).ahead
+        backlog_window(due, &lease(until), None).ahead
     };
-    assert_eq!(window(50, 100_000), t(1_200));
+    assert_eq!(window(50, 100_000), t(1_400));
     assert_eq!(window(50, 1_500), t(1_100), "a fifth of the lease's 500 ms");
     assert_eq!(
         window(50, 1_100),
@@ -345,4 +387,55 @@ fn the_backlog_window_is_four_of_the_claims_up_to_a_fifth_of_the_lease() {
         t(1_000),
         "claim_ahead 0: nothing claimed ahead"
     );
+}
+
+#[test]
+fn claims_far_apart_in_a_backlog_look_twice_their_gap_ahead() {
+    let t = Timestamp::from_millis;
+    let window = |ahead, previous: Option<i64>, until| {
+        let due = Due::ahead(t(1_000), Duration::from_millis(ahead));
+        let lease = Lease {
+            owner: "me".into(),
+            until: t(until),
+        };
+        backlog_window(due, &lease, previous.map(t)).ahead
+    };
+    let cases = [
+        (50, 700, 100_000, 1_600, "300 ms since: 600 ahead"),
+        (
+            50,
+            900,
+            100_000,
+            1_400,
+            "100 ms since: eight windows are longer",
+        ),
+        (50, 0, 6_000, 2_000, "at most a fifth of the lease"),
+        (
+            0,
+            850,
+            100_000,
+            1_000,
+            "claim_ahead 0: nothing claimed ahead",
+        ),
+    ];
+    for (ahead, previous, until, end, why) in cases {
+        assert_eq!(window(ahead, Some(previous), until), t(end), "{why}");
+    }
+}
+
+#[tokio::test]
+async fn a_backlog_remembers_when_its_previous_claim_was_made() {
+    let model = herd();
+    let fair = FairShare::new();
+    let lease = lease();
+    let claim = |at: i64| fair.claim(&model, Timestamp::from_millis(at).into(), 4, &lease);
+    claim(100).await.unwrap();
+    assert_eq!(fair.cursor().shared_at, Some(Timestamp::from_millis(100)));
+    claim(120).await.unwrap();
+    assert_eq!(fair.cursor().shared_at, Some(Timestamp::from_millis(120)));
+    // The third is not full: the backlog ends, and the next claim is plain.
+    assert_eq!(claim(140).await.unwrap().len(), 3);
+    assert!(claim(160).await.unwrap().is_empty());
+    assert!(!fair.cursor().backlog);
+    assert_eq!(fair.cursor().shared_at, None);
 }
