@@ -115,7 +115,8 @@ struct Cursor {
     backlog: bool,
     /// The next visit starts after this tenant (`""`: from the first).
     after: String,
-    /// When the previous claim was made (its `due.now`), if it was in a backlog.
+    /// When the previous claim was made (its `due.now`), if it was in a backlog that goes on
+    /// (it was shared, and full).
     shared_at: Option<Timestamp>,
 }
 
@@ -137,17 +138,31 @@ impl FairShare {
             return Ok(Vec::new());
         }
         let cursor = self.current();
-        let backlog = cursor.backlog || steps.more_due_than(due, limit).await?;
-        let mut claimed = if backlog {
-            let window = backlog_window(due, lease, cursor.shared_at);
-            self.shared(steps, due, window, limit, lease, &cursor.after)
-                .await?
-        } else {
-            steps.claim_earliest(due, limit, lease).await?
+        // A failed probe fails the claim (nothing is leased yet): the engine retries it.
+        let attempt = async {
+            let backlog = cursor.backlog || steps.more_due_than(due, limit).await?;
+            let claimed = if backlog {
+                let window = backlog_window(due, lease, cursor.shared_at);
+                self.shared(steps, due, window, limit, lease, &cursor.after)
+                    .await?
+            } else {
+                steps.claim_earliest(due, limit, lease).await?
+            };
+            Ok::<_, crate::error::Error>((backlog, claimed))
         };
+        let (backlog, mut claimed) = match attempt.await {
+            Ok(done) => done,
+            Err(e) => {
+                // The next claim may come long after (the store's retries): no gap to measure.
+                self.update(|c| c.shared_at = None);
+                return Err(e);
+            }
+        };
+        let full = claimed.len() >= limit;
         self.update(|c| {
-            c.backlog = claimed.len() >= limit;
-            c.shared_at = backlog.then_some(due.now);
+            c.backlog = full;
+            // A gap is measured between two claims of one backlog, never across an idle time.
+            c.shared_at = (backlog && full).then_some(due.now);
         });
         claimed.sort_by(|a, b| a.due_at.cmp(&b.due_at).then_with(|| a.key.cmp(&b.key)));
         Ok(claimed)

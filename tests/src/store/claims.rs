@@ -55,7 +55,7 @@ pub async fn a_claim_ahead_takes_first_due_times_only(store: Arc<dyn Store>) {
         timer("t1", "retried", T0_MS),
         timer("t1", "soon", T0_MS + 30),
         timer("t2", "sooner", T0_MS + 25),
-        timer("t2", "far", T0_MS + 80),
+        timer("t2", "far", T0_MS + 300),
         timer("t2", "beyond", T0_MS + 460),
     ];
     put(s, &batch, T0).await;

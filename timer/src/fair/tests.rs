@@ -352,15 +352,15 @@ async fn first_claim_of_a_backlog(ahead: u64, lease_until: i64) -> Vec<ClaimedTi
 
 #[tokio::test]
 async fn in_a_backlog_the_shares_look_further_ahead_than_the_claim() {
-    // A claim looking 20 ms ahead (to 120): the shares look 160 ms, to 260, and take `s1`
+    // A claim looking 10 ms ahead (to 110): the shares look 80 ms, to 180, and take `s1`
     // (held until 150 by the engine); the fill keeps the claim's own window.
-    let claimed = first_claim_of_a_backlog(20, 1_000_000).await;
+    let claimed = first_claim_of_a_backlog(10, 1_000_000).await;
     assert_eq!(ids(&claimed), ["b01", "b02", "b03", "s1"]);
     // Looking 5 ms ahead, the shares look 40 (to 140): `s1` waits for a later claim.
     let claimed = first_claim_of_a_backlog(5, 1_000_000).await;
     assert_eq!(ids(&claimed), ["b01", "b02", "b03", "b04"]);
     // Never more than a fifth of the lease ahead: a lease to 300 allows 40 ms.
-    let claimed = first_claim_of_a_backlog(20, 300).await;
+    let claimed = first_claim_of_a_backlog(10, 300).await;
     assert_eq!(ids(&claimed), ["b01", "b02", "b03", "b04"]);
 }
 
@@ -433,9 +433,60 @@ async fn a_backlog_remembers_when_its_previous_claim_was_made() {
     assert_eq!(fair.cursor().shared_at, Some(Timestamp::from_millis(100)));
     claim(120).await.unwrap();
     assert_eq!(fair.cursor().shared_at, Some(Timestamp::from_millis(120)));
-    // The third is not full: the backlog ends, and the next claim is plain.
+    // The third is not full: the backlog ends, and with it the gap (a herd coming later is
+    // not measured from it).
     assert_eq!(claim(140).await.unwrap().len(), 3);
-    assert!(claim(160).await.unwrap().is_empty());
     assert!(!fair.cursor().backlog);
     assert_eq!(fair.cursor().shared_at, None);
+    assert!(claim(160).await.unwrap().is_empty());
+    assert_eq!(fair.cursor().shared_at, None);
+}
+
+/// A store whose count of the due fails.
+struct ProbeFails(Model);
+
+#[async_trait]
+impl FairSteps for ProbeFails {
+    async fn claim_earliest(&self, due: Due, n: usize, lease: &Lease) -> Result<Vec<ClaimedTimer>> {
+        self.0.claim_earliest(due, n, lease).await
+    }
+
+    async fn visit_tenants(&self, now: Timestamp, after: &str, n: usize) -> Result<Vec<Visited>> {
+        self.0.visit_tenants(now, after, n).await
+    }
+
+    async fn more_due_than(&self, _: Due, _: usize) -> Result<bool> {
+        Err(crate::error::Error::unavailable(
+            "injected: the count failed",
+        ))
+    }
+
+    async fn claim_of_tenants(
+        &self,
+        due: Due,
+        shares: &[(String, usize)],
+        lease: &Lease,
+    ) -> Result<Vec<ClaimedTimer>> {
+        self.0.claim_of_tenants(due, shares, lease).await
+    }
+}
+
+#[tokio::test]
+async fn a_failed_count_fails_the_claim_before_anything_is_leased_and_forgets_the_gap() {
+    let store = ProbeFails(herd());
+    let fair = FairShare::new();
+    fair.update(|c| c.shared_at = Some(Timestamp::from_millis(50)));
+    let now = Timestamp::from_millis(100);
+    assert!(fair.claim(&store, now.into(), 4, &lease()).await.is_err());
+    assert_eq!(store.0.counts(), (0, 0), "(plain claims, visits)");
+    assert_eq!(fair.cursor().shared_at, None);
+    // In a backlog no count is asked: the claim goes on.
+    fair.update(|c| c.backlog = true);
+    assert_eq!(
+        fair.claim(&store, now.into(), 4, &lease())
+            .await
+            .unwrap()
+            .len(),
+        4
+    );
 }
