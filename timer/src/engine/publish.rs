@@ -171,11 +171,14 @@ impl Engine {
         batch.saturating_sub(self.inner.in_flight.borrow().sending)
     }
 
-    /// Returns when there is room to publish ([`room_to_publish`](Self::room_to_publish) above 0).
-    pub(super) async fn room_made(&self, batch: usize) {
+    /// Returns when there is more room to publish than `room`
+    /// ([`room_to_publish`](Self::room_to_publish)).
+    pub(super) async fn room_made(&self, batch: usize, room: usize) {
         let mut in_flight = self.inner.in_flight.subscribe();
         // The sender lives in `inner`, as long as `self`.
-        let _ = in_flight.wait_for(|f| f.sending < batch).await;
+        let _ = in_flight
+            .wait_for(|f| batch.saturating_sub(f.sending) > room)
+            .await;
     }
 
     /// The number of the last batch fired through the broker (0 before the first).
