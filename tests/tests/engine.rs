@@ -397,9 +397,9 @@ enum Publish {
     Hangs,
     /// Each publish waits until the gate is opened (`notify_one`), then works.
     Gated(Arc<tokio::sync::Notify>),
-    /// As `Gated`, the keys of each publish's events added to `started` as it begins.
+    /// As `Gated`, each publish's events counted in `started` as it begins.
     Counted {
-        started: Arc<std::sync::Mutex<Vec<TimerKey>>>,
+        started: Arc<AtomicU32>,
         gate: Arc<tokio::sync::Notify>,
     },
     /// The first `n` publishes panic (as an SDK that panics on input it should refuse).
@@ -462,7 +462,7 @@ struct FaultyBroker {
     panics: AtomicU32,
     hangs: bool,
     gate: Option<Arc<tokio::sync::Notify>>,
-    started: Option<Arc<std::sync::Mutex<Vec<TimerKey>>>>,
+    started: Option<Arc<AtomicU32>>,
     refuses: Option<String>,
     dead_letters: DeadLetterGate,
 }
@@ -522,8 +522,7 @@ impl Broker for FaultyBroker {
             std::future::pending::<()>().await;
         }
         if let Some(started) = &self.started {
-            let mut started = started.lock().unwrap_or_else(|p| p.into_inner());
-            started.extend(events.iter().map(|e| e.key.clone()));
+            started.fetch_add(events.len() as u32, Ordering::SeqCst);
         }
         if let Some(gate) = &self.gate {
             gate.notified().await;
@@ -974,7 +973,7 @@ async fn shutdown_releases_claims() {
 /// A broker whose publishes wait for a confirm the test gives ([`Publish::Counted`]), and the
 /// events handed to it so far.
 struct Confirms {
-    started: Arc<std::sync::Mutex<Vec<TimerKey>>>,
+    started: Arc<AtomicU32>,
     gate: Arc<tokio::sync::Notify>,
 }
 
@@ -982,7 +981,7 @@ impl Confirms {
     /// A setup publishing through such a broker, claiming 50 ms ahead.
     fn setup() -> (Setup, Confirms) {
         let confirms = Confirms {
-            started: Arc::default(),
+            started: Arc::new(AtomicU32::new(0)),
             gate: Arc::new(tokio::sync::Notify::new()),
         };
         let mut setup = Setup::publishing(Publish::Counted {
@@ -995,20 +994,9 @@ impl Confirms {
 
     /// How many events were handed to the broker, once at least `n` were; None at the deadline.
     async fn sent(&self, n: u32) -> Option<u32> {
-        let keys = self.keys(n as usize).await?;
-        u32::try_from(keys.len()).ok()
-    }
-
-    /// The keys of the events handed to the broker, in that order, once at least `n` were;
-    /// None at the deadline.
-    async fn keys(&self, n: usize) -> Option<Vec<TimerKey>> {
         wait_for(WAIT, || async {
-            let keys = self
-                .started
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .clone();
-            (keys.len() >= n).then_some(keys)
+            let sent = self.started.load(Ordering::SeqCst);
+            (sent >= n).then_some(sent)
         })
         .await
     }
@@ -1048,40 +1036,6 @@ async fn a_timer_due_while_a_publish_awaits_its_confirm_is_published_beside_it()
     for id in ["first", "second"] {
         timer_where(&r.store, id, |t| t.state == TimerState::Reached).await;
     }
-}
-
-/// A tenant's timer due just after another tenant's herd is published at its due time while
-/// the herd's batch awaits its confirm: the herd leaves a place of the room to publish for it
-/// (`Reserve` in `timer/src/engine/ready.rs`), rather than filling the room with its next
-/// timers and making it wait for that confirm.
-#[tokio::test]
-async fn a_timer_due_just_after_another_tenants_herd_goes_out_before_the_herds_confirm() {
-    let (mut setup, confirms) = Confirms::setup();
-    setup.config.batch_size = 4;
-    let r = setup.start();
-    let mut timers: Vec<NewTimer> = (0..12)
-        .map(|i| NewTimer::new(TimerKey::new("herd", format!("h{i:02}")), T0))
-        .collect();
-    let small = TimerKey::new("small", "s");
-    timers.push(NewTimer::new(small.clone(), T0.saturating_add(ms(10))));
-    r.schedule(&timers).await;
-    // The first claim shares (13 due, 4 taken): three of the herd and `small`'s. The herd's
-    // three go; the next claim takes four more of the herd, all due, and one place is left.
-    confirms
-        .sent(3)
-        .await
-        .expect("the herd's first publish starts");
-    key_where(&r.store, &TimerKey::new("herd", "h06"), |t| {
-        t.lease_owner.is_some()
-    })
-    .await;
-    r.clock.advance(ms(10));
-    let keys = confirms.keys(4).await.expect("a fourth publish starts");
-    assert_eq!(
-        keys.last(),
-        Some(&small),
-        "the place left went to `small`'s timer at its due time, not to the herd: {keys:?}"
-    );
 }
 
 /// A claim waits for the confirms of the batches fired before it at most a fifth of

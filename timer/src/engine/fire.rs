@@ -14,7 +14,7 @@ use tracing::{debug, info, warn};
 
 use super::call::{Calls, OneCall};
 use super::publish::Batch;
-use super::ready::{Ready, Reserve};
+use super::ready::Ready;
 use super::{metrics as metric, spans, Engine};
 use crate::broker::OutboundEvent;
 use crate::error::{Error, Result};
@@ -40,7 +40,6 @@ impl Engine {
         // confirm at most `confirm_wait`.
         let mut claim_after: Option<(u64, Instant)> = None;
         let confirm_wait = ahead / 5;
-        let reserve = Reserve::of(ahead, batch);
         while !shutdown.is_cancelled() {
             if let Err(panic) = calls.reap() {
                 std::panic::resume_unwind(panic);
@@ -76,25 +75,20 @@ impl Engine {
                 claiming = Some(self.start_claim(&mut calls, &fence, &shutdown));
             }
             // Each fire publishes on a task of its own ([`super::publish`]), at most a batch of
-            // timers being published at once, of which the tenant with the most due leaves some
-            // to other tenants' timers due soon ([`Reserve`]).
+            // timers being published at once.
             let room = self.room_to_publish(batch);
-            let now = inner.clock.now();
-            if let Some(due) = ready.take_due(now, room, reserve) {
-                self.fire(due.timers, due.held_until, &fence, &shutdown, &mut calls)
-                    .await;
-                continue;
-            }
-            if ready.first_due().is_some_and(|at| at <= now) {
-                // Due, and no room for them: until a publish ends, or the next held timer is
-                // due (another tenant's may go in the room kept for it).
-                let next = ready.next_due_after(now);
+            if room > 0 {
+                if let Some(now) = ready.take_due(inner.clock.now(), room) {
+                    self.fire(now.timers, now.held_until, &fence, &shutdown, &mut calls)
+                        .await;
+                    continue;
+                }
+            } else if ready.first_due().is_some_and(|at| at <= inner.clock.now()) {
                 tokio::select! {
                     biased;
                     _ = shutdown.cancelled() => break,
                     panic = calls.publish_panicked() => std::panic::resume_unwind(panic),
-                    _ = self.room_made(batch, room) => {}
-                    _ = sleep_until(inner.clock.as_ref(), next) => {}
+                    _ = self.room_made(batch) => {}
                 };
                 continue;
             }

@@ -171,14 +171,11 @@ impl Engine {
         batch.saturating_sub(self.inner.in_flight.borrow().sending)
     }
 
-    /// Returns when there is more room to publish than `room`
-    /// ([`room_to_publish`](Self::room_to_publish)).
-    pub(super) async fn room_made(&self, batch: usize, room: usize) {
+    /// Returns when there is room to publish ([`room_to_publish`](Self::room_to_publish) above 0).
+    pub(super) async fn room_made(&self, batch: usize) {
         let mut in_flight = self.inner.in_flight.subscribe();
         // The sender lives in `inner`, as long as `self`.
-        let _ = in_flight
-            .wait_for(|f| batch.saturating_sub(f.sending) > room)
-            .await;
+        let _ = in_flight.wait_for(|f| f.sending < batch).await;
     }
 
     /// The number of the last batch fired through the broker (0 before the first).

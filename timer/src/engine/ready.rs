@@ -12,16 +12,12 @@
 //! - At most two batches are held: a claim is made only while fewer than `engine.batch_size`
 //!   wait, or exactly that many of which none is due yet (the task has nothing to fire until
 //!   then, so the next claim's cost is paid before that due time: a herd's first two claims
-//!   are made before it is due, both shared between tenants when more are due than one
-//!   takes). A fire takes at most `engine.batch_size`.
+//!   are made before it is due, and so is the first shared one). A fire takes at most
+//!   `engine.batch_size`.
 //! - The claims are leased for `engine.lease`, and held at most `engine.claim_ahead` (under a
 //!   fifth of it) before they fire, when their lease is renewed as any publish's is; in a fair
-//!   claim's backlog every tenant's share looks eight times as far, or twice the time between
-//!   two claims (`crate::fair`), never more than a fifth of the lease.
-//! - A fire takes no more than the room left to publish ([`Ready::take_due`]); the tenant with
-//!   the most timers due leaves some of it ([`Reserve`]) to the timers of other tenants held
-//!   to be due soon, so those go out at their due time rather than after that tenant's batch
-//!   is published: a herd's batch does not hold up the timers claimed beside it.
+//!   claim's backlog every tenant's share looks four times as far (`crate::fair`), never more
+//!   than a fifth of the lease.
 //! - Held timers belong to the membership they were claimed under: when its fence is cut they
 //!   are dropped, not fired and not given back (their leases may be another instance's by
 //!   then); at shutdown they are given back, claimable at their due time.
@@ -44,32 +40,6 @@ pub(super) struct Ready {
     covered: Option<Timestamp>,
     /// The fence of the membership the waiting timers were claimed under.
     fence: Option<CancellationToken>,
-}
-
-/// How much of the room to publish the tenant with the most timers due leaves to the others'
-/// held timers due now or within `ahead`: one place for each such timer, at most `most`.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Reserve {
-    pub ahead: Duration,
-    pub most: usize,
-}
-
-impl Reserve {
-    /// Nothing is kept back.
-    #[cfg(test)]
-    pub const NONE: Reserve = Reserve {
-        ahead: Duration::ZERO,
-        most: 0,
-    };
-
-    /// The firing task's: the timers due within `engine.claim_ahead`, at most a quarter of a
-    /// batch (so the herd keeps at least three quarters of the room).
-    pub fn of(ahead: Duration, batch: usize) -> Self {
-        Reserve {
-            ahead,
-            most: batch / 4,
-        }
-    }
 }
 
 /// Timers whose due time came, and when the first of their leases runs out.
@@ -108,42 +78,24 @@ impl Ready {
             .sort_by(|(a, _), (b, _)| a.due_at.cmp(&b.due_at).then_with(|| a.key.cmp(&b.key)));
     }
 
-    /// Takes the timers due at `now` that fit in `room`, if any: all of them, or when more are
-    /// due, `room` of them shared between their tenants as a claim is (`crate::fair`): one of
-    /// each tenant's earliest in turn, so a tenant's timer that came due behind another's herd
-    /// goes with the next fire. The tenant with the most due takes no more than `room` less
-    /// what `reserve` keeps for the others' timers held to be due soon. `None` when nothing
-    /// is taken: nothing due, or what is due waits for room.
-    pub fn take_due(&mut self, now: Timestamp, room: usize, reserve: Reserve) -> Option<Now> {
+    /// Takes the timers due at `now`, if any: all of them, or when more than `batch` are due,
+    /// `batch` of them shared between their tenants as a claim is (`crate::fair`): one of each
+    /// tenant's earliest in turn, so a tenant's timer that came due behind another's herd goes
+    /// with the next fire.
+    pub fn take_due(&mut self, now: Timestamp, batch: usize) -> Option<Now> {
         let n = self.waiting.partition_point(|(t, _)| t.due_at <= now);
-        if n == 0 || room == 0 {
+        if n == 0 || batch == 0 {
             return None;
         }
-        let (most, most_due) = self.most_due(n);
-        let soon = now.saturating_add(reserve.ahead);
-        // The others' due now and due soon: once due, a timer of theirs keeps its place.
-        let kept = self
-            .waiting
-            .iter()
-            .take_while(|(t, _)| t.due_at <= soon)
-            .filter(|(t, _)| Some(&t.key.tenant_id) != most.as_ref())
-            .count()
-            .min(reserve.most);
-        let cap = room.saturating_sub(kept);
-        let taken: Vec<(ClaimedTimer, Instant)> = if n <= room && most_due <= cap {
+        let taken: Vec<(ClaimedTimer, Instant)> = if n <= batch {
             self.waiting.drain(..n).collect()
         } else {
             let picked = round_robin(
                 self.waiting.range(..n).map(|(t, _)| &t.key.tenant_id),
-                room,
-                most.as_ref().map(|tenant| (tenant, cap)),
+                batch,
             );
-            let count = picked.iter().filter(|p| **p).count();
-            if count == 0 {
-                return None;
-            }
-            let mut taken = Vec::with_capacity(count);
-            let mut rest = VecDeque::with_capacity(self.waiting.len() - count);
+            let mut taken = Vec::with_capacity(batch);
+            let mut rest = VecDeque::with_capacity(self.waiting.len() - batch);
             for (i, held) in self.waiting.drain(..).enumerate() {
                 if picked.get(i).copied().unwrap_or(false) {
                     taken.push(held);
@@ -183,24 +135,6 @@ impl Ready {
         self.waiting.front().map(|(t, _)| t.due_at)
     }
 
-    /// The due time of the first held timer due after `now`.
-    pub fn next_due_after(&self, now: Timestamp) -> Option<Timestamp> {
-        let n = self.waiting.partition_point(|(t, _)| t.due_at <= now);
-        self.waiting.get(n).map(|(t, _)| t.due_at)
-    }
-
-    /// The tenant with the most of the first `n` held timers, and how many it has.
-    fn most_due(&self, n: usize) -> (Option<String>, usize) {
-        let mut counts: HashMap<&String, usize> = HashMap::new();
-        for (t, _) in self.waiting.range(..n) {
-            *counts.entry(&t.key.tenant_id).or_default() += 1;
-        }
-        counts
-            .into_iter()
-            .max_by(|a, b| a.1.cmp(&b.1).then_with(|| b.0.cmp(a.0)))
-            .map_or((None, 0), |(tenant, count)| (Some(tenant.clone()), count))
-    }
-
     /// A timer due before this needs a wake-up: it is not held, and no planned claim takes it
     /// in time (`None`: the next look claims anyway, or cannot for a full hold).
     pub fn wake_before(&self) -> Option<Timestamp> {
@@ -233,13 +167,8 @@ impl Ready {
 }
 
 /// Which of `tenants` (each entry's tenant, earliest first) `take` picks: one of each tenant's
-/// earliest in turn, in the order the tenants first appear, until `take` are picked or none
-/// is left; `cap` picks no more than so many of one tenant.
-fn round_robin<'a>(
-    tenants: impl Iterator<Item = &'a String>,
-    take: usize,
-    cap: Option<(&String, usize)>,
-) -> Vec<bool> {
+/// earliest in turn, in the order the tenants first appear, until `take` are picked.
+fn round_robin<'a>(tenants: impl Iterator<Item = &'a String>, take: usize) -> Vec<bool> {
     let mut queues: Vec<VecDeque<usize>> = Vec::new();
     let mut queue_of: HashMap<&String, usize> = HashMap::new();
     let mut len = 0;
@@ -251,14 +180,9 @@ fn round_robin<'a>(
         queues[q].push_back(i);
         len = i + 1;
     }
-    if let Some((tenant, most)) = cap {
-        if let Some(&q) = queue_of.get(tenant) {
-            queues[q].truncate(most);
-        }
-    }
     let mut picked = vec![false; len];
     let mut left = take.min(len);
-    while left > 0 && queues.iter().any(|q| !q.is_empty()) {
+    while left > 0 {
         for queue in &mut queues {
             if left == 0 {
                 break;
@@ -313,19 +237,15 @@ mod tests {
             held,
             &fence,
         );
-        let first = ready
-            .take_due(now, 10, Reserve::NONE)
-            .expect("the one past due");
+        let first = ready.take_due(now, 10).expect("the one past due");
         assert_eq!(ids(&first), ["late"]);
-        assert!(ready
-            .take_due(Timestamp::from_millis(1_009), 10, Reserve::NONE)
-            .is_none());
+        assert!(ready.take_due(Timestamp::from_millis(1_009), 10).is_none());
         assert_eq!(
             ready.next_look(now, AHEAD, 10),
             Some(Timestamp::from_millis(1_010))
         );
         let second = ready
-            .take_due(Timestamp::from_millis(1_030), 10, Reserve::NONE)
+            .take_due(Timestamp::from_millis(1_030), 10)
             .expect("both");
         assert_eq!(ids(&second), ["a", "b"]);
         assert!(ready.is_empty());
@@ -393,12 +313,12 @@ mod tests {
         );
         // A fire takes one batch at the most, earliest first.
         let fire = full
-            .take_due(Timestamp::from_millis(1_050), 2, Reserve::NONE)
+            .take_due(Timestamp::from_millis(1_050), 2)
             .expect("due");
         assert_eq!(ids(&fire), ["x", "y"]);
         assert!(!full.claims(Timestamp::from_millis(1_050), AHEAD, 2));
         let fire = full
-            .take_due(Timestamp::from_millis(1_050), 2, Reserve::NONE)
+            .take_due(Timestamp::from_millis(1_050), 2)
             .expect("due");
         assert_eq!(ids(&fire), ["z1", "z2"]);
         assert!(full.claims(Timestamp::from_millis(1_050), AHEAD, 2));
@@ -421,74 +341,11 @@ mod tests {
             Instant::now(),
             &CancellationToken::new(),
         );
-        let first = ready.take_due(now, 4, Reserve::NONE).expect("due");
+        let first = ready.take_due(now, 4).expect("due");
         assert_eq!(ids(&first), ["b1", "b2", "s1", "s2"]);
-        let second = ready.take_due(now, 4, Reserve::NONE).expect("the rest");
+        let second = ready.take_due(now, 4).expect("the rest");
         assert_eq!(ids(&second), ["b3", "b4", "b5", "b6"]);
         assert!(ready.is_empty());
-    }
-
-    /// `big` has `herd` timers due at 10, `small` one at each of `small` (due times).
-    fn a_herd_and(herd: usize, small: &[i64]) -> Ready {
-        let of = |tenant: &str, id: String, due: i64| ClaimedTimer {
-            due_at: Timestamp::from_millis(due),
-            ..ClaimedTimer::for_tests(TimerKey::new(tenant, id.as_str()))
-        };
-        let mut held: Vec<ClaimedTimer> =
-            (0..herd).map(|i| of("big", format!("b{i}"), 10)).collect();
-        held.extend(small.iter().map(|at| of("small", format!("s{at}"), *at)));
-        let mut ready = Ready::default();
-        let n = held.len();
-        ready.add(
-            held,
-            Due::at(Timestamp::from_millis(10)),
-            n,
-            Instant::now(),
-            &CancellationToken::new(),
-        );
-        ready
-    }
-
-    #[test]
-    fn the_tenant_with_the_most_due_leaves_room_for_others_due_soon() {
-        let reserve = Reserve {
-            ahead: Duration::from_millis(50),
-            most: 2,
-        };
-        let at = Timestamp::from_millis;
-        // Three of small's are due within 50 ms of 10 (at 20, 30, 60), one later (at 100): two
-        // places (the most) kept.
-        let mut ready = a_herd_and(8, &[20, 30, 60, 100]);
-        let first = ready.take_due(at(10), 8, reserve).expect("due");
-        assert_eq!(first.timers.len(), 6, "the herd leaves two of eight");
-        // What is left of the room is kept: the herd waits, small's go when due.
-        assert!(ready.take_due(at(10), 2, reserve).is_none());
-        assert_eq!(ready.next_due_after(at(10)), Some(at(20)));
-        let second = ready.take_due(at(20), 2, reserve).expect("small's, due");
-        assert_eq!(ids(&second), ["s20"]);
-        // Room again (the first batch published): the herd takes all but what small's next
-        // two need.
-        let third = ready.take_due(at(20), 8, reserve).expect("the herd's rest");
-        assert_eq!(ids(&third), ["b6", "b7"]);
-        // Nothing of another tenant due soon: nothing kept.
-        let mut alone = a_herd_and(8, &[]);
-        assert_eq!(
-            alone
-                .take_due(at(10), 8, reserve)
-                .expect("due")
-                .timers
-                .len(),
-            8
-        );
-        let mut later = a_herd_and(8, &[100]);
-        assert_eq!(
-            later
-                .take_due(at(10), 8, reserve)
-                .expect("due")
-                .timers
-                .len(),
-            8
-        );
     }
 
     #[test]
@@ -500,7 +357,7 @@ mod tests {
         ready.add(vec![claimed("a", 1_000)], Due::at(now), 10, later, &fence);
         ready.add(vec![claimed("b", 1_000)], Due::at(now), 10, early, &fence);
         assert!(ready.fence().is_some());
-        let due = ready.take_due(now, 10, Reserve::NONE).expect("due");
+        let due = ready.take_due(now, 10).expect("due");
         assert_eq!(due.held_until, early, "the first lease to run out");
         assert!(ready.fence().is_none(), "nothing held, no fence");
         ready.add(vec![claimed("c", 1_040)], Due::at(now), 10, later, &fence);
