@@ -12,12 +12,12 @@
 //! - At most two batches are held: a claim is made only while fewer than `engine.batch_size`
 //!   wait, or exactly that many of which none is due yet (the task has nothing to fire until
 //!   then, so the next claim's cost is paid before that due time: a herd's first two claims
-//!   are made before it is due, and so is the first shared one). A fire takes at most
-//!   `engine.batch_size`.
+//!   are made before it is due, both shared between tenants when more are due than one
+//!   takes). A fire takes at most `engine.batch_size`.
 //! - The claims are leased for `engine.lease`, and held at most `engine.claim_ahead` (under a
 //!   fifth of it) before they fire, when their lease is renewed as any publish's is; in a fair
-//!   claim's backlog every tenant's share looks four times as far (`crate::fair`), never more
-//!   than a fifth of the lease.
+//!   claim's backlog every tenant's share looks eight times as far, or twice the time between
+//!   two claims (`crate::fair`), never more than a fifth of the lease.
 //! - Held timers belong to the membership they were claimed under: when its fence is cut they
 //!   are dropped, not fired and not given back (their leases may be another instance's by
 //!   then); at shutdown they are given back, claimable at their due time.
