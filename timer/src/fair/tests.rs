@@ -1,19 +1,22 @@
 //! The fair claim against a model of a store: rows in a list, each step done by hand.
 
 use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use super::*;
 use crate::model::TimerKey;
 use std::time::Duration;
 
 /// Rows `(available_at, tenant, id)`; a claimed row moves to the lease end. It counts its
-/// plain claims and its visits.
+/// plain claims and its visits, and fails its plain claims (the fill) or its counts of the due
+/// when told to.
 #[derive(Default)]
 struct Model {
     rows: Mutex<Vec<(i64, String, String)>>,
     earliest: AtomicUsize,
     visits: AtomicUsize,
+    fill_fails: AtomicBool,
+    count_fails: AtomicBool,
 }
 
 impl Model {
@@ -75,11 +78,21 @@ impl FairSteps for Model {
         lease: &Lease,
     ) -> Result<Vec<ClaimedTimer>> {
         self.earliest.fetch_add(1, Ordering::Relaxed);
+        if self.fill_fails.load(Ordering::Relaxed) {
+            return Err(crate::error::Error::unavailable(
+                "injected: the fill failed",
+            ));
+        }
         // The model's rows are first due (available when due): the window's end is its bound.
         Ok(self.take(due.ahead, lease, |_| true, limit))
     }
 
     async fn more_due_than(&self, due: Due, limit: usize) -> Result<bool> {
+        if self.count_fails.load(Ordering::Relaxed) {
+            return Err(crate::error::Error::unavailable(
+                "injected: the count failed",
+            ));
+        }
         let rows = self.rows.lock().unwrap();
         Ok(rows.iter().filter(|r| r.0 <= due.ahead.as_millis()).count() > limit)
     }
@@ -279,43 +292,10 @@ async fn a_claim_of_one_still_goes_round_the_tenants() {
     assert_eq!(tenants, ["t1", "t2", "t3", "t1"]);
 }
 
-/// A store whose fill fails: the shares it leased still come back.
-struct FillFails(Model);
-
-#[async_trait]
-impl FairSteps for FillFails {
-    async fn claim_earliest(&self, _: Due, _: usize, _: &Lease) -> Result<Vec<ClaimedTimer>> {
-        Err(crate::error::Error::unavailable(
-            "injected: the fill failed",
-        ))
-    }
-
-    async fn visit_tenants(
-        &self,
-        now: Timestamp,
-        after: &str,
-        visits: usize,
-    ) -> Result<Vec<Visited>> {
-        self.0.visit_tenants(now, after, visits).await
-    }
-
-    async fn more_due_than(&self, due: Due, limit: usize) -> Result<bool> {
-        self.0.more_due_than(due, limit).await
-    }
-
-    async fn claim_of_tenants(
-        &self,
-        due: Due,
-        shares: &[(String, usize)],
-        lease: &Lease,
-    ) -> Result<Vec<ClaimedTimer>> {
-        self.0.claim_of_tenants(due, shares, lease).await
-    }
-}
-
 #[tokio::test]
 async fn a_failed_fill_keeps_what_the_shares_leased() {
-    let store = FillFails(herd());
+    let store = herd();
+    store.fill_fails.store(true, Ordering::Relaxed);
     let fair = FairShare::new();
     fair.update(|c| c.backlog = true);
     let now = Timestamp::from_millis(100);
@@ -326,7 +306,8 @@ async fn a_failed_fill_keeps_what_the_shares_leased() {
         .expect("the shares");
     assert_eq!(ids(&claimed), ["b01", "b02", "s1"]);
     // Nothing leased at all: the error.
-    let empty = FillFails(Model::default());
+    let empty = Model::default();
+    empty.fill_fails.store(true, Ordering::Relaxed);
     let fair = FairShare::new();
     assert!(fair.claim(&empty, now.into(), 4, &lease()).await.is_err());
 }
@@ -442,43 +423,15 @@ async fn a_backlog_remembers_when_its_previous_claim_was_made() {
     assert_eq!(fair.cursor().shared_at, None);
 }
 
-/// A store whose count of the due fails.
-struct ProbeFails(Model);
-
-#[async_trait]
-impl FairSteps for ProbeFails {
-    async fn claim_earliest(&self, due: Due, n: usize, lease: &Lease) -> Result<Vec<ClaimedTimer>> {
-        self.0.claim_earliest(due, n, lease).await
-    }
-
-    async fn visit_tenants(&self, now: Timestamp, after: &str, n: usize) -> Result<Vec<Visited>> {
-        self.0.visit_tenants(now, after, n).await
-    }
-
-    async fn more_due_than(&self, _: Due, _: usize) -> Result<bool> {
-        Err(crate::error::Error::unavailable(
-            "injected: the count failed",
-        ))
-    }
-
-    async fn claim_of_tenants(
-        &self,
-        due: Due,
-        shares: &[(String, usize)],
-        lease: &Lease,
-    ) -> Result<Vec<ClaimedTimer>> {
-        self.0.claim_of_tenants(due, shares, lease).await
-    }
-}
-
 #[tokio::test]
 async fn a_failed_count_fails_the_claim_before_anything_is_leased_and_forgets_the_gap() {
-    let store = ProbeFails(herd());
+    let store = herd();
+    store.count_fails.store(true, Ordering::Relaxed);
     let fair = FairShare::new();
     fair.update(|c| c.shared_at = Some(Timestamp::from_millis(50)));
     let now = Timestamp::from_millis(100);
     assert!(fair.claim(&store, now.into(), 4, &lease()).await.is_err());
-    assert_eq!(store.0.counts(), (0, 0), "(plain claims, visits)");
+    assert_eq!(store.counts(), (0, 0), "(plain claims, visits)");
     assert_eq!(fair.cursor().shared_at, None);
     // In a backlog no count is asked: the claim goes on.
     fair.update(|c| c.backlog = true);
