@@ -1,6 +1,6 @@
 //! Fair claims: when more timers are due than one claim takes, the claim is shared between the
 //! tenants that have due timers, so one tenant's herd does not make another tenant's timers
-//! wait behind it. Every store claims through [`FairShare::claim`]; a store supplies three
+//! wait behind it. Every store claims through [`FairShare::claim`]; a store supplies four
 //! steps ([`FairSteps`]), each bounded by an index, so no claim scans the due set.
 //!
 //! # The claim
@@ -13,23 +13,22 @@
 //!   just after it to wait for that whole batch's firing (the tail of several instances, each
 //!   taking a herd batch at once).
 //! - **Backlog** (the previous claim was full, or more rows are due than this claim takes): the
-//!   claim first visits tenants that have
-//!   Scheduled rows, in tenant id order from a cursor, at most `limit` of them, and keeps those
-//!   with a due row. It takes an equal share of `limit` (the shares add up to `limit`) of each
-//!   one's earliest due rows, then fills what is left of the batch (the shares of tenants with
-//!   fewer due rows) with the earliest due rows of anyone, so a herd alone still fills every
-//!   batch. When the visit stopped at its bound, the next claim
+//!   claim first visits tenants that have Scheduled rows, in tenant id order from a cursor, at
+//!   most `limit` of them, and keeps those with a due row. It takes an equal share of `limit` (the
+//!   shares add up to `limit`) of each one's earliest due rows, then fills what is left of the
+//!   batch (the shares of tenants with fewer due rows) with the earliest due rows of anyone, so a
+//!   herd alone still fills every batch. When the visit stopped at its bound, the next claim
 //!   starts after the last tenant visited; otherwise it starts from the first tenant again.
 //! - **The shares look further ahead in a backlog.** Claims then come one batch's firing apart
 //!   (the firing task claims again only when what it holds is fired), which is longer than
-//!   `engine.claim_ahead` under a herd: a timer first due just after one claim's window would
-//!   wait for the next claim, late by up to that interval. So the shares' window is
-//!   [`BACKLOG_WINDOWS`] times the claim's (400 ms for `engine.claim_ahead` 50 ms; nothing
-//!   for 0: eight, as a herd's first claims showed that the next claim may come back two
-//!   batches' firing later, 250-400 ms with three instances on two cores), or [`CLAIM_GAPS`] times the time since the previous claim of the backlog when
-//!   that is longer (claims on a busy store come further apart, and the next one about as
-//!   far), at most a fifth of the lease, for every tenant visited: the timers the next claims
-//!   would share out are leased now and held until their due time (`engine/ready.rs`),
+//!   `engine.claim_ahead` under a herd: a timer first due just after one claim's window would wait
+//!   for the next claim, late by up to that interval. So the shares' window is [`BACKLOG_WINDOWS`]
+//!   times the claim's (400 ms for `engine.claim_ahead` 50 ms; nothing for 0: eight, as a herd's
+//!   first claims showed that the next claim may come back two batches' firing later, 250-400 ms
+//!   with three instances on two cores), or [`CLAIM_GAPS`] times the time since the previous claim
+//!   of the backlog when that is longer (claims on a busy store come further apart, and the next
+//!   one about as far), at most a fifth of the lease, for every tenant visited: the timers the
+//!   next claims would share out are leased now and held until their due time (`engine/ready.rs`),
 //!   whatever the herd's batches take. The fill keeps the claim's own window.
 //!
 //! # Invariants
@@ -41,9 +40,9 @@
 //!   tenants have Scheduled rows, and within ⌈tenants / limit⌉ claims otherwise, whatever other
 //!   tenants have due; so it waits about one claim batch, the first of a backlog included.
 //! - Nothing is starved: every claim's fill serves the earliest due rows of all.
-//! - Nothing is claimed further ahead than the claim's window, or in a backlog eight times it
-//!   or twice the time since the previous claim (and at most a fifth of the lease); what is claimed ahead is only ever a first due time
-//!   ([`Due::takes`]), so it is held, not fired early.
+//! - Nothing is claimed further ahead than the claim's window, or in a backlog eight times it or
+//!   twice the time since the previous claim (and at most a fifth of the lease); what is claimed
+//!   ahead is only ever a first due time ([`Due::takes`]), so it is held, not fired early.
 //! - Each instance keeps its own cursor and backlog flag (memory, not shared): several
 //!   instances each share their own claims the same way, and the store's row locks keep their
 //!   claims apart as before.
@@ -64,7 +63,7 @@ pub struct Visited {
     pub due: bool,
 }
 
-/// The three steps of a fair claim, each in the store's terms.
+/// The four steps of a fair claim, each in the store's terms.
 #[async_trait]
 pub trait FairSteps: Send + Sync {
     /// Leases up to `limit` rows `due` takes, earliest `available_at` first, whoever they

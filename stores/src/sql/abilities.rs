@@ -136,8 +136,9 @@ macro_rules! sql_abilities {
 pub(crate) use sql_abilities;
 
 /// [`FairSteps`](timer_core::fair::FairSteps) for `$store`, a [`SqlAbilities`]: the earliest
-/// rows, the count of the due and the tenant visit are the shared statements on its writes; the shares are its own
-/// `claim_shares` (one statement on PostgreSQL, one per tenant on SQLite).
+/// rows, the count of the due and the tenant visit are the shared statements on its writes;
+/// the shares are its own `claim_shares` (one statement on PostgreSQL, one per tenant on
+/// SQLite).
 macro_rules! sql_fair_steps {
     ($store:ty) => {
         #[async_trait::async_trait]
