@@ -409,9 +409,9 @@ pub struct EngineConfig {
     /// other writes) is paid before the due time instead of after it. Only a timer's first due
     /// time is claimed ahead (not a retry's or a paced turn's). Meanwhile the timer counts as
     /// firing: a cancel answers `firing`, and a reschedule in the last `claim_ahead` before
-    /// the due time (while more timers are due than a claim takes, up to eight times that or a
-    /// fifth of `engine.lease`: the guarantees' fair firing) may no longer stop that fire. 0
-    /// claims at the due time. At most 1s, and under a fifth of `engine.lease`.
+    /// the due time (up to eight times that or a fifth of `engine.lease` while more timers are
+    /// due within that time than a claim takes: the guarantees' fair firing) may no longer stop
+    /// that fire. 0 claims at the due time. At most 1s, and under a fifth of `engine.lease`.
     #[serde(with = "duration")]
     #[schemars(with = "String")]
     pub claim_ahead: Duration,

@@ -5,19 +5,22 @@
 //!
 //! # The claim
 //! - **No backlog** (the previous claim took fewer rows than it could, and no more rows are due
-//!   now than this one takes): the claim takes the earliest due rows, whoever they belong to,
-//!   as a store without fairness would. Everything due fits, so no tenant waits behind
-//!   another. Knowing that costs one read of at most `limit + 1` index entries
-//!   ([`FairSteps::more_due_than`]); the previous claim alone cannot tell, since a herd comes
-//!   due between two claims, and its first claim would take only the herd, leaving a timer due
-//!   just after it to wait for that whole batch's firing (the tail of several instances, each
-//!   taking a herd batch at once).
-//! - **Backlog** (the previous claim was full, or more rows are due than this claim takes): the
-//!   claim first visits tenants that have Scheduled rows, in tenant id order from a cursor, at
-//!   most `limit` of them, and keeps those with a due row. It takes an equal share of `limit` (the
-//!   shares add up to `limit`) of each one's earliest due rows, then fills what is left of the
-//!   batch (the shares of tenants with fewer due rows) with the earliest due rows of anyone, so a
-//!   herd alone still fills every batch. When the visit stopped at its bound, the next claim
+//!   within the shares' window, below, than this one takes): the claim takes the earliest due
+//!   rows, whoever they belong to, as a store without fairness would. Everything due fits, so
+//!   no tenant waits behind another. Knowing that costs one read of at most `limit + 1` index
+//!   entries ([`FairSteps::more_due_than`]). The previous claim alone cannot tell, since a herd
+//!   comes due between two claims; and the read looks as far as the shares do, so a herd is
+//!   seen coming: its first claims are shared while it is not yet in the claim's own window
+//!   (cheap: the shares, and no herd in the fill), and the other tenants' timers due with it
+//!   and just after are held before the herd's first full claim. That claim comes back late
+//!   on a busy store (three instances on two cores: 60-100 ms after the herd's due time), and
+//!   with a window of the claim's own every other timer due by then waited for it.
+//! - **Backlog** (the previous claim was full, or more rows are due within the shares' window
+//!   than this claim takes): the claim first visits tenants that have Scheduled rows, in tenant
+//!   id order from a cursor, at most `limit` of them, and keeps those with a due row. It takes
+//!   an equal share of `limit` (the shares add up to `limit`) of each one's earliest due rows,
+//!   then fills what is left of the batch (the shares of tenants with fewer due rows) with the
+//!   earliest due rows of anyone, so a herd alone still fills every batch. When the visit stopped at its bound, the next claim
 //!   starts after the last tenant visited; otherwise it starts from the first tenant again.
 //! - **The shares look further ahead in a backlog.** Claims then come one batch's firing apart
 //!   (the firing task claims again only when what it holds is fired), which is longer than
@@ -88,7 +91,7 @@ pub trait FairSteps: Send + Sync {
 
     /// Whether more than `limit` rows are in `due` (claimable now, or first due by its end),
     /// whoever they belong to: a read of at most `limit + 1` entries of the claim's index,
-    /// leasing nothing. A claim not in a backlog asks it first.
+    /// leasing nothing. A claim not in a backlog asks it first, over its shares' window.
     async fn more_due_than(&self, due: Due, limit: usize) -> Result<bool>;
 
     /// Leases up to its share of the rows `due` takes of each tenant of `shares`, each
@@ -139,9 +142,9 @@ impl FairShare {
         let cursor = self.current();
         // A failed probe fails the claim (nothing is leased yet): the engine retries it.
         let attempt = async {
-            let backlog = cursor.backlog || steps.more_due_than(due, limit).await?;
+            let window = backlog_window(due, lease, cursor.shared_at);
+            let backlog = cursor.backlog || steps.more_due_than(window, limit).await?;
             let claimed = if backlog {
-                let window = backlog_window(due, lease, cursor.shared_at);
                 self.shared(steps, due, window, limit, lease, &cursor.after)
                     .await?
             } else {

@@ -176,6 +176,34 @@ async fn a_claim_with_more_due_than_it_takes_shares_from_the_first() {
 }
 
 #[tokio::test]
+async fn a_herd_due_within_the_shares_window_is_seen_coming() {
+    // `big` has 10 rows due at 200..=209 and `small` one at 210: none within the claim's own
+    // window (50 ms from 100), all within its shares' (eight of it).
+    let mut rows: Vec<(i64, String, String)> = (0..10)
+        .map(|i| (200 + i, "big".to_string(), format!("b{:02}", i + 1)))
+        .collect();
+    rows.push((210, "small".into(), "s1".into()));
+    let rows: Vec<(i64, &str, &str)> = rows
+        .iter()
+        .map(|(at, t, id)| (*at, t.as_str(), id.as_str()))
+        .collect();
+    let model = Model::with(&rows);
+    let fair = FairShare::new();
+    let due = Due::ahead(Timestamp::from_millis(100), Duration::from_millis(50));
+    let first = fair.claim(&model, due, 4, &lease()).await.unwrap();
+    assert_eq!(
+        ids(&first),
+        ["b01", "b02", "s1"],
+        "each tenant's share is held before the herd's first full claim"
+    );
+    assert_eq!(
+        model.counts(),
+        (1, 1),
+        "(plain claims: the fill, empty in the claim's own window; visits)"
+    );
+}
+
+#[tokio::test]
 async fn with_no_more_due_than_it_takes_the_claim_is_plain() {
     let model = herd();
     let fair = FairShare::new();
