@@ -183,11 +183,10 @@ async fn a_herd_due_within_the_shares_window_is_seen_coming() {
         .map(|i| (200 + i, "big".to_string(), format!("b{:02}", i + 1)))
         .collect();
     rows.push((210, "small".into(), "s1".into()));
-    let rows: Vec<(i64, &str, &str)> = rows
-        .iter()
-        .map(|(at, t, id)| (*at, t.as_str(), id.as_str()))
-        .collect();
-    let model = Model::with(&rows);
+    let model = Model {
+        rows: Mutex::new(rows),
+        ..Model::default()
+    };
     let fair = FairShare::new();
     let due = Due::ahead(Timestamp::from_millis(100), Duration::from_millis(50));
     let first = fair.claim(&model, due, 4, &lease()).await.unwrap();
