@@ -20,8 +20,9 @@
 //!   id order from a cursor, at most `limit` of them, and keeps those with a due row. It takes
 //!   an equal share of `limit` (the shares add up to `limit`) of each one's earliest due rows,
 //!   then fills what is left of the batch (the shares of tenants with fewer due rows) with the
-//!   earliest due rows of anyone, so a herd alone still fills every batch. When the visit stopped at its bound, the next claim
-//!   starts after the last tenant visited; otherwise it starts from the first tenant again.
+//!   earliest due rows of anyone, so a herd alone still fills every batch. When the visit
+//!   stopped at its bound, the next claim starts after the last tenant visited; otherwise it
+//!   starts from the first tenant again.
 //! - **The shares look further ahead in a backlog.** Claims then come one batch's firing apart
 //!   (the firing task claims again only when what it holds is fired), which is longer than
 //!   `engine.claim_ahead` under a herd: a timer first due just after one claim's window would wait
