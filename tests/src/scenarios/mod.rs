@@ -43,6 +43,7 @@ pub use delivery::{
     a_timers_own_message_arrives_at_its_target_and_a_cancelled_one_does_not,
     delivered_cancelled_and_dead_lettered,
     ten_thousand_delayed_messages_through_the_native_ingress_survive_a_kill,
+    the_delay_bench_sees_every_message_arrive,
 };
 pub use ingest::{
     a_bound_broker_takes_commands_of_its_tenant_only,
@@ -132,6 +133,7 @@ pub fn trials(
         an_overlap_skip_series_fires_after_each_completion,
         a_timers_own_message_arrives_at_its_target_and_a_cancelled_one_does_not,
         ten_thousand_delayed_messages_through_the_native_ingress_survive_a_kill,
+        the_delay_bench_sees_every_message_arrive,
         an_unreachable_server_is_a_one_line_error,
         ten_thousand_timers_survive_a_service_restart_and_a_server_outage,
         a_bound_broker_takes_commands_of_its_tenant_only,

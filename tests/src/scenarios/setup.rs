@@ -13,7 +13,7 @@ use timer_core::plugin::{
 use timer_core::{BrokerPlugin, Store};
 
 use super::{BrokerCase, WAIT};
-use crate::e2e::{schedule, write_config, EventLog, Service};
+use crate::e2e::{run_to_end, schedule, write_config, EventLog, Exit, Service};
 use crate::wait_for;
 
 /// One scenario's service: fresh broker resources and store, and a config file naming them.
@@ -106,6 +106,12 @@ impl Setup {
     /// Starts the service on this setup and waits until it is ready.
     pub async fn start(&self) -> Service {
         Service::start(&self.bin, self.dir.path(), &self.env).await
+    }
+
+    /// Runs `timer-service args` on this setup's config to its end, which must come `within`
+    /// that long.
+    pub async fn run_to_end(&self, args: &[&str], within: std::time::Duration) -> Exit {
+        run_to_end(&self.bin, self.dir.path(), args, &self.env, within).await
     }
 
     /// For a broker with a server, an independent client on its resources, made before the
