@@ -4,7 +4,7 @@
 //! killed during ingest loses no command (on every durable store); 10,000 timers survive a
 //! service restart during ingest and a server outage while they fire; a tenant flooding at 10
 //! times its rate limit is slowed without holding up another; a series with `overlap: skip`
-//! fires only after each `TimerCompleted`.
+//! fires only after each `TimerCompleted`; `bench --workload delay` sees every message arrive.
 //!
 //! Like the conformance suite, each scenario is an async check function; [`trials`] runs them
 //! for one broker plugin. The service gets fresh resources from the plugin's `isolated` config,
