@@ -13,8 +13,8 @@ use std::time::Duration;
 use libtest_mimic::Arguments;
 use timer_conformance::e2e::{
     assert_reached, catch_holding_leases, count_by_key, drained, due_ms, free_addr,
-    freeze_holding_leases, lateness_ms, new_timers, now_ms, on_time_under_load, recovered_after,
-    refused_to_run, signal, store_timers, timer_of, EventLog, Service,
+    freeze_holding_leases, lateness_ms, new_timers, now_ms, percentiles, recovered_after,
+    refused_to_run, signal, store_timers, timer_of, EventLog, Service, UNDER_LOAD_P99_MS,
 };
 use timer_conformance::proxy::Proxy;
 use timer_conformance::{server_trial, wait_for};
@@ -214,7 +214,25 @@ async fn three_instances_fire_20k_timers_once() {
     assert_eq!(counts.len(), N);
     let per_instance: Vec<usize> = logs.iter().map(|l| l.len()).collect();
     println!("3 instances, {N} timers over 5 s: per instance {per_instance:?}");
-    on_time_under_load("3 instances, 20,000 timers over 5 s", &events);
+    // Bounded: when each fired, as its instance stamped it (`timestampMs` − `dueAt`), where a
+    // lost wake-up would show. Only shown: when the tests' readers got it; three debug-build
+    // readers parsing 4,000 events a second on the same two cores lag by themselves (p50 1.2 s,
+    // p99 2.0 s once on CI).
+    let fired = percentiles(events.iter().map(|e| lateness_ms(&e.envelope)).collect());
+    let read = percentiles(
+        events
+            .iter()
+            .map(|e| e.at_ms - due_ms(&e.envelope))
+            .collect(),
+    );
+    println!("3 instances, 20,000 timers over 5 s: late (p50, p99, max) when fired {fired:?} ms, at the readers {read:?} ms");
+    assert!(
+        fired.1 <= UNDER_LOAD_P99_MS,
+        "fired p99 {} ms late (p50 {}, max {}): fires wait for a poll instead of their due time?",
+        fired.1,
+        fired.0,
+        fired.2
+    );
     assert_eq!(store.scheduled_count().await.expect("pending"), 0);
     for s in services {
         assert_eq!(s.terminate().await, Some(0));
