@@ -35,11 +35,29 @@ fn embedded(dir: &Path, extra: &[(&'static str, &str)]) -> Vec<(&'static str, St
 
 /// POSTs every command to `path` with bounded concurrency; returns the status codes.
 async fn post_all(service: &Service, path: &str, commands: Vec<String>) -> Vec<u16> {
-    futures::stream::iter(commands)
-        .map(|c| async move { service.post(path, c).await.0 })
+    let commands = &commands;
+    post_each(service, path, commands.len(), |i| commands[i].clone()).await
+}
+
+/// POSTs `n` bodies to `path`, 32 at a time, body `i` made by `body(i)` just as it is sent:
+/// their statuses, in the order they came.
+async fn post_each(
+    service: &Service,
+    path: &str,
+    n: usize,
+    body: impl Fn(usize) -> String,
+) -> Vec<u16> {
+    let body = &body;
+    futures::stream::iter(0..n)
+        .map(|i| async move { service.post(path, body(i)).await.0 })
         .buffer_unordered(32)
         .collect()
         .await
+}
+
+/// The body of `POST /v1/timers/batch` carrying `commands` (JSON texts).
+fn batch_body(commands: &[String]) -> String {
+    format!(r#"{{"commands":[{}]}}"#, commands.join(","))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -50,15 +68,10 @@ async fn thousand_timers_over_http_fire_once_each_on_time() {
     // Each due 1 s after its POST is sent (32 at a time), so every one lands before its due
     // time however long the thousand take. (Fixed times over [start + 1 s, start + 2 s] came due
     // before their POSTs on a busy machine: p99 650 ms late, as the service saw it too.)
-    let to = &service;
-    let statuses: Vec<u16> = futures::stream::iter(0..1000)
-        .map(|i| async move {
-            let body = command("tenant-a", &format!("call-{i:04}"), now_ms() + 1000);
-            to.post("/v1/timers", body).await.0
-        })
-        .buffer_unordered(32)
-        .collect()
-        .await;
+    let statuses = post_each(&service, "/v1/timers", 1000, |i| {
+        command("tenant-a", &format!("call-{i:04}"), now_ms() + 1000)
+    })
+    .await;
     assert!(
         statuses.iter().all(|s| *s == 201),
         "all created: {statuses:?}"
@@ -135,8 +148,7 @@ async fn kill9_during_firing_then_restart_fires_every_timer() {
     // the catch below began.
     let loading_ms = now_ms();
     for chunk in commands.chunks(1_000) {
-        let body = format!(r#"{{"commands":[{}]}}"#, chunk.join(","));
-        let (status, v) = service.post("/v1/timers/batch", body).await;
+        let (status, v) = service.post("/v1/timers/batch", batch_body(chunk)).await;
         assert_eq!(status, 200, "{v}");
         let results = v["results"].as_array().map_or(&[][..], |r| r.as_slice());
         assert!(
@@ -1292,12 +1304,11 @@ async fn batch_schedules_all_or_refuses_naming_the_item() {
     let far = now_ms() + 3_600_000;
     let (status, v) = service.post("/v1/timers", command("acme", "c0", far)).await;
     assert_eq!(status, 201, "{v}");
-    let batch = |items: Vec<String>| format!(r#"{{"commands":[{}]}}"#, items.join(","));
 
-    let items = (0..4)
+    let items: Vec<String> = (0..4)
         .map(|i| command("acme", &format!("c{i}"), far + i))
         .collect();
-    let (status, v) = service.post("/v1/timers/batch", batch(items)).await;
+    let (status, v) = service.post("/v1/timers/batch", batch_body(&items)).await;
     assert_eq!(status, 200, "{v}");
     let outcomes: Vec<&str> = v["results"]
         .as_array()
@@ -1318,7 +1329,7 @@ async fn batch_schedules_all_or_refuses_naming_the_item() {
         r#"{"tenantId":"acme","serviceCallId":"bad","dueAt":"tomorrow"}"#.to_owned(),
         r#"{"tenantId":"acme"}"#.to_owned(),
     ];
-    let (status, v) = service.post("/v1/timers/batch", batch(items)).await;
+    let (status, v) = service.post("/v1/timers/batch", batch_body(&items)).await;
     assert_eq!(status, 400, "{v}");
     assert_eq!(v["error"]["field"], "commands[1].dueAt", "{v}");
     assert_eq!(v["error"]["reason"], "invalid_time", "{v}");
@@ -1332,11 +1343,11 @@ async fn batch_schedules_all_or_refuses_naming_the_item() {
     assert_eq!(status, 404, "nothing of a refused batch is written");
 
     // Over limits.max_batch, and not a batch at all.
-    let items = (0..6)
+    let items: Vec<String> = (0..6)
         .map(|i| command("acme", &format!("x{i}"), far))
         .collect();
     for (body, reason) in [
-        (batch(items), "too_large"),
+        (batch_body(&items), "too_large"),
         (r#"{"command":[]}"#.to_owned(), "invalid_json"),
         ("[]".to_owned(), "invalid_json"),
     ] {
