@@ -100,6 +100,10 @@ impl Dialect for PostgresStore {
             _ => true,
         }
     }
+
+    fn placeholder(n: usize) -> String {
+        format!("${n}")
+    }
 }
 
 fn db_err(op: &str, e: sqlx::Error) -> Error {

@@ -78,6 +78,10 @@ impl Dialect for SqliteStore {
     fn retryable(_: &sqlx::Error) -> bool {
         true
     }
+
+    fn placeholder(_: usize) -> String {
+        "?".to_owned()
+    }
 }
 
 fn db_err(op: &str, e: sqlx::Error) -> Error {
