@@ -8,6 +8,7 @@ mod config;
 mod fair;
 mod migrate;
 mod plugin;
+mod settle;
 
 use std::collections::{HashMap, HashSet};
 use std::str::FromStr;
@@ -263,44 +264,6 @@ const RESCHEDULE_TIMER: &str = "UPDATE timers SET \
     history_seq = history_seq + 1 \
     WHERE tenant_id = ?1 AND service_call_id = ?2 RETURNING history_seq";
 
-/// The guard every settlement shares: ?1 tenant, ?2 service call id, ?4 lease owner, ?5 the
-/// claimed revision (?3 is the settle time). Returns the number of the history entry the
-/// settlement makes.
-macro_rules! settle_sql {
-    ($set:literal) => {
-        concat!(
-            "UPDATE timers SET ",
-            $set,
-            ", history_seq = history_seq + 1 \
-             WHERE tenant_id = ?1 AND service_call_id = ?2 AND state = 0 AND lease_owner = ?4 \
-              AND revision = ?5 RETURNING history_seq"
-        )
-    };
-}
-
-const SETTLE_REACHED: &str = settle_sql!(
-    "state = 1, reached_at = ?3, finished_at = ?3, \
-     occurrences = occurrences + (recurrence IS NOT NULL)"
-);
-
-/// ?6 the next occurrence.
-const SETTLE_NEXT: &str = settle_sql!(
-    "due_at = ?6, available_at = ?6, revision = revision + 1, attempts = 0, last_error = NULL, \
-     lease_owner = NULL, lease_until = NULL, reached_at = ?3, occurrences = occurrences + 1"
-);
-
-/// ?6 the error.
-const SETTLE_FAILED: &str =
-    settle_sql!("state = 3, finished_at = ?3, attempts = attempts + 1, last_error = ?6");
-
-/// ?6 when it becomes claimable, ?7 the error or NULL (a failed publish, recorded in the
-/// history). At any revision (?3 and ?5 unused).
-const SETTLE_RETRY: &str = "UPDATE timers SET lease_owner = NULL, lease_until = NULL, \
-    available_at = MAX(?6, due_at), attempts = attempts + (?7 IS NOT NULL), \
-    last_error = COALESCE(?7, last_error), history_seq = history_seq + (?7 IS NOT NULL) \
-    WHERE tenant_id = ?1 AND service_call_id = ?2 AND state = 0 AND lease_owner = ?4 \
-    RETURNING history_seq";
-
 /// ?1 tenant, ?2 service call id, ?3 lease owner, ?4 the new end of the lease.
 const RENEW: &str = "UPDATE timers SET available_at = MAX(?4, due_at), lease_until = ?4 \
     WHERE tenant_id = ?1 AND service_call_id = ?2 AND state = 0 AND lease_owner = ?3 \
@@ -473,56 +436,10 @@ impl Store for SqliteStore {
         let mut tx = sql::begin_write::<Self>(&self.write)
             .await
             .map_err(|e| db_err(op, e))?;
-        let mut changed = 0;
         let mut entries = Vec::with_capacity(claims.len());
-        for (t, settlement) in claims {
-            let sql = match settlement {
-                // Spelled out by the engine: one statement of its own, and its changes.
-                Settlement::Step(step) => {
-                    let seq = sql::settle_step::<Self>(&mut tx, t, step, owner, at)
-                        .await
-                        .map_err(|e| db_err(op, e))?;
-                    if let Some(seq) = seq {
-                        changed += 1;
-                        entries.extend(sql::numbered(&t.key, seq, &step.changes));
-                    }
-                    continue;
-                }
-                Settlement::Reached => SETTLE_REACHED,
-                Settlement::Next(_) => SETTLE_NEXT,
-                Settlement::Failed(_) => SETTLE_FAILED,
-                Settlement::Retry { .. } => SETTLE_RETRY,
-            };
-            let query = sqlx::query_scalar(sql)
-                .bind(&t.key.tenant_id)
-                .bind(&t.key.service_call_id)
-                .bind(at.as_millis())
-                .bind(owner)
-                .bind(t.revision);
-            let query = match settlement {
-                Settlement::Next(next) => query.bind(next.as_millis()),
-                Settlement::Failed(error) => query.bind(error.as_str()),
-                Settlement::Retry { at, error } => {
-                    query.bind(at.as_millis()).bind(error.as_deref())
-                }
-                Settlement::Reached | Settlement::Step(_) => query,
-            };
-            let seq: Option<i64> = query
-                .fetch_optional(&mut *tx)
-                .await
-                .map_err(|e| db_err(op, e))?;
-            let Some(seq) = seq else {
-                continue; // no longer this owner's claim at this revision
-            };
-            changed += 1;
-            if let Some(change) = Change::of_settlement(t, settlement, owner, at) {
-                entries.push(Entry {
-                    key: &t.key,
-                    seq,
-                    change,
-                });
-            }
-        }
+        let changed = settle::settle(&mut tx, claims, owner, at, &mut entries)
+            .await
+            .map_err(|e| db_err(op, e))?;
         sql::record_all::<Self>(&mut tx, &entries, at, history)
             .await
             .map_err(|e| db_err(op, e))?;
