@@ -1,7 +1,8 @@
 //! What the two sqlx stores (`sqlite`, `postgres`) share. Both keep timers in one `timers` table
 //! with the same columns (`migrations/`), so decoding a row, mapping errors, and the statements
 //! that are the same SQL in both dialects live here once; each store's [`Dialect`] says how it
-//! differs. Shared statements number their parameters `$1`, `$2`, …, which SQLite takes too.
+//! differs. Shared statements number their parameters `$1`, `$2`, …, which SQLite takes too (but
+//! in a many-row insert: [`Dialect::placeholder`]).
 //!
 //! Here: the [`Dialect`], error mapping, write transactions and the history a write records;
 //! `row.rs` decodes a row, `reads.rs`, `writes.rs` and `control.rs` hold the [`Statements`], and
