@@ -3,11 +3,13 @@
 
 use std::sync::Arc;
 
-use timer_core::{Due, Lease, NewTimer, ScheduleOutcome, Store, TimerState};
+use timer_core::{
+    Change, ClaimedTimer, Due, Lease, NewTimer, ScheduleOutcome, Settlement, Store, TimerState,
+};
 
 use super::{
-    at, cancel, claim, claim_all_concurrently, fail, ids, mark_reached, next_due, put, release,
-    row, schedule_and_claim, scheduled_count, state_of, timer, T0, T0_MS,
+    at, cancel, claim, claim_all_concurrently, fail, history, ids, mark_reached, next_due, put,
+    release, row, schedule_and_claim, scheduled_count, state_of, timer, T0, T0_MS,
 };
 
 pub async fn no_refire_after_reached(store: Arc<dyn Store>) {
@@ -226,4 +228,104 @@ pub async fn fail_marks_failed_for_the_lease_holder_only(store: Arc<dyn Store>) 
     assert_eq!(t.last_error.as_deref(), Some("broker down"));
     assert_eq!(scheduled_count(s).await, 0);
     assert_eq!(next_due(s).await, None);
+}
+
+/// One settle of every kind at once (the engine settles a fired batch so): each row changes as
+/// its own settlement says and records its own change; a row rescheduled since its claim does
+/// not change, and is not counted.
+pub async fn one_settle_applies_each_claims_own_settlement(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    let batch: Vec<NewTimer> = ["reached", "next", "failed", "retry", "moved"]
+        .iter()
+        .map(|id| timer("t", id, T0_MS))
+        .collect();
+    put(s, &batch, T0).await;
+    let claimed = claim(s, T0, 10, "i1", T0_MS + 30_000).await;
+    assert_eq!(claimed.len(), 5);
+    let moved_to = at(T0_MS + 60_000);
+    put(
+        s,
+        &[timer("t", "moved", moved_to.as_millis())],
+        at(T0_MS + 1),
+    )
+    .await;
+    let (next, retry_at, settled_at) = (at(T0_MS + 1_000), at(T0_MS + 2_000), at(T0_MS + 20));
+    let settled: Vec<(ClaimedTimer, Settlement)> = claimed
+        .into_iter()
+        .map(|c| {
+            let settlement = match c.key.service_call_id.as_str() {
+                "next" => Settlement::Next(next),
+                "failed" => Settlement::Failed("gone".into()),
+                "retry" => Settlement::Retry {
+                    at: retry_at,
+                    error: Some("busy".into()),
+                },
+                _ => Settlement::Reached,
+            };
+            (c, settlement)
+        })
+        .collect();
+    let changed = s
+        .settle(&settled, "i1", settled_at)
+        .await
+        .unwrap_or_else(|e| panic!("settling a batch of every kind failed: {e}"));
+    assert_eq!(changed, 4, "every row but the rescheduled one");
+    let fired = Change::Fired {
+        due_at: T0,
+        lateness_ms: 20,
+        instance: "i1".into(),
+        occurrence: None,
+        caught_up: false,
+        refire: None,
+        answer: None,
+    };
+    let cases = [
+        ("reached", TimerState::Reached, T0, 0, None, fired.clone()),
+        ("next", TimerState::Scheduled, next, 0, None, fired),
+        (
+            "failed",
+            TimerState::Failed,
+            T0,
+            1,
+            Some("gone"),
+            Change::GivenUp {
+                attempts: 1,
+                error: "gone".into(),
+            },
+        ),
+        (
+            "retry",
+            TimerState::Scheduled,
+            T0,
+            1,
+            Some("busy"),
+            Change::PublishFailed {
+                attempt: 1,
+                error: "busy".into(),
+            },
+        ),
+        (
+            "moved",
+            TimerState::Scheduled,
+            moved_to,
+            0,
+            None,
+            Change::Rescheduled { due_at: moved_to },
+        ),
+    ];
+    for (id, state, due_at, attempts, error, change) in cases {
+        let t = row(s, "t", id).await;
+        assert_eq!(
+            (t.state, t.due_at, t.attempts, t.last_error.as_deref()),
+            (state, due_at, attempts, error),
+            "t/{id}"
+        );
+        let entries = history(s, id).await;
+        assert_eq!(
+            entries.last().map(|e| &e.change),
+            Some(&change),
+            "the last change of t/{id}"
+        );
+    }
+    assert_eq!(next_due(s).await, Some(next), "next, then retry and moved");
 }

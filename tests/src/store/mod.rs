@@ -37,8 +37,9 @@ pub use claims::{
     a_claim_ahead_takes_first_due_times_only, claim_is_exclusive_under_concurrency,
     claim_takes_oldest_first_up_to_limit, expired_lease_makes_row_claimable,
     fail_marks_failed_for_the_lease_holder_only, next_due_at_tracks_claimable_rows,
-    no_refire_after_reached, release_keeps_attempts_and_last_error,
-    release_without_error_keeps_attempts, reschedule_while_firing_keeps_timer_scheduled,
+    no_refire_after_reached, one_settle_applies_each_claims_own_settlement,
+    release_keeps_attempts_and_last_error, release_without_error_keeps_attempts,
+    reschedule_while_firing_keeps_timer_scheduled,
 };
 pub use fairness::{
     a_claim_in_a_backlog_shares_the_batch_between_tenants,
@@ -130,6 +131,7 @@ pub fn checks() -> Vec<Check<Arc<dyn Store>>> {
         batch_of_10k,
         cancel_while_leased_is_refused,
         fail_marks_failed_for_the_lease_holder_only,
+        one_settle_applies_each_claims_own_settlement,
         failed_timers_stay_failed_and_are_purged,
         recurrence_round_trips_and_advance_moves_to_next,
         advance_needs_the_lease_and_revision,
