@@ -84,7 +84,7 @@ pub(crate) trait Dialect {
     /// The placeholder of parameter `n` (from 1) in a statement that binds each parameter once,
     /// in order (a multi-row `VALUES`): `$n` on PostgreSQL, `?` on SQLite. SQLite finds a
     /// numbered parameter's name by a scan of all the numbered ones, so binding thousands of them
-    /// takes time quadratic in their number (it was a third of a herd's CPU).
+    /// takes time quadratic in their number (it was a quarter of a SQLite herd's CPU).
     fn placeholder(n: usize) -> String;
 }
 
