@@ -41,13 +41,9 @@ impl TimerControl for MemoryStore {
             for change in write.changes {
                 row.record(now, change, limit);
             }
-            if write.due_at != row.timer.due_at {
-                row.revision += 1;
-                row.timer.due_at = write.due_at;
-            }
+            row.move_due(write.due_at);
             if write.reset_attempts {
-                row.timer.attempts = 0;
-                row.timer.last_error = None;
+                row.reset_attempts();
             }
             if let Some(work) = write.work {
                 row.timer.work = work;

@@ -251,6 +251,21 @@ impl Row {
         }
     }
 
+    /// Moves its due time; a changed one bumps the revision, so that a claim taken before it
+    /// no longer settles the row.
+    fn move_due(&mut self, due_at: Timestamp) {
+        if due_at != self.timer.due_at {
+            self.revision += 1;
+            self.timer.due_at = due_at;
+        }
+    }
+
+    /// Its publish attempts start again from 0, the last error cleared.
+    fn reset_attempts(&mut self) {
+        self.timer.attempts = 0;
+        self.timer.last_error = None;
+    }
+
     /// Appends `change` to its history, keeping the newest `limit` entries.
     fn record(&mut self, at: Timestamp, change: Change, limit: usize) {
         if limit == 0 {
@@ -409,8 +424,7 @@ impl Store for MemoryStore {
                 Settlement::Next(next) => {
                     row.revision += 1;
                     row.timer.due_at = *next;
-                    row.timer.attempts = 0;
-                    row.timer.last_error = None;
+                    row.reset_attempts();
                     row.timer.lease_owner = None;
                     row.lease_until = None;
                     row.timer.reached_at = Some(at);
@@ -439,13 +453,9 @@ impl Store for MemoryStore {
                     for change in &step.changes {
                         row.record(at, change.clone(), limit);
                     }
-                    if step.due_at != row.timer.due_at {
-                        row.revision += 1;
-                        row.timer.due_at = step.due_at;
-                    }
+                    row.move_due(step.due_at);
                     if step.fired {
-                        row.timer.attempts = 0;
-                        row.timer.last_error = None;
+                        row.reset_attempts();
                         row.timer.reached_at = Some(at);
                         if row.timer.recurrence.is_some() {
                             row.timer.occurrences = row.timer.occurrences.saturating_add(1);

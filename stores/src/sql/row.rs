@@ -58,31 +58,12 @@ where
         })
     }
 
-    fn recurrence(&self) -> Result<Option<Recurrence>> {
-        self.get::<Option<String>>("recurrence")?
+    /// A JSON column (`recurrence`, `policy`, `work`, `target`) read with its type's parser;
+    /// NULL is `None`.
+    fn json<T>(&self, column: &'static str, parse: fn(&str) -> Result<T>) -> Result<Option<T>> {
+        self.get::<Option<String>>(column)?
             .as_deref()
-            .map(Recurrence::from_json)
-            .transpose()
-    }
-
-    fn policy(&self) -> Result<Option<Policy>> {
-        self.get::<Option<String>>("policy")?
-            .as_deref()
-            .map(Policy::from_json)
-            .transpose()
-    }
-
-    fn work(&self) -> Result<Option<Work>> {
-        self.get::<Option<String>>("work")?
-            .as_deref()
-            .map(Work::from_json)
-            .transpose()
-    }
-
-    fn target(&self) -> Result<Option<Target>> {
-        self.get::<Option<String>>("target")?
-            .as_deref()
-            .map(Target::from_json)
+            .map(parse)
             .transpose()
     }
 
@@ -115,11 +96,11 @@ where
             payload: self.get("payload")?,
             attempts: self.count("attempts")?,
             revision: self.get("revision")?,
-            recurrence: self.recurrence()?,
+            recurrence: self.json("recurrence", Recurrence::from_json)?,
             occurrences: self.count("occurrences")?,
-            policy: self.policy()?,
-            work: self.work()?,
-            target: self.target()?,
+            policy: self.json("policy", Policy::from_json)?,
+            work: self.json("work", Work::from_json)?,
+            target: self.json("target", Target::from_json)?,
             message: self.message()?,
             trace: TraceContext::from_stored(
                 self.get::<Option<String>>("traceparent")?.as_deref(),
