@@ -352,23 +352,25 @@ pub fn fired(
         // done.
         let deadline = work.awaiting.as_ref().and_then(|a| a.deadline);
         return match deadline {
-            Some(deadline) => after_fire(
-                TimerState::Scheduled,
-                claim.due_at,
-                deadline.max(claim.due_at),
-                work,
+            Some(deadline) => Settlement::Step(Step {
+                state: TimerState::Scheduled,
+                due_at: claim.due_at,
+                available_at: deadline.max(claim.due_at),
+                fired: true,
+                work: work.stored(),
                 changes,
-            ),
+            }),
             None if policy.is_none() && claim.work.is_none() && answer.is_none() => {
                 Settlement::Reached
             }
-            None => after_fire(
-                TimerState::Reached,
-                claim.due_at,
-                claim.due_at,
-                work,
+            None => Settlement::Step(Step {
+                state: TimerState::Reached,
+                due_at: claim.due_at,
+                available_at: claim.due_at,
+                fired: true,
+                work: work.stored(),
                 changes,
-            ),
+            }),
         };
     };
     let count = claim.occurrences.saturating_add(1);
@@ -406,35 +408,24 @@ pub fn fired(
         Some(next) => {
             work.nominal = policy.and_then(|p| p.jitter).map(|_| next);
             let due_at = fire_time(&claim.key, next, policy);
-            after_fire(TimerState::Scheduled, due_at, due_at, work, changes)
+            Settlement::Step(Step {
+                state: TimerState::Scheduled,
+                due_at,
+                available_at: due_at,
+                fired: true,
+                work: work.stored(),
+                changes,
+            })
         }
-        None => after_fire(
-            TimerState::Reached,
-            claim.due_at,
-            claim.due_at,
-            work,
+        None => Settlement::Step(Step {
+            state: TimerState::Reached,
+            due_at: claim.due_at,
+            available_at: claim.due_at,
+            fired: true,
+            work: work.stored(),
             changes,
-        ),
+        }),
     }
-}
-
-/// The [`Step`] of a fired claim: the row becomes `state`, due at `due_at` and claimable at
-/// `available_at`; its work is kept if anything is left of it, `changes` go into its history.
-fn after_fire(
-    state: TimerState,
-    due_at: Timestamp,
-    available_at: Timestamp,
-    work: Work,
-    changes: Vec<Change>,
-) -> Settlement {
-    Settlement::Step(Step {
-        state,
-        due_at,
-        available_at,
-        fired: true,
-        work: work.stored(),
-        changes,
-    })
 }
 
 #[cfg(test)]
