@@ -147,18 +147,22 @@ pub async fn pausing_a_firing_timer_is_refused(store: Arc<dyn Store>) {
     assert_eq!(state_of(s, "t", "b").await, TimerState::Paused);
 }
 
-pub async fn a_resumed_series_skips_what_fell_into_the_pause(store: Arc<dyn Store>) {
-    let s = store.as_ref();
-    // Every minute from T0 (T0 is a whole minute).
-    let series = NewTimer {
+/// A series of tenant `t` due every minute from T0 (T0 is a whole minute).
+fn every_minute(id: &str) -> NewTimer {
+    NewTimer {
         recurrence: Some(Recurrence {
             cron: "* * * * *".into(),
             time_zone: "UTC".into(),
             end_at: None,
             max_occurrences: None,
         }),
-        ..timer("t", "s", T0_MS)
-    };
+        ..timer("t", id, T0_MS)
+    }
+}
+
+pub async fn a_resumed_series_skips_what_fell_into_the_pause(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    let series = every_minute("s");
     put(s, &[series], T0).await;
     act(s, "s", &pause(), T0).await;
     // Resumed 3.5 minutes later: T0, +1, +2, +3 skipped; +4 is next.
@@ -192,6 +196,42 @@ pub async fn a_resumed_series_skips_what_fell_into_the_pause(store: Arc<dyn Stor
     );
     let next = claim(s, at(T0_MS + 240_000), 10, "i1", T0_MS + 250_000).await;
     assert_eq!(ids(&next), ["s"]);
+}
+
+/// A control action that moves a timer's due time changes its revision, so a claim taken
+/// before it no longer settles the timer, even for the owner whose lease it still names (a pause
+/// after the lease ran out ends the lease, not the owner's name on the row).
+pub async fn a_claim_taken_before_a_resume_moved_the_series_does_not_settle_it(
+    store: Arc<dyn Store>,
+) {
+    let s = store.as_ref();
+    let series = every_minute("s");
+    put(s, &[series], T0).await;
+    let stale = claim(s, T0, 10, "i1", T0_MS + 1_000).await;
+    assert_eq!(ids(&stale), ["s"]);
+    // The lease ran out: the timer is not firing, so it may be paused; resumed 3.5 minutes
+    // later, its due time moves on to T0 + 4 minutes.
+    assert_eq!(
+        act(s, "s", &pause(), at(T0_MS + 2_000)).await,
+        ControlOutcome::Paused
+    );
+    let resumed_at = at(T0_MS + 210_000);
+    assert_eq!(
+        act(s, "s", &Action::Resume, resumed_at).await,
+        ControlOutcome::Resumed
+    );
+    assert_eq!(
+        mark_reached(s, &stale, "i1", at(T0_MS + 210_001)).await,
+        0,
+        "a claim of the old due time settled the resumed series"
+    );
+    let row = row(s, "t", "s").await;
+    assert_eq!(
+        (row.state, row.due_at, row.occurrences),
+        (TimerState::Scheduled, at(T0_MS + 240_000), 0)
+    );
+    let next = claim(s, at(T0_MS + 240_000), 10, "i2", T0_MS + 250_000).await;
+    assert_eq!(ids(&next), ["s"], "the series fires at its new due time");
 }
 
 pub async fn rescheduling_a_paused_timer_keeps_it_paused(store: Arc<dyn Store>) {

@@ -26,6 +26,7 @@ use timer_core::{
 use crate::Check;
 
 pub use actions::{
+    a_claim_taken_before_a_resume_moved_the_series_does_not_settle_it,
     a_paused_timer_never_fires_and_resumes_on_its_due_time,
     a_resumed_series_skips_what_fell_into_the_pause, pause_resume_and_cancel_outcomes,
     pausing_a_firing_timer_is_refused, rescheduling_a_paused_timer_keeps_it_paused,
@@ -147,6 +148,7 @@ pub fn checks() -> Vec<Check<Arc<dyn Store>>> {
         a_paused_timer_never_fires_and_resumes_on_its_due_time,
         pausing_a_firing_timer_is_refused,
         a_resumed_series_skips_what_fell_into_the_pause,
+        a_claim_taken_before_a_resume_moved_the_series_does_not_settle_it,
         rescheduling_a_paused_timer_keeps_it_paused,
         history_records_each_change_in_order,
         history_keeps_the_newest_entries_and_goes_with_the_timer,
