@@ -181,6 +181,17 @@ pub trait Broker: Send + Sync + 'static {
         ))
     }
 
+    /// Whether this broker can carry a timer's own message (its content type and headers) to
+    /// its destination: `Err` says what is wrong, and the engine refuses the timer (reason
+    /// `invalid_target`, field `message`), as [`Caller::check_message`] does for an HTTP
+    /// target. The wire's limits hold for every broker; this is for a broker's own (a field
+    /// its protocol carries in fewer bytes, a header its server reads as an instruction).
+    ///
+    /// [`Caller::check_message`]: crate::call::Caller::check_message
+    fn check_message(&self, _meta: &MessageMeta) -> std::result::Result<(), String> {
+        Ok(())
+    }
+
     /// Publishes a batch (pipelined, not one round trip each). `Ok` when the broker durably
     /// accepted every event but the ones it lists as [`Undelivered`] (refused one by one,
     /// e.g. returned as unroutable: the others are confirmed). On `Err` some events may have

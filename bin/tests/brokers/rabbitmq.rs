@@ -34,6 +34,7 @@ pub fn checks() -> Vec<Check<Arc<BrokerCase>>> {
     checks![
         an_unroutable_event_is_retried_not_lost,
         a_tenant_too_long_for_a_routing_key_is_refused_and_nothing_stops_firing,
+        a_message_amqp_cannot_carry_is_refused_and_nothing_stops_firing,
         a_tenant_without_a_bound_queue_does_not_hold_back_the_others,
         a_message_for_a_missing_exchange_is_retried_and_holds_back_no_other,
         a_message_sent_to_the_delay_exchange_arrives_at_its_time,
@@ -186,7 +187,93 @@ async fn a_tenant_too_long_for_a_routing_key_is_refused_and_nothing_stops_firing
     setup.clean_up().await;
 }
 
-/// The `[broker]` config of a RabbitMQ scenario.
+/// A timer's own message that AMQP cannot carry is refused at admission, naming `message`: a
+/// content type or header name over 255 bytes (a short string), or headers that outgrow the
+/// one frame AMQP sends properties in. The largest message admission takes is delivered whole.
+/// One stored anyway (by a release that did not check) is retried on its own with the reason,
+/// and the service goes on firing the others (lapin panics on a short string too long: this
+/// one did at every fire, before the check).
+async fn a_message_amqp_cannot_carry_is_refused_and_nothing_stops_firing(case: Arc<BrokerCase>) {
+    let setup = Setup::with_engine(
+        &case,
+        json!({ "retry_base": "100ms", "retry_max": "200ms" }),
+    );
+    let client = setup.client().await; // binds a queue for every routing key
+    let service = setup.start().await;
+    let with = |id: &str, message: Value| {
+        json!({ "tenantId": "t", "serviceCallId": id, "dueTimeMs": now_ms(), "message": message })
+            .to_string()
+    };
+    let long_type = json!({ "body": 1, "contentType": format!("text/{}", "a".repeat(300)) });
+    let long_name = json!({ "body": 1, "headers": { "n".repeat(256): "v" } });
+    // 30 headers of names of 255 bytes and values of `value` bytes.
+    let headers = |value: usize| {
+        let headers: serde_json::Map<String, Value> = (0..30)
+            .map(|i| (format!("{i:x>255}"), json!("v".repeat(value))))
+            .collect();
+        json!({ "body": 1, "headers": headers })
+    };
+    for (message, says) in [
+        (long_type.clone(), "contentType is 305 bytes; AMQP allows at most 255"),
+        (long_name, "is 256 bytes; AMQP allows at most 255"),
+        (headers(4096), "RabbitMQ allows 131072 bytes by default (frame_max)"),
+    ] {
+        let (status, v) = service.post("/v1/timers", with("refused", message)).await;
+        assert_eq!(status, 400, "{v}");
+        assert_eq!(v["error"]["reason"], "invalid_target", "{v}");
+        assert_eq!(v["error"]["field"], "message", "{v}");
+        let message = v["error"]["message"].as_str().unwrap_or("");
+        assert!(message.contains(says), "{v}");
+    }
+    // The largest headers admission takes: values shortened a byte at a time from 4 KiB.
+    let mut value = 4096;
+    loop {
+        let (status, v) = service.post("/v1/timers", with("largest", headers(value))).await;
+        match status {
+            201 => break,
+            400 if value > 3_500 => value -= 1,
+            _ => panic!("{status} {v}"),
+        }
+    }
+    assert!(value < 4096, "the first try is over a frame");
+
+    // As if stored by a release that did not check: straight into the store.
+    let now = timer_core::Timestamp::from_millis(now_ms());
+    let stored = with("stored", long_type);
+    let limits = timer_core::Limits::default();
+    let stored = timer_core::decode_schedule(stored.as_bytes(), &limits, now).expect("valid");
+    let store = setup.store().await;
+    store.schedule(&[stored], now).await.expect("stored");
+    let (status, v) = service.post("/v1/timers", schedule("t", "ok", now_ms())).await;
+    assert_eq!(status, 201, "{v}");
+
+    let fired = wait_for(Duration::from_secs(30), || async {
+        let events = client.events().await.ok()?;
+        let largest = events.iter().find(|e| e.headers.len() >= 30)?.clone();
+        events
+            .iter()
+            .filter_map(|e| serde_json::from_slice::<Value>(&e.body).ok())
+            .any(|v| v["aggregateId"] == "ok")
+            .then_some(largest)
+    })
+    .await
+    .expect("the largest message and the other timer are delivered");
+    let own: Vec<_> = fired.headers.iter().filter(|(name, _)| name.len() == 255).collect();
+    assert_eq!(own.len(), 30, "{:?}", fired.headers.keys());
+    assert!(own.iter().all(|(_, v)| v.len() == value), "values of {value} bytes");
+    let key = timer_core::TimerKey::new("t", "stored");
+    let retried = wait_for(Duration::from_secs(30), || async {
+        let t = store.get(&key).await.ok().flatten()?;
+        (t.attempts >= 2).then_some(t)
+    })
+    .await
+    .expect("the stored timer is retried on its own");
+    let error = retried.last_error.unwrap_or_default();
+    assert!(error.contains("the content type is 305 bytes"), "{error}");
+    service.terminate().await;
+    setup.clean_up().await;
+}
+
 /// A channel with publisher confirms (a publish awaited is on the server, ahead of whatever is
 /// sent after it) of a connection of its own to the test server of `config` (returned too: the
 /// channel closes with it), and a queue `queue` declared on it.
@@ -216,6 +303,7 @@ async fn channel_with_queue(
     (connection, channel)
 }
 
+/// The `[broker]` config of a RabbitMQ scenario.
 fn rabbitmq_config(setup: &Setup) -> &RabbitmqConfig {
     setup
         .broker

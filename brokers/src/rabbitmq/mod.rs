@@ -33,7 +33,7 @@ use lapin::{
 };
 use timer_core::redact::hide_userinfo;
 use timer_core::{
-    Broker, Delivery, Error, KeyLimit, OutboundEvent, Result, Target, TimerKey,
+    Broker, Delivery, Error, KeyLimit, MessageMeta, OutboundEvent, Result, Target, TimerKey,
     Undelivered,
 };
 
@@ -566,6 +566,10 @@ impl Broker for RabbitmqBroker {
         target_route(target, &self.config).map(|(exchange, key)| format!("{exchange}/{key}"))
     }
 
+    fn check_message(&self, meta: &MessageMeta) -> std::result::Result<(), String> {
+        outbound::check_message(meta)
+    }
+
     fn events_destination(&self, _key: &TimerKey) -> Option<String> {
         Some(self.config.events_exchange.clone())
     }
@@ -573,6 +577,7 @@ impl Broker for RabbitmqBroker {
     async fn publish(&self, events: &[OutboundEvent]) -> Result<Vec<Undelivered>> {
         let session = self.session().await?;
         let missing = self.missing_exchanges(&session, events).await?;
+        let frame_max = session.connection.configuration().frame_max() as usize;
         let mut confirms = Vec::with_capacity(events.len());
         let mut undelivered = Vec::new();
         for (index, event) in events.iter().enumerate() {
@@ -595,8 +600,14 @@ impl Broker for RabbitmqBroker {
                         ))
                     }),
             };
-            let (exchange, routing_key) = match route {
-                Ok(route) => route,
+            let properties = |route| {
+                let properties = properties_of(event, frame_max).map_err(|why| {
+                    Error::invalid(format!("rabbitmq broker: the message cannot be sent: {why}"))
+                })?;
+                Ok((route, properties))
+            };
+            let ((exchange, routing_key), properties) = match route.and_then(properties) {
+                Ok(publish) => publish,
                 Err(error) => {
                     // Refused alone: a limit not yet checked when it was stored, or a target
                     // exchange that is missing.
@@ -605,13 +616,7 @@ impl Broker for RabbitmqBroker {
                 }
             };
             match self
-                .publish_one(
-                    &session,
-                    &exchange,
-                    &routing_key,
-                    &event.body,
-                    properties_of(event),
-                )
+                .publish_one(&session, &exchange, &routing_key, &event.body, properties)
                 .await
             {
                 Ok(confirm) => confirms.push((index, confirm)),

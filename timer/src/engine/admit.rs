@@ -50,11 +50,13 @@ impl Engine {
         }))
     }
 
-    /// Whether the broker can carry this timer's events ([`Broker::check_key`]) to its target
-    /// ([`Broker::check_target`]): a timer it could never publish is refused here rather than
+    /// Whether the broker can carry this timer's events ([`Broker::check_key`]) and its own
+    /// message ([`Broker::check_message`]) to its target ([`Broker::check_target`]), or the
+    /// caller to an HTTP target: a timer it could never publish is refused here rather than
     /// stored to fail at its due time.
     ///
     /// [`Broker::check_key`]: crate::broker::Broker::check_key
+    /// [`Broker::check_message`]: crate::broker::Broker::check_message
     /// [`Broker::check_target`]: crate::broker::Broker::check_target
     fn carried(&self, timer: &NewTimer) -> Result<(), Rejection> {
         let broker = &self.inner.broker;
@@ -69,20 +71,24 @@ impl Engine {
                 ),
             )
         })?;
+        // An HTTP target goes to the caller, whatever the broker.
+        let caller = timer
+            .target
+            .as_ref()
+            .and_then(|target| self.inner.caller.get().filter(|c| c.takes(target)));
+        if let Some(message) = &timer.message {
+            match caller {
+                Some(caller) => caller.check_message(&message.meta),
+                None => broker.check_message(&message.meta),
+            }
+            .map_err(|why| Rejection::new(Reason::InvalidTarget, Some("message"), why))?;
+        }
         let Some(target) = &timer.target else {
             return Ok(());
         };
         let refused = |why: String| Rejection::new(Reason::InvalidTarget, Some("target"), why);
-        // An HTTP target goes to the caller, whatever the broker.
-        let name = match self.inner.caller.get().filter(|c| c.takes(target)) {
-            Some(caller) => {
-                if let Some(message) = &timer.message {
-                    caller.check_message(&message.meta).map_err(|why| {
-                        Rejection::new(Reason::InvalidTarget, Some("message"), why)
-                    })?;
-                }
-                caller.check_target(target)
-            }
+        let name = match caller {
+            Some(caller) => caller.check_target(target),
             None => broker.check_target(target),
         }
         .map_err(refused)?;
