@@ -525,6 +525,61 @@ async fn failing_receivers_are_retried_refused_or_waited_for_and_nothing_is_lost
     service.terminate().await;
 }
 
+/// `POST …/trigger` of a timer with an HTTP target calls the target, as its due fire would:
+/// signed, with `"trigger": "manual"` and the id the answer names; a receiver that refuses the
+/// call makes the trigger answer 503 with its answer, and records nothing. The schedules stay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_manual_trigger_calls_the_http_target() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (receiver, port, _task) = receiver().await;
+    let service = service(dir.path(), &[port], json!({})).await;
+    let later = now_ms() + 3_600_000;
+    for (id, kind) in [("taken", "ok"), ("refused", "missing")] {
+        let url = format!("http://127.0.0.1:{port}/acme/{kind}/{id}");
+        let (status, v) = service
+            .post("/v1/timers", hook_timer("acme", id, later, url).to_string())
+            .await;
+        assert_eq!(status, 201, "{v}");
+    }
+
+    let (status, v) = service
+        .post("/v1/tenants/acme/timers/taken/trigger", "")
+        .await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["outcome"], "triggered", "{v}");
+    let calls = receiver.calls();
+    assert_eq!(calls.len(), 1, "{calls:?}");
+    let call = &calls[0];
+    assert_eq!(call.path, "/acme/ok/taken");
+    assert_eq!(call.id(), v["eventId"].as_str().unwrap_or_default());
+    assert!(call.verifies(&secret(2)), "signed with the tenant's secret");
+    let body: Value = serde_json::from_slice(&call.body).expect("the envelope");
+    assert_eq!(body["payload"]["trigger"], "manual", "{body}");
+
+    let (status, v) = service
+        .post("/v1/tenants/acme/timers/refused/trigger", "")
+        .await;
+    assert_eq!(status, 503, "{v}");
+    let message = v["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("did not take the manually triggered event") && message.contains("404"),
+        "{v}"
+    );
+    let (_, history) = service.get("/v1/tenants/acme/timers/refused/history").await;
+    let entries = history["history"].as_array().cloned().unwrap_or_default();
+    assert!(!entries.is_empty(), "{history}");
+    assert!(
+        entries.iter().all(|e| e["type"] != "triggered"),
+        "{history}"
+    );
+    for id in ["taken", "refused"] {
+        let (_, t) = service.get(&format!("/v1/tenants/acme/timers/{id}")).await;
+        assert_eq!(t["state"], "Scheduled", "{t}");
+        assert_eq!(t["dueTimeMs"], later, "{t}");
+    }
+    service.terminate().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_receiver_does_not_make_another_tenants_webhooks_late() {
     let _alone = ALONE.lock().await;

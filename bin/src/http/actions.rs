@@ -219,10 +219,10 @@ pub async fn complete(
     tag = "control",
     params(TimerPath),
     responses(
-        (status = 200, description = "The broker confirmed the event", body = TriggerOutcome),
+        (status = 200, description = "The broker confirmed the event (an HTTP target: took the call)", body = TriggerOutcome),
         (status = 409, description = "Finished (`already_reached`, …) or firing right now (`firing`)", body = TimerOutcome),
         (status = 429, description = "The tenant is over its rate (`limits.rate`: a trigger fires, so it counts as a schedule); `Retry-After` says when", body = ErrorBody),
-        (status = 503, description = "The broker did not confirm in time", body = ErrorBody),
+        (status = 503, description = "The broker did not confirm in time, or the HTTP target did not take the call (its answer in the message)", body = ErrorBody),
     )
 )]
 pub async fn trigger(

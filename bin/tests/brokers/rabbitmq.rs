@@ -214,9 +214,15 @@ async fn a_message_amqp_cannot_carry_is_refused_and_nothing_stops_firing(case: A
         json!({ "body": 1, "headers": headers })
     };
     for (message, says) in [
-        (long_type.clone(), "contentType is 305 bytes; AMQP allows at most 255"),
+        (
+            long_type.clone(),
+            "contentType is 305 bytes; AMQP allows at most 255",
+        ),
         (long_name, "is 256 bytes; AMQP allows at most 255"),
-        (headers(4096), "RabbitMQ allows 131072 bytes by default (frame_max)"),
+        (
+            headers(4096),
+            "RabbitMQ allows 131072 bytes by default (frame_max)",
+        ),
     ] {
         let (status, v) = service.post("/v1/timers", with("refused", message)).await;
         assert_eq!(status, 400, "{v}");
@@ -228,7 +234,9 @@ async fn a_message_amqp_cannot_carry_is_refused_and_nothing_stops_firing(case: A
     // The largest headers admission takes: values shortened a byte at a time from 4 KiB.
     let mut value = 4096;
     loop {
-        let (status, v) = service.post("/v1/timers", with("largest", headers(value))).await;
+        let (status, v) = service
+            .post("/v1/timers", with("largest", headers(value)))
+            .await;
         match status {
             201 => break,
             400 if value > 3_500 => value -= 1,
@@ -244,7 +252,9 @@ async fn a_message_amqp_cannot_carry_is_refused_and_nothing_stops_firing(case: A
     let stored = timer_core::decode_schedule(stored.as_bytes(), &limits, now).expect("valid");
     let store = setup.store().await;
     store.schedule(&[stored], now).await.expect("stored");
-    let (status, v) = service.post("/v1/timers", schedule("t", "ok", now_ms())).await;
+    let (status, v) = service
+        .post("/v1/timers", schedule("t", "ok", now_ms()))
+        .await;
     assert_eq!(status, 201, "{v}");
 
     let fired = wait_for(Duration::from_secs(30), || async {
@@ -258,9 +268,16 @@ async fn a_message_amqp_cannot_carry_is_refused_and_nothing_stops_firing(case: A
     })
     .await
     .expect("the largest message and the other timer are delivered");
-    let own: Vec<_> = fired.headers.iter().filter(|(name, _)| name.len() == 255).collect();
+    let own: Vec<_> = fired
+        .headers
+        .iter()
+        .filter(|(name, _)| name.len() == 255)
+        .collect();
     assert_eq!(own.len(), 30, "{:?}", fired.headers.keys());
-    assert!(own.iter().all(|(_, v)| v.len() == value), "values of {value} bytes");
+    assert!(
+        own.iter().all(|(_, v)| v.len() == value),
+        "values of {value} bytes"
+    );
     let key = timer_core::TimerKey::new("t", "stored");
     let retried = wait_for(Duration::from_secs(30), || async {
         let t = store.get(&key).await.ok().flatten()?;

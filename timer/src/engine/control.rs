@@ -7,8 +7,9 @@ use opentelemetry::trace::Span as _;
 use opentelemetry::KeyValue;
 
 use super::{metrics as metric, spans, Engine};
+use crate::call::Called;
 use crate::control::{Action, Change, HistoryEntry};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::model::{ControlOutcome, TimerKey, TimerState, Timestamp};
 use crate::store::{PageAfter, TimerFilter};
 use crate::trace::TraceContext;
@@ -116,8 +117,8 @@ impl Engine {
 
     /// Fires one extra `DueTimeReached` for a Scheduled or Paused timer now, with `"trigger":
     /// "manual"` and its own id, without moving its schedule; answers once the broker
-    /// confirmed it (an error when it did not: nothing is recorded then, and a retry sends
-    /// an event with a new id).
+    /// confirmed it, or the HTTP target of a timer that has one took the call (an error when
+    /// not: nothing is recorded then, and a retry sends an event with a new id).
     pub async fn trigger(&self, key: &TimerKey) -> Result<Triggered> {
         let inner = &self.inner;
         let Some(timer) = inner.store.get(key).await? else {
@@ -146,16 +147,37 @@ impl Engine {
             timer.message.clone(),
             timer.trace.clone(),
         );
-        let published = self
-            .within_publish_timeout(
-                "publishing a manually triggered event",
-                inner.broker.publish(std::slice::from_ref(&event)),
-            )
-            .await
-            .and_then(|undelivered| match undelivered.into_iter().next() {
-                Some(refused) => Err(refused.error),
-                None => Ok(()),
-            });
+        // An HTTP target's fire goes to the caller, as a due fire does.
+        let caller = timer
+            .target
+            .as_ref()
+            .and_then(|target| inner.caller.get().filter(|c| c.takes(target)));
+        let published = match caller {
+            Some(caller) => match caller.call(&event).await {
+                Called::Delivered { .. } => Ok(()),
+                Called::Retry { error, .. } | Called::Refused { error } => {
+                    Err(Error::unavailable(format!(
+                        "the {} target did not take the manually triggered event: {error}",
+                        caller.name()
+                    )))
+                }
+                Called::Busy { after } => Err(Error::unavailable(format!(
+                    "the {} target has too many calls waiting; try again in {}",
+                    caller.name(),
+                    humantime::format_duration(after)
+                ))),
+            },
+            None => self
+                .within_publish_timeout(
+                    "publishing a manually triggered event",
+                    inner.broker.publish(std::slice::from_ref(&event)),
+                )
+                .await
+                .and_then(|undelivered| match undelivered.into_iter().next() {
+                    Some(refused) => Err(refused.error),
+                    None => Ok(()),
+                }),
+        };
         match (published, span) {
             (Ok(()), Some(mut span)) => span.end(),
             (Ok(()), None) => {}
