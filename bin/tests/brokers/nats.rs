@@ -471,8 +471,9 @@ async fn a_ten_second_cut_from_the_server_loses_nothing_and_catches_up(case: Arc
 
 /// Delayed messages: published on `<delay_prefix>.<subject>` with `Timer-Delay` or
 /// `Timer-Deliver-At`, they arrive at their time (never before) on `<subject>`, byte for byte
-/// with their headers, the event id as `Nats-Msg-Id`; one cancelled by its `Nats-Msg-Id` never
-/// arrives (a later one does); one that says no time is dead-lettered naming what is missing.
+/// with their headers but JetStream's, the event id as `Nats-Msg-Id`; one cancelled by its
+/// `Nats-Msg-Id` never arrives (a later one does); one that says no time is dead-lettered naming
+/// what is missing. A timer's own message with a JetStream header is refused at admission.
 async fn a_delayed_message_arrives_on_its_subject_at_its_time(case: Arc<BrokerCase>) {
     use async_nats::HeaderMap;
     let setup = Setup::with_sections(&case, json!({ "targets": { "allow": ["*"] } }));
@@ -494,6 +495,9 @@ async fn a_delayed_message_arrives_on_its_subject_at_its_time(case: Arc<BrokerCa
     let publish = |id: &'static str, time: Option<(&'static str, String)>| {
         let mut headers = HeaderMap::new();
         headers.insert("Nats-Msg-Id", id);
+        // An instruction to the delay stream, not part of the message: it stays behind (the
+        // target's stream would refuse the event it named another stream for).
+        headers.insert("Nats-Expected-Stream", config.delay_stream.as_str());
         headers.insert("x-order", "42");
         headers.insert("Content-Type", "text/plain");
         if let Some((name, value)) = time {
@@ -551,6 +555,7 @@ async fn a_delayed_message_arrives_on_its_subject_at_its_time(case: Arc<BrokerCa
             !m.headers.contains_key("Timer-Delay"),
             "the time headers stay behind"
         );
+        assert!(!m.headers.contains_key("Nats-Expected-Stream"), "{m:?}");
     }
     assert!(
         arrived >= sent + 1_500,
@@ -563,6 +568,15 @@ async fn a_delayed_message_arrives_on_its_subject_at_its_time(case: Arc<BrokerCa
         "the cancelled n-3 never arrived (n-4, due after it, did)"
     );
     delivered_cancelled_and_dead_lettered(&service, client.as_ref(), ("n-1", "n-3", "n-4")).await;
+
+    // A timer's own message may not carry JetStream's headers.
+    let timer = json!({"tenantId": "t", "serviceCallId": "rollup", "dueTimeMs": now_ms(),
+        "target": target.fields(), "message": {"body": 1, "headers": {"nats-rollup": "all"}}});
+    let (status, v) = service.post("/v1/timers", timer.to_string()).await;
+    assert_eq!(status, 400, "{v}");
+    assert_eq!(v["error"]["field"], "message", "{v}");
+    let message = v["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("nats-rollup: a header starting with Nats-"), "{v}");
     service.terminate().await;
     setup.clean_up().await;
 }

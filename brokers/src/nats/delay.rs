@@ -8,7 +8,7 @@ use async_nats::jetstream;
 use serde_json::{json, Map, Value};
 use uuid::Uuid;
 
-use super::CONTENT_TYPE;
+use super::{is_jetstream_header, CONTENT_TYPE};
 use crate::shared::Delayed;
 
 /// Milliseconds from when the service reads the message.
@@ -32,15 +32,16 @@ pub fn command_of(message: &jetstream::Message, target: &str, default_tenant: &s
         Some(value.as_str().to_owned())
     };
     let tenant = header(TENANT_HEADER).unwrap_or_else(|| default_tenant.to_owned());
-    let reserved = [DELAY_HEADER, DELIVER_AT_HEADER, TENANT_HEADER, MESSAGE_ID, CONTENT_TYPE];
+    // The service's headers, and JetStream's (`Nats-Msg-Id`, `Nats-Expected-Stream`, ...:
+    // instructions to the delay stream, not part of the message).
+    let reserved = [DELAY_HEADER, DELIVER_AT_HEADER, TENANT_HEADER, CONTENT_TYPE];
     let kept: Map<String, Value> = message
         .headers
         .iter()
         .flat_map(|h| h.iter())
-        .filter(|(name, _)| !reserved.contains(&name.to_string().as_str()))
-        .filter_map(|(name, values)| {
-            Some((name.to_string(), Value::from(values.first()?.as_str())))
-        })
+        .map(|(name, values)| (name.to_string(), values))
+        .filter(|(name, _)| !reserved.contains(&name.as_str()) && !is_jetstream_header(name))
+        .filter_map(|(name, values)| Some((name, Value::from(values.first()?.as_str()))))
         .collect();
     let due = Delayed::due_of_text(header(DELAY_HEADER), header(DELIVER_AT_HEADER));
     Delayed {

@@ -25,8 +25,8 @@ use futures::future::join_all;
 use futures::{FutureExt, StreamExt};
 use timer_core::broker::{routing_token, tenant_of_token};
 use timer_core::{
-    Broker, Delivery, Error, KeyLimit, OutboundEvent, Result, Target, TimerKey, TraceHeaders,
-    Undelivered,
+    Broker, Delivery, Error, KeyLimit, MessageMeta, OutboundEvent, Result, Target, TimerKey,
+    TraceHeaders, Undelivered,
 };
 
 use crate::shared::{DeliveryTags, Lookups};
@@ -254,12 +254,13 @@ fn subject_matches(pattern: &str, tokens: &[&str]) -> bool {
 }
 
 /// The headers of an event: a timer's own message's headers and content type (as
-/// `Content-Type`), its trace context, then `Nats-Msg-Id` (the event id; replacing one the
-/// message gave).
+/// `Content-Type`), its trace context, then `Nats-Msg-Id` (the event id). JetStream's own
+/// headers of a message stored before admission refused them ([`is_jetstream_header`]) stay
+/// behind: the stream would read them as instructions, and refuse the event.
 fn headers_of(event: &OutboundEvent) -> HeaderMap {
     let mut headers = HeaderMap::new();
     if let Some(meta) = &event.message {
-        for (name, value) in &meta.headers {
+        for (name, value) in meta.headers.iter().filter(|(name, _)| !is_jetstream_header(name)) {
             headers.insert(name.as_str(), value.as_str());
         }
         if let Some(content_type) = &meta.content_type {
@@ -271,6 +272,16 @@ fn headers_of(event: &OutboundEvent) -> HeaderMap {
     }
     headers.insert(NATS_MESSAGE_ID, event.id.to_string().as_str());
     headers
+}
+
+/// How JetStream's own headers start: instructions to the stream a message is published to
+/// (`Nats-Msg-Id`, `Nats-Expected-Stream`, `Nats-Rollup`, ...), never a message's own.
+const JETSTREAM_HEADERS: &str = "Nats-";
+
+/// Whether `name` is one of JetStream's own headers (compared without case).
+fn is_jetstream_header(name: &str) -> bool {
+    name.get(..JETSTREAM_HEADERS.len())
+        .is_some_and(|start| start.eq_ignore_ascii_case(JETSTREAM_HEADERS))
 }
 
 /// The header carrying a timer's own message's content type.
@@ -596,6 +607,17 @@ impl Broker for NatsBroker {
 
     fn check_target(&self, target: &Target) -> std::result::Result<String, String> {
         target_subject(target, &self.own_subjects).map(str::to_owned)
+    }
+
+    fn check_message(&self, meta: &MessageMeta) -> std::result::Result<(), String> {
+        match meta.headers.keys().find(|name| is_jetstream_header(name)) {
+            Some(name) => Err(format!(
+                "message.headers.{name}: a header starting with {JETSTREAM_HEADERS} is an \
+                 instruction to the stream that stores the event (Nats-Expected-Stream, \
+                 Nats-Rollup, ...), not part of the message; the service sets Nats-Msg-Id itself"
+            )),
+            None => Ok(()),
+        }
     }
 
     fn events_destination(&self, key: &TimerKey) -> Option<String> {
