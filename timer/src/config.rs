@@ -253,12 +253,19 @@ impl TargetRules {
     /// Whether `tenant` may send to the destination `name`.
     pub fn allows(&self, tenant: &str, name: &str) -> bool {
         let own = self.tenants.get(tenant).map(|t| t.allow.as_slice());
+        let token = routing_token(tenant);
+        // `.` and `..` are dot segments in a URL's path: parsing removes them, so a URL pattern
+        // `https://hooks.example.com/{tenant}/` would be the whole host for them.
+        let dot_segment = token.eq_ignore_ascii_case("%2E") || token.eq_ignore_ascii_case("%2E%2E");
         self.allow
             .iter()
             .chain(own.unwrap_or_default())
             .any(|pattern| {
-                let pattern = pattern.replace("{tenant}", &routing_token(tenant));
+                let named = pattern.contains("{tenant}");
+                let pattern = pattern.replace("{tenant}", &token);
                 match url_prefix(&pattern) {
+                    // Such a tenant gets nothing of a URL pattern that names it.
+                    Some(_) if named && dot_segment => false,
                     // A URL (an HTTP target) matches URL patterns only, by prefix.
                     Some(prefix) => is_url(name) && name.starts_with(&prefix),
                     None => !is_url(name) && matches_pattern(&pattern, name),

@@ -576,7 +576,10 @@ async fn a_delayed_message_arrives_on_its_subject_at_its_time(case: Arc<BrokerCa
     assert_eq!(status, 400, "{v}");
     assert_eq!(v["error"]["field"], "message", "{v}");
     let message = v["error"]["message"].as_str().unwrap_or_default();
-    assert!(message.contains("nats-rollup: a header starting with Nats-"), "{v}");
+    assert!(
+        message.contains("nats-rollup: a header starting with Nats-"),
+        "{v}"
+    );
     service.terminate().await;
     setup.clean_up().await;
 }

@@ -74,6 +74,23 @@ fn each_tenant_reaches_its_own_names_and_what_it_is_given() {
         !urls.allows("acme", "http://127.0.0.1:8080/acme"),
         "below the path"
     );
+    // The tenants `.` and `..` would be dot segments, which parsing removes (the pattern would
+    // be the host's root, every tenant's URLs below it): a pattern naming them allows nothing.
+    for tenant in [".", ".."] {
+        assert!(
+            !urls.allows(tenant, "http://127.0.0.1:8080/acme/due"),
+            "{tenant}"
+        );
+        assert!(
+            !urls.allows(tenant, "http://127.0.0.1:8080/%2E/due"),
+            "{tenant}"
+        );
+        assert!(
+            urls.allows(tenant, "https://hooks.acme.com/x"),
+            "{tenant}: no {{tenant}}"
+        );
+    }
+    assert!(urls.allows("...", "http://127.0.0.1:8080/%2E%2E%2E/due"));
     assert!(
         !urls.allows("a", "https://x.com/"),
         "`*` allows names, not URLs"

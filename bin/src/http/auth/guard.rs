@@ -9,7 +9,7 @@ use axum::http::{header, HeaderValue, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
-use super::{rule, Auth, Forbidden, Principal, Rule};
+use super::{reads, rule, Auth, Forbidden, Principal, Rule};
 use crate::http::error::ApiError;
 
 /// The middleware on every API route: authenticates, applies the route's [`Rule`], passes the
@@ -76,7 +76,7 @@ pub async fn guard(
         (None, Ok(())) => next.run(request).await,
         (None, Err(refused)) => ApiError::from(refused).into_response(),
     };
-    if method != Method::GET {
+    if !reads(&method) {
         audit(&name, &method, &path, tenant, id, response).await
     } else {
         response

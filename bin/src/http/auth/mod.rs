@@ -7,12 +7,12 @@
 //!
 //! Every route has a [`Rule`] ([`rule`]); a route without one is refused, and a test checks that
 //! every route of the OpenAPI document has one. Routes with `{tenant}` in their path are checked
-//! here before their handler runs (GET needs `read`, every other method `write`), so a refusal
+//! here before their handler runs (GET and HEAD need `read`, every other method `write`), so a refusal
 //! (403) is the same whether or not the timer exists. Routes whose tenants are in the body or
 //! that span tenants (`POST /v1/timers`, the batch, `/v1/commands`, the summary, the event
 //! stream) get the [`Principal`] as a request extension and check or filter each item.
 //!
-//! Every request that is not a GET leaves one audit line (target `timer_service::audit`): key
+//! Every request that is not a GET or HEAD leaves one audit line (target `timer_service::audit`): key
 //! name, tenant, action, timer id, HTTP status and the API's outcome code.
 
 mod guard;
@@ -279,7 +279,7 @@ pub enum Rule {
 /// The rule of a route, by method and path pattern; `None` for a route nobody gave one (it is
 /// refused).
 pub fn rule(method: &Method, path: &str) -> Option<Rule> {
-    let read_or_write = if *method == Method::GET {
+    let read_or_write = if reads(method) {
         Scope::Read
     } else {
         Scope::Write
@@ -295,6 +295,12 @@ pub fn rule(method: &Method, path: &str) -> Option<Rule> {
         "/v1/openapi.json" => Some(Rule::Authenticated),
         _ => None,
     }
+}
+
+/// Whether a request of `method` only reads: GET, and HEAD (which axum answers with the GET
+/// route's handler, without the body).
+pub fn reads(method: &Method) -> bool {
+    *method == Method::GET || *method == Method::HEAD
 }
 
 #[cfg(test)]

@@ -36,6 +36,15 @@ fn tenant_routes_need_read_for_get_and_write_otherwise() {
         rule(&post, "/v1/tenants/{tenant}/timers/bulk"),
         Some(Rule::Tenant(Scope::Write))
     );
+    // HEAD is answered by the GET route's handler: a read.
+    assert_eq!(
+        rule(&Method::HEAD, "/v1/tenants/{tenant}/timers/{id}"),
+        Some(Rule::Tenant(Scope::Read))
+    );
+    assert_eq!(
+        rule(&Method::HEAD, "/v1/summary"),
+        Some(Rule::Each(Scope::Read))
+    );
     assert_eq!(rule(&get, "/v1/status"), Some(Rule::Each(Scope::Admin)));
     assert_eq!(rule(&get, "/v1/unknown"), None);
 }
