@@ -280,6 +280,8 @@ struct Faulty {
     hung_next_due: AtomicU32,
     notices: Option<tokio::sync::broadcast::Sender<Timestamp>>,
     renew_failures: AtomicU32,
+    /// Renewals that are real I/O: pending at their first poll, as a SQL store's are.
+    renew_yields: bool,
     settle_failures: AtomicU32,
 }
 
@@ -293,6 +295,7 @@ impl Faulty {
             hung_next_due: AtomicU32::new(0),
             notices: None,
             renew_failures: AtomicU32::new(0),
+            renew_yields: false,
             settle_failures: AtomicU32::new(0),
         }
     }
@@ -341,6 +344,9 @@ impl Store for Faulty {
     async fn renew(&self, keys: &[TimerKey], owner: &str, until: Timestamp) -> Result<u64> {
         if injected(&self.renew_failures) {
             return Err(Error::unavailable("injected renewal failure"));
+        }
+        if self.renew_yields {
+            tokio::task::yield_now().await;
         }
         self.inner.renew(keys, owner, until).await
     }
@@ -1089,6 +1095,56 @@ async fn at_most_a_batch_of_timers_is_being_published_at_once() {
         Some(4),
         "the third once the first is confirmed"
     );
+}
+
+/// A claim whose lease ran out while it waited for room to publish (behind a slow broker) is
+/// not published on it: its lease is renewed first, and a timer cancelled meanwhile (its lease
+/// gone, the cancel was final) never goes out; the claim behind it is fired.
+#[tokio::test]
+async fn a_claim_whose_lease_ran_out_while_it_waited_is_not_published_on_it() {
+    let (mut setup, confirms) = Confirms::setup();
+    setup.store = Arc::new(Faulty {
+        renew_yields: true,
+        ..Faulty::new(Arc::new(MemoryStore::new()))
+    });
+    setup.config.batch_size = 1;
+    let lease = ms(500);
+    setup.config.lease = lease;
+    setup.config.publish_timeout = secs(3600);
+    let r = setup.start();
+    r.schedule(&[timer("first", T0)]).await;
+    confirms
+        .sent(1)
+        .await
+        .expect("the first is being published");
+    // Claimed, then held: no room while the first awaits its confirm.
+    r.schedule(&[timer("second", T0.saturating_add(ms(10)))])
+        .await;
+    r.clock.advance(ms(10));
+    timer_where(&r.store, "second", |t| t.lease_owner.is_some()).await;
+    // The lease runs on the monotonic clock: only its end, in real time, is what this waits for.
+    tokio::time::sleep(lease).await;
+    r.clock.advance(lease + ms(100));
+    let key = TimerKey::new("t", "second");
+    assert_eq!(
+        r.engine.cancel(&key).await.expect("cancel"),
+        CancelOutcome::Cancelled,
+        "its lease ran out: the cancel is final"
+    );
+    let now = timer_core::Clock::now(r.clock.as_ref());
+    r.schedule(&[timer("third", now)]).await;
+    confirms.confirm_one();
+    confirms.sent(2).await.expect("the next publish starts");
+    confirms.confirm_one();
+    let e = events(&r.hub, 2).await.expect("two events");
+    let ids: Vec<&str> = e.iter().map(|e| e.key.service_call_id.as_str()).collect();
+    assert_eq!(
+        ids,
+        ["first", "third"],
+        "the cancelled timer never went out"
+    );
+    let second = timer_where(&r.store, "second", |_| true).await;
+    assert_eq!(second.state, TimerState::Cancelled);
 }
 
 #[tokio::test]

@@ -170,15 +170,23 @@ impl Engine {
     /// Runs `work` (a publish, a call) on `claimed` while holding their leases
     /// ([`hold_leases`](Self::hold_leases)): stopped when the leases may be lost, and at
     /// shutdown once `engine.shutdown_grace` has passed. The leases come first: work claimed as
-    /// the membership was lost is not done.
+    /// the membership was lost is not done, nor work whose leases ran out (or nearly) while the
+    /// claim waited (for room to publish, behind a slow broker) and could not be renewed before
+    /// it starts: another instance may have claimed the timers by then, or a cancel taken them.
     pub(super) async fn while_leased<T>(
         &self,
         claimed: &[ClaimedTimer],
-        held_until: Instant,
+        mut held_until: Instant,
         fence: &CancellationToken,
         shutdown: &CancellationToken,
         work: impl std::future::Future<Output = T>,
     ) -> Leased<T> {
+        if held_until.saturating_duration_since(Instant::now()) <= self.inner.config.lease / 5 {
+            match self.renew_first(claimed, fence).await {
+                Ok(until) => held_until = until,
+                Err(why) => return Leased::Abandoned(why),
+            }
+        }
         let grace = self.inner.config.shutdown_grace;
         tokio::select! {
             biased;
@@ -187,6 +195,41 @@ impl Engine {
             _ = async { shutdown.cancelled().await; tokio::time::sleep(grace).await } => {
                 Leased::Shutdown
             }
+        }
+    }
+
+    /// Renews the leases of `claimed` before their work starts, when they ran out or nearly:
+    /// `Ok` with when they run out now, once every one is this instance's again; `Err` says why
+    /// not (then nothing is done with them: the timers this renewal took back are claimed again
+    /// once their lease ends).
+    async fn renew_first(
+        &self,
+        claimed: &[ClaimedTimer],
+        fence: &CancellationToken,
+    ) -> Result<Instant, String> {
+        let inner = &self.inner;
+        if fence.is_cancelled() {
+            return Err(FENCED.to_owned());
+        }
+        let keys: Vec<TimerKey> = claimed.iter().map(|t| t.key.clone()).collect();
+        let sent = Instant::now();
+        let until = inner.clock.now().saturating_add(inner.config.lease);
+        match self
+            .bounded(inner.store.renew(&keys, &inner.owner, until))
+            .await
+        {
+            Ok(n) if n as usize == keys.len() => Ok(sent + inner.config.lease),
+            Ok(n) => Err(format!(
+                "{} of {} leases ran out while the claim waited to be fired, and were taken \
+                 over or their timers changed",
+                keys.len() - n as usize,
+                keys.len()
+            )),
+            Err(e) => Err(format!(
+                "the leases ran out while the claim waited to be fired, and renewing them \
+                 failed: {}",
+                e.chain()
+            )),
         }
     }
 
