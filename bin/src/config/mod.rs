@@ -148,6 +148,9 @@ pub fn default_store_kind() -> &'static str {
     }
 }
 
+/// The least `http.event_stream_buffer`: room for a few events with large payloads.
+const MIN_EVENT_STREAM_BUFFER: usize = 64 * 1024;
+
 fn validate(config: &Config) -> Result<(), Error> {
     let e = &config.engine;
     e.check()?;
@@ -186,6 +189,24 @@ fn validate(config: &Config) -> Result<(), Error> {
         return Err(Error::config(
             "http.header_read_timeout must be more than 0s (no request could be read)",
         ));
+    }
+    if http.request_timeout.is_zero() {
+        return Err(Error::config(
+            "http.request_timeout must be more than 0s (every request would be answered 408)",
+        ));
+    }
+    if http.max_event_streams == 0 {
+        return Err(Error::config(
+            "http.max_event_streams must be at least 1 (every GET /v1/events would be answered \
+             503); to keep a key from the event stream, leave it without the read scope",
+        ));
+    }
+    if http.event_stream_buffer < MIN_EVENT_STREAM_BUFFER {
+        return Err(Error::config(format!(
+            "http.event_stream_buffer is {} bytes, less than {MIN_EVENT_STREAM_BUFFER}: a stream \
+             would be closed as lagging at its first large events",
+            http.event_stream_buffer
+        )));
     }
     if config.limits.max_id_bytes == 0 || config.limits.max_message_bytes == 0 {
         return Err(Error::config(

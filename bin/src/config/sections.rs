@@ -20,7 +20,8 @@ pub struct HttpConfig {
     /// the API has no authentication: bind it to a private address, or set one.
     #[schemars(with = "String")]
     pub addr: SocketAddr,
-    /// Longest a request may take (not the event stream); a slower one is answered 408.
+    /// Longest a request may take (not the event stream); a slower one is answered 408. More
+    /// than 0s.
     #[serde(with = "duration")]
     #[schemars(with = "String")]
     pub request_timeout: Duration,
@@ -62,12 +63,12 @@ pub struct HttpConfig {
     #[serde(with = "duration")]
     #[schemars(with = "String")]
     pub header_read_timeout: Duration,
-    /// Most `GET /v1/events` streams open at once; one more is answered 503.
+    /// Most `GET /v1/events` streams open at once; one more is answered 503. At least 1.
     pub max_event_streams: usize,
     /// How many bytes of events one event stream may have waiting for its client. A client
     /// that reads slower than its events come is sent `lagged` (how many of its events it
     /// missed) and its stream is closed; it connects again to go on. No reader, however slow,
-    /// makes the service keep more than this for it.
+    /// makes the service keep more than this for it. At least 64 KiB (65536).
     pub event_stream_buffer: usize,
 }
 

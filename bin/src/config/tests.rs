@@ -218,6 +218,27 @@ fn bad_values_are_errors() {
     assert!(e.contains("http.token is empty"), "{e}");
     let e = refused_with(&[("TIMER_ENGINE__BATCH_SIZE", "0")]);
     assert!(e.contains("engine.batch_size"), "{e}");
+    // Values that would leave the API answering every request with an error.
+    for (name, value, says) in [
+        (
+            "TIMER_HTTP__REQUEST_TIMEOUT",
+            "0s",
+            "http.request_timeout must be more than 0s",
+        ),
+        (
+            "TIMER_HTTP__MAX_EVENT_STREAMS",
+            "0",
+            "http.max_event_streams must be at least 1",
+        ),
+        (
+            "TIMER_HTTP__EVENT_STREAM_BUFFER",
+            "65535",
+            "http.event_stream_buffer is 65535 bytes",
+        ),
+    ] {
+        let e = refused_with(&[(name, value)]);
+        assert!(e.contains(says), "{name}={value}: {e}");
+    }
     Jail::expect_with(|_| {
         let e = figment(Some(Path::new("missing.toml")))
             .unwrap_err()
