@@ -71,6 +71,11 @@ fn main() {
             notify_wakes_another_instance,
         ),
         server_trial(
+            "postgres::text_the_database_takes_no_nul_in_is_refused_as_bad_input",
+            missing.clone(),
+            text_the_database_takes_no_nul_in_is_refused_as_bad_input,
+        ),
+        server_trial(
             "postgres::wrong_password_or_port_is_a_one_line_error",
             missing,
             wrong_password_or_port_is_a_one_line_error,
@@ -411,6 +416,45 @@ impl Leases {
             .map(|(tenant, id)| TimerKey::new(tenant, id))
             .collect()
     }
+}
+
+/// PostgreSQL takes no NUL in text: a query value or cursor with one (no id has a control
+/// character) is refused as the request's fault, 400 naming it, never sent to the database to
+/// come back as a 500.
+async fn text_the_database_takes_no_nul_in_is_refused_as_bad_input() {
+    use base64::Engine as _;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = schema_config();
+    let service = Service::start(Path::new(BIN), dir.path(), &env_for(&config, &[])).await;
+    let body = serde_json::json!({"tenantId": "acme", "serviceCallId": "a", "dueTimeMs": now_ms() + 60_000});
+    let (status, v) = service.post("/v1/timers", body.to_string()).await;
+    assert_eq!(status, 201, "{v}");
+    let cursor = |json: serde_json::Value| {
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(json.to_string())
+    };
+    let list = cursor(
+        serde_json::json!({"tenant": "acme", "states": [], "prefix": null,
+        "due_after": null, "due_before": null, "recurring": null, "due_at": 0, "id": "a\0"}),
+    );
+    let summary = cursor(serde_json::json!({"after_tenant": "a\0"}));
+    for (path, field) in [
+        ("/v1/tenants/acme/timers?prefix=%00".to_owned(), "prefix"),
+        (format!("/v1/tenants/acme/timers?cursor={list}"), "cursor"),
+        (format!("/v1/summary?cursor={summary}"), "cursor"),
+    ] {
+        let (status, v) = service.get(&path).await;
+        assert_eq!(status, 400, "{path}: {v}");
+        assert_eq!(v["error"]["field"], field, "{path}: {v}");
+    }
+    let bulk = serde_json::json!({"action": "cancel", "filter": {"prefix": "a\0"}});
+    let (status, v) = service
+        .post("/v1/tenants/acme/timers/bulk", bulk.to_string())
+        .await;
+    assert_eq!(status, 400, "{v}");
+    let (status, v) = service.get("/v1/tenants/acme/timers?prefix=a").await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["timers"].as_array().map(Vec::len), Some(1), "{v}");
+    service.terminate().await;
 }
 
 /// SIGKILL, leaving the handle for the caller to drop.

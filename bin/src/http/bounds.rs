@@ -61,6 +61,7 @@ pub fn constrain(document: &mut Value, limits: &Limits) {
                         ("query", "limit") => range(MAX_LIMIT),
                         ("query", "next") => range(MAX_NEXT),
                         ("query", "state") => json!({ "items": { "enum": states } }),
+                        ("query", "prefix") => json!({ "pattern": NO_CONTROL }),
                         ("query", "dueAfter" | "dueBefore") => {
                             json!({ "minLength": 1, "pattern": TIME })
                         }
@@ -97,6 +98,7 @@ pub fn constrain(document: &mut Value, limits: &Limits) {
         ("PauseRequest", "note", note.clone()),
         ("BulkRequest", "note", note),
         ("BulkRequest", "action", json!({ "enum": ACTIONS })),
+        ("BulkFilter", "prefix", json!({ "pattern": NO_CONTROL })),
         (
             "BulkFilter",
             "state",

@@ -15,8 +15,8 @@ use crate::http::auth::{Principal, Tenants};
 use crate::http::counted::FirstTenants;
 use crate::http::error::{ApiError, ErrorBody};
 use crate::http::params::{
-    decode, encode, end_page, parse_limit, tenant_cursor, BadParameter, ListCursor, ListParams,
-    TenantCursor, DEFAULT_LIMIT, MAX_LIMIT,
+    decode, encode, end_page, no_control, parse_limit, tenant_cursor, BadParameter, ListCursor,
+    ListParams, TenantCursor, DEFAULT_LIMIT, MAX_LIMIT,
 };
 use crate::http::state::{AppState, TenantPath};
 use crate::http::views::TimerView;
@@ -143,7 +143,10 @@ pub async fn all_summaries(
     for (name, value) in url::form_urlencoded::parse(query.as_deref().unwrap_or("").as_bytes()) {
         match name.as_ref() {
             "limit" => limit = parse_limit(&value)?,
-            "cursor" => after = Some(decode::<TenantCursor>(&value)?.after_tenant),
+            "cursor" => {
+                let tenant = decode::<TenantCursor>(&value)?.after_tenant;
+                after = Some(no_control("cursor", tenant)?);
+            }
             other => {
                 return Err(BadParameter::new(
                     "query",

@@ -112,7 +112,7 @@ impl ListParams {
                         }
                     }
                 }
-                "prefix" => params.filter.prefix = Some(value.into_owned()),
+                "prefix" => params.filter.prefix = Some(no_control("prefix", value.into_owned())?),
                 "dueAfter" => params.filter.due_after = Some(parse_time("dueAfter", &value)?),
                 "dueBefore" => params.filter.due_before = Some(parse_time("dueBefore", &value)?),
                 "recurring" => params.filter.recurring = Some(parse_bool("recurring", &value)?),
@@ -260,9 +260,10 @@ impl ListCursor {
         filter: &TimerFilter,
     ) -> Result<PageAfter, BadParameter> {
         let decoded: ListCursor = decode(cursor)?;
+        let id = no_control("cursor", decoded.id.clone())?;
         let after = PageAfter {
             due_at: Timestamp::from_millis(decoded.due_at),
-            service_call_id: decoded.id.clone(),
+            service_call_id: id,
         };
         if decoded != ListCursor::new(tenant, filter, &after) {
             return Err(BadParameter::new(
@@ -278,6 +279,18 @@ impl ListCursor {
 #[derive(Debug, Serialize, Deserialize)]
 pub struct TenantCursor {
     pub after_tenant: String,
+}
+
+/// `value`, when it has no control character (no id has one, and a database may refuse one:
+/// PostgreSQL takes no NUL in text).
+pub fn no_control(field: &'static str, value: String) -> Result<String, BadParameter> {
+    match value.chars().position(char::is_control) {
+        Some(at) => Err(BadParameter::new(
+            field,
+            format!("contains a control character at position {at}; no id has one"),
+        )),
+        None => Ok(value),
+    }
 }
 
 pub fn encode(value: &impl Serialize) -> String {
@@ -347,6 +360,7 @@ mod tests {
             ("dueBefore=2027-01-01T00:00:00", "dueBefore"),
             ("recurring=yes", "recurring"),
             ("stat=failed", "query"),
+            ("prefix=a%00b", "prefix"),
         ];
         for (query, field) in refused {
             let e = ListParams::parse(Some(query)).expect_err(query);
@@ -371,6 +385,13 @@ mod tests {
             let e = ListCursor::open(&cursor, tenant, filter).expect_err("refused");
             assert_eq!(e.field, "cursor");
         }
+        let nul = PageAfter {
+            due_at: Timestamp::from_millis(7),
+            service_call_id: "x\0".into(),
+        };
+        let crafted = encode(&ListCursor::new("acme", &filter, &nul));
+        let e = ListCursor::open(&crafted, "acme", &filter).expect_err("a NUL in its id");
+        assert_eq!(e.field, "cursor");
         for junk in ["", "!!", "e30"] {
             let e = ListCursor::open(junk, "acme", &filter).expect_err(junk);
             assert_eq!(e.field, "cursor", "{junk}");
