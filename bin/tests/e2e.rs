@@ -395,6 +395,19 @@ async fn get_cancel_and_conflicts_over_http() {
     );
     let (status, _) = service.delete("/v1/tenants/t/timers/missing").await;
     assert_eq!(status, 404);
+    // An id that is the bulk route's last segment: GET and DELETE are the timer's.
+    let (status, v) = service.post("/v1/timers", command("t", "bulk", far)).await;
+    assert_eq!(status, 201, "{v}");
+    let (status, v) = service.get("/v1/tenants/t/timers/bulk?next=2").await;
+    assert_eq!((status, &v["serviceCallId"]), (200, &json!("bulk")), "{v}");
+    let (status, v) = service.delete("/v1/tenants/t/timers/bulk").await;
+    assert_eq!(
+        (status, v["outcome"].as_str()),
+        (200, Some("cancelled")),
+        "{v}"
+    );
+    let (status, v) = service.get("/v1/tenants/t/timers/bulk").await;
+    assert_eq!((status, &v["state"]), (200, &json!("Cancelled")), "{v}");
 
     let events = service.events().await;
     service

@@ -63,6 +63,11 @@ pub fn routes(
         .routes(routes!(timers::schedule).layer(limited(body_limit)))
         .routes(routes!(batch::schedule_batch).layer(limited(batch_limit)))
         .routes(routes!(timers::get_timer, timers::cancel_timer))
+        // The timer whose id is `bulk`: its path is the bulk route's (documented as `{id}`'s).
+        .route(
+            "/v1/tenants/{tenant}/timers/bulk",
+            axum::routing::get(timers::get_timer_bulk).delete(timers::cancel_timer_bulk),
+        )
         .routes(routes!(listing::list_timers))
         .routes(routes!(actions::pause).layer(limited(body_limit)))
         .routes(routes!(actions::resume))

@@ -1,16 +1,18 @@
 //! One timer: schedule it (`POST /v1/timers`), read it with its next fire times, cancel it.
 
 use axum::body::Bytes;
-use axum::extract::{RawQuery, State};
+use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
-use timer_core::{CancelOutcome, Reason, ScheduleOutcome, Scheduled, Timer, TimerState, Timestamp};
+use timer_core::{
+    CancelOutcome, Reason, ScheduleOutcome, Scheduled, Timer, TimerKey, TimerState, Timestamp,
+};
 
 use crate::http::auth::Principal;
 use crate::http::error::{ApiError, ErrorBody, ErrorDetail};
 use crate::http::params::timer_parameters;
-use crate::http::state::{trace_headers, AppState, PathTimer, TimerPath};
+use crate::http::state::{trace_headers, AppState, PathTimer, TenantPath, TimerPath};
 use crate::http::views::{Occurrence, Outcome, ScheduleTimer, TimerOutcome, TimerView};
 
 /// The outcome code of a stored schedule, as the API names it (`outcome`, and the reason of a
@@ -190,4 +192,25 @@ pub fn next_occurrences(timer: &Timer, now: Timestamp, n: usize) -> Vec<Occurren
             local: schedule.local_rfc3339(at),
         })
         .collect()
+}
+
+/// The id the bulk route's path ends in: `GET` and `DELETE …/timers/bulk` are the timer of
+/// that id's (the route takes only `POST`, and its fixed segment comes before `{id}`).
+pub const BULK_ID: &str = "bulk";
+
+/// `GET /v1/tenants/{tenant}/timers/bulk`: [`get_timer`] of the timer `bulk`.
+pub async fn get_timer_bulk(
+    State(app): State<AppState>,
+    Path(TenantPath { tenant }): Path<TenantPath>,
+    query: RawQuery,
+) -> Result<Json<TimerView>, ApiError> {
+    get_timer(State(app), PathTimer(TimerKey::new(tenant, BULK_ID)), query).await
+}
+
+/// `DELETE /v1/tenants/{tenant}/timers/bulk`: [`cancel_timer`] of the timer `bulk`.
+pub async fn cancel_timer_bulk(
+    State(app): State<AppState>,
+    Path(TenantPath { tenant }): Path<TenantPath>,
+) -> Result<Json<Outcome>, ApiError> {
+    cancel_timer(State(app), PathTimer(TimerKey::new(tenant, BULK_ID))).await
 }
