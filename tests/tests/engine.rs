@@ -275,6 +275,7 @@ async fn key_where(store: &Arc<dyn Store>, key: &TimerKey, pred: impl Fn(&Timer)
 struct Faulty {
     inner: Arc<dyn Store>,
     schedule_failures: AtomicU32,
+    schedule_panics: AtomicU32,
     hang_fired: bool,
     hung_claims: AtomicU32,
     hung_next_due: AtomicU32,
@@ -290,6 +291,7 @@ impl Faulty {
         Faulty {
             inner,
             schedule_failures: AtomicU32::new(0),
+            schedule_panics: AtomicU32::new(0),
             hang_fired: false,
             hung_claims: AtomicU32::new(0),
             hung_next_due: AtomicU32::new(0),
@@ -314,6 +316,7 @@ impl Store for Faulty {
         "faulty"
     }
     async fn schedule(&self, t: &[NewTimer], now: Timestamp) -> Result<Vec<ScheduleOutcome>> {
+        assert!(!injected(&self.schedule_panics), "an injected panic");
         if injected(&self.schedule_failures) {
             return Err(Error::unavailable("injected store outage"));
         }
@@ -1095,6 +1098,33 @@ async fn at_most_a_batch_of_timers_is_being_published_at_once() {
         Some(4),
         "the third once the first is confirmed"
     );
+}
+
+/// A store that panics while a group commit writes single schedules: that batch's callers get
+/// an error, and the next schedule is written, not queued for ever behind the flag of a flush
+/// task that is gone.
+#[tokio::test]
+async fn a_panic_while_writing_single_schedules_holds_back_no_later_one() {
+    let r = Setup {
+        store: Arc::new(Faulty {
+            schedule_panics: AtomicU32::new(1),
+            ..Faulty::new(Arc::new(MemoryStore::new()))
+        }),
+        ..Setup::default()
+    }
+    .start();
+    let later = T0.saturating_add(secs(3600));
+    let e = r
+        .engine
+        .schedule_one(timer("first", later))
+        .await
+        .expect_err("its flush panicked");
+    assert!(e.to_string().contains("stopped without an answer"), "{e}");
+    let second = tokio::time::timeout(WAIT, r.engine.schedule_one(timer("second", later)))
+        .await
+        .expect("not queued behind the flag of the flush that panicked")
+        .expect("written");
+    assert_eq!(second, Scheduled::Stored(ScheduleOutcome::Created));
 }
 
 /// A claim whose lease ran out while it waited for room to publish (behind a slow broker) is

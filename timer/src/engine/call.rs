@@ -21,7 +21,7 @@
 //! firing task's batch.
 
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use opentelemetry::global::BoxedSpan;
@@ -35,7 +35,7 @@ use tracing::{debug, error, info, warn};
 
 use super::owners::Leased;
 use super::publish::claimable_again;
-use super::{metrics as metric, spans, Engine};
+use super::{metrics as metric, spans, Engine, LoweredOnPanic};
 use crate::broker::OutboundEvent;
 use crate::call::{Called, Caller};
 use crate::model::{ClaimedTimer, Timestamp};
@@ -136,16 +136,6 @@ fn said(ended: Result<(), JoinError>) {
         if e.is_panic() {
             error!(error = %e, "a call panicked; its timer fires again when its lease runs out");
         }
-    }
-}
-
-/// Lowers the settling flag if the settling task ends by a panic, so the next call that ends
-/// starts another (a call waiting for its settle gets no answer and goes on).
-struct Settler<'a>(&'a AtomicBool);
-
-impl Drop for Settler<'_> {
-    fn drop(&mut self) {
-        self.0.store(false, Ordering::SeqCst);
     }
 }
 
@@ -322,7 +312,9 @@ impl Engine {
 
     async fn settle_queue(self, shutdown: CancellationToken) {
         let inner = &self.inner;
-        let on_panic = Settler(&inner.settling_now);
+        // A panic ends this task: the next call that ends starts another (a call waiting
+        // for its settle gets no answer and goes on).
+        let on_panic = LoweredOnPanic(&inner.settling_now);
         loop {
             let batch: Vec<Settling> = match inner.settling.lock() {
                 Ok(mut queue) => {

@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering;
 
 use tokio::sync::oneshot;
 
-use super::{Engine, Scheduled};
+use super::{Engine, LoweredOnPanic, Scheduled};
 use crate::error::{Error, Result};
 use crate::model::NewTimer;
 
@@ -30,6 +30,9 @@ impl Engine {
 
     async fn flush_queue(self) {
         let inner = &self.inner;
+        // A panic (of the store plugin) ends this task: the next schedule starts another,
+        // rather than queue behind a flag nobody lowers (its batch's callers get an error).
+        let on_panic = LoweredOnPanic(&inner.flushing);
         loop {
             let batch: Vec<Waiting> = match inner.queue.lock() {
                 Ok(mut q) => {
@@ -45,6 +48,8 @@ impl Engine {
                 if more && !inner.flushing.swap(true, Ordering::SeqCst) {
                     continue;
                 }
+                // Not by a panic: the flag is another task's now, if raised.
+                std::mem::forget(on_panic);
                 return;
             }
             let (timers, waiters): (Vec<NewTimer>, Vec<_>) = batch.into_iter().unzip();

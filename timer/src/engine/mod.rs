@@ -85,6 +85,17 @@ pub struct Engine {
     inner: Arc<Inner>,
 }
 
+/// Lowers a flag that says a task of its own drains a queue (the schedules of group commit,
+/// the settles of calls) when that task ends by a panic, so the next caller that queues starts
+/// another; on a normal end the task `forget`s it (the flag may be another task's by then).
+struct LoweredOnPanic<'a>(&'a AtomicBool);
+
+impl Drop for LoweredOnPanic<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::SeqCst);
+    }
+}
+
 struct Inner {
     store: Arc<dyn Store>,
     broker: Arc<dyn Broker>,
