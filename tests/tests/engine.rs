@@ -283,6 +283,9 @@ struct Faulty {
     renew_failures: AtomicU32,
     /// Renewals that are real I/O: pending at their first poll, as a SQL store's are.
     renew_yields: bool,
+    /// Offers shared allowances (`limits.rate.shared`) whose calls never answer, as a
+    /// connection that hangs without a reset.
+    hung_allowances: bool,
     settle_failures: AtomicU32,
 }
 
@@ -298,6 +301,7 @@ impl Faulty {
             notices: None,
             renew_failures: AtomicU32::new(0),
             renew_yields: false,
+            hung_allowances: false,
             settle_failures: AtomicU32::new(0),
         }
     }
@@ -392,6 +396,21 @@ impl Store for Faulty {
     }
     fn wakeups(&self) -> Option<tokio::sync::broadcast::Receiver<Timestamp>> {
         self.notices.as_ref().map(|n| n.subscribe())
+    }
+
+    fn shared_allowances(&self) -> Option<&dyn timer_core::SharedAllowances> {
+        self.hung_allowances
+            .then_some(self as &dyn timer_core::SharedAllowances)
+    }
+}
+
+#[async_trait]
+impl timer_core::SharedAllowances for Faulty {
+    async fn take(&self, _take: &timer_core::Take<'_>) -> Result<timer_core::Taken> {
+        std::future::pending().await
+    }
+    async fn forget(&self, _before_us: i64) -> Result<u64> {
+        std::future::pending().await
     }
 }
 
@@ -1125,6 +1144,30 @@ async fn a_panic_while_writing_single_schedules_holds_back_no_later_one() {
         .expect("not queued behind the flag of the flush that panicked")
         .expect("written");
     assert_eq!(second, Scheduled::Stored(ScheduleOutcome::Created));
+}
+
+/// Shared allowances (`limits.rate.shared`) in a store that stops answering cost a schedule
+/// `engine.store_timeout`, not a wait for as long as the connection takes to give up: the
+/// instance limits alone meanwhile, and paced fires go on.
+#[tokio::test]
+async fn shared_allowances_that_do_not_answer_hold_nothing_past_the_store_timeout() {
+    let mut setup = Setup::on(Arc::new(Faulty {
+        hung_allowances: true,
+        ..Faulty::new(Arc::new(MemoryStore::new()))
+    }));
+    setup.config.store_timeout = ms(200);
+    setup.limits.rate.schedules_per_second = 100;
+    setup.limits.rate.shared = true;
+    setup.limits.fire_rate.fires_per_second = 100;
+    let r = setup.start();
+    let timers = [timer("a", T0), timer("b", T0)];
+    tokio::time::timeout(WAIT, r.engine.within_rate(&timers))
+        .await
+        .expect("the rate is checked without the store's answer")
+        .expect("within this instance's own limit");
+    r.schedule(&timers).await;
+    let e = events(&r.hub, 2).await.expect("both fire, paced here");
+    assert_eq!(e.len(), 2);
 }
 
 /// A claim whose lease ran out while it waited for room to publish (behind a slow broker) is

@@ -171,8 +171,11 @@ impl Engine {
         store.history().set_limit(config.history_per_timer);
         // `limits.rate.shared`: allowances in the store, for a store that keeps them (one
         // that only one instance uses needs none: its own are the only ones).
-        let shared =
-            (limits.rate.shared && store.shared_allowances().is_some()).then(|| store.clone());
+        let shared = limits
+            .rate
+            .shared
+            .then(|| throttle::StoreAllowances::of(&store, config.store_timeout))
+            .flatten();
         let throttle = throttle::Throttle::new(&limits.rate, clock.clone(), shared.clone());
         let pace = pace::Pace::new(&limits.fire_rate, shared);
         // Without lease owners in the store, one membership for the engine's life.

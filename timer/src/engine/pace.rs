@@ -9,13 +9,14 @@
 //! instance claiming it) only costs a later turn.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
 use tracing::warn;
 
+use super::throttle::StoreAllowances;
 use crate::config::FireRateLimits;
 use crate::model::{TimerKey, Timestamp};
-use crate::store::{Store, Take};
+use crate::store::Take;
 
 /// Turns further back than this are forgotten when the map is swept (the timer was cancelled,
 /// rescheduled, or claimed elsewhere).
@@ -23,8 +24,8 @@ const FORGET_AFTER_MS: i64 = 60_000;
 
 pub(crate) struct Pace {
     limits: FireRateLimits,
-    /// The store whose shared allowances reserve the turns (`limits.rate.shared`), if any.
-    shared: Option<Arc<dyn Store>>,
+    /// The store's shared allowances, which reserve the turns (`limits.rate.shared`), if any.
+    shared: Option<StoreAllowances>,
     state: Mutex<State>,
 }
 
@@ -40,7 +41,7 @@ struct State {
 }
 
 impl Pace {
-    pub(crate) fn new(limits: &FireRateLimits, shared: Option<Arc<dyn Store>>) -> Pace {
+    pub(crate) fn new(limits: &FireRateLimits, shared: Option<StoreAllowances>) -> Pace {
         Pace {
             limits: limits.clone(),
             shared,
@@ -118,7 +119,7 @@ impl Pace {
     /// starts. Kept in the store when shared; here when not, or when the store cannot be reached
     /// (a warning: the instance paces alone meanwhile).
     async fn reserve(&self, tenant: &str, n: u32, cell_us: i64, now_us: i64) -> i64 {
-        if let Some(allowances) = self.shared.as_deref().and_then(|s| s.shared_allowances()) {
+        if let Some(allowances) = &self.shared {
             let take = Take {
                 kind: "fire",
                 tenant,

@@ -21,7 +21,7 @@ use tracing::warn;
 
 use crate::clock::Clock;
 use crate::config::RateLimits;
-use crate::store::{Store, Take, Taken};
+use crate::store::{SharedAllowances, Store, Take, Taken};
 
 /// The engine's clock as governor reads it: time since the epoch (never before it).
 #[derive(Clone)]
@@ -99,16 +99,51 @@ pub(crate) struct Throttle {
     default: Option<(Rate, Keyed)>,
     /// Tenants of `limits.rate.tenants`; `None`: no limit for that tenant.
     own: HashMap<String, Option<(Rate, Direct)>>,
-    /// The store whose shared allowances are taken from instead of the limiters here
+    /// The store's shared allowances, taken from instead of the limiters here
     /// (`limits.rate.shared`), if any.
-    shared: Option<Arc<dyn Store>>,
+    shared: Option<StoreAllowances>,
+}
+
+/// The store's shared allowances (`limits.rate.shared`), each take bounded by
+/// `engine.store_timeout`: a store that does not answer costs a warning (the instance limits or
+/// paces alone meanwhile), never a task held for as long as the connection takes to give up.
+#[derive(Clone)]
+pub(crate) struct StoreAllowances {
+    store: Arc<dyn Store>,
+    timeout: Duration,
+}
+
+impl StoreAllowances {
+    /// `None` for a store that keeps no shared allowances.
+    pub(crate) fn of(store: &Arc<dyn Store>, timeout: Duration) -> Option<Self> {
+        store.shared_allowances().map(|_| StoreAllowances {
+            store: store.clone(),
+            timeout,
+        })
+    }
+
+    fn allowances(&self) -> crate::Result<&dyn SharedAllowances> {
+        self.store
+            .shared_allowances()
+            .ok_or_else(|| crate::Error::unsupported("the store keeps no shared allowances"))
+    }
+
+    pub(crate) async fn take(&self, take: &Take<'_>) -> crate::Result<Taken> {
+        let call = self.allowances()?.take(take);
+        super::retry::within_store_timeout(self.timeout, call).await
+    }
+
+    async fn forget(&self, now_us: i64) -> crate::Result<u64> {
+        let call = self.allowances()?.forget(now_us);
+        super::retry::within_store_timeout(self.timeout, call).await
+    }
 }
 
 impl Throttle {
     pub(crate) fn new(
         config: &RateLimits,
         clock: Arc<dyn Clock>,
-        shared: Option<Arc<dyn Store>>,
+        shared: Option<StoreAllowances>,
     ) -> Throttle {
         let clock = EngineClock(clock);
         let default = Rate::of(config.schedules_per_second, config.burst).map(|rate| {
@@ -197,7 +232,7 @@ impl Throttle {
     /// most `burst` cells ahead of now. `None` when the allowances are not shared, or the store
     /// failed (a warning: this instance limits alone meanwhile).
     async fn take_shared(&self, tenant: &str, n: u32, rate: Rate, all: bool) -> Option<Shared> {
-        let allowances = self.shared.as_deref()?.shared_allowances()?;
+        let allowances = self.shared.as_ref()?;
         let cell_us = 1_000_000 / i64::from(rate.per_second.get());
         let now_us = micros(self.clock.now());
         let take = Take {
@@ -269,7 +304,7 @@ impl Throttle {
         if let Some((_, limiter)) = &self.default {
             limiter.retain_recent();
         }
-        if let Some(allowances) = self.shared.as_deref().and_then(|s| s.shared_allowances()) {
+        if let Some(allowances) = &self.shared {
             if let Err(e) = allowances.forget(micros(self.clock.now())).await {
                 warn!(error = %e.chain(), "forgetting full shared allowances failed");
             }
