@@ -162,9 +162,17 @@ fn tenant_of(body: &[u8]) -> Option<Arc<str>> {
     struct Named<'a> {
         #[serde(rename = "tenantId", borrow)]
         tenant_id: Option<std::borrow::Cow<'a, str>>,
+        /// An envelope command's (`{"type": ..., "payload": {"tenantId": ...}}`).
+        #[serde(borrow)]
+        payload: Option<&'a serde_json::value::RawValue>,
     }
     let named: Named = serde_json::from_slice(body).ok()?;
-    named.tenant_id.map(|t| Arc::from(t.as_ref()))
+    let tenant = match (named.tenant_id, named.payload) {
+        (Some(tenant), _) => tenant,
+        (None, Some(payload)) => serde_json::from_str::<Named>(payload.get()).ok()?.tenant_id?,
+        (None, None) => return None,
+    };
+    Some(Arc::from(tenant.as_ref()))
 }
 
 fn push_bounded<T>(buf: &mut VecDeque<T>, item: T, retain: usize) {
@@ -377,12 +385,26 @@ impl Broker for MemoryBroker {
     async fn publish(&self, events: &[OutboundEvent]) -> Result<Vec<Undelivered>> {
         let retain = self.hub.inner.config.retain;
         let mut state = self.hub.lock()?;
-        for e in events {
+        let mut undelivered = Vec::new();
+        for (index, e) in events.iter().enumerate() {
+            // A target not of this broker (stored by a build that had another destination for
+            // it, e.g. an HTTP target's caller) is refused alone, never sent elsewhere.
+            let queue = match &e.target {
+                None => None,
+                Some(target) => match self.check_target(target) {
+                    Ok(queue) => Some(queue),
+                    Err(why) => {
+                        let error = Error::invalid(format!("memory broker: {why}"));
+                        undelivered.push(Undelivered { index, error });
+                        continue;
+                    }
+                },
+            };
             let event = PublishedEvent {
                 id: e.id,
                 key: e.key.clone(),
                 body: e.body.clone(),
-                queue: e.target.as_ref().and_then(queue_of).map(str::to_owned),
+                queue,
                 message: e.message.clone(),
                 headers: e
                     .trace_headers()
@@ -391,7 +413,7 @@ impl Broker for MemoryBroker {
             };
             push_bounded(&mut state.events, event, retain);
         }
-        Ok(Vec::new())
+        Ok(undelivered)
     }
 
     async fn dead_letter(&self, body: &[u8], reason: &str) -> Result<()> {
@@ -446,5 +468,42 @@ mod tests {
         assert!(hub.send_command(command("a")).is_err());
         broker.ack(&[got[0].tag]).await.unwrap();
         hub.send_command(command("a")).unwrap();
+    }
+
+    #[test]
+    fn an_envelope_command_counts_for_its_payloads_tenant() {
+        let envelope = br#"{"type":"CancelTimer","payload":{"tenantId":"a","serviceCallId":"x"}}"#;
+        assert_eq!(tenant_of(envelope).as_deref(), Some("a"));
+        assert_eq!(tenant_of(&command("b")).as_deref(), Some("b"));
+        let odd_payload = br#"{"tenantId":"c","payload":"text"}"#;
+        assert_eq!(tenant_of(odd_payload).as_deref(), Some("c"));
+        assert_eq!(tenant_of(br#"{"payload":{"id":1}}"#), None);
+        assert_eq!(tenant_of(b"not json"), None);
+    }
+
+    #[tokio::test]
+    async fn a_target_of_another_destination_is_refused_alone_not_sent_to_the_events() {
+        let hub = MemoryHub::new(MemoryConfig::default());
+        let broker = hub.connect();
+        let key = TimerKey::new("t", "x");
+        let mut url = OutboundEvent::envelope(Uuid::nil(), key.clone(), b"{}".to_vec());
+        url.target = Some(Target::new(
+            serde_json::json!({"url": "https://hooks.example.com/t/"})
+                .as_object()
+                .cloned()
+                .unwrap_or_default(),
+        ));
+        let plain = OutboundEvent::envelope(Uuid::from_u128(1), key, b"{}".to_vec());
+        let undelivered = broker.publish(&[url, plain]).await.unwrap();
+        assert_eq!(undelivered.len(), 1);
+        assert_eq!(undelivered[0].index, 0);
+        assert!(
+            undelivered[0].error.to_string().contains("takes a target {\"queue\""),
+            "{}",
+            undelivered[0].error
+        );
+        let events = hub.events().unwrap();
+        assert_eq!(events.len(), 1, "only the plain event: {events:?}");
+        assert_eq!(events[0].id, Uuid::from_u128(1));
     }
 }
