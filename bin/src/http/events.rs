@@ -2,23 +2,51 @@
 
 use std::convert::Infallible;
 
-use axum::extract::{Query, State};
+use axum::extract::{RawQuery, State};
 use axum::http::StatusCode;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Extension;
-use serde::Deserialize;
 use timer_core::wire::check_id;
 
 use crate::http::auth::Principal;
 use crate::http::error::{ApiError, ErrorBody};
+use crate::http::params::BadParameter;
 use crate::http::state::AppState;
 
-#[derive(Deserialize, utoipa::IntoParams)]
+/// The query of `GET /v1/events`, for the document (read by [`tenant_of_query`], which also
+/// refuses unknown and repeated parameters).
+#[allow(dead_code)]
+#[derive(utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct EventsQuery {
     /// Only this tenant's events.
     pub tenant: Option<String>,
+}
+
+/// The `tenant` of the query, read as the other routes read theirs: at most once, and no
+/// other parameter (a typo such as `tenants=` must not stream every tenant the caller may read).
+fn tenant_of_query(query: Option<&str>) -> Result<Option<String>, BadParameter> {
+    let mut tenant = None;
+    for (name, value) in url::form_urlencoded::parse(query.unwrap_or("").as_bytes()) {
+        match name.as_ref() {
+            "tenant" if tenant.is_none() => tenant = Some(value.into_owned()),
+            "tenant" => {
+                return Err(BadParameter::new(
+                    "tenant",
+                    "given more than once; give one tenant, or none for every tenant the \
+                     caller may read",
+                ))
+            }
+            other => {
+                return Err(BadParameter::new(
+                    "query",
+                    format!("unknown parameter {other:?} (known: tenant)"),
+                ))
+            }
+        }
+    }
+    Ok(tenant)
 }
 
 /// Server-sent events: each `DueTimeReached` this instance publishes (event `DueTimeReached`,
@@ -39,9 +67,10 @@ pub struct EventsQuery {
 pub async fn events(
     State(app): State<AppState>,
     Extension(caller): Extension<Principal>,
-    Query(query): Query<EventsQuery>,
+    RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
-    if let Some(tenant) = &query.tenant {
+    let tenant = tenant_of_query(query.as_deref())?;
+    if let Some(tenant) = &tenant {
         check_id(tenant.clone(), "tenant", app.engine.limits())?;
         caller.need_tenant(tenant, Some("tenant"))?;
     }
@@ -64,8 +93,9 @@ pub async fn events(
             .unwrap_or_default();
         tokio::time::Instant::now().checked_add(left)
     });
+    let tenant_given = tenant;
     let shows = move |tenant: &str| {
-        query.tenant.as_deref().is_none_or(|t| t == tenant) && caller.may_use(tenant)
+        tenant_given.as_deref().is_none_or(|t| t == tenant) && caller.may_use(tenant)
     };
     let events = app.engine.subscribe(app.streams.buffer, Box::new(shows));
     let stream = futures::stream::unfold(Some((events, open)), |state| async move {
@@ -95,4 +125,23 @@ pub async fn events(
     Ok(Sse::new(stream)
         .keep_alive(KeepAlive::default())
         .into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_query_names_one_tenant_at_most_and_nothing_else() {
+        assert_eq!(tenant_of_query(None), Ok(None));
+        assert_eq!(
+            tenant_of_query(Some("tenant=a%2Eb")),
+            Ok(Some("a.b".into()))
+        );
+        let twice = tenant_of_query(Some("tenant=a&tenant=b")).unwrap_err();
+        assert_eq!(twice.field, "tenant", "{}", twice.message);
+        let typo = tenant_of_query(Some("tenants=acme")).unwrap_err();
+        assert_eq!(typo.field, "query");
+        assert!(typo.message.contains("\"tenants\""), "{}", typo.message);
+    }
 }
