@@ -48,6 +48,7 @@ pub fn checks() -> Vec<Check<Arc<BrokerCase>>> {
         a_ten_second_cut_from_the_server_loses_nothing_and_catches_up,
         a_delayed_message_arrives_on_its_subject_at_its_time,
         a_target_no_stream_captures_gets_one_plain_publish,
+        an_event_its_stream_refuses_is_retried_alone,
         commands_a_stopping_instance_did_not_acknowledge_go_to_another_at_once,
     ]
 }
@@ -580,6 +581,78 @@ async fn a_delayed_message_arrives_on_its_subject_at_its_time(case: Arc<BrokerCa
         message.contains("nats-rollup: a header starting with Nats-"),
         "{v}"
     );
+    service.terminate().await;
+    setup.clean_up().await;
+}
+
+/// A target stream that answers no to one message (full, with discard new) refuses that event
+/// alone: it is retried with the stream's answer as its `lastError`, while the events published
+/// beside it in the same batch are Reached once, no attempt counted.
+async fn an_event_its_stream_refuses_is_retried_alone(case: Arc<BrokerCase>) {
+    use async_nats::jetstream::stream::{Config, DiscardPolicy};
+    let setup = Setup::with_sections(
+        &case,
+        json!({ "targets": { "allow": ["*"] },
+                "engine": { "retry_base": "200ms", "retry_max": "400ms" } }),
+    );
+    let service = setup.start().await;
+    let config = nats_config(&setup).clone();
+    let subject = format!("{}_full.due", config.events_subject);
+    let nats = async_nats::connect(&config.url).await.expect("connect");
+    let js = async_nats::jetstream::new(nats);
+    let stream = format!("{}_FULL", config.events_stream);
+    js.create_stream(Config {
+        name: stream.clone(),
+        subjects: vec![subject.clone()],
+        max_messages: 1,
+        discard: DiscardPolicy::New,
+        ..Config::default()
+    })
+    .await
+    .expect("a stream that takes one message");
+    let due = now_ms() + 300;
+    let mut timers = Vec::new();
+    for id in ["one", "two"] {
+        timers.push(
+            json!({"tenantId": "t", "serviceCallId": id, "dueTimeMs": due,
+            "target": {"subject": subject}, "message": {"body": {"id": id}}}),
+        );
+    }
+    timers.push(json!({"tenantId": "t", "serviceCallId": "beside", "dueTimeMs": due}));
+    let batch = json!({ "commands": timers });
+    let (status, v) = service.post("/v1/timers/batch", batch.to_string()).await;
+    assert_eq!(status, 200, "{v}");
+    let states = wait_for(Duration::from_secs(30), || async {
+        let mut got = Vec::new();
+        for id in ["one", "two", "beside"] {
+            let (_, t) = service.get(&format!("/v1/tenants/t/timers/{id}")).await;
+            got.push(t);
+        }
+        let reached = |t: &Value| t["state"] == "Reached";
+        let retried = |t: &Value| t["state"] == "Scheduled" && t["attempts"].as_u64() >= Some(2);
+        let one_each =
+            (reached(&got[0]) && retried(&got[1])) || (retried(&got[0]) && reached(&got[1]));
+        (one_each && reached(&got[2])).then_some(got)
+    })
+    .await
+    .unwrap_or_else(|| service.fail("one of the two stored, the other retried alone"));
+    let refused = states
+        .iter()
+        .find(|t| t["state"] == "Scheduled")
+        .expect("the refused one");
+    let error = refused["lastError"].as_str().unwrap_or_default();
+    assert!(error.contains("the stream refused the event"), "{refused}");
+    assert!(
+        error.to_lowercase().contains("maximum messages"),
+        "{refused}"
+    );
+    for t in states.iter().filter(|t| t["state"] == "Reached") {
+        assert_eq!(
+            t["attempts"], 0,
+            "published beside the refused one, once: {t}"
+        );
+    }
+    let _ = js.delete_stream(&stream).await;
     service.terminate().await;
     setup.clean_up().await;
 }

@@ -274,6 +274,19 @@ fn headers_of(event: &OutboundEvent) -> HeaderMap {
     headers
 }
 
+/// Whether a publish failed because the stream answered no to that message (a JetStream API
+/// error in its PubAck: full with discard new, a wrong expected sequence, ...), not because the
+/// answer did not come (a timeout, a lost connection), which may leave the batch half sent.
+fn refused_by_the_stream(e: &jetstream::context::PublishError) -> bool {
+    use jetstream::context::PublishErrorKind;
+    match e.kind() {
+        PublishErrorKind::WrongLastMessageId | PublishErrorKind::WrongLastSequence => true,
+        PublishErrorKind::Other => std::error::Error::source(e)
+            .is_some_and(|source| source.downcast_ref::<jetstream::Error>().is_some()),
+        _ => false,
+    }
+}
+
 /// How JetStream's own headers start: instructions to the stream a message is published to
 /// (`Nats-Msg-Id`, `Nats-Expected-Stream`, `Nats-Rollup`, ...), never a message's own.
 const JETSTREAM_HEADERS: &str = "Nats-";
@@ -590,12 +603,27 @@ impl Broker for NatsBroker {
                 .publish_with_headers(subject, headers, event.body.clone().into())
                 .await
                 .map_err(|e| unavailable("publishing an event", e))?;
-            acks.push(ack);
+            acks.push((index, ack));
         }
-        // All sent; now every PubAck must arrive, and every plain publish be flushed.
-        for result in join_all(acks.into_iter().map(IntoFuture::into_future)).await {
-            result.map_err(|e| unavailable("awaiting a PubAck", e))?;
+        // All sent; now every PubAck must arrive, and every plain publish be flushed. A stream
+        // that answered no to one message (full with discard new, ...) refuses that event
+        // alone: the others it took stay taken.
+        let (indexes, acks): (Vec<usize>, Vec<_>) = acks.into_iter().unzip();
+        let answers = join_all(acks.into_iter().map(IntoFuture::into_future)).await;
+        for (index, answer) in indexes.into_iter().zip(answers) {
+            match answer {
+                Ok(_) => {}
+                Err(e) if refused_by_the_stream(&e) => {
+                    let error = Error::unavailable(format!(
+                        "nats broker: the stream refused the event: {}; it is retried",
+                        timer_core::error::one_line(&e)
+                    ));
+                    undelivered.push(Undelivered { index, error });
+                }
+                Err(e) => return Err(unavailable("awaiting a PubAck", e)),
+            }
         }
+        undelivered.sort_by_key(|u| u.index);
         if plain > 0 {
             self.client
                 .flush()
