@@ -35,6 +35,7 @@ pub fn checks() -> Vec<Check<Arc<BrokerCase>>> {
         an_unroutable_event_is_retried_not_lost,
         a_tenant_too_long_for_a_routing_key_is_refused_and_nothing_stops_firing,
         a_message_amqp_cannot_carry_is_refused_and_nothing_stops_firing,
+        an_event_the_broker_refuses_is_retried_alone,
         a_tenant_without_a_bound_queue_does_not_hold_back_the_others,
         a_message_for_a_missing_exchange_is_retried_and_holds_back_no_other,
         a_message_sent_to_the_delay_exchange_arrives_at_its_time,
@@ -52,7 +53,7 @@ async fn a_tenant_without_a_bound_queue_does_not_hold_back_the_others(case: Arc<
     let service = setup.start().await; // declares the events exchange
     let config = rabbitmq_config(&setup);
     let queue = format!("{}.b-only", config.events_exchange);
-    let (_connection, channel) = channel_with_queue(config, &queue).await;
+    let (_connection, channel) = channel_with_queue(config, &queue, Default::default()).await;
     channel
         .queue_bind(
             queue.as_str().into(),
@@ -291,15 +292,85 @@ async fn a_message_amqp_cannot_carry_is_refused_and_nothing_stops_firing(case: A
     setup.clean_up().await;
 }
 
+/// An event the broker refuses (a nack: its target queue is full, with `x-overflow:
+/// reject-publish`) is refused alone: it is retried with the reason as its `lastError`, while
+/// the events published beside it in the same batch are Reached once, no attempt counted.
+async fn an_event_the_broker_refuses_is_retried_alone(case: Arc<BrokerCase>) {
+    use lapin::types::{AMQPValue, FieldTable};
+    let setup = Setup::with_sections(
+        &case,
+        json!({ "targets": { "allow": ["*"] },
+                "engine": { "retry_base": "200ms", "retry_max": "400ms" } }),
+    );
+    let client = setup.client().await; // binds a queue for every routing key
+    let service = setup.start().await;
+    let config = rabbitmq_config(&setup).clone();
+    let queue = format!("{}.full", config.events_exchange);
+    let mut arguments = FieldTable::default();
+    arguments.insert("x-max-length".into(), AMQPValue::LongInt(1));
+    arguments.insert(
+        "x-overflow".into(),
+        AMQPValue::LongString("reject-publish".into()),
+    );
+    let (_connection, _channel) = channel_with_queue(&config, &queue, arguments).await;
+    let due = now_ms() + 300;
+    let mut timers = Vec::new();
+    for id in ["one", "two"] {
+        timers.push(
+            json!({"tenantId": "t", "serviceCallId": id, "dueTimeMs": due,
+            "target": {"exchange": "", "routingKey": queue}, "message": {"body": {"id": id}}}),
+        );
+    }
+    timers.push(json!({"tenantId": "t", "serviceCallId": "beside", "dueTimeMs": due}));
+    let batch = json!({ "commands": timers });
+    let (status, v) = service.post("/v1/timers/batch", batch.to_string()).await;
+    assert_eq!(status, 200, "{v}");
+    let states = wait_for(Duration::from_secs(30), || async {
+        let mut got = Vec::new();
+        for id in ["one", "two", "beside"] {
+            let (_, t) = service.get(&format!("/v1/tenants/t/timers/{id}")).await;
+            got.push(t);
+        }
+        let reached = |t: &Value| t["state"] == "Reached";
+        let retried = |t: &Value| t["state"] == "Scheduled" && t["attempts"].as_u64() >= Some(2);
+        let one_each =
+            (reached(&got[0]) && retried(&got[1])) || (retried(&got[0]) && reached(&got[1]));
+        (one_each && reached(&got[2])).then_some(got)
+    })
+    .await
+    .unwrap_or_else(|| service.fail("one of the two queued, the other retried alone"));
+    let refused = states
+        .iter()
+        .find(|t| t["state"] == "Scheduled")
+        .expect("the refused one");
+    let error = refused["lastError"].as_str().unwrap_or_default();
+    assert!(error.contains("the broker refused the event"), "{refused}");
+    for t in states.iter().filter(|t| t["state"] == "Reached") {
+        assert_eq!(
+            t["attempts"], 0,
+            "published beside the refused one, once: {t}"
+        );
+    }
+    let events = client.events().await.expect("events");
+    assert_eq!(
+        events.len(),
+        1,
+        "the envelope beside them, once: {events:?}"
+    );
+    service.terminate().await;
+    setup.clean_up().await;
+}
+
 /// A channel with publisher confirms (a publish awaited is on the server, ahead of whatever is
 /// sent after it) of a connection of its own to the test server of `config` (returned too: the
-/// channel closes with it), and a queue `queue` declared on it.
+/// channel closes with it), and a queue `queue` declared on it (with `arguments`, e.g.
+/// `x-max-length`).
 async fn channel_with_queue(
     config: &RabbitmqConfig,
     queue: &str,
+    arguments: lapin::types::FieldTable,
 ) -> (lapin::Connection, lapin::Channel) {
     use lapin::options::QueueDeclareOptions;
-    use lapin::types::FieldTable;
     let connection =
         lapin::Connection::connect(&config.url, lapin::ConnectionProperties::default())
             .await
@@ -310,11 +381,7 @@ async fn channel_with_queue(
         .await
         .expect("confirms");
     channel
-        .queue_declare(
-            queue.into(),
-            QueueDeclareOptions::default(),
-            FieldTable::default(),
-        )
+        .queue_declare(queue.into(), QueueDeclareOptions::default(), arguments)
         .await
         .unwrap_or_else(|e| panic!("declaring queue {queue}: {e}"));
     (connection, channel)
@@ -440,7 +507,7 @@ async fn a_message_for_a_missing_exchange_is_retried_and_holds_back_no_other(
     use lapin::options::{ExchangeDeclareOptions, QueueBindOptions};
     use lapin::types::FieldTable;
     let queue = format!("{exchange}.q");
-    let (_connection, channel) = channel_with_queue(&config, &queue).await;
+    let (_connection, channel) = channel_with_queue(&config, &queue, Default::default()).await;
     channel
         .exchange_declare(
             exchange.as_str().into(),
@@ -504,7 +571,7 @@ async fn a_message_sent_to_the_delay_exchange_arrives_at_its_time(case: Arc<Brok
     let client = setup.client().await;
     let config = rabbitmq_config(&setup).clone();
     let queue = format!("{}.delayed", config.events_exchange);
-    let (_connection, channel) = channel_with_queue(&config, &queue).await;
+    let (_connection, channel) = channel_with_queue(&config, &queue, Default::default()).await;
     let body = b"hello \x00\xff delayed".to_vec();
     let publish = |id: &'static str, time: Option<(&'static str, AMQPValue)>| {
         let channel = channel.clone();

@@ -434,9 +434,10 @@ async fn bind_queue(channel: &Channel, queue: &str, exchange: &str, key: &str) -
         .map_err(|e| unavailable(&format!("binding queue {queue}"), e))
 }
 
-/// Waits for one publisher confirm. A nack or a lost channel is an error of the connection
-/// (`Err`); a message returned as unroutable (no queue bound for its routing key) is an error of
-/// that event alone (`Ok(Some)`): it counts as not published and is retried, never dropped.
+/// Waits for one publisher confirm. A lost channel is an error of the connection (`Err`); a
+/// message returned as unroutable (no queue bound for its routing key) or nacked (the broker
+/// refused to store it) is an error of that event alone (`Ok(Some)`): it counts as not
+/// published and is retried, never dropped.
 async fn confirmed(confirm: lapin::PublisherConfirm) -> Result<Option<Error>> {
     match confirm
         .await
@@ -449,9 +450,13 @@ async fn confirmed(confirm: lapin::PublisherConfirm) -> Result<Option<Error>> {
             returned.delivery.exchange,
             returned.delivery.routing_key.as_str()
         )))),
-        Confirmation::Nack(_) => Err(Error::unavailable(
-            "rabbitmq broker: the broker nacked a publish",
-        )),
+        // The broker refused this message alone (a queue it routes to is full with
+        // `x-overflow: reject-publish`, or it could not store it); the others have answers of
+        // their own.
+        Confirmation::Nack(_) => Ok(Some(Error::unavailable(
+            "rabbitmq broker: the broker refused the event (a nack: a queue it routes to is full \
+             with x-overflow reject-publish, or it could not be stored); it is retried",
+        ))),
     }
 }
 
