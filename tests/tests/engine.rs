@@ -1029,6 +1029,16 @@ impl Confirms {
         .await
     }
 
+    /// `first` (due at T0) being published, awaiting its confirm, and `second` (due 10 ms
+    /// later, within `claim_ahead`) claimed.
+    async fn one_publishing_one_claimed(&self, r: &Rig) {
+        r.schedule(&[timer("first", T0)]).await;
+        self.sent(1).await.expect("the first is being published");
+        r.schedule(&[timer("second", T0.saturating_add(ms(10)))])
+            .await;
+        timer_where(&r.store, "second", |t| t.lease_owner.is_some()).await;
+    }
+
     /// Confirms one waiting publish (or the next to come).
     fn confirm_one(&self) {
         self.gate.notify_one();
@@ -1073,14 +1083,7 @@ async fn a_timer_due_while_a_publish_awaits_its_confirm_is_published_beside_it()
 async fn a_claim_waits_for_an_unconfirmed_publish_only_so_long() {
     let (setup, confirms) = Confirms::setup();
     let r = setup.start();
-    r.schedule(&[timer("first", T0)]).await;
-    confirms
-        .sent(1)
-        .await
-        .expect("the first is being published");
-    r.schedule(&[timer("second", T0.saturating_add(ms(10)))])
-        .await;
-    timer_where(&r.store, "second", |t| t.lease_owner.is_some()).await;
+    confirms.one_publishing_one_claimed(&r).await;
     r.clock.advance(ms(10));
     confirms
         .sent(2)
@@ -1185,16 +1188,9 @@ async fn a_claim_whose_lease_ran_out_while_it_waited_is_not_published_on_it() {
     setup.config.lease = lease;
     setup.config.publish_timeout = secs(3600);
     let r = setup.start();
-    r.schedule(&[timer("first", T0)]).await;
-    confirms
-        .sent(1)
-        .await
-        .expect("the first is being published");
-    // Claimed, then held: no room while the first awaits its confirm.
-    r.schedule(&[timer("second", T0.saturating_add(ms(10)))])
-        .await;
+    confirms.one_publishing_one_claimed(&r).await;
+    // Due now, and held: no room while the first awaits its confirm.
     r.clock.advance(ms(10));
-    timer_where(&r.store, "second", |t| t.lease_owner.is_some()).await;
     // The lease runs on the monotonic clock: only its end, in real time, is what this waits for.
     tokio::time::sleep(lease).await;
     r.clock.advance(lease + ms(100));

@@ -15,8 +15,9 @@ use timer_brokers::nats::{NatsBroker, NatsConfig, NatsTestClient};
 use timer_conformance::e2e::{due_ms, lateness_ms, now_ms, percentiles, timer_of};
 use timer_conformance::proxy::Proxy;
 use timer_conformance::scenarios::{
-    commands, delivered_cancelled_and_dead_lettered, envelope, timers, BrokerCase, BrokerTraits,
-    Setup,
+    an_event_its_destination_refuses_is_retried_alone, commands,
+    delivered_cancelled_and_dead_lettered, envelope, refusing_destination_setup, timers,
+    BrokerCase, BrokerTraits, Setup,
 };
 use timer_conformance::{checks, wait_for, Check};
 use timer_core::plugin::TestClient;
@@ -585,21 +586,14 @@ async fn a_delayed_message_arrives_on_its_subject_at_its_time(case: Arc<BrokerCa
     setup.clean_up().await;
 }
 
-/// A target stream that answers no to one message (full, with discard new) refuses that event
-/// alone: it is retried with the stream's answer as its `lastError`, while the events published
-/// beside it in the same batch are Reached once, no attempt counted.
+/// A target stream that answers no to a message (full, with discard new) refuses that event
+/// alone ([`an_event_its_destination_refuses_is_retried_alone`]).
 async fn an_event_its_stream_refuses_is_retried_alone(case: Arc<BrokerCase>) {
     use async_nats::jetstream::stream::{Config, DiscardPolicy};
-    let setup = Setup::with_sections(
-        &case,
-        json!({ "targets": { "allow": ["*"] },
-                "engine": { "retry_base": "200ms", "retry_max": "400ms" } }),
-    );
-    let service = setup.start().await;
+    let setup = refusing_destination_setup(&case);
     let config = nats_config(&setup).clone();
     let subject = format!("{}_full.due", config.events_subject);
-    let nats = async_nats::connect(&config.url).await.expect("connect");
-    let js = async_nats::jetstream::new(nats);
+    let js = async_nats::jetstream::new(async_nats::connect(&config.url).await.expect("connect"));
     let stream = format!("{}_FULL", config.events_stream);
     js.create_stream(Config {
         name: stream.clone(),
@@ -610,50 +604,9 @@ async fn an_event_its_stream_refuses_is_retried_alone(case: Arc<BrokerCase>) {
     })
     .await
     .expect("a stream that takes one message");
-    let due = now_ms() + 300;
-    let mut timers = Vec::new();
-    for id in ["one", "two"] {
-        timers.push(
-            json!({"tenantId": "t", "serviceCallId": id, "dueTimeMs": due,
-            "target": {"subject": subject}, "message": {"body": {"id": id}}}),
-        );
-    }
-    timers.push(json!({"tenantId": "t", "serviceCallId": "beside", "dueTimeMs": due}));
-    let batch = json!({ "commands": timers });
-    let (status, v) = service.post("/v1/timers/batch", batch.to_string()).await;
-    assert_eq!(status, 200, "{v}");
-    let states = wait_for(Duration::from_secs(30), || async {
-        let mut got = Vec::new();
-        for id in ["one", "two", "beside"] {
-            let (_, t) = service.get(&format!("/v1/tenants/t/timers/{id}")).await;
-            got.push(t);
-        }
-        let reached = |t: &Value| t["state"] == "Reached";
-        let retried = |t: &Value| t["state"] == "Scheduled" && t["attempts"].as_u64() >= Some(2);
-        let one_each =
-            (reached(&got[0]) && retried(&got[1])) || (retried(&got[0]) && reached(&got[1]));
-        (one_each && reached(&got[2])).then_some(got)
-    })
-    .await
-    .unwrap_or_else(|| service.fail("one of the two stored, the other retried alone"));
-    let refused = states
-        .iter()
-        .find(|t| t["state"] == "Scheduled")
-        .expect("the refused one");
-    let error = refused["lastError"].as_str().unwrap_or_default();
-    assert!(error.contains("the stream refused the event"), "{refused}");
-    assert!(
-        error.to_lowercase().contains("maximum messages"),
-        "{refused}"
-    );
-    for t in states.iter().filter(|t| t["state"] == "Reached") {
-        assert_eq!(
-            t["attempts"], 0,
-            "published beside the refused one, once: {t}"
-        );
-    }
+    let target = json!({ "subject": subject });
+    an_event_its_destination_refuses_is_retried_alone(&setup, target, "maximum messages").await;
     let _ = js.delete_stream(&stream).await;
-    service.terminate().await;
     setup.clean_up().await;
 }
 

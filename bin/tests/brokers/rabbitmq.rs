@@ -8,7 +8,8 @@ use serde_json::{json, Value};
 use timer_brokers::rabbitmq::{sink_queue, RabbitmqConfig, RabbitmqTestClient};
 use timer_conformance::e2e::{now_ms, schedule};
 use timer_conformance::scenarios::{
-    delivered_cancelled_and_dead_lettered, BrokerCase, BrokerTraits, Setup,
+    an_event_its_destination_refuses_is_retried_alone, delivered_cancelled_and_dead_lettered,
+    refusing_destination_setup, BrokerCase, BrokerTraits, Setup,
 };
 use timer_conformance::{checks, wait_for, Check};
 
@@ -169,13 +170,7 @@ async fn a_tenant_too_long_for_a_routing_key_is_refused_and_nothing_stops_firing
     .await
     .expect("the other tenants' timers fire");
     assert!(!fired.contains(&"stored".to_owned()), "{fired:?}");
-    let key = timer_core::TimerKey::new(long.clone(), "stored");
-    let retried = wait_for(Duration::from_secs(30), || async {
-        let t = store.get(&key).await.ok().flatten()?;
-        (t.attempts >= 2).then_some(t)
-    })
-    .await
-    .expect("the stored timer is retried on its own");
+    let retried = retried_twice(&store, timer_core::TimerKey::new(long.clone(), "stored")).await;
     let error = retried.last_error.unwrap_or_default();
     assert!(
         error.contains("routing key") && error.contains("255"),
@@ -279,31 +274,18 @@ async fn a_message_amqp_cannot_carry_is_refused_and_nothing_stops_firing(case: A
         own.iter().all(|(_, v)| v.len() == value),
         "values of {value} bytes"
     );
-    let key = timer_core::TimerKey::new("t", "stored");
-    let retried = wait_for(Duration::from_secs(30), || async {
-        let t = store.get(&key).await.ok().flatten()?;
-        (t.attempts >= 2).then_some(t)
-    })
-    .await
-    .expect("the stored timer is retried on its own");
+    let retried = retried_twice(&store, timer_core::TimerKey::new("t", "stored")).await;
     let error = retried.last_error.unwrap_or_default();
     assert!(error.contains("the content type is 305 bytes"), "{error}");
     service.terminate().await;
     setup.clean_up().await;
 }
 
-/// An event the broker refuses (a nack: its target queue is full, with `x-overflow:
-/// reject-publish`) is refused alone: it is retried with the reason as its `lastError`, while
-/// the events published beside it in the same batch are Reached once, no attempt counted.
+/// An event the broker nacks (its target queue is full, with `x-overflow: reject-publish`) is
+/// refused alone ([`an_event_its_destination_refuses_is_retried_alone`]).
 async fn an_event_the_broker_refuses_is_retried_alone(case: Arc<BrokerCase>) {
     use lapin::types::{AMQPValue, FieldTable};
-    let setup = Setup::with_sections(
-        &case,
-        json!({ "targets": { "allow": ["*"] },
-                "engine": { "retry_base": "200ms", "retry_max": "400ms" } }),
-    );
-    let client = setup.client().await; // binds a queue for every routing key
-    let service = setup.start().await;
+    let setup = refusing_destination_setup(&case);
     let config = rabbitmq_config(&setup).clone();
     let queue = format!("{}.full", config.events_exchange);
     let mut arguments = FieldTable::default();
@@ -312,52 +294,13 @@ async fn an_event_the_broker_refuses_is_retried_alone(case: Arc<BrokerCase>) {
         "x-overflow".into(),
         AMQPValue::LongString("reject-publish".into()),
     );
-    let (_connection, _channel) = channel_with_queue(&config, &queue, arguments).await;
-    let due = now_ms() + 300;
-    let mut timers = Vec::new();
-    for id in ["one", "two"] {
-        timers.push(
-            json!({"tenantId": "t", "serviceCallId": id, "dueTimeMs": due,
-            "target": {"exchange": "", "routingKey": queue}, "message": {"body": {"id": id}}}),
-        );
-    }
-    timers.push(json!({"tenantId": "t", "serviceCallId": "beside", "dueTimeMs": due}));
-    let batch = json!({ "commands": timers });
-    let (status, v) = service.post("/v1/timers/batch", batch.to_string()).await;
-    assert_eq!(status, 200, "{v}");
-    let states = wait_for(Duration::from_secs(30), || async {
-        let mut got = Vec::new();
-        for id in ["one", "two", "beside"] {
-            let (_, t) = service.get(&format!("/v1/tenants/t/timers/{id}")).await;
-            got.push(t);
-        }
-        let reached = |t: &Value| t["state"] == "Reached";
-        let retried = |t: &Value| t["state"] == "Scheduled" && t["attempts"].as_u64() >= Some(2);
-        let one_each =
-            (reached(&got[0]) && retried(&got[1])) || (retried(&got[0]) && reached(&got[1]));
-        (one_each && reached(&got[2])).then_some(got)
-    })
-    .await
-    .unwrap_or_else(|| service.fail("one of the two queued, the other retried alone"));
-    let refused = states
-        .iter()
-        .find(|t| t["state"] == "Scheduled")
-        .expect("the refused one");
-    let error = refused["lastError"].as_str().unwrap_or_default();
-    assert!(error.contains("the broker refused the event"), "{refused}");
-    for t in states.iter().filter(|t| t["state"] == "Reached") {
-        assert_eq!(
-            t["attempts"], 0,
-            "published beside the refused one, once: {t}"
-        );
-    }
-    let events = client.events().await.expect("events");
-    assert_eq!(
-        events.len(),
-        1,
-        "the envelope beside them, once: {events:?}"
-    );
-    service.terminate().await;
+    let (_connection, channel) = channel_with_queue(&config, &queue, arguments).await;
+    let target = json!({ "exchange": "", "routingKey": queue });
+    let says = "the broker refused the event (a nack";
+    an_event_its_destination_refuses_is_retried_alone(&setup, target, says).await;
+    let _ = channel
+        .queue_delete(queue.as_str().into(), Default::default())
+        .await;
     setup.clean_up().await;
 }
 
@@ -395,6 +338,19 @@ fn rabbitmq_config(setup: &Setup) -> &RabbitmqConfig {
         .as_any()
         .downcast_ref()
         .expect("a rabbitmq config")
+}
+
+/// The stored timer `key` once two of its publishes failed: retried on its own, not lost.
+async fn retried_twice(
+    store: &Arc<dyn timer_core::Store>,
+    key: timer_core::TimerKey,
+) -> timer_core::Timer {
+    wait_for(Duration::from_secs(30), || async {
+        let t = store.get(&key).await.ok().flatten()?;
+        (t.attempts >= 2).then_some(t)
+    })
+    .await
+    .unwrap_or_else(|| panic!("{key}: retried on its own"))
 }
 
 /// The timer at `path` once a failed publish was recorded (`attempts` at least 1).

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use base64::Engine as _;
-use serde_json::json;
+use serde_json::{json, Value};
 
 use timer_core::plugin::{DelayedMessage, DelayedUntil, ReadMessage, TestClient};
 
@@ -420,4 +420,74 @@ pub async fn ten_thousand_delayed_messages_through_the_native_ingress_survive_a_
     );
     service.terminate().await;
     setup.clean_up().await;
+}
+
+/// The setup of [`an_event_its_destination_refuses_is_retried_alone`]: any target allowed,
+/// retries 200 to 400 ms apart.
+pub fn refusing_destination_setup(case: &BrokerCase) -> Setup {
+    Setup::with_sections(
+        case,
+        json!({ "targets": { "allow": ["*"] },
+                "engine": { "retry_base": "200ms", "retry_max": "400ms" } }),
+    )
+}
+
+/// `target`, a destination of the broker's own that takes one message and refuses the next
+/// ones (a NATS stream full with discard new, a RabbitMQ queue full with reject-publish), made
+/// by the caller on `setup`'s server. Two timers due together go there, an envelope beside
+/// them in the same batch: one of the two is stored, the other refused alone, retried with
+/// `says` in its `lastError`; the others are Reached once, no attempt counted, and the envelope
+/// read once. Cleaning up is the caller's.
+pub async fn an_event_its_destination_refuses_is_retried_alone(
+    setup: &Setup,
+    target: Value,
+    says: &str,
+) {
+    let client = setup.client().await;
+    let service = setup.start().await;
+    let due = now_ms() + 300;
+    let mut timers = Vec::new();
+    for id in ["one", "two"] {
+        timers.push(
+            json!({"tenantId": "t", "serviceCallId": id, "dueTimeMs": due,
+            "target": target, "message": {"body": {"id": id}}}),
+        );
+    }
+    timers.push(json!({"tenantId": "t", "serviceCallId": "beside", "dueTimeMs": due}));
+    let batch = json!({ "commands": timers });
+    let (status, v) = service.post("/v1/timers/batch", batch.to_string()).await;
+    assert_eq!(status, 200, "{v}");
+    let states = wait_for(Duration::from_secs(30), || async {
+        let mut got = Vec::new();
+        for id in ["one", "two", "beside"] {
+            let (_, t) = service.get(&format!("/v1/tenants/t/timers/{id}")).await;
+            got.push(t);
+        }
+        let reached = |t: &Value| t["state"] == "Reached";
+        let retried = |t: &Value| t["state"] == "Scheduled" && t["attempts"].as_u64() >= Some(2);
+        let one_each =
+            (reached(&got[0]) && retried(&got[1])) || (retried(&got[0]) && reached(&got[1]));
+        (one_each && reached(&got[2])).then_some(got)
+    })
+    .await
+    .unwrap_or_else(|| service.fail("one of the two stored, the other retried alone"));
+    let refused = states
+        .iter()
+        .find(|t| t["state"] == "Scheduled")
+        .unwrap_or_else(|| service.fail("the refused one"));
+    let error = refused["lastError"].as_str().unwrap_or_default();
+    assert!(error.contains(says), "{refused}");
+    for t in states.iter().filter(|t| t["state"] == "Reached") {
+        assert_eq!(
+            t["attempts"], 0,
+            "published beside the refused one, once: {t}"
+        );
+    }
+    let events = client.events().await.expect("events");
+    assert_eq!(
+        events.len(),
+        1,
+        "the envelope beside them, once: {events:?}"
+    );
+    service.terminate().await;
 }

@@ -41,7 +41,8 @@ pub use control::{
 };
 pub use delivery::{
     a_timers_own_message_arrives_at_its_target_and_a_cancelled_one_does_not,
-    delivered_cancelled_and_dead_lettered,
+    an_event_its_destination_refuses_is_retried_alone, delivered_cancelled_and_dead_lettered,
+    refusing_destination_setup,
     ten_thousand_delayed_messages_through_the_native_ingress_survive_a_kill,
     the_delay_bench_sees_every_message_arrive,
 };
