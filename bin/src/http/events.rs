@@ -69,8 +69,8 @@ pub async fn events(
     Extension(caller): Extension<Principal>,
     RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
-    let tenant = tenant_of_query(query.as_deref())?;
-    if let Some(tenant) = &tenant {
+    let only = tenant_of_query(query.as_deref())?;
+    if let Some(tenant) = &only {
         check_id(tenant.clone(), "tenant", app.engine.limits())?;
         caller.need_tenant(tenant, Some("tenant"))?;
     }
@@ -93,10 +93,8 @@ pub async fn events(
             .unwrap_or_default();
         tokio::time::Instant::now().checked_add(left)
     });
-    let tenant_given = tenant;
-    let shows = move |tenant: &str| {
-        tenant_given.as_deref().is_none_or(|t| t == tenant) && caller.may_use(tenant)
-    };
+    let shows =
+        move |tenant: &str| only.as_deref().is_none_or(|t| t == tenant) && caller.may_use(tenant);
     let events = app.engine.subscribe(app.streams.buffer, Box::new(shows));
     let stream = futures::stream::unfold(Some((events, open)), |state| async move {
         let (mut events, open) = state?;

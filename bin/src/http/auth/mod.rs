@@ -7,13 +7,14 @@
 //!
 //! Every route has a [`Rule`] ([`rule`]); a route without one is refused, and a test checks that
 //! every route of the OpenAPI document has one. Routes with `{tenant}` in their path are checked
-//! here before their handler runs (GET and HEAD need `read`, every other method `write`), so a refusal
-//! (403) is the same whether or not the timer exists. Routes whose tenants are in the body or
-//! that span tenants (`POST /v1/timers`, the batch, `/v1/commands`, the summary, the event
-//! stream) get the [`Principal`] as a request extension and check or filter each item.
+//! here before their handler runs (GET and HEAD need `read`, every other method `write`), so a
+//! refusal (403) is the same whether or not the timer exists. Routes whose tenants are in the
+//! body or that span tenants (`POST /v1/timers`, the batch, `/v1/commands`, the summary, the
+//! event stream) get the [`Principal`] as a request extension and check or filter each item.
 //!
-//! Every request that is not a GET or HEAD leaves one audit line (target `timer_service::audit`): key
-//! name, tenant, action, timer id, HTTP status and the API's outcome code.
+//! Every request that is not a GET or HEAD leaves one audit line (target
+//! `timer_service::audit`): key name, tenant, action, timer id, HTTP status and the API's
+//! outcome code.
 
 mod guard;
 mod jwt;
