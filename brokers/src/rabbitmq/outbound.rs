@@ -87,24 +87,19 @@ pub(super) fn properties_of(
     let properties = BasicProperties::default()
         .with_delivery_mode(2)
         .with_message_id(event.id.to_string().into());
-    let mut headers = FieldTable::default();
     let own = event.message.iter().flat_map(|meta| &meta.headers);
-    for (name, value) in own
+    let pairs: Vec<(&str, &str)> = own
         .map(|(name, value)| (name.as_str(), value.as_str()))
         .chain(event.trace_headers().map(|(name, value)| (name as &str, value)))
-    {
+        .collect();
+    let mut headers = FieldTable::default();
+    for (name, value) in &pairs {
         let name = short(&format!("the header name {:?}", truncated(name)), name)?;
-        headers.insert(name, AMQPValue::LongString(value.into()));
+        headers.insert(name, AMQPValue::LongString((*value).into()));
     }
     let size = properties_size(
         event.message.as_ref().and_then(|m| m.content_type.as_deref()),
-        headers.inner().iter().map(|(name, value)| {
-            let len = match value {
-                AMQPValue::LongString(text) => text.as_bytes().len(),
-                _ => 0,
-            };
-            (name.as_str().len(), len)
-        }),
+        pairs.iter().map(|(name, value)| (name.len(), value.len())),
     );
     if size > frame_max {
         return Err(format!(

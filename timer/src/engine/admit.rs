@@ -71,11 +71,7 @@ impl Engine {
                 ),
             )
         })?;
-        // An HTTP target goes to the caller, whatever the broker.
-        let caller = timer
-            .target
-            .as_ref()
-            .and_then(|target| self.inner.caller.get().filter(|c| c.takes(target)));
+        let caller = self.caller_of(timer.target.as_ref());
         if let Some(message) = &timer.message {
             match caller {
                 Some(caller) => caller.check_message(&message.meta),

@@ -39,6 +39,7 @@ use super::{metrics as metric, spans, Engine, LoweredOnPanic};
 use crate::broker::OutboundEvent;
 use crate::call::{Called, Caller};
 use crate::model::{ClaimedTimer, Timestamp};
+use crate::outbound::Target;
 use crate::policy::{self, Fire};
 use crate::store::Settlement;
 use crate::wire::DueTimeReachedEnvelope;
@@ -173,11 +174,16 @@ impl Drop for Running {
 }
 
 impl Engine {
+    /// The caller a timer with `target` goes to (an HTTP target), whatever the broker; `None`:
+    /// the broker publishes it.
+    pub(super) fn caller_of(&self, target: Option<&Target>) -> Option<&Arc<dyn Caller>> {
+        let caller = self.inner.caller.get()?;
+        caller.takes(target?).then_some(caller)
+    }
+
     /// Whether `claim` goes to the caller rather than the broker.
     pub(super) fn called(&self, claim: &ClaimedTimer) -> Option<Arc<dyn Caller>> {
-        let caller = self.inner.caller.get()?;
-        let target = claim.target.as_ref()?;
-        caller.takes(target).then(|| caller.clone())
+        self.caller_of(claim.target.as_ref()).cloned()
     }
 
     /// Starts delivering `one` through `caller` on a task of `calls`.

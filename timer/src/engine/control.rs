@@ -148,11 +148,7 @@ impl Engine {
             timer.trace.clone(),
         );
         // An HTTP target's fire goes to the caller, as a due fire does.
-        let caller = timer
-            .target
-            .as_ref()
-            .and_then(|target| inner.caller.get().filter(|c| c.takes(target)));
-        let published = match caller {
+        let published = match self.caller_of(timer.target.as_ref()) {
             Some(caller) => match caller.call(&event).await {
                 Called::Delivered { .. } => Ok(()),
                 Called::Retry { error, .. } | Called::Refused { error } => {
