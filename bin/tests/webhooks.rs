@@ -580,6 +580,57 @@ async fn a_manual_trigger_calls_the_http_target() {
     service.terminate().await;
 }
 
+/// A `CancelTimer` (through `POST /v1/commands`: the in-process broker) for a timer whose call is
+/// in flight waits for that call, holding back only its own tenant's commands: another tenant's
+/// schedule sent after it is stored while the receiver still takes its 5 s, not after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_that_meets_a_slow_call_holds_back_no_other_tenant() {
+    let _alone = ALONE.lock().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (slow, port, _task) = receiver().await;
+    let service = service(dir.path(), &[port], json!({})).await;
+    let url = format!("http://127.0.0.1:{port}/sloth/slow/call");
+    let (status, v) = service
+        .post(
+            "/v1/timers",
+            hook_timer("sloth", "call", now_ms(), url).to_string(),
+        )
+        .await;
+    assert_eq!(status, 201, "{v}");
+    let started = wait_for(Duration::from_secs(10), || async {
+        slow.calls().first().map(|call| call.at_ms)
+    })
+    .await
+    .unwrap_or_else(|| service.fail("the receiver was never called"));
+    let later = now_ms() + 3_600_000;
+    for command in [
+        json!({"type": "CancelTimer", "tenantId": "sloth", "serviceCallId": "call"}),
+        json!({"tenantId": "other", "serviceCallId": "next", "dueTimeMs": later}),
+    ] {
+        let (status, v) = service.post("/v1/commands", command.to_string()).await;
+        assert_eq!(status, 202, "{v}");
+    }
+    let stored = wait_for(Duration::from_secs(10), || async {
+        let (status, _) = service.get("/v1/tenants/other/timers/next").await;
+        (status == 200).then(now_ms)
+    })
+    .await
+    .unwrap_or_else(|| service.fail("the other tenant's schedule was never stored"));
+    // The receiver answers 5 s after the call began: a schedule stored later waited for it.
+    assert!(
+        stored < started + 5_000,
+        "stored {} ms after the call began, behind another tenant's cancel",
+        stored - started
+    );
+    let fired = wait_for(Duration::from_secs(30), || async {
+        let (_, t) = service.get("/v1/tenants/sloth/timers/call").await;
+        (t["state"] == "Reached").then_some(t)
+    })
+    .await;
+    assert!(fired.is_some(), "the call in flight ended the timer");
+    service.terminate().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_receiver_does_not_make_another_tenants_webhooks_late() {
     let _alone = ALONE.lock().await;

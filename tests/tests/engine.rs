@@ -2031,6 +2031,62 @@ async fn a_cancel_command_that_meets_a_fire_waits_for_it_and_then_applies() {
     );
 }
 
+/// A `CancelTimer` that meets a fire in progress is held aside with the later commands of its
+/// own tenant: another tenant's commands are applied meanwhile, not held behind that fire (a
+/// slow broker or HTTP target would stop every tenant's commands for as long). Once the fire
+/// settled, the cancel applies (here: changes nothing, the event went out) and its tenant's
+/// next command follows, in order.
+#[tokio::test]
+async fn a_command_that_meets_a_fire_holds_back_only_its_own_tenant() {
+    let gate = Arc::new(tokio::sync::Notify::new());
+    let mut setup = Setup::publishing(Publish::Gated(gate.clone()));
+    // The publish waits for the gate, not for its timeout.
+    setup.config.publish_timeout = secs(600);
+    let r = setup.start();
+    r.schedule(&[timer("racing", T0)]).await;
+    timer_where(&r.store, "racing", |t| t.lease_owner.is_some()).await;
+    let due = T0.as_millis() + 3_600_000;
+    for body in [
+        r#"{"type":"CancelTimer","tenantId":"t","serviceCallId":"racing"}"#.to_owned(),
+        format!(r#"{{"tenantId":"t","serviceCallId":"after","dueTimeMs":{due}}}"#),
+        format!(r#"{{"tenantId":"u","serviceCallId":"other","dueTimeMs":{due}}}"#),
+        r#"{"type":"PauseTimer","tenantId":"u","serviceCallId":"other"}"#.to_owned(),
+    ] {
+        r.hub.send_command(body).expect("send");
+    }
+    key_where(&r.store, &TimerKey::new("u", "other"), |t| {
+        t.state == TimerState::Paused
+    })
+    .await;
+    let acked = wait_for(WAIT, || async {
+        (r.hub.unacknowledged().ok()? == 2).then_some(())
+    })
+    .await;
+    assert!(
+        acked.is_some(),
+        "u's commands acknowledged, t's two held: {:?} unacknowledged",
+        r.hub.unacknowledged()
+    );
+    let after = TimerKey::new("t", "after");
+    assert!(
+        r.store.get(&after).await.expect("get").is_none(),
+        "t's schedule waits behind its cancel"
+    );
+    let racing = timer_where(&r.store, "racing", |_| true).await;
+    assert!(racing.lease_owner.is_some(), "still firing: {racing:?}");
+
+    gate.notify_one();
+    events(&r.hub, 1).await.expect("the fire went out");
+    key_where(&r.store, &after, |t| t.state == TimerState::Scheduled).await;
+    assert!(all_acknowledged(&r.hub).await, "all acknowledged");
+    let racing = timer_where(&r.store, "racing", |_| true).await;
+    assert_eq!(
+        racing.state,
+        TimerState::Reached,
+        "the cancel came too late"
+    );
+}
+
 /// An engine whose tenants may schedule one timer a second (a burst of 1), holding at most
 /// `max_held` commands and `per_tenant` of one tenant, after `big` schedules of tenant `big`
 /// (`big/0`, `big/1`, ...) and then one of tenant `t` (`t/0`) were sent, all due in an hour.

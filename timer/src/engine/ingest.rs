@@ -3,9 +3,11 @@
 //! after the store committed them.
 //! A refused command goes to the dead-letter destination before it is acknowledged.
 //! A schedule of a tenant over its rate limit (`limits.rate`) is held back, unacknowledged,
-//! with every later command of that tenant; the other tenants' commands go on.
+//! with every later command of that tenant; the other tenants' commands go on. So is a
+//! `CancelTimer`, `PauseTimer` or `TimerCompleted` that meets a fire in progress, until it is
+//! tried again.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
 
 use opentelemetry::trace::{FutureExt as _, TraceContextExt as _};
@@ -13,8 +15,8 @@ use opentelemetry::Context;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn, Level};
 
+use super::held::{Held, Unacknowledged, Waits};
 use super::retry::pause;
-use super::throttle::Held;
 use super::{metrics as metric, Engine, Scheduled};
 use crate::broker::Delivery;
 use crate::control::Action;
@@ -27,8 +29,8 @@ fn throttled() {
     ::metrics::counter!(metric::COMMANDS_THROTTLED, "path" => "broker").increment(1);
 }
 
-/// How often a `CancelTimer`, `PauseTimer` or `TimerCompleted` that met a fire in progress
-/// looks again.
+/// How often a `CancelTimer`, `PauseTimer` or `TimerCompleted` that met a fire in progress is
+/// tried again.
 const FIRING_RECHECK: Duration = Duration::from_millis(100);
 
 /// The longest one receive waits for commands (shorter while held commands wait for their
@@ -39,13 +41,34 @@ const RECEIVE_WAIT: Duration = Duration::from_secs(1);
 /// after its ack wait.
 const GIVE_BACK_WITHIN: Duration = Duration::from_secs(5);
 
-/// One step of an ingested batch.
-enum Step<'a> {
-    /// Timers to store together, with the deliveries they came from.
-    Schedule(Vec<NewTimer>, Vec<&'a Delivery>),
-    /// A `CancelTimer`, `PauseTimer`, `ResumeTimer` or `TimerCompleted`, with the trace
-    /// context its delivery came in (the action's span continues it).
-    Control(TimerKey, Action, Context),
+/// What a command asks for.
+// As `Command`: one lives for a message; boxing the schedule would allocate for each.
+#[allow(clippy::large_enum_variant)]
+enum Work {
+    /// A `ScheduleTimer`.
+    Schedule(NewTimer),
+    /// A `CancelTimer`, `PauseTimer`, `ResumeTimer` or `TimerCompleted`.
+    Act(TimerKey, Action),
+}
+
+impl From<Command> for Work {
+    fn from(command: Command) -> Self {
+        match command {
+            Command::Schedule(timer) => Work::Schedule(timer),
+            Command::Cancel(key) => Work::Act(key, Action::Cancel),
+            Command::Pause(key) => Work::Act(key, Action::Pause { note: None }),
+            Command::Resume(key) => Work::Act(key, Action::Resume),
+            Command::Complete(key, completion) => Work::Act(key, Action::Complete(completion)),
+        }
+    }
+}
+
+/// One step of an ingested batch, with the positions of the deliveries it came from.
+enum Step {
+    /// Timers to store together.
+    Schedule(Vec<NewTimer>, Vec<usize>),
+    /// An action on one timer.
+    Act(TimerKey, Action, usize),
 }
 
 /// The context of a delivery's trace context headers, for the span of the action it asks for.
@@ -59,14 +82,84 @@ fn context_of(delivery: &Delivery) -> Context {
 /// A received command, decoded (or refused).
 struct Admitted {
     delivery: Delivery,
-    command: Result<Command, Rejection>,
+    work: Result<Work, Rejection>,
+    /// When its ack wait last started ([`Unacknowledged`]).
+    kept: tokio::time::Instant,
 }
 
 impl Admitted {
     /// The tenant of a command that was decoded.
     fn tenant(&self) -> Option<&str> {
-        let command = self.command.as_ref().ok()?;
-        Some(&command.key().tenant_id)
+        match self.work.as_ref().ok()? {
+            Work::Schedule(timer) => Some(&timer.key.tenant_id),
+            Work::Act(key, _) => Some(&key.tenant_id),
+        }
+    }
+
+    fn is_schedule(&self) -> bool {
+        matches!(self.work, Ok(Work::Schedule(_)))
+    }
+}
+
+impl Unacknowledged for Admitted {
+    fn tag(&self) -> u64 {
+        self.delivery.tag
+    }
+
+    fn kept(&mut self) -> &mut tokio::time::Instant {
+        &mut self.kept
+    }
+}
+
+/// Commands of a batch that wait for a fire in progress: the one that met it, and every later
+/// one of its tenant (by position in the batch), each with what it waits for.
+#[derive(Default)]
+struct Behind {
+    tenants: HashSet<String>,
+    commands: Vec<(usize, Work, Waits)>,
+}
+
+impl Behind {
+    /// Whether a command of `tenant` waits behind one that met a fire.
+    fn waits(&self, tenant: &str) -> bool {
+        self.tenants.contains(tenant)
+    }
+
+    /// A command that met a fire in progress: tried again after [`FIRING_RECHECK`].
+    fn met_fire(&mut self, at: usize, key: TimerKey, action: Action) {
+        let again = tokio::time::Instant::now() + FIRING_RECHECK;
+        self.tenants.insert(key.tenant_id.clone());
+        self.commands
+            .push((at, Work::Act(key, action), Waits::Until(again)));
+    }
+
+    /// A later command of a tenant that waits.
+    fn queue(&mut self, at: usize, work: Work) {
+        self.commands.push((at, work, Waits::Turn));
+    }
+
+    /// The commands that wait, with the deliveries (of the whole batch, by position) they came
+    /// from, to hold in the order they came.
+    fn into_held(
+        mut self,
+        deliveries: Vec<(Delivery, tokio::time::Instant)>,
+    ) -> Vec<(String, Admitted, Waits)> {
+        self.commands.sort_by_key(|(at, ..)| *at);
+        let mut commands = self.commands.into_iter().peekable();
+        deliveries
+            .into_iter()
+            .enumerate()
+            .filter_map(|(at, (delivery, kept))| {
+                let (_, work, waits) = commands.next_if(|(of, ..)| *of == at)?;
+                let admitted = Admitted {
+                    delivery,
+                    work: Ok(work),
+                    kept,
+                };
+                let tenant = admitted.tenant()?.to_owned();
+                Some((tenant, admitted, waits))
+            })
+            .collect()
     }
 }
 
@@ -115,8 +208,8 @@ impl Engine {
             // Commands of tenants back within their rate go first, in their order.
             let (released, next) = held.release(&inner.throttle).await;
             if !released.is_empty() {
+                held.put_back(self.apply(released, &shutdown).await);
                 ::metrics::gauge!(metric::COMMANDS_HELD).set(held.len() as f64);
-                self.apply(released, &shutdown).await;
             }
             self.keep_held(&mut held).await;
             if tidied.elapsed() >= FORGET_IDLE_EVERY {
@@ -155,11 +248,9 @@ impl Engine {
             // (one call of the store per tenant when the allowances are shared); a schedule
             // beyond what it got is held with every later command of its tenant.
             let mut asked: BTreeMap<&str, u32> = BTreeMap::new();
-            for a in &admitted {
-                if let (Some(tenant), Ok(Command::Schedule(_))) = (a.tenant(), &a.command) {
-                    if !held.holds(tenant) {
-                        *asked.entry(tenant).or_default() += 1;
-                    }
+            for a in admitted.iter().filter(|a| a.is_schedule()) {
+                if let Some(tenant) = a.tenant().filter(|tenant| !held.holds(tenant)) {
+                    *asked.entry(tenant).or_default() += 1;
                 }
             }
             let mut granted: HashMap<String, u32> = HashMap::with_capacity(asked.len());
@@ -177,11 +268,11 @@ impl Engine {
                 {
                     // Refused: a dead letter, acknowledged in its turn.
                     super::admit::rejected(refusal.reason);
-                    admitted.command = Err(refusal);
+                    admitted.work = Err(refusal);
                     ready.push(admitted);
                     continue;
                 }
-                let schedule = matches!(admitted.command, Ok(Command::Schedule(_)));
+                let schedule = admitted.is_schedule();
                 // Behind its tenant's held commands, whatever it is; a schedule also when it is
                 // over its tenant's rate.
                 let hold = admitted
@@ -193,18 +284,20 @@ impl Engine {
                 match hold {
                     None => ready.push(admitted),
                     Some(tenant) => {
-                        if schedule {
+                        let waits = if schedule {
                             throttled();
-                        }
-                        let tag = admitted.delivery.tag;
-                        held.push(&tenant, admitted, schedule, tag);
+                            Waits::Allowance
+                        } else {
+                            Waits::Turn
+                        };
+                        held.push(&tenant, admitted, waits);
                     }
                 }
             }
-            ::metrics::gauge!(metric::COMMANDS_HELD).set(held.len() as f64);
             if !ready.is_empty() {
-                self.apply(ready, &shutdown).await;
+                held.put_back(self.apply(ready, &shutdown).await);
             }
+            ::metrics::gauge!(metric::COMMANDS_HELD).set(held.len() as f64);
         }
         // Held commands stay unacknowledged: the broker delivers them again, to another
         // instance at once where it can be told to.
@@ -230,8 +323,9 @@ impl Engine {
                 Reason::TenantLimit,
                 Some("tenantId"),
                 format!(
-                    "tenant {tenant:?} has {holding} commands held back for its rate limit \
-                     (limits.rate.max_held_per_tenant); this one was refused: send slower"
+                    "tenant {tenant:?} has {holding} commands held back, for its rate limit or \
+                     behind a fire in progress (limits.rate.max_held_per_tenant); this one was \
+                     refused: send slower"
                 ),
             )
         })
@@ -262,107 +356,116 @@ impl Engine {
     /// `ResumeTimer` or `TimerCompleted` the store cannot do, and a command for another tenant
     /// than the broker binds the delivery to.
     fn admitted(&self, delivery: Delivery) -> Admitted {
-        let command = self
+        let work = self
             .admit(&delivery.body, &delivery.trace)
             .and_then(|command| {
                 bound_to(&delivery, command)
                     .inspect_err(|refused| super::admit::rejected(refused.reason))
-            });
-        Admitted { delivery, command }
+            })
+            .map(Work::from);
+        Admitted {
+            delivery,
+            work,
+            kept: tokio::time::Instant::now(),
+        }
     }
 
-    /// Applies commands in their order and acknowledges them.
-    async fn apply(&self, commands: Vec<Admitted>, shutdown: &CancellationToken) {
-        let (deliveries, commands): (Vec<Delivery>, Vec<_>) = commands
-            .into_iter()
-            .map(|a| (a.delivery, a.command))
-            .unzip();
+    /// Applies commands in their order and acknowledges them. A `CancelTimer`, `PauseTimer` or
+    /// `TimerCompleted` that meets a fire in progress is not waited for here, where every
+    /// tenant's commands would wait with it: it is returned, unacknowledged, with every later
+    /// command of its tenant, to be held and tried again once that fire may have settled.
+    async fn apply(
+        &self,
+        commands: Vec<Admitted>,
+        shutdown: &CancellationToken,
+    ) -> Vec<(String, Admitted, Waits)> {
+        let mut deliveries = Vec::with_capacity(commands.len());
         let mut steps: Vec<Step> = Vec::new();
-        let mut acks = Vec::with_capacity(deliveries.len());
-        for (delivery, admitted) in deliveries.iter().zip(commands) {
-            match admitted {
-                Ok(Command::Schedule(timer)) => {
-                    match steps.last_mut() {
-                        Some(Step::Schedule(run, from)) => {
-                            run.push(timer);
-                            from.push(delivery);
-                        }
-                        _ => steps.push(Step::Schedule(vec![timer], vec![delivery])),
+        let mut acks = Vec::with_capacity(commands.len());
+        for (at, admitted) in commands.into_iter().enumerate() {
+            let Admitted {
+                delivery,
+                work,
+                kept,
+            } = admitted;
+            match work {
+                Ok(Work::Schedule(timer)) => match steps.last_mut() {
+                    Some(Step::Schedule(run, from)) => {
+                        run.push(timer);
+                        from.push(at);
                     }
-                    acks.push(delivery.tag);
-                }
-                Ok(Command::Cancel(key)) => {
-                    steps.push(Step::Control(key, Action::Cancel, context_of(delivery)));
-                    acks.push(delivery.tag);
-                }
-                Ok(Command::Pause(key)) => {
-                    steps.push(Step::Control(
-                        key,
-                        Action::Pause { note: None },
-                        context_of(delivery),
-                    ));
-                    acks.push(delivery.tag);
-                }
-                Ok(Command::Resume(key)) => {
-                    steps.push(Step::Control(key, Action::Resume, context_of(delivery)));
-                    acks.push(delivery.tag);
-                }
-                Ok(Command::Complete(key, completion)) => {
-                    steps.push(Step::Control(
-                        key,
-                        Action::Complete(completion),
-                        context_of(delivery),
-                    ));
-                    acks.push(delivery.tag);
-                }
+                    _ => steps.push(Step::Schedule(vec![timer], vec![at])),
+                },
+                Ok(Work::Act(key, action)) => steps.push(Step::Act(key, action, at)),
                 Err(rejection) => {
                     warn!(reason = rejection.reason.as_str(), error = %rejection, "command rejected; dead-lettering it");
                     if !self
                         .dead_letter(&delivery.body, &rejection.to_string(), shutdown)
                         .await
                     {
-                        return; // shutting down: unacknowledged, the batch comes again
+                        return Vec::new(); // shutting down: unacknowledged, the batch comes again
                     }
                     acks.push(delivery.tag);
                 }
             }
+            deliveries.push((delivery, kept));
         }
         let retry = super::retry::Retry {
             level: Level::ERROR,
             ..self.store_retry(shutdown, "storing commands (not acknowledged)")
         };
-        for step in &steps {
+        let mut behind = Behind::default();
+        for step in steps {
             match step {
                 Step::Schedule(timers, from) => {
-                    let Some(results) = retry.until_ok(|| self.schedule(timers)).await else {
-                        return; // unacknowledged: the broker delivers the batch again
-                    };
-                    for (result, delivery) in results.iter().zip(from) {
-                        let Scheduled::Refused(rejection) = result else {
-                            continue;
-                        };
-                        warn!(
-                            reason = rejection.reason.as_str(),
-                            "command refused; dead-lettering it"
-                        );
-                        if !self
-                            .dead_letter(&delivery.body, &rejection.to_string(), shutdown)
-                            .await
-                        {
-                            acks.retain(|tag| *tag != delivery.tag); // it comes back
+                    let mut run = Vec::with_capacity(timers.len());
+                    let mut run_from = Vec::with_capacity(timers.len());
+                    for (timer, at) in timers.into_iter().zip(from) {
+                        if behind.waits(&timer.key.tenant_id) {
+                            behind.queue(at, Work::Schedule(timer));
+                        } else {
+                            run.push(timer);
+                            run_from.push(at);
                         }
                     }
+                    if run.is_empty() {
+                        continue;
+                    }
+                    let Some(results) = retry.until_ok(|| self.schedule(&run)).await else {
+                        return Vec::new(); // unacknowledged: the broker delivers the batch again
+                    };
+                    for (result, at) in results.iter().zip(run_from) {
+                        let delivery = &deliveries[at].0;
+                        if let Scheduled::Refused(rejection) = result {
+                            warn!(
+                                reason = rejection.reason.as_str(),
+                                "command refused; dead-lettering it"
+                            );
+                            if !self
+                                .dead_letter(&delivery.body, &rejection.to_string(), shutdown)
+                                .await
+                            {
+                                continue; // unacknowledged: it comes back
+                            }
+                        }
+                        acks.push(delivery.tag);
+                    }
                 }
-                Step::Control(key, action, context) => loop {
+                Step::Act(key, action, at) => {
+                    if behind.waits(&key.tenant_id) {
+                        behind.queue(at, Work::Act(key, action));
+                        continue;
+                    }
+                    let context = context_of(&deliveries[at].0);
                     let applied = retry
                         .until_ok(|| {
                             async {
-                                match action {
+                                match &action {
                                     Action::Cancel => {
-                                        self.cancel(key).await.map(ControlOutcome::from)
+                                        self.cancel(&key).await.map(ControlOutcome::from)
                                     }
                                     _ => Ok(self
-                                        .control(std::slice::from_ref(key), action)
+                                        .control(std::slice::from_ref(&key), &action)
                                         .await?
                                         .first()
                                         .copied()
@@ -373,24 +476,24 @@ impl Engine {
                         })
                         .await;
                     let Some(outcome) = applied else {
-                        return; // unacknowledged: the command comes again
+                        return Vec::new(); // unacknowledged: the command comes again
                     };
                     match outcome {
-                        // Its event is being published: wait for that fire to settle (bounded
-                        // by half the lease), then act on what is left (a recurring series, or
-                        // a timer whose publish failed).
+                        // Its event is being published: tried again once that fire may have
+                        // settled (bounded by half the lease), to act on what is left then (a
+                        // recurring series, or a timer whose publish failed).
                         ControlOutcome::Firing => {
-                            if !pause(shutdown, FIRING_RECHECK).await {
-                                return;
-                            }
+                            debug!(timer = %key, action = action.as_str(), "command met a fire in progress; held until it settles");
+                            behind.met_fire(at, key, action);
+                            continue;
                         }
-                        outcome if outcome.changed() => break,
+                        outcome if outcome.changed() => {}
                         other => {
                             info!(timer = %key, action = action.as_str(), outcome = other.as_str(), "command changed nothing");
-                            break;
                         }
                     }
-                },
+                    acks.push(deliveries[at].0.tag);
+                }
             }
         }
         if let Err(e) = self.inner.broker.ack(&acks).await {
@@ -398,6 +501,7 @@ impl Engine {
             // harmless (schedules are upserts, a second cancel changes nothing).
             warn!(error = %e.chain(), "acknowledging commands failed; they will be redelivered");
         }
+        behind.into_held(deliveries)
     }
 
     /// Sends a refused command to the dead-letter destination, retrying with backoff until it

@@ -32,6 +32,7 @@ mod call;
 mod control;
 mod fire;
 mod group_commit;
+mod held;
 mod ingest;
 pub mod metrics;
 mod owners;

@@ -2,10 +2,10 @@
 //! `governor`, read on the engine's [`Clock`] (so `ManualClock` drives them in tests).
 //!
 //! [`Throttle`] only answers whether schedules fit now and, if not, how long until they do. HTTP
-//! turns a refusal into 429 with `Retry-After`; the broker path ([`Held`]) keeps the tenant's
-//! commands, unacknowledged, until they fit.
+//! turns a refusal into 429 with `Retry-After`; the broker path
+//! ([`Held`](super::held::Held)) keeps the tenant's commands, unacknowledged, until they fit.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::num::NonZeroU32;
 use std::sync::Arc;
@@ -323,114 +323,6 @@ fn micros(d: Duration) -> i64 {
     i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
 }
 
-/// Commands the broker path holds back because their tenant is over its rate, unacknowledged,
-/// in arrival order per tenant. A tenant with held commands gets every later command of its
-/// own in line behind them (a cancel must not overtake the schedule it cancels); other tenants
-/// pass.
-pub(crate) struct Held<T> {
-    tenants: HashMap<String, VecDeque<HeldItem<T>>>,
-    len: usize,
-}
-
-struct HeldItem<T> {
-    item: T,
-    /// Whether it is a schedule (takes one from the allowance) or a command that only waits.
-    schedule: bool,
-    /// When the broker was last told to keep it (its ack wait restarted).
-    kept: tokio::time::Instant,
-    tag: u64,
-}
-
-impl<T> Default for Held<T> {
-    fn default() -> Self {
-        Held {
-            tenants: HashMap::new(),
-            len: 0,
-        }
-    }
-}
-
-impl<T> Held<T> {
-    pub(crate) fn len(&self) -> usize {
-        self.len
-    }
-
-    pub(crate) fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// Whether `tenant` has commands held.
-    pub(crate) fn holds(&self, tenant: &str) -> bool {
-        self.tenants.contains_key(tenant)
-    }
-
-    /// How many commands `tenant` has held.
-    pub(crate) fn of(&self, tenant: &str) -> usize {
-        self.tenants.get(tenant).map_or(0, VecDeque::len)
-    }
-
-    /// Puts a command at the end of its tenant's line.
-    pub(crate) fn push(&mut self, tenant: &str, item: T, schedule: bool, tag: u64) {
-        let line = self.tenants.entry(tenant.to_owned()).or_default();
-        line.push_back(HeldItem {
-            item,
-            schedule,
-            kept: tokio::time::Instant::now(),
-            tag,
-        });
-        self.len += 1;
-    }
-
-    /// The commands at the front of each line that fit now, and how long until the next one
-    /// does (None when nothing is held).
-    pub(crate) async fn release(&mut self, throttle: &Throttle) -> (Vec<T>, Option<Duration>) {
-        let mut ready = Vec::new();
-        let mut next: Option<Duration> = None;
-        let tenants: Vec<String> = self.tenants.keys().cloned().collect();
-        for tenant in tenants {
-            let Some(line) = self.tenants.get_mut(&tenant) else {
-                continue;
-            };
-            while let Some(front) = line.front() {
-                if front.schedule {
-                    if let Err(throttled) = throttle.take(&tenant, 1).await {
-                        // A limit of at least 1 always fits one schedule at some point.
-                        let wait = throttled
-                            .retry_after
-                            .unwrap_or(Duration::from_secs(1))
-                            .max(Duration::from_millis(1));
-                        next = Some(next.map_or(wait, |n| n.min(wait)));
-                        break;
-                    }
-                }
-                if let Some(held) = line.pop_front() {
-                    ready.push(held.item);
-                }
-            }
-            if line.is_empty() {
-                self.tenants.remove(&tenant);
-            }
-        }
-        self.len -= ready.len();
-        (ready, next)
-    }
-
-    /// The tags of held commands the broker was last told to keep more than `every` ago; marks
-    /// them kept now.
-    pub(crate) fn due_to_keep(&mut self, every: Duration) -> Vec<u64> {
-        let now = tokio::time::Instant::now();
-        self.tenants
-            .values_mut()
-            .flatten()
-            .filter(|held| now.duration_since(held.kept) >= every)
-            .map(|held| {
-                held.kept = now;
-                held.tag
-            })
-            .collect()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -517,28 +409,5 @@ mod tests {
         assert!(throttle.take_all(["a", "b", "a", "b"]).await.is_ok());
         let over = throttle.take_all(["b"]).await.unwrap_err();
         assert_eq!(over.tenant, "b");
-    }
-
-    #[tokio::test]
-    async fn held_commands_keep_their_order_per_tenant_and_others_pass() {
-        let (clock, throttle) = throttle(limits(1, 1));
-        let mut held: Held<&str> = Held::default();
-        assert!(throttle.take("a", 1).await.is_ok());
-        held.push("a", "a-schedule-2", true, 2);
-        held.push("a", "a-cancel-2", false, 3);
-        held.push("a", "a-schedule-3", true, 4);
-        assert!(held.holds("a") && !held.holds("b"));
-        assert_eq!(held.len(), 3);
-        let (ready, next) = held.release(&throttle).await;
-        assert!(ready.is_empty());
-        assert_eq!(next, Some(Duration::from_secs(1)));
-        clock.advance(Duration::from_secs(1));
-        let (ready, next) = held.release(&throttle).await;
-        assert_eq!(ready, ["a-schedule-2", "a-cancel-2"]);
-        assert_eq!(next, Some(Duration::from_secs(1)));
-        clock.advance(Duration::from_secs(1));
-        let (ready, next) = held.release(&throttle).await;
-        assert_eq!(ready, ["a-schedule-3"]);
-        assert_eq!((next, held.len(), held.holds("a")), (None, 0, false));
     }
 }
