@@ -165,10 +165,23 @@ async fn receiver() -> (Receiver, u16, JoinHandle<()>) {
 /// A service (SQLite, memory broker) whose tenants may call `http://127.0.0.1:<port>/<tenant>/`
 /// of each port, signing with secret 1 for every tenant and secrets 2 and 3 for `acme`.
 async fn service(dir: &Path, ports: &[u16], engine: Value) -> Service {
+    service_with(dir, ports, engine, json!({})).await
+}
+
+/// [`service`], with these keys in its `webhooks` section besides.
+async fn service_with(dir: &Path, ports: &[u16], engine: Value, webhooks: Value) -> Service {
     let allow: Vec<String> = ports
         .iter()
         .map(|p| format!("http://127.0.0.1:{p}/{{tenant}}/"))
         .collect();
+    let mut hooks = json!({
+        "allow_private_networks": true,
+        "secret": secret(1),
+        "tenants": {"acme": {"secrets": [secret(2), secret(3)]}},
+    });
+    if let (Some(hooks), Value::Object(more)) = (hooks.as_object_mut(), webhooks) {
+        hooks.extend(more);
+    }
     let file = write_config(
         dir,
         &json!({
@@ -176,11 +189,7 @@ async fn service(dir: &Path, ports: &[u16], engine: Value) -> Service {
             "broker": {"kind": "memory"},
             "engine": engine,
             "targets": {"allow": allow},
-            "webhooks": {
-                "allow_private_networks": true,
-                "secret": secret(1),
-                "tenants": {"acme": {"secrets": [secret(2), secret(3)]}},
-            },
+            "webhooks": hooks,
         }),
     );
     Service::start(
@@ -685,6 +694,67 @@ async fn a_slow_receiver_does_not_make_another_tenants_webhooks_late() {
     );
     assert!(slow_started >= 1, "the slow receiver was called");
     assert!(p99 <= 50, "p99 {p99} ms beside a slow receiver");
+    service.terminate().await;
+}
+
+/// Tenants calling one host take its turns in turn: `sloth`'s backlog there (20 calls of 5 s;
+/// 2 run at once, 6 more may wait, the rest are handed back) neither keeps `acme`'s calls to the
+/// same host out nor makes them wait behind all of it: acme's first call gets the second turn
+/// that ends (about 5 s), where behind sloth's line it would wait three rounds (15 s) more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenants_calling_one_host_take_its_turns_in_turn() {
+    let _alone = ALONE.lock().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (receiver, port, _task) = receiver().await;
+    let limits = json!({"per_host_concurrency": 2, "per_host_waiting": 6});
+    let service = service_with(dir.path(), &[port], json!({}), limits).await;
+    let now = now_ms();
+    let slow: Vec<Value> = (0..20)
+        .map(|i| {
+            let id = format!("slow-{i:02}");
+            let url = format!("http://127.0.0.1:{port}/sloth/slow/{id}");
+            hook_timer("sloth", &id, now, url)
+        })
+        .collect();
+    service.schedule_batch(&slow).await;
+    let running = wait_for(Duration::from_secs(10), || async {
+        (receiver.by_id("/sloth/").len() >= 2).then_some(())
+    })
+    .await;
+    assert!(running.is_some(), "sloth's first calls started");
+    let due = now_ms();
+    let fast: Vec<Value> = (0..2)
+        .map(|i| {
+            let id = format!("fast-{i}");
+            let url = format!("http://127.0.0.1:{port}/acme/ok/{id}");
+            hook_timer("acme", &id, due, url)
+        })
+        .collect();
+    service.schedule_batch(&fast).await;
+    let first = wait_for(Duration::from_secs(40), || async {
+        receiver
+            .by_id("/acme/")
+            .values()
+            .map(|calls| calls[0].at_ms)
+            .min()
+    })
+    .await
+    .unwrap_or_else(|| service.fail("acme's calls never came through"));
+    println!(
+        "beside a backlog of another tenant at the same host, the first call came {} ms after \
+         its due time",
+        first - due
+    );
+    assert!(
+        first - due < 12_000,
+        "acme's first call came {} ms after its due time: behind sloth's line",
+        first - due
+    );
+    let both = wait_for(Duration::from_secs(30), || async {
+        (receiver.by_id("/acme/").len() == 2).then_some(())
+    })
+    .await;
+    assert!(both.is_some(), "acme's second call came through too");
     service.terminate().await;
 }
 

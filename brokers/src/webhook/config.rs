@@ -39,11 +39,13 @@ pub struct WebhookConfig {
     pub connect_timeout: Duration,
     /// Calls at once, over all destinations.
     pub concurrency: usize,
-    /// Calls at once to one host (`host:port`): a slow host fills only its own.
+    /// Calls at once to one host (`host:port`): a slow host fills only its own. When one ends,
+    /// its turn goes to the next tenant waiting for that host (round robin).
     pub per_host_concurrency: usize,
-    /// Calls that may wait for one host's turn beside those running; a fire beyond it is handed
-    /// back for a second (no attempt counted), so a host that answers slowly holds a bounded
-    /// number of claims.
+    /// Calls of one tenant that may wait for one host's turn beside its calls running there; a
+    /// fire beyond it is handed back for a second (no attempt counted), so a host that answers
+    /// slowly holds a bounded number of each tenant's claims, and one tenant's backlog there
+    /// keeps no other tenant out.
     pub per_host_waiting: usize,
     /// Calls that may wait for a turn beside those running, over all hosts; a fire beyond it is
     /// handed back for a second, as for one host.

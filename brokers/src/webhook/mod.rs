@@ -4,13 +4,14 @@
 //! connection errors and timeouts are retried with the engine's backoff; a redirect (not
 //! followed) or another 4xx fails the timer at once. The engine runs each call on its own task
 //! ([`Caller`](timer_core::Caller)); this module bounds them per host and overall, so one slow
-//! host never delays another's calls. See `README.md` here.
+//! host never delays another's calls, and hands a host's turns round between the tenants calling
+//! it ([`turns`]), so one tenant's backlog there does not delay the others'. See `README.md` here.
 
 mod address;
 pub mod config;
 mod sign;
+mod turns;
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -25,6 +26,7 @@ use url::Url;
 pub use address::not_public;
 pub use config::{TenantWebhooks, WebhookConfig};
 pub use sign::signature;
+use turns::Turns;
 
 /// Metric names (`timer.webhook.*`), labelled by `host`, with their descriptions.
 pub mod metric {
@@ -40,7 +42,7 @@ pub mod metric {
         (
             CALLS,
             Kind::Counter,
-            "Calls of HTTP targets, by host (label host, host:port) and outcome (label outcome): delivered (2xx), retry (5xx, 408, 429, no connection, timeout), refused (another 4xx, a redirect), busy (too many calls waiting for that host: handed back)",
+            "Calls of HTTP targets, by host (label host, host:port) and outcome (label outcome): delivered (2xx), retry (5xx, 408, 429, no connection, timeout), refused (another 4xx, a redirect), busy (too many calls of its tenant waiting for that host, or of all tenants for any: handed back)",
         ),
         (
             CALL_DURATION,
@@ -221,17 +223,10 @@ pub struct Webhooks {
     client: reqwest::Client,
     /// Calls at once, over all hosts.
     all: Semaphore,
-    /// Per host: its calls at once, and how many calls hold or wait for a turn.
-    hosts: Mutex<Hosts>,
+    /// Per host: its calls at once, and the calls that hold or wait for a turn, per tenant.
+    turns: Turns,
     /// The hosts that have metrics of their own ([`METRIC_HOSTS`] at most).
     metric_hosts: Mutex<std::collections::HashSet<String>>,
-}
-
-/// The hosts with calls that hold or wait for a turn, and how many calls that is in all.
-#[derive(Default)]
-struct Hosts {
-    by_host: HashMap<String, (Arc<Semaphore>, usize)>,
-    all: usize,
 }
 
 impl Webhooks {
@@ -254,35 +249,14 @@ impl Webhooks {
             .map_err(|e| Error::config("cannot build the webhook HTTP client").with_source(e))?;
         Ok(Webhooks {
             all: Semaphore::new(config.concurrency),
+            turns: Turns::new(turns::Bounds {
+                per_host: config.per_host_concurrency,
+                per_tenant: config.per_host_concurrency + config.per_host_waiting,
+                all: config.concurrency + config.max_waiting,
+            }),
             config,
             client,
-            hosts: Mutex::new(Hosts::default()),
             metric_hosts: Mutex::new(std::collections::HashSet::new()),
-        })
-    }
-
-    /// A place in `host`'s line, or `None` when too many calls hold or wait for a turn already,
-    /// for this host or for all.
-    fn enter(&self, host: &str) -> Option<HostTurn<'_>> {
-        let mut hosts = self.hosts.lock().ok()?;
-        let config = &self.config;
-        if hosts.all >= config.concurrency + config.max_waiting {
-            return None;
-        }
-        let (limit, waiting) = hosts
-            .by_host
-            .entry(host.to_owned())
-            .or_insert_with(|| (Arc::new(Semaphore::new(config.per_host_concurrency)), 0));
-        if *waiting >= config.per_host_concurrency + config.per_host_waiting {
-            return None;
-        }
-        *waiting += 1;
-        let limit = limit.clone();
-        hosts.all += 1;
-        Some(HostTurn {
-            webhooks: self,
-            host: host.to_owned(),
-            limit,
         })
     }
 
@@ -410,27 +384,6 @@ impl Webhooks {
     }
 }
 
-/// A call's place with its host, given back when dropped.
-struct HostTurn<'a> {
-    webhooks: &'a Webhooks,
-    host: String,
-    limit: Arc<Semaphore>,
-}
-
-impl Drop for HostTurn<'_> {
-    fn drop(&mut self) {
-        if let Ok(mut hosts) = self.webhooks.hosts.lock() {
-            hosts.all = hosts.all.saturating_sub(1);
-            if let Some((_, waiting)) = hosts.by_host.get_mut(&self.host) {
-                *waiting = waiting.saturating_sub(1);
-                if *waiting == 0 {
-                    hosts.by_host.remove(&self.host);
-                }
-            }
-        }
-    }
-}
-
 #[async_trait]
 impl Caller for Webhooks {
     fn name(&self) -> &'static str {
@@ -479,15 +432,14 @@ impl Caller for Webhooks {
                 .increment(1);
             Called::Busy { after: BUSY_AGAIN }
         };
-        let Some(turn) = self.enter(&host) else {
+        let Some(entry) = self.turns.enter(&host, &event.key.tenant_id) else {
             return busy();
         };
         // The host's turn first: calls waiting for a slow host hold none of the others'. A call
         // waits for its turns at most `webhooks.timeout` (its timer cannot be cancelled while
         // it waits): then it is handed back.
-        let limit = turn.limit.clone();
         let turns = async {
-            let host_turn = limit.acquire().await.ok()?;
+            let host_turn = entry.turn().await;
             let all = self.all.acquire().await.ok()?;
             Some((host_turn, all))
         };
@@ -506,7 +458,7 @@ impl Caller for Webhooks {
         ::metrics::histogram!(metric::CALL_DURATION, "host" => label.clone())
             .record(started.elapsed().as_secs_f64());
         ::metrics::counter!(metric::CALLS, "host" => label, "outcome" => outcome).increment(1);
-        drop((host_turn, turn));
+        drop(host_turn);
         match called {
             Called::Delivered { answer } => Called::Delivered {
                 answer: format!("{answer} in {} ms", started.elapsed().as_millis()),

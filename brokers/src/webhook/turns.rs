@@ -1,0 +1,326 @@
+//! Turns to call a host. At most `webhooks.per_host_concurrency` calls of one host run at once;
+//! when one ends, its turn goes to the next tenant in line for that host (round robin between
+//! the tenants waiting, first come first served within one), so a tenant with a backlog at a
+//! slow host does not make the other tenants calling that host wait behind all of it. One tenant
+//! holds or waits for at most `per_host_concurrency + per_host_waiting` turns of one host, and
+//! all calls together at most `concurrency + max_waiting`; a call beyond either is not let in
+//! (the caller hands its fire back).
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use tokio::sync::oneshot;
+
+/// The bounds, from the webhook config.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Bounds {
+    /// Calls of one host at once.
+    pub per_host: usize,
+    /// Calls of one tenant holding or waiting for a turn of one host.
+    pub per_tenant: usize,
+    /// Calls holding or waiting, over all hosts and tenants.
+    pub all: usize,
+}
+
+/// The lines of every host with calls in them.
+pub(super) struct Turns {
+    bounds: Bounds,
+    state: Arc<Mutex<State>>,
+}
+
+#[derive(Default)]
+struct State {
+    hosts: HashMap<String, Host>,
+    /// Calls holding or waiting, over all hosts.
+    all: usize,
+}
+
+/// One host's line.
+#[derive(Default)]
+struct Host {
+    /// Calls that hold a turn now.
+    running: usize,
+    /// Per tenant: its calls holding or waiting.
+    entered: HashMap<String, usize>,
+    /// Per tenant: its calls waiting, in order.
+    waiting: HashMap<String, VecDeque<oneshot::Sender<()>>>,
+    /// The tenants with calls waiting, the next to get a turn first.
+    next: VecDeque<String>,
+}
+
+impl Host {
+    /// Hands a turn that ended to the next waiting call, round robin between tenants; false
+    /// when no call waits (the turn is free).
+    fn hand_on(&mut self) -> bool {
+        while let Some(tenant) = self.next.pop_front() {
+            let Some(line) = self.waiting.get_mut(&tenant) else {
+                continue;
+            };
+            let granted = loop {
+                let Some(waiter) = line.pop_front() else {
+                    break false;
+                };
+                // A waiter that stopped waiting (timed out) is skipped.
+                if waiter.send(()).is_ok() {
+                    break true;
+                }
+            };
+            if line.is_empty() {
+                self.waiting.remove(&tenant);
+            } else {
+                self.next.push_back(tenant);
+            }
+            if granted {
+                return true;
+            }
+        }
+        false
+    }
+}
+
+fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
+    // The state is counts and queues that every update leaves whole: a panic elsewhere while
+    // the lock was held leaves nothing half done.
+    state
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl Turns {
+    pub(super) fn new(bounds: Bounds) -> Self {
+        Turns {
+            bounds,
+            state: Arc::new(Mutex::new(State::default())),
+        }
+    }
+
+    /// A place in `host`'s line for a call of `tenant`, or `None` when the tenant has as many
+    /// calls holding or waiting there as it may, or all calls together have.
+    pub(super) fn enter(&self, host: &str, tenant: &str) -> Option<Entry> {
+        let mut state = lock(&self.state);
+        if state.all >= self.bounds.all {
+            return None;
+        }
+        let line = state.hosts.entry(host.to_owned()).or_default();
+        let entered = line.entered.entry(tenant.to_owned()).or_default();
+        if *entered >= self.bounds.per_tenant {
+            return None;
+        }
+        *entered += 1;
+        state.all += 1;
+        Some(Entry {
+            state: self.state.clone(),
+            per_host: self.bounds.per_host,
+            host: host.to_owned(),
+            tenant: tenant.to_owned(),
+        })
+    }
+}
+
+/// A call's place in its host's line, left when dropped.
+pub(super) struct Entry {
+    state: Arc<Mutex<State>>,
+    per_host: usize,
+    host: String,
+    tenant: String,
+}
+
+impl Entry {
+    /// Waits for a turn of the host: at once while fewer than `per_host` calls run, else when
+    /// one ends and it is this tenant's turn. Dropping the future gives up waiting (a turn
+    /// handed to it meanwhile goes on to the next).
+    pub(super) async fn turn(&self) -> Turn<'_> {
+        loop {
+            let receiver = {
+                let mut state = lock(&self.state);
+                let line = state.hosts.entry(self.host.clone()).or_default();
+                if line.running < self.per_host {
+                    line.running += 1;
+                    return Turn { entry: self };
+                }
+                let (sender, receiver) = oneshot::channel();
+                let waiting = line.waiting.entry(self.tenant.clone()).or_default();
+                if waiting.is_empty() {
+                    line.next.push_back(self.tenant.clone());
+                }
+                waiting.push_back(sender);
+                receiver
+            };
+            let mut waiting = Waiting {
+                entry: self,
+                receiver,
+                granted: false,
+            };
+            if (&mut waiting.receiver).await.is_ok() {
+                waiting.granted = true;
+                return Turn { entry: self };
+            }
+            // Its place was dropped without a turn (not done here): line up again.
+        }
+    }
+
+    /// The turn ended: the next waiting call gets it, or it is free.
+    fn end_turn(&self) {
+        let mut state = lock(&self.state);
+        if let Some(line) = state.hosts.get_mut(&self.host) {
+            if !line.hand_on() {
+                line.running = line.running.saturating_sub(1);
+            }
+        }
+    }
+}
+
+impl Drop for Entry {
+    fn drop(&mut self) {
+        let mut state = lock(&self.state);
+        state.all = state.all.saturating_sub(1);
+        let Some(line) = state.hosts.get_mut(&self.host) else {
+            return;
+        };
+        if let Some(entered) = line.entered.get_mut(&self.tenant) {
+            *entered = entered.saturating_sub(1);
+            if *entered == 0 {
+                line.entered.remove(&self.tenant);
+            }
+        }
+        // Waiters that gave up leave their places now, not when a turn skips them.
+        if let Some(waiting) = line.waiting.get_mut(&self.tenant) {
+            waiting.retain(|sender| !sender.is_closed());
+            if waiting.is_empty() {
+                line.waiting.remove(&self.tenant);
+                line.next.retain(|tenant| *tenant != self.tenant);
+            }
+        }
+        if line.entered.is_empty() {
+            state.hosts.remove(&self.host);
+        }
+    }
+}
+
+/// A wait for a turn; a turn handed to it after it was given up goes on to the next.
+struct Waiting<'a> {
+    entry: &'a Entry,
+    receiver: oneshot::Receiver<()>,
+    granted: bool,
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        if self.granted {
+            return;
+        }
+        self.receiver.close();
+        if self.receiver.try_recv().is_ok() {
+            self.entry.end_turn();
+        }
+    }
+}
+
+/// A turn of the host, given on when dropped.
+pub(super) struct Turn<'a> {
+    entry: &'a Entry,
+}
+
+impl Drop for Turn<'_> {
+    fn drop(&mut self) {
+        self.entry.end_turn();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::future::Future;
+    use std::pin::Pin;
+    use std::task::Poll;
+    use std::time::Duration;
+
+    use super::*;
+
+    /// Whether `wait` is still waiting, polled once.
+    async fn waits<F: Future + Unpin>(wait: &mut F) -> bool {
+        std::future::poll_fn(|cx| Poll::Ready(Pin::new(&mut *wait).poll(cx).is_pending())).await
+    }
+
+    fn turns(per_host: usize, per_tenant: usize, all: usize) -> Turns {
+        Turns::new(Bounds {
+            per_host,
+            per_tenant,
+            all,
+        })
+    }
+
+    /// Whether `entry` gets a turn now (its wait polled once more after the others moved).
+    async fn gets_turn(entry: &Entry) -> bool {
+        tokio::time::timeout(Duration::from_millis(20), entry.turn())
+            .await
+            .is_ok()
+    }
+
+    #[tokio::test]
+    async fn a_turn_that_ends_goes_to_the_next_tenant_in_line() {
+        let turns = turns(1, 10, 100);
+        let a: Vec<Entry> = (0..3)
+            .map(|_| turns.enter("h", "a").expect("room"))
+            .collect();
+        let b = turns.enter("h", "b").expect("room");
+        let running = a[0].turn().await;
+        // a[1] waits first, then b, then a[2].
+        let mut a1 = Box::pin(a[1].turn());
+        assert!(waits(&mut a1).await);
+        let mut b_turn = Box::pin(b.turn());
+        assert!(waits(&mut b_turn).await);
+        let mut a2 = Box::pin(a[2].turn());
+        assert!(waits(&mut a2).await);
+        drop(running);
+        let a1 = a1.await;
+        assert!(waits(&mut b_turn).await, "one at a time");
+        drop(a1);
+        // a's next call waited before b's, yet b's tenant is next.
+        let b_turn = b_turn.await;
+        assert!(waits(&mut a2).await);
+        drop(b_turn);
+        drop(a2.await);
+    }
+
+    #[tokio::test]
+    async fn one_tenant_fills_only_its_own_share_of_a_host() {
+        let turns = turns(1, 2, 5);
+        let a: Vec<Entry> = (0..2)
+            .map(|_| turns.enter("h", "a").expect("room"))
+            .collect();
+        assert!(turns.enter("h", "a").is_none(), "a holds its share");
+        let b = turns.enter("h", "b").expect("b still enters");
+        let _other = turns.enter("other", "a").expect("another host is apart");
+        let _c = turns.enter("h", "c").expect("room");
+        assert!(turns.enter("h", "d").is_none(), "5 in all");
+        drop(a);
+        assert!(gets_turn(&b).await, "the turns a held are free again");
+    }
+
+    #[tokio::test]
+    async fn a_turn_handed_to_a_call_that_gave_up_goes_on() {
+        let turns = turns(1, 10, 100);
+        let a = turns.enter("h", "a").expect("room");
+        let b = turns.enter("h", "b").expect("room");
+        let c = turns.enter("h", "c").expect("room");
+        let running = a.turn().await;
+        let mut b_wait = Box::pin(b.turn());
+        assert!(waits(&mut b_wait).await);
+        let mut c_wait = Box::pin(c.turn());
+        assert!(waits(&mut c_wait).await);
+        // The turn goes to b, which gives up before it took it: c gets it.
+        drop(running);
+        drop(b_wait);
+        drop(c_wait.await);
+        // A waiter that gave up before any turn ended is skipped as well.
+        let running = a.turn().await;
+        let mut b_wait = Box::pin(b.turn());
+        assert!(waits(&mut b_wait).await);
+        drop(b_wait);
+        drop(running);
+        assert!(gets_turn(&c).await);
+        drop((a, b, c));
+        assert!(lock(&turns.state).hosts.is_empty(), "nothing left behind");
+        assert_eq!(lock(&turns.state).all, 0);
+    }
+}
