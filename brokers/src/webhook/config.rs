@@ -43,12 +43,13 @@ pub struct WebhookConfig {
     /// its turn goes to the next tenant waiting for that host (round robin).
     pub per_host_concurrency: usize,
     /// Calls of one tenant that may wait for one host's turn beside its calls running there; a
-    /// fire beyond it is handed back for a second (no attempt counted), so a host that answers
-    /// slowly holds a bounded number of each tenant's claims, and one tenant's backlog there
-    /// keeps no other tenant out.
+    /// fire beyond it is handed back (no attempt counted) until the tenant's line there may
+    /// have moved (its calls' rounds at the host's recent pace, 1 s to 60 s), so a host that
+    /// answers slowly holds a bounded number of each tenant's claims, a big backlog is not
+    /// claimed again every second, and one tenant's backlog there keeps no other tenant out.
     pub per_host_waiting: usize,
     /// Calls that may wait for a turn beside those running, over all hosts; a fire beyond it is
-    /// handed back for a second, as for one host.
+    /// handed back for a second (no attempt counted).
     pub max_waiting: usize,
     /// How much of an answer is read (the rest is dropped); its start goes into the timer's
     /// `lastError` when the call failed.

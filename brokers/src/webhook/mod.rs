@@ -85,9 +85,6 @@ const RESERVED: &[&str] = &[
 /// The methods an HTTP target may use.
 const METHODS: &[&str] = &["POST", "PUT", "PATCH"];
 
-/// How long a fire waits before it tries again when its host has no room.
-const BUSY_AGAIN: Duration = Duration::from_secs(1);
-
 /// The longest `Retry-After` honoured; a longer one waits this long.
 pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(24 * 3600);
 
@@ -427,13 +424,14 @@ impl Caller for Webhooks {
         };
         let host = target.host();
         let label = self.metric_host(&host);
-        let busy = || {
+        let busy = |after| {
             ::metrics::counter!(metric::CALLS, "host" => label.clone(), "outcome" => "busy")
                 .increment(1);
-            Called::Busy { after: BUSY_AGAIN }
+            Called::Busy { after }
         };
-        let Some(entry) = self.turns.enter(&host, &event.key.tenant_id) else {
-            return busy();
+        let entry = match self.turns.enter(&host, &event.key.tenant_id) {
+            Ok(entry) => entry,
+            Err(after) => return busy(after),
         };
         // The host's turn first: calls waiting for a slow host hold none of the others'. A call
         // waits for its turns at most `webhooks.timeout` (its timer cannot be cancelled while
@@ -445,7 +443,8 @@ impl Caller for Webhooks {
         };
         let Ok(Some((host_turn, _all))) = tokio::time::timeout(self.config.timeout, turns).await
         else {
-            return busy();
+            // It waited its time already: again soon.
+            return busy(turns::AGAIN_SOONEST);
         };
         let started = Instant::now();
         let called = self.send(&target, event).await;

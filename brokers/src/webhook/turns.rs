@@ -4,10 +4,12 @@
 //! slow host does not make the other tenants calling that host wait behind all of it. One tenant
 //! holds or waits for at most `per_host_concurrency + per_host_waiting` turns of one host, and
 //! all calls together at most `concurrency + max_waiting`; a call beyond either is not let in
-//! (the caller hands its fire back).
+//! (the caller hands its fire back), and told how long the tenant's line there will take to
+//! move, so that a big backlog is not claimed and handed back again every second.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
@@ -21,6 +23,11 @@ pub(super) struct Bounds {
     /// Calls holding or waiting, over all hosts and tenants.
     pub all: usize,
 }
+
+/// The shortest wait before a call that was not let in comes again.
+pub(super) const AGAIN_SOONEST: Duration = Duration::from_secs(1);
+/// The longest: a host that got fast again waits no longer than this for the calls handed back.
+pub(super) const AGAIN_LATEST: Duration = Duration::from_secs(60);
 
 /// The lines of every host with calls in them.
 pub(super) struct Turns {
@@ -46,6 +53,8 @@ struct Host {
     waiting: HashMap<String, VecDeque<oneshot::Sender<()>>>,
     /// The tenants with calls waiting, the next to get a turn first.
     next: VecDeque<String>,
+    /// How long its turns were held lately (a moving average; none yet for a new line).
+    turn_time: Option<Duration>,
 }
 
 impl Host {
@@ -78,6 +87,17 @@ impl Host {
     }
 }
 
+/// How long until a tenant with `entered` calls at a host whose turns take `turn_time` has room
+/// there again: the rounds its calls need with its share of the `per_host` turns (shared round
+/// robin with the other `tenants`), between [`AGAIN_SOONEST`] and [`AGAIN_LATEST`].
+fn again_after(entered: usize, tenants: usize, per_host: usize, turn_time: Duration) -> Duration {
+    let share = (per_host / tenants.max(1)).max(1);
+    let rounds = u32::try_from(entered.div_ceil(share)).unwrap_or(u32::MAX);
+    turn_time
+        .saturating_mul(rounds)
+        .clamp(AGAIN_SOONEST, AGAIN_LATEST)
+}
+
 fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
     // The state is counts and queues that every update leaves whole: a panic elsewhere while
     // the lock was held leaves nothing half done.
@@ -94,21 +114,29 @@ impl Turns {
         }
     }
 
-    /// A place in `host`'s line for a call of `tenant`, or `None` when the tenant has as many
-    /// calls holding or waiting there as it may, or all calls together have.
-    pub(super) fn enter(&self, host: &str, tenant: &str) -> Option<Entry> {
+    /// A place in `host`'s line for a call of `tenant`; when the tenant has as many calls
+    /// holding or waiting there as it may, or all calls together have, how long to wait before
+    /// it comes again.
+    pub(super) fn enter(&self, host: &str, tenant: &str) -> Result<Entry, Duration> {
         let mut state = lock(&self.state);
         if state.all >= self.bounds.all {
-            return None;
+            return Err(AGAIN_SOONEST);
         }
         let line = state.hosts.entry(host.to_owned()).or_default();
+        let tenants = line.entered.len();
         let entered = line.entered.entry(tenant.to_owned()).or_default();
         if *entered >= self.bounds.per_tenant {
-            return None;
+            let turn_time = line.turn_time.unwrap_or(AGAIN_SOONEST);
+            return Err(again_after(
+                *entered,
+                tenants,
+                self.bounds.per_host,
+                turn_time,
+            ));
         }
         *entered += 1;
         state.all += 1;
-        Some(Entry {
+        Ok(Entry {
             state: self.state.clone(),
             per_host: self.bounds.per_host,
             host: host.to_owned(),
@@ -136,7 +164,7 @@ impl Entry {
                 let line = state.hosts.entry(self.host.clone()).or_default();
                 if line.running < self.per_host {
                     line.running += 1;
-                    return Turn { entry: self };
+                    return Turn::of(self);
                 }
                 let (sender, receiver) = oneshot::channel();
                 let waiting = line.waiting.entry(self.tenant.clone()).or_default();
@@ -153,16 +181,23 @@ impl Entry {
             };
             if (&mut waiting.receiver).await.is_ok() {
                 waiting.granted = true;
-                return Turn { entry: self };
+                return Turn::of(self);
             }
             // Its place was dropped without a turn (not done here): line up again.
         }
     }
 
-    /// The turn ended: the next waiting call gets it, or it is free.
-    fn end_turn(&self) {
+    /// The turn ended, after it was held this long (none: it was handed to a call that had
+    /// given up): the next waiting call gets it, or it is free.
+    fn end_turn(&self, held: Option<Duration>) {
         let mut state = lock(&self.state);
         if let Some(line) = state.hosts.get_mut(&self.host) {
+            if let Some(held) = held {
+                line.turn_time = Some(match line.turn_time {
+                    Some(average) => (average * 7 + held) / 8,
+                    None => held,
+                });
+            }
             if !line.hand_on() {
                 line.running = line.running.saturating_sub(1);
             }
@@ -211,7 +246,7 @@ impl Drop for Waiting<'_> {
         }
         self.receiver.close();
         if self.receiver.try_recv().is_ok() {
-            self.entry.end_turn();
+            self.entry.end_turn(None);
         }
     }
 }
@@ -219,11 +254,21 @@ impl Drop for Waiting<'_> {
 /// A turn of the host, given on when dropped.
 pub(super) struct Turn<'a> {
     entry: &'a Entry,
+    started: Instant,
+}
+
+impl<'a> Turn<'a> {
+    fn of(entry: &'a Entry) -> Self {
+        Turn {
+            entry,
+            started: Instant::now(),
+        }
+    }
 }
 
 impl Drop for Turn<'_> {
     fn drop(&mut self) {
-        self.entry.end_turn();
+        self.entry.end_turn(Some(self.started.elapsed()));
     }
 }
 
@@ -232,7 +277,6 @@ mod tests {
     use std::future::Future;
     use std::pin::Pin;
     use std::task::Poll;
-    use std::time::Duration;
 
     use super::*;
 
@@ -288,11 +332,11 @@ mod tests {
         let a: Vec<Entry> = (0..2)
             .map(|_| turns.enter("h", "a").expect("room"))
             .collect();
-        assert!(turns.enter("h", "a").is_none(), "a holds its share");
+        assert!(turns.enter("h", "a").is_err(), "a holds its share");
         let b = turns.enter("h", "b").expect("b still enters");
         let _other = turns.enter("other", "a").expect("another host is apart");
         let _c = turns.enter("h", "c").expect("room");
-        assert!(turns.enter("h", "d").is_none(), "5 in all");
+        assert!(turns.enter("h", "d").is_err(), "5 in all");
         drop(a);
         assert!(gets_turn(&b).await, "the turns a held are free again");
     }
@@ -322,5 +366,37 @@ mod tests {
         drop((a, b, c));
         assert!(lock(&turns.state).hosts.is_empty(), "nothing left behind");
         assert_eq!(lock(&turns.state).all, 0);
+    }
+
+    #[test]
+    fn a_call_not_let_in_comes_again_when_its_line_may_have_moved() {
+        let five = Duration::from_secs(5);
+        // 272 calls of one tenant, 16 turns at once, 5 s each: 17 rounds, 85 s; at most 60 s.
+        assert_eq!(again_after(272, 1, 16, five), AGAIN_LATEST);
+        assert_eq!(again_after(8, 1, 2, five), Duration::from_secs(20));
+        // Shared with another tenant: half the turns, twice the rounds.
+        assert_eq!(again_after(8, 2, 2, five), Duration::from_secs(40));
+        // A fast host: a second at least.
+        assert_eq!(
+            again_after(272, 1, 16, Duration::from_millis(20)),
+            AGAIN_SOONEST
+        );
+        // More tenants than turns: one turn a round still.
+        assert_eq!(again_after(3, 40, 16, five), Duration::from_secs(15));
+    }
+
+    #[tokio::test]
+    async fn a_tenant_over_its_share_is_told_how_long_its_line_takes() {
+        let turns = turns(1, 2, 100);
+        let a: Vec<Entry> = (0..2)
+            .map(|_| turns.enter("h", "a").expect("room"))
+            .collect();
+        match turns.enter("h", "a") {
+            Err(after) => assert_eq!(after, 2 * AGAIN_SOONEST, "no turn timed yet: 1 s each"),
+            Ok(_) => panic!("a holds its share"),
+        }
+        drop(a[0].turn().await);
+        let line = lock(&turns.state).hosts["h"].turn_time;
+        assert!(line.is_some_and(|t| t < Duration::from_secs(1)), "{line:?}");
     }
 }
