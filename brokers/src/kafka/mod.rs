@@ -385,13 +385,39 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> 
         .map_err(|e| Error::internal("kafka broker: blocking call failed").with_source(e))
 }
 
-/// Whether `topic` exists: a metadata request for it, naming the server when it cannot be
-/// reached.
-async fn topic_exists(
+/// What the cluster says of a topic.
+#[derive(Debug, PartialEq, Eq)]
+enum TopicState {
+    /// It exists, with partitions.
+    Usable,
+    /// It does not exist.
+    Missing,
+    /// It cannot be used now: its metadata came with this error (not authorized, its
+    /// partitions' leader not elected yet, ...), which concerns it alone.
+    Unusable(RDKafkaErrorCode),
+}
+
+impl TopicState {
+    /// Of a topic's metadata: its error, if any, and how many partitions it has.
+    fn of(error: Option<RDKafkaErrorCode>, partitions: usize) -> Self {
+        match error {
+            None if partitions > 0 => TopicState::Usable,
+            None => TopicState::Missing,
+            Some(RDKafkaErrorCode::UnknownTopicOrPartition | RDKafkaErrorCode::UnknownTopic) => {
+                TopicState::Missing
+            }
+            Some(code) => TopicState::Unusable(code),
+        }
+    }
+}
+
+/// What the cluster says of `topic`: a metadata request for it, naming the server when it
+/// cannot be reached (an error of the whole broker, not of the topic).
+async fn topic_state(
     config: &KafkaConfig,
     producer: &FutureProducer,
     topic: &str,
-) -> Result<bool> {
+) -> Result<TopicState> {
     let producer = producer.clone();
     let name = topic.to_owned();
     let timeout = config.connect_timeout;
@@ -399,14 +425,20 @@ async fn topic_exists(
         .await?
         .map_err(|e| unavailable(&format!("cannot reach {}", config.brokers), e))?;
     let Some(found) = metadata.topics().iter().find(|t| t.name() == topic) else {
-        return Ok(false);
+        return Ok(TopicState::Missing);
     };
-    match found.error().map(RDKafkaErrorCode::from) {
-        None => Ok(!found.partitions().is_empty()),
-        Some(RDKafkaErrorCode::UnknownTopicOrPartition) | Some(RDKafkaErrorCode::UnknownTopic) => {
-            Ok(false)
-        }
-        Some(code) => Err(unavailable(&format!("topic {topic}"), code)),
+    Ok(TopicState::of(
+        found.error().map(RDKafkaErrorCode::from),
+        found.partitions().len(),
+    ))
+}
+
+/// Whether `topic` exists; an error when it cannot be used, or the server cannot be reached.
+async fn topic_exists(config: &KafkaConfig, producer: &FutureProducer, topic: &str) -> Result<bool> {
+    match topic_state(config, producer, topic).await? {
+        TopicState::Usable => Ok(true),
+        TopicState::Missing => Ok(false),
+        TopicState::Unusable(code) => Err(unavailable(&format!("topic {topic}"), code)),
     }
 }
 
@@ -528,8 +560,9 @@ impl Broker for KafkaBroker {
         let ids: Vec<String> = events.iter().map(|e| e.id.to_string()).collect();
         // A record for a topic that does not exist waits out the whole delivery timeout, and
         // the batch with it: the target topics are looked up first (one found is trusted for a
-        // while), and such a record is refused alone (retried later).
-        let mut missing = HashSet::new();
+        // while), and a record for one that is missing or cannot be used now (its metadata
+        // came with an error) is refused alone (retried later).
+        let mut unusable: HashMap<&str, String> = HashMap::new();
         let targeted: HashSet<&str> = events
             .iter()
             .filter_map(|e| e.target.as_ref()?.text("topic"))
@@ -538,10 +571,14 @@ impl Broker for KafkaBroker {
             if self.topics.get(topic).is_some() {
                 continue;
             }
-            if topic_exists(&self.config, &self.producer, topic).await? {
-                self.topics.put(topic, ());
-            } else {
-                missing.insert(topic);
+            match topic_state(&self.config, &self.producer, topic).await? {
+                TopicState::Usable => self.topics.put(topic, ()),
+                TopicState::Missing => {
+                    unusable.insert(topic, "does not exist".to_owned());
+                }
+                TopicState::Unusable(code) => {
+                    unusable.insert(topic, format!("cannot be used now ({code})"));
+                }
             }
         }
         let mut refused = Vec::new();
@@ -549,15 +586,17 @@ impl Broker for KafkaBroker {
         for (index, (event, id)) in events.iter().zip(&ids).enumerate() {
             let route = match &event.target {
                 Some(target) => match target_route(target, &self.config) {
-                    Ok(route) if missing.contains(route.topic) => {
-                        let error = Error::unavailable(format!(
-                            "kafka broker: the target topic {} does not exist; it is retried",
-                            route.topic
-                        ));
-                        refused.push(Undelivered { index, error });
-                        continue;
-                    }
-                    Ok(route) => route,
+                    Ok(route) => match unusable.get(route.topic) {
+                        Some(why) => {
+                            let error = Error::unavailable(format!(
+                                "kafka broker: the target topic {} {why}; it is retried",
+                                route.topic
+                            ));
+                            refused.push(Undelivered { index, error });
+                            continue;
+                        }
+                        None => route,
+                    },
                     Err(why) => {
                         // Stored before the broker's limits were checked at admission.
                         let error = Error::invalid(format!("kafka broker: target: {why}"));
@@ -646,5 +685,32 @@ impl Broker for KafkaBroker {
                     self.config.commands_topic
                 ))
             })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_topic_error_concerns_that_topic_alone() {
+        assert_eq!(TopicState::of(None, 3), TopicState::Usable);
+        assert_eq!(TopicState::of(None, 0), TopicState::Missing);
+        for missing in [
+            RDKafkaErrorCode::UnknownTopicOrPartition,
+            RDKafkaErrorCode::UnknownTopic,
+        ] {
+            assert_eq!(TopicState::of(Some(missing), 0), TopicState::Missing);
+        }
+        // Refused to this producer, or not led yet: its records are refused alone.
+        for unusable in [
+            RDKafkaErrorCode::TopicAuthorizationFailed,
+            RDKafkaErrorCode::LeaderNotAvailable,
+        ] {
+            assert_eq!(
+                TopicState::of(Some(unusable), 1),
+                TopicState::Unusable(unusable)
+            );
+        }
     }
 }
