@@ -42,7 +42,7 @@ pub mod metric {
         (
             CALLS,
             Kind::Counter,
-            "Calls of HTTP targets, by host (label host, host:port) and outcome (label outcome): delivered (2xx), retry (5xx, 408, 429, no connection, timeout), refused (another 4xx, a redirect), busy (too many calls of its tenant waiting for that host, or of all tenants for any: handed back)",
+            "Calls of HTTP targets, by host (label host, host:port) and outcome (label outcome): delivered (2xx), retry (5xx, 408, 429, no connection, timeout), refused (another 4xx, a redirect), busy (the host's line full with the tenant's share of it, or too many calls waiting in all: handed back)",
         ),
         (
             CALL_DURATION,
@@ -248,7 +248,7 @@ impl Webhooks {
             all: Semaphore::new(config.concurrency),
             turns: Turns::new(turns::Bounds {
                 per_host: config.per_host_concurrency,
-                per_tenant: config.per_host_concurrency + config.per_host_waiting,
+                line: config.per_host_concurrency + config.per_host_waiting,
                 all: config.concurrency + config.max_waiting,
             }),
             config,
@@ -441,12 +441,14 @@ impl Caller for Webhooks {
             let all = self.all.acquire().await.ok()?;
             Some((host_turn, all))
         };
-        let Ok(Some((host_turn, _all))) = tokio::time::timeout(self.config.timeout, turns).await
+        let Ok(Some((mut host_turn, _all))) =
+            tokio::time::timeout(self.config.timeout, turns).await
         else {
             // It waited its time already: again soon.
             return busy(turns::AGAIN_SOONEST);
         };
         let started = Instant::now();
+        host_turn.call_starts();
         let called = self.send(&target, event).await;
         let outcome = match &called {
             Called::Delivered { .. } => "delivered",

@@ -1,11 +1,14 @@
 //! Turns to call a host. At most `webhooks.per_host_concurrency` calls of one host run at once;
 //! when one ends, its turn goes to the next tenant in line for that host (round robin between
 //! the tenants waiting, first come first served within one), so a tenant with a backlog at a
-//! slow host does not make the other tenants calling that host wait behind all of it. One tenant
-//! holds or waits for at most `per_host_concurrency + per_host_waiting` turns of one host, and
-//! all calls together at most `concurrency + max_waiting`; a call beyond either is not let in
-//! (the caller hands its fire back), and told how long the tenant's line there will take to
-//! move, so that a big backlog is not claimed and handed back again every second.
+//! slow host does not make the other tenants calling that host wait behind all of it.
+//!
+//! A host's line takes `per_host_concurrency + per_host_waiting` calls, running or waiting; when
+//! it is full, a tenant with fewer than its even share of that still gets in, so one tenant's
+//! backlog keeps no other tenant out (a line then holds less than twice its size). All calls
+//! together are at most `concurrency + max_waiting`. A call not let in is handed back by the
+//! caller, told how long the tenant's line there will take to move, so that a big backlog is
+//! not claimed and handed back again every second.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -18,8 +21,9 @@ use tokio::sync::oneshot;
 pub(super) struct Bounds {
     /// Calls of one host at once.
     pub per_host: usize,
-    /// Calls of one tenant holding or waiting for a turn of one host.
-    pub per_tenant: usize,
+    /// Calls holding or waiting for a turn of one host, beyond which only a tenant below its
+    /// even share of them gets in.
+    pub line: usize,
     /// Calls holding or waiting, over all hosts and tenants.
     pub all: usize,
 }
@@ -49,11 +53,13 @@ struct Host {
     running: usize,
     /// Per tenant: its calls holding or waiting.
     entered: HashMap<String, usize>,
+    /// The calls holding or waiting, of every tenant.
+    total: usize,
     /// Per tenant: its calls waiting, in order.
     waiting: HashMap<String, VecDeque<oneshot::Sender<()>>>,
     /// The tenants with calls waiting, the next to get a turn first.
     next: VecDeque<String>,
-    /// How long its turns were held lately (a moving average; none yet for a new line).
+    /// How long its calls took lately (a moving average; none yet for a new line).
     turn_time: Option<Duration>,
 }
 
@@ -114,27 +120,29 @@ impl Turns {
         }
     }
 
-    /// A place in `host`'s line for a call of `tenant`; when the tenant has as many calls
-    /// holding or waiting there as it may, or all calls together have, how long to wait before
-    /// it comes again.
+    /// A place in `host`'s line for a call of `tenant`; when the line is full and the tenant
+    /// has its even share of it, or all calls together are as many as may be, how long to wait
+    /// before it comes again.
     pub(super) fn enter(&self, host: &str, tenant: &str) -> Result<Entry, Duration> {
         let mut state = lock(&self.state);
         if state.all >= self.bounds.all {
             return Err(AGAIN_SOONEST);
         }
         let line = state.hosts.entry(host.to_owned()).or_default();
-        let tenants = line.entered.len();
-        let entered = line.entered.entry(tenant.to_owned()).or_default();
-        if *entered >= self.bounds.per_tenant {
+        let entered = line.entered.get(tenant).copied().unwrap_or(0);
+        let tenants = line.entered.len() + usize::from(entered == 0);
+        let share = (self.bounds.line / tenants).max(1);
+        if line.total >= self.bounds.line && entered >= share {
             let turn_time = line.turn_time.unwrap_or(AGAIN_SOONEST);
             return Err(again_after(
-                *entered,
+                entered,
                 tenants,
                 self.bounds.per_host,
                 turn_time,
             ));
         }
-        *entered += 1;
+        *line.entered.entry(tenant.to_owned()).or_default() += 1;
+        line.total += 1;
         state.all += 1;
         Ok(Entry {
             state: self.state.clone(),
@@ -187,15 +195,15 @@ impl Entry {
         }
     }
 
-    /// The turn ended, after it was held this long (none: it was handed to a call that had
-    /// given up): the next waiting call gets it, or it is free.
-    fn end_turn(&self, held: Option<Duration>) {
+    /// The turn ended, after a call of this long (none: no call was made with it): the next
+    /// waiting call gets it, or it is free.
+    fn end_turn(&self, call: Option<Duration>) {
         let mut state = lock(&self.state);
         if let Some(line) = state.hosts.get_mut(&self.host) {
-            if let Some(held) = held {
+            if let Some(call) = call {
                 line.turn_time = Some(match line.turn_time {
-                    Some(average) => (average * 7 + held) / 8,
-                    None => held,
+                    Some(average) => (average * 7 + call) / 8,
+                    None => call,
                 });
             }
             if !line.hand_on() {
@@ -212,6 +220,7 @@ impl Drop for Entry {
         let Some(line) = state.hosts.get_mut(&self.host) else {
             return;
         };
+        line.total = line.total.saturating_sub(1);
         if let Some(entered) = line.entered.get_mut(&self.tenant) {
             *entered = entered.saturating_sub(1);
             if *entered == 0 {
@@ -254,21 +263,28 @@ impl Drop for Waiting<'_> {
 /// A turn of the host, given on when dropped.
 pub(super) struct Turn<'a> {
     entry: &'a Entry,
-    started: Instant,
+    /// When the call made with it started: its length is the host's pace.
+    call_started: Option<Instant>,
 }
 
 impl<'a> Turn<'a> {
     fn of(entry: &'a Entry) -> Self {
         Turn {
             entry,
-            started: Instant::now(),
+            call_started: None,
         }
+    }
+
+    /// The call starts now (it has every turn it needs).
+    pub(super) fn call_starts(&mut self) {
+        self.call_started = Some(Instant::now());
     }
 }
 
 impl Drop for Turn<'_> {
     fn drop(&mut self) {
-        self.entry.end_turn(Some(self.started.elapsed()));
+        self.entry
+            .end_turn(self.call_started.map(|started| started.elapsed()));
     }
 }
 
@@ -285,10 +301,10 @@ mod tests {
         std::future::poll_fn(|cx| Poll::Ready(Pin::new(&mut *wait).poll(cx).is_pending())).await
     }
 
-    fn turns(per_host: usize, per_tenant: usize, all: usize) -> Turns {
+    fn turns(per_host: usize, line: usize, all: usize) -> Turns {
         Turns::new(Bounds {
             per_host,
-            per_tenant,
+            line,
             all,
         })
     }
@@ -327,16 +343,23 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn one_tenant_fills_only_its_own_share_of_a_host() {
-        let turns = turns(1, 2, 5);
+    async fn a_full_line_still_lets_in_a_tenant_below_its_even_share() {
+        let turns = turns(1, 2, 6);
         let a: Vec<Entry> = (0..2)
             .map(|_| turns.enter("h", "a").expect("room"))
             .collect();
-        assert!(turns.enter("h", "a").is_err(), "a holds its share");
-        let b = turns.enter("h", "b").expect("b still enters");
+        assert!(turns.enter("h", "a").is_err(), "the line is full");
+        // Two tenants: a share of 1 each; three: still 1 (a line of 2 holds at most 2 + 2).
+        let b = turns.enter("h", "b").expect("b is below its share");
+        assert!(turns.enter("h", "b").is_err(), "b has its share");
+        let _c = turns.enter("h", "c").expect("so is c");
+        assert!(
+            turns.enter("h", "a").is_err(),
+            "a still has more than its share"
+        );
         let _other = turns.enter("other", "a").expect("another host is apart");
-        let _c = turns.enter("h", "c").expect("room");
-        assert!(turns.enter("h", "d").is_err(), "5 in all");
+        let _more = turns.enter("other", "a").expect("room");
+        assert!(turns.enter("other", "d").is_err(), "6 in all");
         drop(a);
         assert!(gets_turn(&b).await, "the turns a held are free again");
     }
@@ -392,11 +415,19 @@ mod tests {
             .map(|_| turns.enter("h", "a").expect("room"))
             .collect();
         match turns.enter("h", "a") {
-            Err(after) => assert_eq!(after, 2 * AGAIN_SOONEST, "no turn timed yet: 1 s each"),
+            Err(after) => assert_eq!(after, 2 * AGAIN_SOONEST, "no call timed yet: 1 s each"),
             Ok(_) => panic!("a holds its share"),
         }
         drop(a[0].turn().await);
-        let line = lock(&turns.state).hosts["h"].turn_time;
-        assert!(line.is_some_and(|t| t < Duration::from_secs(1)), "{line:?}");
+        let pace = lock(&turns.state).hosts["h"].turn_time;
+        assert_eq!(
+            pace, None,
+            "a turn no call was made with says nothing of the host"
+        );
+        let mut turn = a[0].turn().await;
+        turn.call_starts();
+        drop(turn);
+        let pace = lock(&turns.state).hosts["h"].turn_time;
+        assert!(pace.is_some_and(|t| t < Duration::from_secs(1)), "{pace:?}");
     }
 }

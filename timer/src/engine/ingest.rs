@@ -206,9 +206,14 @@ impl Engine {
         let mut tidied = tokio::time::Instant::now();
         loop {
             // Commands of tenants back within their rate go first, in their order.
-            let (released, next) = held.release(&inner.throttle).await;
+            let (released, mut next) = held.release(&inner.throttle).await;
             if !released.is_empty() {
-                held.put_back(self.apply(released, &shutdown).await);
+                let behind = self.apply(released, &shutdown).await;
+                if !behind.is_empty() {
+                    // Met a fire again: tried again after FIRING_RECHECK, whatever `next` was.
+                    next = Some(next.map_or(FIRING_RECHECK, |next| next.min(FIRING_RECHECK)));
+                }
+                held.put_back(behind);
                 ::metrics::gauge!(metric::COMMANDS_HELD).set(held.len() as f64);
             }
             self.keep_held(&mut held).await;
@@ -325,7 +330,7 @@ impl Engine {
                 format!(
                     "tenant {tenant:?} has {holding} commands held back, for its rate limit or \
                      behind a fire in progress (limits.rate.max_held_per_tenant); this one was \
-                     refused: send slower"
+                     refused: send it again later, and slower"
                 ),
             )
         })
