@@ -712,28 +712,26 @@ async fn tenants_calling_one_host_take_its_turns_in_turn() {
     let limits = json!({"per_host_concurrency": 2, "per_host_waiting": 6});
     let service = service_with(dir.path(), &[port], json!({}), limits).await;
     let now = now_ms();
-    let slow: Vec<Value> = (0..20)
-        .map(|i| {
-            let id = format!("slow-{i:02}");
-            let url = format!("http://127.0.0.1:{port}/sloth/slow/{id}");
-            hook_timer("sloth", &id, now, url)
-        })
-        .collect();
-    service.schedule_batch(&slow).await;
+    // `count` timers of `tenant` due at `due`, calling `/<tenant>/<kind>/<kind>-<i>` of the port.
+    let hooks = |tenant: &str, kind: &str, count: usize, due: i64| -> Vec<Value> {
+        (0..count)
+            .map(|i| {
+                let id = format!("{kind}-{i:02}");
+                let url = format!("http://127.0.0.1:{port}/{tenant}/{kind}/{id}");
+                hook_timer(tenant, &id, due, url)
+            })
+            .collect()
+    };
+    service
+        .schedule_batch(&hooks("sloth", "slow", 20, now))
+        .await;
     let running = wait_for(Duration::from_secs(10), || async {
         (receiver.by_id("/sloth/").len() >= 2).then_some(())
     })
     .await;
     assert!(running.is_some(), "sloth's first calls started");
     let due = now_ms();
-    let fast: Vec<Value> = (0..2)
-        .map(|i| {
-            let id = format!("fast-{i}");
-            let url = format!("http://127.0.0.1:{port}/acme/ok/{id}");
-            hook_timer("acme", &id, due, url)
-        })
-        .collect();
-    service.schedule_batch(&fast).await;
+    service.schedule_batch(&hooks("acme", "ok", 2, due)).await;
     let first = wait_for(Duration::from_secs(40), || async {
         receiver
             .by_id("/acme/")

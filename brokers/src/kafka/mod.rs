@@ -441,9 +441,10 @@ impl Broker for KafkaBroker {
         // while), and a record for one that is missing or cannot be used now (its metadata
         // came with an error) is refused alone (retried later).
         let mut unusable: HashMap<&str, String> = HashMap::new();
+        // Only the topics of routes that parse: one that does not is refused below, alone.
         let targeted: HashSet<&str> = events
             .iter()
-            .filter_map(|e| e.target.as_ref()?.text("topic"))
+            .filter_map(|e| Some(target_route(e.target.as_ref()?, &self.config).ok()?.topic))
             .collect();
         for topic in targeted {
             if self.topics.get(topic).is_some() {

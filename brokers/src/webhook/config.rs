@@ -45,9 +45,10 @@ pub struct WebhookConfig {
     /// Calls that may wait for one host's turn beside those running; when that many do, a fire
     /// for the host is handed back (no attempt counted) until its tenant's line there may have
     /// moved (its calls' rounds at the host's recent pace, 1 s to 60 s), unless its tenant has
-    /// fewer than an even share of them: so a host that answers slowly holds a bounded number
-    /// of claims (less than twice this), a big backlog is not claimed again every second, and
-    /// one tenant's backlog there keeps no other tenant out.
+    /// fewer than an even share of the host's calls (running or waiting; one at least): so a
+    /// host that answers slowly holds a bounded number of claims (at most twice
+    /// `per_host_concurrency + per_host_waiting`), a big backlog is not claimed again every
+    /// second, and one tenant's backlog there keeps no other tenant out.
     pub per_host_waiting: usize,
     /// Calls that may wait for a turn beside those running, over all hosts; a fire beyond it is
     /// handed back for a second (no attempt counted).

@@ -5,7 +5,8 @@
 //! followed) or another 4xx fails the timer at once. The engine runs each call on its own task
 //! ([`Caller`](timer_core::Caller)); this module bounds them per host and overall, so one slow
 //! host never delays another's calls, and hands a host's turns round between the tenants calling
-//! it ([`turns`]), so one tenant's backlog there does not delay the others'. See `README.md` here.
+//! it (`turns.rs`), so one tenant's backlog there does not delay the others'. See `README.md`
+//! here.
 
 mod address;
 pub mod config;
@@ -26,7 +27,7 @@ use url::Url;
 pub use address::not_public;
 pub use config::{TenantWebhooks, WebhookConfig};
 pub use sign::signature;
-use turns::Turns;
+use turns::{Turn, Turns};
 
 /// Metric names (`timer.webhook.*`), labelled by `host`, with their descriptions.
 pub mod metric {
@@ -248,8 +249,10 @@ impl Webhooks {
             all: Semaphore::new(config.concurrency),
             turns: Turns::new(turns::Bounds {
                 per_host: config.per_host_concurrency,
-                line: config.per_host_concurrency + config.per_host_waiting,
-                all: config.concurrency + config.max_waiting,
+                line: config
+                    .per_host_concurrency
+                    .saturating_add(config.per_host_waiting),
+                all: config.concurrency.saturating_add(config.max_waiting),
             }),
             config,
             client,
@@ -268,7 +271,14 @@ impl Webhooks {
         }
     }
 
-    async fn send(&self, target: &HttpTarget, event: &OutboundEvent) -> Called {
+    /// Calls `target` with `event`, on `turn` (told when the request starts: the host's pace is
+    /// timed from there).
+    async fn send(
+        &self,
+        target: &HttpTarget,
+        event: &OutboundEvent,
+        turn: &mut Turn<'_>,
+    ) -> Called {
         let mut headers = target.headers.clone();
         match &event.message {
             Some(meta) => {
@@ -330,6 +340,7 @@ impl Webhooks {
             .request(target.method.clone(), target.url.clone())
             .headers(headers)
             .body(event.body.clone());
+        turn.call_starts();
         let answer = match request.send().await {
             Ok(answer) => answer,
             Err(e) => {
@@ -448,8 +459,7 @@ impl Caller for Webhooks {
             return busy(turns::AGAIN_SOONEST);
         };
         let started = Instant::now();
-        host_turn.call_starts();
-        let called = self.send(&target, event).await;
+        let called = self.send(&target, event, &mut host_turn).await;
         let outcome = match &called {
             Called::Delivered { .. } => "delivered",
             Called::Retry { .. } => "retry",

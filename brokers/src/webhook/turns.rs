@@ -4,11 +4,11 @@
 //! slow host does not make the other tenants calling that host wait behind all of it.
 //!
 //! A host's line takes `per_host_concurrency + per_host_waiting` calls, running or waiting; when
-//! it is full, a tenant with fewer than its even share of that still gets in, so one tenant's
-//! backlog keeps no other tenant out (a line then holds less than twice its size). All calls
-//! together are at most `concurrency + max_waiting`. A call not let in is handed back by the
-//! caller, told how long the tenant's line there will take to move, so that a big backlog is
-//! not claimed and handed back again every second.
+//! it is full, a tenant with fewer than its even share of that (one at least) still gets in, up
+//! to twice that in all, so one tenant's backlog keeps no other tenant out. All calls together
+//! are at most `concurrency + max_waiting`. A call not let in is handed back by the caller, told
+//! how long the tenant's line there will take to move, so that a big backlog is not claimed and
+//! handed back again every second.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -22,7 +22,7 @@ pub(super) struct Bounds {
     /// Calls of one host at once.
     pub per_host: usize,
     /// Calls holding or waiting for a turn of one host, beyond which only a tenant below its
-    /// even share of them gets in.
+    /// even share of them gets in, up to twice this.
     pub line: usize,
     /// Calls holding or waiting, over all hosts and tenants.
     pub all: usize,
@@ -132,7 +132,9 @@ impl Turns {
         let entered = line.entered.get(tenant).copied().unwrap_or(0);
         let tenants = line.entered.len() + usize::from(entered == 0);
         let share = (self.bounds.line / tenants).max(1);
-        if line.total >= self.bounds.line && entered >= share {
+        let full = line.total >= self.bounds.line.saturating_mul(2)
+            || (line.total >= self.bounds.line && entered >= share);
+        if full {
             let turn_time = line.turn_time.unwrap_or(AGAIN_SOONEST);
             return Err(again_after(
                 entered,
@@ -309,6 +311,13 @@ mod tests {
         })
     }
 
+    /// `n` places of `tenant` in the line of host `h`.
+    fn entries(turns: &Turns, tenant: &str, n: usize) -> Vec<Entry> {
+        (0..n)
+            .map(|_| turns.enter("h", tenant).expect("room"))
+            .collect()
+    }
+
     /// Whether `entry` gets a turn now (its wait polled once more after the others moved).
     async fn gets_turn(entry: &Entry) -> bool {
         tokio::time::timeout(Duration::from_millis(20), entry.turn())
@@ -319,9 +328,7 @@ mod tests {
     #[tokio::test]
     async fn a_turn_that_ends_goes_to_the_next_tenant_in_line() {
         let turns = turns(1, 10, 100);
-        let a: Vec<Entry> = (0..3)
-            .map(|_| turns.enter("h", "a").expect("room"))
-            .collect();
+        let a = entries(&turns, "a", 3);
         let b = turns.enter("h", "b").expect("room");
         let running = a[0].turn().await;
         // a[1] waits first, then b, then a[2].
@@ -345,11 +352,9 @@ mod tests {
     #[tokio::test]
     async fn a_full_line_still_lets_in_a_tenant_below_its_even_share() {
         let turns = turns(1, 2, 6);
-        let a: Vec<Entry> = (0..2)
-            .map(|_| turns.enter("h", "a").expect("room"))
-            .collect();
+        let a = entries(&turns, "a", 2);
         assert!(turns.enter("h", "a").is_err(), "the line is full");
-        // Two tenants: a share of 1 each; three: still 1 (a line of 2 holds at most 2 + 2).
+        // Two tenants: a share of 1 each; three: still 1.
         let b = turns.enter("h", "b").expect("b is below its share");
         assert!(turns.enter("h", "b").is_err(), "b has its share");
         let _c = turns.enter("h", "c").expect("so is c");
@@ -357,6 +362,7 @@ mod tests {
             turns.enter("h", "a").is_err(),
             "a still has more than its share"
         );
+        assert!(turns.enter("h", "d").is_err(), "twice the line in all");
         let _other = turns.enter("other", "a").expect("another host is apart");
         let _more = turns.enter("other", "a").expect("room");
         assert!(turns.enter("other", "d").is_err(), "6 in all");
@@ -411,9 +417,7 @@ mod tests {
     #[tokio::test]
     async fn a_tenant_over_its_share_is_told_how_long_its_line_takes() {
         let turns = turns(1, 2, 100);
-        let a: Vec<Entry> = (0..2)
-            .map(|_| turns.enter("h", "a").expect("room"))
-            .collect();
+        let a = entries(&turns, "a", 2);
         match turns.enter("h", "a") {
             Err(after) => assert_eq!(after, 2 * AGAIN_SOONEST, "no call timed yet: 1 s each"),
             Ok(_) => panic!("a holds its share"),
