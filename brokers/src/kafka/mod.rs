@@ -39,7 +39,6 @@ use timer_core::{
 use crate::shared::{DeliveryTags, Lookups};
 pub use outbound::CONTENT_TYPE_HEADER;
 use outbound::{delivery_failed, headers_of, target_route, trace_of, Route};
-pub(crate) use topics::create_topics;
 use topics::{ensure_topics, topic_exists, topic_state, TopicState};
 
 pub use config::{KafkaConfig, FIXED_PROPERTIES};

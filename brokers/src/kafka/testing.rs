@@ -16,8 +16,9 @@ use timer_core::plugin::{
 };
 use timer_core::{Broker, Error, Result, Target};
 
+use super::topics::create_topics;
 use super::{
-    client_config, create_topics, KafkaBroker, KafkaConfig, CONTENT_TYPE_HEADER, DELAY_HEADER,
+    client_config, KafkaBroker, KafkaConfig, CONTENT_TYPE_HEADER, DELAY_HEADER,
     DELIVER_AT_HEADER, EVENT_ID_HEADER, ID_HEADER, REASON_HEADER, TARGET_TOPIC_HEADER,
     TENANT_HEADER,
 };
