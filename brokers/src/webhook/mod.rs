@@ -447,13 +447,13 @@ impl Caller for Webhooks {
         // The host's turn first: calls waiting for a slow host hold none of the others'. A call
         // waits for its turns at most `webhooks.timeout` (its timer cannot be cancelled while
         // it waits): then it is handed back.
-        let turns = async {
+        let both_turns = async {
             let host_turn = entry.turn().await;
             let all = self.all.acquire().await.ok()?;
             Some((host_turn, all))
         };
         let Ok(Some((mut host_turn, _all))) =
-            tokio::time::timeout(self.config.timeout, turns).await
+            tokio::time::timeout(self.config.timeout, both_turns).await
         else {
             // It waited its time already: again soon.
             return busy(turns::AGAIN_SOONEST);
