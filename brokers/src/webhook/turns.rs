@@ -53,8 +53,6 @@ struct Host {
     running: usize,
     /// Per tenant: its calls holding or waiting.
     entered: HashMap<String, usize>,
-    /// The calls holding or waiting, of every tenant.
-    total: usize,
     /// Per tenant: its calls waiting, in order.
     waiting: HashMap<String, VecDeque<oneshot::Sender<()>>>,
     /// The tenants with calls waiting, the next to get a turn first.
@@ -132,8 +130,10 @@ impl Turns {
         let entered = line.entered.get(tenant).copied().unwrap_or(0);
         let tenants = line.entered.len() + usize::from(entered == 0);
         let share = (self.bounds.line / tenants).max(1);
-        let full = line.total >= self.bounds.line.saturating_mul(2)
-            || (line.total >= self.bounds.line && entered >= share);
+        // At most twice the line's size in entries, so at most as many tenants: a short sum.
+        let total: usize = line.entered.values().sum();
+        let full = total >= self.bounds.line.saturating_mul(2)
+            || (total >= self.bounds.line && entered >= share);
         if full {
             let turn_time = line.turn_time.unwrap_or(AGAIN_SOONEST);
             return Err(again_after(
@@ -144,7 +144,6 @@ impl Turns {
             ));
         }
         *line.entered.entry(tenant.to_owned()).or_default() += 1;
-        line.total += 1;
         state.all += 1;
         Ok(Entry {
             state: self.state.clone(),
@@ -222,7 +221,6 @@ impl Drop for Entry {
         let Some(line) = state.hosts.get_mut(&self.host) else {
             return;
         };
-        line.total = line.total.saturating_sub(1);
         if let Some(entered) = line.entered.get_mut(&self.tenant) {
             *entered = entered.saturating_sub(1);
             if *entered == 0 {
