@@ -15,7 +15,6 @@ use timer_conformance::e2e::{
     assert_reached, catch_holding_leases, count_by_key, drained, due_ms, free_addr,
     freeze_holding_leases, lateness_at_reader, lateness_ms, new_timers, now_ms, percentiles,
     recovered_after, refused_to_run, signal, store_timers, timer_of, EventLog, Service,
-    UNDER_LOAD_P99_MS,
 };
 use timer_conformance::proxy::Proxy;
 use timer_conformance::{server_trial, wait_for};
@@ -192,10 +191,16 @@ async fn notify_reaches_another_store_handle() {
 
 async fn three_instances_fire_20k_timers_once() {
     const N: usize = 20_000;
+    // Polling a minute apart, a fire that waits for a poll instead of a wake-up (NOTIFY, or the
+    // claim loop going on while a batch came back full) is tens of seconds late; one that waits
+    // only for the two cores, which three debug-build instances and their readers share at
+    // 4,000 fires a second, about a second (p99 2,003 ms once on CI).
+    const WAITED_FOR_A_POLL_MS: i64 = 15_000;
     let dir = tempfile::tempdir().expect("tempdir");
     let config = schema_config();
     let store = PostgresStore::open(&config).await.expect("open");
-    let services = start_instances(dir.path(), &env_for(&config, &[]), 3).await;
+    let env = env_for(&config, &[("TIMER_ENGINE__POLL_INTERVAL", "60s")]);
+    let services = start_instances(dir.path(), &env, 3).await;
     let mut logs = Vec::new();
     for s in &services {
         logs.push(s.events().await);
@@ -221,14 +226,12 @@ async fn three_instances_fire_20k_timers_once() {
     let per_instance: Vec<usize> = logs.iter().map(|l| l.len()).collect();
     println!("3 instances, {N} timers over 5 s: per instance {per_instance:?}");
     // Bounded: when each fired, as its instance stamped it (`timestampMs` − `dueAt`), where a
-    // lost wake-up would show. Only shown: when the tests' readers got it; three debug-build
-    // readers parsing 4,000 events a second on the same two cores lag by themselves (p50 1.2 s,
-    // p99 2.0 s once on CI).
+    // lost wake-up would show. Only shown: when the tests' readers got it, later still.
     let fired = percentiles(events.iter().map(|e| lateness_ms(&e.envelope)).collect());
     let read = lateness_at_reader(&events);
     println!("3 instances, 20,000 timers over 5 s: late (p50, p99, max) when fired {fired:?} ms, at the readers {read:?} ms");
     assert!(
-        fired.1 <= UNDER_LOAD_P99_MS,
+        fired.1 <= WAITED_FOR_A_POLL_MS,
         "fired p99 {} ms late (p50 {}, max {}): fires wait for a poll instead of their due time?",
         fired.1,
         fired.0,

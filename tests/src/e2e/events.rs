@@ -107,21 +107,11 @@ pub fn lateness_at_reader(received: &[Received]) -> (i64, i64, i64) {
 /// gives (`engine.poll_interval`: 5 s by default, 1 s in the matrix).
 pub const ON_TIME_P99_MS: i64 = 500;
 
-/// The bound of [`on_time_under_load`]: for thousands of fires a second, where the test's own
-/// reader (a debug build parsing every event) adds hundreds of milliseconds; still below the
-/// default `engine.poll_interval` (5 s) that a lost wake-up would wait for.
-pub const UNDER_LOAD_P99_MS: i64 = 2_000;
-
 /// How late `received` reached their reader (receive time − `payload.dueAt`, publish and
 /// delivery included), printed for `what`; panics when p99 is above [`ON_TIME_P99_MS`] or one
 /// came early. Returns p50, p99 and max.
 pub fn on_time(what: &str, received: &[Received]) -> (i64, i64, i64) {
     within(what, received, ON_TIME_P99_MS)
-}
-
-/// [`on_time`] for a run of thousands of fires a second: p99 at most [`UNDER_LOAD_P99_MS`].
-pub fn on_time_under_load(what: &str, received: &[Received]) -> (i64, i64, i64) {
-    within(what, received, UNDER_LOAD_P99_MS)
 }
 
 fn within(what: &str, received: &[Received], bound_ms: i64) -> (i64, i64, i64) {

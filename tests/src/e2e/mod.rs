@@ -20,8 +20,8 @@ mod processes;
 mod timers;
 
 pub use events::{
-    count_by_key, due_ms, lateness_at_reader, lateness_ms, metric, on_time, on_time_under_load,
-    percentiles, timer_of, EventLog, Received, ON_TIME_P99_MS, UNDER_LOAD_P99_MS,
+    count_by_key, due_ms, lateness_at_reader, lateness_ms, metric, on_time, percentiles, timer_of,
+    EventLog, Received, ON_TIME_P99_MS,
 };
 pub use processes::{
     missing_var, refused_to_run, run_ok, run_to_end, Exit, PrivateServer, RestartOnDrop,
