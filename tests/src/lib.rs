@@ -6,6 +6,7 @@
 pub mod broker;
 pub mod e2e;
 pub mod fixtures;
+pub mod lanes;
 pub mod proxy;
 pub mod scenarios;
 pub mod store;
@@ -14,17 +15,53 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
+use lanes::Lane;
+
 /// A named check: an async function taking the resource under test.
 pub struct Check<R> {
     pub name: &'static str,
     pub run: fn(R) -> Pin<Box<dyn Future<Output = ()> + Send>>,
+    /// It measures time (how late, how soon), so where trials run at once ([`lanes`]) it runs
+    /// with none beside it.
+    pub alone: bool,
+}
+
+impl<R> Check<R> {
+    /// This check, run with no other trial beside it ([`Check::alone`]).
+    pub fn alone(self) -> Self {
+        Self {
+            alone: true,
+            ..self
+        }
+    }
+
+    /// Where this check's trial runs when its other trials are in `lane`.
+    pub fn lane(&self, lane: &'static str) -> Lane {
+        if self.alone {
+            Lane::Alone
+        } else {
+            Lane::Of(lane)
+        }
+    }
+}
+
+/// A [`Check`] of a check function's name.
+#[macro_export]
+macro_rules! check {
+    ($name:ident) => {
+        $crate::Check {
+            name: stringify!($name),
+            run: |r| Box::pin($name(r)),
+            alone: false,
+        }
+    };
 }
 
 /// Builds a `Vec<Check<_>>` from check function names.
 #[macro_export]
 macro_rules! checks {
     ($($name:ident),* $(,)?) => {
-        vec![$($crate::Check { name: stringify!($name), run: |r| Box::pin($name(r)) }),*]
+        vec![$($crate::check!($name)),*]
     };
 }
 
@@ -39,7 +76,23 @@ where
     F: FnOnce() -> Fut + Send + 'static,
     Fut: Future<Output = ()>,
 {
-    server_trial_within(name, missing, TRIAL_LIMIT, test)
+    trial(name, missing, TRIAL_LIMIT, None, test)
+}
+
+/// [`server_trial_within`] in a [`Lane`]: it starts once its lane is free, and holds it until
+/// it ends; its `limit` counts from when it starts.
+pub fn server_trial_in<F, Fut>(
+    name: &str,
+    missing: Option<String>,
+    lane: Lane,
+    limit: Duration,
+    test: F,
+) -> libtest_mimic::Trial
+where
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: Future<Output = ()>,
+{
+    trial(name, missing, limit, Some(lane), test)
 }
 
 /// [`server_trial`] with a limit of its own (a soak that runs for as long as it is told). A
@@ -50,6 +103,20 @@ pub fn server_trial_within<F, Fut>(
     name: &str,
     missing: Option<String>,
     limit: Duration,
+    test: F,
+) -> libtest_mimic::Trial
+where
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: Future<Output = ()>,
+{
+    trial(name, missing, limit, None, test)
+}
+
+fn trial<F, Fut>(
+    name: &str,
+    missing: Option<String>,
+    limit: Duration,
+    lane: Option<Lane>,
     test: F,
 ) -> libtest_mimic::Trial
 where
@@ -68,6 +135,8 @@ where
         if let Some(why) = missing {
             return Err(format!("server required (TIMER_TEST_REQUIRE=1) but {why}").into());
         }
+        // Its limit counts from when it starts, not from when it began to wait for its lane.
+        let _lane = lane.map(Lane::enter);
         run_within(thread, limit, test)
     })
     .with_ignored_flag(ignored)

@@ -13,7 +13,7 @@ use timer_brokers::kafka::rdkafka::{Offset, TopicPartitionList};
 use timer_brokers::kafka::{client_config, KafkaBroker, KafkaConfig, KafkaTestClient};
 use timer_conformance::e2e::now_ms;
 use timer_conformance::scenarios::{envelope, timers, BrokerCase, BrokerTraits, Setup};
-use timer_conformance::{checks, wait_for, Check};
+use timer_conformance::{check, wait_for, Check};
 use timer_core::plugin::BrokerConfig;
 use timer_core::TimerKey;
 
@@ -38,10 +38,11 @@ pub fn traits() -> BrokerTraits {
 }
 
 pub fn checks() -> Vec<Check<Arc<BrokerCase>>> {
-    checks![
-        two_instances_in_one_group_split_the_partitions,
-        a_missing_topic_it_may_not_create_is_named,
-        a_message_for_a_missing_topic_is_retried_and_holds_back_no_other,
+    vec![
+        check!(two_instances_in_one_group_split_the_partitions),
+        check!(a_missing_topic_it_may_not_create_is_named),
+        // How soon the other timer is settled is what it checks.
+        check!(a_message_for_a_missing_topic_is_retried_and_holds_back_no_other).alone(),
     ]
 }
 

@@ -8,6 +8,10 @@
 //! A broker whose server is not there is ignored with the reason (a failure under
 //! `TIMER_TEST_REQUIRE=1`; `bash scripts/test.sh` starts every server and sets
 //! `TIMER_TEST_<BROKER>_*`, the data directory too, because some trials restart the server).
+//!
+//! Each broker's trials run one at a time, in its lane (`timer_conformance::lanes`), since some
+//! stop its server; the brokers' lanes run side by side, and a trial that measures time runs
+//! alone. `--test-threads=1` runs every trial one after another.
 
 #[cfg(feature = "kafka")]
 mod kafka;
@@ -27,8 +31,6 @@ const BIN: &str = env!("CARGO_BIN_EXE_timer-service");
 
 fn main() {
     let mut args = Arguments::from_args();
-    // One trial at a time: some stop a shared server, which the others need.
-    args.test_threads.get_or_insert(1);
     let sqlite = timer_stores::PLUGINS
         .get("sqlite")
         .expect("the sqlite store is compiled in");
@@ -48,6 +50,9 @@ fn main() {
         };
         trials.extend(scenarios::trials(case, &durable, own()));
     }
+    // A thread for every trial: one whose lane is taken waits there without a core, and the
+    // others go on (fewer threads could all be waiting on one lane while another is free).
+    args.test_threads.get_or_insert(trials.len().max(1));
     libtest_mimic::run(&args, trials).exit();
 }
 

@@ -157,12 +157,17 @@ impl ScriptedServer {
 
     /// Runs `script start|stop DIR`; panics with the script's output when it fails.
     pub async fn run(&self, action: &str) {
+        self.run_for_output(action).await;
+    }
+
+    /// [`ScriptedServer::run`], returning what the script printed.
+    async fn run_for_output(&self, action: &str) -> Output {
         let mut command = Command::new("bash");
         command
             .arg(&self.script)
             .args([action, &self.dir])
             .env(self.port_env, self.port.to_string());
-        run_ok(&mut command, format!("{} {action}", self.script.display())).await;
+        run_ok(&mut command, format!("{} {action}", self.script.display())).await
     }
 
     /// Why a crash of this server is not tested (a limit of the test server, not of its
@@ -222,13 +227,20 @@ impl ScriptedServer {
 pub struct PrivateServer {
     server: ScriptedServer,
     address: String,
+    /// The `export NAME=VALUE` lines its script printed when it started.
+    exported: Vec<(String, String)>,
     _dir: tempfile::TempDir,
 }
 
 impl PrivateServer {
     /// Starts `script` (`kafka`) as `kafka.sh start DIR` with `port_env` set to a free port.
+    /// The directory is readable by every user: a server that runs as a user of its own
+    /// (PostgreSQL's, when the tests run as root) must reach it.
     pub async fn start(script: &str, port_env: &'static str) -> Self {
+        use std::os::unix::fs::PermissionsExt;
         let dir = tempfile::tempdir().expect("a directory for the private server");
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))
+            .expect("the private server's directory opened to its user");
         let port = super::free_addr().port();
         let server = ScriptedServer::new(
             script,
@@ -236,10 +248,16 @@ impl PrivateServer {
             port_env,
             port,
         );
-        server.run("start").await;
+        let printed = server.run_for_output("start").await;
+        let exported = String::from_utf8_lossy(&printed.stdout)
+            .lines()
+            .filter_map(|line| line.strip_prefix("export ")?.split_once('='))
+            .map(|(name, value)| (name.to_owned(), value.to_owned()))
+            .collect();
         PrivateServer {
             server,
             address: format!("127.0.0.1:{port}"),
+            exported,
             _dir: dir,
         }
     }
@@ -247,6 +265,20 @@ impl PrivateServer {
     /// `127.0.0.1:PORT`, where it listens.
     pub fn address(&self) -> &str {
         &self.address
+    }
+
+    /// What its script exported as `name` when it started (`TIMER_TEST_POSTGRES_URL`); panics
+    /// naming it when the script did not.
+    pub fn exported(&self, name: &str) -> &str {
+        self.exported
+            .iter()
+            .find_map(|(n, value)| (n == name).then_some(value.as_str()))
+            .unwrap_or_else(|| panic!("{} exported no {name}", self.server.script.display()))
+    }
+
+    /// The server, for a test that stops and starts it ([`ScriptedServer::run`]).
+    pub fn server(&self) -> &ScriptedServer {
+        &self.server
     }
 
     /// The crash ([`ScriptedServer::crash`]); returns once it is gone.

@@ -33,7 +33,7 @@ use timer_core::plugin::BrokerConfig;
 use timer_core::{BrokerPlugin, StorePlugin};
 
 use crate::e2e::ScriptedServer;
-use crate::{server_trial, Check};
+use crate::{server_trial_in, Check};
 
 pub use control::{
     an_overlap_skip_series_fires_after_each_completion,
@@ -109,7 +109,9 @@ impl Default for BrokerTraits {
 /// Every scenario as a trial for `case.plugin`, named `brokers::<kind>::<scenario>`, and the
 /// broker's `own` checks after them: the scenarios through the service's HTTP API for a broker
 /// inside the service, all of them for a broker with a server (the ingest kill on every durable
-/// store of `stores`). A trial whose server is not there is ignored with the reason.
+/// store of `stores`). A trial whose server is not there is ignored with the reason. Each runs
+/// in the broker's lane ([`crate::lanes`]): beside other brokers' trials, never beside another
+/// of its own broker's (some stop its server); one that measures time runs alone.
 pub fn trials(
     case: BrokerCase,
     stores: &[&'static StorePlugin],
@@ -120,9 +122,9 @@ pub fn trials(
         let mut checks: Vec<Check<Arc<BrokerCase>>> = crate::checks![
             malformed_command_is_dead_lettered_and_events_keep_flowing,
             pause_and_resume_commands_hold_a_timer_back_and_let_it_go,
-            a_flooding_tenant_is_slowed_and_the_others_are_not,
             an_overlap_skip_series_fires_after_each_completion,
         ];
+        checks.push(crate::check!(a_flooding_tenant_is_slowed_and_the_others_are_not).alone());
         checks.extend(own);
         return to_trials(&format!("brokers::{kind}"), &Arc::new(case), None, checks);
     };
@@ -130,7 +132,6 @@ pub fn trials(
     let mut checks = crate::checks![
         malformed_command_is_dead_lettered_and_events_keep_flowing,
         pause_and_resume_commands_hold_a_timer_back_and_let_it_go,
-        a_flooding_tenant_is_slowed_and_the_others_are_not,
         an_overlap_skip_series_fires_after_each_completion,
         a_timers_own_message_arrives_at_its_target_and_a_cancelled_one_does_not,
         ten_thousand_delayed_messages_through_the_native_ingress_survive_a_kill,
@@ -139,6 +140,7 @@ pub fn trials(
         ten_thousand_timers_survive_a_service_restart_and_a_server_outage,
         a_bound_broker_takes_commands_of_its_tenant_only,
     ];
+    checks.push(crate::check!(a_flooding_tenant_is_slowed_and_the_others_are_not).alone());
     #[cfg(feature = "sqlite")]
     if case.store.kind == "sqlite" {
         checks.extend(crate::checks![
@@ -191,9 +193,11 @@ fn to_trials(
         .into_iter()
         .map(|check| {
             let case = case.clone();
-            server_trial(
+            server_trial_in(
                 &format!("{prefix}::{}", check.name),
                 missing.clone(),
+                check.lane(case.plugin.kind),
+                crate::TRIAL_LIMIT,
                 move || (check.run)(case),
             )
         })
