@@ -1,22 +1,23 @@
 //! The chaos soak (#23), in the spirit of Jepsen: three `timer-service` instances on one
-//! PostgreSQL schema and one broker (NATS, then RabbitMQ) take a steady load of `ScheduleTimer`
-//! commands while a nemesis, one fault at a time, kills an instance with SIGKILL (and starts it
-//! again), restarts the broker (SIGKILL of its server) or PostgreSQL (fast shutdown), cuts one
-//! instance off from the database or the broker (a proxy between them), or resets its
-//! connections. Afterwards a checker reads every
-//! event from the stream and every timer from the database and reports: timers lost (must be
-//! 0), fired twice (each with one event id), fired early (must be 0), lateness outside the fault
-//! windows, and per fault how long after it ended everything due meanwhile had fired.
+//! PostgreSQL schema and one broker take a steady load of `ScheduleTimer` commands while a
+//! nemesis, one fault at a time, kills an instance with SIGKILL (and starts it again), restarts
+//! the broker (SIGKILL of its server) or PostgreSQL (fast shutdown), cuts one instance off from
+//! the database or the broker (a proxy between them), or resets its connections. Afterwards a
+//! checker reads every event from the stream and every timer from the database and reports:
+//! timers lost (must be 0), fired twice (each with one event id), fired early (must be 0),
+//! lateness outside the fault windows, and per fault how long after it ended everything due
+//! meanwhile had fired.
 //!
 //! Every kind of fault comes once per round of six, in an order drawn from the seed; between
 //! faults the nemesis waits 4 to 10 s, and before the next it waits until every instance is
-//! ready again. A test binary of its own: it restarts the shared broker servers, each soak its
-//! own broker's and a PostgreSQL of its own, so the soaks of two brokers run at the same time.
-//! `TIMER_TEST_CHAOS_SECS` sets how long the load and the faults last (default 120 per broker),
-//! `TIMER_TEST_CHAOS_SEED` the nemesis's seed (printed either way, to replay a run). Needs
-//! `TIMER_TEST_POSTGRES_URL`/`_DIR` (PostgreSQL installed) and the broker's
-//! `TIMER_TEST_<BROKER>_URL`/`_DIR` (bash scripts/test.sh sets them). Kafka is not in it: tansu 0.6.0, its test server, panics when
-//! restarted under an idempotent producer (`brokers/src/kafka/README.md`).
+//! ready again. One soak per broker (NATS, RabbitMQ), both at the same time: each restarts its
+//! own broker's shared server and a PostgreSQL of its own (the shared one is left alone). A test
+//! binary of its own, since it restarts shared servers. `TIMER_TEST_CHAOS_SECS` sets how long
+//! the load and the faults last (default 120), `TIMER_TEST_CHAOS_SEED` the nemesis's seed
+//! (printed either way, to replay a run). Needs `TIMER_TEST_POSTGRES_URL`/`_DIR` (PostgreSQL
+//! installed) and the broker's `TIMER_TEST_<BROKER>_URL`/`_DIR` (bash scripts/test.sh sets
+//! them). Kafka is not in it: tansu 0.6.0, its test server, panics when restarted under an
+//! idempotent producer (`brokers/src/kafka/README.md`).
 
 use std::collections::HashMap;
 use std::path::Path;

@@ -226,16 +226,18 @@ async fn three_instances_fire_20k_timers_once() {
     let per_instance: Vec<usize> = logs.iter().map(|l| l.len()).collect();
     println!("3 instances, {N} timers over 5 s: per instance {per_instance:?}");
     // Bounded: when each fired, as its instance stamped it (`timestampMs` − `dueAt`), where a
-    // lost wake-up would show. Only shown: when the tests' readers got it, later still.
+    // lost wake-up would show (the latest, so that one fire of 20,000 waiting for a poll
+    // fails it too). Only shown: when the tests' readers got it, later still.
     let fired = percentiles(events.iter().map(|e| lateness_ms(&e.envelope)).collect());
     let read = lateness_at_reader(&events);
     println!("3 instances, 20,000 timers over 5 s: late (p50, p99, max) when fired {fired:?} ms, at the readers {read:?} ms");
     assert!(
-        fired.1 <= WAITED_FOR_A_POLL_MS,
-        "fired p99 {} ms late (p50 {}, max {}): fires wait for a poll instead of their due time?",
-        fired.1,
+        fired.2 <= WAITED_FOR_A_POLL_MS,
+        "fired up to {} ms late (p50 {}, p99 {}): a fire waited for a poll instead of its due \
+         time?",
+        fired.2,
         fired.0,
-        fired.2
+        fired.1
     );
     assert_eq!(store.scheduled_count().await.expect("pending"), 0);
     for s in services {

@@ -27,7 +27,7 @@ pub struct Check<R> {
 }
 
 impl<R> Check<R> {
-    /// This check, run with no other trial beside it ([`Check::alone`]).
+    /// This check, run with no other trial beside it where trials run at once ([`lanes`]).
     pub fn alone(self) -> Self {
         Self {
             alone: true,

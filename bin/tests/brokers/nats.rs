@@ -19,7 +19,7 @@ use timer_conformance::scenarios::{
     delivered_cancelled_and_dead_lettered, envelope, refusing_destination_setup, timers,
     BrokerCase, BrokerTraits, Setup,
 };
-use timer_conformance::{checks, wait_for, Check};
+use timer_conformance::{check, checks, wait_for, Check};
 use timer_core::plugin::TestClient;
 
 pub fn traits() -> BrokerTraits {
@@ -42,16 +42,19 @@ pub fn traits() -> BrokerTraits {
 }
 
 pub fn checks() -> Vec<Check<Arc<BrokerCase>>> {
-    checks![
+    let mut checks = checks![
         a_stream_with_other_subjects_is_an_error_not_an_overwrite,
         cron_every_second_in_berlin_fires_one_catch_up_after_a_stop,
-        catch_up_all_fires_the_three_latest_missed_after_ten_seconds_down,
         a_ten_second_cut_from_the_server_loses_nothing_and_catches_up,
         a_delayed_message_arrives_on_its_subject_at_its_time,
         a_target_no_stream_captures_gets_one_plain_publish,
         an_event_its_stream_refuses_is_retried_alone,
         commands_a_stopping_instance_did_not_acknowledge_go_to_another_at_once,
-    ]
+    ];
+    // Its series goes on from when an occurrence fired: one fired over a second late (a busy
+    // machine) would leave a gap it takes for a missed one.
+    checks.push(check!(catch_up_all_fires_the_three_latest_missed_after_ten_seconds_down).alone());
+    checks
 }
 
 fn nats_config(setup: &Setup) -> &NatsConfig {

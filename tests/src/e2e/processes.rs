@@ -241,7 +241,7 @@ impl PrivateServer {
         let dir = tempfile::tempdir().expect("a directory for the private server");
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))
             .expect("the private server's directory opened to its user");
-        let port = super::free_addr().port();
+        let port = private_port();
         let server = ScriptedServer::new(
             script,
             dir.path().to_string_lossy().into_owned(),
@@ -284,6 +284,25 @@ impl PrivateServer {
     /// The crash ([`ScriptedServer::crash`]); returns once it is gone.
     pub async fn crash(&self) {
         self.server.crash().await;
+    }
+}
+
+/// A port for a private server, free now and outside the range the system takes ports for
+/// outgoing connections from (32768 and up by default): a server a test stops and starts
+/// again must find its port free, which a connection's ephemeral port could take meanwhile.
+/// Taken from 24000 up, each once per process (two private servers starting at once do not
+/// find the same port free).
+fn private_port() -> u16 {
+    static NEXT: std::sync::atomic::AtomicU16 = std::sync::atomic::AtomicU16::new(24_000);
+    loop {
+        let port = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        assert!(
+            port < 32_000,
+            "no free port for a private server below 32000"
+        );
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
     }
 }
 
