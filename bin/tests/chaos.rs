@@ -93,7 +93,7 @@ fn main() {
                 missing,
                 // Beside the other broker's soak: it restarts its own servers only. (Its
                 // lateness bound holds beside it: p99 2 ms where 500 ms is allowed.)
-                Lane::Of(broker.plugin.kind),
+                Some(Lane::Of(broker.plugin.kind)),
                 TRIAL_LIMIT + Duration::from_secs(soak_secs()),
                 move || soak(broker),
             )

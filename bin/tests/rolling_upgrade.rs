@@ -25,7 +25,7 @@ use timer_conformance::e2e::{
     not_reached_within, now_ms, percentiles, run_to_end, schedule, timer_of, write_config, Service,
 };
 use timer_conformance::scenarios::envelope;
-use timer_conformance::{server_trial_within, wait_for, TRIAL_LIMIT};
+use timer_conformance::{server_trial, wait_for};
 use timer_core::plugin::{fresh_name, BrokerConfig, Isolated, TestClient};
 use timer_core::TimerKey;
 use timer_stores::postgres::{PostgresConfig, PostgresStore, TEST_SERVER};
@@ -70,28 +70,25 @@ fn main() {
         .or_else(|| timer_brokers::nats::PLUGIN.unavailable());
     let missing = servers.clone().or_else(|| previous().err());
     let trials = vec![
-        server_trial_within(
+        server_trial(
             "rolling_upgrade::three_instances_of_the_previous_release_replaced_under_load",
             missing,
-            TRIAL_LIMIT,
             || async {
                 let previous = previous().expect("the previous release");
                 roll(&previous).await;
             },
         ),
-        server_trial_within(
+        server_trial(
             "rolling_upgrade::a_sqlite_file_of_the_previous_release_upgraded_in_place",
             previous().err(),
-            TRIAL_LIMIT,
             || async {
                 let previous = previous().expect("the previous release");
                 upgrade_in_place(&previous).await;
             },
         ),
-        server_trial_within(
+        server_trial(
             "rolling_upgrade::this_build_refuses_a_schema_a_newer_release_needs",
             TEST_SERVER.unavailable(),
-            TRIAL_LIMIT,
             refuse_a_newer_schema,
         ),
     ];

@@ -76,47 +76,19 @@ where
     F: FnOnce() -> Fut + Send + 'static,
     Fut: Future<Output = ()>,
 {
-    trial(name, missing, TRIAL_LIMIT, None, test)
+    server_trial_in(name, missing, None, TRIAL_LIMIT, test)
 }
 
-/// [`server_trial_within`] in a [`Lane`]: it starts once its lane is free, and holds it until
-/// it ends; its `limit` counts from when it starts.
+/// [`server_trial`] in a [`Lane`], if given: it starts once its lane is free, and holds it
+/// until it ends. With a limit of its own (a soak runs for as long as it is told), counted from
+/// when it starts: a test past its limit fails, naming the limit, instead of holding the whole
+/// run until CI's hard limit cuts it off without saying which test hung; its thread is left
+/// behind (the process ends it when the other trials are done).
 pub fn server_trial_in<F, Fut>(
     name: &str,
     missing: Option<String>,
-    lane: Lane,
-    limit: Duration,
-    test: F,
-) -> libtest_mimic::Trial
-where
-    F: FnOnce() -> Fut + Send + 'static,
-    Fut: Future<Output = ()>,
-{
-    trial(name, missing, limit, Some(lane), test)
-}
-
-/// [`server_trial`] with a limit of its own (a soak that runs for as long as it is told). A
-/// test past its limit fails, naming the limit, instead of holding the whole run until CI's
-/// hard limit cuts it off without saying which test hung; its thread is left behind (the
-/// process ends it when the other trials are done).
-pub fn server_trial_within<F, Fut>(
-    name: &str,
-    missing: Option<String>,
-    limit: Duration,
-    test: F,
-) -> libtest_mimic::Trial
-where
-    F: FnOnce() -> Fut + Send + 'static,
-    Fut: Future<Output = ()>,
-{
-    trial(name, missing, limit, None, test)
-}
-
-fn trial<F, Fut>(
-    name: &str,
-    missing: Option<String>,
-    limit: Duration,
     lane: Option<Lane>,
+    limit: Duration,
     test: F,
 ) -> libtest_mimic::Trial
 where

@@ -50,6 +50,7 @@ pub fn checks() -> Vec<Check<Arc<BrokerCase>>> {
         a_target_no_stream_captures_gets_one_plain_publish,
         an_event_its_stream_refuses_is_retried_alone,
         commands_a_stopping_instance_did_not_acknowledge_go_to_another_at_once,
+        streams_the_server_lost_are_made_again,
     ];
     // Its series goes on from when an occurrence fired: one fired over a second late (a busy
     // machine) would leave a gap it takes for a missed one.
@@ -644,6 +645,76 @@ async fn a_target_no_stream_captures_gets_one_plain_publish(case: Arc<BrokerCase
     .await
     .unwrap_or_else(|| service.fail("Reached within 3 s of its due time"));
     assert_eq!(reached["attempts"], 0, "no failed attempt: {reached}");
+    service.terminate().await;
+    setup.clean_up().await;
+}
+
+/// The server loses the service's streams while it runs (its JetStream store wiped, a stream
+/// deleted): the service makes them again and goes on. The events stream alone: the publish
+/// that found no stream is retried, and the stream made again before the next, so the timer's
+/// event arrives. Every stream: the reader, told its consumer is gone, makes the streams and
+/// consumers again, and a command sent to the new commands stream is applied and fires.
+async fn streams_the_server_lost_are_made_again(case: Arc<BrokerCase>) {
+    let setup = Setup::new(&case);
+    let service = setup.start().await;
+    let c = nats_config(&setup);
+    let js = jetstream::new(
+        timer_brokers::nats::connect_client(c)
+            .await
+            .expect("connect to nats"),
+    );
+    let client = setup.broker.config.test_client().await.expect("a client");
+    let fired = |id: &'static str| {
+        let client = &client;
+        async move {
+            let events = client.events().await.ok()?;
+            timers(&events).contains(&format!("t/{id}")).then_some(())
+        }
+    };
+    js.delete_stream(&c.events_stream)
+        .await
+        .expect("delete the events stream");
+    let command = |id: &str| json!({"tenantId": "t", "serviceCallId": id, "dueTimeMs": now_ms()});
+    client
+        .send_command(command("events-lost").to_string().as_bytes())
+        .await
+        .expect("send a command");
+    if wait_for(Duration::from_secs(30), || fired("events-lost"))
+        .await
+        .is_none()
+    {
+        service.fail("the event of a timer fired after the events stream was lost, within 30 s");
+    }
+
+    let streams = [
+        &c.commands_stream,
+        &c.events_stream,
+        &c.dead_letter_stream,
+        &c.delay_stream,
+    ];
+    for stream in streams {
+        js.delete_stream(stream).await.expect("delete a stream");
+    }
+    let made_again = wait_for(Duration::from_secs(30), || async {
+        for stream in streams {
+            js.get_stream(stream).await.ok()?;
+        }
+        Some(())
+    })
+    .await;
+    if made_again.is_none() {
+        service.fail("every stream made again within 30 s of their loss");
+    }
+    client
+        .send_command(command("all-lost").to_string().as_bytes())
+        .await
+        .expect("send a command to the commands stream made again");
+    if wait_for(Duration::from_secs(30), || fired("all-lost"))
+        .await
+        .is_none()
+    {
+        service.fail("a command sent after every stream was lost fired within 30 s");
+    }
     service.terminate().await;
     setup.clean_up().await;
 }

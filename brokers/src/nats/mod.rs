@@ -10,16 +10,18 @@ mod config;
 mod connect;
 mod delay;
 mod plugin;
+mod streams;
 #[cfg(feature = "testing")]
 mod testing;
 
 use std::collections::HashSet;
 use std::future::IntoFuture;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use async_nats::header::{HeaderMap, NATS_MESSAGE_ID};
 use async_nats::jetstream::context::GetStreamByNameErrorKind;
-use async_nats::jetstream::{self, consumer, stream, AckKind, ErrorCode};
+use async_nats::jetstream::{self, AckKind};
 use async_trait::async_trait;
 use futures::future::join_all;
 use futures::{FutureExt, StreamExt};
@@ -35,6 +37,8 @@ pub use config::NatsConfig;
 pub use connect::connect_client;
 pub use delay::{DELAY_HEADER, DELIVER_AT_HEADER, TENANT_HEADER};
 pub use plugin::PLUGIN;
+pub use streams::delete_streams;
+use streams::{ensure_streams, streams_and_consumers, Consumers};
 #[cfg(feature = "testing")]
 pub use plugin::TEST_SERVER;
 #[cfg(feature = "testing")]
@@ -52,11 +56,19 @@ type Incoming = futures::stream::BoxStream<
 pub struct NatsBroker {
     client: async_nats::Client,
     js: jetstream::Context,
-    consumer: consumer::PullConsumer,
-    /// The durable consumer of delayed messages (`broker.delay_stream`).
-    delay_consumer: consumer::PullConsumer,
+    /// What the streams and consumers are made from, again when the server lost them.
+    config: NatsConfig,
+    /// The reader's: made again with the streams before it opens after a failure.
+    consumers: tokio::sync::Mutex<Consumers>,
     /// The open pull streams of both, merged; dropped and opened again after an error.
     messages: tokio::sync::Mutex<Option<Incoming>>,
+    /// Reading failed (or never opened): before the reader opens, the streams and consumers
+    /// are checked, and made again when the server has lost them (its JetStream store wiped,
+    /// a stream deleted), so that the service does not read from nothing for ever.
+    reader_failed: AtomicBool,
+    /// A PubAck did not come (no stream took the event): the next publish first checks the
+    /// streams, and makes again one the server has lost.
+    publish_failed: AtomicBool,
     /// Delivered, not yet acknowledged.
     pending: DeliveryTags<jetstream::Message>,
     /// Target subjects: whether a stream captures each (else it gets a plain publish).
@@ -84,60 +96,15 @@ impl NatsBroker {
     pub async fn connect(config: &NatsConfig) -> Result<Self> {
         let client = connect_client(config).await?;
         let js = jetstream::new(client.clone());
-        let commands = ensure_stream(
-            &js,
-            config,
-            &config.commands_stream,
-            &config.commands_subject,
-            "broker.commands_subject",
-        )
-        .await?;
-        ensure_stream(
-            &js,
-            config,
-            &config.events_stream,
-            &format!("{}.>", config.events_subject),
-            "broker.events_subject",
-        )
-        .await?;
-        ensure_stream(
-            &js,
-            config,
-            &config.dead_letter_stream,
-            &config.dead_letter_subject,
-            "broker.dead_letter_subject",
-        )
-        .await?;
-        let consumer = durable_consumer(
-            &commands,
-            config,
-            &config.consumer,
-            &config.commands_stream,
-            &config.commands_subject,
-        )
-        .await?;
-        let delays = ensure_stream(
-            &js,
-            config,
-            &config.delay_stream,
-            &format!("{}.>", config.delay_prefix),
-            "broker.delay_prefix",
-        )
-        .await?;
-        let delay_consumer = durable_consumer(
-            &delays,
-            config,
-            &format!("{}-delay", config.consumer),
-            &config.delay_stream,
-            &format!("{}.>", config.delay_prefix),
-        )
-        .await?;
-        let ack_wait = consumer.cached_info().config.ack_wait;
+        let consumers = streams_and_consumers(&js, config).await?;
+        let ack_wait = consumers.commands.cached_info().config.ack_wait;
         Ok(NatsBroker {
             client,
             js,
-            consumer,
-            delay_consumer,
+            config: config.clone(),
+            consumers: tokio::sync::Mutex::new(consumers),
+            reader_failed: AtomicBool::new(false),
+            publish_failed: AtomicBool::new(false),
             delay_prefix: format!("{}.", config.delay_prefix),
             delay_tenant: config.delay_tenant.clone(),
             ack_wait,
@@ -180,6 +147,26 @@ impl NatsBroker {
             tenant_of_token(token).unwrap_or_else(|| format!("(not a tenant token: {token})"))
         });
         self.pending.remember(message, body, tenant, trace)
+    }
+
+    /// After a PubAck that did not come (no stream took the message: the server may have lost
+    /// it), checks the streams and makes again those the server lost, once, before the next
+    /// publish; again next time when that fails.
+    async fn streams_again_after_a_lost_puback(&self) -> Result<()> {
+        if self.publish_failed.swap(false, Ordering::SeqCst) {
+            if let Err(e) = ensure_streams(&self.js, &self.config).await {
+                self.publish_failed.store(true, Ordering::SeqCst);
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// Drops the reader after an error: the next receive checks the streams and consumers (and
+    /// makes again what the server lost, a deleted consumer's error being one such) first.
+    fn close_reader(&self, reader: &mut Option<Incoming>) {
+        *reader = None;
+        self.reader_failed.store(true, Ordering::SeqCst);
     }
 
     /// The subject of a tenant's events, when it fits [`MAX_SUBJECT_BYTES`].
@@ -306,106 +293,12 @@ pub const CONTENT_TYPE: &str = "Content-Type";
 /// again. What is left of the line holds the reply inbox and the sizes.
 const MAX_SUBJECT_BYTES: usize = 3_968;
 
-/// Deletes the streams of `config` (benchmarks and tests clean up with it); missing ones are
-/// fine.
 /// The stream (and the subjects it captures) the test client makes its targets in.
 fn testing_targets(config: &NatsConfig) -> (String, String) {
     (
         format!("{}_TARGETS", config.events_stream),
         format!("{}_targets", config.events_subject),
     )
-}
-
-pub async fn delete_streams(config: &NatsConfig) -> Result<()> {
-    let js = jetstream::new(connect_client(config).await?);
-    for name in [
-        &config.commands_stream,
-        &config.events_stream,
-        &config.dead_letter_stream,
-        &config.delay_stream,
-        &testing_targets(config).0,
-    ] {
-        match js.delete_stream(name).await {
-            Ok(_) => {}
-            Err(e) if e.to_string().contains("not found") => {}
-            Err(e) => return Err(unavailable(&format!("deleting stream {name}"), e)),
-        }
-    }
-    Ok(())
-}
-
-/// The durable pull consumer `name` on `stream` (named `stream_name`) of the messages on
-/// `subject`, shared by every instance, with explicit acks and the config's ack wait and most
-/// pending; an existing one is used as it is.
-async fn durable_consumer(
-    stream: &stream::Stream,
-    config: &NatsConfig,
-    name: &str,
-    stream_name: &str,
-    subject: &str,
-) -> Result<consumer::PullConsumer> {
-    stream
-        .get_or_create_consumer(
-            name,
-            consumer::pull::Config {
-                durable_name: Some(name.to_owned()),
-                ack_policy: consumer::AckPolicy::Explicit,
-                ack_wait: config.ack_wait,
-                max_ack_pending: config.max_ack_pending,
-                filter_subject: subject.to_owned(),
-                ..Default::default()
-            },
-        )
-        .await
-        .map_err(|e| unavailable(&format!("consumer {name} on stream {stream_name}"), e))
-}
-
-/// Checks that `name` exists and captures exactly `subject`, or creates it. An existing stream
-/// that differs is an error saying what differs; it is never changed.
-async fn ensure_stream(
-    js: &jetstream::Context,
-    config: &NatsConfig,
-    name: &str,
-    subject: &str,
-    key: &str,
-) -> Result<stream::Stream> {
-    match js.get_stream(name).await {
-        Ok(mut existing) => {
-            let info = existing
-                .info()
-                .await
-                .map_err(|e| unavailable(&format!("stream {name}"), e))?;
-            let subjects = &info.config.subjects;
-            if subjects.len() != 1 || subjects[0] != subject {
-                return Err(Error::config(format!(
-                    "nats broker: stream {name} exists with subjects {subjects:?}, but {key} \
-                     needs [{subject:?}]; change the config or the stream (timer-service never \
-                     changes an existing stream)"
-                )));
-            }
-            Ok(existing)
-        }
-        Err(e)
-            if matches!(e.kind(), jetstream::context::GetStreamErrorKind::JetStream(ref j)
-                if j.error_code() == ErrorCode::STREAM_NOT_FOUND) =>
-        {
-            if !config.create_streams {
-                return Err(Error::config(format!(
-                    "nats broker: stream {name} does not exist and broker.create_streams is off"
-                )));
-            }
-            js.create_stream(stream::Config {
-                name: name.to_owned(),
-                subjects: vec![subject.to_owned()],
-                storage: stream::StorageType::File,
-                duplicate_window: config.duplicate_window,
-                ..Default::default()
-            })
-            .await
-            .map_err(|e| unavailable(&format!("creating stream {name}"), e))
-        }
-        Err(e) => Err(unavailable(&format!("stream {name}"), e)),
-    }
 }
 
 #[async_trait]
@@ -417,16 +310,22 @@ impl Broker for NatsBroker {
     async fn receive(&self, max: usize, wait: Duration) -> Result<Vec<Delivery>> {
         let mut guard = self.messages.lock().await;
         if guard.is_none() {
+            // Cleared once the reader is open: an open that fails repairs next time.
+            let repair = self.reader_failed.swap(true, Ordering::SeqCst);
+            let mut consumers = self.consumers.lock().await;
+            if repair {
+                *consumers = streams_and_consumers(&self.js, &self.config).await?;
+            }
             let batch = max.clamp(1, 10_000);
-            let commands = self
-                .consumer
+            let commands = consumers
+                .commands
                 .stream()
                 .max_messages_per_batch(batch)
                 .messages()
                 .await
                 .map_err(|e| unavailable("opening the command stream", e))?;
-            let delays = self
-                .delay_consumer
+            let delays = consumers
+                .delays
                 .stream()
                 .max_messages_per_batch(batch)
                 .messages()
@@ -437,6 +336,7 @@ impl Broker for NatsBroker {
                 delays.map(|m| m.map_err(|e| e.into())),
             );
             *guard = Some(incoming.boxed());
+            self.reader_failed.store(false, Ordering::SeqCst);
         }
         let Some(stream) = guard.as_mut() else {
             return Ok(Vec::new());
@@ -445,11 +345,11 @@ impl Broker for NatsBroker {
             Err(_) => return Ok(Vec::new()),
             Ok(Some(Ok(message))) => message,
             Ok(Some(Err(e))) => {
-                *guard = None;
+                self.close_reader(&mut guard);
                 return Err(unavailable("reading commands", e));
             }
             Ok(None) => {
-                *guard = None;
+                self.close_reader(&mut guard);
                 return Err(Error::unavailable("nats broker: the command stream ended"));
             }
         };
@@ -460,7 +360,7 @@ impl Broker for NatsBroker {
                 Some(Some(Ok(message))) => out.push(self.remember(message)?),
                 Some(Some(Err(e))) => {
                     tracing::warn!(error = %e, "nats broker: command stream error; reopening");
-                    *guard = None;
+                    self.close_reader(&mut guard);
                     break;
                 }
                 _ => break,
@@ -536,6 +436,7 @@ impl Broker for NatsBroker {
     }
 
     async fn publish(&self, events: &[OutboundEvent]) -> Result<Vec<Undelivered>> {
+        self.streams_again_after_a_lost_puback().await?;
         // A target subject a stream captures gets a JetStream publish, confirmed by the stream;
         // one no stream captures a plain publish (a JetStream publish there would reach its
         // subscribers and then wait for a PubAck that never comes, and go out again on retry).
@@ -620,7 +521,10 @@ impl Broker for NatsBroker {
                     ));
                     undelivered.push(Undelivered { index, error });
                 }
-                Err(e) => return Err(unavailable("awaiting a PubAck", e)),
+                Err(e) => {
+                    self.publish_failed.store(true, Ordering::SeqCst);
+                    return Err(unavailable("awaiting a PubAck", e));
+                }
             }
         }
         undelivered.sort_by_key(|u| u.index);
@@ -660,6 +564,7 @@ impl Broker for NatsBroker {
             .map(|c| if c.is_control() { ' ' } else { c })
             .collect();
         headers.insert(REASON_HEADER, reason.as_str());
+        self.streams_again_after_a_lost_puback().await?;
         self.js
             .publish_with_headers(
                 self.dead_letter_subject.clone(),
@@ -669,7 +574,10 @@ impl Broker for NatsBroker {
             .await
             .map_err(|e| unavailable("publishing a dead letter", e))?
             .await
-            .map_err(|e| unavailable("awaiting the dead letter's PubAck", e))?;
+            .map_err(|e| {
+                self.publish_failed.store(true, Ordering::SeqCst);
+                unavailable("awaiting the dead letter's PubAck", e)
+            })?;
         Ok(())
     }
 

@@ -13,9 +13,10 @@ use timer_core::plugin::{
 };
 use timer_core::{Broker, Error, Result, Target};
 
+use super::streams::ensure_stream;
 use super::{
-    connect_client, ensure_stream, testing_targets, NatsBroker, NatsConfig, CONTENT_TYPE,
-    DELAY_HEADER, DELIVER_AT_HEADER, REASON_HEADER, TENANT_HEADER,
+    connect_client, testing_targets, NatsBroker, NatsConfig, CONTENT_TYPE, DELAY_HEADER,
+    DELIVER_AT_HEADER, REASON_HEADER, TENANT_HEADER,
 };
 
 pub struct NatsTestClient {

@@ -196,7 +196,7 @@ fn to_trials(
             server_trial_in(
                 &format!("{prefix}::{}", check.name),
                 missing.clone(),
-                check.lane(case.plugin.kind),
+                Some(check.lane(case.plugin.kind)),
                 crate::TRIAL_LIMIT,
                 move || (check.run)(case),
             )
