@@ -664,27 +664,29 @@ async fn streams_the_server_lost_are_made_again(case: Arc<BrokerCase>) {
             .expect("connect to nats"),
     );
     let client = setup.broker.config.test_client().await.expect("a client");
-    let fired = |id: &'static str| {
-        let client = &client;
+    // A command due now, sent to the commands stream; its event read from the events stream.
+    let fires = |id: &'static str, after: &'static str| {
+        let (client, service) = (&client, &service);
         async move {
-            let events = client.events().await.ok()?;
-            timers(&events).contains(&format!("t/{id}")).then_some(())
+            let command = json!({"tenantId": "t", "serviceCallId": id, "dueTimeMs": now_ms()});
+            client
+                .send_command(command.to_string().as_bytes())
+                .await
+                .unwrap_or_else(|e| service.fail(format!("sending a command {after}: {e}")));
+            let fired = wait_for(Duration::from_secs(30), || async {
+                let events = client.events().await.ok()?;
+                timers(&events).contains(&format!("t/{id}")).then_some(())
+            })
+            .await;
+            if fired.is_none() {
+                service.fail(format!("a command sent {after} fired within 30 s"));
+            }
         }
     };
     js.delete_stream(&c.events_stream)
         .await
         .expect("delete the events stream");
-    let command = |id: &str| json!({"tenantId": "t", "serviceCallId": id, "dueTimeMs": now_ms()});
-    client
-        .send_command(command("events-lost").to_string().as_bytes())
-        .await
-        .expect("send a command");
-    if wait_for(Duration::from_secs(30), || fired("events-lost"))
-        .await
-        .is_none()
-    {
-        service.fail("the event of a timer fired after the events stream was lost, within 30 s");
-    }
+    fires("events-lost", "after the events stream was lost").await;
 
     let streams = [
         &c.commands_stream,
@@ -705,16 +707,7 @@ async fn streams_the_server_lost_are_made_again(case: Arc<BrokerCase>) {
     if made_again.is_none() {
         service.fail("every stream made again within 30 s of their loss");
     }
-    client
-        .send_command(command("all-lost").to_string().as_bytes())
-        .await
-        .expect("send a command to the commands stream made again");
-    if wait_for(Duration::from_secs(30), || fired("all-lost"))
-        .await
-        .is_none()
-    {
-        service.fail("a command sent after every stream was lost fired within 30 s");
-    }
+    fires("all-lost", "after every stream was lost").await;
     service.terminate().await;
     setup.clean_up().await;
 }

@@ -13,17 +13,40 @@ pub(super) struct Consumers {
     pub(super) delays: consumer::PullConsumer,
 }
 
+/// The streams the service uses, in this order: commands, events, dead letters, delayed
+/// messages. Each with the subject it captures and the config key that sets that subject.
+fn own_streams(config: &NatsConfig) -> [(&str, String, &'static str); 4] {
+    [
+        (
+            &config.commands_stream,
+            config.commands_subject.clone(),
+            "broker.commands_subject",
+        ),
+        (
+            &config.events_stream,
+            format!("{}.>", config.events_subject),
+            "broker.events_subject",
+        ),
+        (
+            &config.dead_letter_stream,
+            config.dead_letter_subject.clone(),
+            "broker.dead_letter_subject",
+        ),
+        (
+            &config.delay_stream,
+            format!("{}.>", config.delay_prefix),
+            "broker.delay_prefix",
+        ),
+    ]
+}
+
 /// Deletes the streams of `config` (benchmarks and tests clean up with it); missing ones are
 /// fine.
 pub async fn delete_streams(config: &NatsConfig) -> Result<()> {
     let js = jetstream::new(connect_client(config).await?);
-    for name in [
-        &config.commands_stream,
-        &config.events_stream,
-        &config.dead_letter_stream,
-        &config.delay_stream,
-        &testing_targets(config).0,
-    ] {
+    let targets = testing_targets(config).0;
+    let own = own_streams(config);
+    for name in own.iter().map(|(name, _, _)| *name).chain([targets.as_str()]) {
         match js.delete_stream(name).await {
             Ok(_) => {}
             Err(e) if e.to_string().contains("not found") => {}
@@ -34,78 +57,44 @@ pub async fn delete_streams(config: &NatsConfig) -> Result<()> {
 }
 
 /// Checks (or creates) every stream the service uses, and the consumers it reads with.
-pub(super) async fn streams_and_consumers(js: &jetstream::Context, config: &NatsConfig) -> Result<Consumers> {
+pub(super) async fn streams_and_consumers(
+    js: &jetstream::Context,
+    config: &NatsConfig,
+) -> Result<Consumers> {
     let [commands, _, _, delays] = ensure_streams(js, config).await?;
-    let commands = durable_consumer(
-        &commands,
-        config,
-        &config.consumer,
-        &config.commands_stream,
-        &config.commands_subject,
-    )
-    .await?;
-    let delays = durable_consumer(
-        &delays,
-        config,
-        &format!("{}-delay", config.consumer),
-        &config.delay_stream,
-        &format!("{}.>", config.delay_prefix),
-    )
-    .await?;
-    Ok(Consumers { commands, delays })
+    let [(_, commands_subject, _), _, _, (_, delays_subject, _)] = own_streams(config);
+    let delays_consumer = format!("{}-delay", config.consumer);
+    Ok(Consumers {
+        commands: durable_consumer(&commands, config, &config.consumer, &commands_subject).await?,
+        delays: durable_consumer(&delays, config, &delays_consumer, &delays_subject).await?,
+    })
 }
 
-/// Checks (or creates) the streams of commands, events, dead letters and delayed messages.
+/// Checks (or creates) the streams of [`own_streams`], in its order.
 pub(super) async fn ensure_streams(
     js: &jetstream::Context,
     config: &NatsConfig,
 ) -> Result<[stream::Stream; 4]> {
+    let [commands, events, dead_letters, delays] = own_streams(config)
+        .map(|(name, subject, key)| ensure_stream(js, config, name, subject, key));
     Ok([
-        ensure_stream(
-            js,
-            config,
-            &config.commands_stream,
-            &config.commands_subject,
-            "broker.commands_subject",
-        )
-        .await?,
-        ensure_stream(
-            js,
-            config,
-            &config.events_stream,
-            &format!("{}.>", config.events_subject),
-            "broker.events_subject",
-        )
-        .await?,
-        ensure_stream(
-            js,
-            config,
-            &config.dead_letter_stream,
-            &config.dead_letter_subject,
-            "broker.dead_letter_subject",
-        )
-        .await?,
-        ensure_stream(
-            js,
-            config,
-            &config.delay_stream,
-            &format!("{}.>", config.delay_prefix),
-            "broker.delay_prefix",
-        )
-        .await?,
+        commands.await?,
+        events.await?,
+        dead_letters.await?,
+        delays.await?,
     ])
 }
 
-/// The durable pull consumer `name` on `stream` (named `stream_name`) of the messages on
-/// `subject`, shared by every instance, with explicit acks and the config's ack wait and most
-/// pending; an existing one is used as it is.
+/// The durable pull consumer `name` on `stream` of the messages on `subject`, shared by every
+/// instance, with explicit acks and the config's ack wait and most pending; an existing one is
+/// used as it is.
 async fn durable_consumer(
     stream: &stream::Stream,
     config: &NatsConfig,
     name: &str,
-    stream_name: &str,
     subject: &str,
 ) -> Result<consumer::PullConsumer> {
+    let stream_name = &stream.cached_info().config.name;
     stream
         .get_or_create_consumer(
             name,
@@ -128,7 +117,7 @@ pub(super) async fn ensure_stream(
     js: &jetstream::Context,
     config: &NatsConfig,
     name: &str,
-    subject: &str,
+    subject: String,
     key: &str,
 ) -> Result<stream::Stream> {
     match js.get_stream(name).await {
@@ -158,7 +147,7 @@ pub(super) async fn ensure_stream(
             }
             js.create_stream(stream::Config {
                 name: name.to_owned(),
-                subjects: vec![subject.to_owned()],
+                subjects: vec![subject],
                 storage: stream::StorageType::File,
                 duplicate_window: config.duplicate_window,
                 ..Default::default()

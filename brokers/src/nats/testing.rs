@@ -156,7 +156,7 @@ impl TestClient for NatsTestClient {
     /// A subject under `<events_subject>_targets`, captured by a stream of the test client.
     async fn make_target(&self, name: &str) -> Result<Option<Target>> {
         let (stream, prefix) = testing_targets(&self.config);
-        ensure_stream(&self.js, &self.config, &stream, &format!("{prefix}.>"), "test targets")
+        ensure_stream(&self.js, &self.config, &stream, format!("{prefix}.>"), "test targets")
             .await?;
         let mut fields = serde_json::Map::new();
         fields.insert("subject".into(), format!("{prefix}.{name}").into());
