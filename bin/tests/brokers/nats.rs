@@ -12,7 +12,9 @@ use std::time::Duration;
 use async_nats::jetstream;
 use serde_json::{json, Value};
 use timer_brokers::nats::{NatsBroker, NatsConfig, NatsTestClient};
-use timer_conformance::e2e::{due_ms, lateness_ms, now_ms, percentiles, timer_of};
+use timer_conformance::e2e::{
+    due_ms, lateness_ms, now_ms, percentiles, timer_of, ScriptedServer, Service,
+};
 use timer_conformance::proxy::Proxy;
 use timer_conformance::scenarios::{
     an_event_its_destination_refuses_is_retried_alone, commands,
@@ -51,6 +53,7 @@ pub fn checks() -> Vec<Check<Arc<BrokerCase>>> {
         an_event_its_stream_refuses_is_retried_alone,
         commands_a_stopping_instance_did_not_acknowledge_go_to_another_at_once,
         streams_the_server_lost_are_made_again,
+        a_server_back_without_its_store_gets_the_streams_made_again,
     ];
     // Its series goes on from when an occurrence fired: one fired over a second late (a busy
     // machine) would leave a gap it takes for a missed one.
@@ -664,29 +667,16 @@ async fn streams_the_server_lost_are_made_again(case: Arc<BrokerCase>) {
             .expect("connect to nats"),
     );
     let client = setup.broker.config.test_client().await.expect("a client");
-    // A command due now, sent to the commands stream; its event read from the events stream.
-    let fires = |id: &'static str, after: &'static str| {
-        let (client, service) = (&client, &service);
-        async move {
-            let command = json!({"tenantId": "t", "serviceCallId": id, "dueTimeMs": now_ms()});
-            client
-                .send_command(command.to_string().as_bytes())
-                .await
-                .unwrap_or_else(|e| service.fail(format!("sending a command {after}: {e}")));
-            let fired = wait_for(Duration::from_secs(30), || async {
-                let events = client.events().await.ok()?;
-                timers(&events).contains(&format!("t/{id}")).then_some(())
-            })
-            .await;
-            if fired.is_none() {
-                service.fail(format!("a command sent {after} fired within 30 s"));
-            }
-        }
-    };
     js.delete_stream(&c.events_stream)
         .await
         .expect("delete the events stream");
-    fires("events-lost", "after the events stream was lost").await;
+    fires(
+        client.as_ref(),
+        &service,
+        "events-lost",
+        "after the events stream was lost",
+    )
+    .await;
 
     let streams = [
         &c.commands_stream,
@@ -707,7 +697,73 @@ async fn streams_the_server_lost_are_made_again(case: Arc<BrokerCase>) {
     if made_again.is_none() {
         service.fail("every stream made again within 30 s of their loss");
     }
-    fires("all-lost", "after every stream was lost").await;
+    fires(
+        client.as_ref(),
+        &service,
+        "all-lost",
+        "after every stream was lost",
+    )
+    .await;
     service.terminate().await;
     setup.clean_up().await;
+}
+
+/// The server restarted without its JetStream store (its files removed while it was down): the
+/// service, reconnected, finds its consumer gone, makes the streams and consumers again, and a
+/// command sent then fires.
+async fn a_server_back_without_its_store_gets_the_streams_made_again(case: Arc<BrokerCase>) {
+    let setup = Setup::new(&case);
+    let service = setup.start().await;
+    let c = nats_config(&setup);
+    let client = setup.broker.config.test_client().await.expect("a client");
+    fires(client.as_ref(), &service, "before", "before the restart").await;
+    let server = ScriptedServer::of_plugin(case.plugin);
+    let guard = server.restart_guard();
+    server.run("stop").await;
+    let dir = std::env::var("TIMER_TEST_NATS_DIR").expect("TIMER_TEST_NATS_DIR");
+    let store = std::path::Path::new(&dir).join("jetstream");
+    std::fs::remove_dir_all(&store).expect("remove the JetStream store");
+    std::fs::create_dir_all(&store).expect("an empty JetStream store");
+    server.run("start").await;
+    drop(guard);
+    let js = jetstream::new(
+        timer_brokers::nats::connect_client(c)
+            .await
+            .expect("connect to nats"),
+    );
+    let made_again = wait_for(Duration::from_secs(90), || async {
+        js.get_stream(&c.commands_stream).await.ok()
+    })
+    .await;
+    if made_again.is_none() {
+        service.fail("the commands stream made again within 90 s of the server's return");
+    }
+    let client = setup.broker.config.test_client().await.expect("a client");
+    fires(
+        client.as_ref(),
+        &service,
+        "after",
+        "after the server came back without its store",
+    )
+    .await;
+    service.terminate().await;
+    setup.clean_up().await;
+}
+
+/// Sends a command due now to the commands stream; fails `service` unless its timer's event
+/// is read from the events stream within 30 s. `after` says when, for the failure.
+async fn fires(client: &dyn TestClient, service: &Service, id: &str, after: &str) {
+    let command = json!({"tenantId": "t", "serviceCallId": id, "dueTimeMs": now_ms()});
+    client
+        .send_command(command.to_string().as_bytes())
+        .await
+        .unwrap_or_else(|e| service.fail(format!("sending a command {after}: {e}")));
+    let fired = wait_for(Duration::from_secs(30), || async {
+        let events = client.events().await.ok()?;
+        timers(&events).contains(&format!("t/{id}")).then_some(())
+    })
+    .await;
+    if fired.is_none() {
+        service.fail(format!("a command sent {after} fired within 30 s"));
+    }
 }

@@ -70,8 +70,9 @@ pub struct NatsConfig {
     #[serde(with = "duration")]
     #[schemars(with = "String")]
     pub duplicate_window: Duration,
-    /// Create the three streams when they are missing. `false`: a missing stream is an error at
-    /// start-up. An existing stream is checked, never changed.
+    /// Create the four streams when they are missing, at start-up and when the server has lost
+    /// one while the service runs. `false`: a missing stream is an error (at start-up, the
+    /// service does not start). An existing stream is checked, never changed.
     pub create_streams: bool,
     /// Bind each command to the tenant of its subject: the last token of the subject it was
     /// published on is the tenant (as events' subjects write it: every byte but letters,

@@ -16,7 +16,7 @@ mod testing;
 
 use std::collections::HashSet;
 use std::future::IntoFuture;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_nats::header::{HeaderMap, NATS_MESSAGE_ID};
@@ -62,12 +62,12 @@ pub struct NatsBroker {
     consumers: tokio::sync::Mutex<Consumers>,
     /// The open pull streams of both, merged; dropped and opened again after an error.
     messages: tokio::sync::Mutex<Option<Incoming>>,
-    /// Reading failed (or never opened): before the reader opens, the streams and consumers
-    /// are checked, and made again when the server has lost them (its JetStream store wiped,
-    /// a stream deleted), so that the service does not read from nothing for ever.
+    /// Reading failed: before the reader opens again, the streams and consumers are checked,
+    /// and made again when the server has lost them (its JetStream store wiped, a stream
+    /// deleted), so that the service does not read from nothing for ever.
     reader_failed: AtomicBool,
-    /// A PubAck did not come (no stream took the event): the next publish first checks the
-    /// streams, and makes again one the server has lost.
+    /// A PubAck did not come (no stream took the event, or the connection dropped): the next
+    /// publish first checks the streams, and makes again one the server has lost.
     publish_failed: AtomicBool,
     /// Delivered, not yet acknowledged.
     pending: DeliveryTags<jetstream::Message>,
@@ -83,8 +83,15 @@ pub struct NatsBroker {
     delay_tenant: String,
     /// `broker.bind_tenant`: the subject's last token is the command's tenant.
     bind_tenant: bool,
-    /// The consumer's ack wait as the server has it (an existing consumer keeps its own).
-    ack_wait: Duration,
+    /// The commands consumer's ack wait as the server has it, in milliseconds (an existing
+    /// consumer keeps its own; read again when the consumers are checked after a failure).
+    ack_wait_ms: AtomicU64,
+}
+
+/// The commands consumer's ack wait as the server has it, in milliseconds.
+fn ack_wait_ms(consumers: &Consumers) -> u64 {
+    let ack_wait = consumers.commands.cached_info().config.ack_wait;
+    u64::try_from(ack_wait.as_millis()).unwrap_or(u64::MAX)
 }
 
 fn unavailable(what: &str, e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Error {
@@ -97,7 +104,7 @@ impl NatsBroker {
         let client = connect_client(config).await?;
         let js = jetstream::new(client.clone());
         let consumers = streams_and_consumers(&js, config).await?;
-        let ack_wait = consumers.commands.cached_info().config.ack_wait;
+        let ack_wait_ms = AtomicU64::new(ack_wait_ms(&consumers));
         Ok(NatsBroker {
             client,
             js,
@@ -107,7 +114,7 @@ impl NatsBroker {
             publish_failed: AtomicBool::new(false),
             delay_prefix: format!("{}.", config.delay_prefix),
             delay_tenant: config.delay_tenant.clone(),
-            ack_wait,
+            ack_wait_ms,
             messages: tokio::sync::Mutex::new(None),
             pending: DeliveryTags::new("nats"),
             captured: Lookups::new(),
@@ -150,14 +157,12 @@ impl NatsBroker {
     }
 
     /// After a PubAck that did not come (no stream took the message: the server may have lost
-    /// it), checks the streams and makes again those the server lost, once, before the next
-    /// publish; again next time when that fails.
+    /// it), checks the streams and makes again those the server lost, before the next publish;
+    /// again before the one after when that fails (or is cut off).
     async fn streams_again_after_a_lost_puback(&self) -> Result<()> {
-        if self.publish_failed.swap(false, Ordering::SeqCst) {
-            if let Err(e) = ensure_streams(&self.js, &self.config).await {
-                self.publish_failed.store(true, Ordering::SeqCst);
-                return Err(e);
-            }
+        if self.publish_failed.load(Ordering::SeqCst) {
+            ensure_streams(&self.js, &self.config).await?;
+            self.publish_failed.store(false, Ordering::SeqCst);
         }
         Ok(())
     }
@@ -315,6 +320,8 @@ impl Broker for NatsBroker {
             let mut consumers = self.consumers.lock().await;
             if repair {
                 *consumers = streams_and_consumers(&self.js, &self.config).await?;
+                self.ack_wait_ms
+                    .store(ack_wait_ms(&consumers), Ordering::SeqCst);
             }
             let batch = max.clamp(1, 10_000);
             let commands = consumers
@@ -383,7 +390,9 @@ impl Broker for NatsBroker {
     }
 
     fn ack_wait(&self) -> Option<Duration> {
-        Some(self.ack_wait)
+        Some(Duration::from_millis(
+            self.ack_wait_ms.load(Ordering::SeqCst),
+        ))
     }
 
     /// An in-progress acknowledgement (`+WPI`) per command: JetStream restarts its ack wait.
