@@ -128,11 +128,7 @@ async fn commands_a_stopping_instance_did_not_acknowledge_go_to_another_at_once(
 async fn a_stream_with_other_subjects_is_an_error_not_an_overwrite(case: Arc<BrokerCase>) {
     let setup = Setup::new(&case);
     let c = nats_config(&setup);
-    let js = jetstream::new(
-        timer_brokers::nats::connect_client(c)
-            .await
-            .expect("connect to nats"),
-    );
+    let js = jetstream_of(c).await;
     js.create_stream(jetstream::stream::Config {
         name: c.events_stream.clone(),
         subjects: vec!["somebody.else.>".into()],
@@ -661,11 +657,7 @@ async fn streams_the_server_lost_are_made_again(case: Arc<BrokerCase>) {
     let setup = Setup::new(&case);
     let service = setup.start().await;
     let c = nats_config(&setup);
-    let js = jetstream::new(
-        timer_brokers::nats::connect_client(c)
-            .await
-            .expect("connect to nats"),
-    );
+    let js = jetstream_of(c).await;
     let client = setup.broker.config.test_client().await.expect("a client");
     js.delete_stream(&c.events_stream)
         .await
@@ -678,25 +670,10 @@ async fn streams_the_server_lost_are_made_again(case: Arc<BrokerCase>) {
     )
     .await;
 
-    let streams = [
-        &c.commands_stream,
-        &c.events_stream,
-        &c.dead_letter_stream,
-        &c.delay_stream,
-    ];
-    for stream in streams {
+    for stream in own_streams(c) {
         js.delete_stream(stream).await.expect("delete a stream");
     }
-    let made_again = wait_for(Duration::from_secs(30), || async {
-        for stream in streams {
-            js.get_stream(stream).await.ok()?;
-        }
-        Some(())
-    })
-    .await;
-    if made_again.is_none() {
-        service.fail("every stream made again within 30 s of their loss");
-    }
+    made_again(&js, c, &service, Duration::from_secs(30), "of their loss").await;
     fires(
         client.as_ref(),
         &service,
@@ -726,18 +703,15 @@ async fn a_server_back_without_its_store_gets_the_streams_made_again(case: Arc<B
     std::fs::create_dir_all(&store).expect("an empty JetStream store");
     server.run("start").await;
     drop(guard);
-    let js = jetstream::new(
-        timer_brokers::nats::connect_client(c)
-            .await
-            .expect("connect to nats"),
-    );
-    let made_again = wait_for(Duration::from_secs(90), || async {
-        js.get_stream(&c.commands_stream).await.ok()
-    })
+    let js = jetstream_of(c).await;
+    made_again(
+        &js,
+        c,
+        &service,
+        Duration::from_secs(90),
+        "of the server's return",
+    )
     .await;
-    if made_again.is_none() {
-        service.fail("the commands stream made again within 90 s of the server's return");
-    }
     let client = setup.broker.config.test_client().await.expect("a client");
     fires(
         client.as_ref(),
@@ -765,5 +739,45 @@ async fn fires(client: &dyn TestClient, service: &Service, id: &str, after: &str
     .await;
     if fired.is_none() {
         service.fail(format!("a command sent {after} fired within 30 s"));
+    }
+}
+
+/// A JetStream context of its own on the server of `config`.
+async fn jetstream_of(config: &NatsConfig) -> jetstream::Context {
+    jetstream::new(
+        timer_brokers::nats::connect_client(config)
+            .await
+            .expect("connect to nats"),
+    )
+}
+
+/// The service's four streams.
+fn own_streams(c: &NatsConfig) -> [&String; 4] {
+    [
+        &c.commands_stream,
+        &c.events_stream,
+        &c.dead_letter_stream,
+        &c.delay_stream,
+    ]
+}
+
+/// Fails `service` unless all of its streams exist again within `within` (`since` says of
+/// what, for the failure).
+async fn made_again(
+    js: &jetstream::Context,
+    c: &NatsConfig,
+    service: &Service,
+    within: Duration,
+    since: &str,
+) {
+    let made = wait_for(within, || async {
+        for stream in own_streams(c) {
+            js.get_stream(stream).await.ok()?;
+        }
+        Some(())
+    })
+    .await;
+    if made.is_none() {
+        service.fail(format!("every stream made again within {within:?} {since}"));
     }
 }
