@@ -14,10 +14,11 @@
 //! own broker's shared server and a PostgreSQL of its own (the shared one is left alone). A test
 //! binary of its own, since it restarts shared servers. `TIMER_TEST_CHAOS_SECS` sets how long
 //! the load and the faults last (default 120), `TIMER_TEST_CHAOS_SEED` the nemesis's seed
-//! (printed either way, to replay a run). Needs `TIMER_TEST_POSTGRES_URL`/`_DIR` (PostgreSQL
-//! installed) and the broker's `TIMER_TEST_<BROKER>_URL`/`_DIR` (bash scripts/test.sh sets
-//! them). Kafka is not in it: tansu 0.6.0, its test server, panics when restarted under an
-//! idempotent producer (`brokers/src/kafka/README.md`).
+//! (printed either way, to replay a run; each soak draws its faults from it and its broker's
+//! name). Needs `TIMER_TEST_POSTGRES_URL`/`_DIR` (PostgreSQL installed) and the broker's
+//! `TIMER_TEST_<BROKER>_URL`/`_DIR` (bash scripts/test.sh sets them). Kafka is not in it: tansu
+//! 0.6.0, its test server, panics when restarted under an idempotent producer
+//! (`brokers/src/kafka/README.md`).
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -179,7 +180,11 @@ async fn soak(chaos: ChaosBroker) {
     println!(
         "chaos on {kind}: {secs} s, seed {seed} (TIMER_TEST_CHAOS_SEED={seed} replays the nemesis)"
     );
-    let mut rng = fastrand::Rng::with_seed(seed);
+    // Drawn from the seed and the broker's name: both soaks start in the same millisecond at
+    // times, and should not meet their faults in the same order.
+    let mut rng = fastrand::Rng::with_seed(kind.bytes().fold(seed, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+    }));
 
     // A PostgreSQL of its own, which only this soak restarts (stopped when dropped).
     let private_pg = PrivateServer::start("postgres", "PG_PORT").await;

@@ -103,50 +103,65 @@ where
     }
     let ignored = missing.is_some() && !require;
     let thread = name.to_owned();
-    libtest_mimic::Trial::test(name, move || {
+    let name = name.to_owned();
+    libtest_mimic::Trial::test(name.clone(), move || {
         if let Some(why) = missing {
             return Err(format!("server required (TIMER_TEST_REQUIRE=1) but {why}").into());
         }
         // Its limit counts from when it starts, not from when it began to wait for its lane.
-        let _lane = lane.map(Lane::enter);
-        run_within(thread, limit, test)
+        let entered = lane.map(Lane::enter).transpose()?;
+        run_within(thread, limit, test).unwrap_or_else(|Hung(why)| {
+            // Its thread runs on, perhaps with its server down: nothing else enters its lane.
+            if let Some(entered) = entered {
+                entered.hung(&name);
+            }
+            Err(why.into())
+        })
     })
     .with_ignored_flag(ignored)
 }
 
+/// A test still running after its limit: why it failed.
+#[derive(Debug)]
+struct Hung(String);
+
 /// Runs `test` on a runtime on a thread of its own (named `thread`, as a panic's message
-/// shows); fails when it has not ended within `limit` (leaving the thread behind) and panics
-/// again with its panic.
-fn run_within<F, Fut>(thread: String, limit: Duration, test: F) -> Result<(), libtest_mimic::Failed>
+/// shows), and panics again with its panic; [`Hung`] when it has not ended within `limit`
+/// (leaving the thread behind).
+fn run_within<F, Fut>(
+    thread: String,
+    limit: Duration,
+    test: F,
+) -> Result<Result<(), libtest_mimic::Failed>, Hung>
 where
     F: FnOnce() -> Fut + Send + 'static,
     Fut: Future<Output = ()>,
 {
     let (done, outcome) = std::sync::mpsc::channel();
-    std::thread::Builder::new()
-        .name(thread)
-        .spawn(move || {
-            let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                let runtime = tokio::runtime::Builder::new_multi_thread()
-                    .worker_threads(2)
-                    .enable_all()
-                    .build()
-                    .map_err(|e| format!("tokio runtime: {e}"))?;
-                runtime.block_on(test());
-                Ok::<(), String>(())
-            }));
-            let _ = done.send(ran);
-        })
-        .map_err(|e| format!("a thread for the test: {e}"))?;
+    let spawned = std::thread::Builder::new().name(thread).spawn(move || {
+        let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .map_err(|e| format!("tokio runtime: {e}"))?;
+            runtime.block_on(test());
+            Ok::<(), String>(())
+        }));
+        let _ = done.send(ran);
+    });
+    if let Err(e) = spawned {
+        return Ok(Err(format!("a thread for the test: {e}").into()));
+    }
     match outcome.recv_timeout(limit) {
-        Ok(Ok(ran)) => Ok(ran?),
+        Ok(Ok(ran)) => Ok(ran.map_err(Into::into)),
         // The panic's message was printed where it happened; libtest-mimic reports it.
         Ok(Err(panic)) => std::panic::resume_unwind(panic),
-        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
-            Err(format!("still running after {limit:?}: hung (left running)").into())
-        }
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => Err(Hung(format!(
+            "still running after {limit:?}: hung (left running)"
+        ))),
         Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
-            Err("the test's thread ended without an outcome".into())
+            Ok(Err("the test's thread ended without an outcome".into()))
         }
     }
 }
@@ -186,7 +201,10 @@ mod tests {
     #[test]
     fn a_trial_passes_fails_on_a_panic_and_fails_when_it_hangs() {
         let limit = Duration::from_secs(60);
-        assert!(run_within("ends".to_owned(), limit, || async {}).is_ok());
+        assert!(matches!(
+            run_within("ends".to_owned(), limit, || async {}),
+            Ok(Ok(()))
+        ));
         let panicked = std::panic::catch_unwind(|| {
             run_within("panics".to_owned(), limit, || async {
                 panic!("a panic on purpose")
@@ -199,11 +217,9 @@ mod tests {
             Duration::from_millis(100),
             std::future::pending::<()>,
         );
-        let Err(failed) = hung else {
+        let Err(Hung(why)) = hung else {
             panic!("a test that never ends passed");
         };
-        assert!(failed
-            .message()
-            .is_some_and(|m| m.contains("still running after 100ms")));
+        assert!(why.contains("still running after 100ms"), "{why}");
     }
 }
