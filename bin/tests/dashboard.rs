@@ -645,9 +645,12 @@ async fn walk_through(name: &str, dir: &Path, mut env: Vec<(&str, String)>, stor
     );
 
     // A timer with its own target and message: both shown (the body is not); a reschedule
-    // from the page keeps them (it sends the message again, body included).
+    // from the page keeps them (it sends the message again, body included), and its completion
+    // timeout and trace context.
+    let traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
     let delayed = json!({"tenantId": "acme", "serviceCallId": "delayed", "dueTimeMs": later,
-        "target": {"queue": "acme.orders"},
+        "target": {"queue": "acme.orders"}, "completionTimeout": "30s",
+        "traceparent": traceparent, "tracestate": "vendor=abc",
         "message": {"bodyBase64": "AAEC/w==", "contentType": "application/octet-stream",
                     "headers": {"x-order": "42"}}});
     let (status, body) = send(&service, reqwest::Method::POST, "/v1/timers", delayed).await;
@@ -671,6 +674,9 @@ async fn walk_through(name: &str, dir: &Path, mut env: Vec<(&str, String)>, stor
     assert_eq!(kept["target"], json!({"queue": "acme.orders"}), "{kept}");
     assert_eq!(kept["message"]["bodyBase64"], "AAEC/w==", "{kept}");
     assert_eq!(kept["message"]["headers"]["x-order"], "42", "{kept}");
+    assert_eq!(kept["policy"]["completionTimeoutMs"], 30_000, "{kept}");
+    assert_eq!(kept["traceparent"], traceparent, "{kept}");
+    assert_eq!(kept["tracestate"], "vendor=abc", "{kept}");
 
     // Cancelling a timer another instance is firing: the API's `firing` answer, shown.
     browser.open("#/timer?tenant=acme&id=busy").await;

@@ -766,13 +766,17 @@ async function timerPage(params) {
         if (c.ok) await act('Retry', 'POST', `${path}/retry`);
       }, t.state === 'Failed'),
       button('Reschedule', '', async () => {
-        const c = await confirmAction('Reschedule this timer?', 'It will be due at this time (UTC); its payload, correlation id, target and message stay.', 'Reschedule',
+        const c = await confirmAction('Reschedule this timer?', 'It will be due at this time (UTC); its payload, correlation id, target, message, completion timeout and trace context stay.', 'Reschedule',
           { label: 'New due time (UTC)', value: utcToLocalInput(t.dueAt), type: 'datetime-local' });
         if (!c.ok) return;
         const command = { tenantId: t.tenantId, serviceCallId: t.serviceCallId, dueAt: localInputToUtc(c.value) };
         if (t.payload !== null) command.payload = t.payload;
         if (t.correlationId !== null) command.correlationId = t.correlationId;
         if (t.target !== null) command.target = t.target;
+        // A reschedule replaces the timer's policy and trace context too: the same again.
+        if (t.policy && t.policy.completionTimeoutMs !== null) command.completionTimeout = t.policy.completionTimeoutMs;
+        if (t.traceparent !== null) command.traceparent = t.traceparent;
+        if (t.tracestate) command.tracestate = t.tracestate;
         if (t.message !== null) {
           // A reschedule replaces the message: send it again as it is, body included.
           const full = await api.get(`${path}?body=true`);

@@ -75,6 +75,10 @@ pub struct TimerView {
     /// stored before trace contexts were kept.
     #[schema(required = true)]
     pub traceparent: Option<String>,
+    /// The vendor trace state scheduled with `traceparent`, which its fires carry too; absent
+    /// without one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tracestate: Option<String>,
     /// The trace id of `traceparent` (32 hex digits).
     #[schema(required = true)]
     pub trace_id: Option<String>,
@@ -139,6 +143,10 @@ impl TimerView {
                 body_base64: None,
             }),
             traceparent: t.trace.as_ref().map(|c| c.traceparent().to_owned()),
+            tracestate: t
+                .trace
+                .as_ref()
+                .and_then(|c| c.tracestate().map(str::to_owned)),
             trace_id: t.trace.as_ref().map(|c| c.trace_id().to_owned()),
             trace_url: None,
         }
