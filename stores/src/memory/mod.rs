@@ -245,6 +245,8 @@ impl Row {
     fn finish(&mut self, ready: &mut Ready, state: TimerState, at: Timestamp) {
         ready.remove(&(self.timer.available_at, self.timer.key.clone()));
         self.timer.state = state;
+        self.timer.lease_owner = None;
+        self.lease_until = None;
         self.finished_at = Some(at);
         if state == TimerState::Reached {
             self.timer.reached_at = Some(at);

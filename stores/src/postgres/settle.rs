@@ -30,7 +30,7 @@ macro_rules! settle_sql {
 }
 
 pub(super) const SETTLE_REACHED_SQL: &str = settle_sql!(
-    "state = 1, reached_at = $5, finished_at = $5, \
+    "state = 1, reached_at = $5, finished_at = $5, lease_owner = NULL, lease_until = NULL, \
      occurrences = t.occurrences + CASE WHEN t.recurrence IS NULL THEN 0 ELSE 1 END",
     "",
     ""
@@ -47,7 +47,8 @@ pub(super) const SETTLE_NEXT_SQL: &str = settle_sql!(
 
 /// $6 the errors.
 pub(super) const SETTLE_FAILED_SQL: &str = settle_sql!(
-    "state = 3, finished_at = $5, attempts = t.attempts + 1, last_error = m.error",
+    "state = 3, finished_at = $5, attempts = t.attempts + 1, last_error = m.error, \
+     lease_owner = NULL, lease_until = NULL",
     ", $6::text[]",
     ", error"
 );

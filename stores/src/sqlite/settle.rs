@@ -39,7 +39,7 @@ macro_rules! settle_sql {
 }
 
 const REACHED: &str = settle_sql!(
-    "state = 1, reached_at = ?2, finished_at = ?2, \
+    "state = 1, reached_at = ?2, finished_at = ?2, lease_owner = NULL, lease_until = NULL, \
      occurrences = occurrences + (recurrence IS NOT NULL), history_seq = history_seq + 1"
 );
 
@@ -53,7 +53,7 @@ const NEXT: &str = settle_sql!(
 /// `arg` the error.
 const FAILED: &str = settle_sql!(
     "state = 3, finished_at = ?2, attempts = attempts + 1, last_error = c.arg, \
-     history_seq = history_seq + 1"
+     lease_owner = NULL, lease_until = NULL, history_seq = history_seq + 1"
 );
 
 /// `arg` when it becomes claimable, `arg2` the error or null (a failed publish, recorded in

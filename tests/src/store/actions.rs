@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 
+use timer_core::policy::Completion;
 use timer_core::{
     Action, CancelOutcome, Change, ControlOutcome, NewTimer, Recurrence, ScheduleOutcome,
     Settlement, Store, TimerKey, TimerState,
@@ -145,6 +146,25 @@ pub async fn pausing_a_firing_timer_is_refused(store: Arc<dyn Store>) {
         "a paused timer is not settled by a stale claim"
     );
     assert_eq!(state_of(s, "t", "b").await, TimerState::Paused);
+}
+
+/// A timer that fired holds no lease: its completion is taken at once, not answered `firing`
+/// until its claim's lease would have run out (on the broker path that held its tenant's later
+/// commands back meanwhile).
+pub async fn a_fired_timer_holds_no_lease(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    let lease_end = T0_MS + 10_000;
+    let reached = schedule_and_claim(s, timer("t", "a", T0_MS), "i1", lease_end).await;
+    assert_eq!(mark_reached(s, &reached, "i1", at(T0_MS + 10)).await, 1);
+    let done = Action::Complete(Completion {
+        occurrence: None,
+        outcome: None,
+        message: None,
+    });
+    assert_eq!(
+        act(s, "a", &done, at(T0_MS + 20)).await,
+        ControlOutcome::Completed
+    );
 }
 
 /// A series of tenant `t` due every minute from T0 (T0 is a whole minute).

@@ -27,7 +27,7 @@ use crate::Check;
 
 pub use actions::{
     a_claim_taken_before_a_resume_moved_the_series_does_not_settle_it,
-    a_paused_timer_never_fires_and_resumes_on_its_due_time,
+    a_fired_timer_holds_no_lease, a_paused_timer_never_fires_and_resumes_on_its_due_time,
     a_resumed_series_skips_what_fell_into_the_pause, pause_resume_and_cancel_outcomes,
     pausing_a_firing_timer_is_refused, rescheduling_a_paused_timer_keeps_it_paused,
     retry_schedules_a_failed_timer_again,
@@ -147,6 +147,7 @@ pub fn checks() -> Vec<Check<Arc<dyn Store>>> {
         retry_schedules_a_failed_timer_again,
         a_paused_timer_never_fires_and_resumes_on_its_due_time,
         pausing_a_firing_timer_is_refused,
+        a_fired_timer_holds_no_lease,
         a_resumed_series_skips_what_fell_into_the_pause,
         a_claim_taken_before_a_resume_moved_the_series_does_not_settle_it,
         rescheduling_a_paused_timer_keeps_it_paused,
