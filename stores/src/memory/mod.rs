@@ -245,7 +245,7 @@ impl Row {
     fn finish(&mut self, ready: &mut Ready, state: TimerState, at: Timestamp) {
         ready.remove(&(self.timer.available_at, self.timer.key.clone()));
         self.timer.state = state;
-        self.timer.lease_owner = None;
+        // Its lease ends; `lease_owner` stays, naming the instance that settled it.
         self.lease_until = None;
         self.finished_at = Some(at);
         if state == TimerState::Reached {

@@ -29,8 +29,10 @@ macro_rules! settle_sql {
     };
 }
 
+/// Reached and Failed end the lease (a completion must not meet a `firing` timer after its
+/// fire settled); `lease_owner` stays, naming the instance that settled it.
 pub(super) const SETTLE_REACHED_SQL: &str = settle_sql!(
-    "state = 1, reached_at = $5, finished_at = $5, lease_owner = NULL, lease_until = NULL, \
+    "state = 1, reached_at = $5, finished_at = $5, lease_until = NULL, \
      occurrences = t.occurrences + CASE WHEN t.recurrence IS NULL THEN 0 ELSE 1 END",
     "",
     ""
@@ -48,7 +50,7 @@ pub(super) const SETTLE_NEXT_SQL: &str = settle_sql!(
 /// $6 the errors.
 pub(super) const SETTLE_FAILED_SQL: &str = settle_sql!(
     "state = 3, finished_at = $5, attempts = t.attempts + 1, last_error = m.error, \
-     lease_owner = NULL, lease_until = NULL",
+     lease_until = NULL",
     ", $6::text[]",
     ", error"
 );

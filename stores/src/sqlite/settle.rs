@@ -38,8 +38,10 @@ macro_rules! settle_sql {
     };
 }
 
+/// Reached and Failed end the lease (a completion must not meet a `firing` timer after its
+/// fire settled); `lease_owner` stays, naming the instance that settled it.
 const REACHED: &str = settle_sql!(
-    "state = 1, reached_at = ?2, finished_at = ?2, lease_owner = NULL, lease_until = NULL, \
+    "state = 1, reached_at = ?2, finished_at = ?2, lease_until = NULL, \
      occurrences = occurrences + (recurrence IS NOT NULL), history_seq = history_seq + 1"
 );
 
@@ -53,7 +55,7 @@ const NEXT: &str = settle_sql!(
 /// `arg` the error.
 const FAILED: &str = settle_sql!(
     "state = 3, finished_at = ?2, attempts = attempts + 1, last_error = c.arg, \
-     lease_owner = NULL, lease_until = NULL, history_seq = history_seq + 1"
+     lease_until = NULL, history_seq = history_seq + 1"
 );
 
 /// `arg` when it becomes claimable, `arg2` the error or null (a failed publish, recorded in
