@@ -348,6 +348,14 @@ impl Store for MemoryStore {
                 TimerState::Failed => outcomes.push(ScheduleOutcome::AlreadyFailed),
                 TimerState::Scheduled | TimerState::Paused => {
                     row.record(now, Change::Rescheduled { due_at: new.due_at }, limit);
+                    // What a fire sends, changed: a fire in flight with the old content does
+                    // not settle it (the revision below), it fires again with the new.
+                    let t = &row.timer;
+                    let content_changed = t.correlation_id != new.correlation_id
+                        || t.payload != new.payload
+                        || t.policy != new.policy
+                        || t.target != new.target
+                        || t.message != new.message;
                     row.timer.correlation_id = new.correlation_id.clone();
                     row.timer.payload = new.payload.clone();
                     row.timer.policy = new.policy.clone();
@@ -363,6 +371,8 @@ impl Store for MemoryStore {
                         row.revision += 1;
                         row.timer.attempts = 0;
                         row.timer.work = new.work.clone();
+                    } else if content_changed {
+                        row.revision += 1;
                     }
                     let available = match row.lease_until {
                         Some(until) if until > now => until.max(new.due_at),

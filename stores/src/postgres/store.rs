@@ -111,6 +111,14 @@ impl Store for PostgresStore {
         // revision): a redelivered command neither skips a catch-up nor re-anchors the series.
         let same_series =
             "EXCLUDED.recurrence IS NOT NULL AND t.recurrence IS NOT DISTINCT FROM EXCLUDED.recurrence";
+        // What a fire sends, changed at the same due time: a new revision too, so a fire in
+        // flight with the old content does not settle the timer (it fires again with the new).
+        let content_changed = "t.correlation_id IS DISTINCT FROM EXCLUDED.correlation_id \
+            OR t.payload IS DISTINCT FROM EXCLUDED.payload \
+            OR t.policy IS DISTINCT FROM EXCLUDED.policy \
+            OR t.target IS DISTINCT FROM EXCLUDED.target \
+            OR t.message IS DISTINCT FROM EXCLUDED.message \
+            OR t.message_meta IS DISTINCT FROM EXCLUDED.message_meta";
         let upsert = format!(
             "INSERT INTO timers AS t (tenant_id, service_call_id, due_at, registered_at, \
                                       correlation_id, payload, available_at, recurrence, \
@@ -132,7 +140,8 @@ impl Store for PostgresStore {
                 policy = EXCLUDED.policy, \
                 revision = t.revision + CASE WHEN {same_series} THEN 0 \
                     WHEN t.due_at <> EXCLUDED.due_at \
-                    OR t.recurrence IS DISTINCT FROM EXCLUDED.recurrence THEN 1 ELSE 0 END, \
+                    OR t.recurrence IS DISTINCT FROM EXCLUDED.recurrence \
+                    OR ({content_changed}) THEN 1 ELSE 0 END, \
                 attempts = CASE WHEN {same_series} THEN t.attempts \
                     WHEN t.due_at <> EXCLUDED.due_at \
                     OR t.recurrence IS DISTINCT FROM EXCLUDED.recurrence THEN 0 ELSE t.attempts END, \

@@ -246,13 +246,19 @@ const INSERT_TIMERS_END: &str = " ON CONFLICT DO NOTHING RETURNING tenant_id, se
 /// ?14 tracestate. Unqualified columns on the right-hand side are the old values. A repeat
 /// of the same recurring series (same recurrence) keeps its place: its next occurrence, count,
 /// revision and work stay, so a redelivered command neither skips a catch-up nor re-anchors
-/// the series. The work starts anew with a new revision.
+/// the series. The work starts anew with a new revision. What a fire sends (payload,
+/// correlation id, target, message, policy) changed at the same due time bumps the revision
+/// too, so a fire in flight with the old content does not settle the timer: it fires again
+/// with the new.
 const RESCHEDULE_TIMER: &str = "UPDATE timers SET \
     work = CASE WHEN NOT (?7 IS NOT NULL AND recurrence IS ?7) \
                  AND (due_at <> ?3 OR recurrence IS NOT ?7) THEN ?9 ELSE work END, \
     policy = ?8, \
     revision = revision + (NOT (?7 IS NOT NULL AND recurrence IS ?7) \
-                           AND (due_at <> ?3 OR recurrence IS NOT ?7)), \
+                           AND (due_at <> ?3 OR recurrence IS NOT ?7 \
+                                OR correlation_id IS NOT ?5 OR payload IS NOT ?6 \
+                                OR policy IS NOT ?8 OR target IS NOT ?10 OR message IS NOT ?11 \
+                                OR message_meta IS NOT ?12)), \
     attempts = CASE WHEN NOT (?7 IS NOT NULL AND recurrence IS ?7) \
                      AND (due_at <> ?3 OR recurrence IS NOT ?7) THEN 0 ELSE attempts END, \
     available_at = CASE WHEN ?7 IS NOT NULL AND recurrence IS ?7 THEN available_at \

@@ -185,6 +185,24 @@ pub async fn reschedule_while_firing_keeps_timer_scheduled(store: Arc<dyn Store>
     // A repeated command with the same due time (a broker redelivery) does not disturb a fire.
     put(s, &[timer("t", "a", later)], at(later)).await;
     assert_eq!(mark_reached(s, &again, "i2", at(later)).await, 1);
+    // One with the same due time and other content: the fire of the old content does not
+    // settle it, it is claimed again with the new.
+    let b = schedule_and_claim(s, timer("t", "b", T0_MS), "i1", T0_MS + 30_000).await;
+    let changed = NewTimer {
+        payload: Some(r#"{"v":2}"#.into()),
+        correlation_id: Some("c-2".into()),
+        ..timer("t", "b", T0_MS)
+    };
+    assert_eq!(
+        put(s, &[changed], at(T0_MS + 1)).await,
+        [ScheduleOutcome::Updated]
+    );
+    assert_eq!(mark_reached(s, &b, "i1", at(T0_MS + 2)).await, 0);
+    release(s, &b, "i1", at(T0_MS + 3), None).await;
+    let b = claim(s, at(T0_MS + 3), 10, "i2", T0_MS + 30_000).await;
+    assert_eq!(ids(&b), ["b"]);
+    assert_eq!(b[0].payload.as_deref(), Some(r#"{"v":2}"#));
+    assert_eq!(mark_reached(s, &b, "i2", at(T0_MS + 4)).await, 1);
 }
 
 pub async fn next_due_at_tracks_claimable_rows(store: Arc<dyn Store>) {
