@@ -895,6 +895,34 @@ async fn cli_client_schedules_gets_and_cancels() {
     service.terminate().await;
 }
 
+/// `schedule --file` sends every command of a file; one a limit refused is named on stderr
+/// (also with no terminal there, where the progress bar is not drawn) and the exit code is 1.
+#[tokio::test]
+async fn cli_schedules_a_file_and_fails_naming_what_was_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let env = embedded(dir.path(), &[("TIMER_LIMITS__MAX_PENDING_PER_TENANT", "1")]);
+    let service = Service::start(Path::new(BIN), dir.path(), &env).await;
+    let far = now_ms() + 3_600_000;
+    let lines: Vec<String> = [("acme", "f-1"), ("acme", "f-2"), ("globex", "f-3")]
+        .iter()
+        .map(|(tenant, id)| {
+            json!({"tenantId": tenant, "serviceCallId": id, "dueTimeMs": far}).to_string()
+        })
+        .collect();
+    let file = dir.path().join("commands.ndjson");
+    std::fs::write(&file, lines.join("\n")).expect("the commands file");
+    let file = file.to_string_lossy().into_owned();
+    let args = ["schedule", "--file", &file, "--url", &service.base];
+    let (code, out, err) = run_cli(dir.path(), &args, &[]).await;
+    assert_eq!(code, 1, "{out}\n{err}");
+    let counts: Value = serde_json::from_str(&out).expect("the counts on stdout");
+    assert_eq!(counts["outcomes"]["created"], 2, "{counts}");
+    assert_eq!(counts["outcomes"]["refused"], 1, "{counts}");
+    assert!(err.contains("refused: acme/f-2: "), "{err}");
+    assert!(err.contains("1 of 3 commands were refused"), "{err}");
+    service.terminate().await;
+}
+
 /// `pause`, `resume`, `trigger`, `history` and `status` through the CLI, and `--all` following
 /// `nextCursor` through every page of `list` and `history`.
 #[tokio::test]

@@ -234,8 +234,10 @@ pub fn command(
     match (due_at, due_in) {
         (Some(at), None) => cmd["dueAt"] = json!(at),
         (None, Some(d)) => {
-            let due = chrono::Utc::now()
-                + chrono::Duration::from_std(d).context("--in is too far in the future")?;
+            let due = chrono::Duration::from_std(d)
+                .ok()
+                .and_then(|d| chrono::Utc::now().checked_add_signed(d))
+                .context("--in is too far in the future")?;
             cmd["dueTimeMs"] = json!(due.timestamp_millis());
         }
         _ => bail!("give exactly one of --at RFC3339 or --in DURATION"),
@@ -297,16 +299,36 @@ pub async fn schedule_all(
             let count = counts.entry(outcome).or_insert(json!(0));
             *count = json!(count.as_u64().unwrap_or(0) + 1);
             if let Some(error) = result.get("error") {
-                progress.println(format!(
-                    "refused: {}/{}: {}",
-                    result["tenantId"].as_str().unwrap_or(""),
-                    result["serviceCallId"].as_str().unwrap_or(""),
-                    error["message"].as_str().unwrap_or("")
-                ));
+                // On stderr whether or not the bar is drawn (a hidden bar prints nothing).
+                progress.suspend(|| {
+                    eprintln!(
+                        "refused: {}/{}: {}",
+                        result["tenantId"].as_str().unwrap_or(""),
+                        result["serviceCallId"].as_str().unwrap_or(""),
+                        error["message"].as_str().unwrap_or("")
+                    )
+                });
             }
         }
         progress.inc(chunk.len() as u64);
     }
     progress.finish_and_clear();
     Ok(json!({ "sent": commands.len(), "outcomes": counts }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_due_time_past_what_a_date_holds_is_an_error() {
+        let far = Duration::from_secs(300_000 * 366 * 24 * 3600);
+        let e = command("a", "b", None, Some(far), None, None).unwrap_err();
+        assert!(
+            e.to_string().contains("--in is too far in the future"),
+            "{e}"
+        );
+        let near = command("a", "b", None, Some(Duration::from_secs(60)), None, None);
+        assert!(near.is_ok_and(|c| c["dueTimeMs"].is_i64()));
+    }
 }

@@ -72,7 +72,16 @@ pub async fn run(command: Client, config: &Config) -> anyhow::Result<()> {
                 indicatif::ProgressDrawTarget::stderr(),
             );
             let client = api_client(&api)?;
-            print(client::schedule_all(&client, &commands, batch_size, &bar).await?);
+            let counts = client::schedule_all(&client, &commands, batch_size, &bar).await?;
+            let refused = counts["outcomes"]["refused"].as_u64().unwrap_or(0);
+            print(counts);
+            if refused > 0 {
+                anyhow::bail!(
+                    "{refused} of {} commands were refused (each named above); the others \
+                     were stored",
+                    commands.len()
+                );
+            }
             Ok(())
         }
         Client::Schedule {
