@@ -74,7 +74,7 @@ pub fn app(config: &Config, serving: Serving) -> Router {
 /// `timer-service run`: serves until SIGINT or SIGTERM, then stops the engine and lets open
 /// requests finish.
 pub async fn run(config: Config) -> anyhow::Result<()> {
-    init_logging(&config);
+    init_logging(&config)?;
     let metrics = init_metrics()?;
     let prepared = prepare(&config)?;
     let store = config.store.open().await?;
@@ -139,10 +139,18 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn init_logging(config: &Config) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .or_else(|_| tracing_subscriber::EnvFilter::try_new(&config.log.level))
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+fn init_logging(config: &Config) -> anyhow::Result<()> {
+    // RUST_LOG, when set and not empty, in place of log.level (checked at load).
+    let filter = match std::env::var("RUST_LOG") {
+        Ok(filter) if !filter.trim().is_empty() => {
+            crate::config::check_log_filter("RUST_LOG", &filter)?;
+            filter
+        }
+        _ => config.log.level.clone(),
+    };
+    let filter = tracing_subscriber::EnvFilter::builder()
+        .parse(&filter)
+        .context("the log filter")?;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
@@ -151,6 +159,7 @@ fn init_logging(config: &Config) {
         LogFormat::Json => builder.json().try_init(),
         LogFormat::Text => builder.try_init(),
     };
+    Ok(())
 }
 
 fn init_metrics() -> anyhow::Result<PrometheusHandle> {

@@ -445,12 +445,13 @@ pub struct EngineConfig {
     #[schemars(with = "String")]
     pub store_timeout: Duration,
     /// First retry delay after a failed publish, doubled per attempt up to `engine.retry_max`.
-    /// Also the first pause of a task whose store or broker call failed.
+    /// Also the first pause of a task whose store or broker call failed. Above 0.
     #[serde(with = "duration")]
     #[schemars(with = "String")]
     pub retry_base: Duration,
     /// Cap on the retry delay after failed publishes, and on the pause between tries of a
-    /// failed store or broker call (which `engine.poll_interval` caps too).
+    /// failed store or broker call (which `engine.poll_interval` caps too). At least
+    /// `engine.retry_base`.
     #[serde(with = "duration")]
     #[schemars(with = "String")]
     pub retry_max: Duration,
@@ -541,6 +542,20 @@ impl EngineConfig {
         }
         if self.poll_interval.is_zero() {
             return bad("poll_interval", "must be above 0");
+        }
+        if self.retry_base.is_zero() {
+            return bad(
+                "retry_base",
+                "must be above 0 (failed publishes, store retries and task restarts would repeat \
+                 without a pause)",
+            );
+        }
+        if self.retry_max < self.retry_base {
+            return bad(
+                "retry_max",
+                "must be at least engine.retry_base (it caps the backoff that starts there; 0 is \
+                 not 'no cap')",
+            );
         }
         if self.retry_jitter_percent > 100 {
             return bad("retry_jitter_percent", "must be between 0 and 100");

@@ -5,6 +5,7 @@
 //! kind was checked against what is known and what is compiled in.
 
 pub mod auth;
+mod environment;
 mod render;
 mod sections;
 
@@ -16,8 +17,9 @@ use figment::Figment;
 use serde::Deserialize;
 use timer_core::config::TargetRules;
 use timer_core::plugin::{BrokerConfig, ConfigSection, Registry, StoreConfig};
-use timer_core::{EngineConfig, Error, Limits};
+use timer_core::{redact, EngineConfig, Error, Limits};
 
+use environment::Environment;
 pub use render::render_redacted;
 pub use sections::{HttpConfig, LogConfig, LogFormat, OtlpProtocol, TelemetryConfig};
 
@@ -92,14 +94,7 @@ pub fn figment(path: Option<&Path>) -> Result<Figment, Error> {
         .iter()
         .map(|(var, _)| var.trim_start_matches("TIMER_").to_ascii_lowercase())
         .collect();
-    let env = Env::prefixed("TIMER_")
-        .filter(move |key| {
-            let key = key.as_str().to_ascii_lowercase();
-            // TIMER_TEST_* belongs to the test suite and TIMER_CONFIG to `--config`.
-            !key.starts_with("test_") && key != "config" && !seed_names.contains(&key)
-        })
-        .split("__");
-    Ok(figment.merge(env))
+    Ok(figment.merge(Environment::timer(seed_names)))
 }
 
 /// Reads and checks the whole configuration.
@@ -201,6 +196,13 @@ fn validate(config: &Config) -> Result<(), Error> {
              503); to keep a key from the event stream, leave it without the read scope",
         ));
     }
+    if http.max_event_streams >= http.max_connections {
+        return Err(Error::config(format!(
+            "http.max_event_streams ({}) must be less than http.max_connections ({}): event \
+             streams held open would take every connection, /healthz and /readyz included",
+            http.max_event_streams, http.max_connections
+        )));
+    }
     if http.event_stream_buffer < MIN_EVENT_STREAM_BUFFER {
         return Err(Error::config(format!(
             "http.event_stream_buffer is {} bytes, less than {MIN_EVENT_STREAM_BUFFER}: a stream \
@@ -218,6 +220,7 @@ fn validate(config: &Config) -> Result<(), Error> {
             "limits.max_batch and limits.max_batch_bytes must be at least 1",
         ));
     }
+    check_log_filter("log.level", &config.log.level)?;
     config.limits.rate.check()?;
     config.limits.targets.check()?;
     config.limits.fire_rate.check()?;
@@ -225,6 +228,32 @@ fn validate(config: &Config) -> Result<(), Error> {
     #[cfg(feature = "webhook")]
     config.webhooks.check()?;
     Ok(())
+}
+
+/// Checks a log filter (`log.level`, or `RUST_LOG` when set): a level, or `target=level`
+/// directives separated by commas. A bare word that is not a level (`warning`) would be read as
+/// a target logged at every level, leaving every other target's lines out: refused, with the
+/// levels named.
+pub fn check_log_filter(name: &str, filter: &str) -> Result<(), Error> {
+    use tracing_subscriber::filter::LevelFilter;
+    if filter.trim().is_empty() {
+        return Err(Error::config(format!(
+            "{name} is empty: give a level (trace, debug, info, warn, error, off)"
+        )));
+    }
+    for directive in filter.split(',').map(str::trim) {
+        let target_only = !directive.contains('=') && !directive.contains('[');
+        if target_only && directive.parse::<LevelFilter>().is_err() {
+            return Err(Error::config(format!(
+                "{name}: {directive:?} is not a level (trace, debug, info, warn, error, off); a \
+                 level for one target is written target=level"
+            )));
+        }
+    }
+    tracing_subscriber::EnvFilter::builder()
+        .parse(filter)
+        .map(|_| ())
+        .map_err(|e| Error::config(format!("{name} {filter:?}: {e}")))
 }
 
 /// Reads `<section>.kind`, checks it against the kinds the registry knows and the ones compiled
@@ -320,10 +349,19 @@ fn describe(e: &figment::Error, section: Option<&str>) -> String {
         .map(|m| from(m, &key))
         .unwrap_or_default();
     if key.is_empty() {
-        format!("{}{from}", e.kind)
-    } else {
-        format!("{key}: {}{from}", e.kind)
+        return format!("{}{from}", e.kind);
     }
+    if path.last().is_some_and(|k| redact::is_secret_key(k)) {
+        // The error would quote the value: a secret, never printed.
+        let expected = match &e.kind {
+            figment::error::Kind::InvalidType(_, expected) => format!(": expected {expected}"),
+            _ => String::new(),
+        };
+        return format!(
+            "{key}: not a value this key takes{expected} (the value is a secret, not shown){from}"
+        );
+    }
+    format!("{key}: {}{from}", e.kind)
 }
 
 /// ` (environment variable X)`, ` (in TOML file x.toml)` or ` (from <provider>)` for `key` set

@@ -109,8 +109,10 @@ pub enum LogFormat {
 pub struct LogConfig {
     /// `text` for people, `json` (one object per line) for log shippers.
     pub format: LogFormat,
-    /// A tracing filter such as `info` or `timer_core=debug,info`. The `RUST_LOG` environment
-    /// variable overrides it.
+    /// A tracing filter such as `info` or `timer_core=debug,info`: a level, or `target=level`
+    /// directives (a word that is not a level, such as `warning`, is refused: it would name a
+    /// target and leave every other line out). The `RUST_LOG` environment variable, when set
+    /// and not empty, overrides it and is checked the same way.
     pub level: String,
 }
 

@@ -188,6 +188,89 @@ fn every_config_file_loads() {
 fn engine_settings_that_would_spin_are_refused() {
     let e = refused_with(&[("TIMER_ENGINE__PURGE_INTERVAL", "0s")]);
     assert!(e.contains("engine.purge_interval"), "{e}");
+    // 0 is not "no cap": every retry and restart would come at once.
+    let e = refused_with(&[("TIMER_ENGINE__RETRY_MAX", "0s")]);
+    assert!(e.contains("engine.retry_max must be at least"), "{e}");
+    let e = refused_with(&[("TIMER_ENGINE__RETRY_BASE", "0s")]);
+    assert!(e.contains("engine.retry_base must be above 0"), "{e}");
+}
+
+/// Kubernetes gives a pod variables for every Service of its namespace: those of a Service
+/// named `timer-service` (or `timer`) start with `TIMER_` and are passed over; a variable of
+/// that shape with a value Kubernetes would not give is still an unknown key.
+#[test]
+fn kubernetes_service_links_are_not_keys() {
+    Jail::expect_with(|jail| {
+        for (name, value) in [
+            ("TIMER_SERVICE_SERVICE_HOST", "10.96.0.12"),
+            ("TIMER_SERVICE_SERVICE_PORT", "8080"),
+            ("TIMER_SERVICE_SERVICE_PORT_HTTP", "8080"),
+            ("TIMER_SERVICE_PORT", "tcp://10.96.0.12:8080"),
+            ("TIMER_SERVICE_PORT_8080_TCP", "tcp://10.96.0.12:8080"),
+            ("TIMER_SERVICE_PORT_8080_TCP_PROTO", "tcp"),
+            ("TIMER_SERVICE_PORT_8080_TCP_PORT", "8080"),
+            ("TIMER_SERVICE_PORT_8080_TCP_ADDR", "10.96.0.12"),
+            // A Service named `timer`.
+            ("TIMER_SERVICE_HOST", "10.96.0.13"),
+            ("TIMER_PORT", "tcp://10.96.0.13:80"),
+            ("TIMER_PORT_80_TCP_ADDR", "10.96.0.13"),
+        ] {
+            jail.set_env(name, value);
+        }
+        load_in_jail(None).map_err(|e| e.to_string())?;
+        Ok(())
+    });
+    let e = refused_with(&[("TIMER_SERVICE_PORT", "soon")]);
+    assert!(e.contains("service_port"), "{e}");
+}
+
+/// Tenant ids are case sensitive, also where the environment names them.
+#[test]
+fn a_tenant_named_in_the_environment_keeps_its_case() {
+    Jail::expect_with(|jail| {
+        jail.set_env(
+            "TIMER_LIMITS__RATE__TENANTS__Acme__SCHEDULES_PER_SECOND",
+            "5",
+        );
+        let c = load_in_jail(None).map_err(|e| e.to_string())?;
+        let tenants: Vec<&String> = c.limits.rate.tenants.keys().collect();
+        assert_eq!(tenants, ["Acme"]);
+        Ok(())
+    });
+}
+
+/// A secret of digits only is text, as given; a secret that cannot be read is refused without
+/// its value in the error.
+#[test]
+fn secrets_are_text_and_never_in_an_error() {
+    Jail::expect_with(|jail| {
+        jail.set_env("TIMER_HTTP__TOKEN", "031415926535");
+        let c = load_in_jail(None).map_err(|e| e.to_string())?;
+        assert_eq!(c.http.token.as_deref(), Some("031415926535"));
+        jail.create_file("test.toml", "[http]\ntoken = 271828182845\n")?;
+        jail.clear_env();
+        let e = load_in_jail(Some("")).unwrap_err().to_string();
+        assert!(e.contains("http.token") && e.contains("test.toml"), "{e}");
+        assert!(
+            !e.contains("271828182845"),
+            "the secret is in the error: {e}"
+        );
+        Ok(())
+    });
+}
+
+/// A log filter that would silence the service is refused, naming the levels.
+#[test]
+fn a_log_level_that_is_not_one_is_refused() {
+    let e = refused_with(&[("TIMER_LOG__LEVEL", "warning")]);
+    assert!(e.contains(r#"log.level: "warning" is not a level"#), "{e}");
+    let e = refused_with(&[("TIMER_LOG__LEVEL", "")]);
+    assert!(e.contains("log.level is empty"), "{e}");
+    Jail::expect_with(|jail| {
+        jail.set_env("TIMER_LOG__LEVEL", "timer_core=debug,warn");
+        load_in_jail(None).map_err(|e| e.to_string())?;
+        Ok(())
+    });
 }
 
 #[test]
@@ -234,6 +317,12 @@ fn bad_values_are_errors() {
             "TIMER_HTTP__EVENT_STREAM_BUFFER",
             "65535",
             "http.event_stream_buffer is 65535 bytes",
+        ),
+        // Streams held open would leave no connection for /healthz.
+        (
+            "TIMER_HTTP__MAX_CONNECTIONS",
+            "256",
+            "http.max_event_streams (256) must be less than http.max_connections (256)",
         ),
     ] {
         let e = refused_with(&[(name, value)]);

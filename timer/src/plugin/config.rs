@@ -161,9 +161,15 @@ impl ConfigSection<'_> {
             } else {
                 format!("{}.{inner}", self.name)
             };
+            // The error may quote the value: a secret's is never printed.
+            let problem = match key.rsplit('.').next() {
+                Some(name) if crate::redact::is_secret_key(name) => {
+                    "not a value this key takes (the value is a secret, not shown)".to_owned()
+                }
+                _ => e.inner().to_string(),
+            };
             Error::config(format!(
-                "invalid configuration: {key}: {}{}",
-                e.inner(),
+                "invalid configuration: {key}: {problem}{}",
                 (self.locate)(&key)
             ))
         })
