@@ -49,6 +49,7 @@ async fn a_noisy_tenant_neither_stops_nor_starves_the_others() {
             "http": {
                 "header_read_timeout": "1s",
                 "max_connections": 128,
+                "max_event_streams": 16,
                 "event_stream_buffer": 65_536,
             },
         }),
