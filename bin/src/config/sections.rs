@@ -68,7 +68,9 @@ pub struct HttpConfig {
     /// How many bytes of events one event stream may have waiting for its client. A client
     /// that reads slower than its events come is sent `lagged` (how many of its events it
     /// missed) and its stream is closed; it connects again to go on. No reader, however slow,
-    /// makes the service keep more than this for it. At least 64 KiB (65536).
+    /// makes the service keep more than this for it (but one event: a reader with nothing
+    /// waiting takes an event of any size). A batch of fires comes at once: give it room for
+    /// `engine.batch_size` of its tenants' events. At least 64 KiB (65536).
     pub event_stream_buffer: usize,
 }
 

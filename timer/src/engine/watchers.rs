@@ -66,7 +66,8 @@ impl Watchers {
                 return true;
             }
             let queued = w.state.queued.load(Ordering::Acquire);
-            if queued.saturating_add(size) > w.budget {
+            // A reader with nothing queued takes the event, however large: it keeps up.
+            if queued > 0 && queued.saturating_add(size) > w.budget {
                 // Dropping the sender ends its stream once it read what is queued.
                 w.state.missed.fetch_add(1, Ordering::Relaxed);
                 w.state.dropped.store(true, Ordering::Release);
@@ -156,7 +157,12 @@ mod tests {
             1,
             "only the one that keeps up is left"
         );
-        drop(all);
+        // A reader that read everything takes an event larger than its budget.
+        let mut small = watchers.add(10, Box::new(|_| true));
+        watchers.send(fired("c", "a payload larger than 10 bytes"));
+        assert!(small.recv().await.is_some());
+        assert_eq!(small.lagged(), None);
+        drop((all, small));
         watchers.send(fired("a", "x"));
         assert!(
             watchers.lock().is_empty(),
