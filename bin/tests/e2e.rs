@@ -895,6 +895,63 @@ async fn cli_client_schedules_gets_and_cancels() {
     service.terminate().await;
 }
 
+/// What another site's web page makes a browser send is refused: a write with a foreign
+/// `Origin` (cross-site request forgery), and any API request for a host name that is not this
+/// service's (DNS rebinding); the service's own pages and clients without `Origin` pass.
+#[tokio::test]
+async fn requests_another_sites_page_makes_a_browser_send_are_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let service = Service::start(Path::new(BIN), dir.path(), &embedded(dir.path(), &[])).await;
+    let http = reqwest::Client::new();
+    let url = format!("{}/v1/timers", service.base);
+    let body = |id: &str| command("acme", id, now_ms() + 3_600_000).to_string();
+    let send = |request: reqwest::RequestBuilder| async move {
+        let answer = request.send().await.expect("an answer");
+        let status = answer.status().as_u16();
+        (status, answer.json::<Value>().await.unwrap_or_default())
+    };
+    // A form or a no-cors fetch from another site: text/plain, its Origin.
+    let forged = http
+        .post(&url)
+        .header("content-type", "text/plain")
+        .header("origin", "https://evil.example")
+        .body(body("forged"));
+    let (status, v) = send(forged).await;
+    assert_eq!(
+        (status, v["error"]["reason"].as_str()),
+        (403, Some("cross_site")),
+        "{v}"
+    );
+    let (status, _) = service.get("/v1/tenants/acme/timers/forged").await;
+    assert_eq!(status, 404, "nothing of a refused request is stored");
+    // The dashboard's own page, and a client that sends no Origin.
+    let own = http
+        .post(&url)
+        .header("origin", service.base.as_str())
+        .body(body("own"));
+    assert_eq!(send(own).await.0, 201);
+    assert_eq!(send(http.post(&url).body(body("plain"))).await.0, 201);
+    // A DNS name another site points at 127.0.0.1: refused, reads too; probes answer.
+    let rebound = http
+        .get(format!("{}/v1/tenants/acme/timers", service.base))
+        .header("host", "evil.example");
+    let (status, v) = send(rebound).await;
+    assert_eq!(
+        (status, v["error"]["reason"].as_str()),
+        (403, Some("host_not_allowed")),
+        "{v}"
+    );
+    let probe = http
+        .get(format!("{}/healthz", service.base))
+        .header("host", "evil.example");
+    assert_eq!(send(probe).await.0, 200);
+    let local = http
+        .get(format!("{}/v1/tenants/acme/timers", service.base))
+        .header("host", "localhost");
+    assert_eq!(send(local).await.0, 200);
+    service.terminate().await;
+}
+
 /// `schedule --file` sends every command of a file; one a limit refused is named on stderr
 /// (also with no terminal there, where the progress bar is not drawn) and the exit code is 1.
 #[tokio::test]

@@ -44,6 +44,12 @@ pub struct HttpConfig {
     pub tls_key: Option<PathBuf>,
     /// With HTTPS: require a client certificate signed by a CA of this file (PEM).
     pub tls_client_ca: Option<PathBuf>,
+    /// Host names (of the `Host` header, without its port) the API answers; another is answered
+    /// 403 `host_not_allowed`, so that a web page whose site points a DNS name at this address
+    /// cannot reach the API (DNS rebinding). Loopback addresses and `localhost` are always
+    /// allowed. Unset: only those when `http.addr` is a loopback address, any name otherwise;
+    /// `[]`: any name. `/healthz`, `/readyz`, `/metrics` and `/ui/` answer any.
+    pub allowed_hosts: Option<Vec<String>>,
     /// Serve the web dashboard at `/ui/` (its files are in the binary; it reads and steers
     /// timers through the API, with the same token). `false` leaves `/ui/` unrouted (404).
     pub ui: bool,
@@ -85,6 +91,7 @@ impl Default for HttpConfig {
             tls_cert: None,
             tls_key: None,
             tls_client_ca: None,
+            allowed_hosts: None,
             ui: true,
             counts_max_age: Duration::from_secs(5),
             max_connections: 1_024,

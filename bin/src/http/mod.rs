@@ -2,7 +2,8 @@
 //!
 //! Below the handlers sit the leaves they share: [`error`] (the one error type), [`state`] (the
 //! state and path parameters), [`views`] (the bodies of a timer), [`params`] (query parameters
-//! and cursors), [`counted`] (counts shared between requests) and [`auth`]. A leaf imports no
+//! and cursors), [`counted`] (counts shared between requests), [`auth`] and [`site`] (requests
+//! other sites' pages make a browser send). A leaf imports no
 //! handler module and no module above `http`; `listener` serves the router over plain HTTP or
 //! TLS.
 
@@ -21,6 +22,7 @@ pub mod listener;
 pub mod listing;
 pub mod openapi;
 pub mod params;
+pub mod site;
 pub mod state;
 pub mod status;
 pub mod timers;
@@ -93,7 +95,15 @@ pub fn routes(
         ))
         .layer(axum::middleware::from_fn_with_state(auth, auth::guard))
         // Outside the guard: a refused request is traced too.
-        .layer(axum::middleware::from_fn(traced::traced));
+        .layer(axum::middleware::from_fn(traced::traced))
+        // Before anything: what another site's page makes a browser send is never served.
+        .layer(axum::middleware::from_fn_with_state(
+            Arc::new(site::Hosts::of(
+                config.http.allowed_hosts.as_deref(),
+                config.http.addr.ip().is_loopback(),
+            )),
+            site::guard,
+        ));
     // Health and metrics stay open: probes and scrapers carry no token.
     let open = OpenApiRouter::new()
         .routes(routes!(health::healthz))

@@ -67,7 +67,7 @@ pub fn add_shared_answers(document: &mut serde_json::Value) {
                 error("No bearer token, or one that is unknown, expired or not valid here")
             });
             responses.entry("403").or_insert_with(|| {
-                error("The key may not use this tenant, or lacks the scope (read, write, admin) the route needs")
+                error("The key may not use this tenant, or lacks the scope (read, write, admin) the route needs; or a web page of another site sent it (cross_site, host_not_allowed)")
             });
         }
     }
