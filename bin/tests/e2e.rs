@@ -952,6 +952,63 @@ async fn requests_another_sites_page_makes_a_browser_send_are_refused() {
     service.terminate().await;
 }
 
+/// A write whose client went away before its answer still leaves its audit line: a bulk cancel
+/// sent over a socket closed right after the request goes on in its own task, and is audited
+/// (`client_gone`: the answer never went out).
+#[tokio::test]
+async fn a_write_whose_client_went_away_is_audited() {
+    use tokio::io::AsyncWriteExt;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let service = Service::start(Path::new(BIN), dir.path(), &embedded(dir.path(), &[])).await;
+    let far = now_ms() + 3_600_000;
+    for batch in 0..10 {
+        let commands: Vec<String> = (0..1_000)
+            .map(|i| command("acme", &format!("b-{batch}-{i}"), far).to_string())
+            .collect();
+        let (status, v) = service
+            .post("/v1/timers/batch", batch_body(&commands))
+            .await;
+        assert_eq!(status, 200, "{v}");
+    }
+    let body = r#"{"action":"cancel"}"#;
+    let address = service.addr.to_string();
+    let mut socket = tokio::net::TcpStream::connect(&address)
+        .await
+        .expect("a connection to the service");
+    let request = format!(
+        "POST /v1/tenants/acme/timers/bulk HTTP/1.1\r\nHost: {address}\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    socket
+        .write_all(request.as_bytes())
+        .await
+        .expect("the request sent");
+    // Gone while the action runs: once its first page is cancelled.
+    wait_for(Duration::from_secs(30), || async {
+        let (_, v) = service
+            .get("/v1/tenants/acme/timers?state=cancelled&limit=1")
+            .await;
+        v["timers"]
+            .as_array()
+            .is_some_and(|t| !t.is_empty())
+            .then_some(())
+    })
+    .await
+    .unwrap_or_else(|| service.fail("the bulk cancel did not start"));
+    drop(socket);
+    let audited = wait_for(Duration::from_secs(60), || async {
+        let log = service.log_text();
+        log.lines()
+            .find(|l| l.contains("api write") && l.contains("bulk"))
+            .map(str::to_owned)
+    })
+    .await
+    .unwrap_or_else(|| service.fail("no audit line of the bulk cancel"));
+    println!("{audited}");
+    service.terminate().await;
+}
+
 /// `schedule --file` sends every command of a file; one a limit refused is named on stderr
 /// (also with no terminal there, where the progress bar is not drawn) and the exit code is 1.
 #[tokio::test]

@@ -71,15 +71,50 @@ pub async fn guard(
     };
     let name = principal.name.clone();
     request.extensions_mut().insert(principal);
+    // A client that goes away drops this future at its next wait: its write still gets a line.
+    let unanswered = (!reads(&method)).then(|| Unanswered {
+        key: &name,
+        method: &method,
+        path: &path,
+        tenant: tenant.as_deref(),
+        id: id.as_deref(),
+    });
     let response = match (not_utf8, checked) {
         (Some(why), _) => ApiError::bad_request("invalid_id", why).into_response(),
         (None, Ok(())) => next.run(request).await,
         (None, Err(refused)) => ApiError::from(refused).into_response(),
     };
+    // Answered: the line below says how.
+    std::mem::forget(unanswered);
     if !reads(&method) {
         audit(&name, &method, &path, tenant, id, response).await
     } else {
         response
+    }
+}
+
+/// The audit line of a write whose client went away before it was answered (the request's
+/// future was dropped), with outcome `client_gone`: it may have been done or not (a bulk
+/// action goes on in a task of its own).
+struct Unanswered<'a> {
+    key: &'a str,
+    method: &'a Method,
+    path: &'a str,
+    tenant: Option<&'a str>,
+    id: Option<&'a str>,
+}
+
+impl Drop for Unanswered<'_> {
+    fn drop(&mut self) {
+        tracing::info!(
+            target: "timer_service::audit",
+            key = %self.key,
+            tenant = self.tenant,
+            action = action(self.method, self.path),
+            id = self.id,
+            outcome = "client_gone",
+            "api write"
+        );
     }
 }
 
