@@ -6,9 +6,10 @@
 //! `http.counts_max_age`; once it is half that age, the first reader starts the next count in
 //! the background and still gets the last one. A reader polling more often than the maximum
 //! age therefore never waits for a count. A reader finding no count young enough (the first,
-//! or the first after a quiet while) counts itself, and readers arriving meanwhile wait for
-//! and share that count instead of starting their own. A maximum age of zero counts for every
-//! reader.
+//! or the first after a quiet while) starts one and waits for it, and readers arriving
+//! meanwhile wait for and share that count instead of starting their own; the count goes on
+//! when its reader gives up (a count longer than `http.request_timeout` is there for the next
+//! reader). A maximum age of zero counts for every reader.
 
 use std::fmt::Display;
 use std::future::Future;
@@ -157,8 +158,8 @@ pub struct Cached<T> {
     /// What the count is of, for the log line when a background count fails.
     what: &'static str,
     slot: Mutex<Slot<T>>,
-    /// Held while a reader counts, so that readers arriving meanwhile share its count.
-    counting: tokio::sync::Mutex<()>,
+    /// Held while a count runs, so that readers arriving meanwhile share its count.
+    counting: Arc<tokio::sync::Mutex<()>>,
 }
 
 struct Slot<T> {
@@ -175,7 +176,7 @@ impl<T: Send + Sync + 'static> Cached<T> {
                 last: None,
                 refreshing: false,
             }),
-            counting: tokio::sync::Mutex::new(()),
+            counting: Arc::new(tokio::sync::Mutex::new(())),
         })
     }
 
@@ -206,15 +207,31 @@ impl<T: Send + Sync + 'static> Cached<T> {
             }
             return Ok(last);
         }
-        let _turn = self.counting.lock().await;
+        let turn = Arc::clone(&self.counting).lock_owned().await;
         // Another reader may have counted while this one waited for its turn.
         if let Some(last) = self.young() {
             return Ok(last);
         }
-        let started = Instant::now();
-        let value = Arc::new(count().await?);
-        self.keep(started, &value);
-        Ok(value)
+        // In a task of its own, which keeps the turn: a reader that gives up (its request
+        // timed out, its client left) does not throw a long count away, and the readers after
+        // it wait for that count instead of each starting again (each then timing out too).
+        let cached = Arc::clone(self);
+        let counting = count();
+        let task = tokio::spawn(async move {
+            let _turn = turn;
+            let started = Instant::now();
+            let value = Arc::new(counting.await?);
+            cached.keep(started, &value);
+            Ok(value)
+        });
+        match task.await {
+            Ok(counted) => counted,
+            Err(e) => match e.try_into_panic() {
+                Ok(panic) => std::panic::resume_unwind(panic),
+                // Cancelled: only when the runtime stops, and this request with it.
+                Err(_) => std::future::pending().await,
+            },
+        }
     }
 
     fn refresh_in_background<Fut, E>(self: &Arc<Self>, counting: Fut)
@@ -291,6 +308,27 @@ mod tests {
         assert_eq!(made.load(Ordering::SeqCst), 2);
         assert_eq!(*cached.get(counter(&made)).await.unwrap(), 1);
         assert_eq!(made.load(Ordering::SeqCst), 2);
+    }
+
+    /// A count longer than a request may wait is not started again by every request: the
+    /// first one's goes on after it gave up, and a later request gets it.
+    #[tokio::test(start_paused = true)]
+    async fn a_count_longer_than_a_request_is_kept_for_the_next() {
+        let made = Arc::new(AtomicU32::new(0));
+        let cached = Cached::new("test", Duration::from_secs(60));
+        let slow = || {
+            let made = made.clone();
+            move || async move {
+                tokio::time::sleep(Duration::from_secs(12)).await;
+                Ok::<_, String>(made.fetch_add(1, Ordering::SeqCst))
+            }
+        };
+        let within = Duration::from_secs(10);
+        let gave_up = tokio::time::timeout(within, cached.get(slow())).await;
+        assert!(gave_up.is_err(), "the first request gives up at 10 s");
+        let second = tokio::time::timeout(within, cached.get(slow())).await;
+        assert_eq!(second.map(|v| v.map(|v| *v)), Ok(Ok(0)));
+        assert_eq!(made.load(Ordering::SeqCst), 1, "counted once");
     }
 
     #[tokio::test(start_paused = true)]
