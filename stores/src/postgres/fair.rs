@@ -53,8 +53,9 @@ impl PostgresStore {
             .fetch_all(&self.pool)
             .await
             .map_err(|e| db_err("claiming due timers of each tenant", e))?;
-        rows.iter()
-            .map(|row| TimerRow::<Self>::of(row).claimed())
-            .collect()
+        Ok(rows
+            .iter()
+            .filter_map(|row| TimerRow::<Self>::of(row).claimed_readable())
+            .collect())
     }
 }

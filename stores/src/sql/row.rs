@@ -87,6 +87,28 @@ where
     }
 
     /// A row a claim returned.
+    /// The claimed timer of this row; `None`, with an error logged, when the row cannot be read
+    /// (JSON a later release wrote, or edited by hand): it stays leased and is claimed again
+    /// when its lease ends, perhaps by an instance that can read it. One such row must not
+    /// take the rest of its batch with it, whose leases would hold them for as long.
+    pub(crate) fn claimed_readable(&self) -> Option<ClaimedTimer> {
+        match self.claimed() {
+            Ok(claimed) => Some(claimed),
+            Err(e) => {
+                let key = self
+                    .key()
+                    .map_or_else(|_| "?".to_owned(), |k| k.to_string());
+                tracing::error!(
+                    timer = %key,
+                    error = %e.chain(),
+                    "a claimed timer cannot be read; it is left to its lease and claimed again \
+                     when that ends"
+                );
+                None
+            }
+        }
+    }
+
     pub(crate) fn claimed(&self) -> Result<ClaimedTimer> {
         Ok(ClaimedTimer {
             key: self.key()?,

@@ -114,9 +114,10 @@ statements! {
             .fetch_all(self.pool)
             .await
             .map_err(|e| db_err::<D>("claiming due timers", e))?;
-        rows.iter()
-            .map(|row| TimerRow::<D>::of(row).claimed())
-            .collect()
+        Ok(rows
+            .iter()
+            .filter_map(|row| TimerRow::<D>::of(row).claimed_readable())
+            .collect())
     }
 
     /// [`FairSteps::more_due_than`](timer_core::fair::FairSteps::more_due_than) ([`MORE_DUE`]).

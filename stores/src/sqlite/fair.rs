@@ -46,9 +46,10 @@ impl SqliteStore {
                 .fetch_all(&mut *tx)
                 .await
                 .map_err(|e| db_err(op, e))?;
-            for row in &rows {
-                claimed.push(TimerRow::<Self>::of(row).claimed()?);
-            }
+            claimed.extend(
+                rows.iter()
+                    .filter_map(|row| TimerRow::<Self>::of(row).claimed_readable()),
+            );
         }
         tx.commit().await.map_err(|e| db_err(op, e))?;
         Ok(claimed)

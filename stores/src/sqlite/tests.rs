@@ -271,3 +271,43 @@ async fn a_file_a_newer_release_needs_is_refused() {
     let url = format!("sqlite://{}?mode=ro", path.display());
     assert_eq!(count(&url, "SELECT MAX(version) FROM _sqlx_migrations").await, 90);
 }
+
+/// A due row that cannot be read (a policy a later release wrote) does not take the rest of its
+/// claim with it: the others are claimed and fire; it is left to its lease.
+#[tokio::test]
+async fn a_row_that_cannot_be_read_is_left_out_of_its_claim() {
+    use sqlx::Connection;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = SqliteConfig::for_path(dir.path().join("t.db"));
+    let store = SqliteStore::open(&config).await.expect("open");
+    let ids: Vec<String> = (0..10).map(|i| format!("ok-{i}")).collect();
+    let mut timers: Vec<NewTimer> = ids.iter().map(|id| timer(id)).collect();
+    timers.push(timer("unreadable"));
+    store
+        .schedule(&timers, Timestamp::from_millis(1_000))
+        .await
+        .expect("schedule");
+    let url = format!("sqlite://{}", config.path());
+    let mut other = sqlx::SqliteConnection::connect(&url)
+        .await
+        .expect("connect");
+    sqlx::query(
+        "UPDATE timers SET policy = '{\"overlap\":\"allow\",\"from_a_later_release\":1}' \
+         WHERE service_call_id = 'unreadable'",
+    )
+    .execute(&mut other)
+    .await
+    .expect("a policy this release cannot read");
+    let lease = Lease {
+        owner: "i1".into(),
+        until: Timestamp::from_millis(90_000),
+    };
+    let now = Timestamp::from_millis(60_000);
+    let claimed = store.claim_due(now.into(), 100, &lease).await.expect("claim");
+    let mut got: Vec<String> = claimed
+        .iter()
+        .map(|c| c.key.service_call_id.clone())
+        .collect();
+    got.sort();
+    assert_eq!(got, ids);
+}
