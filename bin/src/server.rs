@@ -63,6 +63,7 @@ pub fn app(config: &Config, serving: Serving) -> Router {
         ready: Cached::new("readiness", READY_MAX_AGE),
         streams: EventStreams::new(
             config.http.max_event_streams,
+            config.http.max_event_streams_per_key,
             config.http.event_stream_buffer,
         ),
         auth: serving.auth,

@@ -934,3 +934,44 @@ async fn an_event_stream_ends_when_its_jwt_expires() {
     assert_eq!(status, 200, "the service did not fall over a far exp");
     service.terminate().await;
 }
+
+/// One key cannot take every event stream: past `http.max_event_streams_per_key` its next one
+/// is 503 naming the key, while another key's opens; closing one makes room again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_key_cannot_take_every_event_stream() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let limits = json!({"max_event_streams": 8, "max_event_streams_per_key": 2});
+    let service = start(dir.path(), limits).await;
+    let open = |key: &'static str| {
+        let api = &service;
+        async move {
+            api.respond(Method::GET, "/v1/events?tenant=alpha", Some(key), None)
+                .await
+        }
+    };
+    let first = open(TEAM_A).await;
+    let second = open(TEAM_A).await;
+    assert_eq!(
+        (first.status().as_u16(), second.status().as_u16()),
+        (200, 200)
+    );
+    let third = open(TEAM_A).await;
+    assert_eq!(third.status(), 503);
+    let answer: Value = third.json().await.unwrap_or_default();
+    let message = answer["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("of key team-a") && message.contains("max_event_streams_per_key"),
+        "{answer}"
+    );
+    let other = open(OPS).await;
+    assert_eq!(other.status(), 200, "another key's stream opens");
+    drop(first);
+    let again = wait_for(Duration::from_secs(10), || async {
+        let response = open(TEAM_A).await;
+        (response.status() == 200).then_some(response)
+    })
+    .await;
+    assert!(again.is_some(), "a closed stream makes room for the key");
+    drop((second, other, again));
+    service.terminate().await;
+}

@@ -196,6 +196,12 @@ fn validate(config: &Config) -> Result<(), Error> {
              503); to keep a key from the event stream, leave it without the read scope",
         ));
     }
+    if http.max_event_streams_per_key == 0 {
+        return Err(Error::config(
+            "http.max_event_streams_per_key must be at least 1; to keep a key from the event \
+             stream, leave it without the read scope",
+        ));
+    }
     if http.max_event_streams >= http.max_connections {
         return Err(Error::config(format!(
             "http.max_event_streams ({}) must be less than http.max_connections ({}): event \

@@ -71,6 +71,10 @@ pub struct HttpConfig {
     pub header_read_timeout: Duration,
     /// Most `GET /v1/events` streams open at once; one more is answered 503. At least 1.
     pub max_event_streams: usize,
+    /// Most of them one key (a key of `http.keys`, `http.token`, one JWT subject) may have open
+    /// at once; one more is answered 503, so one tenant's key cannot take every stream. With
+    /// authentication only (without it every caller is one). At least 1.
+    pub max_event_streams_per_key: usize,
     /// How many bytes of events one event stream may have waiting for its client. A client
     /// that reads slower than its events come is sent `lagged` (how many of its events it
     /// missed) and its stream is closed; it connects again to go on. No reader, however slow,
@@ -97,6 +101,7 @@ impl Default for HttpConfig {
             max_connections: 1_024,
             header_read_timeout: Duration::from_secs(10),
             max_event_streams: 256,
+            max_event_streams_per_key: 32,
             event_stream_buffer: 1024 * 1024,
         }
     }

@@ -12,7 +12,7 @@ use timer_core::wire::check_id;
 use crate::http::auth::Principal;
 use crate::http::error::{ApiError, ErrorBody};
 use crate::http::params::BadParameter;
-use crate::http::state::AppState;
+use crate::http::state::{AppState, StreamsFull};
 
 /// The query of `GET /v1/events`, for the document (read by [`tenant_of_query`], which also
 /// refuses unknown and repeated parameters).
@@ -61,7 +61,7 @@ fn tenant_of_query(query: Option<&str>) -> Result<Option<String>, BadParameter> 
     params(EventsQuery),
     responses(
         (status = 200, description = "An event stream, until the caller lags, its JWT expires or the service stops", content_type = "text/event-stream", body = String),
-        (status = 503, description = "`http.max_event_streams` streams are open; `Retry-After` says when to try again", body = ErrorBody),
+        (status = 503, description = "`http.max_event_streams` streams are open, or `http.max_event_streams_per_key` of the caller's key; `Retry-After` says when to try again", body = ErrorBody),
     )
 )]
 pub async fn events(
@@ -74,17 +74,22 @@ pub async fn events(
         check_id(tenant.clone(), "tenant", app.engine.limits())?;
         caller.need_tenant(tenant, Some("tenant"))?;
     }
-    let open = app.streams.open().ok_or_else(|| {
-        ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "unavailable",
-            format!(
+    // Counted by key only with authentication: without it every caller is one.
+    let key = app.auth.is_some().then_some(&caller.name);
+    let open = app.streams.open(key).map_err(|full| {
+        let message = match full {
+            StreamsFull::All => format!(
                 "{} event streams are open, as many as http.max_event_streams allows; try again \
                  later",
                 app.streams.max
             ),
-        )
-        .retry_after(5)
+            StreamsFull::Key => format!(
+                "{} event streams of key {} are open, as many as \
+                 http.max_event_streams_per_key allows; close one",
+                app.streams.per_key, caller.name
+            ),
+        };
+        ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message).retry_after(5)
     })?;
     // Until its credential expires (a JWT's exp): it was checked once, when the stream began.
     let expires = caller.expires_at.and_then(|at| {

@@ -2,6 +2,7 @@
 //!
 //! Below the handlers: it imports only the leaf modules (`counted`, `error`, `auth`, `config`).
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use axum::extract::{FromRequestParts, Path};
@@ -45,45 +46,88 @@ pub struct AppState {
     pub trace_url: Option<Arc<str>>,
 }
 
-/// How many `GET /v1/events` streams may be open (`http.max_event_streams`), how many bytes
-/// each may have waiting (`http.event_stream_buffer`), and how many are open.
+/// How many `GET /v1/events` streams may be open (`http.max_event_streams`), and of one key
+/// (`http.max_event_streams_per_key`), how many bytes each may have waiting
+/// (`http.event_stream_buffer`), and how many are open.
 pub struct EventStreams {
     pub max: usize,
+    pub per_key: usize,
     pub buffer: usize,
-    open: std::sync::atomic::AtomicUsize,
+    open: std::sync::Mutex<Open>,
+}
+
+#[derive(Default)]
+struct Open {
+    all: usize,
+    by_key: HashMap<Arc<str>, usize>,
+}
+
+/// Why a stream cannot open.
+#[derive(Debug, PartialEq, Eq)]
+pub enum StreamsFull {
+    /// `http.max_event_streams` are open.
+    All,
+    /// `http.max_event_streams_per_key` of the caller's are.
+    Key,
 }
 
 impl EventStreams {
-    /// `max` streams (`http.max_event_streams`), each with `buffer` bytes waiting at most
-    /// (`http.event_stream_buffer`).
-    pub fn new(max: usize, buffer: usize) -> Arc<Self> {
+    /// `max` streams (`http.max_event_streams`), `per_key` of one key, each with `buffer`
+    /// bytes waiting at most (`http.event_stream_buffer`).
+    pub fn new(max: usize, per_key: usize, buffer: usize) -> Arc<Self> {
         Arc::new(EventStreams {
             max,
+            per_key,
             buffer,
             open: Default::default(),
         })
     }
 
-    /// A place for one more stream, held until it is dropped; `None` when all are taken.
-    pub fn open(self: &Arc<Self>) -> Option<OpenStream> {
-        use std::sync::atomic::Ordering;
-        self.open
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (n < self.max).then_some(n + 1)
-            })
-            .ok()
-            .map(|_| OpenStream(self.clone()))
+    /// A place for one more stream of `key` (`None`: the API has no authentication, so no
+    /// key to count by), held until it is dropped.
+    pub fn open(self: &Arc<Self>, key: Option<&Arc<str>>) -> Result<OpenStream, StreamsFull> {
+        let mut open = self.lock();
+        if open.all >= self.max {
+            return Err(StreamsFull::All);
+        }
+        if let Some(key) = key {
+            let of_key = open.by_key.entry(key.clone()).or_default();
+            if *of_key >= self.per_key {
+                return Err(StreamsFull::Key);
+            }
+            *of_key += 1;
+        }
+        open.all += 1;
+        Ok(OpenStream {
+            streams: self.clone(),
+            key: key.cloned(),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Open> {
+        // Counts changed in one step each: whole after a panic elsewhere.
+        self.open.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
 /// One open event stream's place.
-pub struct OpenStream(Arc<EventStreams>);
+pub struct OpenStream {
+    streams: Arc<EventStreams>,
+    key: Option<Arc<str>>,
+}
 
 impl Drop for OpenStream {
     fn drop(&mut self) {
-        self.0
-            .open
-            .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+        let mut open = self.streams.lock();
+        open.all = open.all.saturating_sub(1);
+        if let Some(key) = &self.key {
+            if let Some(n) = open.by_key.get_mut(key) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    open.by_key.remove(key);
+                }
+            }
+        }
     }
 }
 
