@@ -66,6 +66,7 @@ pub fn app(config: &Config, serving: Serving) -> Router {
             config.http.max_event_streams_per_key,
             config.http.event_stream_buffer,
         ),
+        bulks: Default::default(),
         auth: serving.auth,
         trace_url: config.telemetry.trace_url.as_deref().map(Arc::from),
     };

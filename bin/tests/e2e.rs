@@ -1009,6 +1009,77 @@ async fn a_write_whose_client_went_away_is_audited() {
     service.terminate().await;
 }
 
+/// One bulk action at a time per tenant: while one runs (held here by another writer on the
+/// SQLite file), a second of that tenant is answered 409 `bulk_running`; another tenant's is not.
+#[tokio::test]
+async fn a_tenant_runs_one_bulk_action_at_a_time() {
+    use sqlx::Connection;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let service = Service::start(Path::new(BIN), dir.path(), &embedded(dir.path(), &[])).await;
+    let far = now_ms() + 3_600_000;
+    for (tenant, id) in [("acme", "a-1"), ("acme", "a-2"), ("globex", "g-1")] {
+        assert_eq!(
+            service.post("/v1/timers", command(tenant, id, far)).await.0,
+            201
+        );
+    }
+    let url = format!("sqlite://{}", dir.path().join("timers.db").display());
+    let mut other = sqlx::SqliteConnection::connect(&url)
+        .await
+        .expect("connect");
+    let lock = other
+        .begin_with("BEGIN IMMEDIATE")
+        .await
+        .expect("the write lock");
+    let bulk = |tenant: &'static str| {
+        let (http, base) = (service.http.clone(), service.base.clone());
+        tokio::spawn(async move {
+            let answer = http
+                .post(format!("{base}/v1/tenants/{tenant}/timers/bulk"))
+                .body(r#"{"action":"pause"}"#)
+                .send()
+                .await
+                .expect("an answer");
+            let status = answer.status().as_u16();
+            (status, answer.json::<Value>().await.unwrap_or_default())
+        })
+    };
+    let (first, second, globex) = (bulk("acme"), bulk("acme"), bulk("globex"));
+    // One of acme's two is refused at once; the other waits for the lock, with globex's.
+    let refused = wait_for(Duration::from_secs(10), || async {
+        (first.is_finished() || second.is_finished()).then_some(())
+    })
+    .await;
+    assert!(
+        refused.is_some(),
+        "neither of acme's bulk actions was refused"
+    );
+    assert!(
+        !globex.is_finished(),
+        "globex's waits for the store, not for acme"
+    );
+    lock.rollback().await.expect("the lock released");
+    let mut answers = Vec::new();
+    for task in [first, second] {
+        answers.push(task.await.expect("acme's bulk request"));
+    }
+    answers.sort_by_key(|(status, _)| *status);
+    assert_eq!(answers[0].0, 200, "{answers:?}");
+    assert_eq!(answers[0].1["changed"], 2, "{answers:?}");
+    assert_eq!(
+        (answers[1].0, answers[1].1["error"]["reason"].as_str()),
+        (409, Some("bulk_running")),
+        "{answers:?}"
+    );
+    assert_eq!(globex.await.expect("globex's bulk request").0, 200);
+    // Its turn ended with it: the tenant's next bulk action runs.
+    let (status, v) = service
+        .post("/v1/tenants/acme/timers/bulk", r#"{"action":"resume"}"#)
+        .await;
+    assert_eq!(status, 200, "{v}");
+    service.terminate().await;
+}
+
 /// `schedule --file` sends every command of a file; one a limit refused is named on stderr
 /// (also with no terminal there, where the progress bar is not drawn) and the exit code is 1.
 #[tokio::test]

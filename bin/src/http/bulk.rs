@@ -5,9 +5,11 @@ use std::collections::BTreeMap;
 use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::Json;
+use opentelemetry::trace::FutureExt as _;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use timer_core::Action;
+use tracing::Instrument as _;
 use utoipa::ToSchema;
 
 use crate::http::actions::check_note;
@@ -142,6 +144,7 @@ fn bulk_filter(filter: &serde_json::Map<String, Value>) -> Result<ListParams, Ba
     responses(
         (status = 200, description = "Done", body = BulkOutcome),
         (status = 400, description = "A bad action or filter; `field` names it (`action`, `filter.state`, …)", body = ErrorBody),
+        (status = 409, description = "`bulk_running`: a bulk action of this tenant is running (one at a time per tenant)", body = ErrorBody),
     )
 )]
 pub async fn bulk(
@@ -170,14 +173,29 @@ pub async fn bulk(
         }
     };
     let params = bulk_filter(&body.filter.unwrap_or_default())?;
+    let turn = app.bulks.start(&tenant).ok_or_else(|| {
+        ApiError::conflict(
+            "bulk_running",
+            format!(
+                "a bulk action of tenant {tenant} is running (one at a time per tenant); try \
+                 again when it has ended"
+            ),
+        )
+    })?;
     let engine = app.engine.clone();
     let name = action.as_str();
-    // Its own task: a client that leaves does not stop it halfway through a page.
-    let run = tokio::spawn(async move {
-        engine
-            .bulk(&tenant, &params.filter, &action, BULK_PAGE)
-            .await
-    });
+    // Its own task, in the request's trace: a client that leaves does not stop it halfway
+    // through a page, and the tenant's turn is held until it ends.
+    let run = tokio::spawn(
+        async move {
+            let _turn = turn;
+            engine
+                .bulk(&tenant, &params.filter, &action, BULK_PAGE)
+                .await
+        }
+        .with_current_context()
+        .in_current_span(),
+    );
     let bulk = run.await.map_err(|e| {
         ApiError::from(timer_core::Error::internal(format!(
             "the bulk action stopped: {e}"

@@ -42,6 +42,8 @@ pub struct AppState {
     pub ready: Arc<Cached<(bool, bool)>>,
     /// The open event streams and their limits.
     pub streams: Arc<EventStreams>,
+    /// The tenants with a bulk action running.
+    pub bulks: Arc<BulkRuns>,
     /// `telemetry.trace_url`: a trace's link, `{traceId}` to replace.
     pub trace_url: Option<Arc<str>>,
 }
@@ -128,6 +130,35 @@ impl Drop for OpenStream {
                 }
             }
         }
+    }
+}
+
+/// The tenants with a bulk action running: one at a time per tenant, so that one tenant's many
+/// bulk requests (each goes on after its client left) cannot fill the store's writes.
+#[derive(Default)]
+pub struct BulkRuns(std::sync::Mutex<std::collections::HashSet<String>>);
+
+impl BulkRuns {
+    /// `tenant`'s turn, held until it is dropped; `None` while it has one running.
+    pub fn start(self: &Arc<Self>, tenant: &str) -> Option<BulkRun> {
+        let mut running = self.lock();
+        running
+            .insert(tenant.to_owned())
+            .then(|| BulkRun(self.clone(), tenant.to_owned()))
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashSet<String>> {
+        // Changed in one step each: whole after a panic elsewhere.
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// A tenant's running bulk action ([`BulkRuns::start`]).
+pub struct BulkRun(Arc<BulkRuns>, String);
+
+impl Drop for BulkRun {
+    fn drop(&mut self) {
+        self.0.lock().remove(&self.1);
     }
 }
 
