@@ -34,8 +34,9 @@ pub enum Settlement {
     /// Its lease is given back: it stays Scheduled and becomes claimable at `at` (never before
     /// its due time). With an `error` (a failed publish) attempts are incremented and
     /// `last_error` set; without (shutdown, a reschedule during the fire) they are unchanged.
-    /// Unlike the others this ignores the revision: the lease is returned even when the timer
-    /// was rescheduled while it fired.
+    /// Unlike the others it also applies at another revision (the timer was rescheduled while
+    /// it fired), but only in part: the lease is returned and the timer is claimable at its
+    /// new due time; the old fire's `at` and `error` do not touch it (nor its history).
     Retry {
         at: Timestamp,
         error: Option<String>,
@@ -90,8 +91,9 @@ pub trait Store: Send + Sync + 'static {
 
     /// Settles claims in one transaction, each as its [`Settlement`] says, at time `at`. Only
     /// rows still Scheduled and leased by `owner` change, and except for
-    /// [`Settlement::Retry`] only at the claimed revision (a timer rescheduled while it fired
-    /// stays Scheduled with its new due time). Returns how many rows changed.
+    /// [`Settlement::Retry`] (which returns the lease) only at the claimed revision (a timer
+    /// rescheduled while it fired stays Scheduled with its new due time). Returns how many rows
+    /// changed.
     async fn settle(
         &self,
         claims: &[(ClaimedTimer, Settlement)],

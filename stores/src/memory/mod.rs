@@ -419,7 +419,16 @@ impl Store for MemoryStore {
                 continue;
             };
             let retry = matches!(settlement, Settlement::Retry { .. });
-            if !retry && row.revision != claim.revision {
+            if row.revision != claim.revision {
+                if retry {
+                    // Rescheduled while it fired: the lease goes back, nothing else of the old
+                    // fire touches what is now another timer.
+                    changed += 1;
+                    row.timer.lease_owner = None;
+                    row.lease_until = None;
+                    let due = row.timer.due_at;
+                    row.set_available(ready, due);
+                }
                 continue;
             }
             changed += 1;

@@ -56,18 +56,37 @@ pub(super) const SETTLE_FAILED_SQL: &str = settle_sql!(
 );
 
 /// $1 tenants, $2 service call ids, $3 when each becomes claimable, $4 the errors (NULL for
-/// none; an error is a failed publish, recorded in the history), $5 the lease owner. At any
-/// revision: the lease goes back even when the timer changed meanwhile.
+/// none; an error is a failed publish, recorded in the history), $5 the lease owner, $9 the
+/// claimed revisions. At any revision the lease goes back; at another (rescheduled while it
+/// fired) nothing else of the old fire (its backoff, error, attempt, history entry) touches
+/// the new timer: each row answers `same`, whether it was at the claimed revision.
 pub(super) const SETTLE_RETRY_SQL: &str =
     "UPDATE timers t SET lease_owner = NULL, lease_until = NULL, \
-      available_at = GREATEST(m.retry_at, t.due_at), \
-      attempts = t.attempts + CASE WHEN m.error IS NULL THEN 0 ELSE 1 END, \
-      last_error = COALESCE(m.error, t.last_error), \
-      history_seq = t.history_seq + CASE WHEN m.error IS NULL THEN 0 ELSE 1 END \
-    FROM UNNEST($1::text[], $2::text[], $3::bigint[], $4::text[]) \
-         AS m(tenant_id, service_call_id, retry_at, error) \
+      available_at = CASE WHEN t.revision = m.revision \
+                          THEN GREATEST(m.retry_at, t.due_at) ELSE t.due_at END, \
+      attempts = t.attempts + CASE WHEN m.error IS NULL OR t.revision <> m.revision \
+                                   THEN 0 ELSE 1 END, \
+      last_error = CASE WHEN t.revision = m.revision \
+                        THEN COALESCE(m.error, t.last_error) ELSE t.last_error END, \
+      history_seq = t.history_seq + CASE WHEN m.error IS NULL OR t.revision <> m.revision \
+                                         THEN 0 ELSE 1 END \
+    FROM UNNEST($1::text[], $2::text[], $3::bigint[], $4::text[], $9::bigint[]) \
+         AS m(tenant_id, service_call_id, retry_at, error, revision) \
     WHERE t.tenant_id = m.tenant_id AND t.service_call_id = m.service_call_id \
       AND t.state = 0 AND t.lease_owner = $5";
+
+/// [`SETTLE_RETRY_SQL`] recording its changes ($6, JSON, in the order of the keys; at $7, the
+/// history limit $8) for the rows at the claimed revision only.
+pub(super) fn settle_retry() -> String {
+    recorded(
+        SETTLE_RETRY_SQL,
+        ", (t.revision = m.revision) AS same",
+        "UNNEST($1::text[], $2::text[], $6::text[]) AS c(tenant_id, service_call_id, change)",
+        "CASE WHEN s.same THEN c.change END",
+        (7, 8),
+        "SELECT COUNT(*) FROM s",
+    )
+}
 
 /// The settlements as they run: each recording its changes and counting its rows
 /// ([`settled`]), made once.
@@ -127,7 +146,7 @@ pub(super) fn recorded(
 pub(super) struct Columns<'a> {
     pub(super) tenants: Vec<&'a str>,
     pub(super) ids: Vec<&'a str>,
-    revisions: Vec<i64>,
+    pub(super) revisions: Vec<i64>,
 }
 
 impl<'a> Columns<'a> {

@@ -16,7 +16,7 @@ use tokio::sync::broadcast;
 
 use super::settle::{
     recorded, settled, Columns, SETTLE_FAILED, SETTLE_FAILED_SQL, SETTLE_NEXT, SETTLE_NEXT_SQL,
-    SETTLE_REACHED, SETTLE_REACHED_SQL, SETTLE_RETRY, SETTLE_RETRY_SQL,
+    SETTLE_REACHED, SETTLE_REACHED_SQL, SETTLE_RETRY, settle_retry,
 };
 use super::{db_err, PostgresStore};
 use crate::sql::{self, SqlAbilities, Statements, TimerRow};
@@ -361,7 +361,7 @@ impl Store for PostgresStore {
             ));
         }
         if !retry_claims.is_empty() {
-            let sql = SETTLE_RETRY.get_or_init(|| settled(SETTLE_RETRY_SQL, (6, 7, 8)));
+            let sql = SETTLE_RETRY.get_or_init(settle_retry);
             let retry = sqlx::query(sql)
                 .bind(&retry_claims.tenants)
                 .bind(&retry_claims.ids)
@@ -370,7 +370,8 @@ impl Store for PostgresStore {
                 .bind(owner)
                 .bind(&retry_changes)
                 .bind(at.as_millis())
-                .bind(history);
+                .bind(history)
+                .bind(&retry_claims.revisions);
             queries.push((true, retry));
         }
         let settled_rows = |row: &sqlx::postgres::PgRow| -> Result<u64> {

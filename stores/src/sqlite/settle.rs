@@ -14,9 +14,9 @@ use crate::sql::{self, Entry};
 
 /// A settlement of the claims in ?1, a JSON array of `[tenant, service call id, claimed
 /// revision, arg, arg2]` (`arg` and `arg2` as the kind needs them); ?2 the settle time, ?3 the
-/// lease owner. Only rows still Scheduled and leased by the owner change (and, but for a
-/// retry, still at the claimed revision); each answers its key and the number of the history
-/// entry it makes. The claims' columns are named apart from the table's, so that an unqualified
+/// lease owner. Only rows still Scheduled and leased by the owner change, at the claimed
+/// revision (or, with a guard of its own, [`RETURN_LEASE`] at another); each answers its key
+/// and the number of the history entry it makes. The claims' columns are named apart from the table's, so that an unqualified
 /// name in `SET` is always the table's old value.
 macro_rules! settle_sql {
     ($set:literal) => {
@@ -59,12 +59,18 @@ const FAILED: &str = settle_sql!(
 );
 
 /// `arg` when it becomes claimable, `arg2` the error or null (a failed publish, recorded in
-/// the history). At any revision: the lease goes back even when the timer changed meanwhile.
+/// the history).
 const RETRY: &str = settle_sql!(
     "lease_owner = NULL, lease_until = NULL, available_at = MAX(c.arg, due_at), \
      attempts = attempts + (c.arg2 IS NOT NULL), last_error = COALESCE(c.arg2, last_error), \
-     history_seq = history_seq + (c.arg2 IS NOT NULL)",
-    ""
+     history_seq = history_seq + (c.arg2 IS NOT NULL)"
+);
+
+/// A retry's claims at another revision (rescheduled while they fired): the lease goes back,
+/// and nothing of the old fire (its backoff, error, attempt) touches the new timer.
+const RETURN_LEASE: &str = settle_sql!(
+    "lease_owner = NULL, lease_until = NULL, available_at = due_at",
+    " AND timers.revision <> c.claimed_revision"
 );
 
 /// Settles `claims` in the open write transaction `tx`: the steps one by one, then each kind
@@ -78,12 +84,14 @@ pub(super) async fn settle<'c>(
     entries: &mut Vec<Entry<'c>>,
 ) -> std::result::Result<u64, sqlx::Error> {
     let mut changed = 0;
-    // The rows of each statement, and which claims they are.
-    let mut kinds: [(&str, Vec<Value>, Vec<usize>); 4] = [
+    // The rows of each statement, and which claims they are (a retry's go to two: the rows at
+    // the claimed revision, and the others).
+    let mut kinds: [(&str, Vec<Value>, Vec<usize>); 5] = [
         (REACHED, Vec::new(), Vec::new()),
         (NEXT, Vec::new(), Vec::new()),
         (FAILED, Vec::new(), Vec::new()),
         (RETRY, Vec::new(), Vec::new()),
+        (RETURN_LEASE, Vec::new(), Vec::new()),
     ];
     for (i, (t, settlement)) in claims.iter().enumerate() {
         let (tenant, call, revision) = (&t.key.tenant_id, &t.key.service_call_id, t.revision);
@@ -104,6 +112,10 @@ pub(super) async fn settle<'c>(
                 (3, json!([tenant, call, revision, at.as_millis(), error]))
             }
         };
+        if kind == 3 {
+            kinds[4].1.push(row.clone());
+            kinds[4].2.push(i);
+        }
         kinds[kind].1.push(row);
         kinds[kind].2.push(i);
     }
@@ -118,6 +130,9 @@ pub(super) async fn settle<'c>(
             .fetch_all(&mut *tx)
             .await?;
         changed += settled.len() as u64;
+        if sql == RETURN_LEASE {
+            continue; // nothing recorded: the history is the new timer's
+        }
         // A key given twice changes once, by one of its rows (SQLite does not say which); its
         // history entry is the first's.
         let claimed: HashMap<&TimerKey, usize> =

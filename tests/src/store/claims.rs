@@ -8,8 +8,8 @@ use timer_core::{
 };
 
 use super::{
-    at, cancel, claim, claim_all_concurrently, fail, history, ids, mark_reached, next_due, put,
-    release, row, schedule_and_claim, scheduled_count, state_of, timer, T0, T0_MS,
+    at, cancel, claim, claim_all_concurrently, fail, history, ids, kinds, mark_reached, next_due,
+    put, release, row, schedule_and_claim, scheduled_count, state_of, timer, T0, T0_MS,
 };
 
 pub async fn no_refire_after_reached(store: Arc<dyn Store>) {
@@ -156,6 +156,32 @@ pub async fn release_keeps_attempts_and_last_error(store: Arc<dyn Store>) {
     // A release by someone who does not hold the lease changes nothing.
     release(s, &again, "stranger", retry_at, Some("x")).await;
     assert_eq!(row(s, "t", "a").await.attempts, 2);
+}
+
+/// A failed publish of a timer rescheduled while it fired gives the lease back, and nothing
+/// more: the new due time is not pushed back by the old fire's backoff, and the old fire's
+/// failure is not counted against (nor recorded in the history of) what is now another timer.
+pub async fn a_failed_fire_of_a_rescheduled_timer_leaves_the_new_one_alone(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    let claimed = schedule_and_claim(s, timer("t", "a", T0_MS), "i1", T0_MS + 30_000).await;
+    let moved = T0_MS + 100;
+    put(s, &[timer("t", "a", moved)], at(T0_MS + 1)).await;
+    let backoff = at(T0_MS + 60_000);
+    assert_eq!(
+        release(s, &claimed, "i1", backoff, Some("broker down")).await,
+        1
+    );
+    let got = row(s, "t", "a").await;
+    assert_eq!((got.attempts, got.last_error), (0, None));
+    assert_eq!(next_due(s).await, Some(at(moved)));
+    let again = claim(s, at(moved), 10, "i2", moved + 30_000).await;
+    assert_eq!(ids(&again), ["a"]);
+    assert_eq!(again[0].attempts, 0);
+    assert!(
+        !kinds(&history(s, "a").await).contains(&"publish_failed".to_owned()),
+        "{:?}",
+        history(s, "a").await
+    );
 }
 
 pub async fn release_without_error_keeps_attempts(store: Arc<dyn Store>) {

@@ -35,12 +35,13 @@ pub use actions::{
 pub use allowances::shared_allowances_are_one_budget_for_every_instance;
 pub use cancels::{cancel_outcomes, cancel_while_leased_is_refused};
 pub use claims::{
-    a_claim_ahead_takes_first_due_times_only, claim_is_exclusive_under_concurrency,
-    claim_takes_oldest_first_up_to_limit, expired_lease_makes_row_claimable,
-    fail_marks_failed_for_the_lease_holder_only, next_due_at_tracks_claimable_rows,
-    no_refire_after_reached, one_settle_applies_each_claims_own_settlement,
-    release_keeps_attempts_and_last_error, release_without_error_keeps_attempts,
-    reschedule_while_firing_keeps_timer_scheduled,
+    a_claim_ahead_takes_first_due_times_only,
+    a_failed_fire_of_a_rescheduled_timer_leaves_the_new_one_alone,
+    claim_is_exclusive_under_concurrency, claim_takes_oldest_first_up_to_limit,
+    expired_lease_makes_row_claimable, fail_marks_failed_for_the_lease_holder_only,
+    next_due_at_tracks_claimable_rows, no_refire_after_reached,
+    one_settle_applies_each_claims_own_settlement, release_keeps_attempts_and_last_error,
+    release_without_error_keeps_attempts, reschedule_while_firing_keeps_timer_scheduled,
 };
 pub use fairness::{
     a_claim_in_a_backlog_shares_the_batch_between_tenants,
@@ -122,6 +123,7 @@ pub fn checks() -> Vec<Check<Arc<dyn Store>>> {
         expired_lease_makes_row_claimable,
         release_keeps_attempts_and_last_error,
         release_without_error_keeps_attempts,
+        a_failed_fire_of_a_rescheduled_timer_leaves_the_new_one_alone,
         reschedule_while_firing_keeps_timer_scheduled,
         next_due_at_tracks_claimable_rows,
         cancel_outcomes,
