@@ -329,7 +329,8 @@ async fn oversized_post(service: &Service) -> (u16, String) {
     let mut conn = tokio::net::TcpStream::connect(service.addr)
         .await
         .expect("connect");
-    let request = "POST /v1/timers HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n\
+    let request =
+        "POST /v1/timers HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
                    Connection: close\r\nContent-Length: 10000000\r\n\r\n";
     conn.write_all(request.as_bytes()).await.expect("write");
     let mut answer = Vec::new();
@@ -924,6 +925,12 @@ async fn requests_another_sites_page_makes_a_browser_send_are_refused() {
     );
     let (status, _) = service.get("/v1/tenants/acme/timers/forged").await;
     assert_eq!(status, 404, "nothing of a refused request is stored");
+    let log = service.log_text();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("api write") && l.contains("cross_site")),
+        "the refused write is audited:\n{log}"
+    );
     // The dashboard's own page, and a client that sends no Origin.
     let own = http
         .post(&url)

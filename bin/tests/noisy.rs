@@ -169,7 +169,8 @@ async fn flood_the_commands(service: &Service) {
 async fn stall_an_event_stream(service: &Service) {
     const N: usize = 400;
     let mut stalled = TcpStream::connect(service.addr).await.expect("connect");
-    let request = "GET /v1/events?tenant=hoarder HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n";
+    let request =
+        "GET /v1/events?tenant=hoarder HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
     stalled.write_all(request.as_bytes()).await.expect("send");
     let payload = json!({ "blob": "x".repeat(60 * 1024) });
     let due = now_ms() + 1_000;
@@ -207,7 +208,7 @@ async fn hold_connections_with_slow_headers(service: &Service) {
     for _ in 0..40 {
         let mut stream = TcpStream::connect(service.addr).await.expect("connect");
         stream
-            .write_all(b"GET /v1/status HTTP/1.1\r\nHost: t\r\nX-Slow: ")
+            .write_all(b"GET /v1/status HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")
             .await
             .expect("send");
         slow.push(stream);

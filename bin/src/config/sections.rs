@@ -48,7 +48,9 @@ pub struct HttpConfig {
     /// 403 `host_not_allowed`, so that a web page whose site points a DNS name at this address
     /// cannot reach the API (DNS rebinding). Loopback addresses and `localhost` are always
     /// allowed. Unset: only those when `http.addr` is a loopback address, any name otherwise;
-    /// `[]`: any name. `/healthz`, `/readyz`, `/metrics` and `/ui/` answer any.
+    /// `[]`: any name. A write from a web page is taken when its `Origin` is the request's host
+    /// or one of these names (behind a proxy that sends another `Host`, list the public one).
+    /// `/healthz`, `/readyz`, `/metrics` and `/ui/` answer any host.
     pub allowed_hosts: Option<Vec<String>>,
     /// Serve the web dashboard at `/ui/` (its files are in the binary; it reads and steers
     /// timers through the API, with the same token). `false` leaves `/ui/` unrouted (404).
@@ -69,7 +71,8 @@ pub struct HttpConfig {
     #[serde(with = "duration")]
     #[schemars(with = "String")]
     pub header_read_timeout: Duration,
-    /// Most `GET /v1/events` streams open at once; one more is answered 503. At least 1.
+    /// Most `GET /v1/events` streams open at once; one more is answered 503. At least 1, and
+    /// less than `http.max_connections` (streams held open must leave room for `/healthz`).
     pub max_event_streams: usize,
     /// Most of them one key (a key of `http.keys`, `http.token`, one JWT subject) may have open
     /// at once; one more is answered 503, so one tenant's key cannot take every stream. With

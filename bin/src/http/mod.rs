@@ -93,17 +93,18 @@ pub fn routes(
             Arc::new(config.limits.clone()),
             params::check_path_ids,
         ))
-        .layer(axum::middleware::from_fn_with_state(auth, auth::guard))
-        // Outside the guard: a refused request is traced too.
-        .layer(axum::middleware::from_fn(traced::traced))
-        // Before anything: what another site's page makes a browser send is never served.
+        // Before any handler, inside the guard: a write another site's page made a browser
+        // send is refused, and audited as refused.
         .layer(axum::middleware::from_fn_with_state(
             Arc::new(site::Hosts::of(
                 config.http.allowed_hosts.as_deref(),
                 config.http.addr.ip().is_loopback(),
             )),
             site::guard,
-        ));
+        ))
+        .layer(axum::middleware::from_fn_with_state(auth, auth::guard))
+        // Outside the guard: a refused request is traced too.
+        .layer(axum::middleware::from_fn(traced::traced));
     // Health and metrics stay open: probes and scrapers carry no token.
     let open = OpenApiRouter::new()
         .routes(routes!(health::healthz))

@@ -55,6 +55,16 @@ impl Hosts {
             Hosts::Named(names) => names.iter().any(|n| n == name) || loopback(),
         }
     }
+
+    /// Whether a page of `origin` is one of the names listed in `http.allowed_hosts`: behind a
+    /// reverse proxy that sends its own `Host` upstream, the dashboard's pages come from the
+    /// public name the operator listed there.
+    fn lists_origin(&self, origin: &str) -> bool {
+        let Hosts::Named(names) = self else {
+            return false;
+        };
+        origin_of(origin).is_some_and(|(host, _)| names.contains(&host))
+    }
 }
 
 /// The host name and port a request was sent to: its URI's authority (HTTP/2), else its `Host`
@@ -77,18 +87,29 @@ fn target(request: &Request) -> Option<(String, Option<u16>)> {
     Some((name.to_ascii_lowercase(), authority.port_u16()))
 }
 
-/// Whether the page of `origin` (`scheme://host[:port]`) is of the site the request was sent
-/// to (`name`, `port`; a port left out is the origin scheme's default).
+/// The host name of `origin` (`scheme://host[:port]`), lowercase, an IPv6 address without
+/// brackets, with its port (the scheme's default when it names none).
+fn origin_of(origin: &str) -> Option<(String, Option<u16>)> {
+    let origin = url::Url::parse(origin).ok()?;
+    let host = origin
+        .host_str()?
+        .trim_start_matches('[')
+        .trim_end_matches(']');
+    Some((host.to_ascii_lowercase(), origin.port_or_known_default()))
+}
+
+/// Whether the page of `origin` is of the site the request was sent to (`name`, `port`; a
+/// `Host` without a port names the default port of the origin's scheme).
 fn same_site(origin: &str, name: &str, port: Option<u16>) -> bool {
-    let Ok(origin) = url::Url::parse(origin) else {
+    let Some((host, origin_port)) = origin_of(origin) else {
         return false;
     };
-    let Some(host) = origin.host_str() else {
-        return false;
+    let default = match origin.split_once("://").map(|(scheme, _)| scheme) {
+        Some(scheme) if scheme.eq_ignore_ascii_case("https") => Some(443),
+        Some(scheme) if scheme.eq_ignore_ascii_case("http") => Some(80),
+        _ => None,
     };
-    let host = host.trim_start_matches('[').trim_end_matches(']');
-    host.eq_ignore_ascii_case(name)
-        && port.or(origin.port_or_known_default()) == origin.port_or_known_default()
+    host == name && port.or(default) == origin_port
 }
 
 /// The middleware (see the module's text).
@@ -114,7 +135,7 @@ pub async fn guard(State(hosts): State<Arc<Hosts>>, request: Request, next: Next
         let own = target
             .as_ref()
             .is_some_and(|(name, port)| same_site(origin, name, *port));
-        if !own {
+        if !own && !hosts.lists_origin(origin) {
             let message = format!(
                 "a write from a web page of another site (Origin {origin}) is refused: the API \
                  takes writes from its own pages and from clients that send no Origin"
@@ -169,5 +190,21 @@ mod tests {
         assert!(!same_site("http://127.0.0.1:9999", "127.0.0.1", Some(8080)));
         assert!(!same_site("https://evil.example", "127.0.0.1", Some(8080)));
         assert!(!same_site("null", "127.0.0.1", Some(8080)));
+        // A Host without a port is the scheme's default port, not any port.
+        assert!(same_site("http://localhost", "localhost", None));
+        assert!(!same_site("http://localhost:3000", "localhost", None));
+        assert!(!same_site(
+            "https://timers.example.com:8443",
+            "timers.example.com",
+            None
+        ));
+    }
+
+    #[test]
+    fn an_origin_among_the_allowed_hosts_may_write() {
+        let named = Hosts::of(Some(&["timers.example.com".to_owned()]), true);
+        assert!(named.lists_origin("https://Timers.Example.com"));
+        assert!(!named.lists_origin("https://evil.example"));
+        assert!(!Hosts::of(None, true).lists_origin("http://localhost:3000"));
     }
 }
