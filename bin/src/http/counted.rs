@@ -163,7 +163,10 @@ pub struct Cached<T> {
 }
 
 struct Slot<T> {
+    /// The last count, from when it started.
     last: Option<(Instant, Arc<T>)>,
+    /// When `last` was kept (its count ended).
+    kept_at: Option<Instant>,
     refreshing: bool,
 }
 
@@ -174,6 +177,7 @@ impl<T: Send + Sync + 'static> Cached<T> {
             what,
             slot: Mutex::new(Slot {
                 last: None,
+                kept_at: None,
                 refreshing: false,
             }),
             counting: Arc::new(tokio::sync::Mutex::new(())),
@@ -207,9 +211,12 @@ impl<T: Send + Sync + 'static> Cached<T> {
             }
             return Ok(last);
         }
+        let asked = Instant::now();
         let turn = Arc::clone(&self.counting).lock_owned().await;
-        // Another reader may have counted while this one waited for its turn.
-        if let Some(last) = self.young() {
+        // Another reader may have counted while this one waited for its turn: that count is
+        // this reader's too, however long it took (one longer than `max_age` is not young any
+        // more when it ends, and would otherwise never serve anyone).
+        if let Some(last) = self.young().or_else(|| self.kept_since(asked)) {
             return Ok(last);
         }
         // In a task of its own, which keeps the turn: a reader that gives up (its request
@@ -258,7 +265,17 @@ impl<T: Send + Sync + 'static> Cached<T> {
         let mut slot = self.slot();
         if slot.last.as_ref().is_none_or(|(taken, _)| *taken < started) {
             slot.last = Some((started, Arc::clone(value)));
+            slot.kept_at = Some(Instant::now());
         }
+    }
+
+    /// The last count if it ended after `asked` (never with a maximum age of zero: every
+    /// reader counts).
+    fn kept_since(&self, asked: Instant) -> Option<Arc<T>> {
+        let slot = self.slot();
+        let kept_at = slot.kept_at?;
+        let (_, last) = slot.last.as_ref()?;
+        (kept_at > asked && !self.max_age.is_zero()).then(|| Arc::clone(last))
     }
 
     fn young(&self) -> Option<Arc<T>> {
