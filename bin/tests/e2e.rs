@@ -959,60 +959,78 @@ async fn requests_another_sites_page_makes_a_browser_send_are_refused() {
     service.terminate().await;
 }
 
-/// A write whose client went away before its answer still leaves its audit line: a bulk cancel
-/// sent over a socket closed right after the request goes on in its own task, and is audited
-/// (`client_gone`: the answer never went out).
+/// A write whose client went away before its answer still leaves its audit line, outcome
+/// `unanswered`: of two bulk cancels of one tenant, one is refused at once (409) and the other
+/// runs, held by another writer on the SQLite file; its client then leaves.
 #[tokio::test]
 async fn a_write_whose_client_went_away_is_audited() {
-    use tokio::io::AsyncWriteExt;
+    use sqlx::Connection;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let dir = tempfile::tempdir().expect("tempdir");
     let service = Service::start(Path::new(BIN), dir.path(), &embedded(dir.path(), &[])).await;
-    let far = now_ms() + 3_600_000;
-    for batch in 0..10 {
-        let commands: Vec<String> = (0..1_000)
-            .map(|i| command("acme", &format!("b-{batch}-{i}"), far).to_string())
-            .collect();
-        let (status, v) = service
-            .post("/v1/timers/batch", batch_body(&commands))
-            .await;
-        assert_eq!(status, 200, "{v}");
-    }
-    let body = r#"{"action":"cancel"}"#;
-    let address = service.addr.to_string();
-    let mut socket = tokio::net::TcpStream::connect(&address)
+    let (status, _) = service
+        .post("/v1/timers", command("acme", "a-1", now_ms() + 3_600_000))
+        .await;
+    assert_eq!(status, 201);
+    let url = format!("sqlite://{}", dir.path().join("timers.db").display());
+    let mut other = sqlx::SqliteConnection::connect(&url)
         .await
-        .expect("a connection to the service");
+        .expect("connect");
+    let lock = other
+        .begin_with("BEGIN IMMEDIATE")
+        .await
+        .expect("the write lock");
+    let address = service.addr.to_string();
+    let body = r#"{"action":"cancel"}"#;
     let request = format!(
         "POST /v1/tenants/acme/timers/bulk HTTP/1.1\r\nHost: {address}\r\n\
-         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+         Content-Type: application/json\r\nConnection: close\r\n\
+         Content-Length: {}\r\n\r\n{body}",
         body.len()
     );
-    socket
-        .write_all(request.as_bytes())
-        .await
-        .expect("the request sent");
-    // Gone while the action runs: once its first page is cancelled.
-    wait_for(Duration::from_secs(30), || async {
-        let (_, v) = service
-            .get("/v1/tenants/acme/timers?state=cancelled&limit=1")
-            .await;
-        v["timers"]
-            .as_array()
-            .is_some_and(|t| !t.is_empty())
-            .then_some(())
+    let send = || {
+        let (address, request) = (address.clone(), request.clone());
+        tokio::spawn(async move {
+            let mut socket = tokio::net::TcpStream::connect(&address)
+                .await
+                .expect("a connection to the service");
+            socket
+                .write_all(request.as_bytes())
+                .await
+                .expect("the request sent");
+            let mut answer = Vec::new();
+            let _ = socket.read_to_end(&mut answer).await;
+            String::from_utf8_lossy(&answer).into_owned()
+        })
+    };
+    let (first, second) = (send(), send());
+    let finished = wait_for(Duration::from_secs(30), || async {
+        (first.is_finished() || second.is_finished()).then_some(())
     })
-    .await
-    .unwrap_or_else(|| service.fail("the bulk cancel did not start"));
-    drop(socket);
-    let audited = wait_for(Duration::from_secs(60), || async {
+    .await;
+    assert!(finished.is_some(), "neither bulk cancel was refused");
+    let (refused, running) = if first.is_finished() {
+        (first, second)
+    } else {
+        (second, first)
+    };
+    let refused = refused.await.expect("the refused request");
+    assert!(
+        refused.contains("409") && refused.contains("bulk_running"),
+        "{refused}"
+    );
+    // The running one's client goes away while the store holds it.
+    running.abort();
+    let audited = wait_for(Duration::from_secs(30), || async {
         let log = service.log_text();
         log.lines()
-            .find(|l| l.contains("api write") && l.contains("bulk"))
+            .find(|l| l.contains("api write") && l.contains("bulk") && l.contains("unanswered"))
             .map(str::to_owned)
     })
-    .await
-    .unwrap_or_else(|| service.fail("no audit line of the bulk cancel"));
-    println!("{audited}");
+    .await;
+    lock.rollback().await.expect("the lock released");
+    let audited = audited.unwrap_or_else(|| service.fail("no audit line of the bulk cancel"));
+    assert!(!audited.contains("status="), "{audited}");
     service.terminate().await;
 }
 

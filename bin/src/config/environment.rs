@@ -28,10 +28,17 @@ fn service_link(key: &str, value: &str) -> bool {
             .iter()
             .any(|scheme| value.to_ascii_lowercase().starts_with(scheme))
     };
+    // `<NAME>_SERVICE_PORT_<PORT NAME>`: a named port of the Service, whose name may have had
+    // dashes (`http-api`: `…_SERVICE_PORT_HTTP_API`).
+    let named_port = words
+        .windows(2)
+        .skip(1)
+        .any(|pair| pair == ["service", "port"]);
+    if named_port && number(value) {
+        return true;
+    }
     match words.as_slice() {
         [_, .., "service", "host"] => address(),
-        // The Service's port, or one of its named ports.
-        [_, .., "service", "port"] | [_, .., "service", "port", _] if number(value) => true,
         [_, .., "port", p, proto, "port"] => number(p) && protocol(proto) && number(value),
         [_, .., "port", p, proto, "proto"] => {
             number(p) && protocol(proto) && protocol(&value.to_ascii_lowercase())

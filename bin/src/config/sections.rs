@@ -75,8 +75,8 @@ pub struct HttpConfig {
     /// less than `http.max_connections` (streams held open must leave room for `/healthz`).
     pub max_event_streams: usize,
     /// Most of them one key (a key of `http.keys`, `http.token`, one JWT subject) may have open
-    /// at once; one more is answered 503, so one tenant's key cannot take every stream. With
-    /// authentication only (without it every caller is one). At least 1.
+    /// at once; one more is answered 503, so one tenant's key cannot take every stream. Only
+    /// with several keys or JWTs (without, every caller is one). At least 1.
     pub max_event_streams_per_key: usize,
     /// How many bytes of events one event stream may have waiting for its client. A client
     /// that reads slower than its events come is sent `lagged` (how many of its events it

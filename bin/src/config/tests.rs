@@ -205,6 +205,7 @@ fn kubernetes_service_links_are_not_keys() {
             ("TIMER_SERVICE_SERVICE_HOST", "10.96.0.12"),
             ("TIMER_SERVICE_SERVICE_PORT", "8080"),
             ("TIMER_SERVICE_SERVICE_PORT_HTTP", "8080"),
+            ("TIMER_SERVICE_SERVICE_PORT_HTTP_API", "8081"),
             ("TIMER_SERVICE_PORT", "tcp://10.96.0.12:8080"),
             ("TIMER_SERVICE_PORT_8080_TCP", "tcp://10.96.0.12:8080"),
             ("TIMER_SERVICE_PORT_8080_TCP_PROTO", "tcp"),

@@ -74,8 +74,12 @@ pub async fn events(
         check_id(tenant.clone(), "tenant", app.engine.limits())?;
         caller.need_tenant(tenant, Some("tenant"))?;
     }
-    // Counted by key only with authentication: without it every caller is one.
-    let key = app.auth.is_some().then_some(&caller.name);
+    // Counted by key only where there are keys to tell apart.
+    let key = app
+        .auth
+        .as_ref()
+        .filter(|auth| auth.tells_apart())
+        .map(|_| &caller.name);
     let open = app.streams.open(key).map_err(|full| {
         let message = match full {
             StreamsFull::All => format!(

@@ -94,7 +94,7 @@ pub async fn guard(
 }
 
 /// The audit line of a write whose client went away before it was answered (the request's
-/// future was dropped), with outcome `client_gone`: it may have been done or not (a bulk
+/// future was dropped), with outcome `unanswered`: it may have been done or not (a bulk
 /// action goes on in a task of its own).
 struct Unanswered<'a> {
     key: &'a str,
@@ -112,7 +112,7 @@ impl Drop for Unanswered<'_> {
             tenant = self.tenant,
             action = action(self.method, self.path),
             id = self.id,
-            outcome = "client_gone",
+            outcome = "unanswered",
             "api write"
         );
     }

@@ -178,6 +178,12 @@ fn parse_hash(hex: &str) -> Option<[u8; 32]> {
 }
 
 impl Auth {
+    /// Whether callers come with different names (several keys, or JWTs): with `http.token`
+    /// alone every caller is one.
+    pub fn tells_apart(&self) -> bool {
+        self.keys.len() > 1 || self.jwt.is_some()
+    }
+
     /// The checker for `http`'s keys, token and JWT settings; `None` when none is set (the API is
     /// open). Errors name the key that is wrong, never its value.
     pub fn from_config(http: &HttpConfig) -> Result<Option<Auth>, Error> {
