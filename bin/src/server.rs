@@ -12,7 +12,7 @@ use timer_brokers::memory::MemoryHub;
 use timer_core::engine::metric;
 use timer_core::{Engine, Error, SystemClock};
 use tokio_util::sync::CancellationToken;
-use tracing::{error, info};
+use tracing::{error, info, warn};
 
 use crate::config::{Config, LogFormat};
 use crate::http::auth::Auth;
@@ -180,8 +180,24 @@ fn init_metrics() -> anyhow::Result<PrometheusHandle> {
     Ok(handle)
 }
 
-/// Cancels `shutdown` on SIGINT or SIGTERM.
+/// Cancels `shutdown` on SIGINT or SIGTERM; a second one ends the process at once (exit code
+/// 128 + the signal's number), as a shutdown waiting for a stuck store or request would
+/// otherwise wait for it: nothing is lost (what was being fired fires again when its lease
+/// ends, commands not acknowledged are delivered again).
 async fn signal(shutdown: CancellationToken) {
+    let first = next_signal().await;
+    info!("{}: shutting down (send it again to stop at once)", first.0);
+    shutdown.cancel();
+    let (name, code) = next_signal().await;
+    warn!(
+        "{name} again: stopping at once; timers being fired fire again when their leases end, \
+         and commands not yet acknowledged are delivered again"
+    );
+    std::process::exit(code);
+}
+
+/// The next SIGINT or SIGTERM: its name and the exit code it ends a process with.
+async fn next_signal() -> (&'static str, i32) {
     let ctrl_c = async {
         if tokio::signal::ctrl_c().await.is_err() {
             std::future::pending::<()>().await;
@@ -199,10 +215,9 @@ async fn signal(shutdown: CancellationToken) {
     #[cfg(not(unix))]
     let term = std::future::pending::<()>();
     tokio::select! {
-        _ = ctrl_c => info!("SIGINT: shutting down"),
-        _ = term => info!("SIGTERM: shutting down"),
+        _ = ctrl_c => ("SIGINT", 130),
+        _ = term => ("SIGTERM", 143),
     }
-    shutdown.cancel();
 }
 /// This build: the release and the git revision (`bin/build.rs`), as the instance list shows it.
 pub fn this_release() -> timer_core::Release {

@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 use timer_conformance::e2e::{
     assert_reached, count_by_key, drained, due_ms, freeze_holding_leases, lateness_at_reader,
     lateness_ms, now_ms, on_time, percentiles, recovered_after, run_to_end, schedule as command,
-    Service,
+    signal, Service,
 };
 use timer_conformance::wait_for;
 use timer_core::{Store, TimerKey};
@@ -1032,6 +1032,63 @@ async fn a_write_whose_client_went_away_is_audited() {
     let audited = audited.unwrap_or_else(|| service.fail("no audit line of the bulk cancel"));
     assert!(!audited.contains("status="), "{audited}");
     service.terminate().await;
+}
+
+/// A second SIGTERM stops the service at once: the first waits for the requests in flight, here
+/// a bulk action held by another writer on the SQLite file (for as long as it holds it).
+#[tokio::test]
+async fn a_second_signal_stops_the_service_at_once() {
+    use sqlx::Connection;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let env = embedded(dir.path(), &[("TIMER_STORE__BUSY_TIMEOUT", "120s")]);
+    let mut service = Service::start(Path::new(BIN), dir.path(), &env).await;
+    let (status, _) = service
+        .post("/v1/timers", command("acme", "a-1", now_ms() + 3_600_000))
+        .await;
+    assert_eq!(status, 201);
+    let url = format!("sqlite://{}", dir.path().join("timers.db").display());
+    let mut other = sqlx::SqliteConnection::connect(&url)
+        .await
+        .expect("connect");
+    let lock = other
+        .begin_with("BEGIN IMMEDIATE")
+        .await
+        .expect("the write lock");
+    let bulk = || {
+        let (http, base) = (service.http.clone(), service.base.clone());
+        tokio::spawn(async move {
+            let answer = http
+                .post(format!("{base}/v1/tenants/acme/timers/bulk"))
+                .body(r#"{"action":"pause"}"#)
+                .send()
+                .await;
+            answer.map(|a| a.status().as_u16()).unwrap_or(0)
+        })
+    };
+    // One of two is refused at once: the other is in flight, waiting for the store.
+    let (first, second) = (bulk(), bulk());
+    let refused = wait_for(Duration::from_secs(30), || async {
+        (first.is_finished() || second.is_finished()).then_some(())
+    })
+    .await;
+    assert!(refused.is_some(), "neither bulk action was refused");
+    signal(service.pid(), "-TERM").await;
+    wait_for(Duration::from_secs(30), || async {
+        service.log_text().contains("shutting down").then_some(())
+    })
+    .await
+    .unwrap_or_else(|| service.fail("the first SIGTERM was not heard"));
+    assert!(
+        service
+            .exited_within(Duration::from_millis(500))
+            .await
+            .is_err(),
+        "the first SIGTERM waits for the request in flight"
+    );
+    signal(service.pid(), "-TERM").await;
+    let exit = service.exited_within(Duration::from_secs(10)).await;
+    lock.rollback().await.expect("the lock released");
+    assert_eq!(exit, Ok(Some(143)), "{}", service.log_text());
 }
 
 /// One bulk action at a time per tenant: while one runs (held here by another writer on the

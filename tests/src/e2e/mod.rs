@@ -199,6 +199,15 @@ impl Service {
         let _ = self.child.wait().await;
     }
 
+    /// Waits up to `within` for the process to end by itself: its exit code (`None` when a
+    /// signal ended it), or `Err` when it still runs.
+    pub async fn exited_within(&mut self, within: Duration) -> Result<Option<i32>, ()> {
+        match tokio::time::timeout(within, self.child.wait()).await {
+            Ok(exit) => Ok(exit.expect("wait").code()),
+            Err(_) => Err(()),
+        }
+    }
+
     /// SIGTERM, then waits for exit; returns the exit code.
     pub async fn terminate(mut self) -> Option<i32> {
         signal(self.pid(), "-TERM").await;
