@@ -959,29 +959,29 @@ async fn requests_another_sites_page_makes_a_browser_send_are_refused() {
     service.terminate().await;
 }
 
-/// A write whose client went away before its answer still leaves its audit line, outcome
-/// `unanswered`: of two bulk cancels of one tenant, one is refused at once (409) and the other
-/// runs, held by another writer on the SQLite file; its client then leaves.
-#[tokio::test]
-async fn a_write_whose_client_went_away_is_audited() {
+/// Another writer on the service's SQLite file in `dir`, holding its write lock until dropped
+/// (or rolled back): the service's writes wait for it, up to `store.busy_timeout`.
+async fn sqlite_write_lock(dir: &Path) -> sqlx::SqliteConnection {
     use sqlx::Connection;
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let dir = tempfile::tempdir().expect("tempdir");
-    let service = Service::start(Path::new(BIN), dir.path(), &embedded(dir.path(), &[])).await;
-    let (status, _) = service
-        .post("/v1/timers", command("acme", "a-1", now_ms() + 3_600_000))
-        .await;
-    assert_eq!(status, 201);
-    let url = format!("sqlite://{}", dir.path().join("timers.db").display());
+    let url = format!("sqlite://{}", dir.join("timers.db").display());
     let mut other = sqlx::SqliteConnection::connect(&url)
         .await
         .expect("connect");
-    let lock = other
-        .begin_with("BEGIN IMMEDIATE")
+    sqlx::query("BEGIN IMMEDIATE")
+        .execute(&mut other)
         .await
         .expect("the write lock");
+    other
+}
+
+/// A bulk pause of tenant `acme` (which has a timer) in flight, waiting for the store's write
+/// lock (held by the caller): two are sent over sockets of their own, one is refused at once
+/// (409 `bulk_running`, checked here), and the other is returned, its answer to come when the
+/// lock is released. Aborting it closes its socket.
+async fn a_bulk_action_in_flight(service: &Service) -> tokio::task::JoinHandle<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let address = service.addr.to_string();
-    let body = r#"{"action":"cancel"}"#;
+    let body = r#"{"action":"pause"}"#;
     let request = format!(
         "POST /v1/tenants/acme/timers/bulk HTTP/1.1\r\nHost: {address}\r\n\
          Content-Type: application/json\r\nConnection: close\r\n\
@@ -1008,7 +1008,7 @@ async fn a_write_whose_client_went_away_is_audited() {
         (first.is_finished() || second.is_finished()).then_some(())
     })
     .await;
-    assert!(finished.is_some(), "neither bulk cancel was refused");
+    assert!(finished.is_some(), "neither bulk action was refused");
     let (refused, running) = if first.is_finished() {
         (first, second)
     } else {
@@ -1019,7 +1019,21 @@ async fn a_write_whose_client_went_away_is_audited() {
         refused.contains("409") && refused.contains("bulk_running"),
         "{refused}"
     );
-    // The running one's client goes away while the store holds it.
+    running
+}
+
+/// A write whose client went away before its answer still leaves its audit line, outcome
+/// `unanswered`: a bulk action held by another writer on the SQLite file, whose client leaves.
+#[tokio::test]
+async fn a_write_whose_client_went_away_is_audited() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let service = Service::start(Path::new(BIN), dir.path(), &embedded(dir.path(), &[])).await;
+    let (status, _) = service
+        .post("/v1/timers", command("acme", "a-1", now_ms() + 3_600_000))
+        .await;
+    assert_eq!(status, 201);
+    let lock = sqlite_write_lock(dir.path()).await;
+    let running = a_bulk_action_in_flight(&service).await;
     running.abort();
     let audited = wait_for(Duration::from_secs(30), || async {
         let log = service.log_text();
@@ -1028,8 +1042,8 @@ async fn a_write_whose_client_went_away_is_audited() {
             .map(str::to_owned)
     })
     .await;
-    lock.rollback().await.expect("the lock released");
-    let audited = audited.unwrap_or_else(|| service.fail("no audit line of the bulk cancel"));
+    drop(lock);
+    let audited = audited.unwrap_or_else(|| service.fail("no audit line of the bulk action"));
     assert!(!audited.contains("status="), "{audited}");
     service.terminate().await;
 }
@@ -1038,7 +1052,6 @@ async fn a_write_whose_client_went_away_is_audited() {
 /// a bulk action held by another writer on the SQLite file (for as long as it holds it).
 #[tokio::test]
 async fn a_second_signal_stops_the_service_at_once() {
-    use sqlx::Connection;
     let dir = tempfile::tempdir().expect("tempdir");
     let env = embedded(dir.path(), &[("TIMER_STORE__BUSY_TIMEOUT", "120s")]);
     let mut service = Service::start(Path::new(BIN), dir.path(), &env).await;
@@ -1046,32 +1059,8 @@ async fn a_second_signal_stops_the_service_at_once() {
         .post("/v1/timers", command("acme", "a-1", now_ms() + 3_600_000))
         .await;
     assert_eq!(status, 201);
-    let url = format!("sqlite://{}", dir.path().join("timers.db").display());
-    let mut other = sqlx::SqliteConnection::connect(&url)
-        .await
-        .expect("connect");
-    let lock = other
-        .begin_with("BEGIN IMMEDIATE")
-        .await
-        .expect("the write lock");
-    let bulk = || {
-        let (http, base) = (service.http.clone(), service.base.clone());
-        tokio::spawn(async move {
-            let answer = http
-                .post(format!("{base}/v1/tenants/acme/timers/bulk"))
-                .body(r#"{"action":"pause"}"#)
-                .send()
-                .await;
-            answer.map(|a| a.status().as_u16()).unwrap_or(0)
-        })
-    };
-    // One of two is refused at once: the other is in flight, waiting for the store.
-    let (first, second) = (bulk(), bulk());
-    let refused = wait_for(Duration::from_secs(30), || async {
-        (first.is_finished() || second.is_finished()).then_some(())
-    })
-    .await;
-    assert!(refused.is_some(), "neither bulk action was refused");
+    let lock = sqlite_write_lock(dir.path()).await;
+    let _running = a_bulk_action_in_flight(&service).await;
     signal(service.pid(), "-TERM").await;
     wait_for(Duration::from_secs(30), || async {
         service.log_text().contains("shutting down").then_some(())
@@ -1087,7 +1076,7 @@ async fn a_second_signal_stops_the_service_at_once() {
     );
     signal(service.pid(), "-TERM").await;
     let exit = service.exited_within(Duration::from_secs(10)).await;
-    lock.rollback().await.expect("the lock released");
+    drop(lock);
     assert_eq!(exit, Ok(Some(143)), "{}", service.log_text());
 }
 
@@ -1095,7 +1084,6 @@ async fn a_second_signal_stops_the_service_at_once() {
 /// SQLite file), a second of that tenant is answered 409 `bulk_running`; another tenant's is not.
 #[tokio::test]
 async fn a_tenant_runs_one_bulk_action_at_a_time() {
-    use sqlx::Connection;
     let dir = tempfile::tempdir().expect("tempdir");
     let service = Service::start(Path::new(BIN), dir.path(), &embedded(dir.path(), &[])).await;
     let far = now_ms() + 3_600_000;
@@ -1105,55 +1093,24 @@ async fn a_tenant_runs_one_bulk_action_at_a_time() {
             201
         );
     }
-    let url = format!("sqlite://{}", dir.path().join("timers.db").display());
-    let mut other = sqlx::SqliteConnection::connect(&url)
-        .await
-        .expect("connect");
-    let lock = other
-        .begin_with("BEGIN IMMEDIATE")
-        .await
-        .expect("the write lock");
-    let bulk = |tenant: &'static str| {
+    let lock = sqlite_write_lock(dir.path()).await;
+    // One of acme's two is refused at once (checked there); the other waits for the lock.
+    let running = a_bulk_action_in_flight(&service).await;
+    let globex = {
         let (http, base) = (service.http.clone(), service.base.clone());
         tokio::spawn(async move {
-            let answer = http
-                .post(format!("{base}/v1/tenants/{tenant}/timers/bulk"))
-                .body(r#"{"action":"pause"}"#)
-                .send()
-                .await
-                .expect("an answer");
-            let status = answer.status().as_u16();
-            (status, answer.json::<Value>().await.unwrap_or_default())
+            let url = format!("{base}/v1/tenants/globex/timers/bulk");
+            let answer = http.post(url).body(r#"{"action":"pause"}"#).send().await;
+            answer.map(|a| a.status().as_u16()).unwrap_or(0)
         })
     };
-    let (first, second, globex) = (bulk("acme"), bulk("acme"), bulk("globex"));
-    // One of acme's two is refused at once; the other waits for the lock, with globex's.
-    let refused = wait_for(Duration::from_secs(10), || async {
-        (first.is_finished() || second.is_finished()).then_some(())
-    })
-    .await;
+    drop(lock);
+    let answer = running.await.expect("acme's running bulk request");
     assert!(
-        refused.is_some(),
-        "neither of acme's bulk actions was refused"
+        answer.starts_with("HTTP/1.1 200") && answer.contains(r#""changed":2"#),
+        "{answer}"
     );
-    assert!(
-        !globex.is_finished(),
-        "globex's waits for the store, not for acme"
-    );
-    lock.rollback().await.expect("the lock released");
-    let mut answers = Vec::new();
-    for task in [first, second] {
-        answers.push(task.await.expect("acme's bulk request"));
-    }
-    answers.sort_by_key(|(status, _)| *status);
-    assert_eq!(answers[0].0, 200, "{answers:?}");
-    assert_eq!(answers[0].1["changed"], 2, "{answers:?}");
-    assert_eq!(
-        (answers[1].0, answers[1].1["error"]["reason"].as_str()),
-        (409, Some("bulk_running")),
-        "{answers:?}"
-    );
-    assert_eq!(globex.await.expect("globex's bulk request").0, 200);
+    assert_eq!(globex.await.expect("globex's bulk request"), 200);
     // Its turn ended with it: the tenant's next bulk action runs.
     let (status, v) = service
         .post("/v1/tenants/acme/timers/bulk", r#"{"action":"resume"}"#)
