@@ -18,7 +18,7 @@ use timer_conformance::e2e::{
 use timer_conformance::proxy::Proxy;
 use timer_conformance::scenarios::{
     an_event_its_destination_refuses_is_retried_alone, commands,
-    delivered_cancelled_and_dead_lettered, envelope, refusing_destination_setup, timers,
+    delivered_cancelled_and_dead_lettered, envelope, fires, refusing_destination_setup, timers,
     BrokerCase, BrokerTraits, Setup,
 };
 use timer_conformance::{check, checks, wait_for, Check};
@@ -722,24 +722,6 @@ async fn a_server_back_without_its_store_gets_the_streams_made_again(case: Arc<B
     .await;
     service.terminate().await;
     setup.clean_up().await;
-}
-
-/// Sends a command due now to the commands stream; fails `service` unless its timer's event
-/// is read from the events stream within 30 s. `after` says when, for the failure.
-async fn fires(client: &dyn TestClient, service: &Service, id: &str, after: &str) {
-    let command = json!({"tenantId": "t", "serviceCallId": id, "dueTimeMs": now_ms()});
-    client
-        .send_command(command.to_string().as_bytes())
-        .await
-        .unwrap_or_else(|e| service.fail(format!("sending a command {after}: {e}")));
-    let fired = wait_for(Duration::from_secs(30), || async {
-        let events = client.events().await.ok()?;
-        timers(&events).contains(&format!("t/{id}")).then_some(())
-    })
-    .await;
-    if fired.is_none() {
-        service.fail(format!("a command sent {after} fired within 30 s"));
-    }
 }
 
 /// A JetStream context of its own on the server of `config`.

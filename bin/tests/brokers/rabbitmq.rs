@@ -5,11 +5,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use timer_brokers::rabbitmq::{sink_queue, RabbitmqConfig, RabbitmqTestClient};
+use timer_brokers::rabbitmq::{
+    declare_sink, delete_topology, sink_queue, RabbitmqConfig, RabbitmqTestClient,
+};
 use timer_conformance::e2e::{now_ms, schedule};
 use timer_conformance::scenarios::{
     an_event_its_destination_refuses_is_retried_alone, delivered_cancelled_and_dead_lettered,
-    refusing_destination_setup, BrokerCase, BrokerTraits, Setup,
+    fires, refusing_destination_setup, BrokerCase, BrokerTraits, Setup,
 };
 use timer_conformance::{checks, wait_for, Check};
 
@@ -40,7 +42,59 @@ pub fn checks() -> Vec<Check<Arc<BrokerCase>>> {
         a_tenant_without_a_bound_queue_does_not_hold_back_the_others,
         a_message_for_a_missing_exchange_is_retried_and_holds_back_no_other,
         a_message_sent_to_the_delay_exchange_arrives_at_its_time,
+        a_topology_the_server_lost_is_declared_again,
     ]
+}
+
+/// The server loses the service's queues and exchanges while it runs (deleted by hand, a node
+/// reset): the service, its consumer cancelled by the server, connects again and declares its
+/// topology as at start; a command sent then is applied and fires, and its event reaches a
+/// queue its consumer bound again (bindings go with their exchange).
+async fn a_topology_the_server_lost_is_declared_again(case: Arc<BrokerCase>) {
+    let setup = Setup::new(&case);
+    let service = setup.start().await;
+    let config = rabbitmq_config(&setup);
+    let client = setup.client().await;
+    fires(client.as_ref(), &service, "before", "before the loss").await;
+    delete_topology(config)
+        .await
+        .expect("delete every queue and exchange");
+    let declared = wait_for(Duration::from_secs(60), || async {
+        queue_exists(config, &config.commands_queue)
+            .await
+            .then_some(())
+    })
+    .await;
+    if declared.is_none() {
+        service.fail("the commands queue was not declared again within 60 s");
+    }
+    declare_sink(config).await.expect("the sink bound again");
+    fires(client.as_ref(), &service, "after", "after the loss").await;
+    service.terminate().await;
+    setup.clean_up().await;
+}
+
+/// Whether `queue` exists on the server of `config` (a passive declare, on a connection of its
+/// own: a missing queue closes the channel).
+async fn queue_exists(config: &RabbitmqConfig, queue: &str) -> bool {
+    let Ok(connection) =
+        lapin::Connection::connect(&config.url, lapin::ConnectionProperties::default()).await
+    else {
+        return false;
+    };
+    let passive = lapin::options::QueueDeclareOptions {
+        passive: true,
+        ..Default::default()
+    };
+    let found = match connection.create_channel().await {
+        Ok(channel) => channel
+            .queue_declare(queue.into(), passive, Default::default())
+            .await
+            .is_ok(),
+        Err(_) => false,
+    };
+    let _ = connection.close(200, "checked".into()).await;
+    found
 }
 
 /// Tenant `a` has no queue bound for its routing key (it unbound it), tenant `b` has one. Their

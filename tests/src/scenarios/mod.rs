@@ -57,7 +57,7 @@ pub use resilience::{
     an_unreachable_server_is_a_one_line_error, service_killed_during_ingest_loses_no_command,
     ten_thousand_timers_survive_a_service_restart_and_a_server_outage,
 };
-pub use setup::{commands, envelope, timers, Setup};
+pub use setup::{commands, envelope, fires, timers, Setup};
 
 /// One broker under test, and the store the service keeps its timers in.
 #[derive(Clone)]

@@ -257,6 +257,24 @@ pub fn timers(events: &[ReadEvent]) -> HashSet<String> {
         .collect()
 }
 
+/// Sends a command through `client` for timer `t/id`, due now, and waits for its event (30 s);
+/// `when` says in the failure when it was sent.
+pub async fn fires(client: &dyn TestClient, service: &Service, id: &str, when: &str) {
+    let command = json!({"tenantId": "t", "serviceCallId": id, "dueTimeMs": crate::e2e::now_ms()});
+    client
+        .send_command(command.to_string().as_bytes())
+        .await
+        .unwrap_or_else(|e| service.fail(format!("sending a command {when}: {e}")));
+    let fired = wait_for(std::time::Duration::from_secs(30), || async {
+        let events = client.events().await.ok()?;
+        timers(&events).contains(&format!("t/{id}")).then_some(())
+    })
+    .await;
+    if fired.is_none() {
+        service.fail(format!("a command sent {when} fired within 30 s"));
+    }
+}
+
 /// `n` commands `<prefix>00000`, ... of tenants `tenant-0` to `tenant-<tenants - 1>`, due evenly
 /// over `spread_ms` from `due_from`.
 pub fn commands(
