@@ -55,10 +55,10 @@ pub struct HttpConfig {
     /// Serve the web dashboard at `/ui/` (its files are in the binary; it reads and steers
     /// timers through the API, with the same token). `false` leaves `/ui/` unrouted (404).
     pub ui: bool,
-    /// How old the counts in `GET /v1/status` and in the first page of `GET /v1/summary` may
-    /// be. Counting reads every timer of a tenant, so the counts are shared by every reader
-    /// and counted again in the background once half this old (`countedAt` in the answers
-    /// says when); `0s` counts for every request.
+    /// How long the counts in `GET /v1/status` and in the first page of `GET /v1/summary` are
+    /// served after their count ended. Counting reads every timer of a tenant, so the counts
+    /// are shared by every reader and counted again in the background once half this old
+    /// (`countedAt` in the answers says when a count started); `0s` counts for every request.
     #[serde(with = "duration")]
     #[schemars(with = "String")]
     pub counts_max_age: Duration,

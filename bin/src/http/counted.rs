@@ -2,14 +2,15 @@
 //!
 //! The dashboard's overview asks for `/v1/status` and `/v1/summary` every 2 seconds. Counting
 //! a tenant of 1,000,000 timers reads 1,000,000 rows (a third of a second on SQLite), so the
-//! counts are kept in a [`Cached`]: a reader gets the last count while it is younger than
-//! `http.counts_max_age`; once it is half that age, the first reader starts the next count in
-//! the background and still gets the last one. A reader polling more often than the maximum
+//! counts are kept in a [`Cached`]: a reader gets the last count until `http.counts_max_age`
+//! after that count ended; once it is half that age, the first reader starts the next count in
+//! the background (unless one is running) and still gets the last one. A reader polling more often than the maximum
 //! age therefore never waits for a count. A reader finding no count young enough (the first,
 //! or the first after a quiet while) starts one and waits for it, and readers arriving
 //! meanwhile wait for and share that count instead of starting their own; the count goes on
 //! when its reader gives up (a count longer than `http.request_timeout` is there for the next
-//! reader). A maximum age of zero counts for every reader.
+//! reader). One count runs at a time, in the background or not. A maximum age of zero counts
+//! for every reader.
 
 use std::fmt::Display;
 use std::future::Future;
@@ -163,11 +164,15 @@ pub struct Cached<T> {
 }
 
 struct Slot<T> {
-    /// The last count, from when it started.
-    last: Option<(Instant, Arc<T>)>,
-    /// When `last` was kept (its count ended).
-    kept_at: Option<Instant>,
+    last: Option<Kept<T>>,
     refreshing: bool,
+}
+
+/// A count, when it started and when it ended.
+struct Kept<T> {
+    started: Instant,
+    ended: Instant,
+    value: Arc<T>,
 }
 
 impl<T: Send + Sync + 'static> Cached<T> {
@@ -177,7 +182,6 @@ impl<T: Send + Sync + 'static> Cached<T> {
             what,
             slot: Mutex::new(Slot {
                 last: None,
-                kept_at: None,
                 refreshing: false,
             }),
             counting: Arc::new(tokio::sync::Mutex::new(())),
@@ -196,9 +200,9 @@ impl<T: Send + Sync + 'static> Cached<T> {
         let refresh = {
             let mut slot = self.slot();
             match &slot.last {
-                Some((taken, last)) if taken.elapsed() < self.max_age => {
-                    let last = Arc::clone(last);
-                    let due = taken.elapsed() >= self.max_age / 2 && !slot.refreshing;
+                Some(kept) if kept.ended.elapsed() < self.max_age => {
+                    let last = Arc::clone(&kept.value);
+                    let due = kept.ended.elapsed() >= self.max_age / 2 && !slot.refreshing;
                     slot.refreshing |= due;
                     Some((last, due))
                 }
@@ -211,12 +215,9 @@ impl<T: Send + Sync + 'static> Cached<T> {
             }
             return Ok(last);
         }
-        let asked = Instant::now();
         let turn = Arc::clone(&self.counting).lock_owned().await;
-        // Another reader may have counted while this one waited for its turn: that count is
-        // this reader's too, however long it took (one longer than `max_age` is not young any
-        // more when it ends, and would otherwise never serve anyone).
-        if let Some(last) = self.young().or_else(|| self.kept_since(asked)) {
+        // Another count may have ended while this reader waited for its turn: young, then.
+        if let Some(last) = self.young() {
             return Ok(last);
         }
         // In a task of its own, which keeps the turn: a reader that gives up (its request
@@ -241,13 +242,20 @@ impl<T: Send + Sync + 'static> Cached<T> {
         }
     }
 
+    /// Counts in the background, holding the turn, so that no reader starts a count of its
+    /// own beside it; nothing when a count is running already.
     fn refresh_in_background<Fut, E>(self: &Arc<Self>, counting: Fut)
     where
         Fut: Future<Output = Result<T, E>> + Send + 'static,
         E: Display + Send + 'static,
     {
+        let Ok(turn) = Arc::clone(&self.counting).try_lock_owned() else {
+            self.slot().refreshing = false;
+            return;
+        };
         let cached = Arc::clone(self);
         tokio::spawn(async move {
+            let _turn = turn;
             let started = Instant::now();
             let result = counting.await;
             match result {
@@ -263,25 +271,20 @@ impl<T: Send + Sync + 'static> Cached<T> {
     /// Keeps `value`, counted from `started`, unless a later count is kept already.
     fn keep(&self, started: Instant, value: &Arc<T>) {
         let mut slot = self.slot();
-        if slot.last.as_ref().is_none_or(|(taken, _)| *taken < started) {
-            slot.last = Some((started, Arc::clone(value)));
-            slot.kept_at = Some(Instant::now());
+        if slot.last.as_ref().is_none_or(|kept| kept.started < started) {
+            slot.last = Some(Kept {
+                started,
+                ended: Instant::now(),
+                value: Arc::clone(value),
+            });
         }
     }
 
-    /// The last count if it ended after `asked` (never with a maximum age of zero: every
-    /// reader counts).
-    fn kept_since(&self, asked: Instant) -> Option<Arc<T>> {
-        let slot = self.slot();
-        let kept_at = slot.kept_at?;
-        let (_, last) = slot.last.as_ref()?;
-        (kept_at > asked && !self.max_age.is_zero()).then(|| Arc::clone(last))
-    }
-
+    /// The last count while it ended less than `max_age` ago.
     fn young(&self) -> Option<Arc<T>> {
         let slot = self.slot();
-        let (taken, last) = slot.last.as_ref()?;
-        (taken.elapsed() < self.max_age).then(|| Arc::clone(last))
+        let kept = slot.last.as_ref()?;
+        (kept.ended.elapsed() < self.max_age).then(|| Arc::clone(&kept.value))
     }
 
     fn slot(&self) -> MutexGuard<'_, Slot<T>> {

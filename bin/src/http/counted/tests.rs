@@ -32,26 +32,66 @@ async fn answers_from_the_last_count_and_counts_again_in_the_background_at_half_
     assert_eq!(made.load(Ordering::SeqCst), 2);
 }
 
+/// A count that takes `secs` and says how many counts were made before it.
+fn slow(
+    made: &Arc<AtomicU32>,
+    secs: u64,
+) -> impl FnOnce() -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<u32, String>> + Send>>
+{
+    let made = Arc::clone(made);
+    move || {
+        Box::pin(async move {
+            tokio::time::sleep(Duration::from_secs(secs)).await;
+            Ok(made.fetch_add(1, Ordering::SeqCst))
+        })
+    }
+}
+
 /// A count longer than a request may wait is not started again by every request: the
-/// first one's goes on after it gave up, and a later request gets it.
+/// first one's goes on after it gave up, and a later request gets it, whether it came while
+/// that count ran or after it ended (a count is served for the maximum age after it ended).
 #[tokio::test(start_paused = true)]
 async fn a_count_longer_than_a_request_is_kept_for_the_next() {
     let made = Arc::new(AtomicU32::new(0));
     // As by default: counts may be 5 s old, a request waits 10 s; the count takes 12.
     let cached = Cached::new("test", Duration::from_secs(5));
-    let slow = || {
-        let made = made.clone();
-        move || async move {
-            tokio::time::sleep(Duration::from_secs(12)).await;
-            Ok::<_, String>(made.fetch_add(1, Ordering::SeqCst))
-        }
-    };
     let within = Duration::from_secs(10);
-    let gave_up = tokio::time::timeout(within, cached.get(slow())).await;
+    let gave_up = tokio::time::timeout(within, cached.get(slow(&made, 12))).await;
     assert!(gave_up.is_err(), "the first request gives up at 10 s");
-    let second = tokio::time::timeout(within, cached.get(slow())).await;
+    let second = tokio::time::timeout(within, cached.get(slow(&made, 12))).await;
     assert_eq!(second.map(|v| v.map(|v| *v)), Ok(Ok(0)));
     assert_eq!(made.load(Ordering::SeqCst), 1, "counted once");
+    // A count of 11 s; the next reader comes 2 s after it gave up, after the count ended.
+    let cached = Cached::new("test", Duration::from_secs(5));
+    let gave_up = tokio::time::timeout(within, cached.get(slow(&made, 11))).await;
+    assert!(gave_up.is_err());
+    tokio::time::advance(Duration::from_secs(2)).await;
+    let later = tokio::time::timeout(within, cached.get(slow(&made, 11))).await;
+    assert_eq!(later.map(|v| v.map(|v| *v)), Ok(Ok(1)));
+    assert_eq!(made.load(Ordering::SeqCst), 2, "counted once more");
+}
+
+/// A background count holds the turn: a reader that finds the last count too old meanwhile
+/// waits for it instead of counting beside it.
+#[tokio::test(start_paused = true)]
+async fn a_background_count_and_a_readers_never_run_at_once() {
+    let made = Arc::new(AtomicU32::new(0));
+    let cached = Cached::new("test", Duration::from_secs(4));
+    assert_eq!(*cached.get(counter(&made)).await.unwrap(), 0);
+    tokio::time::advance(Duration::from_secs(2)).await;
+    // Half age: the last count, and a background count of 6 s starts.
+    assert_eq!(*cached.get(slow(&made, 6)).await.unwrap(), 0);
+    settle().await;
+    tokio::time::advance(Duration::from_secs(3)).await;
+    // Too old now: this reader waits for the background count, and counts nothing itself.
+    assert_eq!(*cached.get(counter(&made)).await.unwrap(), 1);
+    tokio::time::advance(Duration::from_secs(10)).await;
+    settle().await;
+    assert_eq!(
+        made.load(Ordering::SeqCst),
+        2,
+        "no count ran beside the background one"
+    );
 }
 
 #[tokio::test(start_paused = true)]
