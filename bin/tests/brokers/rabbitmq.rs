@@ -5,13 +5,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use timer_brokers::rabbitmq::{
-    declare_sink, delete_topology, sink_queue, RabbitmqConfig, RabbitmqTestClient,
-};
+use timer_brokers::rabbitmq::{declare_sink, sink_queue, RabbitmqConfig, RabbitmqTestClient};
 use timer_conformance::e2e::{now_ms, schedule};
 use timer_conformance::scenarios::{
     an_event_its_destination_refuses_is_retried_alone, delivered_cancelled_and_dead_lettered,
-    fires, refusing_destination_setup, BrokerCase, BrokerTraits, Setup,
+    fires, refusing_destination_setup, timers, BrokerCase, BrokerTraits, Setup,
 };
 use timer_conformance::{checks, wait_for, Check};
 
@@ -46,32 +44,115 @@ pub fn checks() -> Vec<Check<Arc<BrokerCase>>> {
     ]
 }
 
-/// The server loses the service's queues and exchanges while it runs (deleted by hand, a node
-/// reset): the service, its consumer cancelled by the server, connects again and declares its
-/// topology as at start; a command sent then is applied and fires, and its event reaches a
-/// queue its consumer bound again (bindings go with their exchange).
+/// The server loses what the service declared while it runs (deleted by hand, a node reset),
+/// and the service declares it again when it connects again:
+/// - the events exchange alone: the next publish there fails (the server closes the channel),
+///   the service connects again, declares it and retries; the event reaches the queue its
+///   consumer bound again (bindings go with their exchange);
+/// - then the exchanges and the commands queue: the server cancels the service's consumer, and
+///   the service connects again; a command sent then is applied and fires.
 async fn a_topology_the_server_lost_is_declared_again(case: Arc<BrokerCase>) {
     let setup = Setup::new(&case);
     let service = setup.start().await;
     let config = rabbitmq_config(&setup);
     let client = setup.client().await;
     fires(client.as_ref(), &service, "before", "before the loss").await;
-    delete_topology(config)
-        .await
-        .expect("delete every queue and exchange");
-    let declared = wait_for(Duration::from_secs(60), || async {
-        queue_exists(config, &config.commands_queue)
+    let connection =
+        lapin::Connection::connect(&config.url, lapin::ConnectionProperties::default())
             .await
-            .then_some(())
+            .expect("connect");
+    let channel = connection.create_channel().await.expect("channel");
+    let events = &config.events_exchange;
+    channel
+        .exchange_delete(events.as_str().into(), Default::default())
+        .await
+        .expect("delete the events exchange");
+    let (status, v) = service
+        .post("/v1/timers", schedule("t", "exchange-lost", now_ms()))
+        .await;
+    assert_eq!(status, 201, "{v}");
+    declared_again(&service, "the events exchange", || {
+        exchange_exists(config, events)
+    })
+    .await;
+    declare_sink(config).await.expect("the sink bound again");
+    let delivered = wait_for(Duration::from_secs(30), || async {
+        let events = client.events().await.ok()?;
+        timers(&events).contains("t/exchange-lost").then_some(())
+    })
+    .await;
+    if delivered.is_none() {
+        service.fail("the event of a timer fired after its exchange was lost did not arrive");
+    }
+
+    // Exchanges first: the consumer, cancelled last, finds them gone when it declares again.
+    for exchange in [events, &config.dead_letter_exchange, &config.delay_exchange] {
+        channel
+            .exchange_delete(exchange.as_str().into(), Default::default())
+            .await
+            .unwrap_or_else(|e| panic!("delete exchange {exchange}: {e}"));
+    }
+    let commands = &config.commands_queue;
+    channel
+        .queue_delete(commands.as_str().into(), Default::default())
+        .await
+        .expect("delete the commands queue");
+    declared_again(&service, "the commands queue", || {
+        queue_exists(config, commands)
+    })
+    .await;
+    declared_again(&service, "the events exchange", || {
+        exchange_exists(config, events)
+    })
+    .await;
+    declare_sink(config).await.expect("the sink bound again");
+    fires(client.as_ref(), &service, "after", "after the loss").await;
+    let _ = connection.close(200, "done".into()).await;
+    service.terminate().await;
+    setup.clean_up().await;
+}
+
+/// Waits until `exists` says the service declared `what` again (60 s).
+async fn declared_again<F, Fut>(service: &timer_conformance::e2e::Service, what: &str, exists: F)
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let declared = wait_for(Duration::from_secs(60), || async {
+        exists().await.then_some(())
     })
     .await;
     if declared.is_none() {
-        service.fail("the commands queue was not declared again within 60 s");
+        service.fail(format!("{what} was not declared again within 60 s"));
     }
-    declare_sink(config).await.expect("the sink bound again");
-    fires(client.as_ref(), &service, "after", "after the loss").await;
-    service.terminate().await;
-    setup.clean_up().await;
+}
+
+/// Whether `exchange` exists on the server of `config` (a passive declare, on a connection of
+/// its own: a missing exchange closes the channel).
+async fn exchange_exists(config: &RabbitmqConfig, exchange: &str) -> bool {
+    let Ok(connection) =
+        lapin::Connection::connect(&config.url, lapin::ConnectionProperties::default()).await
+    else {
+        return false;
+    };
+    let passive = lapin::options::ExchangeDeclareOptions {
+        passive: true,
+        ..Default::default()
+    };
+    let found = match connection.create_channel().await {
+        Ok(channel) => channel
+            .exchange_declare(
+                exchange.into(),
+                lapin::ExchangeKind::Topic,
+                passive,
+                Default::default(),
+            )
+            .await
+            .is_ok(),
+        Err(_) => false,
+    };
+    let _ = connection.close(200, "checked".into()).await;
+    found
 }
 
 /// Whether `queue` exists on the server of `config` (a passive declare, on a connection of its
