@@ -72,7 +72,7 @@ async fn a_topology_the_server_lost_is_declared_again(case: Arc<BrokerCase>) {
         .await;
     assert_eq!(status, 201, "{v}");
     declared_again(&service, "the events exchange", || {
-        exchange_exists(config, events)
+        exists(config, Named::Exchange(events))
     })
     .await;
     declare_sink(config).await.expect("the sink bound again");
@@ -98,11 +98,11 @@ async fn a_topology_the_server_lost_is_declared_again(case: Arc<BrokerCase>) {
         .await
         .expect("delete the commands queue");
     declared_again(&service, "the commands queue", || {
-        queue_exists(config, commands)
+        exists(config, Named::Queue(commands))
     })
     .await;
     declared_again(&service, "the events exchange", || {
-        exchange_exists(config, events)
+        exists(config, Named::Exchange(events))
     })
     .await;
     declare_sink(config).await.expect("the sink bound again");
@@ -127,52 +127,40 @@ where
     }
 }
 
-/// Whether `exchange` exists on the server of `config` (a passive declare, on a connection of
-/// its own: a missing exchange closes the channel).
-async fn exchange_exists(config: &RabbitmqConfig, exchange: &str) -> bool {
-    let Ok(connection) =
-        lapin::Connection::connect(&config.url, lapin::ConnectionProperties::default()).await
-    else {
-        return false;
-    };
-    let passive = lapin::options::ExchangeDeclareOptions {
-        passive: true,
-        ..Default::default()
-    };
-    let found = match connection.create_channel().await {
-        Ok(channel) => channel
-            .exchange_declare(
-                exchange.into(),
-                lapin::ExchangeKind::Topic,
-                passive,
-                Default::default(),
-            )
-            .await
-            .is_ok(),
-        Err(_) => false,
-    };
-    let _ = connection.close(200, "checked".into()).await;
-    found
+/// A queue or an exchange of the server of `config`, for [`exists`].
+enum Named<'a> {
+    Queue(&'a str),
+    Exchange(&'a str),
 }
 
-/// Whether `queue` exists on the server of `config` (a passive declare, on a connection of its
-/// own: a missing queue closes the channel).
-async fn queue_exists(config: &RabbitmqConfig, queue: &str) -> bool {
+/// Whether `what` exists on the server of `config` (a passive declare, on a connection of its
+/// own: a missing one closes the channel).
+async fn exists(config: &RabbitmqConfig, what: Named<'_>) -> bool {
     let Ok(connection) =
         lapin::Connection::connect(&config.url, lapin::ConnectionProperties::default()).await
     else {
         return false;
     };
-    let passive = lapin::options::QueueDeclareOptions {
-        passive: true,
-        ..Default::default()
-    };
-    let found = match connection.create_channel().await {
-        Ok(channel) => channel
-            .queue_declare(queue.into(), passive, Default::default())
-            .await
-            .is_ok(),
-        Err(_) => false,
+    let found = match (connection.create_channel().await, what) {
+        (Ok(channel), Named::Queue(queue)) => {
+            let passive = lapin::options::QueueDeclareOptions {
+                passive: true,
+                ..Default::default()
+            };
+            let declared = channel.queue_declare(queue.into(), passive, Default::default());
+            declared.await.is_ok()
+        }
+        (Ok(channel), Named::Exchange(exchange)) => {
+            let passive = lapin::options::ExchangeDeclareOptions {
+                passive: true,
+                ..Default::default()
+            };
+            let kind = lapin::ExchangeKind::Topic;
+            let declared =
+                channel.exchange_declare(exchange.into(), kind, passive, Default::default());
+            declared.await.is_ok()
+        }
+        (Err(_), _) => false,
     };
     let _ = connection.close(200, "checked".into()).await;
     found
