@@ -45,7 +45,11 @@ impl Watchers {
             state: state.clone(),
             budget: budget.max(1),
         };
-        self.lock().push(watcher);
+        let mut watchers = self.lock();
+        // Those whose reader went away, gone too: streams opened and closed while nothing
+        // fires would otherwise pile up until the next event.
+        watchers.retain(|w| !w.tx.is_closed());
+        watchers.push(watcher);
         Subscription { rx, state }
     }
 
@@ -168,5 +172,11 @@ mod tests {
             watchers.lock().is_empty(),
             "a watcher that went away is forgotten"
         );
+        // Also while nothing fires: at the next watcher's arrival.
+        for _ in 0..100 {
+            drop(watchers.add(10, Box::new(|_| true)));
+        }
+        let _kept = watchers.add(10, Box::new(|_| true));
+        assert_eq!(watchers.lock().len(), 1, "only the live watcher is kept");
     }
 }
