@@ -284,6 +284,12 @@ impl Row {
         }
     }
 
+    /// Gives its lease back: no owner, no lease end.
+    fn release(&mut self) {
+        self.timer.lease_owner = None;
+        self.lease_until = None;
+    }
+
     fn leased_by(&self, owner: &str) -> bool {
         self.timer.state == TimerState::Scheduled
             && self.timer.lease_owner.as_deref() == Some(owner)
@@ -424,8 +430,7 @@ impl Store for MemoryStore {
                     // Rescheduled while it fired: the lease goes back, nothing else of the old
                     // fire touches what is now another timer.
                     changed += 1;
-                    row.timer.lease_owner = None;
-                    row.lease_until = None;
+                    row.release();
                     let due = row.timer.due_at;
                     row.set_available(ready, due);
                 }
@@ -446,8 +451,7 @@ impl Store for MemoryStore {
                     row.revision += 1;
                     row.timer.due_at = *next;
                     row.reset_attempts();
-                    row.timer.lease_owner = None;
-                    row.lease_until = None;
+                    row.release();
                     row.timer.reached_at = Some(at);
                     row.timer.occurrences = row.timer.occurrences.saturating_add(1);
                     row.set_available(ready, *next);
@@ -461,8 +465,7 @@ impl Store for MemoryStore {
                     at: retry_at,
                     error,
                 } => {
-                    row.timer.lease_owner = None;
-                    row.lease_until = None;
+                    row.release();
                     if let Some(error) = error {
                         row.timer.attempts = row.timer.attempts.saturating_add(1);
                         row.timer.last_error = Some(error.clone());
@@ -483,8 +486,7 @@ impl Store for MemoryStore {
                         }
                     }
                     row.timer.work = step.work.clone();
-                    row.timer.lease_owner = None;
-                    row.lease_until = None;
+                    row.release();
                     if step.state.is_finished() {
                         row.finish(ready, step.state, at);
                     } else {
