@@ -142,17 +142,11 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
 }
 
 fn init_logging(config: &Config) -> anyhow::Result<()> {
-    // RUST_LOG, when set and not empty, in place of log.level (checked at load).
+    // RUST_LOG, when set and not empty, in place of log.level.
     let filter = match std::env::var("RUST_LOG") {
-        Ok(filter) if !filter.trim().is_empty() => {
-            crate::config::check_log_filter("RUST_LOG", &filter)?;
-            filter
-        }
-        _ => config.log.level.clone(),
+        Ok(filter) if !filter.trim().is_empty() => crate::config::log_filter("RUST_LOG", &filter)?,
+        _ => crate::config::log_filter("log.level", &config.log.level)?,
     };
-    let filter = tracing_subscriber::EnvFilter::builder()
-        .parse(&filter)
-        .context("the log filter")?;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
@@ -182,8 +176,8 @@ fn init_metrics() -> anyhow::Result<PrometheusHandle> {
 
 /// Cancels `shutdown` on SIGINT or SIGTERM; a second one ends the process at once (exit code
 /// 128 + the signal's number), as a shutdown waiting for a stuck store or request would
-/// otherwise wait for it: nothing is lost (what was being fired fires again when its lease
-/// ends, commands not acknowledged are delivered again).
+/// otherwise wait for it. As after a crash, what was being fired fires again when its lease
+/// ends, and commands a broker delivered and nobody acknowledged are delivered again.
 async fn signal(shutdown: CancellationToken) {
     let first = next_signal().await;
     info!("{}: shutting down (send it again to stop at once)", first.0);

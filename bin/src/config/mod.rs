@@ -226,7 +226,7 @@ fn validate(config: &Config) -> Result<(), Error> {
             "limits.max_batch and limits.max_batch_bytes must be at least 1",
         ));
     }
-    check_log_filter("log.level", &config.log.level)?;
+    log_filter("log.level", &config.log.level)?;
     config.limits.rate.check()?;
     config.limits.targets.check()?;
     config.limits.fire_rate.check()?;
@@ -236,11 +236,11 @@ fn validate(config: &Config) -> Result<(), Error> {
     Ok(())
 }
 
-/// Checks a log filter (`log.level`, or `RUST_LOG` when set): a level, or `target=level`
-/// directives separated by commas. A bare word that is not a level (`warning`) would be read as
-/// a target logged at every level, leaving every other target's lines out: refused, with the
-/// levels named.
-pub fn check_log_filter(name: &str, filter: &str) -> Result<(), Error> {
+/// The log filter `filter` (`log.level`, or `RUST_LOG` when set, as `name` says): a level, or
+/// `target=level` directives separated by commas. A bare word that is not a level (`warning`)
+/// would be read as a target logged at every level, leaving every other target's lines out:
+/// refused, with the levels named.
+pub fn log_filter(name: &str, filter: &str) -> Result<tracing_subscriber::EnvFilter, Error> {
     use tracing_subscriber::filter::LevelFilter;
     if filter.trim().is_empty() {
         return Err(Error::config(format!(
@@ -258,7 +258,6 @@ pub fn check_log_filter(name: &str, filter: &str) -> Result<(), Error> {
     }
     tracing_subscriber::EnvFilter::builder()
         .parse(filter)
-        .map(|_| ())
         .map_err(|e| Error::config(format!("{name} {filter:?}: {e}")))
 }
 

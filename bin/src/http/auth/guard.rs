@@ -72,7 +72,8 @@ pub async fn guard(
     let name = principal.name.clone();
     request.extensions_mut().insert(principal);
     // A client that goes away drops this future at its next wait: its write still gets a line.
-    let unanswered = (!reads(&method)).then(|| Unanswered {
+    let write = !reads(&method);
+    let unanswered = write.then(|| Unanswered {
         key: &name,
         method: &method,
         path: &path,
@@ -84,9 +85,9 @@ pub async fn guard(
         (None, Ok(())) => next.run(request).await,
         (None, Err(refused)) => ApiError::from(refused).into_response(),
     };
-    // Answered: the line below says how.
+    // Answered: the audit line below says how.
     std::mem::forget(unanswered);
-    if !reads(&method) {
+    if write {
         audit(&name, &method, &path, tenant, id, response).await
     } else {
         response
