@@ -17,6 +17,10 @@ pub const SECRET_KEYS: &[&str] = &[
     "oauthbearer.config",
 ];
 
+/// What a config error says of a secret's value in place of the value, which its parser's
+/// error would quote.
+pub const NOT_SHOWN: &str = "not a value this key takes (the value is a secret, not shown)";
+
 /// Whether the value of `key` is a secret ([`SECRET_KEYS`]).
 pub fn is_secret_key(key: &str) -> bool {
     let lower = key.to_ascii_lowercase();

@@ -362,9 +362,7 @@ fn describe(e: &figment::Error, section: Option<&str>) -> String {
             figment::error::Kind::InvalidType(_, expected) => format!(": expected {expected}"),
             _ => String::new(),
         };
-        return format!(
-            "{key}: not a value this key takes{expected} (the value is a secret, not shown){from}"
-        );
+        return format!("{key}: {}{expected}{from}", redact::NOT_SHOWN);
     }
     format!("{key}: {}{from}", e.kind)
 }

@@ -164,7 +164,7 @@ impl ConfigSection<'_> {
             // The error may quote the value: a secret's is never printed.
             let problem = match key.rsplit('.').next() {
                 Some(name) if crate::redact::is_secret_key(name) => {
-                    "not a value this key takes (the value is a secret, not shown)".to_owned()
+                    crate::redact::NOT_SHOWN.to_owned()
                 }
                 _ => e.inner().to_string(),
             };
