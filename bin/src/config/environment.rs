@@ -112,7 +112,8 @@ impl Provider for Environment {
     }
 }
 
-/// Puts `value` at `path` in `dict`, making the tables on the way.
+/// Puts `value` at `path` in `dict`, making the tables on the way (as figment's own `Env` does
+/// with `util::nest` and a merge of tables that figment keeps private).
 fn insert(dict: &mut Dict, path: &[&str], value: Value) {
     let Some((first, rest)) = path.split_first() else {
         return;
