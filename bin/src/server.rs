@@ -48,6 +48,9 @@ pub struct Serving {
     /// The memory broker's hub (`/v1/commands`, `/v1/dead-letters`); `None` for another broker.
     pub memory_hub: Option<MemoryHub>,
     pub shutdown: CancellationToken,
+    /// Cancelled at the first signal, `http.shutdown_delay` before `shutdown`: `/readyz`
+    /// answers 503 from then on.
+    pub draining: CancellationToken,
     /// How long counts are shared (`http.counts_max_age`, unless the bench measures another).
     pub counts_max_age: Duration,
 }
@@ -59,6 +62,7 @@ pub fn app(config: &Config, serving: Serving) -> Router {
         metrics: serving.metrics,
         memory_hub: serving.memory_hub,
         shutdown: serving.shutdown,
+        draining: serving.draining,
         counts: Counts::new(serving.counts_max_age),
         ready: Cached::new("readiness", READY_MAX_AGE),
         streams: EventStreams::new(
@@ -101,6 +105,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     // A name another running instance holds stops the start here, with its error.
     engine.join().await?;
     let shutdown = CancellationToken::new();
+    let draining = CancellationToken::new();
     let engine_task = engine.start(shutdown.clone());
     tokio::spawn(pending_gauge(engine.clone(), shutdown.clone()));
     let https = prepared.tls.is_some();
@@ -112,6 +117,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             metrics: Some(metrics),
             memory_hub,
             shutdown: shutdown.clone(),
+            draining: draining.clone(),
             counts_max_age: config.http.counts_max_age,
         },
     );
@@ -123,7 +129,11 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         instance = engine.instance_id(),
         "timer-service running"
     );
-    tokio::spawn(signal(shutdown.clone()));
+    tokio::spawn(signal(
+        draining,
+        shutdown.clone(),
+        config.http.shutdown_delay,
+    ));
     let limits = Listening::of(&config.http);
     if let Err(e) = listener::serve(listener, app, prepared.tls, limits, shutdown.clone()).await {
         error!(error = %e, "HTTP server failed");
@@ -174,20 +184,38 @@ fn init_metrics() -> anyhow::Result<PrometheusHandle> {
     Ok(handle)
 }
 
-/// Cancels `shutdown` on SIGINT or SIGTERM; a second one ends the process at once (exit code
-/// 128 + the signal's number), as a shutdown waiting for a stuck store or request would
-/// otherwise wait for it. As after a crash, what was being fired fires again when its lease
-/// ends, and commands a broker delivered and nobody acknowledged are delivered again.
-async fn signal(shutdown: CancellationToken) {
-    let first = next_signal().await;
-    info!("{}: shutting down (send it again to stop at once)", first.0);
-    shutdown.cancel();
+/// On SIGINT or SIGTERM, cancels `draining`, then `shutdown` once `delay` has passed
+/// (`http.shutdown_delay`); a second one ends the process at once (exit code 128 + the signal's
+/// number), as a shutdown waiting for a stuck store or request would otherwise wait for it. As
+/// after a crash, what was being fired fires again when its lease ends, and commands a broker
+/// delivered and nobody acknowledged are delivered again.
+async fn signal(draining: CancellationToken, shutdown: CancellationToken, delay: Duration) {
+    let (first, _) = next_signal().await;
+    if delay.is_zero() {
+        info!("{first}: shutting down (send it again to stop at once)");
+    } else {
+        info!(
+            "{first}: draining, /readyz answers 503 for http.shutdown_delay ({delay:?}), then \
+             shutting down (send it again to stop at once)"
+        );
+    }
+    tokio::spawn(drain(draining, shutdown, delay));
     let (name, code) = next_signal().await;
     warn!(
         "{name} again: stopping at once; timers being fired fire again when their leases end, \
          and commands not yet acknowledged are delivered again"
     );
     std::process::exit(code);
+}
+
+/// Cancels `draining` at once and `shutdown` once `delay` has passed.
+async fn drain(draining: CancellationToken, shutdown: CancellationToken, delay: Duration) {
+    draining.cancel();
+    if !delay.is_zero() {
+        tokio::time::sleep(delay).await;
+        info!("drained: shutting down");
+    }
+    shutdown.cancel();
 }
 
 /// The next SIGINT or SIGTERM: its name and the exit code it ends a process with.

@@ -1083,6 +1083,51 @@ async fn a_second_signal_stops_the_service_at_once() {
     assert_eq!(exit, Ok(Some(143)), "{}", service.log_text());
 }
 
+/// With `http.shutdown_delay`, the first SIGTERM makes `/readyz` answer 503 `draining` while the
+/// instance goes on serving and firing; a second SIGTERM stops it at once.
+#[tokio::test]
+async fn a_draining_instance_serves_and_fires_until_it_stops() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let env = embedded(dir.path(), &[("TIMER_HTTP__SHUTDOWN_DELAY", "10m")]);
+    let mut service = Service::start(Path::new(BIN), dir.path(), &env).await;
+    let (status, ready) = service.get("/readyz").await;
+    assert_eq!(
+        (status, &ready["draining"]),
+        (200, &json!(false)),
+        "{ready}"
+    );
+    signal(service.pid(), "-TERM").await;
+    let ready = wait_for(Duration::from_secs(30), || async {
+        let (status, ready) = service.get("/readyz").await;
+        (status == 503).then_some(ready)
+    })
+    .await
+    .unwrap_or_else(|| service.fail("/readyz did not answer 503 after SIGTERM"));
+    assert_eq!(ready["draining"], true, "{ready}");
+    assert_eq!(ready["store"]["status"], "ok", "{ready}");
+    let (status, v) = service
+        .post("/v1/timers", command("acme", "drained", now_ms()))
+        .await;
+    assert_eq!(status, 201, "{v}");
+    let fired = wait_for(Duration::from_secs(30), || async {
+        let (_, v) = service.get("/v1/tenants/acme/timers/drained").await;
+        (v["state"] == "Reached").then_some(())
+    })
+    .await;
+    assert!(
+        fired.is_some(),
+        "a timer scheduled while draining did not fire"
+    );
+    assert!(
+        service.log_text().contains("draining"),
+        "{}",
+        service.log_text()
+    );
+    signal(service.pid(), "-TERM").await;
+    let exit = service.exited_within(Duration::from_secs(10)).await;
+    assert_eq!(exit, Ok(Some(143)), "{}", service.log_text());
+}
+
 /// One bulk action at a time per tenant: while one runs (held here by another writer on the
 /// SQLite file), a second of that tenant is answered 409 `bulk_running`; another tenant's is not.
 #[tokio::test]

@@ -25,6 +25,14 @@ pub struct HttpConfig {
     #[serde(with = "duration")]
     #[schemars(with = "String")]
     pub request_timeout: Duration,
+    /// After the first SIGTERM or SIGINT, how long the instance goes on as before (serving,
+    /// firing, taking commands) while `/readyz` answers 503 `draining`, before it stops: time for
+    /// a load balancer, or Kubernetes' endpoints, to take it out of the rotation, so that no
+    /// client is sent to a closed port. `0s` (the default): it stops at once. A second signal
+    /// stops it at once, also while it drains.
+    #[serde(with = "duration")]
+    #[schemars(with = "String")]
+    pub shutdown_delay: Duration,
     /// When set, every `/v1/...` request (the event stream too) needs `Authorization: Bearer
     /// <token>` (or a key of `http.keys`, or a JWT of `http.jwt`), and is answered 401 without
     /// it; `/healthz`, `/readyz` and `/metrics` stay open. This token may use every tenant with
@@ -92,6 +100,7 @@ impl Default for HttpConfig {
         HttpConfig {
             addr: SocketAddr::from(([127, 0, 0, 1], 8080)),
             request_timeout: Duration::from_secs(10),
+            shutdown_delay: Duration::ZERO,
             token: None,
             keys: Vec::new(),
             jwt: None,

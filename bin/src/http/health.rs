@@ -21,6 +21,9 @@ pub struct Readiness {
     /// The engine's tasks (kind `engine`): `unavailable` while one that panicked waits to be
     /// started again.
     pub engine: Probe,
+    /// `true` once this instance began to stop: it still serves and fires for
+    /// `http.shutdown_delay`, answering 503 here so that it is taken out of the rotation.
+    pub draining: bool,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -44,7 +47,7 @@ pub async fn healthz() -> &'static str {
 }
 
 /// Readiness: the store and the broker answer, this instance is a live member of the store's
-/// instances, and every engine task runs. Anyone may ask, so the answer says only which part is
+/// instances, every engine task runs, and it is not stopping (`draining`). Anyone may ask, so the answer says only which part is
 /// `unavailable`, never why (errors name hosts and users): the reasons are in the log and in
 /// `GET /v1/status`. The checks run at most once per [`READY_MAX_AGE`], whatever the number
 /// of callers, so polling cannot make the service reconnect to its broker over and over.
@@ -55,7 +58,7 @@ pub async fn healthz() -> &'static str {
     security(()),
     responses(
         (status = 200, description = "Every part is `ok`", body = Readiness),
-        (status = 503, description = "A part is `unavailable` (the reason is in the log and `GET /v1/status`)", body = Readiness),
+        (status = 503, description = "A part is `unavailable` (the reason is in the log and `GET /v1/status`), or the instance is `draining`", body = Readiness),
     )
 )]
 pub async fn readyz(State(app): State<AppState>) -> Response {
@@ -80,8 +83,9 @@ pub async fn readyz(State(app): State<AppState>) -> Response {
     // joined the store's live instances again.
     let store = store && app.engine.is_member();
     let engine = app.engine.tasks_down().is_empty();
+    let draining = app.draining.is_cancelled();
     let show = |ok: bool| if ok { "ok" } else { "unavailable" };
-    let status = if store && broker && engine {
+    let status = if store && broker && engine && !draining {
         StatusCode::OK
     } else {
         StatusCode::SERVICE_UNAVAILABLE
@@ -99,6 +103,7 @@ pub async fn readyz(State(app): State<AppState>) -> Response {
             kind: "engine",
             status: show(engine),
         },
+        draining,
     };
     (status, Json(body)).into_response()
 }

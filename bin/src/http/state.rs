@@ -34,6 +34,8 @@ pub struct AppState {
     pub metrics: Option<PrometheusHandle>,
     pub memory_hub: Option<MemoryHub>,
     pub shutdown: CancellationToken,
+    /// Cancelled when the instance begins to stop (`http.shutdown_delay` before `shutdown`).
+    pub draining: CancellationToken,
     /// The counts `/v1/status` and `/v1/summary` share between requests.
     pub counts: Counts,
     /// Checks bearer tokens; `None`: the API has no authentication.

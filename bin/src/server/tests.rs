@@ -66,6 +66,16 @@ impl Broker for Watched {
 
 /// The service's router with the default config, no auth and no metrics, on `engine`.
 fn router(engine: &Engine, hub: MemoryHub, shutdown: CancellationToken) -> axum::Router {
+    draining_router(engine, hub, shutdown, CancellationToken::new())
+}
+
+/// [`router`], draining once `draining` is cancelled.
+fn draining_router(
+    engine: &Engine,
+    hub: MemoryHub,
+    shutdown: CancellationToken,
+    draining: CancellationToken,
+) -> axum::Router {
     let config = crate::config::load(&figment::Figment::new()).expect("the defaults load");
     app(
         &config,
@@ -75,6 +85,7 @@ fn router(engine: &Engine, hub: MemoryHub, shutdown: CancellationToken) -> axum:
             metrics: None,
             memory_hub: Some(hub),
             shutdown,
+            draining,
             counts_max_age: config.http.counts_max_age,
         },
     )
@@ -134,6 +145,51 @@ async fn readyz_is_503_while_an_engine_task_is_down() {
     assert!(up.is_some(), "200 again once the task was restarted");
     shutdown.cancel();
     let _ = tokio::time::timeout(Duration::from_secs(10), task).await;
+}
+
+/// Once the instance drains, `/readyz` answers 503 `draining` though every part is `ok`.
+#[tokio::test]
+async fn readyz_is_503_while_the_instance_drains() {
+    let hub = MemoryHub::new(MemoryConfig::default());
+    let engine = Engine::new(
+        Arc::new(MemoryStore::new()),
+        Arc::new(hub.connect()),
+        Arc::new(SystemClock),
+        EngineConfig::default(),
+        Limits::default(),
+    );
+    let (shutdown, draining) = (CancellationToken::new(), CancellationToken::new());
+    let task = engine.start(shutdown.clone());
+    let app = draining_router(&engine, hub, shutdown.clone(), draining.clone());
+    let (status, ready) = readyz(&app).await;
+    assert_eq!((status, &ready["draining"]), (200, &Value::from(false)));
+    draining.cancel();
+    let (status, ready) = readyz(&app).await;
+    assert_eq!((status, &ready["draining"]), (503, &Value::from(true)));
+    for part in ["store", "broker", "engine"] {
+        assert_eq!(ready[part]["status"], "ok", "{ready}");
+    }
+    shutdown.cancel();
+    let _ = tokio::time::timeout(Duration::from_secs(10), task).await;
+}
+
+/// The first signal's drain: `draining` at once, `shutdown` only once the delay has passed.
+#[tokio::test(start_paused = true)]
+async fn a_drain_stops_the_service_after_its_delay() {
+    let (draining, shutdown) = (CancellationToken::new(), CancellationToken::new());
+    let delay = Duration::from_secs(5);
+    let drain = tokio::spawn(super::drain(draining.clone(), shutdown.clone(), delay));
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    assert!(draining.is_cancelled() && !shutdown.is_cancelled());
+    tokio::time::sleep(delay - Duration::from_millis(2)).await;
+    assert!(!shutdown.is_cancelled(), "stopped before the delay");
+    tokio::time::sleep(Duration::from_millis(2)).await;
+    drain.await.expect("the drain");
+    assert!(shutdown.is_cancelled());
+    // Without a delay, both at once.
+    let (draining, shutdown) = (CancellationToken::new(), CancellationToken::new());
+    super::drain(draining.clone(), shutdown.clone(), Duration::ZERO).await;
+    assert!(draining.is_cancelled() && shutdown.is_cancelled());
 }
 
 /// However many ask at once or one after another, `/readyz` asks the store and the broker at

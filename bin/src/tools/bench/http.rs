@@ -126,6 +126,7 @@ pub(super) async fn serve_counting(
             metrics: None,
             memory_hub: rig.hub.clone(),
             shutdown: rig.shutdown.clone(),
+            draining: tokio_util::sync::CancellationToken::new(),
             counts_max_age,
         },
     );
