@@ -2085,6 +2085,19 @@ async fn bulk_pause_of_100k_timers_goes_in_pages_and_none_fires() {
             json!({"action": "pause", "filter": {"dueAfter": "yesterday"}}),
             "filter.dueAfter",
         ),
+        // Empty: "nothing selected" is not "every timer".
+        (
+            json!({"action": "cancel", "filter": {"state": []}}),
+            "filter.state",
+        ),
+        (
+            json!({"action": "cancel", "filter": {"state": [""]}}),
+            "filter.state",
+        ),
+        (
+            json!({"action": "cancel", "filter": {"prefix": ""}}),
+            "filter.prefix",
+        ),
     ] {
         let (status, v) = service
             .post("/v1/tenants/bulk/timers/bulk", body.to_string())

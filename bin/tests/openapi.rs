@@ -459,6 +459,18 @@ fn bounds(schema: &Value, item: &dyn Fn(usize) -> Value) -> Vec<(String, Value, 
     if let Some(max) = schema["maxLength"].as_u64() {
         cases.push((format!("maxLength {max}"), ones(max), ones(max + 1)));
     }
+    if let Some(min) = schema["minItems"].as_u64().filter(|n| *n > 0) {
+        // Items of the array's own words where it has some (states), `item`'s otherwise.
+        let word = schema["items"]["enum"].as_array().and_then(|w| w.first());
+        let items = |n: u64| {
+            Value::from(
+                (0..n as usize)
+                    .map(|i| word.cloned().unwrap_or_else(|| item(i)))
+                    .collect::<Vec<_>>(),
+            )
+        };
+        cases.push((format!("minItems {min}"), items(min), items(min - 1)));
+    }
     if let Some(max) = schema["maxItems"].as_u64() {
         let items = |n: u64| Value::from((0..n as usize).map(item).collect::<Vec<_>>());
         cases.push((format!("maxItems {max}"), items(max), items(max + 1)));
@@ -647,6 +659,8 @@ async fn every_documented_bound_is_enforced() {
         "POST /v1/timers/batch commands maxItems 1000",
         "POST /v1/tenants/{tenant}/timers/{id}/pause note maxLength 1024",
         "POST /v1/tenants/{tenant}/timers/bulk filter.state enum \"paused\"",
+        "POST /v1/tenants/{tenant}/timers/bulk filter.state minItems 1",
+        "POST /v1/tenants/{tenant}/timers/bulk filter.prefix minLength 1",
         "POST /v1/tenants/{tenant}/timers/{id}/complete outcome enum \"failed\"",
     ] {
         assert!(

@@ -221,15 +221,17 @@ impl FilterArgs {
         pairs
     }
 
-    /// The filters as the JSON object of a bulk action.
+    /// The filters as the JSON object of a bulk action. `--state` given with no state in it
+    /// (`--state ""`, an empty shell variable) is sent as `[]`, which the service refuses: in a
+    /// bulk action it would otherwise mean every state.
     fn json(&self) -> serde_json::Value {
         let mut filter = serde_json::Map::new();
+        if !self.state.is_empty() {
+            filter.insert("state".into(), serde_json::json!([]));
+        }
         for (name, value) in self.pairs() {
             match (name, filter.get_mut(name)) {
                 ("state", Some(serde_json::Value::Array(states))) => states.push(value.into()),
-                ("state", _) => {
-                    filter.insert(name.into(), serde_json::json!([value]));
-                }
                 ("recurring" | "retrying", _) => {
                     filter.insert(name.into(), (value == "true").into());
                 }
@@ -315,4 +317,33 @@ pub struct Api {
     token: Option<String>,
     #[command(flatten)]
     tls: client::ClientTls,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::FilterArgs;
+
+    fn filter(state: &[&str], prefix: Option<&str>) -> FilterArgs {
+        FilterArgs {
+            state: state.iter().map(|s| s.to_string()).collect(),
+            prefix: prefix.map(str::to_owned),
+            due_after: None,
+            due_before: None,
+            recurring: None,
+            retrying: None,
+        }
+    }
+
+    /// A bulk filter says what was given: no `--state` is any state, `--state ""` an empty list
+    /// (refused by the service), never "any".
+    #[test]
+    fn a_bulk_filter_keeps_an_empty_state() {
+        let json = |f: FilterArgs| f.json().to_string();
+        assert_eq!(json(filter(&[], None)), "{}");
+        assert_eq!(json(filter(&[""], None)), r#"{"state":[]}"#);
+        assert_eq!(
+            json(filter(&["paused,failed", "reached"], Some("o-"))),
+            r#"{"prefix":"o-","state":["paused","failed","reached"]}"#
+        );
+    }
 }

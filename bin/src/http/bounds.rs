@@ -98,11 +98,16 @@ pub fn constrain(document: &mut Value, limits: &Limits) {
         ("PauseRequest", "note", note.clone()),
         ("BulkRequest", "note", note),
         ("BulkRequest", "action", json!({ "enum": ACTIONS })),
-        ("BulkFilter", "prefix", json!({ "pattern": NO_CONTROL })),
+        // Not empty, unlike the list's: a bulk action on "nothing selected" would take all.
+        (
+            "BulkFilter",
+            "prefix",
+            json!({ "minLength": 1, "pattern": NO_CONTROL }),
+        ),
         (
             "BulkFilter",
             "state",
-            json!({ "items": { "enum": states } }),
+            json!({ "minItems": 1, "items": { "enum": states } }),
         ),
         (
             "CompleteRequest",

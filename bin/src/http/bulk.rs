@@ -46,9 +46,10 @@ pub struct BulkRequest {
 #[derive(Debug, Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct BulkFilter {
-    /// One state or several (`scheduled`, `paused`, `reached`, `cancelled`, `failed`).
+    /// One state or several (`scheduled`, `paused`, `reached`, `cancelled`, `failed`); not
+    /// empty (leave it out for any state).
     pub state: Option<Vec<String>>,
-    /// Of the serviceCallId.
+    /// Of the serviceCallId; not empty (leave it out for any id).
     pub prefix: Option<String>,
     #[schema(format = DateTime)]
     pub due_after: Option<String>,
@@ -111,6 +112,17 @@ fn bulk_filter(filter: &serde_json::Map<String, Value>) -> Result<ListParams, Ba
             Value::Array(items) => items.iter().collect(),
             other => vec![other],
         };
+        // In a list an empty filter means "any"; here, where a client that builds the filter
+        // from a selection would act on every timer when nothing is selected, it is refused.
+        if words.is_empty() || words.iter().any(|w| w.as_str().is_some_and(str::is_empty)) {
+            return Err(BadParameter::owned(
+                format!("filter.{name}"),
+                format!(
+                    "empty: a bulk action's {name} must name something (leave it out, or null, \
+                     to act on timers of any {name})"
+                ),
+            ));
+        }
         for word in words {
             let text = match word {
                 Value::String(s) => s.clone(),
