@@ -54,6 +54,7 @@ pub fn checks() -> Vec<Check<Arc<BrokerCase>>> {
         commands_a_stopping_instance_did_not_acknowledge_go_to_another_at_once,
         streams_the_server_lost_are_made_again,
         a_server_back_without_its_store_gets_the_streams_made_again,
+        a_refused_command_the_server_could_not_take_back_is_dead_lettered_cut,
     ];
     // Its series goes on from when an occurrence fired: one fired over a second late (a busy
     // machine) would leave a gap it takes for a missed one.
@@ -644,6 +645,59 @@ async fn a_target_no_stream_captures_gets_one_plain_publish(case: Arc<BrokerCase
     .await
     .unwrap_or_else(|| service.fail("Reached within 3 s of its due time"));
     assert_eq!(reached["attempts"], 0, "no failed attempt: {reached}");
+    service.terminate().await;
+    setup.clean_up().await;
+}
+
+/// A refused command as large as the server takes (its `max_payload`) is dead-lettered cut to
+/// what a command may be: whole, with the reason's header, it would be over `max_payload`,
+/// refused every time, and every tenant's commands after it would wait behind it for ever.
+async fn a_refused_command_the_server_could_not_take_back_is_dead_lettered_cut(
+    case: Arc<BrokerCase>,
+) {
+    let setup = Setup::new(&case);
+    let service = setup.start().await;
+    let client = setup.client().await;
+    let url = nats_config(&setup).url.clone();
+    let max = async_nats::connect(&url)
+        .await
+        .expect("connect")
+        .server_info()
+        .max_payload;
+    let mut huge = json!({"tenantId": "t", "serviceCallId": "huge", "dueTimeMs": now_ms(),
+                          "payload": ""})
+    .to_string();
+    // Just under max_payload (the test client's publish adds no header), so that with the
+    // dead letter's reason header it is over.
+    huge.insert_str(huge.len() - 2, &"x".repeat(max - 16 - huge.len()));
+    client
+        .send_command(huge.as_bytes())
+        .await
+        .expect("the server takes the command");
+    // The commands after it are applied.
+    fires(
+        client.as_ref(),
+        &service,
+        "after",
+        "after the large command",
+    )
+    .await;
+    let letter = wait_for(Duration::from_secs(30), || async {
+        let letters = client.dead_letters().await.ok()?;
+        letters.into_iter().find(|d| d.reason.contains("too_large"))
+    })
+    .await
+    .unwrap_or_else(|| service.fail("the large command was not dead-lettered"));
+    let limit = timer_core::Limits::default().command_bytes();
+    assert_eq!(letter.body.len(), limit, "{}", letter.reason);
+    assert!(huge.as_bytes().starts_with(&letter.body));
+    assert!(
+        letter
+            .reason
+            .contains(&format!("holds its first {limit} of {} bytes", huge.len())),
+        "{}",
+        letter.reason
+    );
     service.terminate().await;
     setup.clean_up().await;
 }

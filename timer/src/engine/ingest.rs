@@ -512,7 +512,13 @@ impl Engine {
     /// Sends a refused command to the dead-letter destination, retrying with backoff until it
     /// went out (a broker may not deliver an unacknowledged command again, e.g. Kafka within one
     /// session). False only when shutdown came first: the command stays unacknowledged.
+    ///
+    /// A body larger than a command may be (`limits.max_command_bytes`) goes out cut to that
+    /// size, the reason saying so: the broker took the command, but may not take it back with
+    /// the dead letter's header (NATS refuses a message over the server's `max_payload`), and
+    /// a dead letter retried for ever would hold every tenant's commands behind it.
     async fn dead_letter(&self, body: &[u8], reason: &str, shutdown: &CancellationToken) -> bool {
+        let (body, reason) = dead_letter_of(body, reason, self.inner.limits.command_bytes());
         let retry = super::retry::Retry {
             level: Level::ERROR,
             ..self.broker_retry(
@@ -521,8 +527,21 @@ impl Engine {
             )
         };
         retry
-            .until_ok(|| self.inner.broker.dead_letter(body, reason))
+            .until_ok(|| self.inner.broker.dead_letter(body, &reason))
             .await
             .is_some()
     }
+}
+
+/// A refused command's dead letter: its body, cut to `max` bytes when longer, and the reason,
+/// saying how much of it the letter holds when cut.
+fn dead_letter_of<'a>(body: &'a [u8], reason: &str, max: usize) -> (&'a [u8], String) {
+    if body.len() <= max {
+        return (body, reason.to_owned());
+    }
+    let reason = format!(
+        "{reason} (the dead letter holds its first {max} of {} bytes)",
+        body.len()
+    );
+    (&body[..max], reason)
 }
