@@ -271,7 +271,9 @@ pub struct Write {
     /// Its due time, also when it becomes claimable (a resumed series moves on; otherwise
     /// unchanged). A changed due time bumps the revision.
     pub due_at: Timestamp,
-    /// Set when the timer finished (Cancelled, or a series that ended during its pause).
+    /// Set when the timer finishes here (Cancelled, or a series that ended during its pause);
+    /// `None` keeps when it finished, if it had (a completion of a Reached timer), except that
+    /// a timer Scheduled again is finished no more.
     pub finished_at: Option<Timestamp>,
     /// What its history records, in order.
     pub changes: Vec<Change>,

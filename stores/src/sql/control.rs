@@ -56,8 +56,9 @@ statements! {
             let seq: i64 = sqlx::query_scalar(
                 "UPDATE timers SET state = CAST($3 AS SMALLINT), \
                    revision = revision + CASE WHEN due_at <> $4 THEN 1 ELSE 0 END, \
-                   due_at = $4, available_at = $4, finished_at = $5, \
-                   reached_at = CASE WHEN $3 = 1 THEN $5 ELSE reached_at END, \
+                   due_at = $4, available_at = $4, \
+                   finished_at = CASE WHEN $3 = 0 THEN NULL ELSE COALESCE($5, finished_at) END, \
+                   reached_at = CASE WHEN $3 = 1 AND $5 IS NOT NULL THEN $5 ELSE reached_at END, \
                    lease_until = NULL, history_seq = history_seq + $6, \
                    attempts = CASE WHEN $7 = 1 THEN 0 ELSE attempts END, \
                    last_error = CASE WHEN $7 = 1 THEN NULL ELSE last_error END, \

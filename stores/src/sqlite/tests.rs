@@ -147,11 +147,12 @@ fn released_migrations_from_0_2_0_never_change() {
     crate::sql::migrations::assert_released(
         "sqlite (from 0.2.0)",
         &migrate::migrator(),
-        &[(10, "fb916ff804cbe829")],
+        &[(10, "fb916ff804cbe829"), (11, "1c400c4e92916175")],
     );
 }
 
-/// A file 0.1.0 wrote (its migrations only), holding a timer.
+/// A file 0.1.0 wrote (its migrations only), holding a timer, and one Reached that a
+/// completion left without `finished_at` (as releases up to 0.2.0 did).
 async fn file_of_0_1_0(path: &std::path::Path) {
     use sqlx::Connection;
     let url = format!("sqlite://{}?mode=rwc", path.display());
@@ -165,6 +166,13 @@ async fn file_of_0_1_0(path: &std::path::Path) {
     sqlx::query(
         "INSERT INTO timers (tenant_id, service_call_id, due_at, registered_at, available_at) \
          VALUES ('t', 'kept', 60000, 0, 60000)",
+    )
+    .execute(&mut conn)
+    .await
+    .expect("a timer");
+    sqlx::query(
+        "INSERT INTO timers (tenant_id, service_call_id, due_at, registered_at, available_at, \
+         state) VALUES ('t', 'completed', 0, 0, 0, 1)",
     )
     .execute(&mut conn)
     .await
@@ -195,11 +203,14 @@ async fn a_file_of_0_1_0_is_copied_then_migrated() {
     assert!(copy.exists(), "no copy at {copy:?}");
     let copy_url = format!("sqlite://{}?mode=ro", copy.display());
     // The copy is the file as 0.1.0 left it: its timer, none of the new migrations.
-    assert_eq!(count(&copy_url, "SELECT COUNT(*) FROM timers").await, 1);
+    assert_eq!(count(&copy_url, "SELECT COUNT(*) FROM timers").await, 2);
     let tables = "SELECT COUNT(*) FROM sqlite_master WHERE name = 'timer_migrations'";
     assert_eq!(count(&copy_url, tables).await, 0);
     let url = format!("sqlite://{}?mode=ro", path.display());
-    assert_eq!(count(&url, "SELECT COUNT(*) FROM timer_migrations").await, 1);
+    assert_eq!(count(&url, "SELECT COUNT(*) FROM timer_migrations").await, 2);
+    // The finished timer without finished_at has one: it is purged in time.
+    let unfinished = "SELECT COUNT(*) FROM timers WHERE state <> 0 AND finished_at IS NULL";
+    assert_eq!(count(&url, unfinished).await, 0);
     // 0.1.0 would still start on it: sqlx's table holds 0.1.0's migrations only.
     assert_eq!(count(&url, "SELECT MAX(version) FROM _sqlx_migrations").await, 9);
     // Opening it again migrates nothing, so copies nothing.

@@ -165,6 +165,17 @@ pub async fn a_fired_timer_holds_no_lease(store: Arc<dyn Store>) {
         act(s, "a", &done, at(T0_MS + 20)).await,
         ControlOutcome::Completed
     );
+    // The completion kept it finished: when it was reached, and that it is purged in time.
+    let got = row(s, "t", "a").await;
+    assert_eq!(
+        (got.state, got.reached_at),
+        (TimerState::Reached, Some(at(T0_MS + 10)))
+    );
+    assert_eq!(
+        act(s, "a", &done, at(T0_MS + 30)).await,
+        ControlOutcome::AlreadyCompleted
+    );
+    assert_eq!(s.purge(at(T0_MS + 11), 10).await.expect("purge"), 1);
 }
 
 /// A series of tenant `t` due every minute from T0 (T0 is a whole minute).
