@@ -1711,6 +1711,37 @@ async fn a_give_up_whose_timer_failed_cannot_be_sent_is_retried_after_the_backof
     );
 }
 
+/// A one-shot timer waiting for its work, sent again (the same due time) without a
+/// `completionTimeout`, waits for nothing: it becomes Reached and fires no more (it fired again
+/// and again, as fast as the engine could, once the old deadline had passed).
+#[tokio::test]
+async fn a_timer_sent_again_without_its_completion_timeout_is_reached() {
+    let r = Setup::default().start();
+    let policy = Policy {
+        completion_timeout: Some(secs(5)),
+        ..Policy::default()
+    };
+    r.schedule(&[NewTimer {
+        policy: Some(policy),
+        ..timer("job", T0)
+    }])
+    .await;
+    events(&r.hub, 1).await.expect("fired");
+    timer_where(&r.store, "job", |t| {
+        t.work.as_ref().is_some_and(|w| w.awaiting.is_some()) && t.lease_owner.is_none()
+    })
+    .await;
+    r.schedule(&[timer("job", T0)]).await;
+    r.clock.advance(secs(6));
+    let t = timer_where(&r.store, "job", |t| t.state != TimerState::Scheduled).await;
+    assert_eq!(t.state, TimerState::Reached, "{t:?}");
+    assert_eq!(
+        r.hub.events().expect("events").len(),
+        1,
+        "fired once, and once only"
+    );
+}
+
 #[tokio::test]
 async fn commands_are_not_acknowledged_until_the_store_committed_them() {
     let inner: Arc<dyn Store> = Arc::new(MemoryStore::new());

@@ -274,9 +274,27 @@ fn fire(mut planner: Planner<'_>, nominal: Timestamp, caught_up: bool, refire: u
 /// A one-shot timer: its first fire, or, when its work timed out, a fire again (or giving up).
 fn plan_one_shot(mut planner: Planner<'_>, max_attempts: u32) -> Plan {
     let claim = planner.claim;
-    let Some(awaiting) = planner.work.awaiting.clone() else {
+    let Some(mut awaiting) = planner.work.awaiting.clone() else {
         return fire(planner, claim.due_at, false, 0);
     };
+    if claim
+        .policy
+        .as_ref()
+        .is_none_or(|p| p.completion_timeout.is_none())
+    {
+        // Sent again without a completionTimeout while its work ran: no deadline is waited
+        // for, so nothing fires again. Reached (it fired), still taking the completion.
+        awaiting.deadline = None;
+        planner.work.awaiting = Some(awaiting);
+        return Plan::Settle(Step {
+            state: TimerState::Reached,
+            due_at: claim.due_at,
+            available_at: claim.due_at,
+            fired: false,
+            work: planner.work.stored(),
+            changes: planner.before,
+        });
+    }
     if let Some(deadline) = awaiting.deadline.filter(|d| *d > planner.now) {
         // Claimable before its deadline again (a resume, the same ScheduleTimer again): its
         // work still runs, so it waits for the deadline without a fire.
@@ -336,7 +354,10 @@ pub fn fired(
         answer: answer.clone(),
     });
     let tracked = policy.is_some_and(Policy::tracks_completion);
-    if tracked {
+    if !tracked {
+        // Not waited for (a policy sent again without it): an older fire's wait is over too.
+        work.awaiting = None;
+    } else {
         work.awaiting = Some(Awaiting {
             occurrence,
             due_at: fire.due_at,
