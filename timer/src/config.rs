@@ -218,7 +218,9 @@ pub struct TenantFireRate {
 /// `…/timers` would allow `…/timers-admin` too); `*` is not allowed in it. In a pattern, `*` stands for any run of
 /// characters and `{tenant}` for the timer's tenant id as one routing token (letters, digits,
 /// `-` and `_` as they are, every other byte as `%XX`), so no tenant's pattern reaches another
-/// tenant's names. The service's own command, event and dead-letter destinations are never
+/// tenant's names; in a URL's host, where names are lowercased and `%XX` decoded, it stands
+/// only for tenant ids of lowercase letters, digits and `-` (another tenant gets nothing of such
+/// a pattern). The service's own command, event and dead-letter destinations are never
 /// targets, whatever the patterns say.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
@@ -257,15 +259,23 @@ impl TargetRules {
         // `.` and `..` are dot segments in a URL's path: parsing removes them, so a URL pattern
         // `https://hooks.example.com/{tenant}/` would be the whole host for them.
         let dot_segment = token.eq_ignore_ascii_case("%2E") || token.eq_ignore_ascii_case("%2E%2E");
+        // In a URL's host, parsing lowercases names and decodes `%XX` (then maps Unicode to
+        // ASCII): `ACME` and `ａｃｍｅ` would name `acme`'s host. Only a token a host keeps as
+        // written stands there.
+        let host_label = token
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
         self.allow
             .iter()
             .chain(own.unwrap_or_default())
             .any(|pattern| {
                 let named = pattern.contains("{tenant}");
+                let in_host = named && authority(pattern).contains("{tenant}");
                 let pattern = pattern.replace("{tenant}", &token);
                 match url_prefix(&pattern) {
                     // Such a tenant gets nothing of a URL pattern that names it.
                     Some(_) if named && dot_segment => false,
+                    Some(_) if in_host && !host_label => false,
                     // A URL (an HTTP target) matches URL patterns only, by prefix.
                     Some(prefix) => is_url(name) && name.starts_with(&prefix),
                     None => !is_url(name) && matches_pattern(&pattern, name),
@@ -312,6 +322,13 @@ impl TargetRules {
 /// Whether `name` is a URL (an HTTP target's destination).
 fn is_url(name: &str) -> bool {
     name.starts_with("http://") || name.starts_with("https://")
+}
+
+/// The authority of a URL pattern (user, host, port): from after `://` to the path, query or
+/// fragment.
+fn authority(pattern: &str) -> &str {
+    let rest = pattern.split_once("://").map_or(pattern, |(_, rest)| rest);
+    rest.split(['/', '?', '#']).next().unwrap_or(rest)
 }
 
 /// A URL pattern as the prefix it allows, written as the URLs it is compared with are (host in

@@ -91,6 +91,27 @@ fn each_tenant_reaches_its_own_names_and_what_it_is_given() {
         );
     }
     assert!(urls.allows("...", "http://127.0.0.1:8080/%2E%2E%2E/due"));
+    // In a host, names are lowercased and `%XX` decoded and mapped: only a tenant id a host
+    // keeps as written gets a host of its own, so `ACME` and `ａｃｍｅ` never reach `acme`'s.
+    let hosts = TargetRules {
+        allow: vec!["https://{tenant}.hooks.example.com/".into()],
+        tenants: BTreeMap::new(),
+    };
+    hosts.check().unwrap();
+    assert!(hosts.allows("acme", "https://acme.hooks.example.com/due"));
+    assert!(hosts.allows("eu-1", "https://eu-1.hooks.example.com/due"));
+    for tenant in ["ACME", "\u{ff41}\u{ff43}\u{ff4d}\u{ff45}", "a_b", "a.b"] {
+        for url in [
+            "https://acme.hooks.example.com/due",
+            "https://a_b.hooks.example.com/due",
+            "https://a.b.hooks.example.com/due",
+        ] {
+            assert!(!hosts.allows(tenant, url), "{tenant} {url}");
+        }
+    }
+    // In the path, the token stands as written (case kept, `%XX` not decoded).
+    assert!(urls.allows("ACME", "http://127.0.0.1:8080/ACME/due"));
+    assert!(!urls.allows("ACME", "http://127.0.0.1:8080/acme/due"));
     assert!(
         !urls.allows("a", "https://x.com/"),
         "`*` allows names, not URLs"
