@@ -504,6 +504,37 @@ mod server_tests {
         drop_schema(&pool, &schema).await;
     }
 
+    /// A migration that holds `timer_instances` (an `ALTER TABLE` waits for the table's lock,
+    /// then holds it) does not end the membership of the instances running meanwhile: their
+    /// `last_seen_at` writes wait, their pings (what says they live) do not.
+    #[tokio::test]
+    async fn an_instance_lives_on_while_a_migration_holds_the_instances_table() {
+        let Some(url) = server() else { return };
+        let (config, pool) = fresh(url).await;
+        let schema = config.schema.clone();
+        let store = Arc::new(PostgresStore::open(&config).await.expect("opens"));
+        let owners: &dyn LeaseOwners = store.lease_owners().expect("postgres has owners");
+        let release = Release {
+            version: "0.2.0".into(),
+            revision: "abc".into(),
+        };
+        let t0 = Timestamp::from_millis(0);
+        let mut member = owners.join("i-1", &release, t0, t0).await.expect("joins");
+        let mut migration = pool.begin().await.expect("begin");
+        sqlx::query("LOCK TABLE timer_instances IN ACCESS EXCLUSIVE MODE")
+            .execute(&mut *migration)
+            .await
+            .expect("lock");
+        // Three seconds: three writes of last_seen_at wait for the lock, each far longer than
+        // a ping may take.
+        let lost = tokio::time::timeout(std::time::Duration::from_secs(3), member.lost()).await;
+        assert!(lost.is_err(), "the membership ended: {lost:?}");
+        migration.rollback().await.expect("rollback");
+        let _ = member.leave().await;
+        drop(store);
+        drop_schema(&pool, &schema).await;
+    }
+
     #[tokio::test]
     async fn an_index_a_failed_build_left_invalid_is_built_again() {
         let Some(url) = server() else { return };

@@ -12,6 +12,10 @@
 //!   longer than [`PING_TIMEOUT`] resolves [`Membership::lost`]. So `lost` resolves at most
 //!   [`LOST_WITHIN`] after the server ended the session, and released leases are claimable only
 //!   that much later: the instance that lost its lock stopped firing them before.
+//! - `last_seen_at` is written every [`SEEN_EVERY`] pings on a connection of the pool, beside
+//!   the pings: a write waits for its commit (the WAL on disk, a synchronous standby) and for
+//!   locks on `timer_instances` (a migration's), which say nothing of whether the instance is
+//!   alive; one that fails or lags is logged and tried again, never the end of the membership.
 //! - The keeper asks the server to probe it with TCP keepalives (`tcp_keepalives_*`), so a
 //!   session whose host vanished ends after about [`KEEPALIVE_GONE_AFTER`] instead of hours;
 //!   the instance itself gives up its membership much sooner (`PING_TIMEOUT`), so it always
@@ -33,8 +37,10 @@ use super::{db_err, root_cause, PostgresStore};
 pub const PING_EVERY: Duration = Duration::from_millis(100);
 /// A ping not answered within this counts as a lost connection.
 pub const PING_TIMEOUT: Duration = Duration::from_millis(500);
-/// How often the keeper writes `last_seen_at` (in place of a ping).
+/// Every how many pings `last_seen_at` is written (on the pool, beside the ping).
 pub const SEEN_EVERY: u32 = 10;
+/// Longest a `last_seen_at` write may take before it is given up (and tried again later).
+const SEEN_TIMEOUT: Duration = Duration::from_secs(5);
 /// The bound `Membership::lost` keeps ([`LeaseOwners::lost_within`]): one ping interval, one
 /// timeout and a margin for scheduling.
 pub const LOST_WITHIN: Duration = Duration::from_millis(750);
@@ -114,8 +120,37 @@ where
 struct PgMembership {
     /// The session that holds the owner's lock; `None` once lost or left.
     conn: Option<PgConnection>,
+    /// Where `last_seen_at` is written.
+    pool: sqlx::PgPool,
     owner: String,
     schema: String,
+}
+
+/// Writes `owner`'s `last_seen_at` on `pool`, on a task of its own, unless the `last` write is
+/// still under way; a failed one is logged.
+fn write_seen(
+    pool: &sqlx::PgPool,
+    owner: &str,
+    last: Option<tokio::task::JoinHandle<()>>,
+) -> Option<tokio::task::JoinHandle<()>> {
+    if last.as_ref().is_some_and(|task| !task.is_finished()) {
+        return last;
+    }
+    let (pool, owner) = (pool.clone(), owner.to_owned());
+    Some(tokio::spawn(async move {
+        let seen =
+            format!("UPDATE timer_instances SET last_seen_at = {SERVER_MS} WHERE owner = $1");
+        let write = sqlx::query(&seen).bind(&owner).execute(&pool);
+        let why = match tokio::time::timeout(SEEN_TIMEOUT, write).await {
+            Ok(Ok(_)) => return,
+            Ok(Err(e)) => root_cause(&e),
+            Err(_) => format!("no answer within {} s", SEEN_TIMEOUT.as_secs()),
+        };
+        warn!(
+            owner,
+            "postgres store: writing this instance's last_seen_at failed: {why}; it lives on"
+        );
+    }))
 }
 
 #[async_trait]
@@ -124,18 +159,15 @@ impl Membership for PgMembership {
         let Some(conn) = self.conn.as_mut() else {
             return Error::unavailable("postgres store: this instance's lock connection is closed");
         };
-        let seen = format!("UPDATE timer_instances SET last_seen_at = {SERVER_MS} WHERE owner = $1");
         let mut pings = 0u32;
+        let mut seen = None;
         let error = loop {
             tokio::time::sleep(PING_EVERY).await;
             pings = pings.wrapping_add(1);
-            let answer = if pings.is_multiple_of(SEEN_EVERY) {
-                let update = sqlx::query(&seen).bind(&self.owner).execute(&mut *conn);
-                tokio::time::timeout(PING_TIMEOUT, async { update.await.map(drop) }).await
-            } else {
-                tokio::time::timeout(PING_TIMEOUT, conn.ping()).await
-            };
-            match answer {
+            if pings.is_multiple_of(SEEN_EVERY) {
+                seen = write_seen(&self.pool, &self.owner, seen);
+            }
+            match tokio::time::timeout(PING_TIMEOUT, conn.ping()).await {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => {
                     break Error::unavailable(format!(
@@ -247,6 +279,7 @@ impl LeaseOwners for PostgresStore {
         }
         Ok(Box::new(PgMembership {
             conn: Some(conn),
+            pool: self.pool.clone(),
             owner: owner.to_owned(),
             schema: self.schema.clone(),
         }))
