@@ -55,6 +55,7 @@ pub fn checks() -> Vec<Check<Arc<BrokerCase>>> {
         streams_the_server_lost_are_made_again,
         a_server_back_without_its_store_gets_the_streams_made_again,
         a_refused_command_the_server_could_not_take_back_is_dead_lettered_cut,
+        an_event_larger_than_the_server_takes_fails_alone,
     ];
     // Its series goes on from when an occurrence fired: one fired over a second late (a busy
     // machine) would leave a gap it takes for a missed one.
@@ -697,6 +698,50 @@ async fn a_refused_command_the_server_could_not_take_back_is_dead_lettered_cut(
             .contains(&format!("holds its first {limit} of {} bytes", huge.len())),
         "{}",
         letter.reason
+    );
+    service.terminate().await;
+    setup.clean_up().await;
+}
+
+/// An event larger than the server takes (`limits.max_message_bytes` raised past its
+/// `max_payload`) fails alone: the timers fired with it in one batch are published and Reached,
+/// it is retried, naming why.
+async fn an_event_larger_than_the_server_takes_fails_alone(case: Arc<BrokerCase>) {
+    let setup = Setup::with_sections(
+        &case,
+        json!({ "limits": { "max_message_bytes": 4_194_304 } }),
+    );
+    let service = setup.start().await;
+    let url = nats_config(&setup).url.clone();
+    let max = async_nats::connect(&url)
+        .await
+        .expect("connect")
+        .server_info()
+        .max_payload;
+    let due = now_ms() + 1_000;
+    let huge = json!({"tenantId": "t", "serviceCallId": "huge", "dueTimeMs": due,
+                      "message": {"body": "x".repeat(max)}});
+    let small = json!({"tenantId": "t", "serviceCallId": "small", "dueTimeMs": due});
+    service.schedule_batch(&[huge, small]).await;
+    let reached = wait_for(Duration::from_secs(30), || async {
+        let (_, t) = service.get("/v1/tenants/t/timers/small").await;
+        (t["state"] == "Reached").then_some(t)
+    })
+    .await
+    .unwrap_or_else(|| service.fail("the small timer was not Reached"));
+    assert_eq!(reached["attempts"], 0, "published at once: {reached}");
+    let failed = wait_for(Duration::from_secs(30), || async {
+        let (_, t) = service.get("/v1/tenants/t/timers/huge").await;
+        (t["attempts"].as_u64() >= Some(1)).then_some(t)
+    })
+    .await
+    .unwrap_or_else(|| service.fail("the large event's failure was not recorded"));
+    assert_eq!(failed["state"], "Scheduled", "{failed}");
+    assert!(
+        failed["lastError"]
+            .as_str()
+            .is_some_and(|e| e.contains("max_payload")),
+        "{failed}"
     );
     service.terminate().await;
     setup.clean_up().await;

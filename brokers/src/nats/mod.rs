@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_nats::header::{HeaderMap, NATS_MESSAGE_ID};
-use async_nats::jetstream::context::GetStreamByNameErrorKind;
+use async_nats::jetstream::context::{GetStreamByNameErrorKind, PublishErrorKind};
 use async_nats::jetstream::{self, AckKind};
 use async_trait::async_trait;
 use futures::future::join_all;
@@ -189,7 +189,41 @@ impl NatsBroker {
         }
         Ok(subject)
     }
+
+    /// Awaits the PubAcks of a batch's publishes. A stream that answered no to one message
+    /// (full with discard new, ...) refuses that event alone: the others it took stay taken.
+    /// An answer that did not come (a timeout, a lost connection) fails the batch, which may
+    /// be half sent.
+    async fn pub_acks(
+        &self,
+        acks: Vec<(usize, jetstream::context::PublishAckFuture)>,
+        undelivered: &mut Vec<Undelivered>,
+    ) -> Result<()> {
+        let (indexes, acks): (Vec<usize>, Vec<_>) = acks.into_iter().unzip();
+        let answers = join_all(acks.into_iter().map(IntoFuture::into_future)).await;
+        for (index, answer) in indexes.into_iter().zip(answers) {
+            match answer {
+                Ok(_) => {}
+                Err(e) if refused_by_the_stream(&e) => {
+                    let error = Error::unavailable(format!(
+                        "nats broker: the stream refused the event: {}; it is retried",
+                        timer_core::error::one_line(&e)
+                    ));
+                    undelivered.push(Undelivered { index, error });
+                }
+                Err(e) => {
+                    self.publish_failed.store(true, Ordering::SeqCst);
+                    return Err(unavailable("awaiting a PubAck", e));
+                }
+            }
+        }
+        Ok(())
+    }
 }
+
+/// Most PubAcks one publish leaves un-awaited: each holds one of the JetStream context's 5,000
+/// permits for publishes in flight until it is awaited.
+const ACKS_AT_ONCE: usize = 1_000;
 
 /// The subject of a target `{"subject": "..."}`, when it is one this broker may publish to: a
 /// subject without wildcards that fits the protocol line, and none the service uses itself.
@@ -270,7 +304,6 @@ fn headers_of(event: &OutboundEvent) -> HeaderMap {
 /// error in its PubAck: full with discard new, a wrong expected sequence, ...), not because the
 /// answer did not come (a timeout, a lost connection), which may leave the batch half sent.
 fn refused_by_the_stream(e: &jetstream::context::PublishError) -> bool {
-    use jetstream::context::PublishErrorKind;
     match e.kind() {
         PublishErrorKind::WrongLastMessageId | PublishErrorKind::WrongLastSequence => true,
         PublishErrorKind::Other => std::error::Error::source(e)
@@ -500,42 +533,47 @@ impl Broker for NatsBroker {
                 }
             };
             let headers = headers_of(event);
+            // An event over the server's max_payload (with its headers) fails alone.
+            let too_large = |e: &dyn std::fmt::Display| Undelivered {
+                index,
+                error: Error::invalid(format!(
+                    "nats broker: the event is larger than the server takes (its max_payload): \
+                     {e}"
+                )),
+            };
             if plain_subjects.contains(subject.as_str()) {
-                self.client
+                match self
+                    .client
                     .publish_with_headers(subject, headers, event.body.clone().into())
                     .await
-                    .map_err(|e| unavailable("publishing to a target", e))?;
-                plain += 1;
+                {
+                    Ok(()) => plain += 1,
+                    Err(e) if e.kind() == async_nats::client::PublishErrorKind::MaxPayloadExceeded => {
+                        undelivered.push(too_large(&e));
+                    }
+                    Err(e) => return Err(unavailable("publishing to a target", e)),
+                }
                 continue;
             }
-            let ack = self
+            match self
                 .js
                 .publish_with_headers(subject, headers, event.body.clone().into())
                 .await
-                .map_err(|e| unavailable("publishing an event", e))?;
-            acks.push((index, ack));
-        }
-        // All sent; now every PubAck must arrive, and every plain publish be flushed. A stream
-        // that answered no to one message (full with discard new, ...) refuses that event
-        // alone: the others it took stay taken.
-        let (indexes, acks): (Vec<usize>, Vec<_>) = acks.into_iter().unzip();
-        let answers = join_all(acks.into_iter().map(IntoFuture::into_future)).await;
-        for (index, answer) in indexes.into_iter().zip(answers) {
-            match answer {
-                Ok(_) => {}
-                Err(e) if refused_by_the_stream(&e) => {
-                    let error = Error::unavailable(format!(
-                        "nats broker: the stream refused the event: {}; it is retried",
-                        timer_core::error::one_line(&e)
-                    ));
-                    undelivered.push(Undelivered { index, error });
+            {
+                Ok(ack) => acks.push((index, ack)),
+                Err(e) if e.kind() == PublishErrorKind::MaxPayloadExceeded => {
+                    undelivered.push(too_large(&e));
                 }
-                Err(e) => {
-                    self.publish_failed.store(true, Ordering::SeqCst);
-                    return Err(unavailable("awaiting a PubAck", e));
-                }
+                Err(e) => return Err(unavailable("publishing an event", e)),
+            }
+            // Each PubAck not awaited holds one of the context's 5,000 permits for publishes
+            // in flight: a batch larger than that would wait for its own.
+            if acks.len() >= ACKS_AT_ONCE {
+                self.pub_acks(std::mem::take(&mut acks), &mut undelivered)
+                    .await?;
             }
         }
+        self.pub_acks(acks, &mut undelivered).await?;
         undelivered.sort_by_key(|u| u.index);
         if plain > 0 {
             self.client

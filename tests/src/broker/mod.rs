@@ -106,13 +106,15 @@ pub async fn published_event_readable_with_its_id(fx: Arc<dyn TestClient>) {
     }
 }
 
+/// One publish of more events than a client may leave waiting for their confirms (NATS's
+/// JetStream context: 5,000), as a large `engine.batch_size` asks: every one confirmed.
 pub async fn many_events_confirmed_together(fx: Arc<dyn TestClient>) {
-    const N: usize = 1_000;
+    const N: usize = 6_000;
     let broker = fx.connect().await.expect("connect");
     let events: Vec<OutboundEvent> = (0..N).map(event).collect();
     let undelivered = tokio::time::timeout(Duration::from_secs(60), broker.publish(&events))
         .await
-        .expect("1000 publishes confirmed within a minute")
+        .expect("6,000 publishes confirmed within a minute")
         .expect("publish");
     assert!(undelivered.is_empty(), "refused: {undelivered:?}");
     let read = wait_for(WAIT, || async {
