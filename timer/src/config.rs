@@ -221,7 +221,8 @@ pub struct TenantFireRate {
 /// tenant's names; in a URL's host, where names are lowercased and `%XX` decoded, it stands
 /// only for tenant ids of lowercase letters, digits and `-` (another tenant gets nothing of such
 /// a pattern). The service's own command, event and dead-letter destinations are never
-/// targets, whatever the patterns say.
+/// targets, whatever the patterns say, nor the broker's own (NATS subjects starting with `$`
+/// or `_INBOX.`, Kafka topics starting with `__`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct TargetRules {

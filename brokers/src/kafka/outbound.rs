@@ -51,6 +51,13 @@ pub(super) fn target_route<'t>(target: &'t Target, config: &KafkaConfig) -> std:
             "{topic:?} is not a Kafka topic name (1 to 249 of a-z, A-Z, 0-9, '.', '_', '-')"
         ));
     }
+    // Kafka's own (`__consumer_offsets`, `__transaction_state`): the cluster's bookkeeping.
+    if topic.starts_with("__") {
+        return Err(format!(
+            "topic {topic} is one of Kafka's internal topics (starting with __); a timer cannot \
+             send there"
+        ));
+    }
     if config.own_topics().contains(&topic) {
         return Err(format!(
             "topic {topic} is one of the service's own (commands, events, dead letters, delayed \
@@ -120,4 +127,31 @@ pub(super) fn delivery_failed(what: String, e: KafkaError) -> Error {
         None => what,
     };
     unavailable(&what, e)
+}
+
+#[cfg(test)]
+mod tests {
+    use timer_core::Target;
+
+    use super::{target_route, KafkaConfig};
+
+    /// Kafka's internal topics and the service's own are never targets, whatever
+    /// `targets.allow` says.
+    #[test]
+    fn internal_and_own_topics_are_no_targets() {
+        let config = KafkaConfig::default();
+        let topic = |name: &str| {
+            let target = Target::from_json(&serde_json::json!({ "topic": name }).to_string())
+                .expect("a target");
+            target_route(&target, &config).map(|route| route.topic.to_owned())
+        };
+        assert_eq!(topic("acme.orders"), Ok("acme.orders".to_owned()));
+        for name in [
+            "__consumer_offsets",
+            "__transaction_state",
+            config.commands_topic.as_str(),
+        ] {
+            assert!(topic(name).is_err(), "{name}");
+        }
+    }
 }

@@ -260,6 +260,15 @@ fn target_subject<'t>(
             "{subject:?} is a subject of the service itself ({pattern}); a timer cannot send there"
         ));
     }
+    // The server's own subjects: `$JS.API.STREAM.PURGE.<stream>` purges a stream (the
+    // service's too) when anyone with the service's rights publishes there; `$KV`, `$O`, `$SYS`
+    // alike; `_INBOX.` are the replies other clients wait for.
+    if subject.starts_with('$') || tokens[0] == "_INBOX" {
+        return Err(format!(
+            "{subject:?} is a subject of the NATS server or its clients ($JS, $KV, $O, $SYS, \
+             _INBOX, ...): a timer cannot send there"
+        ));
+    }
     Ok(subject)
 }
 
@@ -644,5 +653,34 @@ impl Broker for NatsBroker {
             .await
             .map(|_| ())
             .map_err(|e| unavailable("no answer to a JetStream request ($JS.API.INFO)", e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use timer_core::Target;
+
+    use super::target_subject;
+
+    fn subject(name: &str) -> Result<String, String> {
+        let target = Target::from_json(&serde_json::json!({ "subject": name }).to_string())
+            .expect("a target");
+        target_subject(&target, &["timer.commands.>".to_owned()]).map(str::to_owned)
+    }
+
+    /// Subjects of the server (its JetStream API: a publish to `$JS.API.STREAM.PURGE.X` purges
+    /// stream X) and the inboxes of clients are never targets, whatever `targets.allow` says.
+    #[test]
+    fn the_servers_own_subjects_are_no_targets() {
+        assert_eq!(subject("acme.orders"), Ok("acme.orders".to_owned()));
+        for name in [
+            "$JS.API.STREAM.PURGE.TIMER_COMMANDS",
+            "$KV.config.key",
+            "$SYS.REQ.SERVER.PING",
+            "_INBOX.abc",
+            "timer.commands.acme",
+        ] {
+            assert!(subject(name).is_err(), "{name}");
+        }
     }
 }
