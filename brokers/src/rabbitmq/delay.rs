@@ -54,18 +54,7 @@ pub fn command_of(delivery: &Delivery, default_tenant: &str) -> Vec<u8> {
         })
         .filter_map(|(name, value)| Some((name.clone(), Value::from(text_of(value)?))))
         .collect();
-    let due = if let Some(delay) = headers.get(DELAY_HEADER).and_then(integer_of) {
-        // As the plugin did: a negative delay is none.
-        Some(("dueInMs", Value::from(delay.max(0))))
-    } else {
-        headers
-            .get(DELIVER_AT_HEADER)
-            .and_then(|at| match (integer_of(at), text_of(at)) {
-                (Some(ms), _) => Some(("dueTimeMs", Value::from(ms))),
-                (None, Some(text)) => Some(("dueAt", Value::from(text))),
-                (None, None) => None,
-            })
-    };
+    let due = due_of(&headers);
     Delayed {
         tenant,
         id: properties.message_id().as_ref().map(|id| id.to_string()),
@@ -80,6 +69,29 @@ pub fn command_of(delivery: &Delivery, default_tenant: &str) -> Vec<u8> {
     .command()
 }
 
+/// The due time the headers say: `x-delay` (milliseconds from now) before `x-deliver-at`. A
+/// delay that is no whole number of milliseconds is passed on as it was given, so that the
+/// refusal names it (not a missing due time).
+fn due_of(headers: &BTreeMap<String, AMQPValue>) -> Option<(&'static str, Value)> {
+    if let Some(delay) = headers.get(DELAY_HEADER) {
+        return Some(match integer_of(delay) {
+            // As the plugin did: a negative delay is none.
+            Some(ms) => ("dueInMs", Value::from(ms.max(0))),
+            None => (
+                "dueInMs",
+                Value::from(text_of(delay).unwrap_or_else(|| format!("{delay:?}"))),
+            ),
+        });
+    }
+    headers
+        .get(DELIVER_AT_HEADER)
+        .and_then(|at| match (integer_of(at), text_of(at)) {
+            (Some(ms), _) => Some(("dueTimeMs", Value::from(ms))),
+            (None, Some(text)) => Some(("dueAt", Value::from(text))),
+            (None, None) => None,
+        })
+}
+
 /// A header value as text: strings as they are, numbers and booleans printed.
 pub(super) fn text_of(value: &AMQPValue) -> Option<String> {
     Some(match value {
@@ -92,10 +104,19 @@ pub(super) fn text_of(value: &AMQPValue) -> Option<String> {
     })
 }
 
-/// A header value as an integer: integer types, an AMQP timestamp (seconds, as milliseconds),
-/// or text of digits.
+/// A header value as an integer: integer types, a float or double of a whole number (a client
+/// that sends `seconds * 1000` from a language without integers), an AMQP timestamp (seconds, as
+/// milliseconds), or text of digits.
 fn integer_of(value: &AMQPValue) -> Option<i64> {
+    let whole = |f: f64| {
+        // 2^63, exact as an f64: the first value past i64.
+        const PAST: f64 = 9_223_372_036_854_775_808.0;
+        // Not NaN nor infinite either: their fraction is NaN.
+        (f.fract() == 0.0 && (-PAST..PAST).contains(&f)).then_some(f as i64)
+    };
     match value {
+        AMQPValue::Float(f) => whole(f64::from(*f)),
+        AMQPValue::Double(d) => whole(*d),
         AMQPValue::ShortShortInt(n) => Some(i64::from(*n)),
         AMQPValue::ShortShortUInt(n) => Some(i64::from(*n)),
         AMQPValue::ShortInt(n) => Some(i64::from(*n)),
@@ -107,5 +128,49 @@ fn integer_of(value: &AMQPValue) -> Option<i64> {
         AMQPValue::LongString(s) => std::str::from_utf8(s.as_bytes()).ok()?.trim().parse().ok(),
         AMQPValue::ShortString(s) => s.as_str().trim().parse().ok(),
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use lapin::types::{AMQPValue, LongString};
+    use serde_json::Value;
+
+    use super::{due_of, DELAY_HEADER, DELIVER_AT_HEADER};
+
+    fn due(name: &str, value: AMQPValue) -> Option<(&'static str, Value)> {
+        due_of(&BTreeMap::from([(name.to_owned(), value)]))
+    }
+
+    /// `x-delay` as any number type a client library sends, whole numbers as floats too; what
+    /// is no whole number goes on as given, for the refusal to name it.
+    #[test]
+    fn a_delay_of_any_number_type_is_read() {
+        let ms = |n: i64| Some(("dueInMs", Value::from(n)));
+        assert_eq!(due(DELAY_HEADER, AMQPValue::LongInt(1_500)), ms(1_500));
+        assert_eq!(due(DELAY_HEADER, AMQPValue::Double(1_500.0)), ms(1_500));
+        assert_eq!(due(DELAY_HEADER, AMQPValue::Float(250.0)), ms(250));
+        assert_eq!(due(DELAY_HEADER, AMQPValue::LongLongInt(-5)), ms(0));
+        let text = |s: &str| AMQPValue::LongString(LongString::from(s.as_bytes().to_vec()));
+        assert_eq!(due(DELAY_HEADER, text("2000")), ms(2_000));
+        assert_eq!(
+            due(DELAY_HEADER, AMQPValue::Double(1.5)),
+            Some(("dueInMs", Value::from("1.5")))
+        );
+        assert_eq!(
+            due(DELAY_HEADER, text("5s")),
+            Some(("dueInMs", Value::from("5s")))
+        );
+        assert_eq!(
+            due(DELAY_HEADER, AMQPValue::Double(f64::INFINITY)),
+            Some(("dueInMs", Value::from("inf")))
+        );
+        assert_eq!(
+            due(DELIVER_AT_HEADER, AMQPValue::LongLongInt(1_800_000_000_000)),
+            Some(("dueTimeMs", Value::from(1_800_000_000_000_i64)))
+        );
+        assert_eq!(due("other", AMQPValue::LongInt(1)), None);
     }
 }
