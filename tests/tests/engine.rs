@@ -1711,6 +1711,91 @@ async fn a_give_up_whose_timer_failed_cannot_be_sent_is_retried_after_the_backof
     );
 }
 
+/// Giving up timers whose work timed out waits for their `TimerFailed` dead letters on a task
+/// of its own: while one is held by the broker, the firing task goes on, and another tenant's
+/// timer fires on time.
+#[tokio::test]
+async fn a_give_up_waiting_for_its_dead_letter_holds_no_other_fire() {
+    let mut setup = Setup::default();
+    setup.config.max_attempts = 1;
+    setup.dead_letters = DeadLetterGate::holding();
+    let gate = setup.dead_letters.clone();
+    let r = setup.start();
+    let policy = Policy {
+        completion_timeout: Some(secs(5)),
+        ..Policy::default()
+    };
+    r.schedule(&[NewTimer {
+        policy: Some(policy),
+        ..timer("abandoned", T0)
+    }])
+    .await;
+    events(&r.hub, 1).await.expect("fired");
+    timer_where(&r.store, "abandoned", |t| {
+        t.work.as_ref().is_some_and(|w| w.awaiting.is_some()) && t.lease_owner.is_none()
+    })
+    .await;
+    let other = T0.saturating_add(secs(6));
+    r.schedule(&[NewTimer::new(TimerKey::new("other", "o"), other)])
+        .await;
+    r.clock.advance(secs(5));
+    assert!(gate.tried(1).await, "the TimerFailed was tried");
+    r.clock.advance(secs(1));
+    let fired = events(&r.hub, 2).await;
+    assert!(
+        fired.is_some(),
+        "the other tenant's timer waited for the dead letter"
+    );
+    gate.release();
+    timer_where(&r.store, "abandoned", |t| t.state == TimerState::Failed).await;
+}
+
+/// Of timers given up together whose `TimerFailed` cannot be sent, one is tried: the others are
+/// retried after the backoff with it, which grows with each failed try.
+#[tokio::test]
+async fn give_ups_whose_dead_letters_fail_try_one_and_back_off() {
+    let (mut setup, gate) = Setup::default().refusing_dead_letters();
+    setup.config.max_attempts = 1;
+    let r = setup.start();
+    let policy = Policy {
+        completion_timeout: Some(secs(5)),
+        ..Policy::default()
+    };
+    let abandoned = ["a-1", "a-2", "a-3"];
+    let timers: Vec<NewTimer> = abandoned
+        .iter()
+        .map(|id| NewTimer {
+            policy: Some(policy.clone()),
+            ..timer(id, T0)
+        })
+        .collect();
+    r.schedule(&timers).await;
+    events(&r.hub, 3).await.expect("fired");
+    for id in abandoned {
+        timer_where(&r.store, id, |t| {
+            t.work.as_ref().is_some_and(|w| w.awaiting.is_some()) && t.lease_owner.is_none()
+        })
+        .await;
+    }
+    r.clock.advance(secs(5));
+    assert!(gate.tried(1).await, "a TimerFailed was tried");
+    for id in abandoned {
+        let t = timer_where(&r.store, id, |t| t.attempts == 1 && t.lease_owner.is_none()).await;
+        assert_eq!(t.state, TimerState::Scheduled, "{t:?}");
+        assert!(
+            t.last_error
+                .as_deref()
+                .is_some_and(|e| e.contains("could not be sent")),
+            "{t:?}"
+        );
+    }
+    assert_eq!(
+        gate.tries.load(Ordering::SeqCst),
+        1,
+        "one try for the three"
+    );
+}
+
 /// A one-shot timer waiting for its work, sent again (the same due time) without a
 /// `completionTimeout`, waits for nothing: it becomes Reached and fires no more (it fired again
 /// and again, as fast as the engine could, once the old deadline had passed).

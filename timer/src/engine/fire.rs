@@ -330,6 +330,7 @@ impl Engine {
         let mut fires: Vec<Fire> = Vec::with_capacity(claimed.len());
         let mut firing: Vec<ClaimedTimer> = Vec::with_capacity(claimed.len());
         let mut settled: Vec<(ClaimedTimer, Settlement)> = Vec::new();
+        let mut giving_up: Vec<(ClaimedTimer, String)> = Vec::new();
         for t in claimed {
             match policy::plan(&t, reached_at, inner.config.max_attempts) {
                 Plan::Fire(fire) => {
@@ -337,19 +338,17 @@ impl Engine {
                     firing.push(t);
                 }
                 Plan::Settle(step) => settled.push((t, Settlement::Step(step))),
-                Plan::GiveUp { error } => {
-                    let reason = format!("completion_timeout: {error}");
-                    if !self.give_up(&t, &error, &reason).await {
-                        // The dead letter did not go out: try again after a backoff.
-                        let at = reached_at.saturating_add(super::retry::backoff(
-                            &inner.config,
-                            t.attempts.saturating_add(1),
-                        ));
-                        self.give_back(std::slice::from_ref(&t), at, "releasing a timer")
-                            .await;
-                    }
-                }
+                Plan::GiveUp { error } => giving_up.push((t, error)),
             }
+        }
+        if !giving_up.is_empty() {
+            // Their dead letters wait for the broker, as publishes do: not here, where every
+            // tenant's next claim waits.
+            let engine = self.clone();
+            calls.spawn(
+                self,
+                async move { engine.give_up_timed_out(giving_up).await },
+            );
         }
         if !inner.pace.is_off() {
             self.pace(&mut firing, &mut fires, &mut settled, reached_at)

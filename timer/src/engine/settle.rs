@@ -107,6 +107,40 @@ impl Engine {
                 retry.push((timer, error));
             }
         }
+        self.retry_later(retry, now, not_before).await;
+    }
+
+    /// Gives up the timers whose work did not complete within their completion timeouts too
+    /// often, each with its error (on a task of its own: each waits for its dead letter). After
+    /// the first whose `TimerFailed` does not go out, the rest are not tried: each is retried
+    /// after its backoff, which grows with each such try (its attempts count them).
+    pub(super) async fn give_up_timed_out(&self, timers: Vec<(ClaimedTimer, String)>) {
+        let now = self.inner.clock.now();
+        let mut broker_up = true;
+        let mut retry = Vec::new();
+        for (timer, error) in timers {
+            let reason = format!("completion_timeout: {error}");
+            broker_up = broker_up && self.give_up(&timer, &error, &reason).await;
+            if !broker_up {
+                let error = format!("{error}; its TimerFailed could not be sent: retried");
+                retry.push((timer, error));
+            }
+        }
+        self.retry_later(retry, now, None).await;
+        // Claimable again (after a backoff, or at once if rescheduled meanwhile): the firing
+        // task plans again.
+        self.wake_by(now);
+    }
+
+    /// Releases `retry` for a retry after each one's backoff, not sooner than `not_before` from
+    /// `now`, each with its error.
+    async fn retry_later(
+        &self,
+        retry: Vec<(ClaimedTimer, String)>,
+        now: Timestamp,
+        not_before: Option<std::time::Duration>,
+    ) {
+        let inner = &self.inner;
         let released: Vec<(ClaimedTimer, Settlement)> = retry
             .into_iter()
             .map(|(t, error)| {
