@@ -148,6 +148,11 @@ pub fn plan(claim: &ClaimedTimer, now: Timestamp, max_attempts: u32) -> Plan {
         return plan_one_shot(planner, max_attempts);
     };
     let nominal = planner.work.nominal.unwrap_or(claim.due_at);
+    if planner.fire_time(nominal) > now {
+        // Claimed at its due time before the series was sent again with a longer jitter: it
+        // goes out at its new time, never before the due time its event says.
+        return planner.settle_at(Some(nominal));
+    }
     let fired = claim.occurrences;
     // The occurrences due by now, from the claimed one on (at most MAX_COUNTED_SKIPS).
     let mut due = vec![nominal];
@@ -500,6 +505,38 @@ mod tests {
                 "{with_policy:?}"
             );
         }
+    }
+
+    /// A series sent again with a jitter (or a longer one), claimed at the due time it had, is
+    /// not fired then: it waits for its new time (its event would say a `dueAt` still to come).
+    #[test]
+    fn a_jitter_added_later_does_not_fire_early() {
+        let daily = Recurrence {
+            cron: "0 0 * * *".into(),
+            time_zone: "UTC".into(),
+            end_at: None,
+            max_occurrences: None,
+        };
+        let jittered = Policy {
+            jitter: Some(std::time::Duration::from_secs(1_800)),
+            ..Policy::default()
+        };
+        // T0 is no midnight; the claim's due time is, as the series stored it.
+        let midnight = Timestamp::from_millis(T0.as_millis() - T0.as_millis() % 86_400_000);
+        let claim = ClaimedTimer {
+            due_at: midnight,
+            ..claim(Some(daily), Some(jittered.clone()))
+        };
+        let new_time = fire_time(&claim.key, midnight, Some(&jittered));
+        assert!(new_time > midnight, "this key's offset is not 0");
+        let Plan::Settle(step) = plan(&claim, midnight, 5) else {
+            panic!("fired before its new time");
+        };
+        assert_eq!(
+            (step.state, step.due_at, step.available_at),
+            (TimerState::Scheduled, new_time, new_time)
+        );
+        assert!(matches!(plan(&claim, new_time, 5), Plan::Fire(_)));
     }
 
     /// A call's answer goes into the history: the fire is written as a `Step` that records it,
