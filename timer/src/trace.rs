@@ -227,11 +227,14 @@ fn parse_traceparent(text: &str) -> Result<String, Malformed> {
     Ok(format!("00-{trace}-{parent}-{:02x}", flags & 0x03))
 }
 
-/// A `tracestate` to pass on: its members when each is `key=value` (empty members dropped),
-/// at most 32 of them and 512 bytes (the last members cut first); `None` when none is left or
-/// one member is not of that form.
+/// A `tracestate` to pass on: its members when each is `key=value` as W3C Trace Context says
+/// ([`tracestate_key`], values of 1 to 256 printable characters but `,` and `=`, not ending in a
+/// space; empty members dropped), at most 32 of them and 512 bytes (the last members cut
+/// first); `None` when none is left, one member is not of that form, or a key comes twice (a
+/// tracer would refuse the list, and drop every vendor's entry with it).
 fn checked_tracestate(text: &str) -> Option<String> {
     let mut kept = String::new();
+    let mut keys = std::collections::HashSet::new();
     for (n, member) in text
         .split(',')
         .map(str::trim)
@@ -240,10 +243,13 @@ fn checked_tracestate(text: &str) -> Option<String> {
     {
         let (key, value) = member.split_once('=')?;
         let printable = |s: &str| s.bytes().all(|b| (0x20..=0x7e).contains(&b) && b != b',');
-        if key.is_empty() || key.len() > 256 || value.is_empty() || !printable(key) {
+        if !tracestate_key(key) || !keys.insert(key) {
             return None;
         }
-        if !printable(value) || value.contains('=') || value.ends_with(' ') {
+        if value.is_empty() || value.len() > 256 || !printable(value) || value.contains('=') {
+            return None;
+        }
+        if value.ends_with(' ') {
             return None;
         }
         if n >= 32 || kept.len() + member.len() + 1 > MAX_TRACESTATE {
@@ -255,6 +261,26 @@ fn checked_tracestate(text: &str) -> Option<String> {
         kept.push_str(member);
     }
     (!kept.is_empty()).then_some(kept)
+}
+
+/// A `tracestate` key: `lcalpha *( lcalpha / DIGIT / "_" / "-" / "*" / "/" )` of at most 256,
+/// or `tenant@system` (a tenant of at most 241 starting with a letter or digit, a system of at
+/// most 14 starting with a letter).
+fn tracestate_key(key: &str) -> bool {
+    let part = |s: &str, max: usize, first_digit: bool| {
+        let bytes = s.as_bytes();
+        (1..=max).contains(&bytes.len())
+            && (bytes[0].is_ascii_lowercase() || (first_digit && bytes[0].is_ascii_digit()))
+            && bytes[1..].iter().all(|b| {
+                b.is_ascii_lowercase()
+                    || b.is_ascii_digit()
+                    || matches!(b, b'_' | b'-' | b'*' | b'/')
+            })
+    };
+    match key.split_once('@') {
+        None => part(key, 256, false),
+        Some((tenant, system)) => part(tenant, 241, true) && part(system, 14, false),
+    }
 }
 
 /// The first ignored context is logged (a warning naming where it came from and why); each is
@@ -346,6 +372,27 @@ mod tests {
     fn a_bad_tracestate_is_dropped_and_a_long_one_cut() {
         let context = TraceContext::parse(GOOD, Some("no equals sign")).unwrap();
         assert_eq!(context.tracestate(), None);
+        // Keys and values as W3C Trace Context has them; a list with one wrong is dropped.
+        for good in [
+            "congo=t61rcWkgMzE",
+            "rojo=00f067aa0ba902b7,1tenant@sys_1=x y",
+        ] {
+            let context = TraceContext::parse(GOOD, Some(good)).unwrap();
+            assert_eq!(context.tracestate(), Some(good));
+        }
+        let long_value = format!("k={}", "v".repeat(257));
+        for bad in [
+            "Foo Bar=1",
+            "UPPER=x",
+            "a@b@c=1",
+            "1abc=x",
+            "a=1,a=2",
+            "k=",
+            long_value.as_str(),
+        ] {
+            let context = TraceContext::parse(GOOD, Some(bad)).unwrap();
+            assert_eq!(context.tracestate(), None, "{bad}");
+        }
         let long: Vec<String> = (0..40)
             .map(|n| format!("k{n}={}", "v".repeat(20)))
             .collect();
