@@ -51,6 +51,15 @@ pub struct MemoryConfig {
     /// tenant) may have: a tenant that floods is refused before it fills the queue for all.
     /// 0 sets no limit but `broker.max_queued`.
     pub max_queued_per_tenant: usize,
+    /// Most bytes of commands waiting or delivered and not yet acknowledged, over all tenants;
+    /// a command beyond it is refused as beyond `broker.max_queued`, so large commands cannot
+    /// make the process hold gigabytes (one command is taken into an empty queue whatever its
+    /// size). 0 sets no limit but `broker.max_queued`.
+    pub max_queued_bytes: usize,
+    /// Most bytes of the events, and of the dead letters, kept for reading back, beside
+    /// `broker.retain`: the oldest go first (the latest is kept whatever its size). 0 sets no
+    /// limit but `broker.retain`.
+    pub retain_bytes: usize,
 }
 
 impl Default for MemoryConfig {
@@ -61,6 +70,8 @@ impl Default for MemoryConfig {
             retain: 10_000,
             max_queued: 100_000,
             max_queued_per_tenant: 10_000,
+            max_queued_bytes: 64 * 1024 * 1024,
+            retain_bytes: 64 * 1024 * 1024,
         }
     }
 }
@@ -112,9 +123,49 @@ struct HubState {
     in_flight: HashMap<u64, InFlight>,
     /// Commands queued or in flight, by tenant (absent: none).
     per_tenant: HashMap<Option<Arc<str>>, usize>,
+    /// Bytes of the commands queued or in flight.
+    queued_bytes: usize,
     next_tag: u64,
-    events: VecDeque<PublishedEvent>,
-    dead_letters: VecDeque<DeadLetter>,
+    events: Retained<PublishedEvent>,
+    dead_letters: Retained<DeadLetter>,
+}
+
+/// What is kept for reading back, bounded by a count and by bytes: the oldest go first.
+struct Retained<T> {
+    items: VecDeque<T>,
+    bytes: usize,
+}
+
+impl<T> Default for Retained<T> {
+    fn default() -> Self {
+        Retained {
+            items: VecDeque::new(),
+            bytes: 0,
+        }
+    }
+}
+
+impl<T> Retained<T> {
+    /// Keeps `item` of `size` bytes; the oldest go until at most `count` items (0 counts as 1)
+    /// and `bytes` bytes (0: any) are kept, `item` always.
+    fn push(&mut self, item: T, size: usize, count: usize, bytes: usize, size_of: fn(&T) -> usize) {
+        self.items.push_back(item);
+        self.bytes += size;
+        while self.items.len() > count.max(1) || (bytes > 0 && self.bytes > bytes && self.items.len() > 1)
+        {
+            if let Some(old) = self.items.pop_front() {
+                self.bytes -= size_of(&old);
+            }
+        }
+    }
+}
+
+fn event_bytes(event: &PublishedEvent) -> usize {
+    event.body.len()
+}
+
+fn letter_bytes(letter: &DeadLetter) -> usize {
+    letter.body.len() + letter.reason.len()
 }
 
 /// A command waiting to be delivered, with the tenant it names and the trace context headers
@@ -144,8 +195,10 @@ impl HubState {
         n
     }
 
-    /// One command of `tenant` acknowledged: it counts no more.
-    fn done(&mut self, tenant: &Option<Arc<str>>) {
+    /// A command acknowledged: it counts no more.
+    fn done(&mut self, command: &Queued) {
+        self.queued_bytes = self.queued_bytes.saturating_sub(command.body.len());
+        let tenant = &command.tenant;
         if let Some(n) = self.per_tenant.get_mut(tenant) {
             *n = n.saturating_sub(1);
             if *n == 0 {
@@ -173,13 +226,6 @@ fn tenant_of(body: &[u8]) -> Option<Arc<str>> {
         (None, None) => return None,
     };
     Some(Arc::from(tenant.as_ref()))
-}
-
-fn push_bounded<T>(buf: &mut VecDeque<T>, item: T, retain: usize) {
-    if buf.len() >= retain.max(1) {
-        buf.pop_front();
-    }
-    buf.push_back(item);
 }
 
 impl MemoryHub {
@@ -231,6 +277,16 @@ impl MemoryHub {
                  send again later"
             )));
         }
+        if config.max_queued_bytes > 0
+            && all > 0
+            && state.queued_bytes + body.len() > config.max_queued_bytes
+        {
+            return Err(Error::unavailable(format!(
+                "memory broker: {} bytes of commands are not acknowledged yet \
+                 (broker.max_queued_bytes); send again later",
+                state.queued_bytes
+            )));
+        }
         let mine = state.per_tenant.get(&tenant).copied().unwrap_or(0);
         if config.max_queued_per_tenant > 0 && mine >= config.max_queued_per_tenant {
             return Err(Error::unavailable(format!(
@@ -240,6 +296,7 @@ impl MemoryHub {
             )));
         }
         *state.per_tenant.entry(tenant.clone()).or_insert(0) += 1;
+        state.queued_bytes += body.len();
         state.queue.push_back(Queued {
             tenant,
             body,
@@ -253,12 +310,12 @@ impl MemoryHub {
 
     /// The retained published events, oldest first.
     pub fn events(&self) -> Result<Vec<PublishedEvent>> {
-        Ok(self.lock()?.events.iter().cloned().collect())
+        Ok(self.lock()?.events.items.iter().cloned().collect())
     }
 
     /// The retained dead letters, oldest first.
     pub fn dead_letters(&self) -> Result<Vec<DeadLetter>> {
-        Ok(self.lock()?.dead_letters.iter().cloned().collect())
+        Ok(self.lock()?.dead_letters.items.iter().cloned().collect())
     }
 
     /// Commands waiting or delivered but not yet acknowledged.
@@ -349,7 +406,7 @@ impl Broker for MemoryBroker {
         let mut state = self.hub.lock()?;
         for tag in tags {
             if let Some(f) = state.in_flight.remove(tag) {
-                state.done(&f.command.tenant);
+                state.done(&f.command);
             }
         }
         Ok(())
@@ -383,7 +440,7 @@ impl Broker for MemoryBroker {
     }
 
     async fn publish(&self, events: &[OutboundEvent]) -> Result<Vec<Undelivered>> {
-        let retain = self.hub.inner.config.retain;
+        let config = &self.hub.inner.config;
         let mut state = self.hub.lock()?;
         let mut undelivered = Vec::new();
         for (index, e) in events.iter().enumerate() {
@@ -411,18 +468,32 @@ impl Broker for MemoryBroker {
                     .map(|(name, value)| (name.to_owned(), value.to_owned()))
                     .collect(),
             };
-            push_bounded(&mut state.events, event, retain);
+            let size = event_bytes(&event);
+            state.events.push(
+                event,
+                size,
+                config.retain,
+                config.retain_bytes,
+                event_bytes,
+            );
         }
         Ok(undelivered)
     }
 
     async fn dead_letter(&self, body: &[u8], reason: &str) -> Result<()> {
-        let retain = self.hub.inner.config.retain;
+        let config = &self.hub.inner.config;
         let letter = DeadLetter {
             body: String::from_utf8_lossy(body).into_owned(),
             reason: reason.to_owned(),
         };
-        push_bounded(&mut self.hub.lock()?.dead_letters, letter, retain);
+        let size = letter_bytes(&letter);
+        self.hub.lock()?.dead_letters.push(
+            letter,
+            size,
+            config.retain,
+            config.retain_bytes,
+            letter_bytes,
+        );
         Ok(())
     }
 
@@ -505,5 +576,51 @@ mod tests {
         let events = hub.events().unwrap();
         assert_eq!(events.len(), 1, "only the plain event: {events:?}");
         assert_eq!(events[0].id, Uuid::from_u128(1));
+    }
+
+    /// Commands count by bytes too: a flood of large ones is refused before the process holds
+    /// gigabytes; one command always fits an empty queue.
+    #[tokio::test]
+    async fn large_commands_are_bounded_by_bytes() {
+        let hub = MemoryHub::new(MemoryConfig {
+            max_queued_bytes: 100,
+            ..MemoryConfig::default()
+        });
+        let large = |n: usize| format!(r#"{{"tenantId":"a","pad":"{}"}}"#, "x".repeat(n));
+        hub.send_command(large(200)).unwrap();
+        let full = hub.send_command(large(10)).unwrap_err();
+        assert!(full.to_string().contains("(broker.max_queued_bytes)"), "{full}");
+        let broker = hub.connect();
+        let got = broker.receive(10, Duration::ZERO).await.unwrap();
+        broker.ack(&[got[0].tag]).await.unwrap();
+        hub.send_command(large(30)).unwrap();
+        hub.send_command(large(10)).unwrap();
+        assert!(hub.send_command(large(30)).is_err(), "over 100 bytes");
+    }
+
+    /// Events and dead letters kept for reading back are bounded by bytes too; the latest is
+    /// kept whatever its size.
+    #[tokio::test]
+    async fn what_is_kept_for_reading_back_is_bounded_by_bytes() {
+        let hub = MemoryHub::new(MemoryConfig {
+            retain_bytes: 100,
+            ..MemoryConfig::default()
+        });
+        let broker = hub.connect();
+        for i in 0..5u8 {
+            broker.dead_letter(&[b'x'; 40], &i.to_string()).await.unwrap();
+            let event = OutboundEvent::envelope(Uuid::from_u128(u128::from(i)), TimerKey::new("t", "x"), vec![b'e'; 40]);
+            broker.publish(&[event]).await.unwrap();
+        }
+        let letters = hub.dead_letters().unwrap();
+        let reasons: Vec<&str> = letters.iter().map(|l| l.reason.as_str()).collect();
+        assert_eq!(reasons, ["3", "4"]);
+        let events = hub.events().unwrap();
+        assert_eq!(events.len(), 2);
+        assert_eq!(events[1].id, Uuid::from_u128(4));
+        broker.dead_letter(&[b'x'; 500], "huge").await.unwrap();
+        let letters = hub.dead_letters().unwrap();
+        assert_eq!(letters.len(), 1, "the latest alone");
+        assert_eq!(letters[0].reason, "huge");
     }
 }
