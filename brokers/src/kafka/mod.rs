@@ -18,6 +18,9 @@ mod plugin;
 mod testing;
 mod topics;
 
+#[cfg(all(test, feature = "testing"))]
+mod tests;
+
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -30,7 +33,7 @@ use rdkafka::consumer::{
 };
 use rdkafka::error::KafkaError;
 use rdkafka::message::{BorrowedMessage, Header, Message, OwnedHeaders};
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer as _};
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use timer_core::{
     Broker, Delivery, Error, OutboundEvent, Result, Target, TimerKey, Undelivered,
@@ -187,7 +190,8 @@ impl ConsumerContext for GroupContext {
 
 pub struct KafkaBroker {
     consumer: Member,
-    producer: FutureProducer,
+    /// Made anew after a fatal error ([`KafkaBroker::after_failure`]).
+    producer: std::sync::RwLock<FutureProducer>,
     tracking: Arc<Mutex<Tracking>>,
     /// Delivered, not yet acknowledged: (partition, offset, epoch of the partition's track).
     tags: DeliveryTags<(Partition, i64, u64)>,
@@ -236,12 +240,46 @@ impl KafkaBroker {
             })?;
         Ok(KafkaBroker {
             consumer: Member(Some(Arc::new(consumer))),
-            producer,
+            producer: std::sync::RwLock::new(producer),
             tracking,
             tags: DeliveryTags::new("kafka"),
             topics: Lookups::new(),
             config: config.clone(),
         })
+    }
+
+    /// The producer events and dead letters go out with now.
+    fn producer(&self) -> FutureProducer {
+        match self.producer.read() {
+            Ok(producer) => producer.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    /// After a send of `used` failed: when the producer has hit a fatal error (an idempotent
+    /// producer whose sequence a broker failover broke, a cluster that refuses idempotent
+    /// writes), librdkafka sends nothing more on it, so it is logged with its cause and made
+    /// anew; what it had in hand is retried by the engine, as after any failed publish.
+    fn after_failure(&self, used: &FutureProducer) {
+        let Some((code, reason)) = used.client().fatal_error() else {
+            return;
+        };
+        let Ok(mut producer) = self.producer.write() else {
+            return;
+        };
+        // Another send that failed with it may have made it anew already.
+        if producer.client().native_ptr() != used.client().native_ptr() {
+            return;
+        }
+        match self::producer(&self.config) {
+            Ok(fresh) => {
+                tracing::warn!(?code, %reason, "kafka broker: the producer hit a fatal error; made anew, the events it had are retried");
+                *producer = fresh;
+            }
+            Err(e) => {
+                tracing::error!(?code, %reason, error = %e.chain(), "kafka broker: the producer hit a fatal error and cannot be made anew");
+            }
+        }
     }
 
     /// Records a received command (or delayed record) as delivered and not yet acknowledged.
@@ -439,6 +477,7 @@ impl Broker for KafkaBroker {
         // the batch with it: the target topics are looked up first (one found is trusted for a
         // while), and a record for one that is missing or cannot be used now (its metadata
         // came with an error) is refused alone (retried later).
+        let producer = self.producer();
         let mut unusable: HashMap<&str, String> = HashMap::new();
         // Only the topics of routes that parse: one that does not is refused below, alone.
         let targeted: HashSet<&str> = events
@@ -449,7 +488,7 @@ impl Broker for KafkaBroker {
             if self.topics.get(topic).is_some() {
                 continue;
             }
-            match topic_state(&self.config, &self.producer, topic).await? {
+            match topic_state(&self.config, &producer, topic).await? {
                 TopicState::Usable => self.topics.put(topic, ()),
                 TopicState::Missing => {
                     unusable.insert(topic, "does not exist".to_owned());
@@ -499,7 +538,7 @@ impl Broker for KafkaBroker {
             }
             // A full local queue fails the batch at once (retried later) instead of adding its
             // wait to the delivery timeout.
-            let send = self.producer.send(record, Duration::ZERO);
+            let send = producer.send(record, Duration::ZERO);
             sends.push(send.map(move |r| (index, route.topic, r)));
         }
         let results = futures::future::join_all(sends).await;
@@ -508,6 +547,9 @@ impl Broker for KafkaBroker {
             .into_iter()
             .filter_map(|(index, topic, r)| r.err().map(|(e, _)| (index, topic, e)))
             .collect();
+        if !failed.is_empty() {
+            self.after_failure(&producer);
+        }
         if refused.is_empty() && failed.len() == events.len() {
             // Nothing went out: the broker (not one record) is the problem.
             if let Some((_, topic, first)) = failed.into_iter().next() {
@@ -541,20 +583,26 @@ impl Broker for KafkaBroker {
         let record: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(&self.config.dead_letter_topic)
             .payload(body)
             .headers(headers);
-        self.producer
-            .send(record, Duration::ZERO)
-            .await
-            .map(|_| ())
-            .map_err(|(e, _)| {
-                delivery_failed(
-                    format!("dead-lettering to {}", self.config.dead_letter_topic),
-                    e,
-                )
-            })
+        let producer = self.producer();
+        let sent = producer.send(record, Duration::ZERO).await;
+        sent.map(|_| ()).map_err(|(e, _)| {
+            self.after_failure(&producer);
+            delivery_failed(
+                format!("dead-lettering to {}", self.config.dead_letter_topic),
+                e,
+            )
+        })
     }
 
     async fn health(&self) -> Result<()> {
-        topic_exists(&self.config, &self.producer, &self.config.commands_topic)
+        let producer = self.producer();
+        if let Some((code, reason)) = producer.client().fatal_error() {
+            return Err(Error::unavailable(format!(
+                "kafka broker: the producer hit a fatal error ({code:?}: {reason}); it is made \
+                 anew at the next publish"
+            )));
+        }
+        topic_exists(&self.config, &producer, &self.config.commands_topic)
             .await?
             .then_some(())
             .ok_or_else(|| {
