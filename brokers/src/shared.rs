@@ -80,9 +80,10 @@ impl<T> DeliveryTags<T> {
 }
 
 /// What a broker found out about a target destination (a topic exists, a stream captures a
-/// subject), remembered for [`LOOKUP_TTL`] so a batch of events for the same destinations
-/// does not ask the server again: a destination that goes away meanwhile costs a failed
-/// attempt, retried, not a lost message. At most [`LOOKUP_ENTRIES`] names are kept.
+/// subject, an exchange is missing), remembered for a while ([`LOOKUP_TTL`], one found missing
+/// [`MISSING_TTL`]) so a batch of events for the same destinations does not ask the server
+/// again: a destination that goes away meanwhile costs a failed attempt, retried, not a lost
+/// message. At most [`LOOKUP_ENTRIES`] names are kept.
 #[cfg(any(feature = "nats", feature = "rabbitmq", feature = "kafka"))]
 pub(crate) struct Lookups<V> {
     entries: Mutex<HashMap<String, (std::time::Instant, V)>>,
@@ -91,6 +92,18 @@ pub(crate) struct Lookups<V> {
 /// How long a lookup of a destination is trusted.
 #[cfg(any(feature = "nats", feature = "rabbitmq", feature = "kafka"))]
 pub(crate) const LOOKUP_TTL: std::time::Duration = std::time::Duration::from_secs(10);
+/// How long a destination found missing is taken as missing: one made meanwhile is used soon,
+/// one that stays missing is not asked for again by every batch.
+#[cfg(any(feature = "nats", feature = "rabbitmq", feature = "kafka"))]
+pub(crate) const MISSING_TTL: std::time::Duration = std::time::Duration::from_secs(2);
+/// Most lookups one publish makes at once.
+#[cfg(any(feature = "nats", feature = "rabbitmq", feature = "kafka"))]
+pub(crate) const LOOKUPS_AT_ONCE: usize = 8;
+/// Most destinations one publish looks up: the events for others not known yet are refused
+/// alone (retried), so a tenant that names thousands of destinations does not make every batch
+/// it shares with other tenants wait for thousands of round trips.
+#[cfg(any(feature = "nats", feature = "rabbitmq", feature = "kafka"))]
+pub(crate) const LOOKUPS_PER_PUBLISH: usize = 64;
 /// How many destinations' lookups are kept at most (past it, the stale ones go, then all).
 #[cfg(any(feature = "nats", feature = "rabbitmq", feature = "kafka"))]
 pub(crate) const LOOKUP_ENTRIES: usize = 10_000;
@@ -103,26 +116,79 @@ impl<V: Clone> Lookups<V> {
         }
     }
 
-    /// What was found about `name` within the last [`LOOKUP_TTL`].
+    /// What was found about `name`, while it is trusted.
     pub(crate) fn get(&self, name: &str) -> Option<V> {
         let entries = self.entries.lock().ok()?;
-        let (at, value) = entries.get(name)?;
-        (at.elapsed() < LOOKUP_TTL).then(|| value.clone())
+        let (until, value) = entries.get(name)?;
+        (std::time::Instant::now() < *until).then(|| value.clone())
     }
 
-    /// Remembers what was found about `name` now.
-    pub(crate) fn put(&self, name: &str, value: V) {
+    /// Remembers what was found about `name` now, trusted for `ttl`.
+    pub(crate) fn put(&self, name: &str, value: V, ttl: std::time::Duration) {
         let Ok(mut entries) = self.entries.lock() else {
             return;
         };
+        let now = std::time::Instant::now();
         if entries.len() >= LOOKUP_ENTRIES {
-            entries.retain(|_, (at, _)| at.elapsed() < LOOKUP_TTL);
+            entries.retain(|_, (until, _)| now < *until);
             if entries.len() >= LOOKUP_ENTRIES {
                 entries.clear();
             }
         }
-        entries.insert(name.to_owned(), (std::time::Instant::now(), value));
+        entries.insert(name.to_owned(), (now + ttl, value));
     }
+
+    /// What is known of each of `names`: remembered, or looked up with `look` (at most
+    /// [`LOOKUPS_AT_ONCE`] at a time, [`LOOKUPS_PER_PUBLISH`] in all, remembered for what
+    /// `look` says). The names left over come back in [`Known::later`]; the first error of a
+    /// lookup is the whole call's.
+    pub(crate) async fn known<'n, F, Fut>(
+        &self,
+        names: std::collections::HashSet<&'n str>,
+        look: F,
+    ) -> timer_core::Result<Known<'n, V>>
+    where
+        F: Fn(&str) -> Fut,
+        Fut: std::future::Future<Output = timer_core::Result<(V, std::time::Duration)>>,
+    {
+        let mut found = HashMap::new();
+        let mut unknown = Vec::new();
+        for name in names {
+            match self.get(name) {
+                Some(value) => {
+                    found.insert(name, value);
+                }
+                None => unknown.push(name),
+            }
+        }
+        unknown.sort_unstable();
+        let later = unknown.split_off(unknown.len().min(LOOKUPS_PER_PUBLISH));
+        for names in unknown.chunks(LOOKUPS_AT_ONCE) {
+            let answers = futures::future::join_all(names.iter().map(|name| look(name))).await;
+            for (name, answer) in names.iter().zip(answers) {
+                let (value, ttl) = answer?;
+                self.put(name, value.clone(), ttl);
+                found.insert(*name, value);
+            }
+        }
+        Ok(Known { found, later })
+    }
+}
+
+/// What [`Lookups::known`] found: each name's value, and the names not looked up this time.
+#[cfg(any(feature = "nats", feature = "rabbitmq", feature = "kafka"))]
+pub(crate) struct Known<'n, V> {
+    pub(crate) found: HashMap<&'n str, V>,
+    pub(crate) later: Vec<&'n str>,
+}
+
+/// Why an event's destination is not used in this publish: one of [`Known::later`].
+#[cfg(any(feature = "nats", feature = "rabbitmq", feature = "kafka"))]
+pub(crate) fn not_looked_up() -> String {
+    format!(
+        "was not looked up in this publish (its batch named more than {LOOKUPS_PER_PUBLISH} \
+         destinations not known yet)"
+    )
 }
 
 /// A message of a broker's own delay ingress (RabbitMQ's delay exchange, NATS's delay
@@ -211,13 +277,45 @@ mod tests {
     fn lookups_are_kept_and_bounded() {
         let lookups = Lookups::new();
         assert_eq!(lookups.get("a"), None);
-        lookups.put("a", true);
+        lookups.put("a", true, LOOKUP_TTL);
         assert_eq!(lookups.get("a"), Some(true));
+        lookups.put("gone", true, std::time::Duration::ZERO);
+        assert_eq!(lookups.get("gone"), None, "past its time");
         for i in 0..LOOKUP_ENTRIES {
-            lookups.put(&i.to_string(), false);
+            lookups.put(&i.to_string(), false, LOOKUP_TTL);
         }
         assert!(lookups.entries.lock().unwrap().len() <= LOOKUP_ENTRIES);
         assert_eq!(lookups.get(&(LOOKUP_ENTRIES - 1).to_string()), Some(false));
+    }
+
+    /// A publish looks up at most LOOKUPS_PER_PUBLISH destinations not known yet (the rest come
+    /// back as later), remembers what it found, and fails with the first lookup that fails.
+    #[cfg(any(feature = "nats", feature = "rabbitmq", feature = "kafka"))]
+    #[tokio::test]
+    async fn a_publish_looks_up_a_bounded_number_of_destinations() {
+        use std::sync::atomic::AtomicUsize;
+        let lookups: Lookups<bool> = Lookups::new();
+        let asked = AtomicUsize::new(0);
+        let names: Vec<String> = (0..100).map(|i| format!("d{i:03}")).collect();
+        let all = || names.iter().map(String::as_str).collect();
+        let look = |name: &str| {
+            asked.fetch_add(1, Ordering::SeqCst);
+            let found = name.ends_with('0');
+            async move { Ok((found, LOOKUP_TTL)) }
+        };
+        let known = lookups.known(all(), look).await.unwrap();
+        assert_eq!(known.found.len(), LOOKUPS_PER_PUBLISH);
+        assert_eq!(known.later.len(), 100 - LOOKUPS_PER_PUBLISH);
+        assert!(known.found["d010"] && !known.found["d011"]);
+        // The next one asks only for what it does not know yet.
+        let known = lookups.known(all(), look).await.unwrap();
+        assert_eq!(known.found.len(), 100);
+        assert!(known.later.is_empty());
+        assert_eq!(asked.load(Ordering::SeqCst), 100);
+        let failing =
+            |_: &str| async { Err::<(bool, std::time::Duration), _>(Error::unavailable("down")) };
+        let names = ["new"].into_iter().collect();
+        assert!(lookups.known(names, failing).await.is_err());
     }
 
     #[test]

@@ -39,7 +39,7 @@ use timer_core::{
     Broker, Delivery, Error, OutboundEvent, Result, Target, TimerKey, Undelivered,
 };
 
-use crate::shared::{DeliveryTags, Lookups};
+use crate::shared::{not_looked_up, DeliveryTags, Lookups, LOOKUP_TTL, MISSING_TTL};
 pub use outbound::CONTENT_TYPE_HEADER;
 use outbound::{delivery_failed, headers_of, target_route, trace_of, Route};
 use topics::{ensure_topics, topic_exists, topic_state, TopicState};
@@ -195,8 +195,8 @@ pub struct KafkaBroker {
     tracking: Arc<Mutex<Tracking>>,
     /// Delivered, not yet acknowledged: (partition, offset, epoch of the partition's track).
     tags: DeliveryTags<(Partition, i64, u64)>,
-    /// Target topics found to exist.
-    topics: Lookups<()>,
+    /// Target topics looked up: `None` when usable, else why not.
+    topics: Lookups<Option<String>>,
     config: KafkaConfig,
 }
 
@@ -478,25 +478,33 @@ impl Broker for KafkaBroker {
         // while), and a record for one that is missing or cannot be used now (its metadata
         // came with an error) is refused alone (retried later).
         let producer = self.producer();
-        let mut unusable: HashMap<&str, String> = HashMap::new();
         // Only the topics of routes that parse: one that does not is refused below, alone.
         let targeted: HashSet<&str> = events
             .iter()
             .filter_map(|e| Some(target_route(e.target.as_ref()?, &self.config).ok()?.topic))
             .collect();
-        for topic in targeted {
-            if self.topics.get(topic).is_some() {
-                continue;
-            }
-            match topic_state(&self.config, &producer, topic).await? {
-                TopicState::Usable => self.topics.put(topic, ()),
-                TopicState::Missing => {
-                    unusable.insert(topic, "does not exist".to_owned());
+        let known = self
+            .topics
+            .known(targeted, |topic| {
+                let (config, producer, topic) = (&self.config, &producer, topic.to_owned());
+                async move {
+                    Ok(match topic_state(config, producer, &topic).await? {
+                        TopicState::Usable => (None, LOOKUP_TTL),
+                        TopicState::Missing => (Some("does not exist".to_owned()), MISSING_TTL),
+                        TopicState::Unusable(code) => {
+                            (Some(format!("cannot be used now ({code})")), MISSING_TTL)
+                        }
+                    })
                 }
-                TopicState::Unusable(code) => {
-                    unusable.insert(topic, format!("cannot be used now ({code})"));
-                }
-            }
+            })
+            .await?;
+        let mut unusable: HashMap<&str, String> = known
+            .found
+            .into_iter()
+            .filter_map(|(topic, why)| Some((topic, why?)))
+            .collect();
+        for topic in known.later {
+            unusable.insert(topic, not_looked_up());
         }
         let mut refused = Vec::new();
         let mut sends = Vec::with_capacity(events.len());

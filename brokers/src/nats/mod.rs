@@ -31,7 +31,7 @@ use timer_core::{
     TraceHeaders, Undelivered,
 };
 
-use crate::shared::{DeliveryTags, Lookups};
+use crate::shared::{not_looked_up, DeliveryTags, Lookups, LOOKUP_TTL};
 
 pub use config::NatsConfig;
 pub use connect::connect_client;
@@ -491,36 +491,38 @@ impl Broker for NatsBroker {
         // A target subject a stream captures gets a JetStream publish, confirmed by the stream;
         // one no stream captures a plain publish (a JetStream publish there would reach its
         // subscribers and then wait for a PubAck that never comes, and go out again on retry).
-        let mut plain_subjects = HashSet::new();
         let targeted: HashSet<&str> = events
             .iter()
             .filter_map(|e| e.target.as_ref()?.text("subject"))
             .collect();
-        for subject in targeted {
-            match self.captured.get(subject) {
-                Some(true) => continue,
-                Some(false) => {
-                    plain_subjects.insert(subject);
-                    continue;
-                }
-                None => {}
-            }
-            match self.js.stream_by_subject(subject).await {
-                Ok(_) => self.captured.put(subject, true),
-                Err(e) if e.kind() == GetStreamByNameErrorKind::NotFound => {
-                    self.captured.put(subject, false);
-                    plain_subjects.insert(subject);
-                }
-                // Refused below (check_target) when it is not a subject at all.
-                Err(e) if e.kind() == GetStreamByNameErrorKind::InvalidSubject => {}
-                Err(e) => {
-                    return Err(unavailable(
+        let known = self
+            .captured
+            .known(targeted, |subject| {
+                let subject = subject.to_owned();
+                async move {
+                match self.js.stream_by_subject(subject.as_str()).await {
+                    Ok(_) => Ok((true, LOOKUP_TTL)),
+                    Err(e) if e.kind() == GetStreamByNameErrorKind::NotFound => {
+                        Ok((false, LOOKUP_TTL))
+                    }
+                    // Refused below (check_target): it is not a subject at all.
+                    Err(e) if e.kind() == GetStreamByNameErrorKind::InvalidSubject => {
+                        Ok((true, LOOKUP_TTL))
+                    }
+                    Err(e) => Err(unavailable(
                         &format!("looking up the stream of subject {subject}"),
                         e,
-                    ))
+                    )),
                 }
-            }
-        }
+                }
+            })
+            .await?;
+        let plain_subjects: HashSet<&str> = known
+            .found
+            .iter()
+            .filter_map(|(subject, captured)| (!captured).then_some(*subject))
+            .collect();
+        let later: HashSet<&str> = known.later.into_iter().collect();
         let mut acks = Vec::with_capacity(events.len());
         let mut undelivered = Vec::new();
         let mut plain = 0;
@@ -534,6 +536,14 @@ impl Broker for NatsBroker {
                 }),
             };
             let subject = match subject {
+                Ok(subject) if later.contains(subject.as_str()) => {
+                    let error = Error::unavailable(format!(
+                        "nats broker: subject {subject} {}; it is retried",
+                        not_looked_up()
+                    ));
+                    undelivered.push(Undelivered { index, error });
+                    continue;
+                }
                 Ok(subject) => subject,
                 Err(error) => {
                     // Stored before the broker's limits were checked at admission.

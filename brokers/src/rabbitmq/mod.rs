@@ -37,7 +37,7 @@ use timer_core::{
     Undelivered,
 };
 
-use crate::shared::{DeliveryTags, Lookups};
+use crate::shared::{not_looked_up, DeliveryTags, Lookups, LOOKUP_TTL, MISSING_TTL};
 use outbound::{properties_of, routing_key, target_route, trace_of};
 
 pub use config::RabbitmqConfig;
@@ -61,8 +61,8 @@ pub struct RabbitmqBroker {
     consumer: tokio::sync::Mutex<Option<(u64, lapin::Consumer)>>,
     /// Delivered, not yet acknowledged: (session generation, AMQP delivery tag).
     pending: DeliveryTags<(u64, u64)>,
-    /// Target exchanges found to exist.
-    exchanges: Lookups<()>,
+    /// Target exchanges looked up: `None` when declared, else why not.
+    exchanges: Lookups<Option<String>>,
     generation: AtomicU64,
 }
 
@@ -244,8 +244,8 @@ impl RabbitmqBroker {
     /// The target exchanges of `events` that cannot be published to, with the server's reason.
     /// A publish to an exchange that does not exist closes the channel, and would fail every
     /// other event of the batch with it: each one named is checked first (a passive declare on
-    /// a channel of its own; one found is trusted for a while), and the events for one that is
-    /// missing are refused alone.
+    /// a channel of its own; remembered for a while, [`Lookups::known`]), and the events for
+    /// one that is missing, or not looked up in this publish, are refused alone.
     async fn missing_exchanges(
         &self,
         session: &Session,
@@ -254,37 +254,28 @@ impl RabbitmqBroker {
         let named: HashSet<&str> = events
             .iter()
             .filter_map(|e| e.target.as_ref()?.text("exchange"))
-            .filter(|exchange| !exchange.is_empty() && self.exchanges.get(exchange).is_none())
+            .filter(|exchange| !exchange.is_empty())
             .collect();
-        let mut missing = Vec::new();
-        for exchange in named {
-            let channel = open_channel(&session.connection).await?;
-            let passive = ExchangeDeclareOptions {
-                passive: true,
-                ..Default::default()
-            };
-            let declared = channel
-                .exchange_declare(
-                    s("the exchange name", exchange)?,
-                    ExchangeKind::Direct,
-                    passive,
-                    FieldTable::default(),
-                )
-                .await;
-            match declared {
-                Ok(()) => {
-                    self.exchanges.put(exchange, ());
-                    let _ = channel.close(200, "checked".into()).await;
+        let known = self
+            .exchanges
+            .known(named, |exchange| {
+                let exchange = exchange.to_owned();
+                async move {
+                    let missing = check_exchange(session, &exchange).await?;
+                    let ttl = if missing.is_some() { MISSING_TTL } else { LOOKUP_TTL };
+                    Ok((missing, ttl))
                 }
-                // The channel is closed by the server; the connection goes on.
-                Err(e) if session.connection.status().connected() => {
-                    missing.push((exchange.to_owned(), e.to_string()));
-                }
-                Err(e) => return Err(unavailable(&format!("checking exchange {exchange}"), e)),
-            }
-        }
+            })
+            .await?;
+        let mut missing: Vec<(String, String)> = known
+            .found
+            .into_iter()
+            .filter_map(|(exchange, why)| Some((exchange.to_owned(), why?)))
+            .collect();
+        missing.extend(known.later.into_iter().map(|e| (e.to_owned(), not_looked_up())));
         Ok(missing)
     }
+
 
     /// Publishes on the confirm channel with `mandatory`, so an event no queue would take comes
     /// back instead of vanishing.
@@ -457,6 +448,32 @@ async fn confirmed(confirm: lapin::PublisherConfirm) -> Result<Option<Error>> {
             "rabbitmq broker: the broker refused the event (a nack: a queue it routes to is full \
              with x-overflow reject-publish, or it could not be stored); it is retried",
         ))),
+    }
+}
+
+/// Whether `exchange` is declared: a passive declare on a channel of its own. `Some(why)` when
+/// it is not (the server closes that channel; the connection goes on).
+async fn check_exchange(session: &Session, exchange: &str) -> Result<Option<String>> {
+    let channel = open_channel(&session.connection).await?;
+    let passive = ExchangeDeclareOptions {
+        passive: true,
+        ..Default::default()
+    };
+    let declared = channel
+        .exchange_declare(
+            s("the exchange name", exchange)?,
+            ExchangeKind::Direct,
+            passive,
+            FieldTable::default(),
+        )
+        .await;
+    match declared {
+        Ok(()) => {
+            let _ = channel.close(200, "checked".into()).await;
+            Ok(None)
+        }
+        Err(e) if session.connection.status().connected() => Ok(Some(e.to_string())),
+        Err(e) => Err(unavailable(&format!("checking exchange {exchange}"), e)),
     }
 }
 
