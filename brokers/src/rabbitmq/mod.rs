@@ -38,7 +38,7 @@ use timer_core::{
 };
 
 use crate::shared::{not_looked_up, DeliveryTags, Lookups, LOOKUP_TTL, MISSING_TTL};
-use outbound::{properties_of, routing_key, target_route, trace_of};
+use outbound::{check_exchange, properties_of, routing_key, target_route, trace_of};
 
 pub use config::RabbitmqConfig;
 pub use delay::{DELAY_HEADER, DELIVER_AT_HEADER, TARGET_EXCHANGE_HEADER, TENANT_HEADER};
@@ -448,32 +448,6 @@ async fn confirmed(confirm: lapin::PublisherConfirm) -> Result<Option<Error>> {
             "rabbitmq broker: the broker refused the event (a nack: a queue it routes to is full \
              with x-overflow reject-publish, or it could not be stored); it is retried",
         ))),
-    }
-}
-
-/// Whether `exchange` is declared: a passive declare on a channel of its own. `Some(why)` when
-/// it is not (the server closes that channel; the connection goes on).
-async fn check_exchange(session: &Session, exchange: &str) -> Result<Option<String>> {
-    let channel = open_channel(&session.connection).await?;
-    let passive = ExchangeDeclareOptions {
-        passive: true,
-        ..Default::default()
-    };
-    let declared = channel
-        .exchange_declare(
-            s("the exchange name", exchange)?,
-            ExchangeKind::Direct,
-            passive,
-            FieldTable::default(),
-        )
-        .await;
-    match declared {
-        Ok(()) => {
-            let _ = channel.close(200, "checked".into()).await;
-            Ok(None)
-        }
-        Err(e) if session.connection.status().connected() => Ok(Some(e.to_string())),
-        Err(e) => Err(unavailable(&format!("checking exchange {exchange}"), e)),
     }
 }
 

@@ -1,14 +1,15 @@
-//! What a fire sends: a target's route (exchange and routing key), the AMQP properties and
-//! headers of an event or a timer's own message, the trace context they carry, and the
-//! routing key of a tenant's events.
+//! What a fire sends: a target's route (exchange and routing key) and whether its exchange is
+//! declared, the AMQP properties and headers of an event or a timer's own message, the trace
+//! context they carry, and the routing key of a tenant's events.
 
+use lapin::options::ExchangeDeclareOptions;
 use lapin::types::{AMQPValue, FieldTable, ShortString};
-use lapin::BasicProperties;
+use lapin::{BasicProperties, ExchangeKind};
 use timer_core::broker::routing_token;
 use timer_core::trace::{TRACEPARENT, TRACESTATE};
-use timer_core::{KeyLimit, MessageMeta, OutboundEvent, Target, TraceHeaders};
+use timer_core::{KeyLimit, MessageMeta, OutboundEvent, Result, Target, TraceHeaders};
 
-use super::{delay, RabbitmqConfig, MAX_SHORT_STRING};
+use super::{delay, open_channel, s, unavailable, RabbitmqConfig, Session, MAX_SHORT_STRING};
 
 /// Where a target `{"exchange": "orders", "routingKey": "due.eu"}` sends a message: the
 /// exchange (`""`, the default exchange, routes to the queue the routing key names) and the
@@ -206,6 +207,32 @@ pub(super) fn routing_key(tenant: &str) -> std::result::Result<String, KeyLimit>
         });
     }
     Ok(key)
+}
+
+/// Whether `exchange` is declared: a passive declare on a channel of its own. `Some(why)` when
+/// it is not (the server closes that channel; the connection goes on).
+pub(super) async fn check_exchange(session: &Session, exchange: &str) -> Result<Option<String>> {
+    let channel = open_channel(&session.connection).await?;
+    let passive = ExchangeDeclareOptions {
+        passive: true,
+        ..Default::default()
+    };
+    let declared = channel
+        .exchange_declare(
+            s("the exchange name", exchange)?,
+            ExchangeKind::Direct,
+            passive,
+            FieldTable::default(),
+        )
+        .await;
+    match declared {
+        Ok(()) => {
+            let _ = channel.close(200, "checked".into()).await;
+            Ok(None)
+        }
+        Err(e) if session.connection.status().connected() => Ok(Some(e.to_string())),
+        Err(e) => Err(unavailable(&format!("checking exchange {exchange}"), e)),
+    }
 }
 
 #[cfg(test)]
