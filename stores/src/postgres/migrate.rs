@@ -504,6 +504,40 @@ mod server_tests {
         drop_schema(&pool, &schema).await;
     }
 
+    /// A row whose `last_seen_at` stopped long ago names a release its instance may not run: a
+    /// 0.1.0 instance that joined under the id of a 0.2.0 one that died keeps that row's
+    /// release (0.1.0 writes none). Such an instance is listed as one that does not say, so a
+    /// migration that contracts waits for it.
+    #[tokio::test]
+    async fn an_instance_whose_last_seen_stopped_is_taken_for_one_that_does_not_say() {
+        let Some(url) = server() else { return };
+        let (config, pool) = fresh(url).await;
+        let schema = config.schema.clone();
+        let store = Arc::new(PostgresStore::open(&config).await.expect("opens"));
+        let owners: &dyn LeaseOwners = store.lease_owners().expect("postgres has owners");
+        let release = Release {
+            version: "0.2.0".into(),
+            revision: "abc".into(),
+        };
+        let t0 = Timestamp::from_millis(0);
+        let member = owners.join("i-1", &release, t0, t0).await.expect("joins");
+        let live = owners.live().await.expect("live");
+        assert_eq!(live[0].release.as_ref(), Some(&release));
+        sqlx::query("UPDATE timer_instances SET last_seen_at = last_seen_at - 60000")
+            .execute(&pool)
+            .await
+            .expect("a minute ago");
+        let live = owners.live().await.expect("live");
+        assert_eq!(
+            (live[0].release.as_ref(), live[0].last_seen_at),
+            (None, None),
+            "{live:?}"
+        );
+        member.leave().await.expect("leaves");
+        drop(store);
+        drop_schema(&pool, &schema).await;
+    }
+
     /// A migration that holds `timer_instances` (an `ALTER TABLE` waits for the table's lock,
     /// then holds it) does not end the membership of the instances running meanwhile: their
     /// `last_seen_at` writes wait, their pings (what says they live) do not.

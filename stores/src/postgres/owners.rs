@@ -83,18 +83,31 @@ const HOLDS_LOCK: &str = "EXISTS (SELECT 1 FROM pg_locks l \
        AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
        AND ((l.classid::int8 << 32) | l.objid::int8) = hashtextextended($1 || i.owner, 0))";
 
+/// How old an instance's `last_seen_at` may be for its row's release to be its own: 0.2.0 and
+/// later write it every second (or try to: a write may wait, up to [`SEEN_TIMEOUT`]); a 0.1.0
+/// instance that joined under the id of a 0.2.0 one that died (a rollback with a fixed
+/// `engine.instance_id`) keeps that row's release and `last_seen_at`, which then stop.
+const STALE_AFTER_MS: i64 = 30_000;
+
 /// The instances alive on `schema` now, ordered by id, their leases counted from
-/// `timers_leased`: [`LeaseOwners::live`], and the migration runner's look for older ones.
+/// `timers_leased`: [`LeaseOwners::live`], and the migration runner's look for older ones. A
+/// row whose `last_seen_at` is older than [`STALE_AFTER_MS`] is an instance that does not say
+/// (0.1.0): its release and `last_seen_at` show as unknown.
 pub(super) async fn live_instances<'c, E>(conn: E, schema: &str) -> Result<Vec<LiveInstance>>
 where
     E: sqlx::Executor<'c, Database = sqlx::Postgres>,
 {
     type Row = (String, Option<String>, Option<String>, i64, Option<i64>, i64);
     let rows: Vec<Row> = sqlx::query_as(&format!(
-        "SELECT i.owner, i.version, i.revision, i.joined_at, i.last_seen_at, \
+        "WITH i AS (SELECT owner, joined_at, \
+                CASE WHEN last_seen_at >= {SERVER_MS} - {STALE_AFTER_MS} THEN version END AS version, \
+                CASE WHEN last_seen_at >= {SERVER_MS} - {STALE_AFTER_MS} THEN revision END AS revision, \
+                CASE WHEN last_seen_at >= {SERVER_MS} - {STALE_AFTER_MS} THEN last_seen_at END AS last_seen_at \
+              FROM timer_instances) \
+         SELECT i.owner, i.version, i.revision, i.joined_at, i.last_seen_at, \
                 (SELECT COUNT(*) FROM timers t WHERE t.lease_owner = i.owner \
                     AND t.state = 0 AND t.lease_until IS NOT NULL) \
-           FROM timer_instances i WHERE {HOLDS_LOCK} ORDER BY i.owner"
+           FROM i WHERE {HOLDS_LOCK} ORDER BY i.owner"
     ))
     .bind(lock_prefix(schema))
     .fetch_all(conn)
