@@ -1663,6 +1663,30 @@ async fn a_publish_that_ends_well_within_its_lease_needs_no_renewal() {
     assert_eq!((t.state, t.attempts), (TimerState::Reached, 0), "{t:?}");
 }
 
+/// Schedules one-shot timers `ids` of tenant `t` due at T0 whose work must complete within 5 s,
+/// and waits until each fired and waits for its completion.
+async fn fired_awaiting_completion(r: &Rig, ids: &[&str]) {
+    let policy = Policy {
+        completion_timeout: Some(secs(5)),
+        ..Policy::default()
+    };
+    let timers: Vec<NewTimer> = ids
+        .iter()
+        .map(|id| NewTimer {
+            policy: Some(policy.clone()),
+            ..timer(id, T0)
+        })
+        .collect();
+    r.schedule(&timers).await;
+    events(&r.hub, ids.len()).await.expect("fired");
+    for id in ids {
+        timer_where(&r.store, id, |t| {
+            t.work.as_ref().is_some_and(|w| w.awaiting.is_some()) && t.lease_owner.is_none()
+        })
+        .await;
+    }
+}
+
 /// A one-shot timer given up for its completion timeouts whose `TimerFailed` cannot be sent is
 /// given back for a retry after the backoff (not held until its lease ends), and fails once
 /// the dead letter goes out.
@@ -1671,20 +1695,7 @@ async fn a_give_up_whose_timer_failed_cannot_be_sent_is_retried_after_the_backof
     let (mut setup, gate) = Setup::default().refusing_dead_letters();
     setup.config.max_attempts = 1;
     let r = setup.start();
-    let policy = Policy {
-        completion_timeout: Some(secs(5)),
-        ..Policy::default()
-    };
-    r.schedule(&[NewTimer {
-        policy: Some(policy),
-        ..timer("abandoned", T0)
-    }])
-    .await;
-    events(&r.hub, 1).await.expect("fired");
-    timer_where(&r.store, "abandoned", |t| {
-        t.work.as_ref().is_some_and(|w| w.awaiting.is_some()) && t.lease_owner.is_none()
-    })
-    .await;
+    fired_awaiting_completion(&r, &["abandoned"]).await;
     r.clock.advance(secs(5));
     assert!(gate.tried(1).await, "the TimerFailed was tried");
     let t = timer_where(&r.store, "abandoned", |t| {
@@ -1721,20 +1732,7 @@ async fn a_give_up_waiting_for_its_dead_letter_holds_no_other_fire() {
     setup.dead_letters = DeadLetterGate::holding();
     let gate = setup.dead_letters.clone();
     let r = setup.start();
-    let policy = Policy {
-        completion_timeout: Some(secs(5)),
-        ..Policy::default()
-    };
-    r.schedule(&[NewTimer {
-        policy: Some(policy),
-        ..timer("abandoned", T0)
-    }])
-    .await;
-    events(&r.hub, 1).await.expect("fired");
-    timer_where(&r.store, "abandoned", |t| {
-        t.work.as_ref().is_some_and(|w| w.awaiting.is_some()) && t.lease_owner.is_none()
-    })
-    .await;
+    fired_awaiting_completion(&r, &["abandoned"]).await;
     let other = T0.saturating_add(secs(6));
     r.schedule(&[NewTimer::new(TimerKey::new("other", "o"), other)])
         .await;
@@ -1757,26 +1755,8 @@ async fn give_ups_whose_dead_letters_fail_try_one_and_back_off() {
     let (mut setup, gate) = Setup::default().refusing_dead_letters();
     setup.config.max_attempts = 1;
     let r = setup.start();
-    let policy = Policy {
-        completion_timeout: Some(secs(5)),
-        ..Policy::default()
-    };
     let abandoned = ["a-1", "a-2", "a-3"];
-    let timers: Vec<NewTimer> = abandoned
-        .iter()
-        .map(|id| NewTimer {
-            policy: Some(policy.clone()),
-            ..timer(id, T0)
-        })
-        .collect();
-    r.schedule(&timers).await;
-    events(&r.hub, 3).await.expect("fired");
-    for id in abandoned {
-        timer_where(&r.store, id, |t| {
-            t.work.as_ref().is_some_and(|w| w.awaiting.is_some()) && t.lease_owner.is_none()
-        })
-        .await;
-    }
+    fired_awaiting_completion(&r, &abandoned).await;
     r.clock.advance(secs(5));
     assert!(gate.tried(1).await, "a TimerFailed was tried");
     for id in abandoned {
@@ -1802,20 +1782,7 @@ async fn give_ups_whose_dead_letters_fail_try_one_and_back_off() {
 #[tokio::test]
 async fn a_timer_sent_again_without_its_completion_timeout_is_reached() {
     let r = Setup::default().start();
-    let policy = Policy {
-        completion_timeout: Some(secs(5)),
-        ..Policy::default()
-    };
-    r.schedule(&[NewTimer {
-        policy: Some(policy),
-        ..timer("job", T0)
-    }])
-    .await;
-    events(&r.hub, 1).await.expect("fired");
-    timer_where(&r.store, "job", |t| {
-        t.work.as_ref().is_some_and(|w| w.awaiting.is_some()) && t.lease_owner.is_none()
-    })
-    .await;
+    fired_awaiting_completion(&r, &["job"]).await;
     r.schedule(&[timer("job", T0)]).await;
     r.clock.advance(secs(6));
     let t = timer_where(&r.store, "job", |t| t.state != TimerState::Scheduled).await;

@@ -659,12 +659,7 @@ async fn a_refused_command_the_server_could_not_take_back_is_dead_lettered_cut(
     let setup = Setup::new(&case);
     let service = setup.start().await;
     let client = setup.client().await;
-    let url = nats_config(&setup).url.clone();
-    let max = async_nats::connect(&url)
-        .await
-        .expect("connect")
-        .server_info()
-        .max_payload;
+    let max = max_payload(&setup).await;
     let mut huge = json!({"tenantId": "t", "serviceCallId": "huge", "dueTimeMs": now_ms(),
                           "payload": ""})
     .to_string();
@@ -712,12 +707,7 @@ async fn an_event_larger_than_the_server_takes_fails_alone(case: Arc<BrokerCase>
         json!({ "limits": { "max_message_bytes": 4_194_304 } }),
     );
     let service = setup.start().await;
-    let url = nats_config(&setup).url.clone();
-    let max = async_nats::connect(&url)
-        .await
-        .expect("connect")
-        .server_info()
-        .max_payload;
+    let max = max_payload(&setup).await;
     let due = now_ms() + 1_000;
     let huge = json!({"tenantId": "t", "serviceCallId": "huge", "dueTimeMs": due,
                       "message": {"body": "x".repeat(max)}});
@@ -745,6 +735,13 @@ async fn an_event_larger_than_the_server_takes_fails_alone(case: Arc<BrokerCase>
     );
     service.terminate().await;
     setup.clean_up().await;
+}
+
+/// The largest message the server takes (its `max_payload`, headers included).
+async fn max_payload(setup: &Setup) -> usize {
+    let url = &nats_config(setup).url;
+    let client = async_nats::connect(url).await.expect("connect");
+    client.server_info().max_payload
 }
 
 /// The server loses the service's streams while it runs (its JetStream store wiped, a stream

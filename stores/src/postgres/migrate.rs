@@ -381,6 +381,22 @@ mod server_tests {
         (config, pool)
     }
 
+    /// A store on `config`'s fresh schema and instance `id` of 0.2.0 joined on it.
+    async fn joined(
+        config: &PostgresConfig,
+        id: &str,
+    ) -> (Arc<PostgresStore>, Box<dyn timer_core::Membership>, Release) {
+        let store = Arc::new(PostgresStore::open(config).await.expect("opens"));
+        let release = Release {
+            version: "0.2.0".into(),
+            revision: "abc".into(),
+        };
+        let t0 = Timestamp::from_millis(0);
+        let owners: &dyn LeaseOwners = store.lease_owners().expect("postgres has owners");
+        let member = owners.join(id, &release, t0, t0).await.expect("joins");
+        (store, member, release)
+    }
+
     async fn drop_schema(pool: &PgPool, schema: &str) {
         let _ = sqlx::query(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"))
             .execute(pool)
@@ -468,14 +484,8 @@ mod server_tests {
         let Some(url) = server() else { return };
         let (config, pool) = fresh(url).await;
         let schema = config.schema.clone();
-        let store = Arc::new(PostgresStore::open(&config).await.expect("0.2.0 opens"));
+        let (store, member, old) = joined(&config, "old-1").await;
         let owners: &dyn LeaseOwners = store.lease_owners().expect("postgres has owners");
-        let old = Release {
-            version: "0.2.0".into(),
-            revision: "abc".into(),
-        };
-        let t0 = Timestamp::from_millis(0);
-        let member = owners.join("old-1", &old, t0, t0).await.expect("joins");
         let live = owners.live().await.expect("live");
         assert_eq!(live.len(), 1);
         assert_eq!(live[0].id, "old-1");
@@ -513,14 +523,8 @@ mod server_tests {
         let Some(url) = server() else { return };
         let (config, pool) = fresh(url).await;
         let schema = config.schema.clone();
-        let store = Arc::new(PostgresStore::open(&config).await.expect("opens"));
+        let (store, member, release) = joined(&config, "i-1").await;
         let owners: &dyn LeaseOwners = store.lease_owners().expect("postgres has owners");
-        let release = Release {
-            version: "0.2.0".into(),
-            revision: "abc".into(),
-        };
-        let t0 = Timestamp::from_millis(0);
-        let member = owners.join("i-1", &release, t0, t0).await.expect("joins");
         let live = owners.live().await.expect("live");
         assert_eq!(live[0].release.as_ref(), Some(&release));
         sqlx::query("UPDATE timer_instances SET last_seen_at = last_seen_at - 60000")
@@ -546,14 +550,7 @@ mod server_tests {
         let Some(url) = server() else { return };
         let (config, pool) = fresh(url).await;
         let schema = config.schema.clone();
-        let store = Arc::new(PostgresStore::open(&config).await.expect("opens"));
-        let owners: &dyn LeaseOwners = store.lease_owners().expect("postgres has owners");
-        let release = Release {
-            version: "0.2.0".into(),
-            revision: "abc".into(),
-        };
-        let t0 = Timestamp::from_millis(0);
-        let mut member = owners.join("i-1", &release, t0, t0).await.expect("joins");
+        let (store, mut member, _) = joined(&config, "i-1").await;
         let mut migration = pool.begin().await.expect("begin");
         sqlx::query("LOCK TABLE timer_instances IN ACCESS EXCLUSIVE MODE")
             .execute(&mut *migration)
