@@ -2095,6 +2095,10 @@ async fn bulk_pause_of_100k_timers_goes_in_pages_and_none_fires() {
             "filter.state",
         ),
         (
+            json!({"action": "cancel", "filter": {"state": ","}}),
+            "filter.state",
+        ),
+        (
             json!({"action": "cancel", "filter": {"prefix": ""}}),
             "filter.prefix",
         ),

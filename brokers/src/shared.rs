@@ -138,13 +138,15 @@ impl<V: Clone> Lookups<V> {
         entries.insert(name.to_owned(), (now + ttl, value));
     }
 
-    /// What is known of each of `names`: remembered, or looked up with `look` (at most
-    /// [`LOOKUPS_AT_ONCE`] at a time, [`LOOKUPS_PER_PUBLISH`] in all, remembered for what
-    /// `look` says). The names left over come back in [`Known::later`]; the first error of a
-    /// lookup is the whole call's.
+    /// What is known of each destination `wanted` names (with the tenant whose event names
+    /// it): remembered, or looked up with `look` (at most [`LOOKUPS_AT_ONCE`] at a time,
+    /// [`LOOKUPS_PER_PUBLISH`] in all, taken in turn from each tenant's so that one that names
+    /// thousands does not hold back another's few; remembered for what `look` says). The names
+    /// left over come back in [`Known::later`] (looked up by a later publish: those looked up
+    /// now are remembered); the first error of a lookup is the whole call's.
     pub(crate) async fn known<'n, F, Fut>(
         &self,
-        names: std::collections::HashSet<&'n str>,
+        wanted: impl IntoIterator<Item = (&'n str, &'n str)>,
         look: F,
     ) -> timer_core::Result<Known<'n, V>>
     where
@@ -152,17 +154,35 @@ impl<V: Clone> Lookups<V> {
         Fut: std::future::Future<Output = timer_core::Result<(V, std::time::Duration)>>,
     {
         let mut found = HashMap::new();
-        let mut unknown = Vec::new();
-        for name in names {
+        let mut named = std::collections::HashSet::new();
+        // Each tenant's destinations not known yet, in the order its events name them.
+        let mut by_tenant: std::collections::BTreeMap<&str, Vec<&str>> = Default::default();
+        for (tenant, name) in wanted {
+            if !named.insert(name) {
+                continue;
+            }
             match self.get(name) {
                 Some(value) => {
                     found.insert(name, value);
                 }
-                None => unknown.push(name),
+                None => by_tenant.entry(tenant).or_default().push(name),
             }
         }
-        unknown.sort_unstable();
-        let later = unknown.split_off(unknown.len().min(LOOKUPS_PER_PUBLISH));
+        let mut queues: Vec<_> = by_tenant.into_values().map(Vec::into_iter).collect();
+        let (mut unknown, mut later) = (Vec::new(), Vec::new());
+        while !queues.is_empty() {
+            queues.retain_mut(|queue| match queue.next() {
+                Some(name) if unknown.len() < LOOKUPS_PER_PUBLISH => {
+                    unknown.push(name);
+                    true
+                }
+                Some(name) => {
+                    later.push(name);
+                    true
+                }
+                None => false,
+            });
+        }
         for names in unknown.chunks(LOOKUPS_AT_ONCE) {
             let answers = futures::future::join_all(names.iter().map(|name| look(name))).await;
             for (name, answer) in names.iter().zip(answers) {
@@ -289,15 +309,23 @@ mod tests {
     }
 
     /// A publish looks up at most LOOKUPS_PER_PUBLISH destinations not known yet (the rest come
-    /// back as later), remembers what it found, and fails with the first lookup that fails.
+    /// back as later), taken in turn from each tenant's, remembers what it found, and fails
+    /// with the first lookup that fails.
     #[cfg(any(feature = "nats", feature = "rabbitmq", feature = "kafka"))]
     #[tokio::test]
     async fn a_publish_looks_up_a_bounded_number_of_destinations() {
         use std::sync::atomic::AtomicUsize;
         let lookups: Lookups<bool> = Lookups::new();
         let asked = AtomicUsize::new(0);
+        // Tenant a names 99 destinations, tenant b one, named last.
         let names: Vec<String> = (0..100).map(|i| format!("d{i:03}")).collect();
-        let all = || names.iter().map(String::as_str).collect();
+        let all = || {
+            names
+                .iter()
+                .enumerate()
+                .map(|(i, n)| (if i == 99 { "b" } else { "a" }, n.as_str()))
+                .collect::<Vec<_>>()
+        };
         let look = |name: &str| {
             asked.fetch_add(1, Ordering::SeqCst);
             let found = name.ends_with('0');
@@ -306,6 +334,10 @@ mod tests {
         let known = lookups.known(all(), look).await.unwrap();
         assert_eq!(known.found.len(), LOOKUPS_PER_PUBLISH);
         assert_eq!(known.later.len(), 100 - LOOKUPS_PER_PUBLISH);
+        assert!(
+            known.found.contains_key("d099"),
+            "b's one is looked up at once"
+        );
         assert!(known.found["d010"] && !known.found["d011"]);
         // The next one asks only for what it does not know yet.
         let known = lookups.known(all(), look).await.unwrap();
@@ -314,8 +346,7 @@ mod tests {
         assert_eq!(asked.load(Ordering::SeqCst), 100);
         let failing =
             |_: &str| async { Err::<(bool, std::time::Duration), _>(Error::unavailable("down")) };
-        let names = ["new"].into_iter().collect();
-        assert!(lookups.known(names, failing).await.is_err());
+        assert!(lookups.known([("a", "new")], failing).await.is_err());
     }
 
     #[test]

@@ -1722,32 +1722,6 @@ async fn a_give_up_whose_timer_failed_cannot_be_sent_is_retried_after_the_backof
     );
 }
 
-/// Giving up timers whose work timed out waits for their `TimerFailed` dead letters on a task
-/// of its own: while one is held by the broker, the firing task goes on, and another tenant's
-/// timer fires on time.
-#[tokio::test]
-async fn a_give_up_waiting_for_its_dead_letter_holds_no_other_fire() {
-    let mut setup = Setup::default();
-    setup.config.max_attempts = 1;
-    setup.dead_letters = DeadLetterGate::holding();
-    let gate = setup.dead_letters.clone();
-    let r = setup.start();
-    fired_awaiting_completion(&r, &["abandoned"]).await;
-    let other = T0.saturating_add(secs(6));
-    r.schedule(&[NewTimer::new(TimerKey::new("other", "o"), other)])
-        .await;
-    r.clock.advance(secs(5));
-    assert!(gate.tried(1).await, "the TimerFailed was tried");
-    r.clock.advance(secs(1));
-    let fired = events(&r.hub, 2).await;
-    assert!(
-        fired.is_some(),
-        "the other tenant's timer waited for the dead letter"
-    );
-    gate.release();
-    timer_where(&r.store, "abandoned", |t| t.state == TimerState::Failed).await;
-}
-
 /// Of timers given up together whose `TimerFailed` cannot be sent, one is tried: the others are
 /// retried after the backoff with it, which grows with each failed try.
 #[tokio::test]
@@ -1759,9 +1733,13 @@ async fn give_ups_whose_dead_letters_fail_try_one_and_back_off() {
     fired_awaiting_completion(&r, &abandoned).await;
     r.clock.advance(secs(5));
     assert!(gate.tried(1).await, "a TimerFailed was tried");
+    // Each retried after its backoff (retry_base, 1 s, after the first failed try), then after
+    // twice that.
+    let first_try = T0.saturating_add(secs(5));
     for id in abandoned {
         let t = timer_where(&r.store, id, |t| t.attempts == 1 && t.lease_owner.is_none()).await;
         assert_eq!(t.state, TimerState::Scheduled, "{t:?}");
+        assert_eq!(t.available_at, first_try.saturating_add(secs(1)), "{t:?}");
         assert!(
             t.last_error
                 .as_deref()
@@ -1774,6 +1752,14 @@ async fn give_ups_whose_dead_letters_fail_try_one_and_back_off() {
         1,
         "one try for the three"
     );
+    r.clock.advance(secs(1));
+    assert!(gate.tried(2).await, "a TimerFailed was tried again");
+    let second_try = first_try.saturating_add(secs(1));
+    for id in abandoned {
+        let t = timer_where(&r.store, id, |t| t.attempts == 2 && t.lease_owner.is_none()).await;
+        assert_eq!(t.available_at, second_try.saturating_add(secs(2)), "{t:?}");
+    }
+    assert_eq!(gate.tries.load(Ordering::SeqCst), 2, "one try a round");
 }
 
 /// A one-shot timer waiting for its work, sent again (the same due time) without a

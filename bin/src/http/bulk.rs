@@ -114,7 +114,13 @@ fn bulk_filter(filter: &serde_json::Map<String, Value>) -> Result<ListParams, Ba
         };
         // In a list an empty filter means "any"; here, where a client that builds the filter
         // from a selection would act on every timer when nothing is selected, it is refused.
-        if words.is_empty() || words.iter().any(|w| w.as_str().is_some_and(str::is_empty)) {
+        // A state's words are also split on commas (`"paused,failed"`): `","` names none.
+        let names_none = |w: &&Value| match w.as_str() {
+            Some(text) if name == "state" => text.split(',').all(str::is_empty),
+            Some(text) => text.is_empty(),
+            None => false,
+        };
+        if words.is_empty() || words.iter().any(names_none) {
             return Err(BadParameter::owned(
                 format!("filter.{name}"),
                 format!(

@@ -479,9 +479,12 @@ impl Broker for KafkaBroker {
         // came with an error) is refused alone (retried later).
         let producer = self.producer();
         // Only the topics of routes that parse: one that does not is refused below, alone.
-        let targeted: HashSet<&str> = events
+        let targeted: Vec<(&str, &str)> = events
             .iter()
-            .filter_map(|e| Some(target_route(e.target.as_ref()?, &self.config).ok()?.topic))
+            .filter_map(|e| {
+                let route = target_route(e.target.as_ref()?, &self.config).ok()?;
+                Some((e.key.tenant_id.as_str(), route.topic))
+            })
             .collect();
         let known = self
             .topics

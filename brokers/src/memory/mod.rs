@@ -52,9 +52,9 @@ pub struct MemoryConfig {
     /// 0 sets no limit but `broker.max_queued`.
     pub max_queued_per_tenant: usize,
     /// Most bytes of commands waiting or delivered and not yet acknowledged, over all tenants;
-    /// a command beyond it is refused as beyond `broker.max_queued`, so large commands cannot
-    /// make the process hold gigabytes (one command is taken into an empty queue whatever its
-    /// size). 0 sets no limit but `broker.max_queued`.
+    /// once they hold it, a command is refused as beyond `broker.max_queued`, so large commands
+    /// cannot make the process hold gigabytes (the command that crosses it is taken, whatever
+    /// its size). 0 sets no limit but `broker.max_queued`.
     pub max_queued_bytes: usize,
     /// Most bytes of the events, and of the dead letters, kept for reading back, beside
     /// `broker.retain`: the oldest go first (the latest is kept whatever its size). 0 sets no
@@ -277,10 +277,9 @@ impl MemoryHub {
                  send again later"
             )));
         }
-        if config.max_queued_bytes > 0
-            && all > 0
-            && state.queued_bytes + body.len() > config.max_queued_bytes
-        {
+        // Full once it holds the limit: the command that crosses it is taken, so one of any
+        // size gets in as soon as there is room, not only into an empty queue.
+        if config.max_queued_bytes > 0 && state.queued_bytes >= config.max_queued_bytes {
             return Err(Error::unavailable(format!(
                 "memory broker: {} bytes of commands are not acknowledged yet \
                  (broker.max_queued_bytes); send again later",
@@ -579,7 +578,7 @@ mod tests {
     }
 
     /// Commands count by bytes too: a flood of large ones is refused before the process holds
-    /// gigabytes; one command always fits an empty queue.
+    /// gigabytes; the command that crosses the limit is taken, whatever its size.
     #[tokio::test]
     async fn large_commands_are_bounded_by_bytes() {
         let hub = MemoryHub::new(MemoryConfig {
@@ -593,9 +592,10 @@ mod tests {
         let broker = hub.connect();
         let got = broker.receive(10, Duration::ZERO).await.unwrap();
         broker.ack(&[got[0].tag]).await.unwrap();
+        // 53 bytes, then 233: the second crosses the limit, and is taken.
         hub.send_command(large(30)).unwrap();
-        hub.send_command(large(10)).unwrap();
-        assert!(hub.send_command(large(30)).is_err(), "over 100 bytes");
+        hub.send_command(large(210)).unwrap();
+        assert!(hub.send_command(large(1)).is_err(), "over 100 bytes");
     }
 
     /// Events and dead letters kept for reading back are bounded by bytes too; the latest is

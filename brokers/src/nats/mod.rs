@@ -491,9 +491,13 @@ impl Broker for NatsBroker {
         // A target subject a stream captures gets a JetStream publish, confirmed by the stream;
         // one no stream captures a plain publish (a JetStream publish there would reach its
         // subscribers and then wait for a PubAck that never comes, and go out again on retry).
-        let targeted: HashSet<&str> = events
+        // Subjects it may publish to only: another is refused below, alone.
+        let targeted: Vec<(&str, &str)> = events
             .iter()
-            .filter_map(|e| e.target.as_ref()?.text("subject"))
+            .filter_map(|e| {
+                let subject = target_subject(e.target.as_ref()?, &self.own_subjects).ok()?;
+                Some((e.key.tenant_id.as_str(), subject))
+            })
             .collect();
         let known = self
             .captured

@@ -15,7 +15,6 @@ mod plugin;
 #[cfg(feature = "testing")]
 mod testing;
 
-use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -251,10 +250,13 @@ impl RabbitmqBroker {
         session: &Session,
         events: &[OutboundEvent],
     ) -> Result<Vec<(String, String)>> {
-        let named: HashSet<&str> = events
+        // Routes it may publish to only: another is refused alone, without a lookup.
+        let named: Vec<(&str, &str)> = events
             .iter()
-            .filter_map(|e| e.target.as_ref()?.text("exchange"))
-            .filter(|exchange| !exchange.is_empty())
+            .filter_map(|e| {
+                let (exchange, _) = target_route(e.target.as_ref()?, &self.config).ok()?;
+                (!exchange.is_empty()).then_some((e.key.tenant_id.as_str(), exchange))
+            })
             .collect();
         let known = self
             .exchanges

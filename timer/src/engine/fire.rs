@@ -342,13 +342,7 @@ impl Engine {
             }
         }
         if !giving_up.is_empty() {
-            // Their dead letters wait for the broker, as publishes do: not here, where every
-            // tenant's next claim waits.
-            let engine = self.clone();
-            calls.spawn(
-                self,
-                async move { engine.give_up_timed_out(giving_up).await },
-            );
+            self.give_up_timed_out(giving_up).await;
         }
         if !inner.pace.is_off() {
             self.pace(&mut firing, &mut fires, &mut settled, reached_at)

@@ -111,11 +111,11 @@ impl Engine {
     }
 
     /// Gives up the timers whose work did not complete within their completion timeouts too
-    /// often, each with its error (on a task of its own: each waits for its dead letter). After
-    /// the first whose `TimerFailed` does not go out, the rest are not tried: each is retried
-    /// after its backoff, which grows with each such try (its attempts count them).
+    /// often, each with its error. In the firing task, which holds their leases meanwhile: each
+    /// waits for its dead letter (up to `engine.publish_timeout`), so after the first whose
+    /// `TimerFailed` does not go out the rest are not tried, and each is retried after its
+    /// backoff, which grows with each such try (its attempts count them).
     pub(super) async fn give_up_timed_out(&self, timers: Vec<(ClaimedTimer, String)>) {
-        let now = self.inner.clock.now();
         let mut broker_up = true;
         let mut retry = Vec::new();
         for (timer, error) in timers {
@@ -126,10 +126,8 @@ impl Engine {
                 retry.push((timer, error));
             }
         }
-        self.retry_later(retry, now, None).await;
-        // Claimable again (after a backoff, or at once if rescheduled meanwhile): the firing
-        // task plans again.
-        self.wake_by(now);
+        // After the dead letters' waits: the backoff counts from now.
+        self.retry_later(retry, self.inner.clock.now(), None).await;
     }
 
     /// Releases `retry` for a retry after each one's backoff, not sooner than `not_before` from
