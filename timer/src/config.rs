@@ -219,8 +219,8 @@ pub struct TenantFireRate {
 /// characters and `{tenant}` for the timer's tenant id as one routing token (letters, digits,
 /// `-` and `_` as they are, every other byte as `%XX`), so no tenant's pattern reaches another
 /// tenant's names; in a URL's host, where names are lowercased and `%XX` decoded, it stands
-/// only for tenant ids of lowercase letters, digits and `-` (another tenant gets nothing of such
-/// a pattern). The service's own command, event and dead-letter destinations are never
+/// only for tenant ids of lowercase letters, digits and `-` that start with a letter (another
+/// tenant gets nothing of such a pattern). The service's own command, event and dead-letter destinations are never
 /// targets, whatever the patterns say, nor the broker's own (NATS subjects starting with `$`
 /// or `_INBOX.`, Kafka topics starting with `__`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -261,11 +261,13 @@ impl TargetRules {
         // `https://hooks.example.com/{tenant}/` would be the whole host for them.
         let dot_segment = token.eq_ignore_ascii_case("%2E") || token.eq_ignore_ascii_case("%2E%2E");
         // In a URL's host, parsing lowercases names and decodes `%XX` (then maps Unicode to
-        // ASCII): `ACME` and `ａｃｍｅ` would name `acme`'s host. Only a token a host keeps as
-        // written stands there.
-        let host_label = token
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+        // ASCII): `ACME` and `ａｃｍｅ` would name `acme`'s host; and reads a last label of
+        // digits (`5`, `05`, `0x5`) as part of an IPv4 address. Only a token a host keeps as
+        // written, starting with a letter, stands there.
+        let host_label = token.as_bytes().first().is_some_and(u8::is_ascii_lowercase)
+            && token
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
         self.allow
             .iter()
             .chain(own.unwrap_or_default())

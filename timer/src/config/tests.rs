@@ -100,7 +100,22 @@ fn each_tenant_reaches_its_own_names_and_what_it_is_given() {
     hosts.check().unwrap();
     assert!(hosts.allows("acme", "https://acme.hooks.example.com/due"));
     assert!(hosts.allows("eu-1", "https://eu-1.hooks.example.com/due"));
-    for tenant in ["ACME", "\u{ff41}\u{ff43}\u{ff4d}\u{ff45}", "a_b", "a.b"] {
+    let last = TargetRules {
+        allow: vec!["https://10.0.0.{tenant}/".into()],
+        tenants: BTreeMap::new(),
+    };
+    // `5`, `05` and `0x5` would all be 10.0.0.5.
+    for tenant in ["5", "05", "0x5"] {
+        assert!(!last.allows(tenant, "https://10.0.0.5/due"), "{tenant}");
+    }
+    for tenant in [
+        "ACME",
+        "\u{ff41}\u{ff43}\u{ff4d}\u{ff45}",
+        "a_b",
+        "a.b",
+        "5",
+        "0x5",
+    ] {
         for url in [
             "https://acme.hooks.example.com/due",
             "https://a_b.hooks.example.com/due",
