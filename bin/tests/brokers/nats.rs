@@ -55,6 +55,7 @@ pub fn checks() -> Vec<Check<Arc<BrokerCase>>> {
         streams_the_server_lost_are_made_again,
         a_server_back_without_its_store_gets_the_streams_made_again,
         a_refused_command_the_server_could_not_take_back_is_dead_lettered_cut,
+        a_dead_letter_over_the_servers_max_payload_is_cut_to_fit,
         an_event_larger_than_the_server_takes_fails_alone,
     ];
     // Its series goes on from when an occurrence fired: one fired over a second late (a busy
@@ -694,6 +695,50 @@ async fn a_refused_command_the_server_could_not_take_back_is_dead_lettered_cut(
         "{}",
         letter.reason
     );
+    service.terminate().await;
+    setup.clean_up().await;
+}
+
+/// With `limits.max_message_bytes` raised past the server's `max_payload`, a command refused
+/// for another reason (no `serviceCallId`) just under it is dead-lettered cut to fit, by the
+/// broker: whole, with the reason's header, the server would refuse it every time.
+async fn a_dead_letter_over_the_servers_max_payload_is_cut_to_fit(case: Arc<BrokerCase>) {
+    let setup = Setup::with_sections(
+        &case,
+        json!({ "limits": { "max_message_bytes": 4_194_304 } }),
+    );
+    let service = setup.start().await;
+    let client = setup.client().await;
+    let max = max_payload(&setup).await;
+    let head = format!(
+        r#"{{"tenantId":"t","dueTimeMs":{},"message":{{"body":""#,
+        now_ms()
+    );
+    let filler = "x".repeat(max - 16 - head.len() - 3);
+    let nameless = format!(r#"{head}{filler}"}}}}"#);
+    assert_eq!(nameless.len(), max - 16);
+    client
+        .send_command(nameless.as_bytes())
+        .await
+        .expect("the server takes the command");
+    fires(
+        client.as_ref(),
+        &service,
+        "after",
+        "after the nameless command",
+    )
+    .await;
+    let letter = wait_for(Duration::from_secs(30), || async {
+        let letters = client.dead_letters().await.ok()?;
+        letters
+            .into_iter()
+            .find(|d| d.reason.contains("serviceCallId"))
+    })
+    .await
+    .unwrap_or_else(|| service.fail("the nameless command was not dead-lettered"));
+    assert!(letter.body.len() < nameless.len(), "{}", letter.reason);
+    assert!(nameless.as_bytes().starts_with(&letter.body));
+    assert!(letter.reason.contains("max_payload"), "{}", letter.reason);
     service.terminate().await;
     setup.clean_up().await;
 }

@@ -608,9 +608,11 @@ impl Broker for KafkaBroker {
     async fn health(&self) -> Result<()> {
         let producer = self.producer();
         if let Some((code, reason)) = producer.client().fatal_error() {
+            // Made anew here too: a fire may be far off, and HTTP schedules do not come to an
+            // instance out of the rotation.
+            self.after_failure(&producer);
             return Err(Error::unavailable(format!(
-                "kafka broker: the producer hit a fatal error ({code:?}: {reason}); it is made \
-                 anew at the next publish"
+                "kafka broker: the producer hit a fatal error ({code:?}: {reason}); made anew"
             )));
         }
         topic_exists(&self.config, &producer, &self.config.commands_topic)

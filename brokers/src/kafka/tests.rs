@@ -23,9 +23,22 @@ fn server() -> Option<String> {
     }
 }
 
-/// A producer that hit a fatal error (as an idempotent producer does when a broker failover
-/// breaks its sequence) sends nothing more: the broker says it is not healthy, and the next
-/// failed publish makes it anew, so the one after goes out.
+/// Breaks the broker's producer as a failover can break an idempotent producer's sequence: a
+/// fatal error, after which librdkafka sends nothing more on it.
+fn break_producer(broker: &KafkaBroker) {
+    let used = broker.producer();
+    // SAFETY: the handle is the live producer's (`used` holds it), the reason a C string.
+    unsafe {
+        rd_kafka_test_fatal_error(
+            used.client().native_ptr(),
+            rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_OUT_OF_ORDER_SEQUENCE_NUMBER,
+            c"the test broke the sequence".as_ptr(),
+        );
+    }
+}
+
+/// A producer that hit a fatal error sends nothing more: the next health check, or the next
+/// publish that fails on it, says so and makes it anew, so the publish after goes out.
 #[tokio::test]
 async fn a_producer_that_hit_a_fatal_error_is_made_anew() {
     let Some(brokers) = server() else { return };
@@ -43,17 +56,15 @@ async fn a_producer_that_hit_a_fatal_error_is_made_anew() {
     let event = || OutboundEvent::envelope(Uuid::now_v7(), TimerKey::new("t", "x"), b"{}".to_vec());
     let sent = broker.publish(&[event()]).await.expect("publish");
     assert!(sent.is_empty(), "{sent:?}");
-    let used = broker.producer();
-    // SAFETY: the handle is the live producer's (`used` holds it), the reason a C string.
-    unsafe {
-        rd_kafka_test_fatal_error(
-            used.client().native_ptr(),
-            rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_OUT_OF_ORDER_SEQUENCE_NUMBER,
-            c"the test broke the sequence".as_ptr(),
-        );
-    }
+    // The health check finds the broken producer, says so, and makes it anew.
+    break_producer(&broker);
     let unhealthy = broker.health().await.expect_err("not healthy");
     assert!(unhealthy.to_string().contains("fatal"), "{unhealthy}");
+    let sent = broker.publish(&[event()]).await.expect("publish");
+    assert!(sent.is_empty(), "made anew, it sends: {sent:?}");
+    broker.health().await.expect("healthy again");
+    // So does the first publish that fails on it.
+    break_producer(&broker);
     let failed = broker.publish(&[event()]).await;
     assert!(
         failed.as_ref().map_or(true, |refused| refused.len() == 1),

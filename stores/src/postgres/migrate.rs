@@ -552,8 +552,8 @@ mod server_tests {
             .execute(&mut *migration)
             .await
             .expect("lock");
-        // Three seconds: three writes of last_seen_at wait for the lock, each far longer than
-        // a ping may take.
+        // Three seconds: a write of last_seen_at waits for the lock all that time, far longer
+        // than a ping may take.
         let lost = tokio::time::timeout(std::time::Duration::from_secs(3), member.lost()).await;
         assert!(lost.is_err(), "the membership ended: {lost:?}");
         migration.rollback().await.expect("rollback");

@@ -15,7 +15,8 @@
 //! - `last_seen_at` is written every [`SEEN_EVERY`] pings on a connection of the pool, beside
 //!   the pings: a write waits for its commit (the WAL on disk, a synchronous standby) and for
 //!   locks on `timer_instances` (a migration's), which say nothing of whether the instance is
-//!   alive; one that fails or lags is logged and tried again, never the end of the membership.
+//!   alive; one that fails is logged, one that waits is let wait (no other starts meanwhile), and
+//!   neither ends the membership.
 //! - The keeper asks the server to probe it with TCP keepalives (`tcp_keepalives_*`), so a
 //!   session whose host vanished ends after about [`KEEPALIVE_GONE_AFTER`] instead of hours;
 //!   the instance itself gives up its membership much sooner (`PING_TIMEOUT`), so it always
@@ -39,8 +40,6 @@ pub const PING_EVERY: Duration = Duration::from_millis(100);
 pub const PING_TIMEOUT: Duration = Duration::from_millis(500);
 /// Every how many pings `last_seen_at` is written (on the pool, beside the ping).
 pub const SEEN_EVERY: u32 = 10;
-/// Longest a `last_seen_at` write may take before it is given up (and tried again later).
-const SEEN_TIMEOUT: Duration = Duration::from_secs(5);
 /// The bound `Membership::lost` keeps ([`LeaseOwners::lost_within`]): one ping interval, one
 /// timeout and a margin for scheduling.
 pub const LOST_WITHIN: Duration = Duration::from_millis(750);
@@ -84,7 +83,7 @@ const HOLDS_LOCK: &str = "EXISTS (SELECT 1 FROM pg_locks l \
        AND ((l.classid::int8 << 32) | l.objid::int8) = hashtextextended($1 || i.owner, 0))";
 
 /// How old an instance's `last_seen_at` may be for its row's release to be its own: 0.2.0 and
-/// later write it every second (or try to: a write may wait, up to [`SEEN_TIMEOUT`]); a 0.1.0
+/// later write it every second (or try to: a write may wait for a lock); a 0.1.0
 /// instance that joined under the id of a 0.2.0 one that died (a rollback with a fixed
 /// `engine.instance_id`) keeps that row's release and `last_seen_at`, which then stop.
 const STALE_AFTER_MS: i64 = 30_000;
@@ -140,7 +139,10 @@ struct PgMembership {
 }
 
 /// Writes `owner`'s `last_seen_at` on `pool`, on a task of its own, unless the `last` write is
-/// still under way; a failed one is logged.
+/// still under way; a failed one is logged. Not bounded in time: one waiting for a lock holds
+/// one connection until it gets it, where a write given up would leave its connection waiting
+/// all the same (returned to the pool only once the server answers) and the next write take
+/// another.
 fn write_seen(
     pool: &sqlx::PgPool,
     owner: &str,
@@ -153,16 +155,13 @@ fn write_seen(
     Some(tokio::spawn(async move {
         let seen =
             format!("UPDATE timer_instances SET last_seen_at = {SERVER_MS} WHERE owner = $1");
-        let write = sqlx::query(&seen).bind(&owner).execute(&pool);
-        let why = match tokio::time::timeout(SEEN_TIMEOUT, write).await {
-            Ok(Ok(_)) => return,
-            Ok(Err(e)) => root_cause(&e),
-            Err(_) => format!("no answer within {} s", SEEN_TIMEOUT.as_secs()),
-        };
-        warn!(
-            owner,
-            "postgres store: writing this instance's last_seen_at failed: {why}; it lives on"
-        );
+        if let Err(e) = sqlx::query(&seen).bind(&owner).execute(&pool).await {
+            let why = root_cause(&e);
+            warn!(
+                owner,
+                "postgres store: writing this instance's last_seen_at failed: {why}; it lives on"
+            );
+        }
     }))
 }
 
