@@ -371,7 +371,11 @@ pub fn transition(timer: &Timer, firing: bool, action: &Action, now: Timestamp) 
                 Some(schedule) => {
                     let nominal = work.nominal.unwrap_or(timer.due_at);
                     let mut resumed = schedule.resume(nominal, now);
-                    work.nominal = resumed.next.filter(|_| work.nominal.is_some());
+                    // Its cron time is kept when it fires jittered, also when the jitter came
+                    // after it was stored (no nominal time kept yet).
+                    let jittered =
+                        work.nominal.is_some() || policy.is_some_and(|p| p.jitter.is_some());
+                    work.nominal = resumed.next.filter(|_| jittered);
                     resumed.next = resumed
                         .next
                         .map(|next| policy::fire_time(&timer.key, next, policy));
@@ -594,6 +598,26 @@ mod tests {
                 },
                 Change::Resumed { due_at: Some(NOW) },
             ]
+        );
+    }
+
+    /// A series sent again with a jitter, then paused and resumed, keeps its cron time: the
+    /// claim fires it at that time plus its offset, not that plus a second offset.
+    #[test]
+    fn a_resumed_series_with_a_new_jitter_keeps_its_cron_time() {
+        let mut paused = timer(TimerState::Paused, 5_000, Some("* * * * * *"));
+        paused.policy = Some(Policy {
+            jitter: Some(std::time::Duration::from_millis(500)),
+            ..Policy::default()
+        });
+        let write = transition(&paused, false, &Action::Resume, NOW)
+            .write
+            .unwrap();
+        let work = write.work.flatten().expect("its work");
+        assert_eq!(work.nominal, Some(NOW));
+        assert_eq!(
+            write.due_at,
+            policy::fire_time(&paused.key, NOW, paused.policy.as_ref())
         );
     }
 
