@@ -667,27 +667,9 @@ async fn a_refused_command_the_server_could_not_take_back_is_dead_lettered_cut(
     // Just under max_payload (the test client's publish adds no header), so that with the
     // dead letter's reason header it is over.
     huge.insert_str(huge.len() - 2, &"x".repeat(max - 16 - huge.len()));
-    client
-        .send_command(huge.as_bytes())
-        .await
-        .expect("the server takes the command");
-    // The commands after it are applied.
-    fires(
-        client.as_ref(),
-        &service,
-        "after",
-        "after the large command",
-    )
-    .await;
-    let letter = wait_for(Duration::from_secs(30), || async {
-        let letters = client.dead_letters().await.ok()?;
-        letters.into_iter().find(|d| d.reason.contains("too_large"))
-    })
-    .await
-    .unwrap_or_else(|| service.fail("the large command was not dead-lettered"));
+    let letter = dead_lettered_and_passed(&service, client.as_ref(), &huge, "too_large").await;
     let limit = timer_core::Limits::default().command_bytes();
     assert_eq!(letter.body.len(), limit, "{}", letter.reason);
-    assert!(huge.as_bytes().starts_with(&letter.body));
     assert!(
         letter
             .reason
@@ -697,6 +679,30 @@ async fn a_refused_command_the_server_could_not_take_back_is_dead_lettered_cut(
     );
     service.terminate().await;
     setup.clean_up().await;
+}
+
+/// Sends `command` (which the server takes), checks that a command sent after it is applied,
+/// and returns its dead letter, found by a word of its reason (`says`); its body is the start
+/// of the command.
+async fn dead_lettered_and_passed(
+    service: &Service,
+    client: &dyn TestClient,
+    command: &str,
+    says: &str,
+) -> timer_core::plugin::ReadDeadLetter {
+    client
+        .send_command(command.as_bytes())
+        .await
+        .expect("the server takes the command");
+    fires(client, service, "after", "after the refused command").await;
+    let letter = wait_for(Duration::from_secs(30), || async {
+        let letters = client.dead_letters().await.ok()?;
+        letters.into_iter().find(|d| d.reason.contains(says))
+    })
+    .await
+    .unwrap_or_else(|| service.fail(format!("no dead letter saying {says}")));
+    assert!(command.as_bytes().starts_with(&letter.body));
+    letter
 }
 
 /// With `limits.max_message_bytes` raised past the server's `max_payload`, a command refused
@@ -717,27 +723,9 @@ async fn a_dead_letter_over_the_servers_max_payload_is_cut_to_fit(case: Arc<Brok
     let filler = "x".repeat(max - 16 - head.len() - 3);
     let nameless = format!(r#"{head}{filler}"}}}}"#);
     assert_eq!(nameless.len(), max - 16);
-    client
-        .send_command(nameless.as_bytes())
-        .await
-        .expect("the server takes the command");
-    fires(
-        client.as_ref(),
-        &service,
-        "after",
-        "after the nameless command",
-    )
-    .await;
-    let letter = wait_for(Duration::from_secs(30), || async {
-        let letters = client.dead_letters().await.ok()?;
-        letters
-            .into_iter()
-            .find(|d| d.reason.contains("serviceCallId"))
-    })
-    .await
-    .unwrap_or_else(|| service.fail("the nameless command was not dead-lettered"));
+    let letter =
+        dead_lettered_and_passed(&service, client.as_ref(), &nameless, "serviceCallId").await;
     assert!(letter.body.len() < nameless.len(), "{}", letter.reason);
-    assert!(nameless.as_bytes().starts_with(&letter.body));
     assert!(letter.reason.contains("max_payload"), "{}", letter.reason);
     service.terminate().await;
     setup.clean_up().await;
