@@ -339,7 +339,11 @@ async fn roll(previous: &Path) {
     let release = env!("CARGO_PKG_VERSION");
     assert_eq!(
         migrations,
-        [format!("15 {release}"), format!("16 {release}")],
+        [
+            format!("15 {release}"),
+            format!("16 {release}"),
+            format!("17 {release}"),
+        ],
         "recorded by this release"
     );
     let valid = sql_rows(

@@ -93,8 +93,9 @@ pub(crate) struct Lookups<V> {
 #[cfg(any(feature = "nats", feature = "rabbitmq", feature = "kafka"))]
 pub(crate) const LOOKUP_TTL: std::time::Duration = std::time::Duration::from_secs(10);
 /// How long a destination found missing is taken as missing: one made meanwhile is used soon,
-/// one that stays missing is not asked for again by every batch.
-#[cfg(any(feature = "nats", feature = "rabbitmq", feature = "kafka"))]
+/// one that stays missing is not asked for again by every batch. (NATS publishes to a subject
+/// no stream captures, plainly: it has no missing destinations.)
+#[cfg(any(feature = "rabbitmq", feature = "kafka"))]
 pub(crate) const MISSING_TTL: std::time::Duration = std::time::Duration::from_secs(2);
 /// Most lookups one publish makes at once.
 #[cfg(any(feature = "nats", feature = "rabbitmq", feature = "kafka"))]

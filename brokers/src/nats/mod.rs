@@ -108,9 +108,10 @@ impl NatsBroker {
     /// Connects, checks (or creates) the streams and the shared consumer.
     pub async fn connect(config: &NatsConfig) -> Result<Self> {
         let client = connect_client(config).await?;
-        // The engine bounds the events in flight (`engine.batch_size`); the client's own bound
-        // (5,000 by default) made concurrent batches above it wait for each other's permits,
-        // each holding its own, until they timed out.
+        // The engine bounds the events it publishes at once (`engine.batch_size`); the
+        // client's own bound (5,000 by default) made concurrent batches above it wait for each
+        // other's permits, each holding its own, until they timed out. (A publish cut off
+        // leaves its PubAcks to the client for up to 30 s: far below this bound too.)
         let js = jetstream::ContextBuilder::new()
             .max_ack_inflight(MAX_ACKS_IN_FLIGHT)
             .build(client.clone());
@@ -236,8 +237,9 @@ impl NatsBroker {
 /// words a cut body adds to it.
 const DEAD_LETTER_HEADROOM: usize = 256;
 
-/// Most PubAcks one publish leaves un-awaited: each holds one of the JetStream context's
-/// permits for publishes in flight ([`MAX_ACKS_IN_FLIGHT`]) until it is awaited.
+/// Most PubAcks one publish leaves un-awaited (each holds one of the JetStream context's
+/// [`MAX_ACKS_IN_FLIGHT`] permits, and its future, until it is awaited): bounds what a large
+/// batch holds.
 const ACKS_AT_ONCE: usize = 1_000;
 
 /// The JetStream context's permits for publishes waiting for their PubAck: far above what the
@@ -493,8 +495,8 @@ impl Broker for NatsBroker {
                 }
                 Err(e) => return Err(unavailable("publishing an event", e)),
             }
-            // Each PubAck not awaited holds one of the context's 5,000 permits for publishes
-            // in flight: a batch larger than that would wait for its own.
+            // A PubAck not awaited holds one of the context's permits (and its future): a
+            // batch awaits them every ACKS_AT_ONCE publishes.
             if acks.len() >= ACKS_AT_ONCE {
                 self.pub_acks(std::mem::take(&mut acks), &mut undelivered)
                     .await?;

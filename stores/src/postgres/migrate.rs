@@ -313,7 +313,11 @@ mod tests {
         crate::sql::migrations::assert_released(
             "postgres (from 0.2.0)",
             &migrator(),
-            &[(15, "35f4a1a50c66c518"), (16, "18610c2162b2ef71")],
+            &[
+                (15, "35f4a1a50c66c518"),
+                (16, "18610c2162b2ef71"),
+                (17, "6692a1c5e09682c4"),
+            ],
         );
     }
 

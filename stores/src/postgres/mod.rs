@@ -86,7 +86,6 @@ impl Dialect for PostgresStore {
         history AS (DELETE FROM timer_history h USING gone \
         WHERE h.tenant_id = gone.tenant_id AND h.service_call_id = gone.service_call_id) \
         SELECT 1 FROM gone";
-    const NOW_MS: &'static str = "(EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::BIGINT";
 
     fn retryable(e: &sqlx::Error) -> bool {
         match e {

@@ -70,8 +70,6 @@ pub(crate) trait Dialect {
     /// `purge`: deletes finished rows and their history; a row for each timer deleted.
     /// Parameters: 1 finished before, 2 the limit.
     const PURGE: &'static str;
-    /// The database server's clock in epoch milliseconds, as an SQL expression.
-    const NOW_MS: &'static str;
     /// The first statement of a transaction that reads and then writes, if the database needs
     /// one to take its write lock up front. SQLite: a write that changes nothing, so the
     /// transaction waits `store.busy_timeout` for another process's write lock; a transaction

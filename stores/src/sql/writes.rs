@@ -162,19 +162,6 @@ statements! {
     }
 
     pub(crate) async fn purge(&self, older_than: Timestamp, limit: usize) -> Result<u64> {
-        // Releases up to 0.2.0 emptied `finished_at` at a completion of a finished timer (and
-        // 0.2.0 instances still do during a rolling upgrade): such a row counts as finished
-        // from now, so it is purged `engine.retention` later, never at once. Written so that
-        // both databases read it from `timers_finished` (`WHERE state <> 0`), where only the
-        // Paused rows (4) have no finish time.
-        sqlx::query(&format!(
-            "UPDATE timers SET finished_at = {} \
-              WHERE state <> 0 AND state <> 4 AND finished_at IS NULL",
-            D::NOW_MS
-        ))
-        .execute(self.pool)
-        .await
-        .map_err(|e| db_err::<D>("marking finished timers without a finish time", e))?;
         let gone = sqlx::query(D::PURGE)
             .bind(older_than.as_millis())
             .bind(i64::try_from(limit).unwrap_or(i64::MAX))

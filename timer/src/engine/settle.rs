@@ -111,10 +111,12 @@ impl Engine {
     }
 
     /// Gives up the timers whose work did not complete within their completion timeouts too
-    /// often, each with its error. In the firing task, which holds their leases meanwhile: each
-    /// waits for its dead letter (up to `engine.publish_timeout`), so after the first whose
-    /// `TimerFailed` does not go out the rest are not tried, and each is retried after its
-    /// backoff, which grows with each such try (its attempts count them).
+    /// often, each with its error. In the firing task, which claims nothing meanwhile (their
+    /// leases are not renewed: past `engine.lease` another instance may claim one and send its
+    /// `TimerFailed` too, a duplicate): each waits for its dead letter, up to
+    /// `engine.publish_timeout`, so after the first whose `TimerFailed` does not go out the rest
+    /// are not tried, and each is retried after its backoff, which grows with each such try
+    /// (its attempts count them).
     pub(super) async fn give_up_timed_out(&self, timers: Vec<(ClaimedTimer, String)>) {
         let mut broker_up = true;
         let mut retry = Vec::new();
