@@ -1722,6 +1722,41 @@ async fn a_give_up_whose_timer_failed_cannot_be_sent_is_retried_after_the_backof
     );
 }
 
+/// A give-up waiting for its `TimerFailed` holds the timer's lease as a publish does: when the
+/// lease cannot be renewed, the firing task stops waiting (another instance may claim the
+/// timer then) and goes on firing the others.
+#[tokio::test]
+async fn a_give_up_whose_lease_cannot_be_renewed_is_abandoned_before_it_runs_out() {
+    let mut setup = Setup {
+        store: Arc::new(Faulty {
+            renew_failures: AtomicU32::new(u32::MAX),
+            ..Faulty::new(Arc::new(MemoryStore::new()))
+        }),
+        dead_letters: DeadLetterGate::holding(),
+        ..Setup::default()
+    };
+    setup.config.max_attempts = 1;
+    setup.config.lease = ms(600);
+    // Far beyond the test's wait: only the abandonment ends the dead letter's wait.
+    setup.config.publish_timeout = secs(60);
+    let gate = setup.dead_letters.clone();
+    let r = setup.start();
+    fired_awaiting_completion(&r, &["abandoned"]).await;
+    // Due while the give-up's lease (600 ms on the clock) still stands, so claimed alone.
+    let other = T0.saturating_add(ms(5_300));
+    r.schedule(&[NewTimer::new(TimerKey::new("other", "o"), other)])
+        .await;
+    r.clock.advance(secs(5));
+    assert!(gate.tried(1).await, "the TimerFailed was tried");
+    r.clock.advance(ms(300));
+    let fired = events(&r.hub, 2).await;
+    assert!(
+        fired.is_some(),
+        "the firing task still waits for the held dead letter"
+    );
+    gate.release();
+}
+
 /// Of timers given up together whose `TimerFailed` cannot be sent, one is tried: the others are
 /// retried after the backoff with it, which grows with each failed try.
 #[tokio::test]

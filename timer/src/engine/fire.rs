@@ -342,7 +342,8 @@ impl Engine {
             }
         }
         if !giving_up.is_empty() {
-            self.give_up_timed_out(giving_up).await;
+            self.give_up_timed_out(giving_up, held_until, fence, shutdown)
+                .await;
         }
         if !inner.pace.is_off() {
             self.pace(&mut firing, &mut fires, &mut settled, reached_at)

@@ -6,6 +6,7 @@ use opentelemetry::trace::Span as _;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn, Level};
 
+use super::owners::Leased;
 use super::retry::{backoff, jittered, Retry};
 use super::{metrics as metric, spans, Engine};
 use crate::control::Change;
@@ -111,25 +112,58 @@ impl Engine {
     }
 
     /// Gives up the timers whose work did not complete within their completion timeouts too
-    /// often, each with its error. In the firing task, which claims nothing meanwhile (their
-    /// leases are not renewed: past `engine.lease` another instance may claim one and send its
-    /// `TimerFailed` too, a duplicate): each waits for its dead letter, up to
-    /// `engine.publish_timeout`, so after the first whose `TimerFailed` does not go out the rest
-    /// are not tried, and each is retried after its backoff, which grows with each such try
-    /// (its attempts count them).
-    pub(super) async fn give_up_timed_out(&self, timers: Vec<(ClaimedTimer, String)>) {
+    /// often, each with its error, in the firing task (claimed until `held_until`). Each waits
+    /// for its dead letter, up to `engine.publish_timeout`, holding its lease meanwhile (as a
+    /// publish does; one that is lost, or fenced, is left to whoever claims it next); after the
+    /// first whose `TimerFailed` does not go out the rest are not tried, and each is retried
+    /// after its backoff, which grows with each such try (its attempts count them). At
+    /// shutdown, what is left is given back.
+    pub(super) async fn give_up_timed_out(
+        &self,
+        timers: Vec<(ClaimedTimer, String)>,
+        held_until: tokio::time::Instant,
+        fence: &CancellationToken,
+        shutdown: &CancellationToken,
+    ) {
         let mut broker_up = true;
         let mut retry = Vec::new();
+        let mut back = Vec::new();
         for (timer, error) in timers {
+            if !broker_up || !back.is_empty() {
+                if back.is_empty() {
+                    let error = format!("{error}; its TimerFailed could not be sent: retried");
+                    retry.push((timer, error));
+                } else {
+                    back.push(timer);
+                }
+                continue;
+            }
             let reason = format!("completion_timeout: {error}");
-            broker_up = broker_up && self.give_up(&timer, &error, &reason).await;
-            if !broker_up {
-                let error = format!("{error}; its TimerFailed could not be sent: retried");
-                retry.push((timer, error));
+            let one = std::slice::from_ref(&timer);
+            let giving_up = self.give_up(&timer, &error, &reason);
+            match self
+                .while_leased(one, held_until, fence, shutdown, giving_up)
+                .await
+            {
+                Leased::Done(true) => {}
+                Leased::Done(false) => {
+                    broker_up = false;
+                    let error = format!("{error}; its TimerFailed could not be sent: retried");
+                    retry.push((timer, error));
+                }
+                Leased::Abandoned(why) => {
+                    warn!(timer = %timer.key, why, "giving up a timer stopped; whoever claims it next gives it up");
+                }
+                Leased::Shutdown => back.push(timer),
             }
         }
         // After the dead letters' waits: the backoff counts from now.
-        self.retry_later(retry, self.inner.clock.now(), None).await;
+        let now = self.inner.clock.now();
+        self.retry_later(retry, now, None).await;
+        if !back.is_empty() {
+            self.give_back(&back, now, "releasing timers at shutdown")
+                .await;
+        }
     }
 
     /// Releases `retry` for a retry after each one's backoff, not sooner than `not_before` from
