@@ -107,6 +107,9 @@ fn producer(config: &KafkaConfig) -> Result<FutureProducer> {
         .map_err(|e| Error::config("kafka broker: producer settings").with_source(e))
 }
 
+/// How often the health check makes a producer with a fatal error anew, at most.
+const REMAKE_FROM_HEALTH_EVERY: Duration = Duration::from_secs(10);
+
 /// A partition of the commands topic or of the delay topic.
 type Partition = (Read, i32);
 
@@ -192,6 +195,9 @@ pub struct KafkaBroker {
     consumer: Member,
     /// Made anew after a fatal error ([`KafkaBroker::after_failure`]).
     producer: std::sync::RwLock<FutureProducer>,
+    /// When it was last made anew (the health check does so at most every
+    /// [`REMAKE_FROM_HEALTH_EVERY`]).
+    remade: Mutex<Option<std::time::Instant>>,
     tracking: Arc<Mutex<Tracking>>,
     /// Delivered, not yet acknowledged: (partition, offset, epoch of the partition's track).
     tags: DeliveryTags<(Partition, i64, u64)>,
@@ -241,6 +247,7 @@ impl KafkaBroker {
         Ok(KafkaBroker {
             consumer: Member(Some(Arc::new(consumer))),
             producer: std::sync::RwLock::new(producer),
+            remade: Mutex::new(None),
             tracking,
             tags: DeliveryTags::new("kafka"),
             topics: Lookups::new(),
@@ -259,25 +266,34 @@ impl KafkaBroker {
     /// After a send of `used` failed: when the producer has hit a fatal error (an idempotent
     /// producer whose sequence a broker failover broke, a cluster that refuses idempotent
     /// writes), librdkafka sends nothing more on it, so it is logged with its cause and made
-    /// anew; what it had in hand is retried by the engine, as after any failed publish.
-    fn after_failure(&self, used: &FutureProducer) {
+    /// anew; what it had in hand is retried by the engine, as after any failed publish. The old
+    /// one is dropped on a thread of the blocking pool (a producer's drop flushes and joins its
+    /// polling thread). True once a healthy producer is in place.
+    fn after_failure(&self, used: FutureProducer) -> bool {
         let Some((code, reason)) = used.client().fatal_error() else {
-            return;
+            return true;
         };
         let Ok(mut producer) = self.producer.write() else {
-            return;
+            return false;
         };
         // Another send that failed with it may have made it anew already.
         if producer.client().native_ptr() != used.client().native_ptr() {
-            return;
+            return true;
         }
         match self::producer(&self.config) {
             Ok(fresh) => {
                 tracing::warn!(?code, %reason, "kafka broker: the producer hit a fatal error; made anew, the events it had are retried");
-                *producer = fresh;
+                let old = std::mem::replace(&mut *producer, fresh);
+                drop(producer);
+                if let Ok(mut remade) = self.remade.lock() {
+                    *remade = Some(std::time::Instant::now());
+                }
+                tokio::task::spawn_blocking(move || drop((old, used)));
+                true
             }
             Err(e) => {
                 tracing::error!(?code, %reason, error = %e.chain(), "kafka broker: the producer hit a fatal error and cannot be made anew");
+                false
             }
         }
     }
@@ -559,7 +575,7 @@ impl Broker for KafkaBroker {
             .filter_map(|(index, topic, r)| r.err().map(|(e, _)| (index, topic, e)))
             .collect();
         if !failed.is_empty() {
-            self.after_failure(&producer);
+            self.after_failure(producer);
         }
         if refused.is_empty() && failed.len() == events.len() {
             // Nothing went out: the broker (not one record) is the problem.
@@ -595,24 +611,33 @@ impl Broker for KafkaBroker {
             .payload(body)
             .headers(headers);
         let producer = self.producer();
-        let sent = producer.send(record, Duration::ZERO).await;
-        sent.map(|_| ()).map_err(|(e, _)| {
-            self.after_failure(&producer);
-            delivery_failed(
-                format!("dead-lettering to {}", self.config.dead_letter_topic),
-                e,
-            )
-        })
+        match producer.send(record, Duration::ZERO).await {
+            Ok(_) => Ok(()),
+            Err((e, _)) => {
+                self.after_failure(producer);
+                Err(delivery_failed(
+                    format!("dead-lettering to {}", self.config.dead_letter_topic),
+                    e,
+                ))
+            }
+        }
     }
 
     async fn health(&self) -> Result<()> {
         let producer = self.producer();
         if let Some((code, reason)) = producer.client().fatal_error() {
-            // Made anew here too: a fire may be far off, and HTTP schedules do not come to an
-            // instance out of the rotation.
-            self.after_failure(&producer);
+            // Made anew here too (a fire may be far off, and HTTP schedules do not come to an
+            // instance out of the rotation), but not at every probe while the error comes back.
+            let recently = self
+                .remade
+                .lock()
+                .ok()
+                .and_then(|at| *at)
+                .is_some_and(|at| at.elapsed() < REMAKE_FROM_HEALTH_EVERY);
+            let made = !recently && self.after_failure(producer);
+            let next = if made { "made anew" } else { "made anew at the next failed publish" };
             return Err(Error::unavailable(format!(
-                "kafka broker: the producer hit a fatal error ({code:?}: {reason}); made anew"
+                "kafka broker: the producer hit a fatal error ({code:?}: {reason}); {next}"
             )));
         }
         topic_exists(&self.config, &producer, &self.config.commands_topic)
