@@ -146,11 +146,11 @@ impl<T> Default for Retained<T> {
 }
 
 impl<T> Retained<T> {
-    /// Keeps `item` of `size` bytes; the oldest go until at most `count` items (0 counts as 1)
-    /// and `bytes` bytes (0: any) are kept, `item` always.
-    fn push(&mut self, item: T, size: usize, count: usize, bytes: usize, size_of: fn(&T) -> usize) {
+    /// Keeps `item`, of `size_of(item)` bytes; the oldest go until at most `count` items (0
+    /// counts as 1) and `bytes` bytes (0: any) are kept, `item` always.
+    fn push(&mut self, item: T, count: usize, bytes: usize, size_of: fn(&T) -> usize) {
+        self.bytes += size_of(&item);
         self.items.push_back(item);
-        self.bytes += size;
         while self.items.len() > count.max(1) || (bytes > 0 && self.bytes > bytes && self.items.len() > 1)
         {
             if let Some(old) = self.items.pop_front() {
@@ -467,10 +467,8 @@ impl Broker for MemoryBroker {
                     .map(|(name, value)| (name.to_owned(), value.to_owned()))
                     .collect(),
             };
-            let size = event_bytes(&event);
             state.events.push(
                 event,
-                size,
                 config.retain,
                 config.retain_bytes,
                 event_bytes,
@@ -485,10 +483,8 @@ impl Broker for MemoryBroker {
             body: String::from_utf8_lossy(body).into_owned(),
             reason: reason.to_owned(),
         };
-        let size = letter_bytes(&letter);
         self.hub.lock()?.dead_letters.push(
             letter,
-            size,
             config.retain,
             config.retain_bytes,
             letter_bytes,

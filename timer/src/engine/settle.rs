@@ -129,22 +129,19 @@ impl Engine {
         let mut retry = Vec::new();
         let mut back = Vec::new();
         for (timer, error) in timers {
-            if !broker_up || !back.is_empty() {
-                if back.is_empty() {
-                    let error = format!("{error}; its TimerFailed could not be sent: retried");
-                    retry.push((timer, error));
-                } else {
-                    back.push(timer);
-                }
-                continue;
-            }
-            let reason = format!("completion_timeout: {error}");
-            let one = std::slice::from_ref(&timer);
-            let giving_up = self.give_up(&timer, &error, &reason);
-            match self
-                .while_leased(one, held_until, fence, shutdown, giving_up)
-                .await
-            {
+            let leased = if !back.is_empty() {
+                Leased::Shutdown
+            } else if !broker_up {
+                // Not tried: the broker just refused one.
+                Leased::Done(false)
+            } else {
+                let reason = format!("completion_timeout: {error}");
+                let one = std::slice::from_ref(&timer);
+                let giving_up = self.give_up(&timer, &error, &reason);
+                self.while_leased(one, held_until, fence, shutdown, giving_up)
+                    .await
+            };
+            match leased {
                 Leased::Done(true) => {}
                 Leased::Done(false) => {
                     broker_up = false;
