@@ -3236,6 +3236,82 @@ async fn a_manual_trigger_the_broker_refuses_is_an_error_and_records_nothing() {
         .expect("the second trigger went out");
 }
 
+/// A memory queue as a timer's target.
+fn queue(name: &str) -> timer_core::Target {
+    let serde_json::Value::Object(fields) = serde_json::json!({ "queue": name }) else {
+        unreachable!("an object")
+    };
+    timer_core::Target::new(fields)
+}
+
+/// A timer taken under rules that allowed its target and due after they were narrowed (an
+/// instance started with a `targets.allow` that no longer names it) is not sent there: at its
+/// due time it is given up with a `TimerFailed` naming the rule, and a manual trigger is
+/// refused the same way. Timers the new rules allow fire as before.
+#[tokio::test]
+async fn a_target_the_rules_refuse_now_is_given_up_at_its_fire_not_sent() {
+    let mut wide = Setup::default();
+    wide.limits.targets.allow = vec!["{tenant}.*".into(), "partners.*".into()];
+    let (store, hub, clock) = (wide.store.clone(), wide.hub.clone(), wide.clock.clone());
+    let first = wide.start();
+    let due = T0.saturating_add(secs(60));
+    let mut narrowed = timer("narrowed", due);
+    narrowed.target = Some(queue("partners.orders"));
+    let mut kept = timer("kept", due);
+    kept.target = Some(queue("t.orders"));
+    let mut triggered = timer("triggered", T0.saturating_add(secs(3600)));
+    triggered.target = Some(queue("partners.orders"));
+    let stored = first.schedule(&[narrowed, kept, triggered]).await;
+    assert!(
+        stored.iter().all(|s| matches!(s, Scheduled::Stored(_))),
+        "{stored:?}"
+    );
+    first.shutdown.cancel();
+    tokio::time::timeout(WAIT, first.task)
+        .await
+        .expect("engine stops")
+        .expect("no panic");
+
+    // The default rules: tenant `t` sends to `t.*` only.
+    let second = Setup {
+        store: store.clone(),
+        hub: hub.clone(),
+        clock: clock.clone(),
+        ..Setup::default()
+    }
+    .start();
+    let refused = second
+        .engine
+        .trigger(&TimerKey::new("t", "triggered"))
+        .await
+        .expect("trigger");
+    assert!(
+        matches!(&refused, Triggered::NotCarried(r)
+            if r.reason == Reason::InvalidTarget && r.field.as_deref() == Some("target")),
+        "{refused:?}"
+    );
+    clock.advance(secs(60));
+    let failed = timer_where(&store, "narrowed", |t| t.state == TimerState::Failed).await;
+    let error = failed.last_error.unwrap_or_default();
+    assert!(
+        error.starts_with("target: tenant \"t\" may not send to \"partners.orders\"")
+            && error.contains("checked again at its fire"),
+        "{error}"
+    );
+    let letters = dead_letters(&hub, 1).await.expect("a TimerFailed");
+    assert_eq!(letters.len(), 1, "{letters:?}");
+    assert_eq!(letters[0].reason, format!("invalid_target: {error}"));
+    timer_where(&store, "kept", |t| t.state == TimerState::Reached).await;
+    let sent = hub.events().expect("events");
+    assert_eq!(
+        sent.len(),
+        1,
+        "only the allowed target got an event: {sent:?}"
+    );
+    assert_eq!(sent[0].queue.as_deref(), Some("t.orders"));
+    second.shutdown.cancel();
+}
+
 /// A caller of HTTP targets that answers as scripted, one answer per call, then delivers (or,
 /// with `hang`, never answers).
 #[derive(Default)]

@@ -220,9 +220,13 @@ pub struct TenantFireRate {
 /// `-` and `_` as they are, every other byte as `%XX`), so no tenant's pattern reaches another
 /// tenant's names; in a URL's host, where names are lowercased and `%XX` decoded, it stands
 /// only for tenant ids of lowercase letters, digits and `-` that start with a letter (another
-/// tenant gets nothing of such a pattern). The service's own command, event and dead-letter destinations are never
-/// targets, whatever the patterns say, nor the broker's own (NATS subjects starting with `$`
-/// or `_INBOX.`, Kafka topics starting with `__`).
+/// tenant gets nothing of such a pattern). The service's own command, event and dead-letter
+/// destinations are never targets, whatever the patterns say, nor the broker's own (NATS
+/// subjects starting with `$` or `_INBOX.`, Kafka topics starting with `__`). A timer's target
+/// is checked when the timer is taken and again at each fire: after the patterns were narrowed,
+/// a stored timer whose target they refuse is given up at its due time (Failed, with a
+/// `TimerFailed` whose reason is `invalid_target: …`) instead of sent, and a manual trigger of
+/// it answers 400; `POST …/retry` fires it once the patterns allow it again.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct TargetRules {

@@ -220,6 +220,7 @@ pub async fn complete(
     params(TimerPath),
     responses(
         (status = 200, description = "The broker confirmed the event (an HTTP target: took the call)", body = TriggerOutcome),
+        (status = 400, description = "The timer's target is refused now (`invalid_target`, field `target`): it was taken under other `targets` patterns; its due fire gives it up the same way", body = ErrorBody),
         (status = 409, description = "Finished (`already_reached`, …) or firing right now (`firing`)", body = TimerOutcome),
         (status = 429, description = "The tenant is over its rate (`limits.rate`: a trigger fires, so it counts as a schedule); `Retry-After` says when", body = ErrorBody),
         (status = 503, description = "The broker did not confirm in time, or the HTTP target did not take the call (its answer in the message)", body = ErrorBody),
@@ -238,6 +239,7 @@ pub async fn trigger(
         })
         .into_response()),
         Triggered::Refused(outcome) => answer(&app, &key, outcome).await,
+        Triggered::NotCarried(refused) => Err(refused.into()),
     }
 }
 

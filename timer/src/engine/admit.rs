@@ -9,6 +9,7 @@ use opentelemetry::KeyValue;
 use super::{metrics as metric, spans, Engine};
 use crate::error::{Error, Result};
 use crate::model::{CancelOutcome, NewTimer, ScheduleOutcome, TimerKey, TimerState};
+use crate::outbound::Target;
 use crate::trace::{TraceContext, TraceHeaders};
 use crate::wire::{decode_command, decode_schedule, Command, Reason, Rejection};
 
@@ -52,15 +53,16 @@ impl Engine {
 
     /// Whether the broker can carry this timer's events ([`Broker::check_key`]) and its own
     /// message ([`Broker::check_message`]) to its target ([`Broker::check_target`]), or the
-    /// caller to an HTTP target: a timer it could never publish is refused here rather than
-    /// stored to fail at its due time.
+    /// caller to an HTTP target, and `targets` lets its tenant send there: a timer it could
+    /// never publish is refused here rather than stored to fail at its due time.
     ///
     /// [`Broker::check_key`]: crate::broker::Broker::check_key
     /// [`Broker::check_message`]: crate::broker::Broker::check_message
     /// [`Broker::check_target`]: crate::broker::Broker::check_target
     fn carried(&self, timer: &NewTimer) -> Result<(), Rejection> {
         let broker = &self.inner.broker;
-        broker.check_key(&timer.key).map_err(|limit| {
+        let key = &timer.key;
+        broker.check_key(key).map_err(|limit| {
             Rejection::new(
                 Reason::InvalidId,
                 Some(limit.field),
@@ -82,21 +84,49 @@ impl Engine {
         let Some(target) = &timer.target else {
             return Ok(());
         };
-        let refused = |why: String| Rejection::new(Reason::InvalidTarget, Some("target"), why);
-        let name = match caller {
-            Some(caller) => caller.check_target(target),
-            None => broker.check_target(target),
+        let name = self
+            .target_name(target)
+            .map_err(|why| Rejection::new(Reason::InvalidTarget, Some("target"), why))?;
+        self.allowed(&key.tenant_id, &name)
+    }
+
+    /// Whether `targets` lets a stored timer of `key` send to `target` still: asked again at
+    /// each fire, as the patterns may have been narrowed since the timer was taken. (A target
+    /// the broker, or the caller, cannot name at all is refused by its publish, alone.)
+    pub(super) fn still_allowed(
+        &self,
+        key: &TimerKey,
+        target: Option<&Target>,
+    ) -> Result<(), Rejection> {
+        match target.map(|target| self.target_name(target)) {
+            Some(Ok(name)) => self.allowed(&key.tenant_id, &name),
+            None | Some(Err(_)) => Ok(()),
         }
-        .map_err(refused)?;
-        let tenant = &timer.key.tenant_id;
-        if !self.inner.limits.targets.allows(tenant, &name) {
-            return Err(refused(format!(
+    }
+
+    /// The name `target` has for whoever sends there (the caller of HTTP targets, else the
+    /// broker), or why it has none.
+    fn target_name(&self, target: &Target) -> Result<String, String> {
+        match self.caller_of(Some(target)) {
+            Some(caller) => caller.check_target(target),
+            None => self.inner.broker.check_target(target),
+        }
+    }
+
+    /// Whether a pattern of `targets` lets `tenant` send to `name`.
+    fn allowed(&self, tenant: &str, name: &str) -> Result<(), Rejection> {
+        if self.inner.limits.targets.allows(tenant, name) {
+            return Ok(());
+        }
+        Err(Rejection::new(
+            Reason::InvalidTarget,
+            Some("target"),
+            format!(
                 "tenant {tenant:?} may not send to {name:?}: no pattern of targets.allow or \
                  targets.tenants.<tenant>.allow matches it (by default a tenant sends only to \
                  names that start with its id and a dot)"
-            )));
-        }
-        Ok(())
+            ),
+        ))
     }
 
     /// Takes the schedules of `timers` from their tenants' allowances (`limits.rate`), for the

@@ -13,7 +13,7 @@ use crate::error::{Error, Result};
 use crate::model::{ControlOutcome, TimerKey, TimerState, Timestamp};
 use crate::store::{PageAfter, TimerFilter};
 use crate::trace::TraceContext;
-use crate::wire::DueTimeReachedEnvelope;
+use crate::wire::{DueTimeReachedEnvelope, Rejection};
 
 /// What a bulk action did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -35,6 +35,9 @@ pub enum Triggered {
     Fired { event_id: uuid::Uuid, at: Timestamp },
     /// Nothing went out: the timer does not exist, or is finished (the outcome says how).
     Refused(ControlOutcome),
+    /// Nothing went out: `targets` refuses the timer's target now (it was taken under other
+    /// patterns); its due fire gives it up the same way.
+    NotCarried(Rejection),
 }
 
 impl Engine {
@@ -126,6 +129,9 @@ impl Engine {
         };
         if let Some(finished) = ControlOutcome::finished(timer.state) {
             return Ok(Triggered::Refused(finished));
+        }
+        if let Err(refused) = self.still_allowed(key, timer.target.as_ref()) {
+            return Ok(Triggered::NotCarried(refused));
         }
         let at = inner.clock.now();
         let span = self

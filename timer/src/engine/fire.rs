@@ -15,6 +15,7 @@ use tracing::{debug, info, warn};
 use super::call::{Calls, OneCall};
 use super::publish::Batch;
 use super::ready::Ready;
+use super::settle::GivingUp;
 use super::{metrics as metric, spans, Engine};
 use crate::broker::OutboundEvent;
 use crate::error::{Error, Result};
@@ -330,19 +331,27 @@ impl Engine {
         let mut fires: Vec<Fire> = Vec::with_capacity(claimed.len());
         let mut firing: Vec<ClaimedTimer> = Vec::with_capacity(claimed.len());
         let mut settled: Vec<(ClaimedTimer, Settlement)> = Vec::new();
-        let mut giving_up: Vec<(ClaimedTimer, String)> = Vec::new();
+        let mut giving_up: Vec<GivingUp> = Vec::new();
         for t in claimed {
             match policy::plan(&t, reached_at, inner.config.max_attempts) {
-                Plan::Fire(fire) => {
-                    fires.push(fire);
-                    firing.push(t);
-                }
+                Plan::Fire(fire) => match self.still_allowed(&t.key, t.target.as_ref()) {
+                    Ok(()) => {
+                        fires.push(fire);
+                        firing.push(t);
+                    }
+                    // Taken under `targets` patterns that refuse it now: no retry sends it.
+                    Err(refused) => giving_up.push(GivingUp::refused(t, refused)),
+                },
                 Plan::Settle(step) => settled.push((t, Settlement::Step(step))),
-                Plan::GiveUp { error } => giving_up.push((t, error)),
+                Plan::GiveUp { error } => giving_up.push(GivingUp {
+                    timer: t,
+                    error,
+                    code: "completion_timeout",
+                }),
             }
         }
         if !giving_up.is_empty() {
-            self.give_up_timed_out(giving_up, held_until, fence, shutdown)
+            self.give_up_claimed(giving_up, held_until, fence, shutdown)
                 .await;
         }
         if !inner.pace.is_off() {

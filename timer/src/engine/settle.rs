@@ -12,7 +12,7 @@ use super::{metrics as metric, spans, Engine};
 use crate::control::Change;
 use crate::model::{ClaimedTimer, Timestamp};
 use crate::store::Settlement;
-use crate::wire::TimerFailedEnvelope;
+use crate::wire::{Rejection, TimerFailedEnvelope};
 
 /// Attempts at settling a fired batch that the store refuses (not merely cannot be reached:
 /// that is waited for, since every claim waits for it too) before its leases are left to
@@ -111,16 +111,17 @@ impl Engine {
         self.retry_later(retry, now, not_before).await;
     }
 
-    /// Gives up the timers whose work did not complete within their completion timeouts too
-    /// often, each with its error, in the firing task (claimed until `held_until`). Each waits
+    /// Gives up claims in the firing task (claimed until `held_until`): timers whose work did
+    /// not complete within their completion timeouts too often, or whose target `targets`
+    /// refuses now, each with its error. Each waits
     /// for its dead letter, up to `engine.publish_timeout`, holding its lease meanwhile (as a
     /// publish does; one that is lost, or fenced, is left to whoever claims it next); after the
     /// first whose `TimerFailed` does not go out the rest are not tried, and each is retried
     /// after its backoff, which grows with each such try (its attempts count them). At
     /// shutdown, what is left is given back.
-    pub(super) async fn give_up_timed_out(
+    pub(super) async fn give_up_claimed(
         &self,
-        timers: Vec<(ClaimedTimer, String)>,
+        timers: Vec<GivingUp>,
         held_until: tokio::time::Instant,
         fence: &CancellationToken,
         shutdown: &CancellationToken,
@@ -128,14 +129,14 @@ impl Engine {
         let mut broker_up = true;
         let mut retry = Vec::new();
         let mut back = Vec::new();
-        for (timer, error) in timers {
+        for GivingUp { timer, error, code } in timers {
             let leased = if !back.is_empty() {
                 Leased::Shutdown
             } else if !broker_up {
                 // Not tried: the broker just refused one.
                 Leased::Done(false)
             } else {
-                let reason = format!("completion_timeout: {error}");
+                let reason = format!("{code}: {error}");
                 let one = std::slice::from_ref(&timer);
                 let giving_up = self.give_up(&timer, &error, &reason);
                 self.while_leased(one, held_until, fence, shutdown, giving_up)
@@ -238,7 +239,7 @@ impl Engine {
             Ok(changed) => {
                 self.history_written(changed);
                 ::metrics::counter!(metric::TIMERS_FAILED).increment(1);
-                warn!(timer = %timer.key, trace_id = timer.trace_id(), attempts, "timer failed: engine.max_attempts reached; TimerFailed sent");
+                warn!(timer = %timer.key, trace_id = timer.trace_id(), attempts, reason, "timer failed; TimerFailed sent");
             }
             Err(e) => {
                 // The dead letter is out but the row is unchanged: it is claimed again when the
@@ -248,6 +249,31 @@ impl Engine {
             }
         }
         true
+    }
+}
+
+/// A claim the firing task gives up, and why.
+pub(super) struct GivingUp {
+    pub timer: ClaimedTimer,
+    /// Its `lastError` in the `TimerFailed` and in the Failed row.
+    pub error: String,
+    /// Ahead of the error in the dead letter's reason (`completion_timeout`, `invalid_target`).
+    pub code: &'static str,
+}
+
+impl GivingUp {
+    /// A claim whose target `targets` refuses now (it was taken under other patterns).
+    pub fn refused(timer: ClaimedTimer, refused: Rejection) -> Self {
+        let field = refused.field.map(|f| format!("{f}: ")).unwrap_or_default();
+        let error = format!(
+            "{field}{} (checked again at its fire: the patterns changed since it was taken)",
+            refused.message
+        );
+        GivingUp {
+            timer,
+            error,
+            code: refused.reason.as_str(),
+        }
     }
 }
 
