@@ -212,6 +212,37 @@ pub(crate) fn not_looked_up() -> String {
     )
 }
 
+/// Why the events for one destination are not sent in this publish.
+#[cfg(any(feature = "rabbitmq", feature = "kafka"))]
+pub(crate) enum Unusable {
+    /// It is missing, or the server refused its lookup (the reason): each event a failed
+    /// attempt, retried after its backoff.
+    Refused(String),
+    /// Not looked up in this publish (one of [`Known::later`]): nothing tried, sent later.
+    NotLookedUp,
+}
+
+#[cfg(any(feature = "rabbitmq", feature = "kafka"))]
+impl Unusable {
+    /// The event at `index` as not sent, its error `what` the reason says.
+    pub(crate) fn undelivered(
+        &self,
+        index: usize,
+        what: impl FnOnce(&str) -> String,
+    ) -> timer_core::Undelivered {
+        match self {
+            Unusable::Refused(why) => timer_core::Undelivered::new(
+                index,
+                Error::unavailable(format!("{}; it is retried", what(why))),
+            ),
+            Unusable::NotLookedUp => timer_core::Undelivered::deferred(
+                index,
+                Error::unavailable(format!("{}; it is sent later", what(&not_looked_up()))),
+            ),
+        }
+    }
+}
+
 /// A message of a broker's own delay ingress (RabbitMQ's delay exchange, NATS's delay
 /// subjects, Kafka's delay topic), as the parts of the `ScheduleTimer` it stands for.
 #[cfg(any(feature = "nats", feature = "rabbitmq", feature = "kafka"))]

@@ -76,11 +76,35 @@ impl OutboundEvent {
 /// came back unroutable, or its key cannot be carried by the broker's protocol. `index` is its
 /// place in the batch given to [`Broker::publish`]. The engine retries it on its own backoff
 /// (and gives it up after `engine.max_attempts`), so one tenant's refused event never holds back
-/// another tenant's.
+/// another tenant's; one the broker did not try ([`deferred`](Self::deferred)) it offers again
+/// at once, without counting an attempt.
 #[derive(Debug)]
 pub struct Undelivered {
     pub index: usize,
     pub error: Error,
+    /// Not sent, nor tried, in this publish: the broker left it for a later one (its
+    /// destination not looked up yet, as it looks up only so many at once).
+    pub deferred: bool,
+}
+
+impl Undelivered {
+    /// An event refused alone: a failed attempt.
+    pub fn new(index: usize, error: Error) -> Self {
+        Undelivered {
+            index,
+            error,
+            deferred: false,
+        }
+    }
+
+    /// An event left for a later publish, not tried: `error` says why.
+    pub fn deferred(index: usize, error: Error) -> Self {
+        Undelivered {
+            index,
+            error,
+            deferred: true,
+        }
+    }
 }
 
 /// A limit of a broker's protocol that an id breaks ([`Broker::check_key`]): the command field

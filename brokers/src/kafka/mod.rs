@@ -39,7 +39,7 @@ use timer_core::{
     Broker, Delivery, Error, OutboundEvent, Result, Target, TimerKey, Undelivered,
 };
 
-use crate::shared::{not_looked_up, DeliveryTags, Lookups, LOOKUP_TTL, MISSING_TTL};
+use crate::shared::{DeliveryTags, Lookups, Unusable, LOOKUP_TTL, MISSING_TTL};
 pub use outbound::CONTENT_TYPE_HEADER;
 use outbound::{delivery_failed, headers_of, target_route, trace_of, Route};
 use topics::{ensure_topics, topic_exists, topic_state, TopicState};
@@ -517,13 +517,13 @@ impl Broker for KafkaBroker {
                 }
             })
             .await?;
-        let mut unusable: HashMap<&str, String> = known
+        let mut unusable: HashMap<&str, Unusable> = known
             .found
             .into_iter()
-            .filter_map(|(topic, why)| Some((topic, why?)))
+            .filter_map(|(topic, why)| Some((topic, Unusable::Refused(why?))))
             .collect();
         for topic in known.later {
-            unusable.insert(topic, not_looked_up());
+            unusable.insert(topic, Unusable::NotLookedUp);
         }
         let mut refused = Vec::new();
         let mut sends = Vec::with_capacity(events.len());
@@ -531,12 +531,10 @@ impl Broker for KafkaBroker {
             let route = match &event.target {
                 Some(target) => match target_route(target, &self.config) {
                     Ok(route) => match unusable.get(route.topic) {
-                        Some(why) => {
-                            let error = Error::unavailable(format!(
-                                "kafka broker: the target topic {} {why}; it is retried",
-                                route.topic
-                            ));
-                            refused.push(Undelivered { index, error });
+                        Some(unusable) => {
+                            refused.push(unusable.undelivered(index, |why| {
+                                format!("kafka broker: the target topic {} {why}", route.topic)
+                            }));
                             continue;
                         }
                         None => route,
@@ -544,7 +542,7 @@ impl Broker for KafkaBroker {
                     Err(why) => {
                         // Stored before the broker's limits were checked at admission.
                         let error = Error::invalid(format!("kafka broker: target: {why}"));
-                        refused.push(Undelivered { index, error });
+                        refused.push(Undelivered::new(index, error));
                         continue;
                     }
                 },
@@ -586,10 +584,11 @@ impl Broker for KafkaBroker {
         }
         // Some records were refused on their own (too large, their partition's leader
         // unavailable, a target topic that does not exist): the others are delivered.
-        refused.extend(failed.into_iter().map(|(index, topic, e)| Undelivered {
-            index,
-            error: delivery_failed(what(topic), e),
-        }));
+        refused.extend(
+            failed
+                .into_iter()
+                .map(|(index, topic, e)| Undelivered::new(index, delivery_failed(what(topic), e))),
+        );
         refused.sort_by_key(|u| u.index);
         Ok(refused)
     }

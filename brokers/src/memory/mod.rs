@@ -451,7 +451,7 @@ impl Broker for MemoryBroker {
                     Ok(queue) => Some(queue),
                     Err(why) => {
                         let error = Error::invalid(format!("memory broker: {why}"));
-                        undelivered.push(Undelivered { index, error });
+                        undelivered.push(Undelivered::new(index, error));
                         continue;
                     }
                 },

@@ -221,7 +221,7 @@ impl NatsBroker {
                         "nats broker: the stream refused the event: {}; it is retried",
                         timer_core::error::one_line(&e)
                     ));
-                    undelivered.push(Undelivered { index, error });
+                    undelivered.push(Undelivered::new(index, error));
                 }
                 Err(e) => {
                     self.publish_failed.store(true, Ordering::SeqCst);
@@ -448,27 +448,27 @@ impl Broker for NatsBroker {
             let subject = match subject {
                 Ok(subject) if later.contains(subject.as_str()) => {
                     let error = Error::unavailable(format!(
-                        "nats broker: subject {subject} {}; it is retried",
+                        "nats broker: subject {subject} {}; it is sent later",
                         not_looked_up()
                     ));
-                    undelivered.push(Undelivered { index, error });
+                    undelivered.push(Undelivered::deferred(index, error));
                     continue;
                 }
                 Ok(subject) => subject,
                 Err(error) => {
                     // Stored before the broker's limits were checked at admission.
-                    undelivered.push(Undelivered { index, error });
+                    undelivered.push(Undelivered::new(index, error));
                     continue;
                 }
             };
             let headers = headers_of(event);
             // An event over the server's max_payload (with its headers) fails alone.
-            let too_large = |e: &dyn std::fmt::Display| Undelivered {
-                index,
-                error: Error::invalid(format!(
+            let too_large = |e: &dyn std::fmt::Display| {
+                let error = Error::invalid(format!(
                     "nats broker: the event is larger than the server takes (its max_payload): \
                      {e}"
-                )),
+                ));
+                Undelivered::new(index, error)
             };
             if plain_subjects.contains(subject.as_str()) {
                 match self

@@ -36,7 +36,7 @@ use timer_core::{
     Undelivered,
 };
 
-use crate::shared::{not_looked_up, DeliveryTags, Lookups, LOOKUP_TTL, MISSING_TTL};
+use crate::shared::{DeliveryTags, Lookups, Unusable, LOOKUP_TTL, MISSING_TTL};
 use outbound::{check_exchange, properties_of, routing_key, target_route, trace_of};
 
 pub use config::RabbitmqConfig;
@@ -244,12 +244,12 @@ impl RabbitmqBroker {
     /// A publish to an exchange that does not exist closes the channel, and would fail every
     /// other event of the batch with it: each one named is checked first (a passive declare on
     /// a channel of its own; remembered for a while, [`Lookups::known`]), and the events for
-    /// one that is missing, or not looked up in this publish, are refused alone.
+    /// one that is missing are refused alone (those not looked up in this publish left for a later one).
     async fn missing_exchanges(
         &self,
         session: &Session,
         events: &[OutboundEvent],
-    ) -> Result<Vec<(String, String)>> {
+    ) -> Result<Vec<(String, Unusable)>> {
         // Routes it may publish to only: another is refused alone, without a lookup.
         let named: Vec<(&str, &str)> = events
             .iter()
@@ -269,12 +269,17 @@ impl RabbitmqBroker {
                 }
             })
             .await?;
-        let mut missing: Vec<(String, String)> = known
+        let mut missing: Vec<(String, Unusable)> = known
             .found
             .into_iter()
-            .filter_map(|(exchange, why)| Some((exchange.to_owned(), why?)))
+            .filter_map(|(exchange, why)| Some((exchange.to_owned(), Unusable::Refused(why?))))
             .collect();
-        missing.extend(known.later.into_iter().map(|e| (e.to_owned(), not_looked_up())));
+        missing.extend(
+            known
+                .later
+                .into_iter()
+                .map(|e| (e.to_owned(), Unusable::NotLookedUp)),
+        );
         Ok(missing)
     }
 
@@ -581,15 +586,17 @@ impl Broker for RabbitmqBroker {
         for (index, event) in events.iter().enumerate() {
             let exchange = event.target.as_ref().and_then(|t| t.text("exchange"));
             let unusable = missing.iter().find(|(e, _)| Some(e.as_str()) == exchange);
-            let route = match (&event.target, unusable) {
-                (Some(_), Some((exchange, why))) => Err(Error::unavailable(format!(
-                    "rabbitmq broker: the target exchange {exchange:?} cannot be used ({why}); \
-                     it is retried"
-                ))),
-                (Some(target), None) => target_route(target, &self.config)
+            if let (Some(_), Some((exchange, unusable))) = (&event.target, unusable) {
+                undelivered.push(unusable.undelivered(index, |why| {
+                    format!("rabbitmq broker: the target exchange {exchange:?} cannot be used ({why})")
+                }));
+                continue;
+            }
+            let route = match &event.target {
+                Some(target) => target_route(target, &self.config)
                     .map(|(exchange, key)| (exchange.to_owned(), key.to_owned()))
                     .map_err(|why| Error::invalid(format!("rabbitmq broker: target: {why}"))),
-                (None, _) => routing_key(&event.key.tenant_id)
+                None => routing_key(&event.key.tenant_id)
                     .map(|key| (self.config.events_exchange.clone(), key))
                     .map_err(|limit| {
                         Error::invalid(format!(
@@ -607,9 +614,8 @@ impl Broker for RabbitmqBroker {
             let ((exchange, routing_key), properties) = match route.and_then(properties) {
                 Ok(publish) => publish,
                 Err(error) => {
-                    // Refused alone: a limit not yet checked when it was stored, or a target
-                    // exchange that is missing.
-                    undelivered.push(Undelivered { index, error });
+                    // Refused alone: a limit not yet checked when it was stored.
+                    undelivered.push(Undelivered::new(index, error));
                     continue;
                 }
             };
@@ -631,7 +637,7 @@ impl Broker for RabbitmqBroker {
         {
             match result {
                 Ok(None) => {}
-                Ok(Some(error)) => undelivered.push(Undelivered { index, error }),
+                Ok(Some(error)) => undelivered.push(Undelivered::new(index, error)),
                 Err(e) => {
                     self.discard(&session).await;
                     return Err(e);

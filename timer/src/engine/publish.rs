@@ -43,7 +43,7 @@ use std::collections::BTreeSet;
 use opentelemetry::global::BoxedSpan;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use super::call::Calls;
 use super::owners::Leased;
@@ -240,19 +240,23 @@ impl Engine {
                 warn!(timers = claimed.len(), reason = %why, "stopped publishing a batch whose leases could be lost; another instance fires it");
             }
             Leased::Done(Ok(undelivered)) => {
-                let mut refused: Vec<Option<String>> = vec![None; claimed.len()];
-                for Undelivered { index, error } in undelivered {
-                    if let Some(slot) = refused.get_mut(index) {
-                        *slot = Some(error.chain());
+                let mut refused: Vec<Option<Undelivered>> = std::iter::repeat_with(|| None)
+                    .take(claimed.len())
+                    .collect();
+                for undelivered in undelivered {
+                    if let Some(slot) = refused.get_mut(undelivered.index) {
+                        *slot = Some(undelivered);
                     }
                 }
                 let mut delivered = Delivered::default();
                 let mut failed = Vec::new();
+                let mut deferred = Vec::new();
                 let batch = claimed.into_iter().zip(fires).zip(as_fired).zip(envelopes);
                 for ((((claim, fire), as_fired), envelope), refusal) in batch.zip(refused) {
                     match refusal {
                         None => delivered.push(claim, fire, as_fired, envelope),
-                        Some(error) => failed.push((claim, error)),
+                        Some(u) if u.deferred => deferred.push((claim, u.error.chain())),
+                        Some(u) => failed.push((claim, u.error.chain())),
                     }
                 }
                 self.announce(&delivered.as_fired, delivered.envelopes, reached_at);
@@ -273,6 +277,17 @@ impl Engine {
                     self.release_with_backoff(failed).await;
                     // Claimable after a backoff: the firing task plans again.
                     self.wake_by(inner.clock.now());
+                }
+                if let Some((timer, why)) = deferred.first() {
+                    // Not tried: claimable again at once, no attempt counted (the broker takes
+                    // up some more of what it left in each publish).
+                    debug!(broker = inner.broker.name(), timer = %timer.key, why = %why, timers = deferred.len(), "the broker left events of a batch for a later publish; releasing them");
+                    let now = inner.clock.now();
+                    let (deferred, _): (Vec<ClaimedTimer>, Vec<String>) =
+                        deferred.into_iter().unzip();
+                    self.give_back(&deferred, now, "releasing timers the broker left for later")
+                        .await;
+                    self.wake_by(now);
                 }
                 fired.landed();
                 written.await;
@@ -371,7 +386,7 @@ fn end_spans(published: &Leased<Result<Vec<Undelivered>>>, spans: Vec<BoxedSpan>
     };
     let mut refused: Vec<Option<String>> = vec![all_failed; spans.len()];
     if let Leased::Done(Ok(undelivered)) = published {
-        for Undelivered { index, error } in undelivered {
+        for Undelivered { index, error, .. } in undelivered {
             if let Some(slot) = refused.get_mut(*index) {
                 *slot = Some(error.chain());
             }
