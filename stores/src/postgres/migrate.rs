@@ -340,7 +340,7 @@ mod tests {
 /// needs, waiting for older instances before a migration that contracts, building an index
 /// again that a failed build left invalid.
 #[cfg(all(test, feature = "testing"))]
-mod server_tests {
+pub(super) mod server_tests {
     use std::borrow::Cow;
     use std::sync::Arc;
 
@@ -353,7 +353,7 @@ mod server_tests {
     use crate::postgres::{plugin::TEST_SERVER, PostgresConfig, PostgresStore};
 
     /// The server's URL; `None` (skipped) without one, unless `TIMER_TEST_REQUIRE=1`.
-    fn server() -> Option<String> {
+    pub(in crate::postgres) fn server() -> Option<String> {
         match TEST_SERVER.address() {
             Ok(url) => Some(url),
             Err(e) if std::env::var("TIMER_TEST_REQUIRE").is_ok_and(|v| v == "1") => {
@@ -367,7 +367,7 @@ mod server_tests {
     }
 
     /// A fresh schema's config, and a pool on it.
-    async fn fresh(url: String) -> (PostgresConfig, PgPool) {
+    pub(in crate::postgres) async fn fresh(url: String) -> (PostgresConfig, PgPool) {
         let config = PostgresConfig {
             url,
             schema: fresh_name("migrate_"),
@@ -397,7 +397,7 @@ mod server_tests {
         (store, member, release)
     }
 
-    async fn drop_schema(pool: &PgPool, schema: &str) {
+    pub(in crate::postgres) async fn drop_schema(pool: &PgPool, schema: &str) {
         let _ = sqlx::query(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"))
             .execute(pool)
             .await;

@@ -14,6 +14,8 @@ mod owners;
 mod plugin;
 mod settle;
 mod store;
+#[cfg(all(test, feature = "testing"))]
+mod store_tests;
 
 use std::str::FromStr;
 use std::sync::atomic::AtomicUsize;
@@ -80,9 +82,15 @@ impl Dialect for PostgresStore {
     // A claim locks the row too: it and the action are ordered.
     const LOCK_ROW: &'static str = " FOR UPDATE";
     // The history goes in the same statement (timer_history has no foreign key: migration 0005).
-    const PURGE: &'static str = "WITH gone AS (DELETE FROM timers WHERE ctid IN (SELECT ctid \
-        FROM timers WHERE state <> 0 AND finished_at < $1 LIMIT $2) \
-        RETURNING tenant_id, service_call_id), \
+    // Rows another transaction holds (a retry, a completion) are skipped, and what is deleted
+    // is checked again: a row that stopped being finished while the purge ran stays. (The
+    // outer DELETE alone would delete a new version of a row it found by its old one.)
+    const PURGE: &'static str = "WITH gone AS (DELETE FROM timers t USING (SELECT tenant_id, \
+        service_call_id FROM timers WHERE state <> 0 AND finished_at < $1 LIMIT $2 \
+        FOR UPDATE SKIP LOCKED) old \
+        WHERE t.tenant_id = old.tenant_id AND t.service_call_id = old.service_call_id \
+        AND t.state <> 0 AND t.finished_at < $1 \
+        RETURNING t.tenant_id, t.service_call_id), \
         history AS (DELETE FROM timer_history h USING gone \
         WHERE h.tenant_id = gone.tenant_id AND h.service_call_id = gone.service_call_id) \
         SELECT 1 FROM gone";

@@ -1,0 +1,109 @@
+//! The PostgreSQL store against a server, where other transactions run beside it (the
+//! conformance suite covers what every store does alone).
+
+use timer_core::{Store, Timestamp};
+
+use super::migrate::server_tests::{drop_schema, fresh, server};
+use super::PostgresStore;
+
+/// A purge leaves a finished timer that another transaction holds (a completion of a Reached
+/// timer writing its history, a retry): it deleted the row once that committed, but not the
+/// history the other transaction added (its snapshot was older), which outlived its timer.
+/// Such rows are purged by a later purge, with all their history.
+#[tokio::test]
+async fn a_purge_leaves_a_timer_another_transaction_holds() {
+    let Some(url) = server() else { return };
+    let (config, pool) = fresh(url).await;
+    let schema = config.schema.clone();
+    let store = PostgresStore::open(&config).await.expect("opens");
+    // A Reached timer finished long ago, beside many live ones known to the planner (the
+    // purge finds its rows by a nested loop into a TID scan, as on a real table).
+    sqlx::query(
+        "INSERT INTO timers (tenant_id, service_call_id, due_at, available_at, state, \
+         registered_at, finished_at, history_seq) VALUES ('t', 'held', 0, 0, 1, 0, 0, 1)",
+    )
+    .execute(&pool)
+    .await
+    .expect("a finished timer");
+    sqlx::query(
+        "INSERT INTO timers (tenant_id, service_call_id, due_at, available_at, state, \
+         registered_at) SELECT 't', 'live-' || g, 0, 0, 0, 0 FROM generate_series(1, 20000) g",
+    )
+    .execute(&pool)
+    .await
+    .expect("live timers");
+    sqlx::query("ANALYZE timers")
+        .execute(&pool)
+        .await
+        .expect("analyze");
+    // A completion, as the control plane writes it: the row held, a history entry added.
+    let mut completion = pool.begin().await.expect("begin");
+    let (holder,): (i32,) = sqlx::query_as("SELECT pg_backend_pid()")
+        .fetch_one(&mut *completion)
+        .await
+        .expect("pid");
+    sqlx::query("SELECT 1 FROM timers WHERE service_call_id = 'held' FOR UPDATE")
+        .execute(&mut *completion)
+        .await
+        .expect("held");
+    sqlx::query(
+        "INSERT INTO timer_history (tenant_id, service_call_id, seq, at, change) \
+         VALUES ('t', 'held', 2, 1, '{}')",
+    )
+    .execute(&mut *completion)
+    .await
+    .expect("history");
+    let store = std::sync::Arc::new(store);
+    let purging = store.clone();
+    let purge = tokio::spawn(async move {
+        purging
+            .purge(Timestamp::from_millis(10_000), 100)
+            .await
+    });
+    // Until the purge is done, or waits for the completion's lock.
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let (blocked,): (i64,) = sqlx::query_as(
+            "SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))",
+        )
+        .bind(holder)
+        .fetch_one(&pool)
+        .await
+        .expect("blocked");
+        if blocked > 0 || purge.is_finished() {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the purge neither finished nor waited for the completion"
+        );
+        tokio::task::yield_now().await;
+    }
+    completion.commit().await.expect("the completion commits");
+    let purged = purge.await.expect("no panic").expect("purged");
+    assert_eq!(purged, 0, "the held timer is left for a later purge");
+    let orphans = || async {
+        let (n,): (i64,) = sqlx::query_as(
+            "SELECT count(*) FROM timer_history h WHERE NOT EXISTS (SELECT 1 FROM timers t \
+             WHERE t.tenant_id = h.tenant_id AND t.service_call_id = h.service_call_id)",
+        )
+        .fetch_one(&pool)
+        .await
+        .expect("orphans");
+        n
+    };
+    assert_eq!(orphans().await, 0, "no history outlives its timer");
+    let purged = store
+        .purge(Timestamp::from_millis(10_000), 100)
+        .await
+        .expect("purged");
+    assert_eq!(purged, 1, "purged once nobody holds it");
+    let (left,): (i64,) =
+        sqlx::query_as("SELECT count(*) FROM timer_history WHERE service_call_id = 'held'")
+            .fetch_one(&pool)
+            .await
+            .expect("history");
+    assert_eq!(left, 0, "its history with it");
+    drop(store);
+    drop_schema(&pool, &schema).await;
+}
