@@ -170,6 +170,20 @@ async fn a_key_for_some_tenants_cannot_touch_another_on_any_route() {
             "/v1/timers",
             Some(timer("bravo", "b-2", far())),
         ),
+        // Another tenant's command is refused for its tenant before it is checked: the answer
+        // tells nothing of that tenant's rules (where it may send) or of the command.
+        (
+            Method::POST,
+            "/v1/timers",
+            Some(
+                json!({"tenantId": "bravo", "serviceCallId": "b-6", "dueTimeMs": far(), "target": {"queue": "partners.orders"}}),
+            ),
+        ),
+        (
+            Method::POST,
+            "/v1/timers",
+            Some(json!({"tenantId": "bravo", "serviceCallId": ""})),
+        ),
         (Method::GET, "/v1/events?tenant=bravo", None),
         (
             Method::POST,
@@ -193,8 +207,10 @@ async fn a_key_for_some_tenants_cannot_touch_another_on_any_route() {
         assert_eq!(answer["error"]["reason"], "forbidden", "{answer}");
     }
 
-    // A batch with one item of another tenant is refused whole, naming that item.
-    let batch = json!({"commands": [timer("alpha", "a-2", far()), timer("bravo", "b-5", far())]});
+    // A batch with one item of another tenant is refused whole, naming that item (also where
+    // the item itself is refused: its tenant comes first).
+    let bravo = json!({"tenantId": "bravo", "serviceCallId": "b-5", "dueTimeMs": far(), "target": {"queue": "partners.orders"}});
+    let batch = json!({"commands": [timer("alpha", "a-2", far()), bravo]});
     let (status, answer) = call(
         &service,
         TEAM_A,

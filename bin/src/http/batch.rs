@@ -17,7 +17,7 @@ use serde_json::value::RawValue;
 use timer_core::{NewTimer, Reason, Rejection, Scheduled};
 use utoipa::ToSchema;
 
-use crate::http::auth::Principal;
+use crate::http::auth::{tenant_named, Principal, Tenants};
 use crate::http::error::{ApiError, ErrorBody, ErrorDetail, RejectedItem};
 use crate::http::state::{trace_headers, AppState};
 use crate::http::timers::outcome_code;
@@ -86,33 +86,24 @@ pub async fn schedule_batch(
         )
         .field("commands"));
     }
-    let mut timers: Vec<NewTimer> = Vec::with_capacity(batch.commands.len());
-    let mut admitted: Vec<usize> = Vec::with_capacity(batch.commands.len());
-    let mut refused: Vec<(usize, Rejection)> = Vec::new();
-    for (i, item) in batch.commands.iter().enumerate() {
-        match app.engine.admit_schedule(item.get().as_bytes(), &trace) {
-            Ok(timer) => {
-                timers.push(timer);
-                admitted.push(i);
-            }
-            Err(r) => refused.push((i, r)),
-        }
-    }
-    // A tenant the key may not use refuses the whole batch, as a refused item does.
-    let forbidden: Vec<RejectedItem> = timers
+    // A tenant the key may not use refuses the whole batch, as a refused item does; asked
+    // before the commands are checked, so their refusals tell nothing of another tenant.
+    let limited = caller.tenants != Tenants::All;
+    let forbidden: Vec<RejectedItem> = batch
+        .commands
         .iter()
-        .zip(admitted)
-        .filter(|(timer, _)| !caller.may_use(&timer.key.tenant_id))
-        .map(|(timer, i)| RejectedItem {
-            index: i,
-            error: ErrorDetail::new(
-                "forbidden",
-                Some(&item_field(i, Some("tenantId"))),
-                &format!(
-                    "key {:?} may not use tenant {:?}",
-                    caller.name, timer.key.tenant_id
+        .enumerate()
+        .filter(|_| limited)
+        .filter_map(|(i, item)| {
+            let tenant = tenant_named(item.get().as_bytes())?;
+            (!caller.may_use(&tenant)).then(|| RejectedItem {
+                index: i,
+                error: ErrorDetail::new(
+                    "forbidden",
+                    Some(&item_field(i, Some("tenantId"))),
+                    &format!("key {:?} may not use tenant {tenant:?}", caller.name),
                 ),
-            ),
+            })
         })
         .collect();
     if let Some(first) = forbidden.first() {
@@ -127,6 +118,19 @@ pub async fn schedule_batch(
         return Err(ApiError::new(StatusCode::FORBIDDEN, "forbidden", message)
             .field(field)
             .rejected(forbidden));
+    }
+    let mut timers: Vec<NewTimer> = Vec::with_capacity(batch.commands.len());
+    let mut refused: Vec<(usize, Rejection)> = Vec::new();
+    for (i, item) in batch.commands.iter().enumerate() {
+        match app.engine.admit_schedule(item.get().as_bytes(), &trace) {
+            Ok(timer) => timers.push(timer),
+            Err(r) => refused.push((i, r)),
+        }
+    }
+    // A tenant the key may not use, read by the check (escapes, …) where the first read
+    // found none.
+    if let Some(timer) = timers.iter().find(|t| !caller.may_use(&t.key.tenant_id)) {
+        caller.need_tenant(&timer.key.tenant_id, Some("tenantId"))?;
     }
     if let Some((first, r)) = refused.first() {
         let field = item_field(*first, r.field.as_deref());

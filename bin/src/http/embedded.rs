@@ -10,7 +10,7 @@ use serde::Serialize;
 use timer_core::ErrorKind;
 use utoipa::ToSchema;
 
-use crate::http::auth::{Principal, Tenants};
+use crate::http::auth::{tenant_named, Principal, Tenants};
 use crate::http::error::{ApiError, ErrorBody};
 use crate::http::state::{trace_headers, AppState};
 use crate::http::views::Outcome;
@@ -55,10 +55,7 @@ pub async fn send_command(
     if caller.tenants != Tenants::All {
         // The broker path checks the command; here only its tenant is read, so a key limited to
         // some tenants cannot feed commands of others.
-        let tenant = serde_json::from_slice::<serde_json::Value>(&body)
-            .ok()
-            .and_then(|v| v.get("tenantId")?.as_str().map(str::to_owned));
-        let Some(tenant) = tenant else {
+        let Some(tenant) = tenant_named(&body) else {
             return Err(ApiError::new(
                 StatusCode::FORBIDDEN,
                 "forbidden",

@@ -48,6 +48,7 @@ pub async fn schedule(
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
+    caller.need_tenant_of(&body)?;
     let timer = app.engine.admit_schedule(&body, &trace_headers(&headers))?;
     caller.need_tenant(&timer.key.tenant_id, Some("tenantId"))?;
     app.engine.within_rate(std::slice::from_ref(&timer)).await?;

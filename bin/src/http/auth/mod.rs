@@ -109,6 +109,30 @@ impl Principal {
             message: format!("key {:?} may not use tenant {tenant:?}", self.name),
         })
     }
+
+    /// 403 when the command in `body` names (`tenantId`) a tenant this key may not use: asked
+    /// before the command is checked, so a key learns nothing of another tenant's rules (its
+    /// targets, its broker's limits) from the answer. A body without a readable `tenantId`
+    /// passes: its check refuses it.
+    pub fn need_tenant_of(&self, body: &[u8]) -> Result<(), Forbidden> {
+        if self.tenants == Tenants::All {
+            return Ok(());
+        }
+        match tenant_named(body) {
+            Some(tenant) => self.need_tenant(&tenant, Some("tenantId")),
+            None => Ok(()),
+        }
+    }
+}
+
+/// The `tenantId` a command's JSON names, read alone (nothing else of it is checked).
+pub fn tenant_named(body: &[u8]) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct Named {
+        #[serde(rename = "tenantId")]
+        tenant_id: Option<String>,
+    }
+    serde_json::from_slice::<Named>(body).ok()?.tenant_id
 }
 
 /// A refusal: 403 `forbidden`, naming the field of the body it is about.
