@@ -38,16 +38,13 @@ pub struct Recurrence {
     pub max_occurrences: Option<u32>,
 }
 
-/// How many missed occurrences the policies (`catchUp`, `catchUpWindow`) look at one by one
-/// when they plan a claim, outside any transaction (a per-second series, a day: 86,400).
-pub const MAX_COUNTED_SKIPS: u64 = 100_000;
-
-/// How many skipped occurrences [`Schedule::resume`] counts one by one. Each is a cron search
-/// (about a microsecond) and a resume runs inside the store's write transaction: a bulk resume
-/// of 1,000 per-second series paused for a day counted 86,400 each, holding SQLite's write lock
-/// (and every fire) for minutes. Beyond this, the series goes on from the first occurrence after
-/// now, and the count says "at least".
-pub const MAX_RESUME_SKIPS: u64 = 100;
+/// How many occurrences that never fire (skipped by a resume or a policy) are counted one by
+/// one; beyond, only the last is found (searching back from now) and the count says "at
+/// least". Each is a cron search (a microsecond or more; with `jitter`, a hash too), made in
+/// the firing task (a plan) or inside the store's write transaction (a resume): counting every
+/// one of a per-second series down for a day, 86,400, took about 0.1 s a series, so 500 such
+/// series held every tenant's fires for about a minute, and a bulk resume SQLite's write lock.
+pub const MAX_COUNTED_SKIPS: u64 = 100;
 
 /// What [`Schedule::resume`] found.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -64,8 +61,8 @@ pub struct Skipped {
     pub count: u64,
     pub first: Timestamp,
     pub last: Timestamp,
-    /// Counting stopped at [`MAX_RESUME_SKIPS`] (a resume) or [`MAX_COUNTED_SKIPS`] (a
-    /// policy): there were more.
+    /// Counting stopped at [`MAX_COUNTED_SKIPS`]: there were more (`first` and `last` are
+    /// still the first and the last).
     pub at_least: bool,
 }
 
@@ -159,7 +156,7 @@ impl Schedule {
     /// Where a paused series goes on when resumed at `now`, its next occurrence being `due`:
     /// the occurrences before `now` (from `due` on) are skipped, the series continues with the
     /// first one at or after `now` (the cadence is kept). Counting stops after
-    /// [`MAX_RESUME_SKIPS`]; then [`Skipped::at_least`] is set.
+    /// [`MAX_COUNTED_SKIPS`]; then [`Skipped::at_least`] is set.
     pub fn resume(&self, due: Timestamp, now: Timestamp) -> Resumed {
         if due >= now {
             return Resumed {
@@ -175,8 +172,9 @@ impl Schedule {
         };
         let mut next = self.find(due, false);
         while let Some(at) = next.filter(|at| *at < now) {
-            if skipped.count >= MAX_RESUME_SKIPS {
+            if skipped.count >= MAX_COUNTED_SKIPS {
                 skipped.at_least = true;
+                skipped.last = self.before(now, false).map_or(at, |last| last.max(at));
                 next = self.first(now);
                 break;
             }
@@ -193,6 +191,23 @@ impl Schedule {
     /// The occurrence strictly after `at`, whatever `maxOccurrences` says (`endAt` holds).
     pub fn after(&self, at: Timestamp) -> Option<Timestamp> {
         self.find(at, false)
+    }
+
+    /// The latest occurrence before `at` (with `inclusive`, at or before it), whatever
+    /// `maxOccurrences` says and never after `endAt`; `None` when the pattern has none (croner
+    /// searches back a bounded way).
+    pub fn before(&self, at: Timestamp, inclusive: bool) -> Option<Timestamp> {
+        let at = match self.end_at {
+            Some(end) if end < at => return self.before(end, true),
+            _ => at,
+        };
+        // Occurrences fall on whole seconds, and croner searches from whole seconds: from a
+        // time with milliseconds, the second it falls in is before it.
+        let second = Timestamp::from_millis(at.as_millis().div_euclid(1000) * 1000);
+        let inclusive = inclusive || second < at;
+        let local = second.to_datetime().with_timezone(&self.tz);
+        let found = self.cron.find_previous_occurrence(&local, inclusive).ok()?;
+        Some(Timestamp::from_datetime(&found))
     }
 
     /// `at` on the wall clock of the series' time zone, RFC 3339 with its offset and
@@ -298,9 +313,13 @@ mod tests {
         assert_eq!(resumed.next, Some(utc("2026-11-26T00:00:01Z")));
         let skipped = resumed.skipped.unwrap();
         // 172,800 skipped; a resume (inside the store's write transaction) counts 100.
-        assert_eq!((skipped.count, skipped.at_least), (MAX_RESUME_SKIPS, true));
+        assert_eq!((skipped.count, skipped.at_least), (MAX_COUNTED_SKIPS, true));
         assert_eq!(skipped.first, due);
-        assert_eq!(skipped.last, utc("2026-11-24T00:01:39Z"), "the 100th");
+        assert_eq!(
+            skipped.last,
+            utc("2026-11-26T00:00:00Z"),
+            "the last before now"
+        );
     }
 
     fn at(tz: Tz, y: i32, mo: u32, d: u32, h: u32, mi: u32, s: u32) -> Timestamp {

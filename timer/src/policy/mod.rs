@@ -15,6 +15,7 @@
 //! / `Next`) unless it missed occurrences, which are then recorded as skipped.
 
 mod completion;
+mod due;
 mod jitter;
 mod planning;
 

@@ -2,31 +2,36 @@
 //! (fire which occurrence, skip, buffer, give up), and [`fired`], the settlement once the broker
 //! confirmed the fire.
 
+use super::due::Due;
 use super::{
     fire_time, Awaiting, CatchUp, Overlap, Policy, SkipReason, Work, DEFAULT_CATCH_UP_LIMIT,
 };
 use crate::control::Change;
 use crate::model::{ClaimedTimer, TimerKey, TimerState, Timestamp};
-use crate::recurrence::MAX_COUNTED_SKIPS;
+use crate::recurrence::Skipped;
 use crate::store::{Settlement, Step};
 
-/// Records `occurrences` (cron times, in order) of `key` as skipped for `reason`: counted in
-/// `work`, and one `skipped` history entry with their fire times. `None` for none.
+/// Records `occurrences` (cron times) of `key` as skipped for `reason`: counted in `work`, and
+/// one `skipped` history entry with their fire times. `None` for none.
 fn skipped(
     key: &TimerKey,
     policy: Option<&Policy>,
     work: &mut Work,
     reason: SkipReason,
-    occurrences: &[Timestamp],
+    occurrences: Option<Skipped>,
 ) -> Option<Change> {
-    let (first, last) = (occurrences.first()?, occurrences.last()?);
-    let count = occurrences.len() as u64;
+    let Skipped {
+        count,
+        first,
+        last,
+        at_least,
+    } = occurrences?;
     work.counts.skipped(reason, count);
     Some(Change::Skipped {
         count,
-        first: fire_time(key, *first, policy),
-        last: fire_time(key, *last, policy),
-        at_least: count >= MAX_COUNTED_SKIPS,
+        first: fire_time(key, first, policy),
+        last: fire_time(key, last, policy),
+        at_least,
         reason: Some(reason),
     })
 }
@@ -86,9 +91,9 @@ struct Planner<'a> {
 }
 
 impl Planner<'_> {
-    fn skip(&mut self, reason: SkipReason, occurrences: &[Timestamp]) {
-        if let Some(last) = occurrences.last() {
-            self.skipped_until = self.skipped_until.max(Some(*last));
+    fn skip(&mut self, reason: SkipReason, occurrences: Option<Skipped>) {
+        if let Some(skipped) = &occurrences {
+            self.skipped_until = self.skipped_until.max(Some(skipped.last));
         }
         let change = skipped(
             &self.claim.key,
@@ -154,34 +159,44 @@ pub fn plan(claim: &ClaimedTimer, now: Timestamp, max_attempts: u32) -> Plan {
         return planner.settle_at(Some(nominal));
     }
     let fired = claim.occurrences;
-    // The occurrences due by now, from the claimed one on (at most MAX_COUNTED_SKIPS).
-    let mut due = vec![nominal];
-    let mut at = nominal;
-    while due.len() < MAX_COUNTED_SKIPS as usize {
-        match schedule.next(at, fired.saturating_add(due.len() as u32)) {
-            Some(next) if planner.fire_time(next) <= now => {
-                due.push(next);
-                at = next;
+    let fire_time = |n: Timestamp| fire_time(&claim.key, n, policy);
+    let catch_up_limit = policy
+        .and_then(|p| p.catch_up_limit)
+        .unwrap_or(DEFAULT_CATCH_UP_LIMIT)
+        .max(1) as usize;
+    // The latest due ones a plan may fire: `catchUp: all`'s limit, else the last one.
+    let latest = match policy.and_then(|p| p.catch_up) {
+        Some(CatchUp::All) => catch_up_limit,
+        _ => 1,
+    };
+    // Later than the window (fired more than `catchUpWindow` before now): skipped.
+    let mut first = nominal;
+    if let Some(window) = policy.and_then(|p| p.catch_up_window) {
+        let late_by =
+            Timestamp::from_millis(now.saturating_sub(window).as_millis().saturating_sub(1));
+        if fire_time(nominal) <= late_by {
+            let late = Due::of(&schedule, nominal, late_by, fire_time, 1);
+            planner.skip(SkipReason::CatchUpWindow, late.all(&schedule));
+            // A buffered occurrence is the first due one: dropped with the others.
+            planner.work.buffered = false;
+            match late.next.filter(|n| fire_time(*n) <= now) {
+                Some(in_window) => first = in_window,
+                // Nothing due within the window: the series goes on after it (or ends).
+                None => {
+                    let after = late
+                        .next
+                        .filter(|_| schedule.next(late.last(), fired).is_some());
+                    return planner.settle_at(after);
+                }
             }
-            _ => break,
         }
     }
+    // The occurrences due by now, from the first one not later than the window on.
+    let mut due = Due::of(&schedule, first, now, fire_time, latest);
     // The first occurrence not due: where the series goes on when nothing due fires.
-    let after_due = schedule.next(due[due.len() - 1], fired);
-    // Later than the window: skipped.
-    if let Some(window) = policy.and_then(|p| p.catch_up_window) {
-        let late = due
-            .iter()
-            .take_while(|n| now.duration_since(planner.fire_time(**n)) > window)
-            .count();
-        let skipped: Vec<Timestamp> = due.drain(..late).collect();
-        planner.skip(SkipReason::CatchUpWindow, &skipped);
-        // A buffered occurrence is the first due one: dropped with the others.
-        planner.work.buffered &= late == 0;
-    }
-    if due.is_empty() {
-        return planner.settle_at(after_due);
-    }
+    let after_due = due
+        .next
+        .filter(|_| schedule.next(due.last(), fired).is_some());
     let overlap = policy.map(|p| p.overlap).unwrap_or_default();
     // The previous occurrence's work: timed out, or still running.
     let running = match planner.work.awaiting.clone() {
@@ -195,49 +210,44 @@ pub fn plan(claim: &ClaimedTimer, now: Timestamp, max_attempts: u32) -> Plan {
     if planner.work.buffered {
         // A buffered occurrence fires once its wait is over; what came due meanwhile is
         // skipped.
-        let rest: Vec<Timestamp> = due.drain(1..).collect();
-        planner.skip(SkipReason::Overlap, &rest);
+        planner.skip(SkipReason::Overlap, due.span(&schedule, 1..due.len()));
         if running.is_none() {
             planner.work.buffered = false;
-            return fire(planner, due[0], false, 0);
+            return fire(planner, due.first(), false, 0);
         }
+        // Only the buffered one is left.
+        due = due.first_only();
     }
     // Catch-up: more than one occurrence is due, the first ones were missed.
-    let missed = due.len() > 1;
+    let missed = due.many();
     match policy.and_then(|p| p.catch_up) {
         Some(CatchUp::Skip) if missed => {
-            let skipped = std::mem::take(&mut due);
-            planner.skip(SkipReason::CatchUp, &skipped);
+            planner.skip(SkipReason::CatchUp, due.all(&schedule));
             return planner.settle_at(after_due);
         }
         Some(CatchUp::All) => {
-            let limit = policy
-                .and_then(|p| p.catch_up_limit)
-                .unwrap_or(DEFAULT_CATCH_UP_LIMIT)
-                .max(1) as usize;
-            let over = due.len().saturating_sub(limit);
-            let skipped: Vec<Timestamp> = due.drain(..over).collect();
-            planner.skip(SkipReason::CatchUp, &skipped);
+            // The latest `catchUpLimit` fire; the earlier ones are skipped.
+            let over = due.len().saturating_sub(catch_up_limit);
+            planner.skip(SkipReason::CatchUp, due.span(&schedule, 0..over));
+            due = due.from(over);
         }
         // `once` (and no policy): the first fires; the rest are skipped when it settles.
         _ => {}
     }
     let Some(awaiting) = running else {
-        return fire(planner, due[0], missed, 0);
+        return fire(planner, due.first(), missed, 0);
     };
     match overlap {
-        Overlap::Allow => fire(planner, due[0], missed, 0),
+        Overlap::Allow => fire(planner, due.first(), missed, 0),
         Overlap::Skip => {
-            let skipped = std::mem::take(&mut due);
-            planner.skip(SkipReason::Overlap, &skipped);
+            planner.skip(SkipReason::Overlap, due.all(&schedule));
             planner.settle_at(after_due)
         }
         Overlap::BufferOne => {
             // The latest due one waits (one buffered already keeps waiting); earlier ones are
             // skipped.
-            let waits = due[due.len() - 1];
-            let earlier: Vec<Timestamp> = due[..due.len() - 1].to_vec();
-            planner.skip(SkipReason::Overlap, &earlier);
+            let waits = due.last();
+            planner.skip(SkipReason::Overlap, due.span(&schedule, 0..due.len() - 1));
             let due_at = planner.fire_time(waits);
             if !planner.work.buffered {
                 planner.work.buffered = true;
@@ -406,24 +416,22 @@ pub fn fired(
         schedule.next(fire.accounted_until, count)
     } else {
         // What came due while this one fired is skipped (catch-up `once`).
-        let mut skipped = Vec::new();
-        let mut next = schedule.next(fire.accounted_until, count);
-        while let Some(n) = next.filter(|n| fire_time(&claim.key, *n, policy) <= at) {
-            if skipped.len() as u64 >= MAX_COUNTED_SKIPS {
-                next = schedule.next(at, count);
-                break;
+        let fire_time = |n: Timestamp| fire_time(&claim.key, n, policy);
+        match schedule.next(fire.accounted_until, count) {
+            Some(n) if fire_time(n) <= at => {
+                let due = Due::of(&schedule, n, at, fire_time, 1);
+                changes.extend(self::skipped(
+                    &claim.key,
+                    policy,
+                    &mut work,
+                    SkipReason::CatchUp,
+                    due.all(&schedule),
+                ));
+                due.next
+                    .filter(|_| schedule.next(due.last(), count).is_some())
             }
-            skipped.push(n);
-            next = schedule.next(n, count);
+            next => next,
         }
-        changes.extend(self::skipped(
-            &claim.key,
-            policy,
-            &mut work,
-            SkipReason::CatchUp,
-            &skipped,
-        ));
-        next
     };
     // Without a policy, work or anything to record but the fire itself, the store writes it
     // as a plain Reached or Next.
@@ -505,6 +513,137 @@ mod tests {
                 "{with_policy:?}"
             );
         }
+    }
+
+    /// A per-second series claimed three days late: `catchUp: all` fires the latest
+    /// `catchUpLimit` (it fired the 100,000th, then the 200,000th, counting forward from the
+    /// first), `once` fires the first and skips the rest when it settles, each skip recorded
+    /// with its true first and last and "at least" its count; a plan looks at about a hundred
+    /// occurrences, not 259,200.
+    #[test]
+    fn a_long_catch_up_fires_the_latest_and_skips_the_rest_without_walking_them() {
+        let every_second = Recurrence {
+            cron: "* * * * * *".into(),
+            time_zone: "UTC".into(),
+            end_at: None,
+            max_occurrences: None,
+        };
+        let later = |s: u64| T0.saturating_add(std::time::Duration::from_secs(s));
+        let now = later(3 * 86_400);
+        let all = Policy {
+            catch_up: Some(CatchUp::All),
+            catch_up_limit: Some(1),
+            ..Policy::default()
+        };
+        let claim_all = claim(Some(every_second.clone()), Some(all));
+        let Plan::Fire(fire) = plan(&claim_all, now, 0) else {
+            panic!("the latest fires");
+        };
+        assert_eq!((fire.nominal, fire.caught_up), (now, true));
+        let [Change::Skipped {
+            count,
+            first,
+            last,
+            at_least,
+            ..
+        }] = &fire.before[..]
+        else {
+            panic!("one skipped entry: {:?}", fire.before);
+        };
+        assert_eq!(
+            (*first, *last, *at_least),
+            (T0, later(3 * 86_400 - 1), true)
+        );
+        assert!(*count > 100, "{count}");
+        // It goes on after the one it fired.
+        let Settlement::Step(step) = fired(&claim_all, &fire, now, "i1", None) else {
+            panic!("a step");
+        };
+        assert_eq!(step.due_at, later(3 * 86_400 + 1));
+
+        let once = Policy {
+            catch_up: Some(CatchUp::Once),
+            ..Policy::default()
+        };
+        let claim_once = claim(Some(every_second), Some(once));
+        let Plan::Fire(fire) = plan(&claim_once, now, 0) else {
+            panic!("the first fires");
+        };
+        assert_eq!((fire.nominal, fire.caught_up), (T0, true));
+        let Settlement::Step(step) = fired(&claim_once, &fire, now, "i1", None) else {
+            panic!("a step");
+        };
+        assert_eq!(step.due_at, later(3 * 86_400 + 1), "the first one not due");
+        let skipped: Vec<_> = step
+            .changes
+            .iter()
+            .filter_map(|c| match c {
+                Change::Skipped {
+                    first,
+                    last,
+                    at_least,
+                    ..
+                } => Some((*first, *last, *at_least)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(skipped, [(later(1), now, true)]);
+    }
+
+    /// A `catchUpWindow` after a long outage: what is older than the window is skipped as
+    /// such, then what is in it as `catchUp` says, each with its true first and last.
+    #[test]
+    fn a_long_catch_up_within_a_window_skips_what_is_older() {
+        let every_second = Recurrence {
+            cron: "* * * * * *".into(),
+            time_zone: "UTC".into(),
+            end_at: None,
+            max_occurrences: None,
+        };
+        let later = |s: u64| T0.saturating_add(std::time::Duration::from_secs(s));
+        let now = later(86_400);
+        let windowed = Policy {
+            catch_up: Some(CatchUp::All),
+            catch_up_limit: Some(2),
+            catch_up_window: Some(std::time::Duration::from_secs(3_600)),
+            ..Policy::default()
+        };
+        let claim = claim(Some(every_second), Some(windowed));
+        let Plan::Fire(fire) = plan(&claim, now, 0) else {
+            panic!("the latest but one fires");
+        };
+        assert_eq!(fire.nominal, later(86_399));
+        let skips: Vec<_> = fire
+            .before
+            .iter()
+            .filter_map(|c| match c {
+                Change::Skipped {
+                    first,
+                    last,
+                    at_least,
+                    reason,
+                    ..
+                } => Some((*reason, *first, *last, *at_least)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            skips,
+            [
+                (
+                    Some(SkipReason::CatchUpWindow),
+                    T0,
+                    later(86_400 - 3_601),
+                    true
+                ),
+                (
+                    Some(SkipReason::CatchUp),
+                    later(86_400 - 3_600),
+                    later(86_398),
+                    true
+                ),
+            ]
+        );
     }
 
     /// A series sent again with a jitter (or a longer one), claimed at the due time it had, is
