@@ -583,6 +583,16 @@ async fn jwts_are_checked_for_signature_time_audience_issuer_and_claims() {
             "tenants",
         ),
         (
+            "no subject",
+            jwt(&claims(json!({"sub": null})), JWT_SECRET),
+            "sub",
+        ),
+        (
+            "an empty subject",
+            jwt(&claims(json!({"sub": ""})), JWT_SECRET),
+            "sub",
+        ),
+        (
             "tampered",
             {
                 let mut parts: Vec<String> = good.split('.').map(str::to_owned).collect();

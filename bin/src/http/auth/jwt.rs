@@ -129,7 +129,12 @@ impl Jwt {
             _ => Vec::new(),
         };
         let scopes: BTreeSet<Scope> = words.into_iter().filter_map(Scope::parse).collect();
-        let subject = claims.get("sub").and_then(|s| s.as_str()).unwrap_or("");
+        // Who it is for: the name of audit lines and of per-key limits (event streams), so
+        // tokens of different callers are never counted as one.
+        let subject = match claims.get("sub").and_then(|s| s.as_str()) {
+            Some(sub) if !sub.trim().is_empty() => sub,
+            _ => return Err("JWT has no \"sub\" claim (who it is for: a non-empty string)".into()),
+        };
         // `exp` is required and was checked: a number of seconds since the epoch (one too far
         // for the system clock counts as never).
         let expires_at = claims
