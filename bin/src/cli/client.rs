@@ -89,15 +89,15 @@ impl Client {
             )
         })?;
         let status = response.status();
+        let header_id = response
+            .headers()
+            .get("x-request-id")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
         let text = response.text().await.context("reading the response")?;
         let body: Value = serde_json::from_str(&text).unwrap_or(Value::String(text));
         if !status.is_success() {
-            let message = body["error"]["message"].as_str().unwrap_or("").to_owned();
-            let field = body["error"]["field"]
-                .as_str()
-                .map(|f| format!(" (field {f})"))
-                .unwrap_or_default();
-            bail!("{status}: {message}{field}");
+            bail!("{}", failure(status, &body, header_id.as_deref()));
         }
         Ok(body)
     }
@@ -204,6 +204,29 @@ impl Client {
         self.send(self.http.get(format!("{}/v1/status", self.base)))
             .await
     }
+}
+
+/// An error answer as the CLI prints it: the status, the message, the field it names and, for
+/// a 5xx, the request id the service's log has the cause under (from the body, else the
+/// `x-request-id` header).
+fn failure(status: reqwest::StatusCode, body: &Value, header_id: Option<&str>) -> String {
+    let error = &body["error"];
+    let message = match (error["message"].as_str(), body.as_str()) {
+        (Some(message), _) => message,
+        // Not our error body (a proxy's page): its text.
+        (None, Some(text)) => text.trim(),
+        (None, None) => "",
+    };
+    let field = error["field"]
+        .as_str()
+        .map(|f| format!(" (field {f})"))
+        .unwrap_or_default();
+    let request = error["requestId"]
+        .as_str()
+        .or(header_id.filter(|_| status.is_server_error()))
+        .map(|id| format!(" (requestId {id})"))
+        .unwrap_or_default();
+    format!("{status}: {message}{field}{request}")
 }
 
 fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {
@@ -330,5 +353,33 @@ mod tests {
         );
         let near = command("a", "b", None, Some(Duration::from_secs(60)), None, None);
         assert!(near.is_ok_and(|c| c["dueTimeMs"].is_i64()));
+    }
+
+    /// A 5xx names its request id (the log has the cause under it); a 4xx its field.
+    #[test]
+    fn an_error_answer_names_its_field_and_request_id() {
+        let internal = json!({"error": {"reason": "internal", "message": "an internal error",
+                                         "requestId": "r-1"}});
+        let status = reqwest::StatusCode::INTERNAL_SERVER_ERROR;
+        assert_eq!(
+            failure(status, &internal, Some("r-2")),
+            "500 Internal Server Error: an internal error (requestId r-1)"
+        );
+        let bare = json!({"error": {"reason": "unavailable", "message": "the store"}});
+        let status = reqwest::StatusCode::SERVICE_UNAVAILABLE;
+        assert!(failure(status, &bare, Some("r-2")).ends_with("the store (requestId r-2)"));
+        let refused = json!({"error": {"reason": "invalid_id", "message": "empty",
+                                        "field": "tenantId"}});
+        let status = reqwest::StatusCode::BAD_REQUEST;
+        assert_eq!(
+            failure(status, &refused, Some("r-3")),
+            "400 Bad Request: empty (field tenantId)"
+        );
+        let page = Value::String("<html>bad gateway</html>\n".into());
+        let status = reqwest::StatusCode::BAD_GATEWAY;
+        assert_eq!(
+            failure(status, &page, None),
+            "502 Bad Gateway: <html>bad gateway</html>"
+        );
     }
 }
