@@ -1575,6 +1575,7 @@ async fn list_and_summaries_over_http() {
         ),
         ("/v1/tenants/acme/timers?sort=desc".to_owned(), "query"),
         ("/v1/summary?limit=0".to_owned(), "limit"),
+        ("/v1/tenants/acme/summary?limit=1".to_owned(), "query"),
     ] {
         let (status, v) = service.get(&path).await;
         assert_eq!(status, 400, "{path}: {v}");

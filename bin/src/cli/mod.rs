@@ -164,7 +164,7 @@ pub enum Client {
     /// Counts per state, next due time and recent failures: of one tenant, or of every tenant.
     Summary {
         /// One tenant; without it, every tenant (a page of them: --limit, --cursor).
-        #[arg(long)]
+        #[arg(long, conflicts_with_all = ["limit", "cursor"])]
         tenant: Option<String>,
         #[arg(long)]
         limit: Option<usize>,

@@ -100,12 +100,26 @@ pub async fn list_timers(
     params(TenantPath),
     responses(
         (status = 200, description = "The summary (zero counts for a tenant without timers)", body = SummaryView),
+        (status = 400, description = "A query parameter: this route takes none (`limit` and `cursor` page `GET /v1/summary`)", body = ErrorBody),
     )
 )]
 pub async fn tenant_summary(
     State(app): State<AppState>,
     Path(TenantPath { tenant }): Path<TenantPath>,
+    RawQuery(query): RawQuery,
 ) -> Result<Json<Option<SummaryView>>, ApiError> {
+    // A typo, or a page of tenants asked of one tenant, is said, not ignored.
+    let query = query.unwrap_or_default();
+    if let Some((name, _)) = url::form_urlencoded::parse(query.as_bytes()).next() {
+        return Err(BadParameter::owned(
+            "query".into(),
+            format!(
+                "unknown parameter {name:?}: a tenant's summary takes none (limit and cursor \
+                 page GET /v1/summary, every tenant's)"
+            ),
+        )
+        .into());
+    }
     let queries = app.engine.store().queries();
     let summaries = summaries(queries, app.engine.clock().now(), &[tenant]).await?;
     Ok(Json(summaries.first().map(summary_view)))
