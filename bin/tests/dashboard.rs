@@ -480,6 +480,19 @@ async fn walk_through(name: &str, dir: &Path, mut env: Vec<(&str, String)>, stor
         .expect("claim as another instance");
     assert_eq!(claimed.len(), 1, "the busy timer is claimed");
     assert_eq!(claimed[0].key.service_call_id, "busy");
+    // An action on it is refused with the body the document gives a 409: the outcome, the
+    // timer as it is, and why.
+    let (status, body) = send(
+        &service,
+        reqwest::Method::POST,
+        "/v1/tenants/acme/timers/busy/pause",
+        json!({}),
+    )
+    .await;
+    assert_eq!(status, 409, "{body}");
+    assert_eq!(body["outcome"], "firing", "{body}");
+    assert_eq!(body["timer"]["state"], "Scheduled", "{body}");
+    assert_eq!(body["error"]["reason"], "firing", "{body}");
     // A command the broker could not take, for the dead letters.
     let (status, body) = send(
         &service,

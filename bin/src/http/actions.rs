@@ -53,29 +53,27 @@ async fn answer(
     key: &TimerKey,
     outcome: ControlOutcome,
 ) -> Result<Response, ApiError> {
-    let status = match outcome {
+    // Each 409 as the document says: the outcome, the timer as it is, and why.
+    let conflict = match outcome {
         ControlOutcome::NotFound => return Err(ApiError::no_such_timer()),
-        ControlOutcome::Firing => {
-            return Err(ApiError::conflict(
-                "firing",
-                "the timer's event is being published right now; nothing changed (try again \
-                 once it fired)",
-            ))
-        }
+        ControlOutcome::Firing => Some(
+            "the timer's event is being published right now; nothing changed (try again once \
+             it fired)",
+        ),
         ControlOutcome::AlreadyReached
         | ControlOutcome::AlreadyCancelled
-        | ControlOutcome::AlreadyFailed => StatusCode::CONFLICT,
-        _ => StatusCode::OK,
+        | ControlOutcome::AlreadyFailed => {
+            Some("the timer is finished (Reached, Cancelled or Failed); nothing changed")
+        }
+        _ => None,
+    };
+    let status = match conflict {
+        Some(_) => StatusCode::CONFLICT,
+        None => StatusCode::OK,
     };
     let timer = app.engine.store().get(key).await?;
     let timer = timer.as_ref().map(TimerView::of);
-    let error = (status == StatusCode::CONFLICT).then(|| {
-        ErrorDetail::new(
-            outcome.as_str(),
-            None,
-            "the timer is finished (Reached, Cancelled or Failed); nothing changed",
-        )
-    });
+    let error = conflict.map(|why| ErrorDetail::new(outcome.as_str(), None, why));
     let body = TimerOutcome {
         outcome: outcome.as_str(),
         timer,
