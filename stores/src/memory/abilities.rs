@@ -58,7 +58,14 @@ impl TimerControl for MemoryStore {
                     row.finished_at = None;
                     ready.insert((write.due_at, key.clone()));
                 }
-                (state, Some(at)) => row.finish(ready, state, at),
+                (state, Some(at)) => {
+                    // As the SQL stores: an action that finishes it Reached (a completion of
+                    // its last occurrence) is when it was reached.
+                    if state == TimerState::Reached {
+                        row.timer.reached_at = Some(at);
+                    }
+                    row.finish(ready, state, at)
+                }
                 (state, None) => row.timer.state = state,
             }
         }

@@ -248,9 +248,6 @@ impl Row {
         // Its lease ends; `lease_owner` stays, naming the instance that settled it.
         self.lease_until = None;
         self.finished_at = Some(at);
-        if state == TimerState::Reached {
-            self.timer.reached_at = Some(at);
-        }
     }
 
     /// Moves its due time; a changed one bumps the revision, so that a claim taken before it
@@ -445,6 +442,7 @@ impl Store for MemoryStore {
                     if row.timer.recurrence.is_some() {
                         row.timer.occurrences = row.timer.occurrences.saturating_add(1);
                     }
+                    row.timer.reached_at = Some(at);
                     row.finish(ready, TimerState::Reached, at);
                 }
                 Settlement::Next(next) => {

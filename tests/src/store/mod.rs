@@ -75,6 +75,7 @@ pub use schedule::{
     target_and_message_round_trip, upsert_outcomes,
 };
 pub use series::{
+    a_series_that_ends_without_a_fire_keeps_its_last_reached_at,
     advance_needs_the_lease_and_revision, recurrence_round_trips_and_advance_moves_to_next,
     rescheduling_a_recurring_timer_resets_its_count,
 };
@@ -139,6 +140,7 @@ pub fn checks() -> Vec<Check<Arc<dyn Store>>> {
         recurrence_round_trips_and_advance_moves_to_next,
         advance_needs_the_lease_and_revision,
         rescheduling_a_recurring_timer_resets_its_count,
+        a_series_that_ends_without_a_fire_keeps_its_last_reached_at,
         live_by_tenant_counts_scheduled_and_paused_timers,
         list_orders_by_due_time_then_id_within_the_tenant,
         list_filters_combine,

@@ -2,11 +2,12 @@
 
 use std::sync::Arc;
 
-use timer_core::{Store, TimerState};
+use timer_core::store::Step;
+use timer_core::{Settlement, Store, TimerState};
 
 use super::{
     advance, at, claim, mark_reached, next_due, put, recurring, release, row, schedule_and_claim,
-    timer, T0, T0_MS,
+    settle, timer, T0, T0_MS,
 };
 
 pub async fn recurrence_round_trips_and_advance_moves_to_next(store: Arc<dyn Store>) {
@@ -120,4 +121,47 @@ pub async fn rescheduling_a_recurring_timer_resets_its_count(store: Arc<dyn Stor
     // A one-shot schedule of the same key turns it into a one-shot timer.
     put(s, &[timer("t", "r", T0_MS + 1_000)], T0).await;
     assert_eq!(row(s, "t", "r").await.recurrence, None);
+}
+
+/// A series that ends without a fire (its last occurrence skipped, a settle `Step` to Reached
+/// with `fired` false) is finished at the settle time, but keeps the `reachedAt` of its last
+/// fire: it did not fire then. A fired `Step` sets it.
+pub async fn a_series_that_ends_without_a_fire_keeps_its_last_reached_at(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    put(s, &[recurring("t", "r", T0_MS, "*/10 * * * * *")], T0).await;
+    let claimed = claim(s, T0, 10, "i1", T0_MS + 1_000).await;
+    let fired_at = at(T0_MS + 3);
+    let next = at(T0_MS + 10_000);
+    let fired = Step {
+        state: TimerState::Scheduled,
+        due_at: next,
+        available_at: next,
+        fired: true,
+        work: None,
+        changes: Vec::new(),
+    };
+    assert_eq!(
+        settle(s, &claimed, Settlement::Step(fired), "i1", fired_at).await,
+        1
+    );
+    assert_eq!(row(s, "t", "r").await.reached_at, Some(fired_at));
+    let again = claim(s, next, 10, "i1", next.as_millis() + 1_000).await;
+    assert_eq!(again.len(), 1);
+    let ended_at = at(next.as_millis() + 5);
+    let ended = Step {
+        state: TimerState::Reached,
+        due_at: next,
+        available_at: next,
+        fired: false,
+        work: None,
+        changes: Vec::new(),
+    };
+    assert_eq!(
+        settle(s, &again, Settlement::Step(ended), "i1", ended_at).await,
+        1
+    );
+    let t = row(s, "t", "r").await;
+    assert_eq!(t.state, TimerState::Reached);
+    assert_eq!(t.reached_at, Some(fired_at), "not fired at the end: {t:?}");
+    assert_eq!(t.occurrences, 1, "one occurrence fired");
 }
