@@ -511,12 +511,16 @@ impl TenantCounts for SqliteStore {
         // stay well below the limit whatever the batch size.
         for chunk in tenants.chunks(500) {
             let marks = vec!["?"; chunk.len()].join(", ");
+            // Each state from its partial index (`state IN (0, 4)` matches neither, and read
+            // every row of the tenant, the finished ones of its retention too).
             let sql = format!(
-                "SELECT tenant_id, COUNT(*) FROM timers WHERE state IN (0, 4) \
-                 AND tenant_id IN ({marks}) GROUP BY tenant_id"
+                "SELECT tenant_id, COUNT(*) FROM (SELECT tenant_id FROM timers \
+                 WHERE state = 0 AND available_at IS NOT NULL AND tenant_id IN ({marks}) \
+                 UNION ALL SELECT tenant_id FROM timers WHERE state = 4 \
+                 AND tenant_id IN ({marks})) GROUP BY tenant_id"
             );
             let mut query = sqlx::query_as::<_, (String, i64)>(&sql);
-            for tenant in chunk {
+            for tenant in chunk.iter().chain(chunk) {
                 query = query.bind(tenant);
             }
             for (tenant, n) in query
