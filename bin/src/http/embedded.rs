@@ -38,7 +38,7 @@ pub struct DeadLetterView {
         (status = 202, description = "`queued`: the in-process broker has it", body = Outcome),
         (status = 400, description = "No body (`invalid_json`)", body = ErrorBody),
         (status = 404, description = "Another broker is configured: publish to it", body = ErrorBody),
-        (status = 503, description = "The in-process broker holds as many unacknowledged commands as it may, in all or of this tenant (`broker.max_queued`, `broker.max_queued_bytes`, `broker.max_queued_per_tenant`); `Retry-After` says when to send again", body = ErrorBody),
+        (status = 503, description = "The in-process broker holds as many unacknowledged commands as it may, in all or of this tenant (`broker.max_queued`, `broker.max_queued_bytes`, `broker.max_queued_per_tenant`, `broker.max_queued_bytes_per_tenant`); `Retry-After` says when to send again", body = ErrorBody),
     )
 )]
 pub async fn send_command(
@@ -75,7 +75,8 @@ pub async fn send_command(
     })?;
     match hub.send_traced(body.to_vec(), trace_headers(&headers)) {
         Ok(()) => Ok((StatusCode::ACCEPTED, Json(Outcome { outcome: "queued" })).into_response()),
-        // Full (broker.max_queued, max_queued_bytes, max_queued_per_tenant): the engine
+        // Full (broker.max_queued, max_queued_bytes, max_queued_per_tenant,
+        // max_queued_bytes_per_tenant): the engine
         // catches up.
         Err(e) if e.kind() == ErrorKind::Unavailable => Err(ApiError::from(e).retry_after(1)),
         Err(e) => Err(e.into()),

@@ -56,6 +56,11 @@ pub struct MemoryConfig {
     /// cannot make the process hold gigabytes (the command that crosses it is taken, whatever
     /// its size). 0 sets no limit but `broker.max_queued`.
     pub max_queued_bytes: usize,
+    /// Most of those bytes one tenant may have (as `broker.max_queued_per_tenant` counts
+    /// commands): a tenant sending large commands faster than it may (`limits.rate` holds them
+    /// unacknowledged) is refused before it fills `broker.max_queued_bytes` for all. The
+    /// command that crosses it is taken. 0 sets no limit but `broker.max_queued_bytes`.
+    pub max_queued_bytes_per_tenant: usize,
     /// Most bytes of the events, and of the dead letters, kept for reading back, beside
     /// `broker.retain`: the oldest go first (the latest is kept whatever its size). 0 sets no
     /// limit but `broker.retain`.
@@ -71,6 +76,7 @@ impl Default for MemoryConfig {
             max_queued: 100_000,
             max_queued_per_tenant: 10_000,
             max_queued_bytes: 64 * 1024 * 1024,
+            max_queued_bytes_per_tenant: 8 * 1024 * 1024,
             retain_bytes: 64 * 1024 * 1024,
         }
     }
@@ -117,12 +123,19 @@ struct Hub {
     next_consumer: AtomicU64,
 }
 
+/// What one tenant has queued or in flight.
+#[derive(Debug, Default, Clone, Copy)]
+struct Queueing {
+    commands: usize,
+    bytes: usize,
+}
+
 #[derive(Default)]
 struct HubState {
     queue: VecDeque<Queued>,
     in_flight: HashMap<u64, InFlight>,
-    /// Commands queued or in flight, by tenant (absent: none).
-    per_tenant: HashMap<Option<Arc<str>>, usize>,
+    /// Commands queued or in flight, and their bytes, by tenant (absent: none).
+    per_tenant: HashMap<Option<Arc<str>>, Queueing>,
     /// Bytes of the commands queued or in flight.
     queued_bytes: usize,
     next_tag: u64,
@@ -199,9 +212,10 @@ impl HubState {
     fn done(&mut self, command: &Queued) {
         self.queued_bytes = self.queued_bytes.saturating_sub(command.body.len());
         let tenant = &command.tenant;
-        if let Some(n) = self.per_tenant.get_mut(tenant) {
-            *n = n.saturating_sub(1);
-            if *n == 0 {
+        if let Some(mine) = self.per_tenant.get_mut(tenant) {
+            mine.commands = mine.commands.saturating_sub(1);
+            mine.bytes = mine.bytes.saturating_sub(command.body.len());
+            if mine.commands == 0 {
                 self.per_tenant.remove(tenant);
             }
         }
@@ -286,15 +300,26 @@ impl MemoryHub {
                 state.queued_bytes
             )));
         }
-        let mine = state.per_tenant.get(&tenant).copied().unwrap_or(0);
-        if config.max_queued_per_tenant > 0 && mine >= config.max_queued_per_tenant {
+        let mine = state.per_tenant.get(&tenant).copied().unwrap_or_default();
+        let named = tenant.as_deref().unwrap_or("");
+        if config.max_queued_per_tenant > 0 && mine.commands >= config.max_queued_per_tenant {
             return Err(Error::unavailable(format!(
-                "memory broker: tenant {:?} has {mine} commands not acknowledged yet \
+                "memory broker: tenant {named:?} has {} commands not acknowledged yet \
                  (broker.max_queued_per_tenant); send again later",
-                tenant.as_deref().unwrap_or("")
+                mine.commands
             )));
         }
-        *state.per_tenant.entry(tenant.clone()).or_insert(0) += 1;
+        let per_tenant = config.max_queued_bytes_per_tenant;
+        if per_tenant > 0 && mine.bytes >= per_tenant {
+            return Err(Error::unavailable(format!(
+                "memory broker: tenant {named:?} has {} bytes of commands not acknowledged yet \
+                 (broker.max_queued_bytes_per_tenant); send again later",
+                mine.bytes
+            )));
+        }
+        let mine = state.per_tenant.entry(tenant.clone()).or_default();
+        mine.commands += 1;
+        mine.bytes += body.len();
         state.queued_bytes += body.len();
         state.queue.push_back(Queued {
             tenant,
@@ -592,6 +617,36 @@ mod tests {
         hub.send_command(large(30)).unwrap();
         hub.send_command(large(210)).unwrap();
         assert!(hub.send_command(large(1)).is_err(), "over 100 bytes");
+    }
+
+    /// One tenant's large commands are bounded by bytes of their own: a tenant that holds its
+    /// share is refused while the others still send; once its commands are acknowledged it
+    /// sends again.
+    #[tokio::test]
+    async fn one_tenants_large_commands_leave_room_for_the_others() {
+        let hub = MemoryHub::new(MemoryConfig {
+            max_queued_bytes: 1_000,
+            max_queued_bytes_per_tenant: 300,
+            ..MemoryConfig::default()
+        });
+        let large = |tenant: &str, n: usize| {
+            format!(r#"{{"tenantId":"{tenant}","pad":"{}"}}"#, "x".repeat(n))
+        };
+        hub.send_command(large("flood", 150)).unwrap();
+        hub.send_command(large("flood", 150)).unwrap();
+        let full = hub.send_command(large("flood", 10)).unwrap_err();
+        assert!(
+            full.to_string()
+                .contains("tenant \"flood\" has 358 bytes of commands not acknowledged yet \
+                           (broker.max_queued_bytes_per_tenant)"),
+            "{full}"
+        );
+        hub.send_command(large("quiet", 150)).unwrap();
+        let broker = hub.connect();
+        let got = broker.receive(10, Duration::ZERO).await.unwrap();
+        let tags: Vec<u64> = got.iter().map(|d| d.tag).collect();
+        broker.ack(&tags).await.unwrap();
+        hub.send_command(large("flood", 10)).unwrap();
     }
 
     /// Events and dead letters kept for reading back are bounded by bytes too; the latest is
