@@ -48,6 +48,7 @@ async fn a_noisy_tenant_neither_stops_nor_starves_the_others() {
             } },
             "http": {
                 "header_read_timeout": "1s",
+                "request_timeout": "2s",
                 "max_connections": 128,
                 "max_event_streams": 16,
                 "event_stream_buffer": 65_536,
@@ -64,6 +65,7 @@ async fn a_noisy_tenant_neither_stops_nor_starves_the_others() {
     flood_the_commands(&service).await;
     stall_an_event_stream(&service).await;
     hold_connections_with_slow_headers(&service).await;
+    hold_connections_with_slow_bodies(&service).await;
 
     stop.cancel();
     let sent = steady.await.expect("the steady tenant's task");
@@ -199,6 +201,42 @@ async fn stall_an_event_stream(service: &Service) {
         "dropped before all {N}: {delivered} delivered"
     );
     eprintln!("stalled stream: {delivered} of {N} events, then lagged and closed");
+}
+
+/// 40 bulk actions (the route without a request timeout) whose bodies never arrive whole: each
+/// is answered 408 after `http.request_timeout`, so they cannot hold the service's connections.
+async fn hold_connections_with_slow_bodies(service: &Service) {
+    let mut slow = Vec::new();
+    for _ in 0..40 {
+        let mut stream = TcpStream::connect(service.addr).await.expect("connect");
+        stream
+            .write_all(
+                b"POST /v1/tenants/noisy/timers/bulk HTTP/1.1\r\nHost: 127.0.0.1\r\n\
+                  Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"action\"",
+            )
+            .await
+            .expect("send");
+        slow.push(stream);
+    }
+    let started = tokio::time::Instant::now();
+    for mut stream in slow {
+        let mut answer = vec![0u8; 12];
+        let read = tokio::time::timeout(Duration::from_secs(15), stream.read_exact(&mut answer));
+        assert!(
+            matches!(read.await, Ok(Ok(_))),
+            "a bulk action whose body never arrives is answered"
+        );
+        assert_eq!(
+            &answer,
+            b"HTTP/1.1 408",
+            "{}",
+            String::from_utf8_lossy(&answer)
+        );
+    }
+    eprintln!(
+        "slow bodies: 40 bulk actions answered 408 within {} ms",
+        started.elapsed().as_millis()
+    );
 }
 
 /// 40 connections that send the start of a request and never the end of its headers: each is

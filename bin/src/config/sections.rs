@@ -20,8 +20,8 @@ pub struct HttpConfig {
     /// the API has no authentication: bind it to a private address, or set one.
     #[schemars(with = "String")]
     pub addr: SocketAddr,
-    /// Longest a request may take (not the event stream); a slower one is answered 408. More
-    /// than 0s.
+    /// Longest a request may take (not the event stream, nor a bulk action once its body
+    /// arrived); a slower one is answered 408. More than 0s.
     #[serde(with = "duration")]
     #[schemars(with = "String")]
     pub request_timeout: Duration,

@@ -1,9 +1,13 @@
 //! Bulk actions: cancel, pause, resume or retry every timer of a tenant that a filter matches.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
-use axum::body::Bytes;
-use axum::extract::{Path, State};
+use axum::body::{Body, Bytes};
+use axum::extract::{FromRequest, Path, Request, State};
+use axum::http::StatusCode;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
 use axum::Json;
 use opentelemetry::trace::FutureExt as _;
 use serde::{Deserialize, Serialize};
@@ -151,8 +155,9 @@ fn bulk_filter(filter: &serde_json::Map<String, Value>) -> Result<ListParams, Ba
 }
 
 /// Cancels, pauses or resumes every timer of the tenant that matches the filter, page by page
-/// (1,000 timers per transaction); answers how many matched and changed. It has no request
-/// timeout and goes on to the end when the client leaves.
+/// (1,000 timers per transaction); answers how many matched and changed. The action has no
+/// request timeout and goes on to the end when the client leaves; its body must arrive within
+/// `http.request_timeout` ([`body_in_time`]).
 #[utoipa::path(
     post,
     path = "/v1/tenants/{tenant}/timers/bulk",
@@ -162,6 +167,7 @@ fn bulk_filter(filter: &serde_json::Map<String, Value>) -> Result<ListParams, Ba
     responses(
         (status = 200, description = "Done", body = BulkOutcome),
         (status = 400, description = "A bad action or filter; `field` names it (`action`, `filter.state`, …)", body = ErrorBody),
+        (status = 408, description = "`timeout`: the body did not arrive within `http.request_timeout`", body = ErrorBody),
         (status = 409, description = "`bulk_running`: a bulk action of this tenant is running (one at a time per tenant)", body = ErrorBody),
     )
 )]
@@ -226,4 +232,33 @@ pub async fn bulk(
         pages: bulk.pages,
         outcomes: bulk.outcomes,
     }))
+}
+
+/// Reads a request's whole body within `deadline` (`http.request_timeout`) before its handler
+/// runs, for a route without a request timeout: a client that sends its body a byte at a time
+/// would otherwise hold a connection (of `http.max_connections`) for as long as it likes.
+pub async fn body_in_time(
+    State(deadline): State<Duration>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let (parts, body) = request.into_parts();
+    // Under the route's body limit: one over it is refused as 413, as on every route.
+    let read = Bytes::from_request(Request::from_parts(parts.clone(), body), &());
+    match tokio::time::timeout(deadline, read).await {
+        Ok(Ok(bytes)) => {
+            next.run(Request::from_parts(parts, Body::from(bytes)))
+                .await
+        }
+        Ok(Err(refused)) => refused.into_response(),
+        Err(_) => ApiError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "timeout",
+            format!(
+                "the request body did not arrive within {} (http.request_timeout)",
+                humantime::format_duration(deadline)
+            ),
+        )
+        .into_response(),
+    }
 }

@@ -40,7 +40,7 @@ use tower_http::limit::RequestBodyLimitLayer;
 use tower_http::timeout::TimeoutLayer;
 use tower_http::trace::TraceLayer;
 use utoipa::OpenApi as _;
-use utoipa_axum::router::{OpenApiRouter, UtoipaMethodRouterExt};
+use utoipa_axum::router::{OpenApiRouter, UtoipaMethodRouter, UtoipaMethodRouterExt};
 use utoipa_axum::routes;
 
 use crate::config::Config;
@@ -86,8 +86,9 @@ pub fn routes(
         // The event stream lives as long as the client wants, so it has no request timeout.
         .layer(timeout())
         .routes(routes!(events::events))
-        // A bulk action runs to its end, page after page, however long that takes.
-        .routes(routes!(bulk::bulk).layer(limited(body_limit)))
+        // A bulk action runs to its end, page after page, however long that takes; its body
+        // arrives in time.
+        .routes(bulk_route(config, body_limit))
         // Inside the guard: a caller without access learns nothing of what the ids may be.
         .layer(axum::middleware::from_fn_with_state(
             Arc::new(config.limits.clone()),
@@ -120,6 +121,15 @@ pub fn routes(
         .layer(axum::middleware::map_response(json_payload_too_large))
         .layer(TraceLayer::new_for_http());
     (router, document)
+}
+
+/// The bulk route: no request timeout (the action runs to its end), but its body, under the
+/// body limit, must arrive within `http.request_timeout`.
+fn bulk_route(config: &Config, body_limit: usize) -> UtoipaMethodRouter<AppState> {
+    let in_time: UtoipaMethodRouter<AppState> = routes!(bulk::bulk).layer(
+        axum::middleware::from_fn_with_state(config.http.request_timeout, bulk::body_in_time),
+    );
+    in_time.layer(RequestBodyLimitLayer::new(body_limit))
 }
 
 pub fn router(state: AppState, config: &Config) -> Router {
