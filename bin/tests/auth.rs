@@ -390,6 +390,15 @@ async fn a_key_for_some_tenants_cannot_touch_another_on_any_route() {
             .any(|l| l.contains("api write") && l.contains("ops") && l.contains("created")),
         "ops's schedule is audited:\n{log}"
     );
+    // A refused schedule names the tenant and timer its body named.
+    let refused = log
+        .lines()
+        .find(|l| l.contains("api write") && l.contains("team-a") && l.contains("b-2"))
+        .unwrap_or_else(|| panic!("no audit line of team-a's schedule of b-2 in:\n{log}"));
+    assert!(
+        refused.contains("bravo") && refused.contains("schedule") && refused.contains("403"),
+        "{refused}"
+    );
 }
 
 /// The tenant of each event `log` received so far.

@@ -10,7 +10,7 @@ use serde::Serialize;
 use timer_core::ErrorKind;
 use utoipa::ToSchema;
 
-use crate::http::auth::{tenant_named, Principal, Tenants};
+use crate::http::auth::{tenant_named, Named, Principal, Tenants};
 use crate::http::error::{ApiError, ErrorBody};
 use crate::http::state::{trace_headers, AppState};
 use crate::http::views::Outcome;
@@ -45,6 +45,16 @@ pub async fn send_command(
     State(app): State<AppState>,
     Extension(caller): Extension<Principal>,
     headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let named = Named::of_command(&body);
+    named.on(queue_command(app, caller, &headers, body).await)
+}
+
+async fn queue_command(
+    app: AppState,
+    caller: Principal,
+    headers: &HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
     if body.iter().all(u8::is_ascii_whitespace) {

@@ -9,7 +9,7 @@ use timer_core::{
     CancelOutcome, Reason, ScheduleOutcome, Scheduled, Timer, TimerKey, TimerState, Timestamp,
 };
 
-use crate::http::auth::Principal;
+use crate::http::auth::{Named, Principal};
 use crate::http::error::{ApiError, ErrorBody, ErrorDetail};
 use crate::http::params::timer_parameters;
 use crate::http::state::{trace_headers, AppState, PathTimer, TenantPath, TimerPath};
@@ -47,9 +47,19 @@ pub async fn schedule(
     Extension(caller): Extension<Principal>,
     headers: HeaderMap,
     body: Bytes,
+) -> Response {
+    let named = Named::of_command(&body);
+    named.on(schedule_command(app, caller, &headers, &body).await)
+}
+
+async fn schedule_command(
+    app: AppState,
+    caller: Principal,
+    headers: &HeaderMap,
+    body: &Bytes,
 ) -> Result<Response, ApiError> {
-    caller.need_tenant_of(&body)?;
-    let timer = app.engine.admit_schedule(&body, &trace_headers(&headers))?;
+    caller.need_tenant_of(body)?;
+    let timer = app.engine.admit_schedule(body, &trace_headers(headers))?;
     caller.need_tenant(&timer.key.tenant_id, Some("tenantId"))?;
     app.engine.within_rate(std::slice::from_ref(&timer)).await?;
     let key = timer.key.clone();

@@ -9,7 +9,7 @@ use axum::http::{header, HeaderValue, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
-use super::{reads, rule, Auth, Forbidden, Principal, Rule};
+use super::{reads, rule, Auth, Forbidden, Named, Principal, Rule};
 use crate::http::error::ApiError;
 
 /// The middleware on every API route: authenticates, applies the route's [`Rule`], passes the
@@ -166,13 +166,16 @@ async fn audit(
             .and_then(|o| o.as_str())
             .map(str::to_owned)
     });
-    // The tenant of `POST /v1/timers` is in its body; the answer names it.
-    let tenant = tenant.or_else(|| {
+    // The tenant and id of `POST /v1/timers` and `/v1/commands` are in their bodies: the
+    // handler names them, refused or not.
+    let named = parts.extensions.get::<Named>().cloned().unwrap_or_default();
+    let tenant = tenant.or(named.tenant).or_else(|| {
         json.as_ref()
             .and_then(|v| v.pointer("/timer/tenantId"))
             .and_then(|t| t.as_str())
             .map(str::to_owned)
     });
+    let id = id.or(named.id);
     tracing::info!(
         target: "timer_service::audit",
         key = %key,

@@ -127,12 +127,33 @@ impl Principal {
 
 /// The `tenantId` a command's JSON names, read alone (nothing else of it is checked).
 pub fn tenant_named(body: &[u8]) -> Option<String> {
-    #[derive(serde::Deserialize)]
-    struct Named {
-        #[serde(rename = "tenantId")]
-        tenant_id: Option<String>,
+    Named::of_command(body).tenant
+}
+
+/// The tenant and timer a write's body names (`tenantId`, `serviceCallId`), for its audit
+/// line where the path names none: a handler puts it in its answer's extensions, refused or
+/// not.
+#[derive(Debug, Clone, Default, serde::Deserialize)]
+pub struct Named {
+    #[serde(rename = "tenantId")]
+    pub tenant: Option<String>,
+    #[serde(rename = "serviceCallId")]
+    pub id: Option<String>,
+}
+
+impl Named {
+    /// What a command's JSON names, read alone (nothing else of it is checked); nothing for a
+    /// body that is not such JSON.
+    pub fn of_command(body: &[u8]) -> Named {
+        serde_json::from_slice(body).unwrap_or_default()
     }
-    serde_json::from_slice::<Named>(body).ok()?.tenant_id
+
+    /// `answer` with these names for its audit line.
+    pub fn on(self, answer: impl axum::response::IntoResponse) -> axum::response::Response {
+        let mut response = answer.into_response();
+        response.extensions_mut().insert(self);
+        response
+    }
 }
 
 /// A refusal: 403 `forbidden`, naming the field of the body it is about.
