@@ -5,6 +5,7 @@ use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
+use timer_core::policy::fire_time;
 use timer_core::{
     CancelOutcome, Reason, ScheduleOutcome, Scheduled, Timer, TimerKey, TimerState, Timestamp,
 };
@@ -195,9 +196,19 @@ pub fn next_occurrences(timer: &Timer, now: Timestamp, n: usize) -> Vec<Occurren
     let Ok(schedule) = recurrence.schedule() else {
         return Vec::new();
     };
+    // With a jitter, the occurrences (cron times) each fire at their own offset: the due time
+    // is the next one's fire time, `work.nominal` its cron time.
+    let policy = timer.policy.as_ref();
+    let nominal = timer
+        .work
+        .as_ref()
+        .and_then(|w| w.nominal)
+        .filter(|_| policy.is_some_and(|p| p.jitter.is_some()))
+        .unwrap_or(timer.due_at);
     schedule
-        .upcoming(timer.due_at, timer.occurrences, now, n)
+        .upcoming(nominal, timer.occurrences, now, n)
         .into_iter()
+        .map(|at| fire_time(&timer.key, at, policy))
         .map(|at| Occurrence {
             utc: at.to_rfc3339(),
             local: schedule.local_rfc3339(at),
@@ -224,4 +235,68 @@ pub async fn cancel_timer_bulk(
     Path(TenantPath { tenant }): Path<TenantPath>,
 ) -> Result<Json<Outcome>, ApiError> {
     cancel_timer(State(app), PathTimer(TimerKey::new(tenant, BULK_ID))).await
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use timer_core::policy::{Policy, Work};
+    use timer_core::Recurrence;
+
+    use super::*;
+
+    /// A jittered series lists each coming occurrence at its own fire time (cron time plus its
+    /// offset), as it will fire, not the cron times after the first.
+    #[test]
+    fn next_occurrences_of_a_jittered_series_are_fire_times() {
+        let hour = 3_600_000;
+        let nominal = Timestamp::from_millis(1_800_000_000_000 / hour * hour);
+        let key = TimerKey::new("acme", "report");
+        let policy = Policy {
+            jitter: Some(Duration::from_secs(1_800)),
+            ..Policy::default()
+        };
+        let timer = Timer {
+            key: key.clone(),
+            due_at: fire_time(&key, nominal, Some(&policy)),
+            state: TimerState::Scheduled,
+            registered_at: nominal,
+            reached_at: None,
+            correlation_id: None,
+            payload: None,
+            attempts: 0,
+            last_error: None,
+            lease_owner: None,
+            available_at: nominal,
+            recurrence: Some(Recurrence {
+                cron: "0 * * * *".into(),
+                time_zone: "UTC".into(),
+                end_at: None,
+                max_occurrences: None,
+            }),
+            occurrences: 0,
+            policy: Some(policy.clone()),
+            work: Some(Work {
+                nominal: Some(nominal),
+                ..Work::default()
+            }),
+            target: None,
+            message: None,
+            trace: None,
+        };
+        let got: Vec<String> = next_occurrences(&timer, nominal, 3)
+            .into_iter()
+            .map(|o| o.utc)
+            .collect();
+        let want: Vec<String> = (0..3)
+            .map(|h| {
+                let at = Timestamp::from_millis(nominal.as_millis() + h * hour);
+                fire_time(&key, at, Some(&policy)).to_rfc3339()
+            })
+            .collect();
+        assert_eq!(got, want);
+        let second = Timestamp::from_millis(nominal.as_millis() + hour).to_rfc3339();
+        assert_ne!(got[1], second, "this key's offset is not 0");
+    }
 }
