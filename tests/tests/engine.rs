@@ -465,6 +465,13 @@ impl DeadLetterGate {
         }
     }
 
+    /// Lets one held dead letter go out.
+    fn let_one(&self) {
+        if let Some(held) = &self.held {
+            held.add_permits(1);
+        }
+    }
+
     /// Lets the held dead letters go out, and every one after them.
     fn release(&self) {
         if let Some(held) = &self.held {
@@ -606,8 +613,11 @@ impl Broker for FaultyBroker {
     async fn dead_letter(&self, body: &[u8], reason: &str) -> Result<()> {
         self.dead_letters.tries.fetch_add(1, Ordering::SeqCst);
         if let Some(held) = &self.dead_letters.held {
-            // No permit is ever added: this returns once the gate is closed (released).
-            let _released = held.acquire().await;
+            // Returns once a permit is added (`let_one`: each lets one dead letter go), or the
+            // gate is closed (`release`: every one goes).
+            if let Ok(permit) = held.acquire().await {
+                permit.forget();
+            }
         }
         if self.dead_letters.refusing.load(Ordering::SeqCst) {
             return Err(Error::unavailable("injected: dead letters refused"));
@@ -3358,6 +3368,61 @@ async fn a_target_the_rules_refuse_now_is_given_up_at_its_fire_not_sent() {
         "only the allowed target got an event: {sent:?}"
     );
     assert_eq!(sent[0].queue.as_deref(), Some("t.orders"));
+    second.shutdown.cancel();
+}
+
+/// The give-ups of one batch send their dead letters together: the first alone (when the
+/// broker refuses it, the others are not tried), then the rest many at a time, not each after
+/// the one before (a narrowed `targets.allow` gives up every stored timer it refuses now).
+#[tokio::test]
+async fn the_give_ups_of_a_batch_send_their_dead_letters_together() {
+    let mut wide = Setup::default();
+    wide.limits.targets.allow = vec!["partners.*".into()];
+    let (store, hub, clock) = (wide.store.clone(), wide.hub.clone(), wide.clock.clone());
+    let first = wide.start();
+    let due = T0.saturating_add(secs(60));
+    let refused: Vec<NewTimer> = (0..20)
+        .map(|i| {
+            let mut t = timer(&format!("g{i:02}"), due);
+            t.target = Some(queue("partners.orders"));
+            t
+        })
+        .collect();
+    first.schedule(&refused).await;
+    first.shutdown.cancel();
+    tokio::time::timeout(WAIT, first.task)
+        .await
+        .expect("engine stops")
+        .expect("no panic");
+
+    let gate = DeadLetterGate::holding();
+    let second = Setup {
+        store: store.clone(),
+        hub: hub.clone(),
+        clock: clock.clone(),
+        dead_letters: gate.clone(),
+        ..Setup::default()
+    }
+    .start();
+    clock.advance(secs(60));
+    assert!(gate.tried(1).await, "the first TimerFailed is on its way");
+    gate.let_one();
+    // The others set out together while none of them goes out.
+    assert!(
+        gate.tried(17).await,
+        "the others wait one after another: {} tried",
+        gate.tries.load(Ordering::SeqCst)
+    );
+    gate.release();
+    let letters = dead_letters(&hub, 20).await.expect("20 TimerFailed");
+    assert_eq!(letters.len(), 20);
+    for i in 0..20 {
+        timer_where(&store, &format!("g{i:02}"), |t| {
+            t.state == TimerState::Failed
+        })
+        .await;
+    }
+    assert!(hub.events().expect("events").is_empty(), "none was sent");
     second.shutdown.cancel();
 }
 

@@ -14,6 +14,9 @@ use crate::model::{ClaimedTimer, Timestamp};
 use crate::store::Settlement;
 use crate::wire::{Rejection, TimerFailedEnvelope};
 
+/// How many `TimerFailed` dead letters of a batch of give-ups are sent at once.
+const DEAD_LETTERS_AT_ONCE: usize = 16;
+
 /// Attempts at settling a fired batch that the store refuses (not merely cannot be reached:
 /// that is waited for, since every claim waits for it too) before its leases are left to
 /// expire (the timers then fire again: a duplicate, never a loss).
@@ -97,27 +100,24 @@ impl Engine {
         let (last, mut retry): (Vec<_>, Vec<_>) = failed
             .into_iter()
             .partition(|(t, _)| max > 0 && t.attempts.saturating_add(1) >= max);
-        // The broker just failed a publish: after the first dead letter that does not go out
-        // either, the rest are retried instead of each waiting out its own deadline.
-        let mut broker_up = true;
-        for (timer, error) in last {
-            let attempts = timer.attempts.saturating_add(1);
-            let reason = format!("max_attempts: publishing failed {attempts} times: {error}");
-            broker_up = broker_up && self.give_up(&timer, &error, &reason).await;
-            if !broker_up {
-                retry.push((timer, error));
-            }
-        }
+        let last = last
+            .into_iter()
+            .map(|(timer, error)| {
+                let attempts = timer.attempts.saturating_add(1);
+                let reason = format!("max_attempts: publishing failed {attempts} times: {error}");
+                (timer, error, reason)
+            })
+            .collect();
+        retry.extend(self.give_up_all(last).await);
         self.retry_later(retry, now, not_before).await;
     }
 
     /// Gives up claims in the firing task (claimed until `held_until`): timers whose work did
     /// not complete within their completion timeouts too often, or whose target `targets`
-    /// refuses now, each with its error. Each waits
-    /// for its dead letter, up to `engine.publish_timeout`, holding its lease meanwhile (as a
-    /// publish does; one that is lost, or fenced, is left to whoever claims it next); after the
-    /// first whose `TimerFailed` does not go out the rest are not tried, and each is retried
-    /// after its backoff, which grows with each such try (its attempts count them). At
+    /// refuses now, each with its error, as [`give_up_all`](Self::give_up_all) does, holding
+    /// their leases meanwhile (as a publish does; when they are lost, or fenced, they are left
+    /// to whoever claims them next). Those whose `TimerFailed` does not go out are retried
+    /// after their backoff, which grows with each such try (their attempts count them). At
     /// shutdown, what is left is given back.
     pub(super) async fn give_up_claimed(
         &self,
@@ -126,42 +126,142 @@ impl Engine {
         fence: &CancellationToken,
         shutdown: &CancellationToken,
     ) {
-        let mut broker_up = true;
-        let mut retry = Vec::new();
-        let mut back = Vec::new();
-        for GivingUp { timer, error, code } in timers {
-            let leased = if !back.is_empty() {
-                Leased::Shutdown
-            } else if !broker_up {
-                // Not tried: the broker just refused one.
-                Leased::Done(false)
-            } else {
+        let claimed: Vec<ClaimedTimer> = timers.iter().map(|g| g.timer.clone()).collect();
+        let giving_up = timers
+            .into_iter()
+            .map(|GivingUp { timer, error, code }| {
                 let reason = format!("{code}: {error}");
-                let one = std::slice::from_ref(&timer);
-                let giving_up = self.give_up(&timer, &error, &reason);
-                self.while_leased(one, held_until, fence, shutdown, giving_up)
-                    .await
-            };
-            match leased {
-                Leased::Done(true) => {}
-                Leased::Done(false) => {
-                    broker_up = false;
-                    let error = format!("{error}; its TimerFailed could not be sent: retried");
-                    retry.push((timer, error));
-                }
-                Leased::Abandoned(why) => {
-                    warn!(timer = %timer.key, why, "giving up a timer stopped; whoever claims it next gives it up");
-                }
-                Leased::Shutdown => back.push(timer),
+                (timer, error, reason)
+            })
+            .collect();
+        let giving_up = self.give_up_all(giving_up);
+        match self
+            .while_leased(&claimed, held_until, fence, shutdown, giving_up)
+            .await
+        {
+            Leased::Done(retry) => {
+                // After the dead letters' waits: the backoff counts from now.
+                let now = self.inner.clock.now();
+                self.retry_later(retry, now, None).await;
+            }
+            Leased::Abandoned(why) => {
+                warn!(
+                    timers = claimed.len(),
+                    why, "giving up timers stopped; whoever claims them next gives them up"
+                );
+            }
+            Leased::Shutdown => {
+                // What was marked Failed stays so; the others are claimable again.
+                let now = self.inner.clock.now();
+                self.give_back(&claimed, now, "releasing timers at shutdown")
+                    .await;
             }
         }
-        // After the dead letters' waits: the backoff counts from now.
-        let now = self.inner.clock.now();
-        self.retry_later(retry, now, None).await;
-        if !back.is_empty() {
-            self.give_back(&back, now, "releasing timers at shutdown")
-                .await;
+    }
+
+    /// Gives up `timers` (each with its error and its dead letter's reason) together: their
+    /// `TimerFailed` dead letters go out [`DEAD_LETTERS_AT_ONCE`] at a time, each within
+    /// `engine.publish_timeout` (the first alone: when the broker refuses it, the others are
+    /// not tried), then those sent become Failed in one write. One by one, a thousand give-ups
+    /// (a narrowed `targets.allow`) cost a thousand round trips to the broker and as many
+    /// commits, in the firing task. Returns those whose dead letter did not go out, each with
+    /// its error, to be retried.
+    pub(super) async fn give_up_all(
+        &self,
+        timers: Vec<(ClaimedTimer, String, String)>,
+    ) -> Vec<(ClaimedTimer, String)> {
+        use futures::StreamExt as _;
+        let inner = &self.inner;
+        let at = inner.clock.now();
+        let broker_down = std::sync::atomic::AtomicBool::new(false);
+        let send = |timer: &ClaimedTimer, error: &str, reason: &str| {
+            let attempts = timer.attempts.saturating_add(1);
+            let envelope = TimerFailedEnvelope::for_timer(timer, at, attempts, error).to_json();
+            let reason = reason.to_owned();
+            let broker_down = &broker_down;
+            async move {
+                if broker_down.load(std::sync::atomic::Ordering::SeqCst) {
+                    return false; // not tried: the broker just refused one
+                }
+                let sent = self
+                    .within_publish_timeout(
+                        "sending TimerFailed",
+                        inner.broker.dead_letter(&envelope, &reason),
+                    )
+                    .await;
+                if let Err(e) = &sent {
+                    broker_down.store(true, std::sync::atomic::Ordering::SeqCst);
+                    warn!(error = %e.chain(), "sending TimerFailed failed; retrying the timers");
+                }
+                sent.is_ok()
+            }
+        };
+        let mut timers = timers.into_iter();
+        let mut sent = Vec::with_capacity(timers.len());
+        if let Some((timer, error, reason)) = timers.next() {
+            let ok = send(&timer, &error, &reason).await;
+            sent.push((timer, error, reason, ok));
         }
+        let send = &send;
+        let rest: Vec<_> = futures::stream::iter(timers)
+            .map(|(timer, error, reason)| async move {
+                let ok = send(&timer, &error, &reason).await;
+                (timer, error, reason, ok)
+            })
+            .buffered(DEAD_LETTERS_AT_ONCE)
+            .collect()
+            .await;
+        sent.extend(rest);
+        let mut failed = Vec::new();
+        let mut retry = Vec::new();
+        for (timer, error, reason, ok) in sent {
+            if ok {
+                failed.push((timer, error, reason));
+            } else {
+                let error = format!("{error}; its TimerFailed could not be sent: retried");
+                retry.push((timer, error));
+            }
+        }
+        if failed.is_empty() {
+            return retry;
+        }
+        let settled: Vec<(ClaimedTimer, Settlement)> = failed
+            .iter()
+            .map(|(timer, error, _)| (timer.clone(), Settlement::Failed(error.clone())))
+            .collect();
+        match self
+            .bounded(inner.store.settle(&settled, &inner.owner, at))
+            .await
+        {
+            Ok(changed) => {
+                self.history_written(changed);
+                ::metrics::counter!(metric::TIMERS_FAILED).increment(changed);
+                for (timer, _, reason) in &failed {
+                    let attempts = timer.attempts.saturating_add(1);
+                    warn!(timer = %timer.key, trace_id = timer.trace_id(), attempts, reason, "timer failed; TimerFailed sent");
+                }
+                if (changed as usize) < failed.len() {
+                    // Some were rescheduled meanwhile (another revision): they live on, their
+                    // dead letters were early. Their leases go back, so they are not "firing"
+                    // until the leases end (the Failed ones have none left to give).
+                    info!(
+                        timers = failed.len() - changed as usize,
+                        "TimerFailed sent, but timers changed meanwhile and stay"
+                    );
+                    let claimed: Vec<ClaimedTimer> =
+                        failed.into_iter().map(|(timer, _, _)| timer).collect();
+                    self.give_back(&claimed, at, "releasing rescheduled timers")
+                        .await;
+                }
+            }
+            Err(e) => {
+                // The dead letters are out but the rows are unchanged: they are claimed again
+                // when their leases expire and tried once more (a publish may still succeed,
+                // so a DueTimeReached can follow a TimerFailed; never a lost timer).
+                warn!(timers = failed.len(), error = %e.chain(), "marking timers failed did not work; they will be tried again");
+            }
+        }
+        retry
     }
 
     /// Releases `retry` for a retry after each one's backoff, not sooner than `not_before` from
@@ -206,49 +306,8 @@ impl Engine {
     /// a `TimerFailed` dead letter with `reason`, then the timer becomes Failed with `error`.
     /// False when the dead letter could not be sent either (the timer is retried instead).
     pub(super) async fn give_up(&self, timer: &ClaimedTimer, error: &str, reason: &str) -> bool {
-        let inner = &self.inner;
-        let at = inner.clock.now();
-        let attempts = timer.attempts.saturating_add(1);
-        let envelope = TimerFailedEnvelope::for_timer(timer, at, attempts, error);
-        let sent = self
-            .within_publish_timeout(
-                "sending TimerFailed",
-                inner.broker.dead_letter(&envelope.to_json(), reason),
-            )
-            .await;
-        if let Err(e) = sent {
-            warn!(timer = %timer.key, trace_id = timer.trace_id(), error = %e.chain(), "sending TimerFailed failed; retrying the timer");
-            return false;
-        }
-        let failed = [(timer.clone(), Settlement::Failed(error.to_owned()))];
-        match self
-            .bounded(inner.store.settle(&failed, &inner.owner, at))
-            .await
-        {
-            Ok(0) => {
-                // Rescheduled meanwhile (another revision): it lives on, the dead letter was
-                // early. Give its lease back so it is not "firing" until the lease ends.
-                info!(timer = %timer.key, trace_id = timer.trace_id(), "TimerFailed sent, but the timer changed meanwhile and stays");
-                self.give_back(
-                    std::slice::from_ref(timer),
-                    at,
-                    "releasing a rescheduled timer",
-                )
-                .await;
-            }
-            Ok(changed) => {
-                self.history_written(changed);
-                ::metrics::counter!(metric::TIMERS_FAILED).increment(1);
-                warn!(timer = %timer.key, trace_id = timer.trace_id(), attempts, reason, "timer failed; TimerFailed sent");
-            }
-            Err(e) => {
-                // The dead letter is out but the row is unchanged: it is claimed again when the
-                // lease expires and its publish tried once more (it may still succeed, so a
-                // DueTimeReached can follow the TimerFailed; never a lost timer).
-                warn!(timer = %timer.key, trace_id = timer.trace_id(), error = %e.chain(), "marking a timer failed did not work; it will be tried again");
-            }
-        }
-        true
+        let one = vec![(timer.clone(), error.to_owned(), reason.to_owned())];
+        self.give_up_all(one).await.is_empty()
     }
 }
 
