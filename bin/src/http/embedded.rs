@@ -83,7 +83,7 @@ async fn queue_command(
              commands to it directly",
         )
     })?;
-    match hub.send_traced(body.to_vec(), trace_headers(&headers)) {
+    match hub.send_traced(body.to_vec(), trace_headers(headers)) {
         Ok(()) => Ok((StatusCode::ACCEPTED, Json(Outcome { outcome: "queued" })).into_response()),
         // Full (broker.max_queued, max_queued_bytes, max_queued_per_tenant,
         // max_queued_bytes_per_tenant): the engine
