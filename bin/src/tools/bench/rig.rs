@@ -48,9 +48,10 @@ pub(super) struct Preload {
     pub(super) message_bytes: usize,
     /// The engines may send to any target (`targets.allow = ["*"]`), whatever the config says.
     pub(super) any_target: bool,
-    /// The engines may call HTTP targets on 127.0.0.1 (`targets.allow` has
-    /// `http://127.0.0.1`, `webhooks.allow_private_networks = true`), whatever the config says.
-    pub(super) calls_to_loopback: bool,
+    /// The engines may call HTTP targets on 127.0.0.1 at this port (`targets.allow` has
+    /// `http://127.0.0.1:<port>`, `webhooks.allow_private_networks = true`), whatever the
+    /// config says.
+    pub(super) calls_to_loopback: Option<u16>,
 }
 
 /// The tenant the list workload fills.
@@ -179,8 +180,9 @@ pub(super) async fn start_rig_with(
             tenants: Default::default(),
         };
     }
-    if load.calls_to_loopback {
-        limits.targets.allow.push("http://127.0.0.1".into());
+    if let Some(port) = load.calls_to_loopback {
+        // Checked at each fire too: the receiver's origin, port and all.
+        limits.targets.allow.push(format!("http://127.0.0.1:{port}"));
     }
     let mut engines = Vec::new();
     for store in stores {
@@ -193,7 +195,7 @@ pub(super) async fn start_rig_with(
             limits.clone(),
         )
         .with_release(crate::server::this_release())?;
-        let engine = if load.calls_to_loopback {
+        let engine = if load.calls_to_loopback.is_some() {
             crate::plugins::with_loopback_caller(engine, config)?
         } else {
             crate::plugins::with_caller(engine, config)?

@@ -39,7 +39,7 @@ pub(super) async fn webhook_run(config: &Config, n: usize, over: Duration) -> an
         config,
         1,
         Preload {
-            calls_to_loopback: true,
+            calls_to_loopback: Some(port),
             ..Preload::default()
         },
     )
