@@ -184,6 +184,14 @@ async fn a_key_for_some_tenants_cannot_touch_another_on_any_route() {
             "/v1/timers",
             Some(json!({"tenantId": "bravo", "serviceCallId": ""})),
         ),
+        // The same as an envelope: the tenant inside its payload, as the decoder reads it.
+        (
+            Method::POST,
+            "/v1/timers",
+            Some(
+                json!({"type": "ScheduleTimer", "payload": {"tenantId": "bravo", "serviceCallId": "b-7", "dueTimeMs": far(), "target": {"queue": "partners.orders"}}}),
+            ),
+        ),
         (Method::GET, "/v1/events?tenant=bravo", None),
         (
             Method::POST,
@@ -209,7 +217,7 @@ async fn a_key_for_some_tenants_cannot_touch_another_on_any_route() {
 
     // A batch with one item of another tenant is refused whole, naming that item (also where
     // the item itself is refused: its tenant comes first).
-    let bravo = json!({"tenantId": "bravo", "serviceCallId": "b-5", "dueTimeMs": far(), "target": {"queue": "partners.orders"}});
+    let bravo = json!({"type": "ScheduleTimer", "payload": {"tenantId": "bravo", "serviceCallId": "b-5", "dueTimeMs": far(), "target": {"queue": "partners.orders"}}});
     let batch = json!({"commands": [timer("alpha", "a-2", far()), bravo]});
     let (status, answer) = call(
         &service,

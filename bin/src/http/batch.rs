@@ -89,14 +89,11 @@ pub async fn schedule_batch(
     // A tenant the key may not use refuses the whole batch, as a refused item does; asked
     // before the commands are checked, so their refusals tell nothing of another tenant.
     let limited = caller.tenants != Tenants::All;
-    let forbidden: Vec<RejectedItem> = batch
-        .commands
-        .iter()
-        .enumerate()
-        .filter(|_| limited)
-        .filter_map(|(i, item)| {
-            let tenant = tenant_named(item.get().as_bytes())?;
-            (!caller.may_use(&tenant)).then(|| RejectedItem {
+    let forbidden_of = |named: Vec<(usize, String)>| -> Vec<RejectedItem> {
+        named
+            .into_iter()
+            .filter(|(_, tenant)| !caller.may_use(tenant))
+            .map(|(i, tenant)| RejectedItem {
                 index: i,
                 error: ErrorDetail::new(
                     "forbidden",
@@ -104,33 +101,42 @@ pub async fn schedule_batch(
                     &format!("key {:?} may not use tenant {tenant:?}", caller.name),
                 ),
             })
-        })
+            .collect()
+    };
+    let named = batch
+        .commands
+        .iter()
+        .enumerate()
+        .filter(|_| limited)
+        .filter_map(|(i, item)| Some((i, tenant_named(item.get().as_bytes())?)))
         .collect();
-    if let Some(first) = forbidden.first() {
-        let message = format!(
-            "{} of {} commands name a tenant this key may not use, nothing was written; the \
-             first: {}",
-            forbidden.len(),
-            batch.commands.len(),
-            first.error.message
-        );
-        let field = first.error.field.clone().unwrap_or_default();
-        return Err(ApiError::new(StatusCode::FORBIDDEN, "forbidden", message)
-            .field(field)
-            .rejected(forbidden));
+    let forbidden = forbidden_of(named);
+    if !forbidden.is_empty() {
+        return Err(refused_whole(forbidden, batch.commands.len()));
     }
     let mut timers: Vec<NewTimer> = Vec::with_capacity(batch.commands.len());
+    let mut admitted: Vec<usize> = Vec::with_capacity(batch.commands.len());
     let mut refused: Vec<(usize, Rejection)> = Vec::new();
     for (i, item) in batch.commands.iter().enumerate() {
         match app.engine.admit_schedule(item.get().as_bytes(), &trace) {
-            Ok(timer) => timers.push(timer),
+            Ok(timer) => {
+                timers.push(timer);
+                admitted.push(i);
+            }
             Err(r) => refused.push((i, r)),
         }
     }
-    // A tenant the key may not use, read by the check (escapes, …) where the first read
-    // found none.
-    if let Some(timer) = timers.iter().find(|t| !caller.may_use(&t.key.tenant_id)) {
-        caller.need_tenant(&timer.key.tenant_id, Some("tenantId"))?;
+    // A tenant the key may not use that the first read did not find (it reads as the
+    // decoder does; this is the decoder's word): refused the same way.
+    let named = admitted
+        .iter()
+        .zip(&timers)
+        .filter(|_| limited)
+        .map(|(i, t)| (*i, t.key.tenant_id.clone()))
+        .collect();
+    let forbidden = forbidden_of(named);
+    if !forbidden.is_empty() {
+        return Err(refused_whole(forbidden, batch.commands.len()));
     }
     if let Some((first, r)) = refused.first() {
         let field = item_field(*first, r.field.as_deref());
@@ -204,4 +210,24 @@ pub struct BatchRefused {
 pub struct Batch {
     /// Up to `limits.max_batch` (default 1,000).
     pub commands: Vec<ScheduleTimer>,
+}
+
+/// 403 for a batch with commands of tenants the key may not use (`forbidden`, not empty):
+/// nothing of it is written.
+fn refused_whole(forbidden: Vec<RejectedItem>, commands: usize) -> ApiError {
+    let (message, field) = match forbidden.first() {
+        Some(first) => (
+            format!(
+                "{} of {commands} commands name a tenant this key may not use, nothing was \
+                 written; the first: {}",
+                forbidden.len(),
+                first.error.message
+            ),
+            first.error.field.clone().unwrap_or_default(),
+        ),
+        None => (String::new(), String::new()),
+    };
+    ApiError::new(StatusCode::FORBIDDEN, "forbidden", message)
+        .field(field)
+        .rejected(forbidden)
 }

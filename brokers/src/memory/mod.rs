@@ -225,21 +225,7 @@ impl HubState {
 /// The `tenantId` a command names, read as the engine will (a command without one, or not
 /// JSON, is refused there; here it only counts).
 fn tenant_of(body: &[u8]) -> Option<Arc<str>> {
-    #[derive(Deserialize)]
-    struct Named<'a> {
-        #[serde(rename = "tenantId", borrow)]
-        tenant_id: Option<std::borrow::Cow<'a, str>>,
-        /// An envelope command's (`{"type": ..., "payload": {"tenantId": ...}}`).
-        #[serde(borrow)]
-        payload: Option<&'a serde_json::value::RawValue>,
-    }
-    let named: Named = serde_json::from_slice(body).ok()?;
-    let tenant = match (named.tenant_id, named.payload) {
-        (Some(tenant), _) => tenant,
-        (None, Some(payload)) => serde_json::from_str::<Named>(payload.get()).ok()?.tenant_id?,
-        (None, None) => return None,
-    };
-    Some(Arc::from(tenant.as_ref()))
+    timer_core::wire::addressed(body).tenant_id.map(Arc::from)
 }
 
 impl MemoryHub {

@@ -257,3 +257,79 @@ pub fn decode_command(bytes: &[u8], limits: &Limits, now: Timestamp) -> Result<C
         _ => validate(command, prefix, limits, now).map(Command::Schedule),
     }
 }
+
+/// Whom a command is for: its tenant and service call id as [`decode_command`] reads them (an
+/// envelope's from its `payload`, the tenant from the envelope where the payload gives none),
+/// with nothing else of it read or checked. `None` for what a body that is not such JSON does
+/// not give.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Addressed {
+    pub tenant_id: Option<String>,
+    pub service_call_id: Option<String>,
+}
+
+/// [`Addressed`] of a command's bytes: asked before the command is checked (the HTTP API
+/// refuses a key another tenant's command before that tenant's rules answer, and audits whom
+/// a refused command was for).
+pub fn addressed(bytes: &[u8]) -> Addressed {
+    #[derive(Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Names<'a> {
+        #[serde(rename = "type", default)]
+        kind: Option<serde::de::IgnoredAny>,
+        #[serde(default)]
+        tenant_id: Option<String>,
+        #[serde(default)]
+        service_call_id: Option<String>,
+        #[serde(borrow, default)]
+        payload: Option<&'a RawValue>,
+    }
+    let Ok(outer) = serde_json::from_slice::<Names>(bytes) else {
+        return Addressed::default();
+    };
+    // An envelope, as `decode_command` tells one: `type` given, no `serviceCallId` beside it.
+    let inner = match (&outer.kind, &outer.service_call_id, outer.payload) {
+        (Some(_), None, Some(payload)) => serde_json::from_str::<Names>(payload.get()).ok(),
+        _ => None,
+    };
+    match inner {
+        Some(inner) => Addressed {
+            tenant_id: outer.tenant_id.or(inner.tenant_id),
+            service_call_id: inner.service_call_id,
+        },
+        None => Addressed {
+            tenant_id: outer.tenant_id,
+            service_call_id: outer.service_call_id,
+        },
+    }
+}
+
+#[cfg(test)]
+mod addressed_tests {
+    use super::*;
+
+    #[test]
+    fn a_command_is_addressed_as_the_decoder_reads_it() {
+        let plain = br#"{"tenantId":"acme","serviceCallId":"a","dueInMs":1}"#;
+        assert_eq!(
+            addressed(plain),
+            Addressed {
+                tenant_id: Some("acme".into()),
+                service_call_id: Some("a".into()),
+            }
+        );
+        // An envelope: the names inside its payload; the envelope's tenant where it gives one.
+        let envelope =
+            br#"{"type":"ScheduleTimer","payload":{"tenantId":"b\u0061d","serviceCallId":"x"}}"#;
+        assert_eq!(addressed(envelope).tenant_id.as_deref(), Some("bad"));
+        assert_eq!(addressed(envelope).service_call_id.as_deref(), Some("x"));
+        let outer = br#"{"type":"CancelTimer","tenantId":"acme","payload":{"serviceCallId":"x"}}"#;
+        assert_eq!(addressed(outer).tenant_id.as_deref(), Some("acme"));
+        // Not an envelope: `serviceCallId` beside `type` (the payload is the timer's own).
+        let own = br#"{"type":"ScheduleTimer","tenantId":"acme","serviceCallId":"a","payload":{"tenantId":"other"}}"#;
+        assert_eq!(addressed(own).tenant_id.as_deref(), Some("acme"));
+        for junk in [&b"[1]"[..], b"not json", br#"{"tenantId":5}"#] {
+            assert_eq!(addressed(junk), Addressed::default());
+        }
+    }
+}

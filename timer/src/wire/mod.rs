@@ -9,7 +9,7 @@ mod validate;
 #[cfg(test)]
 mod doc_tests;
 
-pub use decode::{decode_command, decode_schedule, Command};
+pub use decode::{addressed, decode_command, decode_schedule, Addressed, Command};
 pub use events::{
     event_id, manual_event_id, refired_event_id, DueTimeReached, DueTimeReachedEnvelope, Envelope,
     TimerFailed, TimerFailedEnvelope, MANUAL_TRIGGER, TIMER_FAILED,

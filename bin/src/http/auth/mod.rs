@@ -125,27 +125,30 @@ impl Principal {
     }
 }
 
-/// The `tenantId` a command's JSON names, read alone (nothing else of it is checked).
+/// The tenant a command names, read alone as the decoder reads it (nothing else of it is
+/// checked).
 pub fn tenant_named(body: &[u8]) -> Option<String> {
-    Named::of_command(body).tenant
+    timer_core::wire::addressed(body).tenant_id
 }
 
 /// The tenant and timer a write's body names (`tenantId`, `serviceCallId`), for its audit
 /// line where the path names none: a handler puts it in its answer's extensions, refused or
 /// not.
-#[derive(Debug, Clone, Default, serde::Deserialize)]
+#[derive(Debug, Clone, Default)]
 pub struct Named {
-    #[serde(rename = "tenantId")]
     pub tenant: Option<String>,
-    #[serde(rename = "serviceCallId")]
     pub id: Option<String>,
 }
 
 impl Named {
-    /// What a command's JSON names, read alone (nothing else of it is checked); nothing for a
-    /// body that is not such JSON.
+    /// What a command names, read alone as the decoder reads it (an envelope's from its
+    /// `payload`; nothing else of it is checked); nothing for a body that is not such JSON.
     pub fn of_command(body: &[u8]) -> Named {
-        serde_json::from_slice(body).unwrap_or_default()
+        let addressed = timer_core::wire::addressed(body);
+        Named {
+            tenant: addressed.tenant_id,
+            id: addressed.service_call_id,
+        }
     }
 
     /// `answer` with these names for its audit line.

@@ -182,7 +182,10 @@ pub(super) async fn start_rig_with(
     }
     if let Some(port) = load.calls_to_loopback {
         // Checked at each fire too: the receiver's origin, port and all.
-        limits.targets.allow.push(format!("http://127.0.0.1:{port}"));
+        limits
+            .targets
+            .allow
+            .push(format!("http://127.0.0.1:{port}"));
     }
     let mut engines = Vec::new();
     for store in stores {
