@@ -1677,6 +1677,30 @@ async fn batch_schedules_all_or_refuses_naming_the_item() {
     service.terminate().await;
 }
 
+/// A batch of several megabytes, within `limits.max_batch_bytes` (16 MiB by default), is taken:
+/// no other limit of the HTTP stack (axum's default of 2 MiB a body) stands before it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_of_several_megabytes_within_its_limit_is_taken() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let env = embedded(dir.path(), &[]);
+    let service = Service::start(Path::new(BIN), dir.path(), &env).await;
+    let far = now_ms() + 3_600_000;
+    let pad = "x".repeat(60_000);
+    let items: Vec<String> = (0..50)
+        .map(|i| {
+            json!({"tenantId": "acme", "serviceCallId": format!("big-{i}"), "dueTimeMs": far,
+                   "payload": {"pad": pad}})
+            .to_string()
+        })
+        .collect();
+    let body = batch_body(&items);
+    assert!(body.len() > 3_000_000, "{} bytes", body.len());
+    let (status, v) = service.post("/v1/timers/batch", body).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["results"].as_array().map(Vec::len), Some(50), "{v}");
+    service.terminate().await;
+}
+
 /// `GET .../timers/{id}?next=N` adds the coming fire times, in UTC and in the series' zone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn next_occurrences_of_a_series_and_a_one_shot_timer() {

@@ -114,6 +114,9 @@ pub fn routes(
         .layer(timeout());
     let (router, document) = api.merge(open).split_for_parts();
     let router = router
+        // The limits are these layers' (`limits.*_bytes`): axum's own default of 2 MiB a body
+        // refused batches far below `limits.max_batch_bytes`.
+        .layer(axum::extract::DefaultBodyLimit::disable())
         // No route takes a body larger than this; the routes that read one have their own.
         .layer(limited(body_limit.max(batch_limit)))
         // Outside the limit, so its own answer to a too-large Content-Length (plain text) also
