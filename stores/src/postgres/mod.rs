@@ -81,19 +81,22 @@ impl Dialect for PostgresStore {
     const LOCK_FOR_WRITE: Option<&'static str> = None;
     // A claim locks the row too: it and the action are ordered.
     const LOCK_ROW: &'static str = " FOR UPDATE";
-    // The history goes in the same statement (timer_history has no foreign key: migration 0005).
     // Rows another transaction holds (a retry, a completion) are skipped, and what is deleted
     // is checked again: a row that stopped being finished while the purge ran stays. (The
     // outer DELETE alone would delete a new version of a row it found by its old one.)
-    const PURGE: &'static str = "WITH gone AS (DELETE FROM timers t USING (SELECT tenant_id, \
+    const PURGE: &'static str = "DELETE FROM timers t USING (SELECT tenant_id, \
         service_call_id FROM timers WHERE state <> 0 AND finished_at < $1 LIMIT $2 \
         FOR UPDATE SKIP LOCKED) old \
         WHERE t.tenant_id = old.tenant_id AND t.service_call_id = old.service_call_id \
         AND t.state <> 0 AND t.finished_at < $1 \
-        RETURNING t.tenant_id, t.service_call_id), \
-        history AS (DELETE FROM timer_history h USING gone \
-        WHERE h.tenant_id = gone.tenant_id AND h.service_call_id = gone.service_call_id) \
-        SELECT 1 FROM gone";
+        RETURNING t.tenant_id, t.service_call_id";
+    // timer_history has no foreign key (migration 0005). A statement of its own: one in the
+    // purge's statement would not see the entry of a completion that committed after the purge
+    // began, before it reached the row (it would outlive its timer).
+    const PURGE_HISTORY: Option<&'static str> = Some(
+        "DELETE FROM timer_history h USING jsonb_to_recordset($1::jsonb) AS gone(t TEXT, i TEXT) \
+         WHERE h.tenant_id = gone.t AND h.service_call_id = gone.i",
+    );
 
     fn retryable(e: &sqlx::Error) -> bool {
         match e {

@@ -67,9 +67,15 @@ pub(crate) trait Dialect {
     /// the database needs one to order the action and a concurrent claim (PostgreSQL: ` FOR
     /// UPDATE`; SQLite's write transaction already excludes every other writer).
     const LOCK_ROW: &'static str;
-    /// `purge`: deletes finished rows and their history; a row for each timer deleted.
-    /// Parameters: 1 finished before, 2 the limit.
+    /// `purge`: deletes finished rows (and their history, unless [`Self::PURGE_HISTORY`]
+    /// does); a row for each timer deleted, with its `tenant_id` and `service_call_id` when
+    /// `PURGE_HISTORY` needs them. Parameters: 1 finished before, 2 the limit.
     const PURGE: &'static str;
+    /// The history of what `PURGE` deleted, in a statement of its own in the same transaction
+    /// (its snapshot then sees the history a transaction that committed while `PURGE` ran
+    /// wrote); parameter 1 the deleted keys as JSON, `[{"t": tenant, "i": id}, ...]`. `None`:
+    /// `PURGE` deletes it (SQLite: a foreign key cascades).
+    const PURGE_HISTORY: Option<&'static str>;
     /// The first statement of a transaction that reads and then writes, if the database needs
     /// one to take its write lock up front. SQLite: a write that changes nothing, so the
     /// transaction waits `store.busy_timeout` for another process's write lock; a transaction

@@ -162,12 +162,32 @@ statements! {
     }
 
     pub(crate) async fn purge(&self, older_than: Timestamp, limit: usize) -> Result<u64> {
-        let gone = sqlx::query(D::PURGE)
+        let err = |e| db_err::<D>("purging finished timers", e);
+        let purge = sqlx::query(D::PURGE)
             .bind(older_than.as_millis())
-            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-            .fetch_all(self.pool)
-            .await
-            .map_err(|e| db_err::<D>("purging finished timers", e))?;
+            .bind(i64::try_from(limit).unwrap_or(i64::MAX));
+        let Some(history) = D::PURGE_HISTORY else {
+            return Ok(purge.fetch_all(self.pool).await.map_err(err)?.len() as u64);
+        };
+        let mut tx = self.pool.begin().await.map_err(err)?;
+        let gone = purge.fetch_all(&mut *tx).await.map_err(err)?;
+        let keys = gone
+            .iter()
+            .map(|row| {
+                let (t, i): (String, String) =
+                    (row.try_get("tenant_id")?, row.try_get("service_call_id")?);
+                Ok(serde_json::json!({ "t": t, "i": i }))
+            })
+            .collect::<std::result::Result<Vec<_>, sqlx::Error>>()
+            .map_err(err)?;
+        if !keys.is_empty() {
+            sqlx::query(history)
+                .bind(serde_json::Value::Array(keys).to_string())
+                .execute(&mut *tx)
+                .await
+                .map_err(err)?;
+        }
+        tx.commit().await.map_err(err)?;
         Ok(gone.len() as u64)
     }
 }

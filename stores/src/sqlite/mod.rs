@@ -74,6 +74,8 @@ impl Dialect for SqliteStore {
     // The history goes with the timer (ON DELETE CASCADE).
     const PURGE: &'static str = "DELETE FROM timers WHERE rowid IN (SELECT rowid FROM timers \
         WHERE state <> 0 AND finished_at < ?1 LIMIT ?2) RETURNING 1";
+    // The history goes by its foreign key's cascade.
+    const PURGE_HISTORY: Option<&'static str> = None;
 
     /// Every error but a decoding one: a busy or locked database, a full disk, I/O.
     fn retryable(_: &sqlx::Error) -> bool {
