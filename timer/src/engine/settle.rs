@@ -162,68 +162,73 @@ impl Engine {
     /// Gives up `timers` (each with its error and its dead letter's reason) together: their
     /// `TimerFailed` dead letters go out [`DEAD_LETTERS_AT_ONCE`] at a time, each within
     /// `engine.publish_timeout` (the first alone: when the broker refuses it, the others are
-    /// not tried), then those sent become Failed in one write. One by one, a thousand give-ups
-    /// (a narrowed `targets.allow`) cost a thousand round trips to the broker and as many
-    /// commits, in the firing task. Returns those whose dead letter did not go out, each with
-    /// its error, to be retried.
+    /// not tried), and those of each such round that went out become Failed in one write. One
+    /// by one, a thousand give-ups (a narrowed `targets.allow`) cost a thousand round trips to
+    /// the broker and as many commits, in the firing task. Returns those whose dead letter did
+    /// not go out, each with its error, to be retried.
     pub(super) async fn give_up_all(
         &self,
         timers: Vec<(ClaimedTimer, String, String)>,
     ) -> Vec<(ClaimedTimer, String)> {
-        use futures::StreamExt as _;
-        let inner = &self.inner;
-        let at = inner.clock.now();
-        let broker_down = std::sync::atomic::AtomicBool::new(false);
-        let send = |timer: &ClaimedTimer, error: &str, reason: &str| {
-            let attempts = timer.attempts.saturating_add(1);
-            let envelope = TimerFailedEnvelope::for_timer(timer, at, attempts, error).to_json();
-            let reason = reason.to_owned();
-            let broker_down = &broker_down;
-            async move {
-                if broker_down.load(std::sync::atomic::Ordering::SeqCst) {
-                    return false; // not tried: the broker just refused one
-                }
-                let sent = self
-                    .within_publish_timeout(
-                        "sending TimerFailed",
-                        inner.broker.dead_letter(&envelope, &reason),
-                    )
-                    .await;
-                if let Err(e) = &sent {
-                    broker_down.store(true, std::sync::atomic::Ordering::SeqCst);
-                    warn!(error = %e.chain(), "sending TimerFailed failed; retrying the timers");
-                }
-                sent.is_ok()
-            }
-        };
-        let mut timers = timers.into_iter();
-        let mut sent = Vec::with_capacity(timers.len());
-        if let Some((timer, error, reason)) = timers.next() {
-            let ok = send(&timer, &error, &reason).await;
-            sent.push((timer, error, reason, ok));
-        }
-        let send = &send;
-        let rest: Vec<_> = futures::stream::iter(timers)
-            .map(|(timer, error, reason)| async move {
-                let ok = send(&timer, &error, &reason).await;
-                (timer, error, reason, ok)
-            })
-            .buffered(DEAD_LETTERS_AT_ONCE)
-            .collect()
-            .await;
-        sent.extend(rest);
-        let mut failed = Vec::new();
+        let at = self.inner.clock.now();
         let mut retry = Vec::new();
-        for (timer, error, reason, ok) in sent {
-            if ok {
-                failed.push((timer, error, reason));
-            } else {
-                let error = format!("{error}; its TimerFailed could not be sent: retried");
-                retry.push((timer, error));
+        let mut timers = timers.into_iter().peekable();
+        let mut round = 1;
+        while timers.peek().is_some() {
+            let these: Vec<_> = timers.by_ref().take(round).collect();
+            round = DEAD_LETTERS_AT_ONCE;
+            if !retry.is_empty() {
+                // Not tried: the broker just refused one.
+                retry.extend(
+                    these
+                        .into_iter()
+                        .map(|(timer, error, _)| (timer, not_sent(error))),
+                );
+                continue;
             }
+            let sent = futures::future::join_all(these.into_iter().map(|giving_up| async {
+                let sent = self.send_timer_failed(&giving_up, at).await;
+                (giving_up, sent)
+            }))
+            .await;
+            let (sent, refused): (Vec<_>, Vec<_>) = sent.into_iter().partition(|(_, sent)| *sent);
+            retry.extend(
+                refused
+                    .into_iter()
+                    .map(|((timer, error, _), _)| (timer, not_sent(error))),
+            );
+            self.mark_failed(sent.into_iter().map(|(g, _)| g).collect(), at)
+                .await;
         }
+        retry
+    }
+
+    /// Sends the `TimerFailed` of a timer given up at `at` (with its error and the dead letter's
+    /// reason), within `engine.publish_timeout`; false when it did not go out.
+    async fn send_timer_failed(
+        &self,
+        (timer, error, reason): &(ClaimedTimer, String, String),
+        at: Timestamp,
+    ) -> bool {
+        let attempts = timer.attempts.saturating_add(1);
+        let envelope = TimerFailedEnvelope::for_timer(timer, at, attempts, error).to_json();
+        let sent = self
+            .within_publish_timeout(
+                "sending TimerFailed",
+                self.inner.broker.dead_letter(&envelope, reason),
+            )
+            .await;
+        if let Err(e) = &sent {
+            warn!(timer = %timer.key, trace_id = timer.trace_id(), error = %e.chain(), "sending TimerFailed failed; retrying the timer");
+        }
+        sent.is_ok()
+    }
+
+    /// Marks Failed, in one write, timers whose `TimerFailed` went out.
+    async fn mark_failed(&self, failed: Vec<(ClaimedTimer, String, String)>, at: Timestamp) {
+        let inner = &self.inner;
         if failed.is_empty() {
-            return retry;
+            return;
         }
         let settled: Vec<(ClaimedTimer, Settlement)> = failed
             .iter()
@@ -261,7 +266,6 @@ impl Engine {
                 warn!(timers = failed.len(), error = %e.chain(), "marking timers failed did not work; they will be tried again");
             }
         }
-        retry
     }
 
     /// Releases `retry` for a retry after each one's backoff, not sooner than `not_before` from
@@ -309,6 +313,11 @@ impl Engine {
         let one = vec![(timer.clone(), error.to_owned(), reason.to_owned())];
         self.give_up_all(one).await.is_empty()
     }
+}
+
+/// The error of a give-up whose `TimerFailed` did not go out: it is retried.
+fn not_sent(error: String) -> String {
+    format!("{error}; its TimerFailed could not be sent: retried")
 }
 
 /// A claim the firing task gives up, and why.
