@@ -160,9 +160,17 @@ pub fn plan(claim: &ClaimedTimer, now: Timestamp, max_attempts: u32) -> Plan {
     }
     let fired = claim.occurrences;
     let fire_time = |n: Timestamp| fire_time(&claim.key, n, policy);
+    // `catchUp: all` fires the latest `catchUpLimit`, but never more than `maxOccurrences`
+    // lets the series fire still (the latest of those, not the first ones after the skips).
+    let left = claim
+        .recurrence
+        .as_ref()
+        .and_then(|r| r.max_occurrences)
+        .map_or(u32::MAX, |max| max.saturating_sub(fired));
     let catch_up_limit = policy
         .and_then(|p| p.catch_up_limit)
         .unwrap_or(DEFAULT_CATCH_UP_LIMIT)
+        .min(left)
         .max(1) as usize;
     // The latest due ones a plan may fire: `catchUp: all`'s limit, else the last one.
     let latest = match policy.and_then(|p| p.catch_up) {

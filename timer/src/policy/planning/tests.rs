@@ -245,3 +245,35 @@ fn an_answer_is_kept_in_the_fired_entry() {
         );
     }
 }
+
+/// `catchUp: all` of a series with `maxOccurrences`: the latest occurrences it may still fire
+/// fire, not a run from the middle cut short by the maximum.
+#[test]
+fn catch_up_all_fires_the_latest_the_maximum_leaves() {
+    let three = Recurrence {
+        cron: "* * * * * *".into(),
+        time_zone: "UTC".into(),
+        end_at: None,
+        max_occurrences: Some(3),
+    };
+    let all = Policy {
+        catch_up: Some(CatchUp::All),
+        catch_up_limit: Some(10),
+        ..Policy::default()
+    };
+    let later = |s: u64| T0.saturating_add(std::time::Duration::from_secs(s));
+    let claim = claim(Some(three), Some(all));
+    let Plan::Fire(fire) = plan(&claim, later(49), 0) else {
+        panic!("one fires");
+    };
+    assert_eq!(fire.nominal, later(47), "the first of the latest three");
+    let skipped: Vec<_> = fire
+        .before
+        .iter()
+        .filter_map(|c| match c {
+            Change::Skipped { count, last, .. } => Some((*count, *last)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(skipped, [(47, later(46))]);
+}
