@@ -100,9 +100,10 @@ pub(crate) const MISSING_TTL: std::time::Duration = std::time::Duration::from_se
 /// Most lookups one publish makes at once.
 #[cfg(any(feature = "nats", feature = "rabbitmq", feature = "kafka"))]
 pub(crate) const LOOKUPS_AT_ONCE: usize = 8;
-/// Most destinations one publish looks up: the events for others not known yet are refused
-/// alone (retried), so a tenant that names thousands of destinations does not make every batch
-/// it shares with other tenants wait for thousands of round trips.
+/// Most destinations one publish looks up: the events for others not known yet are left for a
+/// later publish (`Undelivered::deferred`: no attempt counted), so a tenant that names
+/// thousands of destinations does not make every batch it shares with other tenants wait for
+/// thousands of round trips.
 #[cfg(any(feature = "nats", feature = "rabbitmq", feature = "kafka"))]
 pub(crate) const LOOKUPS_PER_PUBLISH: usize = 64;
 /// How many destinations' lookups are kept at most (past it, the stale ones go, then all).
