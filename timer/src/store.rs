@@ -474,6 +474,26 @@ pub trait TimerQueries: Send + Sync {
         limit: usize,
     ) -> Result<Vec<Timer>>;
 
+    /// The keys of [`list`](Self::list)'s page, each with its due time (where the next page
+    /// starts): what a bulk action needs, without reading every timer whole (a page of timers
+    /// with large messages and payloads is hundreds of megabytes).
+    async fn list_keys(
+        &self,
+        tenant: &str,
+        filter: &TimerFilter,
+        after: Option<&PageAfter>,
+        limit: usize,
+    ) -> Result<Vec<PageAfter>> {
+        let page = self.list(tenant, filter, after, limit).await?;
+        Ok(page
+            .into_iter()
+            .map(|t| PageAfter {
+                due_at: t.due_at,
+                service_call_id: t.key.service_call_id,
+            })
+            .collect())
+    }
+
     /// Up to `limit` tenants that have timers, in order, after `after`.
     async fn tenants(&self, after: Option<&str>, limit: usize) -> Result<Vec<String>>;
 

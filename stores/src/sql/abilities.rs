@@ -87,6 +87,18 @@ macro_rules! sql_abilities {
                     .await
             }
 
+            async fn list_keys(
+                &self,
+                tenant: &str,
+                filter: &timer_core::TimerFilter,
+                after: Option<&timer_core::PageAfter>,
+                limit: usize,
+            ) -> timer_core::Result<Vec<timer_core::PageAfter>> {
+                <$store as $crate::sql::SqlAbilities>::reads(self)
+                    .list_keys(tenant, filter, after, limit)
+                    .await
+            }
+
             async fn tenants(
                 &self,
                 after: Option<&str>,

@@ -91,12 +91,52 @@ statements! {
         after: Option<&PageAfter>,
         limit: usize,
     ) -> Result<Vec<Timer>> {
+        let rows = self
+            .list_rows(TIMER_COLUMNS, tenant, filter, after, limit)
+            .await?;
+        rows.iter()
+            .map(|row| TimerRow::<D>::of(row).timer())
+            .collect()
+    }
+
+    /// [`TimerQueries::list_keys`](timer_core::TimerQueries::list_keys): `list`'s statement,
+    /// reading the key and due time of each row only.
+    pub(crate) async fn list_keys(
+        &self,
+        tenant: &str,
+        filter: &TimerFilter,
+        after: Option<&PageAfter>,
+        limit: usize,
+    ) -> Result<Vec<PageAfter>> {
+        let rows = self
+            .list_rows("service_call_id, due_at", tenant, filter, after, limit)
+            .await?;
+        rows.iter()
+            .map(|row| {
+                Ok(PageAfter {
+                    due_at: Timestamp::from_millis(row.try_get("due_at")?),
+                    service_call_id: row.try_get("service_call_id")?,
+                })
+            })
+            .collect::<std::result::Result<_, sqlx::Error>>()
+            .map_err(|e| db_err::<D>("listing timers", e))
+    }
+
+    /// The rows of a page of `list`, with `columns`.
+    async fn list_rows(
+        &self,
+        columns: &str,
+        tenant: &str,
+        filter: &TimerFilter,
+        after: Option<&PageAfter>,
+        limit: usize,
+    ) -> Result<Vec<<D::Db as sqlx::Database>::Row>> {
         enum Arg {
             Text(String),
             Int(i64),
         }
         let mut args = vec![Arg::Text(tenant.to_owned())];
-        let mut sql = format!("SELECT {TIMER_COLUMNS} FROM timers WHERE tenant_id = $1");
+        let mut sql = format!("SELECT {columns} FROM timers WHERE tenant_id = $1");
         // The next parameter's placeholder, once its value is pushed.
         let next = |args: &mut Vec<Arg>, arg| {
             args.push(arg);
@@ -154,13 +194,10 @@ statements! {
                 Arg::Int(n) => query.bind(*n),
             };
         }
-        let rows = query
+        query
             .fetch_all(self.pool)
             .await
-            .map_err(|e| db_err::<D>("listing timers", e))?;
-        rows.iter()
-            .map(|row| TimerRow::<D>::of(row).timer())
-            .collect()
+            .map_err(|e| db_err::<D>("listing timers", e))
     }
 
     pub(crate) async fn tenants(&self, after: Option<&str>, limit: usize) -> Result<Vec<String>> {

@@ -67,6 +67,19 @@ async fn all_pages(s: &dyn Store, tenant: &str, filter: &TimerFilter, limit: usi
             "a page of {} for limit {limit}",
             page.len()
         );
+        // A bulk action's page of keys is this page's.
+        let keys = queries(s)
+            .list_keys(tenant, filter, after.as_ref(), limit)
+            .await
+            .unwrap_or_else(|e| panic!("listing the keys of {tenant} failed: {e}"));
+        let listed: Vec<PageAfter> = page
+            .iter()
+            .map(|t| PageAfter {
+                due_at: t.due_at,
+                service_call_id: t.key.service_call_id.clone(),
+            })
+            .collect();
+        assert_eq!(keys, listed, "list_keys lists the keys of list's page");
         ids.extend(page.iter().map(|t| t.key.service_call_id.clone()));
         match page.last() {
             Some(last) if page.len() == limit => {

@@ -93,16 +93,16 @@ impl Engine {
         let mut after: Option<PageAfter> = None;
         loop {
             let page = queries
-                .list(tenant, filter, after.as_ref(), page_size.max(1))
+                .list_keys(tenant, filter, after.as_ref(), page_size.max(1))
                 .await?;
             let Some(last) = page.last() else { break };
             // Keyset order: timers the action moves (a resumed series) are at most seen again
             // and then answer not_paused; none is skipped.
-            after = Some(PageAfter {
-                due_at: last.due_at,
-                service_call_id: last.key.service_call_id.clone(),
-            });
-            let keys: Vec<TimerKey> = page.iter().map(|t| t.key.clone()).collect();
+            after = Some(last.clone());
+            let keys: Vec<TimerKey> = page
+                .iter()
+                .map(|at| TimerKey::new(tenant, at.service_call_id.clone()))
+                .collect();
             let outcomes = self.control(&keys, action).await?;
             bulk.pages += 1;
             bulk.matched += keys.len() as u64;
