@@ -48,9 +48,8 @@ pub(super) struct Preload {
     pub(super) message_bytes: usize,
     /// The engines may send to any target (`targets.allow = ["*"]`), whatever the config says.
     pub(super) any_target: bool,
-    /// The engines may call HTTP targets on 127.0.0.1 at this port (`targets.allow` has
-    /// `http://127.0.0.1:<port>`, `webhooks.allow_private_networks = true`), whatever the
-    /// config says.
+    /// The engines may call HTTP targets on 127.0.0.1 at this port (`targets.allow` has that
+    /// origin, `webhooks.allow_private_networks = true`), whatever the config says.
     pub(super) calls_to_loopback: Option<u16>,
 }
 
@@ -181,7 +180,6 @@ pub(super) async fn start_rig_with(
         };
     }
     if let Some(port) = load.calls_to_loopback {
-        // Checked at each fire too: the receiver's origin, port and all.
         limits
             .targets
             .allow
