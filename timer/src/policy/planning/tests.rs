@@ -5,6 +5,33 @@ use crate::recurrence::Recurrence;
 
 const T0: Timestamp = Timestamp::from_millis(1_800_000_000_000);
 
+/// A series that fires every second, at most `max_occurrences` times.
+fn every_second(max_occurrences: Option<u32>) -> Recurrence {
+    Recurrence {
+        cron: "* * * * * *".into(),
+        time_zone: "UTC".into(),
+        end_at: None,
+        max_occurrences,
+    }
+}
+
+/// The `skipped` entries of `changes`: reason, count, first, last, "at least".
+fn skips(changes: &[Change]) -> Vec<(Option<SkipReason>, u64, Timestamp, Timestamp, bool)> {
+    changes
+        .iter()
+        .filter_map(|c| match c {
+            Change::Skipped {
+                count,
+                first,
+                last,
+                at_least,
+                reason,
+            } => Some((*reason, *count, *first, *last, *at_least)),
+            _ => None,
+        })
+        .collect()
+}
+
 fn claim(recurrence: Option<Recurrence>, policy: Option<Policy>) -> ClaimedTimer {
     ClaimedTimer {
         due_at: T0,
@@ -27,12 +54,7 @@ fn settled(claim: &ClaimedTimer) -> Settlement {
 /// one-shot) or `Next` (a series), writing no work; with a policy it takes the `Step` path.
 #[test]
 fn a_timer_without_a_policy_settles_on_the_fast_path() {
-    let every_second = Recurrence {
-        cron: "*/1 * * * * *".into(),
-        time_zone: "UTC".into(),
-        end_at: None,
-        max_occurrences: None,
-    };
+    let every_second = every_second(None);
     assert_eq!(settled(&claim(None, None)), Settlement::Reached);
     assert_eq!(
         settled(&claim(Some(every_second.clone()), None)),
@@ -58,12 +80,7 @@ fn a_timer_without_a_policy_settles_on_the_fast_path() {
 /// occurrences, not 259,200.
 #[test]
 fn a_long_catch_up_fires_the_latest_and_skips_the_rest_without_walking_them() {
-    let every_second = Recurrence {
-        cron: "* * * * * *".into(),
-        time_zone: "UTC".into(),
-        end_at: None,
-        max_occurrences: None,
-    };
+    let every_second = every_second(None);
     let later = |s: u64| T0.saturating_add(std::time::Duration::from_secs(s));
     let now = later(3 * 86_400);
     let all = Policy {
@@ -76,21 +93,11 @@ fn a_long_catch_up_fires_the_latest_and_skips_the_rest_without_walking_them() {
         panic!("the latest fires");
     };
     assert_eq!((fire.nominal, fire.caught_up), (now, true));
-    let [Change::Skipped {
-        count,
-        first,
-        last,
-        at_least,
-        ..
-    }] = &fire.before[..]
-    else {
+    let [(_, count, first, last, at_least)] = skips(&fire.before)[..] else {
         panic!("one skipped entry: {:?}", fire.before);
     };
-    assert_eq!(
-        (*first, *last, *at_least),
-        (T0, later(3 * 86_400 - 1), true)
-    );
-    assert!(*count > 100, "{count}");
+    assert_eq!((first, last, at_least), (T0, later(3 * 86_400 - 1), true));
+    assert!(count > 100, "{count}");
     // It goes on after the one it fired.
     let Settlement::Step(step) = fired(&claim_all, &fire, now, "i1", None) else {
         panic!("a step");
@@ -110,32 +117,17 @@ fn a_long_catch_up_fires_the_latest_and_skips_the_rest_without_walking_them() {
         panic!("a step");
     };
     assert_eq!(step.due_at, later(3 * 86_400 + 1), "the first one not due");
-    let skipped: Vec<_> = step
-        .changes
-        .iter()
-        .filter_map(|c| match c {
-            Change::Skipped {
-                first,
-                last,
-                at_least,
-                ..
-            } => Some((*first, *last, *at_least)),
-            _ => None,
-        })
-        .collect();
-    assert_eq!(skipped, [(later(1), now, true)]);
+    let [(_, _, first, last, at_least)] = skips(&step.changes)[..] else {
+        panic!("one skipped entry: {:?}", step.changes);
+    };
+    assert_eq!((first, last, at_least), (later(1), now, true));
 }
 
 /// A `catchUpWindow` after a long outage: what is older than the window is skipped as
 /// such, then what is in it as `catchUp` says, each with its true first and last.
 #[test]
 fn a_long_catch_up_within_a_window_skips_what_is_older() {
-    let every_second = Recurrence {
-        cron: "* * * * * *".into(),
-        time_zone: "UTC".into(),
-        end_at: None,
-        max_occurrences: None,
-    };
+    let every_second = every_second(None);
     let later = |s: u64| T0.saturating_add(std::time::Duration::from_secs(s));
     let now = later(86_400);
     let windowed = Policy {
@@ -149,19 +141,9 @@ fn a_long_catch_up_within_a_window_skips_what_is_older() {
         panic!("the latest but one fires");
     };
     assert_eq!(fire.nominal, later(86_399));
-    let skips: Vec<_> = fire
-        .before
-        .iter()
-        .filter_map(|c| match c {
-            Change::Skipped {
-                first,
-                last,
-                at_least,
-                reason,
-                ..
-            } => Some((*reason, *first, *last, *at_least)),
-            _ => None,
-        })
+    let skips: Vec<_> = skips(&fire.before)
+        .into_iter()
+        .map(|(reason, _, first, last, at_least)| (reason, first, last, at_least))
         .collect();
     assert_eq!(
         skips,
@@ -218,12 +200,7 @@ fn a_jitter_added_later_does_not_fire_early() {
 /// with the same state and due time the fast path would write.
 #[test]
 fn an_answer_is_kept_in_the_fired_entry() {
-    let every_second = Recurrence {
-        cron: "*/1 * * * * *".into(),
-        time_zone: "UTC".into(),
-        end_at: None,
-        max_occurrences: None,
-    };
+    let every_second = every_second(None);
     let next = T0.saturating_add(std::time::Duration::from_secs(1));
     for (recurrence, state, due_at) in [
         (None, TimerState::Reached, T0),
@@ -250,12 +227,7 @@ fn an_answer_is_kept_in_the_fired_entry() {
 /// fire, not a run from the middle cut short by the maximum.
 #[test]
 fn catch_up_all_fires_the_latest_the_maximum_leaves() {
-    let three = Recurrence {
-        cron: "* * * * * *".into(),
-        time_zone: "UTC".into(),
-        end_at: None,
-        max_occurrences: Some(3),
-    };
+    let three = every_second(Some(3));
     let all = Policy {
         catch_up: Some(CatchUp::All),
         catch_up_limit: Some(10),
@@ -267,13 +239,9 @@ fn catch_up_all_fires_the_latest_the_maximum_leaves() {
         panic!("one fires");
     };
     assert_eq!(fire.nominal, later(47), "the first of the latest three");
-    let skipped: Vec<_> = fire
-        .before
-        .iter()
-        .filter_map(|c| match c {
-            Change::Skipped { count, last, .. } => Some((*count, *last)),
-            _ => None,
-        })
+    let skipped: Vec<_> = skips(&fire.before)
+        .into_iter()
+        .map(|(_, count, _, last, _)| (count, last))
         .collect();
     assert_eq!(skipped, [(47, later(46))]);
 }
