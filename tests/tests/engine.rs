@@ -3426,6 +3426,72 @@ async fn the_give_ups_of_a_batch_send_their_dead_letters_together() {
     second.shutdown.cancel();
 }
 
+/// Give-ups whose rounds outlast a lease renewal hold the leases of the timers still to give up:
+/// those an earlier round marked Failed have none to renew, and are not counted as leases lost
+/// (which ended the whole batch: the rest were left leased, their dead letters sent again).
+#[tokio::test]
+async fn give_ups_longer_than_a_lease_renew_what_is_left() {
+    let lease = secs(1);
+    let mut wide = Setup {
+        config: EngineConfig {
+            lease,
+            publish_timeout: secs(3600),
+            ..config()
+        },
+        ..Setup::default()
+    };
+    wide.limits.targets.allow = vec!["partners.*".into()];
+    let (store, hub, clock) = (wide.store.clone(), wide.hub.clone(), wide.clock.clone());
+    let engine_config = wide.config.clone();
+    let first = wide.start();
+    let due = T0.saturating_add(secs(60));
+    let refused: Vec<NewTimer> = (0..20)
+        .map(|i| {
+            let mut t = timer(&format!("g{i:02}"), due);
+            t.target = Some(queue("partners.orders"));
+            t
+        })
+        .collect();
+    first.schedule(&refused).await;
+    first.shutdown.cancel();
+    tokio::time::timeout(WAIT, first.task)
+        .await
+        .expect("engine stops")
+        .expect("no panic");
+
+    let gate = DeadLetterGate::holding();
+    let second = Setup {
+        store: store.clone(),
+        hub: hub.clone(),
+        clock: clock.clone(),
+        dead_letters: gate.clone(),
+        config: engine_config,
+        ..Setup::default()
+    }
+    .start();
+    clock.advance(secs(60));
+    assert!(gate.tried(1).await, "the first TimerFailed is on its way");
+    gate.let_one();
+    timer_where(&store, "g00", |t| t.state == TimerState::Failed).await;
+    assert!(gate.tried(17).await, "the second round is on its way");
+    // Renewals of the leases left, past the end of the first (each step waits for one).
+    for _ in 0..3 {
+        clock.advance(ms(500));
+        let renewed_to = timer_core::Clock::now(clock.as_ref()).saturating_add(lease);
+        timer_where(&store, "g19", |t| t.available_at == renewed_to).await;
+    }
+    gate.release();
+    for i in 0..20 {
+        timer_where(&store, &format!("g{i:02}"), |t| {
+            t.state == TimerState::Failed
+        })
+        .await;
+    }
+    let letters = dead_letters(&hub, 20).await.expect("20 TimerFailed");
+    assert_eq!(letters.len(), 20, "one each");
+    second.shutdown.cancel();
+}
+
 /// A caller of HTTP targets that answers as scripted, one answer per call, then delivers (or,
 /// with `hang`, never answers).
 #[derive(Default)]

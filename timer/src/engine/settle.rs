@@ -114,9 +114,10 @@ impl Engine {
 
     /// Gives up claims in the firing task (claimed until `held_until`): timers whose work did
     /// not complete within their completion timeouts too often, or whose target `targets`
-    /// refuses now, each with its error, as [`give_up_all`](Self::give_up_all) does, holding
-    /// their leases meanwhile (as a publish does; when they are lost, or fenced, they are left
-    /// to whoever claims them next). Those whose `TimerFailed` does not go out are retried
+    /// refuses now, each with its error, in rounds as [`give_up_all`](Self::give_up_all) does.
+    /// Each round holds the leases of the timers not yet given up (as a publish does; when they
+    /// are lost, or fenced, what is left is left to whoever claims it next): those a round
+    /// marked Failed have none to renew. Those whose `TimerFailed` does not go out are retried
     /// after their backoff, which grows with each such try (their attempts count them). At
     /// shutdown, what is left is given back.
     pub(super) async fn give_up_claimed(
@@ -126,37 +127,54 @@ impl Engine {
         fence: &CancellationToken,
         shutdown: &CancellationToken,
     ) {
-        let claimed: Vec<ClaimedTimer> = timers.iter().map(|g| g.timer.clone()).collect();
-        let giving_up = timers
+        let mut left: Vec<(ClaimedTimer, String, String)> = timers
             .into_iter()
             .map(|GivingUp { timer, error, code }| {
                 let reason = format!("{code}: {error}");
                 (timer, error, reason)
             })
             .collect();
-        let giving_up = self.give_up_all(giving_up);
-        match self
-            .while_leased(&claimed, held_until, fence, shutdown, giving_up)
-            .await
-        {
-            Leased::Done(retry) => {
-                // After the dead letters' waits: the backoff counts from now.
-                let now = self.inner.clock.now();
-                self.retry_later(retry, now, None).await;
+        let mut retry = Vec::new();
+        let mut round = 1;
+        while !left.is_empty() {
+            let rest = left.split_off(round.min(left.len()));
+            round = DEAD_LETTERS_AT_ONCE;
+            let these = std::mem::replace(&mut left, rest);
+            if !retry.is_empty() {
+                // Not tried: the broker just refused one.
+                retry.extend(these.into_iter().map(|(t, error, _)| (t, not_sent(error))));
+                continue;
             }
-            Leased::Abandoned(why) => {
-                warn!(
-                    timers = claimed.len(),
-                    why, "giving up timers stopped; whoever claims them next gives them up"
-                );
-            }
-            Leased::Shutdown => {
-                // What was marked Failed stays so; the others are claimable again.
-                let now = self.inner.clock.now();
-                self.give_back(&claimed, now, "releasing timers at shutdown")
-                    .await;
+            let held: Vec<ClaimedTimer> = these
+                .iter()
+                .chain(&left)
+                .map(|(timer, _, _)| timer.clone())
+                .collect();
+            let giving_up = self.give_up_round(these);
+            match self
+                .while_leased(&held, held_until, fence, shutdown, giving_up)
+                .await
+            {
+                Leased::Done(refused) => retry.extend(refused),
+                Leased::Abandoned(why) => {
+                    warn!(
+                        timers = held.len(),
+                        why, "giving up timers stopped; whoever claims them next gives them up"
+                    );
+                    return;
+                }
+                Leased::Shutdown => {
+                    // What a round marked Failed stays so; the others are claimable again.
+                    let now = self.inner.clock.now();
+                    self.give_back(&held, now, "releasing timers at shutdown")
+                        .await;
+                    return;
+                }
             }
         }
+        // After the dead letters' waits: the backoff counts from now.
+        let now = self.inner.clock.now();
+        self.retry_later(retry, now, None).await;
     }
 
     /// Gives up `timers` (each with its error and its dead letter's reason) together: their
@@ -170,7 +188,6 @@ impl Engine {
         &self,
         timers: Vec<(ClaimedTimer, String, String)>,
     ) -> Vec<(ClaimedTimer, String)> {
-        let at = self.inner.clock.now();
         let mut retry = Vec::new();
         let mut timers = timers.into_iter().peekable();
         let mut round = 1;
@@ -179,28 +196,33 @@ impl Engine {
             round = DEAD_LETTERS_AT_ONCE;
             if !retry.is_empty() {
                 // Not tried: the broker just refused one.
-                retry.extend(
-                    these
-                        .into_iter()
-                        .map(|(timer, error, _)| (timer, not_sent(error))),
-                );
+                retry.extend(these.into_iter().map(|(t, error, _)| (t, not_sent(error))));
                 continue;
             }
-            let sent = futures::future::join_all(these.into_iter().map(|giving_up| async {
-                let sent = self.send_timer_failed(&giving_up, at).await;
-                (giving_up, sent)
-            }))
-            .await;
-            let (sent, refused): (Vec<_>, Vec<_>) = sent.into_iter().partition(|(_, sent)| *sent);
-            retry.extend(
-                refused
-                    .into_iter()
-                    .map(|((timer, error, _), _)| (timer, not_sent(error))),
-            );
-            self.mark_failed(sent.into_iter().map(|(g, _)| g).collect(), at)
-                .await;
+            retry.extend(self.give_up_round(these).await);
         }
         retry
+    }
+
+    /// One round of give-ups: each one's `TimerFailed` sent at once, those that went out
+    /// marked Failed in one write. Returns those whose dead letter did not go out.
+    async fn give_up_round(
+        &self,
+        these: Vec<(ClaimedTimer, String, String)>,
+    ) -> Vec<(ClaimedTimer, String)> {
+        let at = self.inner.clock.now();
+        let sent = futures::future::join_all(these.into_iter().map(|giving_up| async {
+            let sent = self.send_timer_failed(&giving_up, at).await;
+            (giving_up, sent)
+        }))
+        .await;
+        let (sent, refused): (Vec<_>, Vec<_>) = sent.into_iter().partition(|(_, sent)| *sent);
+        self.mark_failed(sent.into_iter().map(|(g, _)| g).collect(), at)
+            .await;
+        refused
+            .into_iter()
+            .map(|((timer, error, _), _)| (timer, not_sent(error)))
+            .collect()
     }
 
     /// Sends the `TimerFailed` of a timer given up at `at` (with its error and the dead letter's
