@@ -81,6 +81,8 @@ impl Dialect for PostgresStore {
     const LOCK_FOR_WRITE: Option<&'static str> = None;
     // A claim locks the row too: it and the action are ordered.
     const LOCK_ROW: &'static str = " FOR UPDATE";
+    const KEYS_OF_JSON: Option<&'static str> =
+        Some("SELECT k.t, k.i FROM jsonb_to_recordset($1::jsonb) AS k(t TEXT, i TEXT)");
     // Rows another transaction holds (a retry, a completion) are skipped, and what is deleted
     // is checked again: a row that stopped being finished while the purge ran stays. (The
     // outer DELETE alone would delete a new version of a row it found by its old one.)

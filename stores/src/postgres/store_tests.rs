@@ -107,3 +107,81 @@ async fn a_purge_leaves_a_timer_another_transaction_holds() {
     drop(store);
     drop_schema(&pool, &schema).await;
 }
+
+/// A control action reads its rows without a lock first: a row it leaves as it is (one being
+/// fired) is not locked for the rest of its transaction, where its settle, which every
+/// tenant's fires write together, would wait for it. Here a page's second row is held by
+/// another transaction; while the page waits for it, its first row, being fired, can be locked.
+#[tokio::test]
+async fn a_control_action_locks_no_row_it_leaves_as_it_is() {
+    let Some(url) = server() else { return };
+    let (config, pool) = fresh(url).await;
+    let schema = config.schema.clone();
+    let store = std::sync::Arc::new(PostgresStore::open(&config).await.expect("opens"));
+    sqlx::query(
+        "INSERT INTO timers (tenant_id, service_call_id, due_at, available_at, state, \
+         registered_at, lease_owner, lease_until) VALUES \
+         ('t', 'firing', 0, 9000000000000, 0, 0, 'i1', 9000000000000), \
+         ('t', 'held', 9000000000000, 9000000000000, 0, 0, NULL, NULL)",
+    )
+    .execute(&pool)
+    .await
+    .expect("a timer being fired, and one to pause");
+    let mut holder = pool.begin().await.expect("begin");
+    let (holding,): (i32,) = sqlx::query_as("SELECT pg_backend_pid()")
+        .fetch_one(&mut *holder)
+        .await
+        .expect("pid");
+    sqlx::query("SELECT 1 FROM timers WHERE service_call_id = 'held' FOR UPDATE")
+        .execute(&mut *holder)
+        .await
+        .expect("held");
+    let acting = store.clone();
+    let action = tokio::spawn(async move {
+        let keys = [
+            timer_core::TimerKey::new("t", "firing"),
+            timer_core::TimerKey::new("t", "held"),
+        ];
+        let pause = timer_core::Action::Pause { note: None };
+        acting
+            .control()
+            .apply(&keys, &pause, Timestamp::from_millis(1_000))
+            .await
+    });
+    // Until the action waits for the held row.
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let (blocked,): (i64,) = sqlx::query_as(
+            "SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))",
+        )
+        .bind(holding)
+        .fetch_one(&pool)
+        .await
+        .expect("blocked");
+        if blocked > 0 {
+            break;
+        }
+        assert!(
+            !action.is_finished() && tokio::time::Instant::now() < deadline,
+            "the action never waited for the held row"
+        );
+        tokio::task::yield_now().await;
+    }
+    let mut settle = pool.begin().await.expect("begin");
+    let free = sqlx::query("SELECT 1 FROM timers WHERE service_call_id = 'firing' FOR UPDATE NOWAIT")
+        .execute(&mut *settle)
+        .await;
+    assert!(free.is_ok(), "the row being fired is locked: {free:?}");
+    settle.rollback().await.expect("rollback");
+    holder.commit().await.expect("commit");
+    let outcomes = action.await.expect("no panic").expect("applied");
+    assert_eq!(
+        outcomes,
+        [
+            timer_core::ControlOutcome::Firing,
+            timer_core::ControlOutcome::Paused
+        ]
+    );
+    drop(store);
+    drop_schema(&pool, &schema).await;
+}

@@ -33,8 +33,46 @@ statements! {
             D::LOCK_ROW
         );
         let mut tx = begin_write::<D>(self.pool).await.map_err(err)?;
+        // Rows read without a lock first (where rows are locked): those the action leaves as
+        // they are need none.
+        let unlocked = match D::KEYS_OF_JSON {
+            Some(keys_of) if !keys.is_empty() => {
+                let json: Vec<serde_json::Value> = keys
+                    .iter()
+                    .map(|k| serde_json::json!({ "t": k.tenant_id, "i": k.service_call_id }))
+                    .collect();
+                let rows = sqlx::query(&format!(
+                    "SELECT {TIMER_COLUMNS}, COALESCE(lease_until > $2, FALSE) AS firing \
+                     FROM timers WHERE (tenant_id, service_call_id) IN ({keys_of})"
+                ))
+                .bind(serde_json::Value::Array(json).to_string())
+                .bind(now.as_millis())
+                .fetch_all(&mut *tx)
+                .await
+                .map_err(err)?;
+                let mut unlocked = std::collections::HashMap::with_capacity(rows.len());
+                for row in &rows {
+                    let timer = TimerRow::<D>::of(row).timer()?;
+                    let firing: bool = row.try_get("firing").map_err(err)?;
+                    unlocked.insert(timer.key.clone(), (timer, firing));
+                }
+                Some(unlocked)
+            }
+            _ => None,
+        };
         let mut outcomes = Vec::with_capacity(keys.len());
         for key in keys {
+            if let Some(unlocked) = &unlocked {
+                let Some((timer, firing)) = unlocked.get(key) else {
+                    outcomes.push(ControlOutcome::NotFound);
+                    continue;
+                };
+                let step = transition(timer, *firing, action, now);
+                if step.write.is_none() {
+                    outcomes.push(step.outcome);
+                    continue;
+                }
+            }
             let row = sqlx::query(&read)
                 .bind(key.tenant_id.as_str())
                 .bind(key.service_call_id.as_str())

@@ -67,6 +67,13 @@ pub(crate) trait Dialect {
     /// the database needs one to order the action and a concurrent claim (PostgreSQL: ` FOR
     /// UPDATE`; SQLite's write transaction already excludes every other writer).
     const LOCK_ROW: &'static str;
+    /// Where rows are locked ([`Self::LOCK_ROW`]): a subquery of the keys of parameter 1,
+    /// `[{"t": tenant, "i": id}, ...]`, as `(tenant_id, service_call_id)` rows, with which a
+    /// control action reads its rows first without a lock. A row the action leaves as it is
+    /// (one being fired, one already paused) is then answered without its lock: locking it held
+    /// up its settle, which every tenant's fires write together, until the action's page
+    /// committed. `None`: the action's transaction excludes every other writer anyway.
+    const KEYS_OF_JSON: Option<&'static str>;
     /// `purge`: deletes finished rows (and their history, unless [`Self::PURGE_HISTORY`]
     /// does); a row for each timer deleted, with its `tenant_id` and `service_call_id` when
     /// `PURGE_HISTORY` needs them. Parameters: 1 finished before, 2 the limit.

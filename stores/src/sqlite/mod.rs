@@ -71,6 +71,7 @@ impl Dialect for SqliteStore {
     const LOCK_FOR_WRITE: Option<&'static str> = Some("UPDATE timers SET state = state WHERE 0");
     // The write transaction holds SQLite's one write lock from its start.
     const LOCK_ROW: &'static str = "";
+    const KEYS_OF_JSON: Option<&'static str> = None;
     // The history goes with the timer (ON DELETE CASCADE).
     const PURGE: &'static str = "DELETE FROM timers WHERE rowid IN (SELECT rowid FROM timers \
         WHERE state <> 0 AND finished_at < ?1 LIMIT ?2) RETURNING 1";
