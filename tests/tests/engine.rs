@@ -162,6 +162,15 @@ impl Setup {
 }
 
 impl Rig {
+    /// Stops the engine, which must stop in time and without a panic.
+    async fn stop(self) {
+        self.shutdown.cancel();
+        tokio::time::timeout(WAIT, self.task)
+            .await
+            .expect("engine stops")
+            .expect("no panic");
+    }
+
     /// Schedules through the engine, which must accept the batch.
     async fn schedule(&self, timers: &[NewTimer]) -> Vec<Scheduled> {
         self.engine.schedule(timers).await.expect("schedule")
@@ -3325,11 +3334,7 @@ async fn a_target_the_rules_refuse_now_is_given_up_at_its_fire_not_sent() {
         stored.iter().all(|s| matches!(s, Scheduled::Stored(_))),
         "{stored:?}"
     );
-    first.shutdown.cancel();
-    tokio::time::timeout(WAIT, first.task)
-        .await
-        .expect("engine stops")
-        .expect("no panic");
+    first.stop().await;
 
     // The default rules: tenant `t` sends to `t.*` only.
     let second = Setup {
@@ -3371,12 +3376,14 @@ async fn a_target_the_rules_refuse_now_is_given_up_at_its_fire_not_sent() {
     second.shutdown.cancel();
 }
 
-/// The give-ups of one batch send their dead letters together: the first alone (when the
-/// broker refuses it, the others are not tried), then the rest many at a time, not each after
-/// the one before (a narrowed `targets.allow` gives up every stored timer it refuses now).
-#[tokio::test]
-async fn the_give_ups_of_a_batch_send_their_dead_letters_together() {
-    let mut wide = Setup::default();
+/// Twenty timers, `g00` to `g19`, due a minute after T0 with a target that only wider rules
+/// took: stored by an engine of `setup` that allowed `partners.*`, then stopped. Answers that
+/// setup under the default rules, its dead letters as `gate` lets them, started and moved to
+/// their due time, where it gives each of them up: the first `TimerFailed` was tried, and let
+/// out.
+async fn narrowed_give_ups(setup: Setup, gate: &DeadLetterGate) -> Rig {
+    let config = setup.config.clone();
+    let mut wide = setup;
     wide.limits.targets.allow = vec!["partners.*".into()];
     let (store, hub, clock) = (wide.store.clone(), wide.hub.clone(), wide.clock.clone());
     let first = wide.start();
@@ -3389,24 +3396,30 @@ async fn the_give_ups_of_a_batch_send_their_dead_letters_together() {
         })
         .collect();
     first.schedule(&refused).await;
-    first.shutdown.cancel();
-    tokio::time::timeout(WAIT, first.task)
-        .await
-        .expect("engine stops")
-        .expect("no panic");
-
-    let gate = DeadLetterGate::holding();
+    first.stop().await;
     let second = Setup {
-        store: store.clone(),
-        hub: hub.clone(),
-        clock: clock.clone(),
+        store,
+        hub,
+        clock,
         dead_letters: gate.clone(),
+        config,
         ..Setup::default()
     }
     .start();
-    clock.advance(secs(60));
+    second.clock.advance(secs(60));
     assert!(gate.tried(1).await, "the first TimerFailed is on its way");
     gate.let_one();
+    second
+}
+
+/// The give-ups of one batch send their dead letters together: the first alone (when the
+/// broker refuses it, the others are not tried), then the rest many at a time, not each after
+/// the one before (a narrowed `targets.allow` gives up every stored timer it refuses now).
+#[tokio::test]
+async fn the_give_ups_of_a_batch_send_their_dead_letters_together() {
+    let gate = DeadLetterGate::holding();
+    let second = narrowed_give_ups(Setup::default(), &gate).await;
+    let (store, hub) = (second.store.clone(), second.hub.clone());
     // The others set out together while none of them goes out.
     assert!(
         gate.tried(17).await,
@@ -3432,7 +3445,7 @@ async fn the_give_ups_of_a_batch_send_their_dead_letters_together() {
 #[tokio::test]
 async fn give_ups_longer_than_a_lease_renew_what_is_left() {
     let lease = secs(1);
-    let mut wide = Setup {
+    let short = Setup {
         config: EngineConfig {
             lease,
             publish_timeout: secs(3600),
@@ -3440,38 +3453,13 @@ async fn give_ups_longer_than_a_lease_renew_what_is_left() {
         },
         ..Setup::default()
     };
-    wide.limits.targets.allow = vec!["partners.*".into()];
-    let (store, hub, clock) = (wide.store.clone(), wide.hub.clone(), wide.clock.clone());
-    let engine_config = wide.config.clone();
-    let first = wide.start();
-    let due = T0.saturating_add(secs(60));
-    let refused: Vec<NewTimer> = (0..20)
-        .map(|i| {
-            let mut t = timer(&format!("g{i:02}"), due);
-            t.target = Some(queue("partners.orders"));
-            t
-        })
-        .collect();
-    first.schedule(&refused).await;
-    first.shutdown.cancel();
-    tokio::time::timeout(WAIT, first.task)
-        .await
-        .expect("engine stops")
-        .expect("no panic");
-
     let gate = DeadLetterGate::holding();
-    let second = Setup {
-        store: store.clone(),
-        hub: hub.clone(),
-        clock: clock.clone(),
-        dead_letters: gate.clone(),
-        config: engine_config,
-        ..Setup::default()
-    }
-    .start();
-    clock.advance(secs(60));
-    assert!(gate.tried(1).await, "the first TimerFailed is on its way");
-    gate.let_one();
+    let second = narrowed_give_ups(short, &gate).await;
+    let (store, hub, clock) = (
+        second.store.clone(),
+        second.hub.clone(),
+        second.clock.clone(),
+    );
     timer_where(&store, "g00", |t| t.state == TimerState::Failed).await;
     assert!(gate.tried(17).await, "the second round is on its way");
     // Renewals of the leases left, past the end of the first (each step waits for one).

@@ -1,6 +1,7 @@
 //! The PostgreSQL store against a server, where other transactions run beside it (the
 //! conformance suite covers what every store does alone).
 
+use sqlx::PgPool;
 use timer_core::{Store, Timestamp};
 
 use super::migrate::server_tests::{drop_schema, fresh, server};
@@ -37,15 +38,7 @@ async fn a_purge_leaves_a_timer_another_transaction_holds() {
         .await
         .expect("analyze");
     // A completion, as the control plane writes it: the row held, a history entry added.
-    let mut completion = pool.begin().await.expect("begin");
-    let (holder,): (i32,) = sqlx::query_as("SELECT pg_backend_pid()")
-        .fetch_one(&mut *completion)
-        .await
-        .expect("pid");
-    sqlx::query("SELECT 1 FROM timers WHERE service_call_id = 'held' FOR UPDATE")
-        .execute(&mut *completion)
-        .await
-        .expect("held");
+    let (mut completion, holder) = holding(&pool, "held").await;
     sqlx::query(
         "INSERT INTO timer_history (tenant_id, service_call_id, seq, at, change) \
          VALUES ('t', 'held', 2, 1, '{}')",
@@ -61,24 +54,7 @@ async fn a_purge_leaves_a_timer_another_transaction_holds() {
             .await
     });
     // Until the purge is done, or waits for the completion's lock.
-    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
-    loop {
-        let (blocked,): (i64,) = sqlx::query_as(
-            "SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))",
-        )
-        .bind(holder)
-        .fetch_one(&pool)
-        .await
-        .expect("blocked");
-        if blocked > 0 || purge.is_finished() {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the purge neither finished nor waited for the completion"
-        );
-        tokio::task::yield_now().await;
-    }
+    blocked_by(&pool, holder, || purge.is_finished()).await;
     completion.commit().await.expect("the completion commits");
     let purged = purge.await.expect("no panic").expect("purged");
     assert_eq!(purged, 0, "the held timer is left for a later purge");
@@ -127,15 +103,7 @@ async fn a_control_action_locks_no_row_it_leaves_as_it_is() {
     .execute(&pool)
     .await
     .expect("a timer being fired, and one to pause");
-    let mut holder = pool.begin().await.expect("begin");
-    let (holding,): (i32,) = sqlx::query_as("SELECT pg_backend_pid()")
-        .fetch_one(&mut *holder)
-        .await
-        .expect("pid");
-    sqlx::query("SELECT 1 FROM timers WHERE service_call_id = 'held' FOR UPDATE")
-        .execute(&mut *holder)
-        .await
-        .expect("held");
+    let (holder, held_by) = holding(&pool, "held").await;
     let acting = store.clone();
     let action = tokio::spawn(async move {
         let keys = [
@@ -148,25 +116,10 @@ async fn a_control_action_locks_no_row_it_leaves_as_it_is() {
             .apply(&keys, &pause, Timestamp::from_millis(1_000))
             .await
     });
-    // Until the action waits for the held row.
-    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
-    loop {
-        let (blocked,): (i64,) = sqlx::query_as(
-            "SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))",
-        )
-        .bind(holding)
-        .fetch_one(&pool)
-        .await
-        .expect("blocked");
-        if blocked > 0 {
-            break;
-        }
-        assert!(
-            !action.is_finished() && tokio::time::Instant::now() < deadline,
-            "the action never waited for the held row"
-        );
-        tokio::task::yield_now().await;
-    }
+    assert!(
+        blocked_by(&pool, held_by, || action.is_finished()).await,
+        "the action never waited for the held row"
+    );
     let mut settle = pool.begin().await.expect("begin");
     let free = sqlx::query("SELECT 1 FROM timers WHERE service_call_id = 'firing' FOR UPDATE NOWAIT")
         .execute(&mut *settle)
@@ -184,4 +137,46 @@ async fn a_control_action_locks_no_row_it_leaves_as_it_is() {
     );
     drop(store);
     drop_schema(&pool, &schema).await;
+}
+
+/// A transaction of another client holding the row of timer `id` (as a control action or a
+/// claim does), and the pid of its backend.
+async fn holding(pool: &PgPool, id: &str) -> (sqlx::Transaction<'static, sqlx::Postgres>, i32) {
+    let mut tx = pool.begin().await.expect("begin");
+    let (pid,): (i32,) = sqlx::query_as("SELECT pg_backend_pid()")
+        .fetch_one(&mut *tx)
+        .await
+        .expect("pid");
+    sqlx::query("SELECT 1 FROM timers WHERE service_call_id = $1 FOR UPDATE")
+        .bind(id)
+        .execute(&mut *tx)
+        .await
+        .expect("held");
+    (tx, pid)
+}
+
+/// Waits until a statement waits for the transaction of backend `holder` (true), or `finished`
+/// says the work that could wait ended first (false); fails after 20 s.
+async fn blocked_by(pool: &PgPool, holder: i32, finished: impl Fn() -> bool) -> bool {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let (blocked,): (i64,) = sqlx::query_as(
+            "SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))",
+        )
+        .bind(holder)
+        .fetch_one(pool)
+        .await
+        .expect("blocked");
+        if blocked > 0 {
+            return true;
+        }
+        if finished() {
+            return false;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "nothing waited for backend {holder}, and the work did not end"
+        );
+        tokio::task::yield_now().await;
+    }
 }
