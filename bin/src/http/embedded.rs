@@ -7,10 +7,11 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use serde::Serialize;
+use timer_core::wire::addressed;
 use timer_core::ErrorKind;
 use utoipa::ToSchema;
 
-use crate::http::auth::{tenant_named, Named, Principal, Tenants};
+use crate::http::auth::{audited, Principal, Tenants};
 use crate::http::error::{ApiError, ErrorBody};
 use crate::http::state::{trace_headers, AppState};
 use crate::http::views::Outcome;
@@ -47,8 +48,9 @@ pub async fn send_command(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let named = Named::of_command(&body);
-    named.on(queue_command(app, caller, &headers, body).await)
+    let command = addressed(&body);
+    let answer = queue_command(app, caller, &headers, body, command.tenant_id.as_deref()).await;
+    audited(command, answer)
 }
 
 async fn queue_command(
@@ -56,6 +58,7 @@ async fn queue_command(
     caller: Principal,
     headers: &HeaderMap,
     body: Bytes,
+    tenant: Option<&str>,
 ) -> Result<Response, ApiError> {
     if body.iter().all(u8::is_ascii_whitespace) {
         return Err(ApiError::invalid_json(
@@ -65,7 +68,7 @@ async fn queue_command(
     if caller.tenants != Tenants::All {
         // The broker path checks the command; here only its tenant is read, so a key limited to
         // some tenants cannot feed commands of others.
-        let Some(tenant) = tenant_named(&body) else {
+        let Some(tenant) = tenant else {
             return Err(ApiError::new(
                 StatusCode::FORBIDDEN,
                 "forbidden",
@@ -73,7 +76,7 @@ async fn queue_command(
             )
             .field("tenantId"));
         };
-        caller.need_tenant(&tenant, Some("tenantId"))?;
+        caller.need_tenant(tenant, Some("tenantId"))?;
     }
     let hub = app.memory_hub.as_ref().ok_or_else(|| {
         ApiError::new(

@@ -6,11 +6,12 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use timer_core::policy::fire_time;
+use timer_core::wire::{addressed, Addressed};
 use timer_core::{
     CancelOutcome, Reason, ScheduleOutcome, Scheduled, Timer, TimerKey, TimerState, Timestamp,
 };
 
-use crate::http::auth::{Named, Principal};
+use crate::http::auth::{audited, Principal};
 use crate::http::error::{ApiError, ErrorBody, ErrorDetail};
 use crate::http::params::timer_parameters;
 use crate::http::state::{trace_headers, AppState, PathTimer, TenantPath, TimerPath};
@@ -49,8 +50,9 @@ pub async fn schedule(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let named = Named::of_command(&body);
-    named.on(schedule_command(app, caller, &headers, &body).await)
+    let command = addressed(&body);
+    let answer = schedule_command(app, caller, &headers, &body, &command).await;
+    audited(command, answer)
 }
 
 async fn schedule_command(
@@ -58,8 +60,9 @@ async fn schedule_command(
     caller: Principal,
     headers: &HeaderMap,
     body: &Bytes,
+    command: &Addressed,
 ) -> Result<Response, ApiError> {
-    caller.need_tenant_of(body)?;
+    caller.need_tenant_of(command)?;
     let timer = app.engine.admit_schedule(body, &trace_headers(headers))?;
     caller.need_tenant(&timer.key.tenant_id, Some("tenantId"))?;
     app.engine.within_rate(std::slice::from_ref(&timer)).await?;

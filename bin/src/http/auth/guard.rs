@@ -9,7 +9,7 @@ use axum::http::{header, HeaderValue, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
-use super::{reads, rule, Auth, Forbidden, Named, Principal, Rule};
+use super::{reads, rule, Auth, Forbidden, Principal, Rule};
 use crate::http::error::ApiError;
 
 /// The middleware on every API route: authenticates, applies the route's [`Rule`], passes the
@@ -168,14 +168,18 @@ async fn audit(
     });
     // The tenant and id of `POST /v1/timers` and `/v1/commands` are in their bodies: the
     // handler names them, refused or not.
-    let named = parts.extensions.get::<Named>().cloned().unwrap_or_default();
-    let tenant = tenant.or(named.tenant).or_else(|| {
+    let named = parts
+        .extensions
+        .get::<timer_core::wire::Addressed>()
+        .cloned()
+        .unwrap_or_default();
+    let tenant = tenant.or(named.tenant_id).or_else(|| {
         json.as_ref()
             .and_then(|v| v.pointer("/timer/tenantId"))
             .and_then(|t| t.as_str())
             .map(str::to_owned)
     });
-    let id = id.or(named.id);
+    let id = id.or(named.service_call_id);
     tracing::info!(
         target: "timer_service::audit",
         key = %key,

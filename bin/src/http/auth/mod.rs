@@ -25,6 +25,7 @@ use std::sync::Arc;
 use axum::http::{Method, StatusCode};
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
+use timer_core::wire::{addressed, Addressed};
 use timer_core::Error;
 
 pub use crate::config::auth::Scope;
@@ -110,16 +111,13 @@ impl Principal {
         })
     }
 
-    /// 403 when the command in `body` names (`tenantId`) a tenant this key may not use: asked
-    /// before the command is checked, so a key learns nothing of another tenant's rules (its
-    /// targets, its broker's limits) from the answer. A body without a readable `tenantId`
-    /// passes: its check refuses it.
-    pub fn need_tenant_of(&self, body: &[u8]) -> Result<(), Forbidden> {
-        if self.tenants == Tenants::All {
-            return Ok(());
-        }
-        match tenant_named(body) {
-            Some(tenant) => self.need_tenant(&tenant, Some("tenantId")),
+    /// 403 when a command names (`tenantId`, as [`addressed`] read it) a tenant this key may
+    /// not use: asked before the command is checked, so a key learns nothing of another
+    /// tenant's rules (its targets, its broker's limits) from the answer. A command without a
+    /// readable tenant passes: its check refuses it.
+    pub fn need_tenant_of(&self, command: &Addressed) -> Result<(), Forbidden> {
+        match &command.tenant_id {
+            Some(tenant) => self.need_tenant(tenant, Some("tenantId")),
             None => Ok(()),
         }
     }
@@ -128,35 +126,18 @@ impl Principal {
 /// The tenant a command names, read alone as the decoder reads it (nothing else of it is
 /// checked).
 pub fn tenant_named(body: &[u8]) -> Option<String> {
-    timer_core::wire::addressed(body).tenant_id
+    addressed(body).tenant_id
 }
 
-/// The tenant and timer a write's body names (`tenantId`, `serviceCallId`), for its audit
-/// line where the path names none: a handler puts it in its answer's extensions, refused or
-/// not.
-#[derive(Debug, Clone, Default)]
-pub struct Named {
-    pub tenant: Option<String>,
-    pub id: Option<String>,
-}
-
-impl Named {
-    /// What a command names, read alone as the decoder reads it (an envelope's from its
-    /// `payload`; nothing else of it is checked); nothing for a body that is not such JSON.
-    pub fn of_command(body: &[u8]) -> Named {
-        let addressed = timer_core::wire::addressed(body);
-        Named {
-            tenant: addressed.tenant_id,
-            id: addressed.service_call_id,
-        }
-    }
-
-    /// `answer` with these names for its audit line.
-    pub fn on(self, answer: impl axum::response::IntoResponse) -> axum::response::Response {
-        let mut response = answer.into_response();
-        response.extensions_mut().insert(self);
-        response
-    }
+/// `answer` with the tenant and timer its command named (as [`addressed`] read them), for its
+/// audit line where the path names none: refused or not.
+pub fn audited(
+    command: Addressed,
+    answer: impl axum::response::IntoResponse,
+) -> axum::response::Response {
+    let mut response = answer.into_response();
+    response.extensions_mut().insert(command);
+    response
 }
 
 /// A refusal: 403 `forbidden`, naming the field of the body it is about.
