@@ -127,7 +127,8 @@ impl Engine {
         fence: &CancellationToken,
         shutdown: &CancellationToken,
     ) {
-        let mut left: Vec<(ClaimedTimer, String, String)> = timers
+        let claimed: Vec<ClaimedTimer> = timers.iter().map(|g| g.timer.clone()).collect();
+        let giving_up = timers
             .into_iter()
             .map(|GivingUp { timer, error, code }| {
                 let reason = format!("{code}: {error}");
@@ -135,24 +136,19 @@ impl Engine {
             })
             .collect();
         let mut retry = Vec::new();
-        let mut round = 1;
-        while !left.is_empty() {
-            let rest = left.split_off(round.min(left.len()));
-            round = DEAD_LETTERS_AT_ONCE;
-            let these = std::mem::replace(&mut left, rest);
+        let mut done = 0;
+        for these in rounds(giving_up) {
+            // This round's and those of the rounds after it.
+            let held = &claimed[done..];
+            done += these.len();
             if !retry.is_empty() {
                 // Not tried: the broker just refused one.
                 retry.extend(these.into_iter().map(|(t, error, _)| (t, not_sent(error))));
                 continue;
             }
-            let held: Vec<ClaimedTimer> = these
-                .iter()
-                .chain(&left)
-                .map(|(timer, _, _)| timer.clone())
-                .collect();
             let giving_up = self.give_up_round(these);
             match self
-                .while_leased(&held, held_until, fence, shutdown, giving_up)
+                .while_leased(held, held_until, fence, shutdown, giving_up)
                 .await
             {
                 Leased::Done(refused) => retry.extend(refused),
@@ -166,7 +162,7 @@ impl Engine {
                 Leased::Shutdown => {
                     // What a round marked Failed stays so; the others are claimable again.
                     let now = self.inner.clock.now();
-                    self.give_back(&held, now, "releasing timers at shutdown")
+                    self.give_back(held, now, "releasing timers at shutdown")
                         .await;
                     return;
                 }
@@ -189,11 +185,7 @@ impl Engine {
         timers: Vec<(ClaimedTimer, String, String)>,
     ) -> Vec<(ClaimedTimer, String)> {
         let mut retry = Vec::new();
-        let mut timers = timers.into_iter().peekable();
-        let mut round = 1;
-        while timers.peek().is_some() {
-            let these: Vec<_> = timers.by_ref().take(round).collect();
-            round = DEAD_LETTERS_AT_ONCE;
+        for these in rounds(timers) {
             if !retry.is_empty() {
                 // Not tried: the broker just refused one.
                 retry.extend(these.into_iter().map(|(t, error, _)| (t, not_sent(error))));
@@ -335,6 +327,19 @@ impl Engine {
         let one = vec![(timer.clone(), error.to_owned(), reason.to_owned())];
         self.give_up_all(one).await.is_empty()
     }
+}
+
+/// `timers` in rounds of give-ups: the first alone (when the broker refuses its dead letter,
+/// the others are not tried), then [`DEAD_LETTERS_AT_ONCE`] at a time.
+fn rounds<T>(timers: Vec<T>) -> impl Iterator<Item = Vec<T>> {
+    let mut timers = timers.into_iter().peekable();
+    let mut size = 1;
+    std::iter::from_fn(move || {
+        timers.peek()?;
+        let round = timers.by_ref().take(size).collect();
+        size = DEAD_LETTERS_AT_ONCE;
+        Some(round)
+    })
 }
 
 /// The error of a give-up whose `TimerFailed` did not go out: it is retried.
